@@ -1,0 +1,227 @@
+"""Scheduler configuration in the shape of ``KubeSchedulerConfiguration``.
+
+Validated from plain data (the YAML is read at the edge). Plugin sets are merged with
+the defaults the way kube-scheduler merges them: ``disabled`` removes defaults (``*``
+removes all), ``enabled`` re-weights a default in place or appends a new plugin;
+``multiPoint`` applies to every extension point the plugin implements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from events.errors import InputError
+
+API_VERSIONS: Final = ("kubescheduler.config.k8s.io/v1", "kubescheduler.config.k8s.io/v1beta3")
+KIND: Final = "KubeSchedulerConfiguration"
+DEFAULT_SCHEDULER: Final = "default-scheduler"
+POINTS: Final = ("preFilter", "filter", "postFilter", "preScore", "score", "reserve", "permit")
+
+DEFAULT_PLUGINS: Final[dict[str, tuple[tuple[str, int], ...]]] = {
+    "preFilter": (),
+    "filter": (
+        ("NodeUnschedulable", 0),
+        ("NodeName", 0),
+        ("TaintToleration", 0),
+        ("NodeAffinity", 0),
+        ("NodeResourcesFit", 0),
+    ),
+    "postFilter": (),
+    "preScore": (),
+    "score": (
+        ("TaintToleration", 3),
+        ("NodeAffinity", 2),
+        ("NodeResourcesFit", 1),
+        ("NodeResourcesBalancedAllocation", 1),
+    ),
+    "reserve": (),
+    "permit": (),
+}
+"""kube-scheduler's default plugins and score weights, for the plugins shoal has."""
+
+_TOP_LEVEL: Final = {
+    "apiVersion",
+    "kind",
+    "profiles",
+    "parallelism",
+    "percentageOfNodesToScore",
+    "podInitialBackoffSeconds",
+    "podMaxBackoffSeconds",
+    "leaderElection",
+    "clientConnection",
+    "extenders",
+    "healthzBindAddress",
+    "metricsBindAddress",
+    "enableProfiling",
+    "enableContentionProfiling",
+    "delayCacheUntilActive",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PluginRef:
+    name: str
+    weight: int = 1
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    scheduler_name: str = DEFAULT_SCHEDULER
+    points: Mapping[str, tuple[PluginRef, ...]] = field(default_factory=dict)
+    multi_point: tuple[str, ...] = ()
+    """Plugins enabled through ``multiPoint``: placed at every point they implement."""
+    args: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    profiles: tuple[ProfileConfig, ...]
+    initial_backoff_seconds: int = 1
+    max_backoff_seconds: int = 10
+    source: Mapping[str, Any] | None = field(default=None, compare=False)
+    """The document this was parsed from (recorded in the log for replay)."""
+
+
+def default_profile(name: str = DEFAULT_SCHEDULER) -> ProfileConfig:
+    points = {
+        point: tuple(PluginRef(n, w or 1) for n, w in plugins)
+        for point, plugins in DEFAULT_PLUGINS.items()
+    }
+    return ProfileConfig(scheduler_name=name, points=points)
+
+
+def default_config() -> SchedulerConfig:
+    return SchedulerConfig(profiles=(default_profile(),))
+
+
+def _expect(value: Any, kind: type | tuple[type, ...], what: str, where: str) -> Any:
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise InputError(f"must be {what}", location=where)
+    return value
+
+
+def _plugin_list(raw: Any, where: str) -> list[PluginRef]:
+    if raw is None:
+        return []
+    _expect(raw, list, "a list of {name, weight}", where)
+    out = []
+    for i, item in enumerate(raw):
+        loc = f"{where}[{i}]"
+        _expect(item, dict, "a mapping with a name", loc)
+        name = item.get("name")
+        if not isinstance(name, str) or not name:
+            raise InputError("needs a plugin name", location=loc)
+        weight = item.get("weight", 0)
+        if not isinstance(weight, int) or isinstance(weight, bool) or not 0 <= weight <= 100:
+            raise InputError(f"weight must be an integer 0..100, got {weight!r}", location=loc)
+        out.append(PluginRef(name, weight))
+    return out
+
+
+def _merge(
+    defaults: tuple[PluginRef, ...], enabled: list[PluginRef], disabled: list[PluginRef]
+) -> tuple[PluginRef, ...]:
+    off = {ref.name for ref in disabled}
+    current = [] if "*" in off else [ref for ref in defaults if ref.name not in off]
+    for ref in enabled:
+        for i, have in enumerate(current):
+            if have.name == ref.name:
+                current[i] = PluginRef(ref.name, ref.weight or have.weight)
+                break
+        else:
+            current.append(PluginRef(ref.name, ref.weight or 1))
+    return tuple(current)
+
+
+def parse_profile(raw: Any, where: str) -> ProfileConfig:
+    _expect(raw, dict, "a mapping", where)
+    unknown = set(raw) - {"schedulerName", "plugins", "pluginConfig"}
+    if unknown:
+        raise InputError(f"unknown field {sorted(unknown)[0]!r}", location=where)
+    name = raw.get("schedulerName", DEFAULT_SCHEDULER)
+    _expect(name, str, "a string", f"{where}.schedulerName")
+    plugins = raw.get("plugins") or {}
+    _expect(plugins, dict, "a mapping of extension points", f"{where}.plugins")
+    for point in plugins:
+        if point != "multiPoint" and point not in POINTS:
+            raise InputError(
+                f"unknown extension point {point!r} (one of multiPoint, {', '.join(POINTS)})",
+                location=f"{where}.plugins",
+            )
+    base = {point: default_profile().points[point] for point in POINTS}
+    multi = plugins.get("multiPoint") or {}
+    _expect(multi, dict, "a mapping with enabled/disabled", f"{where}.plugins.multiPoint")
+    multi_off = _plugin_list(multi.get("disabled"), f"{where}.plugins.multiPoint.disabled")
+    multi_on = _plugin_list(multi.get("enabled"), f"{where}.plugins.multiPoint.enabled")
+    if multi_off:
+        base = {point: _merge(refs, [], multi_off) for point, refs in base.items()}
+    points: dict[str, tuple[PluginRef, ...]] = {}
+    for point in POINTS:
+        section = plugins.get(point) or {}
+        loc = f"{where}.plugins.{point}"
+        _expect(section, dict, "a mapping with enabled/disabled", loc)
+        points[point] = _merge(
+            base[point],
+            _plugin_list(section.get("enabled"), f"{loc}.enabled"),
+            _plugin_list(section.get("disabled"), f"{loc}.disabled"),
+        )
+    args: dict[str, Mapping[str, Any]] = {}
+    config = raw.get("pluginConfig") or []
+    _expect(config, list, "a list of {name, args}", f"{where}.pluginConfig")
+    for i, item in enumerate(config):
+        loc = f"{where}.pluginConfig[{i}]"
+        _expect(item, dict, "a mapping with name and args", loc)
+        pname = item.get("name")
+        if not isinstance(pname, str) or not pname:
+            raise InputError("needs a plugin name", location=loc)
+        if pname in args:
+            raise InputError(f"duplicate pluginConfig for {pname!r}", location=loc)
+        pargs = item.get("args") or {}
+        _expect(pargs, dict, "a mapping", f"{loc}.args")
+        pargs = {k: v for k, v in pargs.items() if k not in ("apiVersion", "kind")}
+        args[pname] = pargs
+    return ProfileConfig(
+        scheduler_name=name,
+        points=points,
+        multi_point=tuple(ref.name for ref in multi_on),
+        args=args,
+    )
+
+
+def parse_config(raw: Any, where: str = "config") -> SchedulerConfig:
+    """Validate a ``KubeSchedulerConfiguration`` document (already parsed from YAML)."""
+    _expect(raw, dict, "a KubeSchedulerConfiguration mapping", where)
+    if raw.get("kind") != KIND:
+        raise InputError(f"kind must be {KIND}, got {raw.get('kind')!r}", location=f"{where}.kind")
+    if raw.get("apiVersion") not in API_VERSIONS:
+        raise InputError(
+            f"apiVersion must be one of {', '.join(API_VERSIONS)}, got {raw.get('apiVersion')!r}",
+            location=f"{where}.apiVersion",
+        )
+    unknown = set(raw) - _TOP_LEVEL
+    if unknown:
+        raise InputError(f"unknown field {sorted(unknown)[0]!r}", location=where)
+    raw_profiles = raw.get("profiles") or [{}]
+    _expect(raw_profiles, list, "a list of profiles", f"{where}.profiles")
+    profiles = tuple(parse_profile(p, f"{where}.profiles[{i}]") for i, p in enumerate(raw_profiles))
+    seen: set[str] = set()
+    for i, profile in enumerate(profiles):
+        if profile.scheduler_name in seen:
+            raise InputError(
+                f"duplicate schedulerName {profile.scheduler_name!r}",
+                location=f"{where}.profiles[{i}].schedulerName",
+            )
+        seen.add(profile.scheduler_name)
+    initial = raw.get("podInitialBackoffSeconds", 1)
+    maximum = raw.get("podMaxBackoffSeconds", 10)
+    for key, value in (("podInitialBackoffSeconds", initial), ("podMaxBackoffSeconds", maximum)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise InputError("must be a non-negative integer", location=f"{where}.{key}")
+    if maximum < initial:
+        raise InputError(
+            "must not be less than podInitialBackoffSeconds",
+            location=f"{where}.podMaxBackoffSeconds",
+        )
+    return SchedulerConfig(profiles, initial, maximum, source=raw)

@@ -1,0 +1,429 @@
+"""The framework runtime: one profile's plugins run over all nodes of a shard at once.
+
+Per attempt: pre-filter → filters (static ones cached per pod shape until a node
+changes) → [post-filter if nothing fits] → pre-score → weighted scores → select →
+reserve → permit. Node selection is deterministic: the highest total score wins; ties
+are broken by a rotation derived from the pod's name (a stable hash), so equal nodes are
+spread across pods yet every replay picks the same one.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.config import ProfileConfig
+from engine.framework.cycle import CycleState
+from engine.framework.interfaces import (
+    ClusterEvent,
+    FilterPlugin,
+    NormalizeScorePlugin,
+    PermitPlugin,
+    Plugin,
+    PostFilterPlugin,
+    PreFilterPlugin,
+    PreScorePlugin,
+    QueueingHintPlugin,
+    ReservePlugin,
+    ScorePlugin,
+)
+from engine.framework.registry import Registry
+from engine.framework.status import Code, Status
+from engine.pod import PodInfo
+from engine.state import Bools, ClusterState, Ints
+from events.errors import InputError
+
+_PROTOCOLS: Mapping[str, type] = {
+    "preFilter": PreFilterPlugin,
+    "filter": FilterPlugin,
+    "postFilter": PostFilterPlugin,
+    "preScore": PreScorePlugin,
+    "score": ScorePlugin,
+    "reserve": ReservePlugin,
+    "permit": PermitPlugin,
+}
+TOP_NODES = 5
+INCREMENTAL_LIMIT = 512
+"""Above this many changed nodes since a shape was last evaluated, recompute it whole."""
+SHAPE_CACHE_SIZE = 128
+
+
+@dataclass(slots=True)
+class _ShapeEntry:
+    """What the framework knows of one pod shape as of journal ``position``."""
+
+    position: int
+    feasible: Bools
+    local: Ints
+    pending: Ints | None = None
+    """Slots whose feasibility was refreshed but whose local scores are not yet."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeScore:
+    node: str
+    total: int
+    plugins: dict[str, int]
+    """Each score plugin's weighted contribution."""
+
+
+@dataclass(slots=True)
+class Diagnosis:
+    """Why an attempt went the way it did (kept for failures and for ``--explain``)."""
+
+    nodes: int = 0
+    feasible: int = 0
+    plugins: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Filter plugin → reason → nodes (first failing plugin per node; a node may count
+    under several reasons of that plugin, as in kube-scheduler's messages)."""
+    rejected: dict[str, int] = field(default_factory=dict)
+    """Filter plugin → nodes it was the first to reject."""
+    top: list[NodeScore] = field(default_factory=list)
+    status: Status | None = None
+
+    def rejections(self) -> dict[str, int]:
+        merged: dict[str, int] = {}
+        for reasons in self.plugins.values():
+            for reason, count in reasons.items():
+                merged[reason] = merged.get(reason, 0) + count
+        return merged
+
+    def message(self) -> str:
+        """kube-scheduler's ``FailedScheduling`` message shape."""
+        if self.status is not None and not self.plugins:
+            return self.status.message()
+        parts = sorted(f"{count} {reason}" for reason, count in self.rejections().items())
+        head = f"0/{self.nodes} nodes are available"
+        return f"{head}: {', '.join(parts)}." if parts else f"{head}."
+
+
+@dataclass(slots=True)
+class Attempt:
+    slot: int
+    status: Status
+    score: int = 0
+    diagnosis: Diagnosis | None = None
+
+
+def _full(scores: Ints | int, size: int) -> Ints:
+    if isinstance(scores, int):
+        return np.full(size, scores, dtype=np.int64)
+    return scores
+
+
+@dataclass(slots=True)
+class _ScoreEntry:
+    plugin: ScorePlugin
+    weight: int
+    normalize: bool
+
+
+class Framework:
+    """A profile's plugins, instantiated once and run for each attempt."""
+
+    def __init__(self, profile: ProfileConfig, registry: Registry) -> None:
+        self.profile = profile
+        where = f"profile {profile.scheduler_name!r}"
+        instances: dict[str, Plugin] = {}
+
+        def get(name: str) -> Plugin:
+            if name not in instances:
+                instances[name] = registry.create(
+                    name, profile.args.get(name, {}), f"{where}: plugin {name}"
+                )
+            return instances[name]
+
+        for name in profile.args:
+            if name not in registry:
+                raise InputError(f"pluginConfig names unknown plugin {name!r}", location=where)
+        chosen: dict[str, list[tuple[Plugin, int]]] = {}
+        for point, proto in _PROTOCOLS.items():
+            entries = [(get(ref.name), ref.weight) for ref in profile.points.get(point, ())]
+            for name in profile.multi_point:
+                plugin = get(name)
+                if isinstance(plugin, proto) and all(p.name != name for p, _ in entries):
+                    entries.append((plugin, 1))
+            for plugin, _ in entries:
+                if not isinstance(plugin, proto):
+                    raise InputError(
+                        f"plugin {plugin.name!r} does not implement the {point} extension point",
+                        location=where,
+                    )
+            chosen[point] = entries
+        self.plugins = instances
+        self.pre_filters: list[PreFilterPlugin] = [p for p, _ in chosen["preFilter"]]  # type: ignore[misc]
+        self.filters: list[FilterPlugin] = [p for p, _ in chosen["filter"]]  # type: ignore[misc]
+        self.static_filters = [f for f in self.filters if f.static]
+        self.dynamic_filters = [f for f in self.filters if not f.static]
+        self.post_filters: list[PostFilterPlugin] = [p for p, _ in chosen["postFilter"]]  # type: ignore[misc]
+        self.pre_scores: list[PreScorePlugin] = [p for p, _ in chosen["preScore"]]  # type: ignore[misc]
+        self.scores = [
+            _ScoreEntry(p, w, isinstance(p, NormalizeScorePlugin))  # type: ignore[arg-type]
+            for p, w in chosen["score"]
+        ]
+        self.reserves: list[ReservePlugin] = [p for p, _ in chosen["reserve"]]  # type: ignore[misc]
+        self.permits: list[PermitPlugin] = [p for p, _ in chosen["permit"]]  # type: ignore[misc]
+        self._static_cache: dict[tuple[object, ...], Bools] = {}
+        self._static_version = -1
+        self.incremental = all(getattr(f, "local", False) for f in self.dynamic_filters)
+        """Keep per-shape results between attempts (all dynamic filters are local)."""
+        self._local_scores = [e for e in self.scores if e.plugin.local]
+        self._global_scores = [e for e in self.scores if not e.plugin.local]
+        self._shapes: OrderedDict[tuple[object, ...], _ShapeEntry] = OrderedDict()
+        self._counters = {"full": 0, "incremental": 0}
+
+    def __repr__(self) -> str:
+        return (
+            f"Framework({self.profile.scheduler_name!r}, filters={[f.name for f in self.filters]}, "
+            f"scores={[(s.plugin.name, s.weight) for s in self.scores]})"
+        )
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "static_cache": len(self._static_cache),
+            "shapes": len(self._shapes),
+            **self._counters,
+        }
+
+    # ------------------------------------------------------------------ queueing
+
+    def events_for(self, plugins: tuple[str, ...]) -> frozenset[ClusterEvent]:
+        """Events that may help a pod that ``plugins`` rejected."""
+        out: set[ClusterEvent] = set()
+        for f in self.filters:
+            if f.name in plugins:
+                out |= f.events()
+        return frozenset(out) if plugins else frozenset(ClusterEvent)
+
+    def worth_retrying(
+        self,
+        pod: PodInfo,
+        plugins: tuple[str, ...],
+        event: ClusterEvent,
+        slot: int,
+        state: ClusterState,
+    ) -> bool:
+        for f in self.filters:
+            if f.name not in plugins or event not in f.events():
+                continue
+            if not isinstance(f, QueueingHintPlugin) or f.worth_retrying(pod, event, slot, state):
+                return True
+        return not plugins
+
+    # ------------------------------------------------------------------ filtering
+
+    def _static_mask(self, cycle: CycleState, pod: PodInfo, state: ClusterState) -> Bools:
+        if self._static_version != state.static_version:
+            self._static_cache.clear()
+            self._shapes.clear()
+            self._static_version = state.static_version
+        mask = self._static_cache.get(pod.static_key)
+        if mask is None:
+            mask = state.valid
+            for f in self.static_filters:
+                mask = mask & f.filter(cycle, pod, state)
+            self._static_cache[pod.static_key] = mask
+        return mask
+
+    def feasible(self, cycle: CycleState, pod: PodInfo, state: ClusterState) -> Bools:
+        """Filter verdict over all slots (computed whole, no cache)."""
+        mask = self._static_mask(cycle, pod, state)
+        for f in self.dynamic_filters:
+            mask = mask & f.filter(cycle, pod, state)
+        return mask
+
+    def _shape_feasible(
+        self, cycle: CycleState, pod: PodInfo, state: ClusterState
+    ) -> tuple[Bools, _ShapeEntry | None]:
+        """Filter verdict, refreshing only the nodes changed since this shape's last
+        attempt. Exactly equal to :meth:`feasible` (dynamic filters are local)."""
+        static = self._static_mask(cycle, pod, state)
+        if not self.incremental:
+            return self.feasible(cycle, pod, state), None
+        entry = self._shapes.get(pod.shape_key)
+        changed = None if entry is None else state.changed_since(entry.position)
+        if entry is None or changed is None or len(changed) > INCREMENTAL_LIMIT:
+            self._counters["full"] += 1
+            mask = static
+            for f in self.dynamic_filters:
+                mask = mask & f.filter(cycle, pod, state)
+            entry = _ShapeEntry(state.journal_end, mask.copy(), np.zeros(0, dtype=np.int64))
+            self._shapes[pod.shape_key] = entry
+            if len(self._shapes) > SHAPE_CACHE_SIZE:
+                self._shapes.popitem(last=False)
+            return entry.feasible, entry
+        self._counters["incremental"] += 1
+        self._shapes.move_to_end(pod.shape_key)
+        if changed or (entry.pending is not None and entry.pending.size):
+            touched = set(changed)
+            if entry.pending is not None and entry.pending.size:
+                # scores were not refreshed last time (no node, or one node, fitted)
+                touched.update(entry.pending.tolist())
+            slots = np.array(sorted(touched), dtype=np.int64)
+            view = state.view(slots)
+            sub = static[slots]
+            for f in self.dynamic_filters:
+                sub = sub & f.filter(cycle, pod, view)
+            entry.feasible[slots] = sub
+            entry.pending = slots
+        else:
+            entry.pending = np.zeros(0, dtype=np.int64)
+        entry.position = state.journal_end
+        return entry.feasible, entry
+
+    def _local_total(
+        self,
+        cycle: CycleState,
+        pod: PodInfo,
+        state: ClusterState,
+        feasible: Bools,
+        entry: _ShapeEntry | None,
+        keep: dict[str, Ints] | None,
+    ) -> Ints:
+        """Weighted sum of the local score plugins, kept per shape when possible."""
+        if entry is None or keep is not None or entry.local.size == 0:
+            total = np.zeros(state.capacity, dtype=np.int64)
+            for e in self._local_scores:
+                weighted = e.plugin.score(cycle, pod, state, feasible) * e.weight
+                if keep is not None:
+                    keep[e.plugin.name] = _full(weighted, state.capacity)
+                total += weighted
+            if entry is not None:
+                entry.local = total
+                entry.pending = None
+            return total
+        slots = entry.pending
+        if slots is not None and slots.size:
+            view = state.view(slots)
+            sub = np.zeros(slots.size, dtype=np.int64)
+            for e in self._local_scores:
+                sub += e.plugin.score(cycle, pod, view, feasible[slots]) * e.weight
+            entry.local[slots] = sub
+        entry.pending = None
+        return entry.local
+
+    def score(
+        self,
+        cycle: CycleState,
+        pod: PodInfo,
+        state: ClusterState,
+        feasible: Bools,
+        keep: dict[str, Ints] | None = None,
+        shape: _ShapeEntry | None = None,
+    ) -> tuple[Ints, int]:
+        """Weighted totals over all slots (only feasible ones are meaningful), and the
+        part that is the same on every node (kept apart: it cannot change the choice)."""
+        total = self._local_total(cycle, pod, state, feasible, shape, keep)
+        constant = 0
+        for entry in self._global_scores:
+            raw = entry.plugin.score(cycle, pod, state, feasible)
+            if entry.normalize:
+                raw = entry.plugin.normalize(raw, feasible)  # type: ignore[attr-defined]
+            weighted = raw * entry.weight
+            if keep is not None:
+                keep[entry.plugin.name] = _full(weighted, state.capacity)
+            if isinstance(weighted, int):
+                constant += weighted
+            else:
+                total = total + weighted
+        return total, constant
+
+    def diagnose(self, cycle: CycleState, pod: PodInfo, state: ClusterState) -> Diagnosis:
+        """Attribute every rejected node to the first filter that rejects it."""
+        alive = state.valid.copy()
+        diagnosis = Diagnosis(nodes=len(state.index))
+        for f in self.filters:
+            mask = f.filter(cycle, pod, state)
+            rejected = alive & ~mask
+            if rejected.any():
+                diagnosis.plugins[f.name] = f.reasons(cycle, pod, state, rejected)
+                diagnosis.rejected[f.name] = int(rejected.sum())
+            alive &= mask
+        diagnosis.feasible = int(alive.sum())
+        return diagnosis
+
+    def run_pre_filters(self, cycle: CycleState, pod: PodInfo, state: ClusterState) -> Status:
+        for plugin in self.pre_filters:
+            status = plugin.pre_filter(cycle, pod, state)
+            if not status.ok:
+                return status.with_plugin(plugin.name)
+        return Status()
+
+    def schedule(self, pod: PodInfo, state: ClusterState, *, explain: bool = False) -> Attempt:
+        """Find a node for ``pod``; do not change ``state`` (the caller assumes)."""
+        cycle = CycleState()
+        status = self.run_pre_filters(cycle, pod, state)
+        if not status.ok:
+            return Attempt(-1, status, diagnosis=Diagnosis(nodes=len(state.index), status=status))
+        if explain:
+            feasible, shape = self.feasible(cycle, pod, state), None
+        else:
+            feasible, shape = self._shape_feasible(cycle, pod, state)
+        count = int(np.count_nonzero(feasible))
+        if count == 0:
+            failure = self.diagnose(cycle, pod, state)
+            plugins = tuple(failure.plugins)
+            code = Code.UNSCHEDULABLE
+            if plugins and all(self.plugins[n].unresolvable for n in plugins):  # type: ignore[attr-defined]
+                code = Code.UNSCHEDULABLE_AND_UNRESOLVABLE
+            for post in self.post_filters:
+                result = post.post_filter(cycle, pod, state, feasible)
+                if result.status.code == Code.SUCCESS and result.nominated_slot >= 0:
+                    break
+            status = Status(code, (failure.message(),), ",".join(plugins))
+            failure.status = status
+            return Attempt(-1, status, diagnosis=failure)
+        for pre in self.pre_scores:
+            status = pre.pre_score(cycle, pod, state, feasible)
+            if not status.ok:
+                return Attempt(-1, status.with_plugin(pre.name))
+        keep: dict[str, Ints] | None = {} if explain else None
+        if count == 1 and not explain:
+            slot = int(np.flatnonzero(feasible)[0])
+            best = 0
+        else:
+            total, constant = self.score(cycle, pod, state, feasible, keep, shape)
+            masked = np.where(feasible, total, -1)
+            top = int(masked.max())
+            ties = np.flatnonzero(masked == top)
+            slot = int(ties[pod.tiebreak % len(ties)])
+            # A lone feasible node is taken unscored; explain mode must record the same.
+            best = top + constant if count > 1 else 0
+            if explain:
+                masked = np.where(feasible, total + constant, -1)
+        diagnosis = None
+        if explain:
+            diagnosis = self.diagnose(cycle, pod, state)
+            diagnosis.top = self._top(state, masked, keep or {})
+        for i, plugin in enumerate(self.reserves):
+            status = plugin.reserve(cycle, pod, state, slot)
+            if not status.ok:
+                for done in reversed(self.reserves[: i + 1]):
+                    done.unreserve(cycle, pod, state, slot)
+                return Attempt(-1, status.with_plugin(plugin.name), diagnosis=diagnosis)
+        for permit in self.permits:
+            status = permit.permit(cycle, pod, state, slot)
+            if not status.ok:
+                for done in reversed(self.reserves):
+                    done.unreserve(cycle, pod, state, slot)
+                return Attempt(-1, status.with_plugin(permit.name), diagnosis=diagnosis)
+        return Attempt(slot, Status(), best, diagnosis)
+
+    @staticmethod
+    def _top(state: ClusterState, masked: Ints, keep: dict[str, Ints]) -> list[NodeScore]:
+        order = np.lexsort((np.arange(masked.shape[0]), -masked))
+        out = []
+        for slot in order[:TOP_NODES]:
+            if masked[slot] < 0:
+                break
+            out.append(
+                NodeScore(
+                    node=state.names[slot] or "?",
+                    total=int(masked[slot]),
+                    plugins={name: int(arr[slot]) for name, arr in keep.items()},
+                )
+            )
+        return out

@@ -1,0 +1,1 @@
+"""Built-in plugins; ``engine.framework.registry`` lists them all in one place."""

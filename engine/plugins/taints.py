@@ -1,0 +1,89 @@
+"""TaintToleration: filter on untolerated NoSchedule/NoExecute taints; score nodes by
+how few untolerated PreferNoSchedule taints they have."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.framework.cycle import CycleState
+from engine.framework.interfaces import ALL_EVENTS, ClusterEvent
+from engine.plugins.normalize import default_normalize
+from engine.pod import PodInfo
+from engine.state import Bools, ClusterState, Ints
+from events.types import Taint, Toleration
+
+HARD_EFFECTS = ("NoSchedule", "NoExecute")
+
+
+def tolerates_one(toleration: Toleration, taint: Taint) -> bool:
+    """Kubernetes' ``Toleration.ToleratesTaint``."""
+    if toleration.effect and toleration.effect != taint.effect:
+        return False
+    if toleration.key and toleration.key != taint.key:
+        return False
+    if toleration.operator == "Exists":
+        return True
+    return toleration.value == taint.value  # "Equal" (the default)
+
+
+def tolerates(tolerations: tuple[Toleration, ...], taint: Taint) -> bool:
+    return any(tolerates_one(t, taint) for t in tolerations)
+
+
+class TaintToleration:
+    name = "TaintToleration"
+    static = True
+    unresolvable = True
+    local = False
+
+    def _untolerated(
+        self, pod: PodInfo, state: ClusterState, effects: tuple[str, ...]
+    ) -> list[int]:
+        return [
+            code
+            for taint, code in state.taint_codes.items()
+            if taint.effect in effects and not tolerates(pod.spec.tolerations, taint)
+        ]
+
+    def filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState) -> Bools:
+        codes = self._untolerated(pod, state, HARD_EFFECTS)
+        if not codes:
+            return state.valid
+        blocked = np.zeros(state.capacity, dtype=np.bool_)
+        for code in codes:
+            blocked |= state.taint_rows[code]
+        return np.logical_not(blocked)
+
+    def reasons(
+        self, cycle: CycleState, pod: PodInfo, state: ClusterState, rejected: Bools
+    ) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        codes = self._untolerated(pod, state, HARD_EFFECTS)
+        by_code = {code: taint for taint, code in state.taint_codes.items()}
+        for slot in np.flatnonzero(rejected):
+            # Like kube-scheduler, name the first untolerated taint of the node.
+            for code in codes:
+                if state.taint_rows[code][slot]:
+                    taint = by_code[code]
+                    label = f"{taint.key}: {taint.value}" if taint.value else taint.key
+                    reason = f"node(s) had untolerated taint {{{label}}}"
+                    counts[reason] = counts.get(reason, 0) + 1
+                    break
+        return counts
+
+    def events(self) -> frozenset[ClusterEvent]:
+        return ALL_EVENTS - {ClusterEvent.POD_FREED}
+
+    def score(
+        self, cycle: CycleState, pod: PodInfo, state: ClusterState, feasible: Bools
+    ) -> Ints | int:
+        codes = self._untolerated(pod, state, ("PreferNoSchedule",))
+        if not codes:
+            return 0
+        counts = np.zeros(state.capacity, dtype=np.int64)
+        for code in codes:
+            counts += state.taint_rows[code]
+        return counts
+
+    def normalize(self, scores: Ints | int, feasible: Bools) -> Ints | int:
+        return default_normalize(scores, feasible, reverse=True)

@@ -1,0 +1,436 @@
+"""Columnar cluster state of one shard, folded from events.
+
+Nodes live in *slots*: column ``j`` of every array describes the node in slot ``j``.
+Per resource row ``r``: ``alloc[r, j]`` (allocatable), ``used[r, j]`` (requested by
+pods bound or assumed there) and ``free[r, j] = alloc - used``, kept in step so that a
+fit check is a single comparison over all nodes. Labels are integer codes per label key
+(``-1`` = absent) and taints a boolean row per distinct taint, so that selectors,
+affinity and tolerations are vectorised too.
+
+Slots of removed nodes are reused lowest-first, so slot order (the tie-break order) is a
+function of the event sequence alone.
+
+Room for later: per-device accounting (the GPU cards of a node, each shareable by
+milli-fractions, with a model label) will be a second table keyed by slot, kept beside
+``alloc``/``used`` and copied with them by :meth:`ClusterState.copy`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.resources import (
+    CPU,
+    DEFAULT_MEMORY_REQUEST,
+    DEFAULT_MILLI_CPU_REQUEST,
+    MEMORY,
+    ResourceIndex,
+)
+from events.types import NodeSpec, Taint
+
+Ints = npt.NDArray[np.int64]
+Bools = npt.NDArray[np.bool_]
+Codes = npt.NDArray[np.int32]
+Floats = npt.NDArray[np.float64]
+
+ABSENT: Final = -1
+_INITIAL_CAPACITY: Final = 64
+_JOURNAL_LIMIT: Final = 1 << 16
+_INTEGER: Final = re.compile(r"[+-]?[0-9]+")
+
+Request = tuple[tuple[int, int], ...]
+"""A pod's requests as sorted ``(row, amount)`` pairs; always includes ``pods: 1``."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlacedPod:
+    """A pod bound or assumed on a node."""
+
+    slot: int
+    request: Request
+    scored: Request
+
+
+def nonzero(request: Request) -> tuple[int, int]:
+    """cpu and memory as kube-scheduler's scorers see them (defaults for zero)."""
+    cpu = memory = 0
+    for row, amount in request:
+        if row == CPU:
+            cpu = amount
+        elif row == MEMORY:
+            memory = amount
+    return (cpu or DEFAULT_MILLI_CPU_REQUEST, memory or DEFAULT_MEMORY_REQUEST)
+
+
+def scored_request(request: Request) -> Request:
+    """The request as scorers count it: cpu and memory never zero."""
+    cpu, memory = nonzero(request)
+    rest = [(row, amount) for row, amount in request if row not in (CPU, MEMORY)]
+    return tuple(sorted([(CPU, cpu), (MEMORY, memory), *rest]))
+
+
+class ClusterState:
+    """Nodes and their committed resources, as numpy columns."""
+
+    def __init__(self, resources: ResourceIndex | None = None) -> None:
+        self.resources = resources or ResourceIndex()
+        cap = _INITIAL_CAPACITY
+        rows = len(self.resources)
+        self.names: list[str | None] = [None] * cap
+        self.index: dict[str, int] = {}
+        self.valid: Bools = np.zeros(cap, dtype=np.bool_)
+        self.unschedulable: Bools = np.zeros(cap, dtype=np.bool_)
+        self.alloc: Ints = np.zeros((rows, cap), dtype=np.int64)
+        self.used: Ints = np.zeros((rows, cap), dtype=np.int64)
+        self.free: Ints = np.zeros((rows, cap), dtype=np.int64)
+        self.nonzero_used: Ints = np.zeros((rows, cap), dtype=np.int64)
+        """Like ``used``, but counting cpu and memory with kube-scheduler's non-zero
+        defaults (what the resource scorers see)."""
+        self.label_columns: dict[str, Codes] = {}
+        self.label_values: dict[str, dict[str, int]] = {}
+        self._label_numeric: dict[str, Floats] = {}
+        self.taint_codes: dict[Taint, int] = {}
+        self.taint_rows: list[Bools] = []
+        self.node_labels: list[dict[str, str]] = [{} for _ in range(cap)]
+        self.node_taints: list[tuple[Taint, ...]] = [() for _ in range(cap)]
+        self.pods: dict[str, PlacedPod] = {}
+        self.node_pods: list[dict[str, None]] = [{} for _ in range(cap)]
+        self._free_slots: list[int] = []
+        self._next_slot = 0
+        self.static_version = 0
+        """Bumped whenever labels, taints, schedulability or the node set change."""
+        self.journal: list[int] = []
+        """Slots whose resources changed, in order; ``journal_base`` is the position of
+        ``journal[0]`` (older entries are dropped)."""
+        self.journal_base = 0
+
+    def __repr__(self) -> str:
+        return f"ClusterState(nodes={len(self.index)}, pods={len(self.pods)})"
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "nodes": len(self.index),
+            "pods": len(self.pods),
+            "slots": self.capacity,
+            "resources": len(self.resources),
+            "label_keys": len(self.label_columns),
+            "taints": len(self.taint_codes),
+        }
+
+    @property
+    def capacity(self) -> int:
+        return int(self.valid.shape[0])
+
+    # ------------------------------------------------------------------ growth
+
+    def ensure_rows(self) -> None:
+        """Grow the resource arrays to cover every registered resource row."""
+        rows = len(self.resources)
+        have = self.alloc.shape[0]
+        if rows > have:
+            pad = np.zeros((rows - have, self.capacity), dtype=np.int64)
+            self.alloc = np.vstack([self.alloc, pad])
+            self.used = np.vstack([self.used, pad])
+            self.free = np.vstack([self.free, pad])
+            self.nonzero_used = np.vstack([self.nonzero_used, pad])
+
+    def _grow(self) -> None:
+        old = self.capacity
+        new = old * 2
+
+        def widen(arr: npt.NDArray[np.generic], fill: int | bool = 0) -> npt.NDArray[np.generic]:
+            shape = (*arr.shape[:-1], new)
+            out = np.full(shape, fill, dtype=arr.dtype)
+            out[..., :old] = arr
+            return out
+
+        self.valid = widen(self.valid, False)  # type: ignore[assignment]
+        self.unschedulable = widen(self.unschedulable, False)  # type: ignore[assignment]
+        self.alloc = widen(self.alloc)  # type: ignore[assignment]
+        self.used = widen(self.used)  # type: ignore[assignment]
+        self.free = widen(self.free)  # type: ignore[assignment]
+        self.nonzero_used = widen(self.nonzero_used)  # type: ignore[assignment]
+        for key, col in self.label_columns.items():
+            self.label_columns[key] = widen(col, ABSENT)  # type: ignore[assignment]
+        self._label_numeric.clear()
+        self.taint_rows = [widen(row, False) for row in self.taint_rows]  # type: ignore[misc]
+        self.names.extend([None] * old)
+        self.node_labels.extend({} for _ in range(old))
+        self.node_taints.extend(() for _ in range(old))
+        self.node_pods.extend({} for _ in range(old))
+
+    def _take_slot(self) -> int:
+        if self._free_slots:
+            return heapq.heappop(self._free_slots)
+        if self._next_slot >= self.capacity:
+            self._grow()
+        slot = self._next_slot
+        self._next_slot += 1
+        return slot
+
+    # ------------------------------------------------------------------ nodes
+
+    def add_node(self, spec: NodeSpec) -> int:
+        """Add a node (or replace it if the name is known); return its slot."""
+        if spec.name in self.index:
+            return self.update_node(spec)
+        slot = self._take_slot()
+        self.names[slot] = spec.name
+        self.index[spec.name] = slot
+        self.valid[slot] = True
+        self._write_node(slot, spec)
+        return slot
+
+    def update_node(self, spec: NodeSpec) -> int:
+        """Replace a known node's attributes; pods on it stay."""
+        slot = self.index.get(spec.name)
+        if slot is None:
+            return self.add_node(spec)
+        self._write_node(slot, spec)
+        return slot
+
+    def _write_node(self, slot: int, spec: NodeSpec) -> None:
+        rows = [self.resources.row(name) for name in spec.allocatable]
+        self.ensure_rows()
+        self.alloc[:, slot] = 0
+        for row, amount in zip(rows, spec.allocatable.values(), strict=True):
+            self.alloc[row, slot] = amount
+        self.free[:, slot] = self.alloc[:, slot] - self.used[:, slot]
+        self.unschedulable[slot] = spec.unschedulable
+        for key, col in self.label_columns.items():
+            if key not in spec.labels:
+                col[slot] = ABSENT
+        for key, value in spec.labels.items():
+            column = self._label_column(key)
+            column[slot] = self._label_code(key, value)
+        for key in spec.labels:
+            self._label_numeric.pop(key, None)
+        for key in self.node_labels[slot]:
+            self._label_numeric.pop(key, None)
+        self.node_labels[slot] = dict(spec.labels)
+        for taint_row in self.taint_rows:
+            taint_row[slot] = False
+        for taint in spec.taints:
+            self._taint_row(taint)[slot] = True
+        self.node_taints[slot] = tuple(spec.taints)
+        self.static_version += 1
+        self._touch(slot)
+
+    def remove_node(self, name: str) -> list[str]:
+        """Remove a node; return the pods that were placed on it (now forgotten)."""
+        slot = self.index.pop(name, None)
+        if slot is None:
+            return []
+        lost = list(self.node_pods[slot])
+        for key in lost:
+            self.forget(key)
+        self.names[slot] = None
+        self.valid[slot] = False
+        self.unschedulable[slot] = False
+        self.alloc[:, slot] = 0
+        self.used[:, slot] = 0
+        self.free[:, slot] = 0
+        self.nonzero_used[:, slot] = 0
+        for col in self.label_columns.values():
+            col[slot] = ABSENT
+        for row in self.taint_rows:
+            row[slot] = False
+        for key in self.node_labels[slot]:
+            self._label_numeric.pop(key, None)
+        self.node_labels[slot] = {}
+        self.node_taints[slot] = ()
+        heapq.heappush(self._free_slots, slot)
+        self.static_version += 1
+        self._touch(slot)
+        return lost
+
+    # ------------------------------------------------------------------ pods
+
+    def assume(self, key: str, slot: int, request: Request) -> None:
+        """Commit ``request`` on ``slot`` for pod ``key`` (idempotent for the same slot)."""
+        placed = self.pods.get(key)
+        if placed is not None:
+            if placed.slot == slot:
+                return
+            self.forget(key)
+        scored = scored_request(request)
+        self.pods[key] = PlacedPod(slot, request, scored)
+        self.node_pods[slot][key] = None
+        self._touch(slot)
+        used, free, nonzero_used = self.used, self.free, self.nonzero_used
+        for row, amount in request:
+            used[row, slot] += amount
+            free[row, slot] -= amount
+        for row, amount in scored:
+            nonzero_used[row, slot] += amount
+
+    def forget(self, key: str) -> int | None:
+        """Release pod ``key``'s resources; return its slot (None if not placed)."""
+        placed = self.pods.pop(key, None)
+        if placed is None:
+            return None
+        slot = placed.slot
+        self.node_pods[slot].pop(key, None)
+        self._touch(slot)
+        for row, amount in placed.request:
+            self.used[row, slot] -= amount
+            self.free[row, slot] += amount
+        for row, amount in placed.scored:
+            self.nonzero_used[row, slot] -= amount
+        return slot
+
+    def _touch(self, slot: int) -> None:
+        journal = self.journal
+        journal.append(slot)
+        if len(journal) > _JOURNAL_LIMIT:
+            drop = len(journal) // 2
+            del journal[:drop]
+            self.journal_base += drop
+
+    @property
+    def journal_end(self) -> int:
+        """Position just past the newest journal entry."""
+        return self.journal_base + len(self.journal)
+
+    def changed_since(self, position: int) -> list[int] | None:
+        """Slots changed since journal ``position`` (None if that is no longer known)."""
+        if position < self.journal_base:
+            return None
+        return self.journal[position - self.journal_base :]
+
+    def view(self, slots: Ints) -> ClusterState:
+        """The resource columns of ``slots`` only, gathered on first use: for *local*
+        plugins, which may read ``resources``, ``capacity``, ``valid``,
+        ``unschedulable``, ``alloc``, ``used``, ``free`` and ``nonzero_used`` only."""
+        return SlotView(self, slots)
+
+    def fits(self, request: Request, slot: int) -> bool:
+        """True when ``request`` fits in ``slot``'s free resources."""
+        free = self.free
+        return bool(self.valid[slot]) and all(free[row, slot] >= amount for row, amount in request)
+
+    # ------------------------------------------------------------------ labels and taints
+
+    def _label_column(self, key: str) -> Codes:
+        col = self.label_columns.get(key)
+        if col is None:
+            col = np.full(self.capacity, ABSENT, dtype=np.int32)
+            self.label_columns[key] = col
+            self.label_values[key] = {}
+        return col
+
+    def _label_code(self, key: str, value: str) -> int:
+        values = self.label_values[key]
+        code = values.get(value)
+        if code is None:
+            code = len(values)
+            values[value] = code
+        return code
+
+    def label_code(self, key: str, value: str) -> int | None:
+        """The code of ``key=value``, or None if no node ever had it."""
+        values = self.label_values.get(key)
+        return None if values is None else values.get(value)
+
+    def label_numeric(self, key: str) -> Floats:
+        """Label ``key`` parsed as an integer per node (NaN where absent or not a number)."""
+        cached = self._label_numeric.get(key)
+        if cached is not None:
+            return cached
+        out = np.full(self.capacity, np.nan)
+        col = self.label_columns.get(key)
+        if col is not None:
+            lookup = np.full(len(self.label_values[key]) + 1, np.nan)
+            for value, code in self.label_values[key].items():
+                if _INTEGER.fullmatch(value):
+                    lookup[code] = int(value)
+            present = col >= 0
+            out[present] = lookup[col[present]]
+        self._label_numeric[key] = out
+        return out
+
+    def _taint_row(self, taint: Taint) -> Bools:
+        code = self.taint_codes.get(taint)
+        if code is None:
+            code = len(self.taint_rows)
+            self.taint_codes[taint] = code
+            self.taint_rows.append(np.zeros(self.capacity, dtype=np.bool_))
+        return self.taint_rows[code]
+
+    # ------------------------------------------------------------------ staging
+
+    def copy(self) -> ClusterState:
+        """An independent copy for staging what-if decisions (arrays copied)."""
+        new = ClusterState.__new__(ClusterState)
+        new.resources = self.resources
+        new.names = list(self.names)
+        new.index = dict(self.index)
+        new.valid = self.valid.copy()
+        new.unschedulable = self.unschedulable.copy()
+        new.alloc = self.alloc.copy()
+        new.used = self.used.copy()
+        new.free = self.free.copy()
+        new.nonzero_used = self.nonzero_used.copy()
+        new.label_columns = {k: v.copy() for k, v in self.label_columns.items()}
+        new.label_values = {k: dict(v) for k, v in self.label_values.items()}
+        new._label_numeric = {}
+        new.taint_codes = dict(self.taint_codes)
+        new.taint_rows = [row.copy() for row in self.taint_rows]
+        new.node_labels = list(self.node_labels)
+        new.node_taints = list(self.node_taints)
+        new.pods = dict(self.pods)
+        new.node_pods = [dict(p) for p in self.node_pods]
+        new._free_slots = list(self._free_slots)
+        new._next_slot = self._next_slot
+        new.static_version = self.static_version
+        new.journal = list(self.journal)
+        new.journal_base = self.journal_base
+        return new
+
+    def check_invariants(self) -> None:
+        """Assert the bookkeeping is consistent (used by tests and ``replay --verify``)."""
+        assert np.array_equal(self.free, self.alloc - self.used), "free != alloc - used"
+        used = np.zeros_like(self.used)
+        for placed in self.pods.values():
+            for row, amount in placed.request:
+                used[row, placed.slot] += amount
+        assert np.array_equal(used, self.used), "used does not match placed pods"
+        nonzero_used = np.zeros_like(self.nonzero_used)
+        for placed in self.pods.values():
+            for row, amount in placed.scored:
+                nonzero_used[row, placed.slot] += amount
+        assert np.array_equal(nonzero_used, self.nonzero_used), "nonzero_used is off"
+
+
+_VIEW_COLUMNS: Final = frozenset(
+    {"valid", "unschedulable", "alloc", "used", "free", "nonzero_used"}
+)
+
+
+class SlotView(ClusterState):
+    """Some slots' resource columns, gathered lazily (see :meth:`ClusterState.view`)."""
+
+    def __init__(self, state: ClusterState, slots: Ints) -> None:  # no super(): a view
+        self.resources = state.resources
+        self._state = state
+        self._slots = slots
+
+    def __repr__(self) -> str:
+        return f"SlotView(slots={self._slots.size})"
+
+    @property
+    def capacity(self) -> int:
+        return int(self._slots.size)
+
+    def __getattr__(self, name: str) -> npt.NDArray[np.generic]:
+        if name not in _VIEW_COLUMNS:
+            raise AttributeError(f"{name!r} is not available on a slot view (local plugins only)")
+        column: npt.NDArray[np.generic] = getattr(self._state, name)[..., self._slots]
+        setattr(self, name, column)
+        return column

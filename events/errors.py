@@ -1,0 +1,55 @@
+"""The project's error types.
+
+``ShoalError`` is the one root: callers catch it to tell a shoal failure from a bug.
+Subclasses name what a caller can act on. They live in ``events`` because it is the
+lowest layer; every other package imports from here.
+"""
+
+from __future__ import annotations
+
+
+class ShoalError(Exception):
+    """Root of every error shoal raises on purpose."""
+
+
+class InputError(ShoalError):
+    """User input (a scenario, a configuration, a flag) is malformed.
+
+    ``location`` names where: file, document and field, so the command line can print
+    one clear line and exit with status 2.
+    """
+
+    def __init__(self, message: str, *, location: str = "") -> None:
+        self.message = message
+        self.location = location
+        super().__init__(f"{location}: {message}" if location else message)
+
+
+class LogError(ShoalError):
+    """An event log cannot be opened, read or appended to."""
+
+
+class NotALogError(LogError):
+    """The file is not a shoal event log (wrong or missing header)."""
+
+
+class LogCorruptedError(LogError):
+    """A record inside the log fails its checksum or cannot be decoded.
+
+    Never skipped: the offset and partition of the bad record are named.
+    """
+
+    def __init__(self, message: str, *, partition: int, offset: int, path: str = "") -> None:
+        self.partition = partition
+        self.offset = offset
+        self.path = path
+        where = f"{path}: " if path else ""
+        super().__init__(f"{where}partition {partition}, offset {offset}: {message}")
+
+
+class ReplayMismatchError(ShoalError):
+    """Replay derived a decision that differs from the recorded one."""
+
+    def __init__(self, message: str, *, offset: int) -> None:
+        self.offset = offset
+        super().__init__(f"offset {offset}: {message}")

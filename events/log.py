@@ -1,0 +1,62 @@
+"""The ``EventLog`` protocol: an append-only, partitioned sequence of envelopes.
+
+Every backend (in-memory, file, Kafka) honours the same contract, checked by one shared
+test suite (``tests/events/test_log_contract.py``):
+
+- offsets in a partition start at 0 and grow by one per record, without gaps;
+- ``append`` is atomic per call: either every envelope of the call is stored, in order,
+  or none is, and the returned offsets are those the records got;
+- a record, once appended, reads back equal forever (only its ``offset`` and
+  ``partition`` are filled in by the log);
+- reads never skip a record; a record that cannot be read is an error naming its offset.
+
+The protocol is asynchronous because the distributed backend is; local backends
+complete without suspending.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from events.types import Envelope
+
+
+class EventLog(Protocol):
+    """A partitioned, append-only log of envelopes."""
+
+    @property
+    def partitions(self) -> int:
+        """Number of partitions; fixed for the life of the log."""
+        ...
+
+    async def append(self, envelopes: Sequence[Envelope], partition: int = 0) -> list[int]:
+        """Append ``envelopes`` to ``partition`` in order; return their offsets.
+
+        The log sets each stored envelope's ``offset`` and ``partition``; any value the
+        caller put there is replaced. Raises ``ValueError`` for a partition out of range.
+        Calling it twice appends twice: idempotence is the handlers' job (decision ids).
+        """
+        ...
+
+    async def read(self, partition: int, offset: int, limit: int | None = None) -> list[Envelope]:
+        """Return up to ``limit`` records of ``partition`` starting at ``offset``.
+
+        Returns an empty list at or past the end. Never blocks waiting for new records.
+        Raises :class:`~events.errors.LogCorruptedError` for a record that cannot be read.
+        """
+        ...
+
+    async def end_offset(self, partition: int) -> int:
+        """The offset the next appended record of ``partition`` will get."""
+        ...
+
+    async def close(self) -> None:
+        """Flush and release resources; safe to call twice."""
+        ...
+
+
+def check_partition(partition: int, partitions: int) -> None:
+    """Raise ``ValueError`` unless ``0 <= partition < partitions``."""
+    if not 0 <= partition < partitions:
+        raise ValueError(f"partition {partition} out of range (log has {partitions})")

@@ -1,0 +1,257 @@
+"""Event types: immutable, past-tense facts in one closed tagged union.
+
+Every event is a frozen, keyword-only msgspec Struct with a short explicit tag. The
+payload travels inside an :class:`Envelope` that carries where and when it happened
+(stream, partition, offset, simulated time) and why (causation).
+
+Compatibility rules (append-only schema):
+
+- new event kinds get new tags; a tag is never reused;
+- new fields are appended with defaults, so old records still decode;
+- unknown fields are ignored on decode (no ``forbid_unknown_fields``), so an old reader
+  can read a newer log.
+
+Quantities are canonical integers: cpu in millicores, memory and storage in bytes,
+``pods`` and extended resources (``nvidia.com/gpu``) in units. Times are integer
+nanoseconds of simulated (or, in service, wall) time.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+
+SECOND: Final = 1_000_000_000
+"""Nanoseconds in one second: event times are integers in nanoseconds."""
+
+
+class _Fact(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """Base of every event payload."""
+
+
+# --------------------------------------------------------------------------- shapes
+
+
+class Taint(msgspec.Struct, frozen=True, kw_only=True):
+    """A node taint (``NoSchedule``, ``PreferNoSchedule`` or ``NoExecute``)."""
+
+    key: str
+    value: str = ""
+    effect: str
+
+
+class Toleration(msgspec.Struct, frozen=True, kw_only=True):
+    """A pod toleration; empty ``key`` with ``Exists`` tolerates every taint."""
+
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+
+
+class NodeSelectorRequirement(msgspec.Struct, frozen=True, kw_only=True):
+    """One ``matchExpressions`` (or ``matchFields``) entry of a node selector term."""
+
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+
+
+class NodeSelectorTerm(msgspec.Struct, frozen=True, kw_only=True):
+    """Requirements that are ANDed; terms of a selector are ORed."""
+
+    match_expressions: tuple[NodeSelectorRequirement, ...] = ()
+    match_fields: tuple[NodeSelectorRequirement, ...] = ()
+
+
+class PreferredSchedulingTerm(msgspec.Struct, frozen=True, kw_only=True):
+    """A weighted preferred node-affinity term (weight 1..100)."""
+
+    weight: int
+    preference: NodeSelectorTerm
+
+
+class PodSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """What the scheduler needs to know about a pod, already validated and canonical."""
+
+    namespace: str
+    name: str
+    uid: str = ""
+    requests: dict[str, int] = {}
+    priority: int = 0
+    priority_class: str = ""
+    preemption_policy: str = "PreemptLowerPriority"
+    scheduler_name: str = ""
+    node_name: str = ""
+    node_selector: dict[str, str] = {}
+    required_affinity: tuple[NodeSelectorTerm, ...] | None = None
+    preferred_affinity: tuple[PreferredSchedulingTerm, ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    runtime: int | None = None
+    """Nanoseconds the pod runs once bound before it succeeds (simulation only)."""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class NodeSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A node as the scheduler sees it."""
+
+    name: str
+    allocatable: dict[str, int]
+    labels: dict[str, str] = {}
+    taints: tuple[Taint, ...] = ()
+    unschedulable: bool = False
+
+
+# ----------------------------------------------------------------- cluster inputs
+
+
+class NodeAdded(_Fact, frozen=True, kw_only=True, tag="node+"):
+    node: NodeSpec
+
+
+class NodeUpdated(_Fact, frozen=True, kw_only=True, tag="node~"):
+    """Full replacement of a node's schedulable attributes."""
+
+    node: NodeSpec
+
+
+class NodeRemoved(_Fact, frozen=True, kw_only=True, tag="node-"):
+    name: str
+
+
+class PodSubmitted(_Fact, frozen=True, kw_only=True, tag="pod+"):
+    pod: PodSpec
+
+
+class PodDeleted(_Fact, frozen=True, kw_only=True, tag="pod-"):
+    pod: str
+    """``namespace/name``."""
+
+
+class PodSucceeded(_Fact, frozen=True, kw_only=True, tag="pod.ok"):
+    pod: str
+    node: str = ""
+
+
+class PodFailed(_Fact, frozen=True, kw_only=True, tag="pod.fail"):
+    pod: str
+    node: str = ""
+    reason: str = ""
+
+
+class SchedulerConfigured(_Fact, frozen=True, kw_only=True, tag="config"):
+    """The scheduler configuration a run used (``KubeSchedulerConfiguration`` as JSON;
+    empty for the defaults). The first record of a run, so a log replays by itself."""
+
+    config: str = ""
+
+
+class ClockTicked(_Fact, frozen=True, kw_only=True, tag="tick"):
+    """Time passed with nothing else happening; the envelope carries the time."""
+
+
+# ------------------------------------------------------- decisions and their fate
+
+
+class PodBound(_Fact, frozen=True, kw_only=True, tag="bind"):
+    """A shard decided to place ``pod`` on ``node`` (optimistically assumed)."""
+
+    pod: str
+    node: str
+    decision_id: str
+    attempt: int
+    shard: int = 0
+    score: int = 0
+
+
+class PodUnschedulable(_Fact, frozen=True, kw_only=True, tag="unsched"):
+    """A scheduling attempt found no node.
+
+    ``rejections`` counts nodes by reason (``"Insufficient cpu": 12``), the shape of
+    kube-scheduler's ``FailedScheduling`` message; ``plugins`` names the filters that
+    rejected at least one node.
+    """
+
+    pod: str
+    attempt: int
+    reason: str
+    rejections: dict[str, int] = {}
+    plugins: tuple[str, ...] = ()
+    shard: int = 0
+
+
+class BindFailed(_Fact, frozen=True, kw_only=True, tag="bind.fail"):
+    """The binder could not apply a ``PodBound``; the decision is rolled back."""
+
+    pod: str
+    node: str
+    decision_id: str
+    reason: str
+
+
+class PodEvicted(_Fact, frozen=True, kw_only=True, tag="evict"):
+    pod: str
+    node: str
+    reason: str
+    decision_id: str = ""
+    shard: int = 0
+
+
+class PodPreempted(_Fact, frozen=True, kw_only=True, tag="preempt"):
+    pod: str
+    node: str
+    by: str
+    decision_id: str = ""
+    shard: int = 0
+
+
+Event = (
+    NodeAdded
+    | NodeUpdated
+    | NodeRemoved
+    | PodSubmitted
+    | PodDeleted
+    | PodSucceeded
+    | PodFailed
+    | ClockTicked
+    | SchedulerConfigured
+    | PodBound
+    | PodUnschedulable
+    | BindFailed
+    | PodEvicted
+    | PodPreempted
+)
+"""The closed union of every event kind."""
+
+DECISIONS: Final = (PodBound, PodUnschedulable, PodEvicted, PodPreempted)
+"""Event kinds a shard derives; replay re-derives and compares them."""
+
+
+class Envelope(msgspec.Struct, frozen=True, kw_only=True):
+    """Where, when and why an event happened.
+
+    ``offset`` is assigned by the log on append (``-1`` before). ``causation`` is the
+    offset of the last input a decision was derived from (``-1`` for inputs).
+    ``producer`` names the component that appended it (``ingest``, ``shard-0``,
+    ``binder``, ``cluster``).
+    """
+
+    event: Event
+    time: int = 0
+    stream: str = "cluster"
+    partition: int = 0
+    offset: int = -1
+    causation: int = -1
+    event_id: str = ""
+    producer: str = ""
+
+
+def is_decision(event: Event) -> bool:
+    """True for kinds that shards derive (and replay re-derives)."""
+    return isinstance(event, DECISIONS)

@@ -1,0 +1,1 @@
+"""Load-test harness: synthetic workload shapes, drivers and reports."""

@@ -1,0 +1,251 @@
+"""The ``shoal`` command line: ``simulate``, ``replay``, ``loadtest``.
+
+Exit status: 0 success; 1 ``replay --verify`` found a difference; 2 bad input (one line
+naming file, document and field, or the log offset; never a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import orjson
+
+from engine.config import SchedulerConfig
+from engine.scheduler import Engine
+from events.errors import InputError, LogError, ShoalError
+from events.filelog import FileLog
+from shards import render
+from shards.bus import open_bus
+from shards.replay import replay
+from shards.scenario import load_config, load_scenario
+from shards.simulate import simulate
+
+EXIT_MISMATCH = 1
+EXIT_INPUT = 2
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"shoal: error: {message}", file=sys.stderr)
+    raise SystemExit(EXIT_INPUT)
+
+
+def _emit_json(data: Any) -> None:
+    sys.stdout.buffer.write(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
+    sys.stdout.flush()
+
+
+def _config(path: str | None) -> SchedulerConfig | None:
+    if path is None:
+        return None
+    config = load_config(path)
+    try:
+        Engine(config)  # instantiates every plugin: unknown names and bad args fail here
+    except InputError as exc:
+        raise InputError(exc.message, location=f"{path}: {exc.location}") from None
+    return config
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+# --------------------------------------------------------------------------- simulate
+
+
+async def _simulate(args: argparse.Namespace) -> int:
+    if args.shards != 1:
+        raise InputError(
+            "this build runs one shard; node pools over several shards are not built yet",
+            location="--shards",
+        )
+    config = _config(args.config)
+    scenario = load_scenario(args.scenario)
+    if config is None and scenario.config is not None:
+        Engine(scenario.config)
+    bus = args.bus
+    copy_to: str | None = None
+    if args.log is not None:
+        if bus == "memory":
+            bus = f"file:{args.log}"
+        elif bus != f"file:{args.log}":
+            copy_to = args.log
+            open_bus(f"file:{copy_to}", overwrite=args.overwrite)  # fail before running
+    log = open_bus(bus, overwrite=args.overwrite)
+    try:
+        progress = render.progress_printer(args.json or args.quiet)
+        result = await simulate(scenario, log, config, progress=progress)
+        if copy_to is not None:
+            target = open_bus(f"file:{copy_to}", overwrite=True)
+            await target.append(await log.read(0, 0))
+            await target.close()
+    finally:
+        await log.close()
+    summary = {"wall_seconds": round(result.wall_seconds, 6), "attempts": result.stats["attempts"]}
+    if args.json:
+        _emit_json(result.report.to_json(**summary))
+    else:
+        render.report_table(result.report, summary)
+    return 0
+
+
+# --------------------------------------------------------------------------- replay
+
+
+async def _replay(args: argparse.Namespace) -> int:
+    config = _config(args.config)
+    log = FileLog(args.log, readonly=True)
+    try:
+        records = await log.read(0, 0)
+    finally:
+        await log.close()
+    if log.torn_bytes:
+        print(
+            f"shoal: note: {args.log}: ignoring a torn last record ({log.torn_bytes} bytes)",
+            file=sys.stderr,
+        )
+    if args.explain is not None and "/" not in args.explain:
+        raise InputError(f"expected NAMESPACE/NAME, got {args.explain!r}", location="--explain")
+    result = replay(records, config, verify=args.verify, explain=args.explain, until=args.until)
+    if args.explain is not None and args.explain not in result.report.pods:
+        raise InputError(f"no pod {args.explain} in {args.log}", location="--explain")
+    if args.json:
+        if args.explain is not None:
+            data: dict[str, Any] = render.explanation_json(args.explain, result)
+        else:
+            data = result.report.to_json()
+            data["events"] = [
+                render.envelope_json(env)
+                for env in records
+                if args.until is None or env.offset <= args.until
+            ]
+        if args.verify:
+            data["verify"] = {
+                "ok": result.mismatch is None,
+                "decisions": result.verified,
+                "passes": result.passes,
+                "mismatch": str(result.mismatch) if result.mismatch else None,
+            }
+        _emit_json(data)
+    elif args.explain is not None:
+        render.explanation_text(args.explain, result)
+    else:
+        render.report_table(result.report, {})
+    if result.mismatch is not None:
+        print(f"shoal: replay differs at {result.mismatch}", file=sys.stderr)
+        return EXIT_MISMATCH
+    if args.verify and not args.json:
+        print(f"verified: {result.verified} decisions in {result.passes} passes match the log")
+    return 0
+
+
+# --------------------------------------------------------------------------- loadtest
+
+
+async def _loadtest(args: argparse.Namespace) -> int:
+    from loadtest.driver import LoadShape, run_loadtest
+
+    if args.shards != 1:
+        raise InputError("this build runs one shard", location="--shards")
+    shape = LoadShape(nodes=args.nodes, pods=args.pods, seed=args.seed, batch=args.batch)
+    log = open_bus(args.bus, overwrite=args.overwrite)
+    try:
+        result = await run_loadtest(
+            shape, log, progress=None if args.json else render.loadtest_progress
+        )
+    finally:
+        await log.close()
+    if args.json:
+        _emit_json(result)
+    else:
+        render.loadtest_table(result)
+    return 0
+
+
+# --------------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="shoal", description="Event-sourced batch scheduler for Kubernetes."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sim = sub.add_parser("simulate", help="run scenarios on a simulated cluster and clock")
+    sim.add_argument("scenario", nargs="+", metavar="SCENARIO.yaml")
+    sim.add_argument("--config", help="KubeSchedulerConfiguration file")
+    sim.add_argument("--shards", type=_positive, default=1)
+    sim.add_argument("--bus", default="memory", help="memory (default) or file:PATH")
+    sim.add_argument("--log", help="record the run in this file (for shoal replay)")
+    sim.add_argument("--overwrite", action="store_true", help="replace an existing log file")
+    sim.add_argument("--json", action="store_true", help="print one JSON object")
+    sim.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+    rep = sub.add_parser("replay", help="replay, verify or explain a recorded run")
+    rep.add_argument("log", metavar="LOG")
+    rep.add_argument("--verify", action="store_true", help="re-derive every decision and compare")
+    rep.add_argument("--explain", metavar="NAMESPACE/NAME", help="why a pod went where it went")
+    rep.add_argument("--until", type=_non_negative, metavar="OFFSET", help="stop after this offset")
+    rep.add_argument("--config", help="replay with this configuration instead of the recorded one")
+    rep.add_argument("--json", action="store_true", help="print one JSON object")
+
+    load = sub.add_parser("loadtest", help="measure scheduling throughput on a synthetic cluster")
+    load.add_argument("--nodes", type=_positive, default=5000)
+    load.add_argument("--pods", type=_positive, default=20000)
+    load.add_argument("--shards", type=_positive, default=1)
+    load.add_argument("--bus", default="memory")
+    load.add_argument("--overwrite", action="store_true")
+    load.add_argument("--seed", type=_non_negative, default=0)
+    load.add_argument("--batch", type=_positive, default=1000, help="pods per ingest batch")
+    load.add_argument("--json", action="store_true")
+    return parser
+
+
+_COMMANDS = {"simulate": _simulate, "replay": _replay, "loadtest": _loadtest}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    runner = _COMMANDS[args.command]
+    try:
+        try:
+            import uvloop
+
+            return uvloop.run(runner(args))
+        except ImportError:  # pragma: no cover - uvloop is a dependency
+            return asyncio.run(runner(args))
+    except InputError as exc:
+        _fail(str(exc))
+    except LogError as exc:
+        _fail(str(exc))
+    except ShoalError as exc:
+        _fail(str(exc))
+    except KeyboardInterrupt:
+        print("shoal: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Human output: tables, explanations and progress lines (rich on a terminal)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from engine.quantity import format_quantity
+from events.codec import to_builtins
+from events.types import SECOND, Envelope
+from shards.replay import ReplayResult
+from shards.report import RunReport
+
+MAX_ROWS = 60
+
+
+def _console(stderr: bool = False) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() else 160
+    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
+
+
+def report_table(report: RunReport, summary: dict[str, Any]) -> None:
+    console = _console()
+    table = Table(title="Pods at the end of the run", title_justify="left")
+    for column in ("POD", "NODE", "PHASE", "SHARD", "TRIES", "REASON"):
+        table.add_column(column, overflow="fold")
+    rows = sorted(report.pods.items())
+    for key, view in rows[:MAX_ROWS]:
+        style = {"Bound": "green", "Succeeded": "cyan", "Pending": "yellow", "Failed": "red"}
+        table.add_row(
+            key,
+            view.node or "-",
+            f"[{style.get(view.phase, 'white')}]{view.phase}[/]",
+            "-" if view.shard is None else str(view.shard),
+            str(view.attempts),
+            view.reason if view.phase != "Bound" else "",
+        )
+    console.print(table)
+    if len(rows) > MAX_ROWS:
+        console.print(f"... and {len(rows) - MAX_ROWS} more pods (use --json for all)")
+    counts = report.counts()
+    parts = [f"{counts[k]} {k}" for k in ("bound", "succeeded", "pending", "failed") if counts[k]]
+    line = ", ".join(parts) or "no pods"
+    extra = f" in {summary['wall_seconds']:.3f}s wall" if "wall_seconds" in summary else ""
+    console.print(
+        f"{line}; {counts['nodes']} nodes, {counts['events']} events, "
+        f"{report.last_time / SECOND:g}s simulated{extra}"
+    )
+
+
+def progress_printer(silent: bool) -> Callable[[int, int, int], None] | None:
+    """A progress callback that prints at most twice a second, on stderr, on a terminal."""
+    if silent or not sys.stderr.isatty():
+        return None
+    last = [0.0]
+
+    def show(now: int, done: int, total: int) -> None:
+        tick = time.monotonic()
+        if tick - last[0] < 0.5 and done < total:
+            return
+        last[0] = tick
+        print(
+            f"\rsimulated {now / SECOND:,.1f}s: {done}/{total} objects ingested",
+            end="",
+            file=sys.stderr,
+        )
+        if done >= total:
+            print(file=sys.stderr)
+
+    return show
+
+
+def envelope_json(env: Envelope) -> dict[str, Any]:
+    return to_builtins(env)
+
+
+# --------------------------------------------------------------------------- explain
+
+
+def explanation_json(key: str, result: ReplayResult) -> dict[str, Any]:
+    attempts = []
+    for exp in result.engine.explanations:
+        item: dict[str, Any] = {
+            "attempt": exp.attempt,
+            "time_seconds": exp.time / SECOND,
+            "node": exp.node,
+            "status": exp.status.code.name,
+            "message": exp.status.message() if exp.node is None else "",
+        }
+        if exp.diagnosis is not None:
+            item["nodes"] = exp.diagnosis.nodes
+            item["feasible"] = exp.diagnosis.feasible
+            item["filters"] = exp.diagnosis.plugins
+            item["rejected"] = exp.diagnosis.rejected
+            item["top"] = [
+                {"node": n.node, "total": n.total, "plugins": n.plugins} for n in exp.diagnosis.top
+            ]
+        attempts.append(item)
+    view = result.report.pods.get(key)
+    return {"pod": key, "final": view.to_json() if view else None, "attempts": attempts}
+
+
+def explanation_text(key: str, result: ReplayResult) -> None:
+    console = _console()
+    data = explanation_json(key, result)
+    final = data["final"] or {}
+    console.print(
+        f"[bold]{key}[/]: {final.get('phase')} on {final.get('node') or '-'}"
+        + (f" — {final['reason']}" if final.get("reason") else "")
+    )
+    if not data["attempts"]:
+        console.print("no scheduling attempt was recorded for this pod")
+        return
+    last = data["attempts"][-1]
+    outcome = f"bound to {last['node']}" if last["node"] else f"unschedulable: {last['message']}"
+    console.print(
+        f"last attempt (#{last['attempt']}, {len(data['attempts'])} in all) "
+        f"at t={last['time_seconds']:g}s: {outcome}"
+    )
+    if "filters" in last:
+        table = Table(
+            title=f"Filters over {last['nodes']} nodes ({last['feasible']} feasible)",
+            title_justify="left",
+        )
+        table.add_column("PLUGIN")
+        table.add_column("REJECTED", justify="right")
+        table.add_column("WHY")
+        for plugin, reasons in last["filters"].items():
+            why = ", ".join(f"{n} x {r}" for r, n in sorted(reasons.items()))
+            table.add_row(plugin, str(last["rejected"].get(plugin, 0)), why)
+        if not last["filters"]:
+            table.add_row("(all)", "0", "every node passed every filter")
+        console.print(table)
+    if last.get("top"):
+        plugins = list(last["top"][0]["plugins"])
+        table = Table(title="Top-scored nodes (weighted plugin scores)", title_justify="left")
+        table.add_column("NODE")
+        table.add_column("TOTAL", justify="right")
+        for plugin in plugins:
+            table.add_column(plugin, justify="right")
+        for node in last["top"]:
+            table.add_row(
+                node["node"], str(node["total"]), *(str(node["plugins"][p]) for p in plugins)
+            )
+        console.print(table)
+
+
+# --------------------------------------------------------------------------- loadtest
+
+
+def loadtest_progress(done: int, total: int, elapsed: float) -> None:
+    print(f"\rscheduled {done}/{total} pods in {elapsed:.1f}s", end="", file=sys.stderr)
+    if done >= total:
+        print(file=sys.stderr)
+
+
+def loadtest_table(result: dict[str, Any]) -> None:
+    console = _console()
+    shape = result["shape"]
+    console.print(
+        f"[bold]{result['pods_per_second']:,.0f} pods/s[/] — {shape['pods']} pods on "
+        f"{shape['nodes']} nodes, {shape['shards']} shard(s), bus {shape['bus']}"
+    )
+    latency = result["latency_ms"]
+    console.print(
+        "submit→decision latency ms: " + ", ".join(f"{k} {v:.2f}" for k, v in latency.items())
+    )
+    console.print(
+        f"bound {result['bound']}, unschedulable {result['unschedulable']}, "
+        f"wall {result['wall_seconds']:.2f}s (engine {result['engine_seconds']:.2f}s)"
+    )
+
+
+def quantity(resource: str, value: int) -> str:
+    return format_quantity(resource, value)

@@ -1,0 +1,144 @@
+"""What a run did, as a fold of its log: each pod's final node, phase and reason.
+
+The same fold serves ``simulate`` (at the end of the run) and ``replay`` (at any
+offset), so the two always agree on the ``--json`` schema of DESIGN.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from events.types import (
+    BindFailed,
+    Envelope,
+    NodeAdded,
+    NodeRemoved,
+    PodBound,
+    PodDeleted,
+    PodEvicted,
+    PodFailed,
+    PodPreempted,
+    PodSubmitted,
+    PodSucceeded,
+    PodUnschedulable,
+    is_decision,
+)
+
+WAITING = "waiting to be scheduled"
+
+
+@dataclass(slots=True)
+class PodView:
+    node: str | None = None
+    phase: str = "Pending"
+    reason: str = WAITING
+    shard: int | None = None
+    attempts: int = 0
+    submitted_at: int = 0
+    bound_at: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"node": self.node, "phase": self.phase}
+        if self.phase != "Bound" and self.reason:
+            out["reason"] = self.reason
+        if self.shard is not None:
+            out["shard"] = self.shard
+        out["attempts"] = self.attempts
+        return out
+
+
+class RunReport:
+    """Folds envelopes into per-pod views and run counters."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, PodView] = {}
+        self.preemptions: list[dict[str, str]] = []
+        self.migrations: list[dict[str, str]] = []
+        self.nodes: set[str] = set()
+        self.events = 0
+        self.decisions = 0
+        self.bind_failures = 0
+        self.last_time = 0
+
+    def __repr__(self) -> str:
+        return f"RunReport(pods={len(self.pods)}, events={self.events})"
+
+    def apply(self, env: Envelope) -> None:
+        self.events += 1
+        self.last_time = max(self.last_time, env.time)
+        event = env.event
+        if is_decision(event):
+            self.decisions += 1
+        match event:
+            case NodeAdded(node=spec):
+                self.nodes.add(spec.name)
+            case NodeRemoved(name=name):
+                self.nodes.discard(name)
+            case PodSubmitted(pod=spec):
+                self.pods[spec.key] = PodView(submitted_at=env.time)
+            case PodUnschedulable(pod=key):
+                view = self._view(key)
+                view.reason = event.reason
+                view.attempts = max(view.attempts, event.attempt)
+                view.shard = event.shard
+            case PodBound(pod=key):
+                view = self._view(key)
+                view.node, view.phase, view.reason = event.node, "Bound", ""
+                view.attempts = max(view.attempts, event.attempt)
+                view.shard = event.shard
+                view.bound_at = env.time
+            case BindFailed(pod=key):
+                self.bind_failures += 1
+                view = self._view(key)
+                view.node, view.phase = None, "Pending"
+                view.reason = f"binding to {event.node} failed: {event.reason}"
+            case PodSucceeded(pod=key):
+                view = self._view(key)
+                view.phase, view.reason = "Succeeded", ""
+            case PodFailed(pod=key):
+                view = self._view(key)
+                view.phase, view.reason = "Failed", event.reason or "failed"
+            case PodDeleted(pod=key):
+                view = self._view(key)
+                view.phase, view.reason = "Deleted", "deleted"
+            case PodEvicted(pod=key):
+                view = self._view(key)
+                view.phase, view.reason = "Failed", f"Evicted: {event.reason}"
+            case PodPreempted(pod=key):
+                view = self._view(key)
+                view.phase, view.reason = "Failed", f"Preempted by {event.by}"
+                self.preemptions.append({"pod": key, "node": event.node, "by": event.by})
+            case _:
+                pass
+
+    def _view(self, key: str) -> PodView:
+        view = self.pods.get(key)
+        if view is None:
+            view = self.pods[key] = PodView()
+        return view
+
+    def counts(self) -> dict[str, int]:
+        phases = {"Bound": 0, "Pending": 0, "Succeeded": 0, "Failed": 0, "Deleted": 0}
+        for view in self.pods.values():
+            phases[view.phase] = phases.get(view.phase, 0) + 1
+        return {
+            "bound": phases["Bound"],
+            "pending": phases["Pending"],
+            "succeeded": phases["Succeeded"],
+            "failed": phases["Failed"],
+            "deleted": phases["Deleted"],
+            "pods": len(self.pods),
+            "nodes": len(self.nodes),
+            "events": self.events,
+            "decisions": self.decisions,
+            "bind_failures": self.bind_failures,
+        }
+
+    def to_json(self, **summary: Any) -> dict[str, Any]:
+        return {
+            "pods": {key: view.to_json() for key, view in sorted(self.pods.items())},
+            "migrations": list(self.migrations),
+            "preemptions": list(self.preemptions),
+            "summary": {**self.counts(), "simulated_seconds": self.last_time / 1e9, **summary},
+        }

@@ -1,0 +1,196 @@
+"""Scenario files: multi-document YAML of Kubernetes objects → timed events.
+
+Kinds read: ``v1 Node``, ``v1 Pod``, ``v1 List`` (its items), ``scheduling.k8s.io/v1
+PriorityClass`` and ``KubeSchedulerConfiguration``. ``shoal.io/arrive-at`` (seconds)
+sets when an object appears; document order breaks ties, across files in the order
+given. Every error names the file, the document and the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+
+from engine.config import API_VERSIONS as CONFIG_VERSIONS
+from engine.config import KIND as CONFIG_KIND
+from engine.config import SchedulerConfig, parse_config
+from events.errors import InputError
+from events.types import Event, NodeAdded, PodSubmitted
+from shards.objects import arrival, node_spec, pod_spec, priority_class
+
+MAX_FILE_BYTES: Final = 256 * 1024 * 1024
+KINDS: Final = {
+    ("v1", "Node"),
+    ("v1", "Pod"),
+    ("v1", "List"),
+    ("scheduling.k8s.io/v1", "PriorityClass"),
+    *((version, CONFIG_KIND) for version in CONFIG_VERSIONS),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TimedEvent:
+    time: int
+    order: int
+    event: Event
+
+
+@dataclass
+class Scenario:
+    events: list[TimedEvent] = field(default_factory=list)
+    config: SchedulerConfig | None = None
+    priority_classes: dict[str, int] = field(default_factory=dict)
+    nodes: int = 0
+    pods: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Doc:
+    path: str
+    number: int
+    obj: Mapping[str, Any]
+
+    def where(self, field_: str = "") -> str:
+        meta = self.obj.get("metadata")
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        kind = self.obj.get("kind", "object")
+        label = f"{kind} {name}" if isinstance(name, str) else str(kind)
+        head = f"{self.path}: document {self.number} ({label})"
+        return f"{head}: {field_}" if field_ else head
+
+
+def _read_documents(path: str) -> Iterator[_Doc]:
+    try:
+        size = Path(path).stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise InputError(f"file is larger than {MAX_FILE_BYTES} bytes", location=path)
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", location=path) from None
+    except UnicodeDecodeError:
+        raise InputError("not UTF-8 text", location=path) from None
+    number = 0
+    try:
+        for raw in yaml.safe_load_all(text):
+            number += 1
+            if raw is None:
+                continue
+            if not isinstance(raw, Mapping):
+                raise InputError(
+                    f"must be a Kubernetes object (a mapping), got {type(raw).__name__}",
+                    location=f"{path}: document {number}",
+                )
+            yield from _expand(path, number, raw)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise InputError(
+            f"malformed YAML: {where}{problem}", location=f"{path}: document {number + 1}"
+        ) from None
+    except RecursionError:
+        raise InputError(
+            "YAML nested too deeply", location=f"{path}: document {number + 1}"
+        ) from None
+
+
+def _expand(path: str, number: int, raw: Mapping[str, Any]) -> Iterator[_Doc]:
+    doc = _Doc(path, number, raw)
+    key = (raw.get("apiVersion"), raw.get("kind"))
+    if key not in KINDS:
+        known = ", ".join(sorted({f"{v} {k}" for v, k in KINDS if k != CONFIG_KIND}))
+        raise InputError(
+            f"unknown kind {raw.get('kind')!r} with apiVersion {raw.get('apiVersion')!r} "
+            f"(shoal reads {known}, {CONFIG_KIND})",
+            location=doc.where(),
+        )
+    if key == ("v1", "List"):
+        items = raw.get("items")
+        if not isinstance(items, list):
+            raise InputError("must be a list", location=doc.where("items"))
+        for i, item in enumerate(items):
+            if not isinstance(item, Mapping):
+                raise InputError("must be a mapping", location=doc.where(f"items[{i}]"))
+            yield from _expand(f"{path}: document {number} items[{i}]", number, item)
+        return
+    yield doc
+
+
+def _located(doc: _Doc, exc: InputError) -> InputError:
+    return InputError(exc.message, location=doc.where(exc.location.lstrip(".")))
+
+
+def load_scenario(paths: list[str]) -> Scenario:
+    """Read scenario files; raise :class:`InputError` naming file, document and field."""
+    docs = [doc for path in paths for doc in _read_documents(path)]
+    scenario = Scenario()
+    classes: dict[str, int] = {}
+    default_class: tuple[str, int] | None = None
+    for doc in docs:
+        kind = doc.obj.get("kind")
+        try:
+            if kind == "PriorityClass":
+                name, value, is_default = priority_class(doc.obj)
+                if name in classes:
+                    raise InputError(f"duplicate priority class {name!r}", location="metadata.name")
+                classes[name] = value
+                if is_default:
+                    if default_class is not None:
+                        raise InputError(
+                            f"a second global default (first: {default_class[0]!r})",
+                            location="globalDefault",
+                        )
+                    default_class = (name, value)
+            elif kind == CONFIG_KIND:
+                if scenario.config is not None:
+                    raise InputError("only one KubeSchedulerConfiguration is allowed")
+                scenario.config = parse_config(doc.obj, "")
+        except InputError as exc:
+            raise _located(doc, exc) from None
+    scenario.priority_classes = dict(classes)
+    if default_class is not None:
+        classes[""] = default_class[1]
+    seen_nodes: set[str] = set()
+    seen_pods: set[str] = set()
+    for order, doc in enumerate(docs):
+        kind = doc.obj.get("kind")
+        try:
+            if kind == "Node":
+                node = node_spec(doc.obj)
+                if node.name in seen_nodes:
+                    raise InputError(f"duplicate node {node.name!r}", location="metadata.name")
+                seen_nodes.add(node.name)
+                event: Event = NodeAdded(node=node)
+                scenario.nodes += 1
+            elif kind == "Pod":
+                pod = pod_spec(doc.obj, classes)
+                if pod.key in seen_pods:
+                    raise InputError(f"duplicate pod {pod.key!r}", location="metadata.name")
+                seen_pods.add(pod.key)
+                event = PodSubmitted(pod=pod)
+                scenario.pods += 1
+            else:
+                continue
+            scenario.events.append(
+                TimedEvent(arrival(doc.obj, "metadata.annotations"), order, event)
+            )
+        except InputError as exc:
+            raise _located(doc, exc) from None
+    scenario.events.sort(key=lambda e: (e.time, e.order))
+    return scenario
+
+
+def load_config(path: str) -> SchedulerConfig:
+    """Read a ``KubeSchedulerConfiguration`` file (``--config``)."""
+    docs = list(_read_documents(path))
+    configs = [d for d in docs if d.obj.get("kind") == CONFIG_KIND]
+    if len(configs) != 1 or len(docs) != 1:
+        raise InputError(f"must hold exactly one {CONFIG_KIND} document", location=path)
+    try:
+        return parse_config(configs[0].obj, "")
+    except InputError as exc:
+        raise _located(configs[0], exc) from None
