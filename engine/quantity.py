@@ -61,7 +61,7 @@ def parse_quantity(text: str | int | float) -> Decimal:
     suffix = match["suffix"]
     if suffix in _BINARY:
         value = number * _BINARY[suffix]
-    elif suffix[:1] in ("e", "E"):
+    elif len(suffix) > 1 and suffix[0] in "eE":
         exponent = int(suffix[1:])
         if abs(exponent) > 30:
             raise InputError(f"quantity {text!r} is out of range")

@@ -76,7 +76,11 @@ class FileLog:
         except OSError as exc:
             raise LogError(f"{self.path}: {exc.strerror}") from None
         if exists:
-            self._scan()
+            try:
+                self._scan()
+            except BaseException:
+                self._file.close()
+                raise
         else:
             self._file.write(FILE_HEADER.pack(MAGIC, VERSION))
             self._file.flush()

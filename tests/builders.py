@@ -1,0 +1,157 @@
+"""Fluent builders for nodes, pods and envelopes: ``make_pod("a").cpu("2").gpu(4)``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.quantity import canonical
+from events.types import (
+    SECOND,
+    Envelope,
+    Event,
+    NodeAdded,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    NodeSpec,
+    PodSpec,
+    PodSubmitted,
+    PreferredSchedulingTerm,
+    Taint,
+    Toleration,
+)
+
+
+class NodeBuilder:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._alloc: dict[str, int] = {"cpu": 4000, "memory": 8 << 30, "pods": 110}
+        self._labels: dict[str, str] = {}
+        self._taints: list[Taint] = []
+        self._unschedulable = False
+
+    def cpu(self, q: str | int) -> NodeBuilder:
+        self._alloc["cpu"] = canonical("cpu", q)
+        return self
+
+    def memory(self, q: str | int) -> NodeBuilder:
+        self._alloc["memory"] = canonical("memory", q)
+        return self
+
+    def pods(self, n: int) -> NodeBuilder:
+        self._alloc["pods"] = n
+        return self
+
+    def gpu(self, n: int) -> NodeBuilder:
+        self._alloc["nvidia.com/gpu"] = n
+        return self
+
+    def resource(self, name: str, q: str | int) -> NodeBuilder:
+        self._alloc[name] = canonical(name, q)
+        return self
+
+    def label(self, key: str, value: str) -> NodeBuilder:
+        self._labels[key] = value
+        return self
+
+    def taint(self, key: str, value: str = "", effect: str = "NoSchedule") -> NodeBuilder:
+        self._taints.append(Taint(key=key, value=value, effect=effect))
+        return self
+
+    def cordoned(self) -> NodeBuilder:
+        self._unschedulable = True
+        return self
+
+    def spec(self) -> NodeSpec:
+        return NodeSpec(
+            name=self.name,
+            allocatable=dict(self._alloc),
+            labels=dict(self._labels),
+            taints=tuple(self._taints),
+            unschedulable=self._unschedulable,
+        )
+
+    def added(self) -> NodeAdded:
+        return NodeAdded(node=self.spec())
+
+
+class PodBuilder:
+    def __init__(self, name: str, namespace: str = "default") -> None:
+        self.fields: dict[str, Any] = {"namespace": namespace, "name": name, "requests": {}}
+
+    def cpu(self, q: str | int) -> PodBuilder:
+        self.fields["requests"]["cpu"] = canonical("cpu", q)
+        return self
+
+    def memory(self, q: str | int) -> PodBuilder:
+        self.fields["requests"]["memory"] = canonical("memory", q)
+        return self
+
+    def gpu(self, n: int) -> PodBuilder:
+        self.fields["requests"]["nvidia.com/gpu"] = n
+        return self
+
+    def priority(self, value: int) -> PodBuilder:
+        self.fields["priority"] = value
+        return self
+
+    def runtime(self, seconds: float) -> PodBuilder:
+        self.fields["runtime"] = round(seconds * SECOND)
+        return self
+
+    def selector(self, **labels: str) -> PodBuilder:
+        self.fields["node_selector"] = dict(labels)
+        return self
+
+    def on(self, node: str) -> PodBuilder:
+        self.fields["node_name"] = node
+        return self
+
+    def tolerate(
+        self, key: str = "", operator: str = "Exists", value: str = "", effect: str = ""
+    ) -> PodBuilder:
+        tols = list(self.fields.get("tolerations", ()))
+        tols.append(Toleration(key=key, operator=operator, value=value, effect=effect))
+        self.fields["tolerations"] = tuple(tols)
+        return self
+
+    def require(self, key: str, operator: str, *values: str) -> PodBuilder:
+        term = NodeSelectorTerm(
+            match_expressions=(NodeSelectorRequirement(key=key, operator=operator, values=values),)
+        )
+        terms = self.fields.get("required_affinity") or ()
+        self.fields["required_affinity"] = (*terms, term)
+        return self
+
+    def prefer(self, weight: int, key: str, operator: str, *values: str) -> PodBuilder:
+        term = PreferredSchedulingTerm(
+            weight=weight,
+            preference=NodeSelectorTerm(
+                match_expressions=(
+                    NodeSelectorRequirement(key=key, operator=operator, values=values),
+                )
+            ),
+        )
+        self.fields["preferred_affinity"] = (*self.fields.get("preferred_affinity", ()), term)
+        return self
+
+    def scheduler(self, name: str) -> PodBuilder:
+        self.fields["scheduler_name"] = name
+        return self
+
+    def spec(self) -> PodSpec:
+        return PodSpec(**self.fields)
+
+    def submitted(self) -> PodSubmitted:
+        return PodSubmitted(pod=self.spec())
+
+
+def make_node(name: str) -> NodeBuilder:
+    return NodeBuilder(name)
+
+
+def make_pod(name: str, namespace: str = "default") -> PodBuilder:
+    return PodBuilder(name, namespace)
+
+
+def env(event: Event, time: float = 0, producer: str = "test", offset: int = -1) -> Envelope:
+    return Envelope(event=event, time=round(time * SECOND), producer=producer, offset=offset)

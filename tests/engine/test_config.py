@@ -1,0 +1,156 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from engine.config import PluginRef, default_config, parse_config
+from engine.framework.registry import builtin_registry
+from engine.framework.runtime import Framework
+from engine.scheduler import Engine
+from events.errors import InputError
+
+BASE = {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration"}
+
+
+def config(**fields: Any) -> dict[str, Any]:
+    return {**BASE, **fields}
+
+
+def test_defaults() -> None:
+    profile = default_config().profiles[0]
+    assert profile.scheduler_name == "default-scheduler"
+    assert [r.name for r in profile.points["filter"]][-1] == "NodeResourcesFit"
+    assert PluginRef("TaintToleration", 3) in profile.points["score"]
+
+
+def test_disable_and_reweight_like_kube_scheduler() -> None:
+    cfg = parse_config(
+        config(
+            profiles=[
+                {
+                    "schedulerName": "packer",
+                    "plugins": {
+                        "score": {
+                            "disabled": [{"name": "NodeResourcesBalancedAllocation"}],
+                            "enabled": [{"name": "NodeResourcesFit", "weight": 5}],
+                        }
+                    },
+                    "pluginConfig": [
+                        {
+                            "name": "NodeResourcesFit",
+                            "args": {"scoringStrategy": {"type": "MostAllocated"}},
+                        }
+                    ],
+                },
+                {"schedulerName": "spreader"},
+            ]
+        )
+    )
+    packer = cfg.profiles[0]
+    assert [(r.name, r.weight) for r in packer.points["score"]] == [
+        ("TaintToleration", 3),
+        ("NodeAffinity", 2),
+        ("NodeResourcesFit", 5),
+    ]
+    engine = Engine(cfg)
+    assert set(engine.frameworks) == {"packer", "spreader"}
+    assert engine.frameworks["packer"].plugins["NodeResourcesFit"].strategy == "MostAllocated"  # type: ignore[attr-defined]
+
+
+def test_disable_everything_then_enable() -> None:
+    cfg = parse_config(
+        config(
+            profiles=[
+                {
+                    "plugins": {
+                        "score": {
+                            "disabled": [{"name": "*"}],
+                            "enabled": [{"name": "NodeAffinity"}],
+                        }
+                    }
+                }
+            ]
+        )
+    )
+    assert [r.name for r in cfg.profiles[0].points["score"]] == ["NodeAffinity"]
+
+
+def test_multipoint_enables_where_implemented() -> None:
+    cfg = parse_config(
+        config(
+            profiles=[
+                {
+                    "plugins": {
+                        "multiPoint": {
+                            "disabled": [{"name": "*"}],
+                            "enabled": [{"name": "TaintToleration"}],
+                        }
+                    }
+                }
+            ]
+        )
+    )
+    framework = Framework(cfg.profiles[0], builtin_registry())
+    assert [f.name for f in framework.filters] == ["TaintToleration"]
+    assert [s.plugin.name for s in framework.scores] == ["TaintToleration"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"kind": "Nope"}, "kind must be"),
+        ({**BASE, "apiVersion": "v9"}, "apiVersion"),
+        (config(profiles="x"), "list of profiles"),
+        (
+            config(profiles=[{"schedulerName": "a"}, {"schedulerName": "a"}]),
+            "duplicate schedulerName",
+        ),
+        (config(profiles=[{"bogus": 1}]), "unknown field 'bogus'"),
+        (config(unknownTop=1), "unknown field 'unknownTop'"),
+        (config(profiles=[{"plugins": {"sideways": {}}}]), "unknown extension point"),
+        (config(profiles=[{"plugins": {"score": {"enabled": [{"weight": 1}]}}}]), "plugin name"),
+        (
+            config(profiles=[{"plugins": {"score": {"enabled": [{"name": "X", "weight": 101}]}}}]),
+            "weight",
+        ),
+        (
+            config(profiles=[{"pluginConfig": [{"name": "A"}, {"name": "A"}]}]),
+            "duplicate pluginConfig",
+        ),
+        (config(podInitialBackoffSeconds=5, podMaxBackoffSeconds=2), "podInitialBackoffSeconds"),
+        (config(podMaxBackoffSeconds=-1), "non-negative"),
+        ("not a mapping", "KubeSchedulerConfiguration mapping"),
+    ],
+)
+def test_bad_config(raw: Any, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        parse_config(raw)
+
+
+@pytest.mark.parametrize(
+    ("profile", "message"),
+    [
+        (
+            {"plugins": {"filter": {"enabled": [{"name": "NoSuchPlugin"}]}}},
+            "unknown plugin 'NoSuchPlugin'",
+        ),
+        (
+            {"plugins": {"filter": {"enabled": [{"name": "NodeResourcesBalancedAllocation"}]}}},
+            "does not implement the filter",
+        ),
+        ({"pluginConfig": [{"name": "Ghost", "args": {}}]}, "unknown plugin 'Ghost'"),
+        ({"pluginConfig": [{"name": "NodeName", "args": {"x": 1}}]}, "takes no args"),
+        (
+            {
+                "pluginConfig": [
+                    {"name": "NodeResourcesFit", "args": {"scoringStrategy": {"type": "Z"}}}
+                ]
+            },
+            "unknown type",
+        ),
+    ],
+)
+def test_bad_plugins_fail_when_the_engine_is_built(profile: dict[str, Any], message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        Engine(parse_config(config(profiles=[profile])))

@@ -1,0 +1,190 @@
+"""Engine scenarios: events in, decisions out."""
+
+from __future__ import annotations
+
+from engine.config import parse_config
+from engine.scheduler import Engine
+from events.types import (
+    SECOND,
+    BindFailed,
+    ClockTicked,
+    Event,
+    NodeRemoved,
+    NodeUpdated,
+    PodBound,
+    PodDeleted,
+    PodSucceeded,
+    PodUnschedulable,
+)
+from tests.builders import env, make_node, make_pod
+
+
+def feed(engine: Engine, *events: Event, at: float = 0) -> list[Event]:
+    for event in events:
+        engine.apply(env(event, at))
+    return engine.schedule()
+
+
+def bound(decisions: list[Event]) -> dict[str, str]:
+    return {d.pod: d.node for d in decisions if isinstance(d, PodBound)}
+
+
+def test_places_and_explains_failure() -> None:
+    engine = Engine()
+    out = feed(
+        engine,
+        make_node("a").cpu("4").added(),
+        make_pod("p1").cpu("3").submitted(),
+        make_pod("p2").cpu("3").submitted(),
+    )
+    assert bound(out) == {"default/p1": "a"}
+    (failure,) = [d for d in out if isinstance(d, PodUnschedulable)]
+    assert failure.reason == "0/1 nodes are available: 1 Insufficient cpu."
+    assert failure.plugins == ("NodeResourcesFit",)
+    assert failure.rejections == {"Insufficient cpu": 1}
+
+
+def test_rejected_pod_retries_on_a_helpful_event_only() -> None:
+    engine = Engine()
+    feed(engine, make_node("a").cpu("4").added(), make_pod("p1").cpu("3").runtime(60).submitted())
+    assert bound(feed(engine, make_pod("p2").cpu("3").submitted())) == {}
+    # an unrelated event (a label change that keeps capacity) retries nothing useful
+    out = feed(engine, ClockTicked(), at=30)
+    assert out == []
+    out = feed(engine, PodSucceeded(pod="default/p1"), at=60)
+    assert bound(out) == {"default/p2": "a"}
+
+
+def test_backoff_delays_a_retry_until_the_engine_wakes() -> None:
+    engine = Engine()
+    feed(engine, make_node("a").cpu("1").added(), make_pod("big").cpu("2").submitted())
+    # capacity grows right away, but the pod is still backing off (1 s)
+    assert feed(engine, NodeUpdated(node=make_node("a").cpu("4").spec()), at=0.5) == []
+    assert engine.next_wakeup() == SECOND
+    assert bound(feed(engine, ClockTicked(), at=1)) == {"default/big": "a"}
+
+
+def test_bind_failure_rolls_back_and_requeues() -> None:
+    engine = Engine()
+    out = feed(
+        engine,
+        make_node("a").cpu("4").added(),
+        make_node("b").cpu("2").added(),
+        make_pod("p").cpu("1").submitted(),
+    )
+    (decision,) = [d for d in out if isinstance(d, PodBound)]
+    first = decision.node
+    engine.apply(
+        env(BindFailed(pod="default/p", node=first, decision_id=decision.decision_id, reason="x"))
+    )
+    assert "default/p" not in engine.state.pods
+    engine.apply(env(NodeRemoved(name=first)))
+    out = feed(engine, ClockTicked(), at=2)
+    assert bound(out) == {"default/p": "b" if first == "a" else "a"}
+
+
+def test_stale_bind_failure_is_ignored() -> None:
+    engine = Engine()
+    out = feed(engine, make_node("a").added(), make_pod("p").submitted())
+    (decision,) = out
+    assert isinstance(decision, PodBound)
+    engine.apply(env(BindFailed(pod="default/p", node="a", decision_id="other", reason="x")))
+    assert "default/p" in engine.state.pods
+
+
+def test_decisions_applied_twice_change_nothing() -> None:
+    engine = Engine()
+    out = feed(engine, make_node("a").cpu("4").added(), make_pod("p").cpu("1").submitted())
+    before = engine.state.used.copy()
+    for decision in out:
+        engine.apply(env(decision))
+        engine.apply(env(decision))
+    assert (engine.state.used == before).all()
+    engine.apply(env(make_pod("p").cpu("1").submitted()))  # duplicate submission
+    assert engine.schedule() == []
+
+
+def test_deleted_pending_pod_is_forgotten() -> None:
+    engine = Engine()
+    feed(engine, make_node("a").cpu("1").added(), make_pod("big").cpu("2").submitted())
+    feed(engine, PodDeleted(pod="default/big"))
+    assert "default/big" not in engine.pods and len(engine.queue) == 0
+
+
+def test_higher_priority_goes_first() -> None:
+    engine = Engine()
+    out = feed(
+        engine,
+        make_node("a").cpu("2").added(),
+        make_pod("low").cpu("2").priority(1).submitted(),
+        make_pod("high").cpu("2").priority(100).submitted(),
+    )
+    assert bound(out) == {"default/high": "a"}
+
+
+def test_profiles_by_scheduler_name() -> None:
+    cfg = parse_config(
+        {
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "profiles": [
+                {"schedulerName": "spread"},
+                {
+                    "schedulerName": "pack",
+                    "pluginConfig": [
+                        {
+                            "name": "NodeResourcesFit",
+                            "args": {"scoringStrategy": {"type": "MostAllocated"}},
+                        }
+                    ],
+                    "plugins": {
+                        "score": {"disabled": [{"name": "NodeResourcesBalancedAllocation"}]}
+                    },
+                },
+            ],
+        }
+    )
+    engine = Engine(cfg)
+    feed(
+        engine,
+        make_node("a").cpu("8").added(),
+        make_node("b").cpu("8").added(),
+        make_pod("seed").cpu("4").on("a").submitted(),
+    )
+    out = feed(
+        engine,
+        make_pod("packed").cpu("1").scheduler("pack").submitted(),
+        make_pod("spread").cpu("1").submitted(),
+        make_pod("stray").scheduler("nobody").submitted(),
+    )
+    assert bound(out) == {"default/packed": "a", "default/spread": "b"}
+    (stray,) = [d for d in out if isinstance(d, PodUnschedulable)]
+    assert stray.reason == "no scheduling profile serves schedulerName 'nobody'"
+
+
+def test_ties_are_spread_deterministically() -> None:
+    def run() -> dict[str, str]:
+        engine = Engine()
+        nodes = [make_node(f"n{i}").cpu("64").added() for i in range(8)]
+        pods = [make_pod(f"p{i}").cpu("1").submitted() for i in range(8)]
+        return bound(feed(engine, *nodes, *pods))
+
+    first = run()
+    assert first == run()
+    assert len(set(first.values())) > 1
+
+
+def test_explain_records_diagnosis_for_the_pod() -> None:
+    engine = Engine()
+    engine.explain = "default/p"
+    feed(
+        engine,
+        make_node("a").cpu("4").added(),
+        make_node("b").cpu("1").added(),
+        make_node("t").taint("x").added(),
+        make_pod("p").cpu("2").submitted(),
+    )
+    (exp,) = engine.explanations
+    assert exp.node == "a" and exp.diagnosis is not None
+    assert exp.diagnosis.rejected == {"TaintToleration": 1, "NodeResourcesFit": 1}
+    assert [n.node for n in exp.diagnosis.top] == ["a"]

@@ -1,0 +1,126 @@
+"""The EventLog contract, run against every backend."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from events.filelog import FileLog
+from events.log import EventLog
+from events.memory import MemoryLog
+from events.types import ClockTicked, Envelope, NodeRemoved, PodDeleted
+
+Factory = Callable[[int], EventLog]
+
+
+@pytest.fixture(params=["memory", "file"])
+async def make_log(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Factory]:
+    opened: list[EventLog] = []
+
+    def factory(partitions: int = 1) -> EventLog:
+        if request.param == "memory":
+            log: EventLog = MemoryLog(partitions)
+        else:
+            log = FileLog(tmp_path / f"log-{len(opened)}.events", partitions=partitions)
+        opened.append(log)
+        return log
+
+    yield factory
+    for log in opened:
+        await log.close()
+
+
+def records(n: int, start: int = 0) -> list[Envelope]:
+    return [
+        Envelope(event=PodDeleted(pod=f"ns/p{i}"), time=i, producer="test", event_id=f"e{i}")
+        for i in range(start, start + n)
+    ]
+
+
+async def test_empty_log_reads_nothing(make_log: Factory) -> None:
+    log = make_log(1)
+    assert await log.end_offset(0) == 0
+    assert await log.read(0, 0) == []
+
+
+async def test_offsets_start_at_zero_and_have_no_gaps(make_log: Factory) -> None:
+    log = make_log(1)
+    assert await log.append(records(3)) == [0, 1, 2]
+    assert await log.append(records(2, 3)) == [3, 4]
+    got = await log.read(0, 0)
+    assert [e.offset for e in got] == [0, 1, 2, 3, 4]
+    assert await log.end_offset(0) == 5
+
+
+async def test_records_read_back_equal_with_offset_and_partition_set(make_log: Factory) -> None:
+    log = make_log(2)
+    sent = records(4)
+    await log.append(sent, partition=1)
+    got = await log.read(1, 0)
+    for i, (a, b) in enumerate(zip(sent, got, strict=True)):
+        assert b.event == a.event and b.time == a.time and b.event_id == a.event_id
+        assert b.offset == i and b.partition == 1
+
+
+async def test_read_from_offset_with_limit(make_log: Factory) -> None:
+    log = make_log(1)
+    await log.append(records(10))
+    got = await log.read(0, 4, limit=3)
+    assert [e.offset for e in got] == [4, 5, 6]
+    assert await log.read(0, 8, limit=100) == (await log.read(0, 0))[8:]
+    assert await log.read(0, 10) == []
+    assert await log.read(0, 99) == []
+
+
+async def test_partitions_are_independent(make_log: Factory) -> None:
+    log = make_log(3)
+    assert log.partitions == 3
+    await log.append(records(2), partition=0)
+    await log.append(records(5), partition=2)
+    assert await log.end_offset(0) == 2
+    assert await log.end_offset(1) == 0
+    assert await log.end_offset(2) == 5
+    assert [e.event for e in await log.read(2, 0)] == [e.event for e in records(5)]
+
+
+async def test_bad_partition_is_a_value_error(make_log: Factory) -> None:
+    log = make_log(2)
+    with pytest.raises(ValueError, match="out of range"):
+        await log.append(records(1), partition=2)
+    with pytest.raises(ValueError):
+        await log.read(-1, 0)
+    with pytest.raises(ValueError):
+        await log.end_offset(5)
+
+
+async def test_caller_offsets_are_replaced(make_log: Factory) -> None:
+    log = make_log(1)
+    await log.append([Envelope(event=NodeRemoved(name="n"), offset=77, partition=9)])
+    (got,) = await log.read(0, 0)
+    assert (got.offset, got.partition) == (0, 0)
+
+
+async def test_every_event_kind_round_trips(make_log: Factory) -> None:
+    from tests.events.test_codec import one_of_each
+
+    log = make_log(1)
+    sent = [Envelope(event=e, time=7, causation=3, producer="p") for e in one_of_each()]
+    await log.append(sent)
+    got = await log.read(0, 0)
+    assert [g.event for g in got] == [s.event for s in sent]
+
+
+async def test_empty_append_appends_nothing(make_log: Factory) -> None:
+    log = make_log(1)
+    assert await log.append([]) == []
+    assert await log.end_offset(0) == 0
+    await log.append([Envelope(event=ClockTicked())])
+    assert await log.end_offset(0) == 1
+
+
+async def test_close_twice_is_safe(make_log: Factory) -> None:
+    log = make_log(1)
+    await log.close()
+    await log.close()
