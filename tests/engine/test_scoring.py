@@ -45,7 +45,7 @@ def scores(plugin: Any, state: ClusterState, cpu: str, memory: int) -> list[int]
             },
             [31, 50],
         ),
-        # shape (0→10, 100→0) scaled ×10: n1 cpu util 75 → 25, memory util 50 → 50;
+        # shape (0→10, 100→0) scaled by 10: n1 cpu util 75 → 25, memory util 50 → 50;
         # round((25 + 50) / 2) = 38. n2: 50, 50 → 50
         (
             {
