@@ -10,21 +10,27 @@ from events.log import EventLog
 from events.memory import MemoryLog
 
 
+def check_new_log(path: Path, *, overwrite: bool) -> None:
+    """Refuse to replace an existing, non-empty log unless ``overwrite``."""
+    if path.is_dir():
+        raise InputError(f"{path} is a directory", location="--log")
+    if path.exists() and path.stat().st_size > 0 and not overwrite:
+        raise InputError(
+            f"{path} already exists; shoal never rewrites a log (pass --overwrite to replace it)",
+            location="--log",
+        )
+
+
 def open_bus(url: str, *, partitions: int = 1, overwrite: bool = False) -> EventLog:
     """The log named by ``url``; a new file log refuses to overwrite unless told to."""
     if url == "memory":
         return MemoryLog(partitions)
     if url.startswith("file:"):
         path = Path(url.removeprefix("file:"))
-        if not str(path):
+        if not url.removeprefix("file:"):
             raise InputError("file: needs a path", location="--bus")
-        if path.exists() and path.stat().st_size > 0:
-            if not overwrite:
-                raise InputError(
-                    f"{path} already exists; shoal never rewrites a log "
-                    "(pass --overwrite to replace it)",
-                    location="--log",
-                )
+        check_new_log(path, overwrite=overwrite)
+        if path.exists():
             path.unlink()
         return FileLog(path, partitions=partitions)
     if url.startswith("kafka://"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from pathlib import Path
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -19,7 +20,7 @@ from engine.scheduler import Engine
 from events.errors import InputError, LogError, ShoalError
 from events.filelog import FileLog
 from shards import render
-from shards.bus import open_bus
+from shards.bus import check_new_log, open_bus
 from shards.replay import replay
 from shards.scenario import load_config, load_scenario
 from shards.simulate import simulate
@@ -89,7 +90,7 @@ async def _simulate(args: argparse.Namespace) -> int:
             bus = f"file:{args.log}"
         elif bus != f"file:{args.log}":
             copy_to = args.log
-            open_bus(f"file:{copy_to}", overwrite=args.overwrite)  # fail before running
+            check_new_log(Path(copy_to), overwrite=args.overwrite)  # fail before running
     log = open_bus(bus, overwrite=args.overwrite)
     try:
         progress = render.progress_printer(args.json or args.quiet)

@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from events.filelog import FileLog
+from events.memory import MemoryLog
+from loadtest.driver import LoadShape, run_loadtest
+from loadtest.synthetic import NODE_CPUS, POD_MILLICPU, basic_nodes, basic_pods
+from shards.replay import replay
+
+
+def test_synthetic_shapes_are_seeded_and_in_range() -> None:
+    nodes = basic_nodes(100, random.Random(1))
+    assert nodes == basic_nodes(100, random.Random(1))
+    assert {n.allocatable["cpu"] // 1000 for n in nodes} <= set(NODE_CPUS)
+    pods = basic_pods(100, random.Random(1))
+    assert {p.requests["cpu"] for p in pods} <= set(POD_MILLICPU)
+    assert len({p.key for p in pods}) == 100
+
+
+async def test_small_run_reports_and_replays() -> None:
+    log = MemoryLog()
+    seen: list[int] = []
+    result = await run_loadtest(
+        LoadShape(nodes=40, pods=500, batch=100), log, progress=lambda d, t, e: seen.append(d)
+    )
+    assert seen == [100, 200, 300, 400, 500]
+    assert result["bound"] == 500 and result["attempts"] == 500
+    assert result["latency_ms"]["p50"] <= result["latency_ms"]["p99"] <= result["latency_ms"]["max"]
+    assert result["events"] == 1 + 40 + 500 + 500
+    verified = replay(await log.read(0, 0), verify=True)
+    assert verified.mismatch is None and verified.verified == 500
+
+
+async def test_file_bus(tmp_path: Path) -> None:
+    log = FileLog(tmp_path / "load.events")
+    result = await run_loadtest(LoadShape(nodes=10, pods=50, batch=25), log, bus="file")
+    await log.close()
+    assert result["shape"]["bus"] == "file" and result["bound"] == 50

@@ -1,0 +1,242 @@
+"""The command-line contract of DESIGN.md: output schemas and exit statuses."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from events.filelog import RECORD_HEADER, FileLog
+from events.types import PodBound
+from shards.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = str(ROOT / "examples" / "quickstart.yaml")
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    code, out, err = run(capsys, *argv, "--json")
+    assert code == 0, err
+    data: dict[str, Any] = json.loads(out)
+    return data
+
+
+def test_simulate_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    data = run_json(capsys, "simulate", QUICKSTART)
+    assert set(data) >= {"pods", "migrations", "preemptions", "summary"}
+    assert data["migrations"] == [] and data["preemptions"] == []
+    for key, pod in data["pods"].items():
+        assert "/" in key
+        assert pod["phase"] in {"Bound", "Pending", "Succeeded", "Failed"}
+        assert pod["node"] is None or isinstance(pod["node"], str)
+        if pod["phase"] == "Pending":
+            assert pod["reason"]
+    summary = data["summary"]
+    for field in ("bound", "pending", "events", "wall_seconds", "succeeded", "decisions"):
+        assert field in summary
+    assert summary["pending"] == 2 and summary["succeeded"] == 5 and summary["bound"] == 1
+    pods = data["pods"]
+    assert pods["research/train-a100"]["node"] == "gpu-a100-0"
+    assert pods["research/train-large"]["attempts"] == 2
+    assert "Insufficient memory" in pods["analytics/batch-etl"]["reason"]
+    assert pods["analytics/notebook"]["node"] == "cpu-1"
+
+
+def test_simulate_is_deterministic(capsys: pytest.CaptureFixture[str]) -> None:
+    first = run_json(capsys, "simulate", QUICKSTART)
+    second = run_json(capsys, "simulate", QUICKSTART)
+    first["summary"].pop("wall_seconds")
+    second["summary"].pop("wall_seconds")
+    assert first == second
+
+
+def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "simulate", QUICKSTART)
+    assert code == 0
+    assert "research/train-large" in out and "gpu-v100-0" in out
+    assert "5 succeeded" in out
+
+
+def test_record_replay_verify_and_explain(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = str(tmp_path / "run.events")
+    simulated = run_json(capsys, "simulate", QUICKSTART, "--log", log)
+    code, out, err = run(capsys, "replay", log, "--verify")
+    assert code == 0, err
+    assert "verified: 9 decisions" in out
+    replayed = run_json(capsys, "replay", log, "--verify")
+    assert replayed["verify"]["ok"] is True
+    assert replayed["pods"] == simulated["pods"]
+    assert replayed["events"][0]["event"]["type"] == "config"
+    assert len(replayed["events"]) == simulated["summary"]["events"]
+
+    explained = run_json(capsys, "replay", log, "--explain", "research/train-large")
+    first, last = explained["attempts"]
+    assert first["node"] is None and "Insufficient nvidia.com/gpu" in first["message"]
+    assert last["node"] == "gpu-v100-0" and last["time_seconds"] == 60
+    assert last["rejected"]["NodeResourcesFit"] == 3
+    assert last["top"][0]["node"] == "gpu-v100-0"
+    code, out, _ = run(capsys, "replay", log, "--explain", "research/train-large")
+    assert code == 0 and "bound to gpu-v100-0" in out and "NodeResourcesFit" in out
+
+    until = run_json(capsys, "replay", log, "--until", "3")
+    assert len(until["events"]) == 4
+
+
+def tamper(source: str, target: str) -> int:
+    """Copy a log, moving the first PodBound to another node (valid checksums)."""
+
+    async def go() -> int:
+        src = FileLog(source, readonly=True)
+        records = await src.read(0, 0)
+        await src.close()
+        changed = -1
+        out = []
+        for env in records:
+            if changed < 0 and isinstance(env.event, PodBound) and env.event.node == "cpu-1":
+                env = msgspec.structs.replace(
+                    env, event=msgspec.structs.replace(env.event, node="cpu-0")
+                )
+                changed = env.offset
+            out.append(env)
+        dst = FileLog(target)
+        await dst.append(out)
+        await dst.close()
+        return changed
+
+    return asyncio.run(go())
+
+
+def test_tampered_decision_is_reported_not_replayed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = str(tmp_path / "run.events")
+    run(capsys, "simulate", QUICKSTART, "--log", log, "--quiet")
+    forged = str(tmp_path / "forged.events")
+    offset = tamper(log, forged)
+    code, _, err = run(capsys, "replay", forged, "--verify")
+    assert code == 1
+    assert f"offset {offset}" in err and "node='cpu-0'" in err and "node='cpu-1'" in err
+
+
+def test_corrupted_log_is_exit_2_naming_the_offset(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "run.events"
+    run(capsys, "simulate", QUICKSTART, "--log", str(log), "--quiet")
+    reader = FileLog(log, readonly=True)
+    positions = reader._positions[0]
+    asyncio.run(reader.close())
+    data = bytearray(log.read_bytes())
+    data[positions[7] + RECORD_HEADER.size + 2] ^= 0x40
+    bad = tmp_path / "bad.events"
+    bad.write_bytes(bytes(data))
+    code, out, err = run(capsys, "replay", str(bad), "--verify")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "offset 7" in err and "checksum" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["replay", "{tmp}/not-a-log.events"], "not a shoal event log"),
+        (["replay", "{tmp}/missing.events"], "no such event log"),
+        (["simulate", "{tmp}/missing.yaml"], "cannot read"),
+        (["simulate", QUICKSTART, "--bus", "carrier-pigeon"], "unknown bus"),
+        (["simulate", QUICKSTART, "--bus", "kafka://127.0.0.1:1"], "Kafka bus"),
+        (["simulate", QUICKSTART, "--shards", "2"], "--shards"),
+        (["simulate", QUICKSTART, "--config", "{tmp}/bad-config.yaml"], "unknown plugin 'Nope'"),
+        (["replay", "{tmp}/good.events", "--explain", "nobody"], "NAMESPACE/NAME"),
+        (["replay", "{tmp}/good.events", "--explain", "x/nobody"], "no pod x/nobody"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    (tmp_path / "not-a-log.events").write_text("just text\n")
+    (tmp_path / "bad-config.yaml").write_text(
+        "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n"
+        "profiles: [{plugins: {filter: {enabled: [{name: Nope}]}}}]\n"
+    )
+    run(capsys, "simulate", QUICKSTART, "--log", str(tmp_path / "good.events"), "--quiet")
+    code, _, err = run(capsys, *[a.format(tmp=tmp_path) for a in argv])
+    assert code == 2
+    assert err.startswith("shoal: error: ") and err.count("\n") == 1
+    assert message in err
+
+
+def test_existing_log_is_never_overwritten_unless_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "run.events"
+    assert run(capsys, "simulate", QUICKSTART, "--log", str(log), "--quiet")[0] == 0
+    before = log.read_bytes()
+    code, _, err = run(capsys, "simulate", QUICKSTART, "--log", str(log), "--quiet")
+    assert code == 2 and "already exists" in err
+    assert log.read_bytes() == before
+    assert run(capsys, "simulate", QUICKSTART, "--log", str(log), "--overwrite", "--quiet")[0] == 0
+
+
+def test_bus_file_and_log_copy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bus = tmp_path / "bus.events"
+    copy = tmp_path / "copy.events"
+    run(capsys, "simulate", QUICKSTART, "--bus", f"file:{bus}", "--log", str(copy), "--quiet")
+    assert bus.read_bytes() == copy.read_bytes()
+    assert run(capsys, "replay", str(copy), "--verify")[0] == 0
+
+
+def test_user_errors_print_no_traceback(tmp_path: Path) -> None:
+    scenario = tmp_path / "bad.yaml"
+    scenario.write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, resources: {requests: {cpu: '-2'}}}]}\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "shards.cli", "simulate", str(scenario)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == (
+        f"shoal: error: {scenario}: document 1 (Pod p): "
+        "spec.containers[0].resources.requests.cpu: negative quantity '-2' for cpu"
+    )
+
+
+def test_loadtest_json(capsys: pytest.CaptureFixture[str]) -> None:
+    data = run_json(capsys, "loadtest", "--nodes", "50", "--pods", "300", "--batch", "100")
+    assert data["shape"]["nodes"] == 50 and data["shape"]["pods"] == 300
+    assert data["pods_per_second"] > 0
+    assert set(data["latency_ms"]) >= {"p50", "p90", "p99"}
+    assert data["bound"] == 300 and data["unschedulable"] == 0
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (
+        ["simulate"],
+        ["loadtest", "--nodes", "0"],
+        ["replay", "x", "--until", "-1"],
+        ["bogus"],
+    ):
+        code, _, err = run(capsys, *argv)
+        assert code == 2 and "usage:" in err
