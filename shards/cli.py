@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 import orjson
@@ -171,7 +171,7 @@ async def _loadtest(args: argparse.Namespace) -> int:
     log = open_bus(args.bus, overwrite=args.overwrite)
     try:
         result = await run_loadtest(
-            shape, log, progress=None if args.json else render.loadtest_progress
+            shape, log, progress=None if args.json else render.loadtest_progress, bus=args.bus
         )
     finally:
         await log.close()

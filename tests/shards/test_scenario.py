@@ -105,11 +105,11 @@ globalDefault: true
 
 
 def test_list_kind_and_multiple_files_keep_order(tmp_path: Path) -> None:
-    listing = f"""
+    listing = """
 apiVersion: v1
 kind: List
 items:
-- {{apiVersion: v1, kind: Node, metadata: {{name: x}}, status: {{allocatable: {{cpu: "1"}}}}}}
+- {apiVersion: v1, kind: Node, metadata: {name: x}, status: {allocatable: {cpu: "1"}}}
 """
     first = write(tmp_path, listing, "a.yaml")
     second = write(tmp_path, pod(), "b.yaml")
