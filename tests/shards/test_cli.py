@@ -111,11 +111,11 @@ def tamper(source: str, target: str) -> int:
         out = []
         for env in records:
             if changed < 0 and isinstance(env.event, PodBound) and env.event.node == "cpu-1":
-                env = msgspec.structs.replace(
-                    env, event=msgspec.structs.replace(env.event, node="cpu-0")
-                )
+                forged = msgspec.structs.replace(env.event, node="cpu-0")
+                out.append(msgspec.structs.replace(env, event=forged))
                 changed = env.offset
-            out.append(env)
+            else:
+                out.append(env)
         dst = FileLog(target)
         await dst.append(out)
         await dst.close()
