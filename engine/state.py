@@ -54,7 +54,30 @@ class PlacedPod:
 
     slot: int
     request: Request
-    scored: Request
+    delta: npt.NDArray[np.int64]
+    """What the pod adds to the stacked columns of its node (shared, never mutated)."""
+
+
+_DELTAS: dict[tuple[Request, int], npt.NDArray[np.int64]] = {}
+
+
+def _delta(request: Request, rows: int) -> npt.NDArray[np.int64]:
+    """The (4, rows) change a pod makes to alloc/used/free/nonzero_used, cached per
+    request shape (pods of one shape share it)."""
+    key = (request, rows)
+    delta = _DELTAS.get(key)
+    if delta is None:
+        if len(_DELTAS) > 65536:
+            _DELTAS.clear()
+        delta = np.zeros((4, rows), dtype=np.int64)
+        for row, amount in request:
+            delta[1, row] += amount
+            delta[2, row] -= amount
+        for row, amount in scored_request(request):
+            delta[3, row] += amount
+        delta.flags.writeable = False
+        _DELTAS[key] = delta
+    return delta
 
 
 def nonzero(request: Request) -> tuple[int, int]:
@@ -86,12 +109,16 @@ class ClusterState:
         self.index: dict[str, int] = {}
         self.valid: Bools = np.zeros(cap, dtype=np.bool_)
         self.unschedulable: Bools = np.zeros(cap, dtype=np.bool_)
-        self.alloc: Ints = np.zeros((rows, cap), dtype=np.int64)
-        self.used: Ints = np.zeros((rows, cap), dtype=np.int64)
-        self.free: Ints = np.zeros((rows, cap), dtype=np.int64)
-        self.nonzero_used: Ints = np.zeros((rows, cap), dtype=np.int64)
+        self._columns: npt.NDArray[np.int64] = np.zeros((4, rows, cap), dtype=np.int64)
+        """``alloc``, ``used``, ``free`` and ``nonzero_used`` stacked, so that gathering
+        some slots' resource columns is one operation (see :meth:`view`)."""
+        self.alloc: Ints
+        self.used: Ints
+        self.free: Ints
+        self.nonzero_used: Ints
         """Like ``used``, but counting cpu and memory with kube-scheduler's non-zero
         defaults (what the resource scorers see)."""
+        self._bind_columns()
         self.label_columns: dict[str, Codes] = {}
         self.label_values: dict[str, dict[str, int]] = {}
         self._label_numeric: dict[str, Floats] = {}
@@ -129,16 +156,24 @@ class ClusterState:
 
     # ------------------------------------------------------------------ growth
 
+    def _bind_columns(self) -> None:
+        columns = self._columns
+        self.alloc, self.used, self.free, self.nonzero_used = (
+            columns[0],
+            columns[1],
+            columns[2],
+            columns[3],
+        )
+
     def ensure_rows(self) -> None:
         """Grow the resource arrays to cover every registered resource row."""
         rows = len(self.resources)
-        have = self.alloc.shape[0]
+        have = self._columns.shape[1]
         if rows > have:
-            pad = np.zeros((rows - have, self.capacity), dtype=np.int64)
-            self.alloc = np.vstack([self.alloc, pad])
-            self.used = np.vstack([self.used, pad])
-            self.free = np.vstack([self.free, pad])
-            self.nonzero_used = np.vstack([self.nonzero_used, pad])
+            grown = np.zeros((4, rows, self._columns.shape[2]), dtype=np.int64)
+            grown[:, :have] = self._columns
+            self._columns = grown
+            self._bind_columns()
 
     def _grow(self) -> None:
         old = self.capacity
@@ -152,10 +187,8 @@ class ClusterState:
 
         self.valid = widen(self.valid, False)  # type: ignore[assignment]
         self.unschedulable = widen(self.unschedulable, False)  # type: ignore[assignment]
-        self.alloc = widen(self.alloc)  # type: ignore[assignment]
-        self.used = widen(self.used)  # type: ignore[assignment]
-        self.free = widen(self.free)  # type: ignore[assignment]
-        self.nonzero_used = widen(self.nonzero_used)  # type: ignore[assignment]
+        self._columns = widen(self._columns)  # type: ignore[assignment]
+        self._bind_columns()
         for key, col in self.label_columns.items():
             self.label_columns[key] = widen(col, ABSENT)  # type: ignore[assignment]
         self._label_numeric.clear()
@@ -233,10 +266,7 @@ class ClusterState:
         self.names[slot] = None
         self.valid[slot] = False
         self.unschedulable[slot] = False
-        self.alloc[:, slot] = 0
-        self.used[:, slot] = 0
-        self.free[:, slot] = 0
-        self.nonzero_used[:, slot] = 0
+        self._columns[:, :, slot] = 0
         for col in self.label_columns.values():
             col[slot] = ABSENT
         for row in self.taint_rows:
@@ -259,16 +289,11 @@ class ClusterState:
             if placed.slot == slot:
                 return
             self.forget(key)
-        scored = scored_request(request)
-        self.pods[key] = PlacedPod(slot, request, scored)
+        delta = _delta(request, self._columns.shape[1])
+        self.pods[key] = PlacedPod(slot, request, delta)
         self.node_pods[slot][key] = None
         self._touch(slot)
-        used, free, nonzero_used = self.used, self.free, self.nonzero_used
-        for row, amount in request:
-            used[row, slot] += amount
-            free[row, slot] -= amount
-        for row, amount in scored:
-            nonzero_used[row, slot] += amount
+        self._columns[:, :, slot] += delta
 
     def forget(self, key: str) -> int | None:
         """Release pod ``key``'s resources; return its slot (None if not placed)."""
@@ -278,11 +303,11 @@ class ClusterState:
         slot = placed.slot
         self.node_pods[slot].pop(key, None)
         self._touch(slot)
-        for row, amount in placed.request:
-            self.used[row, slot] -= amount
-            self.free[row, slot] += amount
-        for row, amount in placed.scored:
-            self.nonzero_used[row, slot] -= amount
+        delta = placed.delta
+        rows = self._columns.shape[1]
+        if delta.shape[1] < rows:  # resources registered since the pod was placed
+            delta = np.pad(delta, ((0, 0), (0, rows - delta.shape[1])))
+        self._columns[:, :, slot] -= delta
         return slot
 
     def _touch(self, slot: int) -> None:
@@ -373,10 +398,8 @@ class ClusterState:
         new.index = dict(self.index)
         new.valid = self.valid.copy()
         new.unschedulable = self.unschedulable.copy()
-        new.alloc = self.alloc.copy()
-        new.used = self.used.copy()
-        new.free = self.free.copy()
-        new.nonzero_used = self.nonzero_used.copy()
+        new._columns = self._columns.copy()
+        new._bind_columns()
         new.label_columns = {k: v.copy() for k, v in self.label_columns.items()}
         new.label_values = {k: dict(v) for k, v in self.label_values.items()}
         new._label_numeric = {}
@@ -403,7 +426,7 @@ class ClusterState:
         assert np.array_equal(used, self.used), "used does not match placed pods"
         nonzero_used = np.zeros_like(self.nonzero_used)
         for placed in self.pods.values():
-            for row, amount in placed.scored:
+            for row, amount in scored_request(placed.request):
                 nonzero_used[row, placed.slot] += amount
         assert np.array_equal(nonzero_used, self.nonzero_used), "nonzero_used is off"
 
@@ -431,6 +454,11 @@ class SlotView(ClusterState):
     def __getattr__(self, name: str) -> npt.NDArray[np.generic]:
         if name not in _VIEW_COLUMNS:
             raise AttributeError(f"{name!r} is not available on a slot view (local plugins only)")
-        column: npt.NDArray[np.generic] = getattr(self._state, name)[..., self._slots]
-        setattr(self, name, column)
-        return column
+        if name in ("valid", "unschedulable"):
+            column: npt.NDArray[np.generic] = getattr(self._state, name)[self._slots]
+            setattr(self, name, column)
+            return column
+        self._columns = np.take(self._state._columns, self._slots, axis=2)
+        self._bind_columns()
+        result: npt.NDArray[np.generic] = getattr(self, name)
+        return result

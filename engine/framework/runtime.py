@@ -57,9 +57,13 @@ class _ShapeEntry:
 
     position: int
     feasible: Bools
-    local: Ints
+    local: Ints | None = None
+    """Weighted sum of the local score plugins (None until first scored)."""
+    masked: Ints | None = None
+    """``where(feasible, local, -1)``, kept in step with both."""
     pending: Ints | None = None
-    """Slots whose feasibility was refreshed but whose local scores are not yet."""
+    """Slots whose feasibility was refreshed but whose scores are not yet."""
+    pending_view: ClusterState | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,31 +254,28 @@ class Framework:
             mask = static
             for f in self.dynamic_filters:
                 mask = mask & f.filter(cycle, pod, state)
-            entry = _ShapeEntry(state.journal_end, mask.copy(), np.zeros(0, dtype=np.int64))
+            entry = _ShapeEntry(state.journal_end, mask.copy())
             self._shapes[pod.shape_key] = entry
             if len(self._shapes) > SHAPE_CACHE_SIZE:
                 self._shapes.popitem(last=False)
             return entry.feasible, entry
         self._counters["incremental"] += 1
         self._shapes.move_to_end(pod.shape_key)
-        if changed or (entry.pending is not None and entry.pending.size):
-            touched = set(changed)
-            if entry.pending is not None and entry.pending.size:
-                # scores were not refreshed last time (no node, or one node, fitted)
-                touched.update(entry.pending.tolist())
-            slots = np.array(sorted(touched), dtype=np.int64)
+        if entry.pending is not None:
+            # scores were not refreshed last time (nothing fitted): carry those slots on
+            changed = [*changed, *entry.pending.tolist()]
+        if changed:
+            slots = np.array(sorted(set(changed)), dtype=np.int64)
             view = state.view(slots)
             sub = static[slots]
             for f in self.dynamic_filters:
                 sub = sub & f.filter(cycle, pod, view)
             entry.feasible[slots] = sub
-            entry.pending = slots
-        else:
-            entry.pending = np.zeros(0, dtype=np.int64)
+            entry.pending, entry.pending_view = slots, view
         entry.position = state.journal_end
         return entry.feasible, entry
 
-    def _local_total(
+    def _local_masked(
         self,
         cycle: CycleState,
         pod: PodInfo,
@@ -283,27 +284,29 @@ class Framework:
         entry: _ShapeEntry | None,
         keep: dict[str, Ints] | None,
     ) -> Ints:
-        """Weighted sum of the local score plugins, kept per shape when possible."""
-        if entry is None or keep is not None or entry.local.size == 0:
-            total = np.zeros(state.capacity, dtype=np.int64)
+        """``where(feasible, weighted local scores, -1)``, kept per shape when possible.
+        The result may be the shape's own array: callers must not modify it."""
+        if entry is None or entry.local is None or entry.masked is None or keep is not None:
+            local = np.zeros(state.capacity, dtype=np.int64)
             for e in self._local_scores:
                 weighted = e.plugin.score(cycle, pod, state, feasible) * e.weight
                 if keep is not None:
                     keep[e.plugin.name] = _full(weighted, state.capacity)
-                total += weighted
+                local += weighted
+            masked: Ints = np.where(feasible, local, -1)
             if entry is not None:
-                entry.local = total
-                entry.pending = None
-            return total
-        slots = entry.pending
-        if slots is not None and slots.size:
-            view = state.view(slots)
+                entry.local, entry.masked = local, masked
+                entry.pending = entry.pending_view = None
+            return masked
+        slots, view = entry.pending, entry.pending_view
+        if slots is not None and view is not None:
             sub = np.zeros(slots.size, dtype=np.int64)
             for e in self._local_scores:
                 sub += e.plugin.score(cycle, pod, view, feasible[slots]) * e.weight
             entry.local[slots] = sub
-        entry.pending = None
-        return entry.local
+            entry.masked[slots] = np.where(feasible[slots], sub, -1)
+            entry.pending = entry.pending_view = None
+        return entry.masked
 
     def score(
         self,
@@ -314,10 +317,12 @@ class Framework:
         keep: dict[str, Ints] | None = None,
         shape: _ShapeEntry | None = None,
     ) -> tuple[Ints, int]:
-        """Weighted totals over all slots (only feasible ones are meaningful), and the
-        part that is the same on every node (kept apart: it cannot change the choice)."""
-        total = self._local_total(cycle, pod, state, feasible, shape, keep)
+        """``where(feasible, weighted total, -1)`` over all slots, and the part of the
+        total that is the same on every node (kept apart: it cannot change the choice).
+        """
+        masked = self._local_masked(cycle, pod, state, feasible, shape, keep)
         constant = 0
+        extra: Ints | None = None
         for entry in self._global_scores:
             raw = entry.plugin.score(cycle, pod, state, feasible)
             if entry.normalize:
@@ -328,8 +333,10 @@ class Framework:
             if isinstance(weighted, int):
                 constant += weighted
             else:
-                total = total + weighted
-        return total, constant
+                extra = weighted if extra is None else extra + weighted
+        if extra is not None:
+            masked = np.where(feasible, masked + extra, -1)
+        return masked, constant
 
     def diagnose(self, cycle: CycleState, pod: PodInfo, state: ClusterState) -> Diagnosis:
         """Attribute every rejected node to the first filter that rejects it."""
@@ -362,8 +369,7 @@ class Framework:
             feasible, shape = self.feasible(cycle, pod, state), None
         else:
             feasible, shape = self._shape_feasible(cycle, pod, state)
-        count = int(np.count_nonzero(feasible))
-        if count == 0:
+        if not feasible.any():
             failure = self.diagnose(cycle, pod, state)
             plugins = tuple(failure.plugins)
             code = Code.UNSCHEDULABLE
@@ -381,23 +387,15 @@ class Framework:
             if not status.ok:
                 return Attempt(-1, status.with_plugin(pre.name))
         keep: dict[str, Ints] | None = {} if explain else None
-        if count == 1 and not explain:
-            slot = int(np.flatnonzero(feasible)[0])
-            best = 0
-        else:
-            total, constant = self.score(cycle, pod, state, feasible, keep, shape)
-            masked = np.where(feasible, total, -1)
-            top = int(masked.max())
-            ties = np.flatnonzero(masked == top)
-            slot = int(ties[pod.tiebreak % len(ties)])
-            # A lone feasible node is taken unscored; explain mode must record the same.
-            best = top + constant if count > 1 else 0
-            if explain:
-                masked = np.where(feasible, total + constant, -1)
+        masked, constant = self.score(cycle, pod, state, feasible, keep, shape)
+        top = int(masked.max())
+        ties = np.flatnonzero(masked == top)
+        slot = int(ties[pod.tiebreak % len(ties)])
+        best = top + constant
         diagnosis = None
         if explain:
             diagnosis = self.diagnose(cycle, pod, state)
-            diagnosis.top = self._top(state, masked, keep or {})
+            diagnosis.top = self._top(state, np.where(feasible, masked + constant, -1), keep or {})
         for i, plugin in enumerate(self.reserves):
             status = plugin.reserve(cycle, pod, state, slot)
             if not status.ok:

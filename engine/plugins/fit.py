@@ -172,11 +172,18 @@ class NodeResourcesFit:
         prep = self._prep.get(pod.request, state, scored=True)
         if prep is None:
             return 0
-        rows, weights, wanted = prep
+        rows, weights, wanted, total_weight = prep
         alloc = state.alloc[rows]
         requested = state.nonzero_used[rows] + wanted
         has = alloc > 0
         safe = np.maximum(alloc, 1)
+        if self.strategy == "LeastAllocated" and has.all():
+            # Every node has every scored resource (the usual case): the same integers
+            # as the general path below, in fewer array operations. A request above
+            # capacity makes the numerator negative, hence the clamp at 0.
+            least = np.maximum((alloc - requested) * MAX_NODE_SCORE // safe, 0)
+            fast: Ints = (weights.T @ least)[0] // total_weight
+            return fast
         if self.strategy == "LeastAllocated":
             s = np.where(requested > alloc, 0, (alloc - requested) * MAX_NODE_SCORE // safe)
         elif self.strategy == "MostAllocated":
@@ -196,7 +203,7 @@ class NodeResourcesFit:
 
 
 Rows = slice | Ints
-Prepared = tuple[Rows, Ints, Ints]
+Prepared = tuple[Rows, Ints, Ints, int]
 
 
 class _Preparation:
@@ -233,6 +240,7 @@ class _Preparation:
                 index,
                 np.array(weights, dtype=np.int64).reshape(-1, 1),
                 np.array([[wanted.get(r, 0)] for r in rows], dtype=np.int64),
+                sum(weights),
             )
         self._cache[key] = result
         return result
@@ -256,10 +264,14 @@ class NodeResourcesBalancedAllocation:
         prep = self._prep.get(pod.request, state, scored=False)
         if prep is None:
             return MAX_NODE_SCORE
-        rows, _, wanted = prep
+        rows, _, wanted, _ = prep
         alloc = state.alloc[rows]
         used = state.used[rows] + wanted
         has = alloc > 0
+        if used.shape[0] == 2 and has.all():
+            f = np.minimum(used / alloc, 1.0)
+            two: Ints = ((1.0 - np.abs((f[0] - f[1]) / 2)) * MAX_NODE_SCORE).astype(np.int64)
+            return two
         fractions = np.minimum(used / np.maximum(alloc, 1), 1.0) * has
         n = has.sum(axis=0)
         if fractions.shape[0] == 2:

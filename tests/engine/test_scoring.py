@@ -125,3 +125,52 @@ def test_missing_resource_is_left_out_of_the_mean() -> None:
 def test_bad_fit_args(args: dict[str, Any], message: str) -> None:
     with pytest.raises(InputError, match=message):
         NodeResourcesFit(args)
+
+
+@pytest.mark.parametrize(
+    "plugin",
+    [
+        NodeResourcesFit(),
+        NodeResourcesBalancedAllocation(),
+        NodeResourcesFit(
+            {
+                "scoringStrategy": {
+                    "resources": [
+                        {"name": "cpu", "weight": 2},
+                        {"name": "memory", "weight": 7},
+                        {"name": "nvidia.com/gpu", "weight": 3},
+                    ]
+                }
+            }
+        ),
+    ],
+    ids=["least", "balanced", "least-weighted-gpu"],
+)
+def test_fast_paths_equal_the_general_formula(plugin: Any) -> None:
+    """Nodes that all have cpu and memory take the fast path; adding one node without
+    memory sends the whole array down the general path. Both must agree."""
+    import random
+
+    rng = random.Random(7)
+    state = ClusterState()
+    for i in range(300):
+        state.add_node(
+            make_node(f"n{i}").cpu(str(rng.randint(1, 64))).memory(rng.randint(1, 1 << 36)).spec()
+        )
+    for i in range(400):
+        slot = rng.randrange(300)
+        pod = pod_info(
+            make_pod(f"p{i}")
+            .cpu(f"{rng.randint(0, 4000)}m")
+            .memory(rng.randint(0, 1 << 33))
+            .spec(),
+            state.resources,
+            i,
+        )
+        state.assume(pod.key, slot, pod.request)
+    probe = pod_info(make_pod("x").cpu("1500m").memory(3 << 30).spec(), state.resources, 0)
+    view = state.view(np.arange(300))
+    fast = np.asarray(plugin.score(CycleState(), probe, view, view.valid))
+    state.add_node(make_node("no-memory").cpu("8").memory(0).spec())
+    general = np.asarray(plugin.score(CycleState(), probe, state, state.valid))
+    assert list(fast) == list(general[:300])
