@@ -17,6 +17,11 @@ Transition table (a pod is in at most one place)::
     any ── deleted / bound ────────────────► (gone)
 
 Heaps use lazy deletion: an entry is live only if its generation matches the pod's.
+
+Active pods sit in one heap per *queue* (a tenant: the namespace of an elastic quota,
+or ``""``). ``pop`` takes the best head by a rank the engine supplies, so that queues
+that borrow capacity are served by dominant resource share (DRF); without a rank, heads
+compare by priority, then arrival, exactly as one heap would.
 """
 
 from __future__ import annotations
@@ -39,6 +44,11 @@ class _Entry:
     backoff_until: int = 0
     plugins: tuple[str, ...] = ()
     events: frozenset[ClusterEvent] = frozenset()
+    queue: str = ""
+
+
+Rank = Callable[[str, str, int, int], tuple[object, ...]]
+"""(queue, key, priority, seq) → sort key; the smallest head is popped next."""
 
 
 class SchedulingQueue:
@@ -46,7 +56,7 @@ class SchedulingQueue:
         self.initial_backoff = initial_backoff_seconds * SECOND
         self.max_backoff = max_backoff_seconds * SECOND
         self._entries: dict[str, _Entry] = {}
-        self._active: list[tuple[int, int, str, int]] = []
+        self._active: dict[str, list[tuple[int, int, str, int]]] = {}
         self._backoff: list[tuple[int, int, str, int]] = []
         self._parked: dict[ClusterEvent, dict[str, None]] = {e: {} for e in ClusterEvent}
         self._generation = 0
@@ -80,12 +90,28 @@ class SchedulingQueue:
         self._generation += 1
         return self._generation
 
-    def add(self, key: str, priority: int, seq: int) -> None:
+    def add(self, key: str, priority: int, seq: int, queue: str = "") -> None:
         """A new pod (or one requeued after a bind failure): straight to active."""
         self.remove(key)
-        entry = _Entry("active", self._next_generation(), priority, seq, key)
+        entry = _Entry("active", self._next_generation(), priority, seq, key, queue=queue)
         self._entries[key] = entry
-        heapq.heappush(self._active, (-priority, seq, key, entry.generation))
+        self._push_active(entry)
+
+    def _push_active(self, entry: _Entry) -> None:
+        entry.where = "active"
+        heap = self._active.get(entry.queue)
+        if heap is None:
+            heap = self._active[entry.queue] = []
+        heapq.heappush(heap, (-entry.priority, entry.seq, entry.name, entry.generation))
+
+    def _head(self, heap: list[tuple[int, int, str, int]]) -> tuple[int, int, str, int] | None:
+        while heap:
+            head = heap[0]
+            entry = self._entries.get(head[2])
+            if entry is not None and entry.generation == head[3] and entry.where == "active":
+                return head
+            heapq.heappop(heap)
+        return None
 
     def remove(self, key: str) -> None:
         entry = self._entries.pop(key, None)
@@ -93,15 +119,26 @@ class SchedulingQueue:
             for event in entry.events:
                 self._parked[event].pop(key, None)
 
-    def pop(self) -> str | None:
-        """The highest-priority active pod, removed from the queue (None if empty)."""
-        while self._active:
-            _, _, key, generation = heapq.heappop(self._active)
-            entry = self._entries.get(key)
-            if entry is not None and entry.generation == generation and entry.where == "active":
-                del self._entries[key]
-                return key
-        return None
+    def pop(self, rank: Rank | None = None) -> str | None:
+        """The next active pod by ``rank`` (default: priority, then arrival), removed
+        from the queue; None if nothing is active."""
+        best_heap: list[tuple[int, int, str, int]] | None = None
+        best_key: tuple[object, ...] | None = None
+        for queue, heap in self._active.items():
+            head = self._head(heap)
+            if head is None:
+                continue
+            if len(self._active) == 1:
+                best_heap = heap
+                break
+            key = rank(queue, head[2], -head[0], head[1]) if rank else (head[0], head[1], head[2])
+            if best_key is None or key < best_key:
+                best_heap, best_key = heap, key
+        if best_heap is None:
+            return None
+        _, _, name, _ = heapq.heappop(best_heap)
+        del self._entries[name]
+        return name
 
     def park(
         self,
@@ -112,6 +149,7 @@ class SchedulingQueue:
         now: int,
         plugins: tuple[str, ...],
         events: frozenset[ClusterEvent],
+        queue: str = "",
     ) -> None:
         """The attempt failed: wait for one of ``events``, then back off."""
         self.remove(key)
@@ -125,6 +163,7 @@ class SchedulingQueue:
             backoff_until=now + backoff,
             plugins=plugins,
             events=events,
+            queue=queue,
         )
         self._entries[key] = entry
         for event in events:
@@ -146,9 +185,11 @@ class SchedulingQueue:
             moved += 1
         return moved
 
-    def back_off(self, key: str, priority: int, seq: int, attempts: int, now: int) -> None:
+    def back_off(
+        self, key: str, priority: int, seq: int, attempts: int, now: int, queue: str = ""
+    ) -> None:
         """Retry ``key`` after its back-off, whatever happens meanwhile (bind failures)."""
-        self.park(key, priority, seq, attempts, now, (), frozenset())
+        self.park(key, priority, seq, attempts, now, (), frozenset(), queue)
         self._unpark(self._entries[key], now)
 
     def _unpark(self, entry: _Entry, now: int) -> None:
@@ -161,8 +202,7 @@ class SchedulingQueue:
                 self._backoff, (entry.backoff_until, entry.seq, entry.name, entry.generation)
             )
         else:
-            entry.where = "active"
-            heapq.heappush(self._active, (-entry.priority, entry.seq, entry.name, entry.generation))
+            self._push_active(entry)
 
     def flush_backoff(self, now: int) -> None:
         """Move pods whose back-off has expired by ``now`` to active."""
@@ -170,9 +210,8 @@ class SchedulingQueue:
             _, _, key, generation = heapq.heappop(self._backoff)
             entry = self._entries.get(key)
             if entry is not None and entry.generation == generation and entry.where == "backoff":
-                entry.where = "active"
                 entry.generation = self._next_generation()
-                heapq.heappush(self._active, (-entry.priority, entry.seq, key, entry.generation))
+                self._push_active(entry)
 
     def next_wakeup(self) -> int | None:
         """Earliest back-off expiry, if any pod is backing off."""
@@ -185,7 +224,7 @@ class SchedulingQueue:
         return None
 
     def has_active(self) -> bool:
-        return any(e.where == "active" for e in self._entries.values()) if self._active else False
+        return any(e.where == "active" for e in self._entries.values())
 
     def parked(self) -> Iterator[str]:
         return (k for k, e in self._entries.items() if e.where == "unschedulable")

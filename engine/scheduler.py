@@ -2,28 +2,37 @@
 
 ``apply(envelope)`` folds any event (inputs and decisions alike; decisions are applied
 idempotently, so replaying its own output changes nothing). ``schedule()`` runs one pass
-at the time of the latest event: it drains the active queue, assumes each placement in
-the state, and returns the decisions as events for the caller to append. No clock, no
-I/O, no randomness: the same events give the same decisions.
+at the time of the latest event (``engine.passes``): it settles what waits (groups short
+of members, dependencies, timeouts), drains the active queue, assumes each placement,
+and returns the decisions as events for the caller to append. No clock, no I/O, no
+randomness: the same events give the same decisions.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import msgspec
-
 from engine.config import SchedulerConfig, default_config
 from engine.framework.interfaces import ClusterEvent
 from engine.framework.registry import Registry, builtin_registry
-from engine.framework.runtime import Attempt, Diagnosis, Framework
+from engine.framework.runtime import Diagnosis, Framework
 from engine.framework.status import Status
+from engine.gang import (
+    FAILED,
+    PENDING,
+    SCHEDULED,
+    SUCCEEDED,
+    DependencyState,
+    GroupInfo,
+    group_unit,
+    is_group_unit,
+)
 from engine.pod import PodInfo, pod_info
 from engine.queue import SchedulingQueue
+from engine.quota import QuotaTable
 from engine.state import ClusterState
 from events.types import (
     BindFailed,
-    ClockTicked,
     Envelope,
     Event,
     NodeAdded,
@@ -33,13 +42,17 @@ from events.types import (
     PodDeleted,
     PodEvicted,
     PodFailed,
+    PodGroupStatusChanged,
+    PodGroupSubmitted,
     PodPreempted,
+    PodRejected,
     PodSubmitted,
     PodSucceeded,
     PodUnschedulable,
+    QuotaDefined,
 )
 
-NO_PROFILE = "no scheduling profile serves schedulerName {!r}"
+QUOTA_PLUGIN = "ElasticQuota"
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,27 +85,71 @@ class Engine:
         self.queue = SchedulingQueue(
             self.config.initial_backoff_seconds, self.config.max_backoff_seconds
         )
+        self.quotas = QuotaTable(self.state.resources)
         self.pods: dict[str, PodInfo] = {}
         """Live pods: pending, assumed or bound. Finished and deleted pods are dropped."""
+        self.groups: dict[str, GroupInfo] = {}
+        self.outcomes: dict[str, str] = {}
+        """Finished pods: ``Succeeded`` or ``Failed`` (dependencies read it)."""
         self.bindings: dict[str, str] = {}
         """Pod → decision id of its current placement."""
+        self.started: dict[str, int] = {}
+        """Pod → time it was placed (victims are chosen most recently started first)."""
+        self.waiting: dict[str, str] = {}
+        """Units held out of the queue (group short of members, dependencies) → why."""
+        self.said: dict[str, str] = {}
+        """Pod → the waiting reason last emitted for it (emitted once per change)."""
+        self.dirty: dict[str, None] = {}
+        """Units whose readiness must be settled at the next pass."""
+        self.group_changes: dict[str, None] = {}
+        """Groups whose status may have changed since it was last reported."""
+        self.dependents: dict[str, dict[str, None]] = {}
+        """Pod or group → units waiting on it (woken when it changes)."""
+        self.placed_priorities: dict[int, int] = {}
+        """How many placed pods have each priority (is anything preemptible?)."""
         self.now = 0
         self.explain: str | None = None
         self.explanations: list[Explanation] = []
         self._submissions = 0
-        self._counters = {"attempts": 0, "bound": 0, "unschedulable": 0, "events": 0}
+        self._counters = {
+            "attempts": 0,
+            "bound": 0,
+            "unschedulable": 0,
+            "events": 0,
+            "preempted": 0,
+        }
 
     def __repr__(self) -> str:
         return f"Engine(shard={self.shard}, now={self.now}, {self.state!r}, {self.queue!r})"
 
     def stats(self) -> dict[str, int]:
-        return {**self._counters, **self.queue.stats(), **self.state.stats()}
+        return {
+            **self._counters,
+            **self.queue.stats(),
+            **self.state.stats(),
+            "groups": len(self.groups),
+        }
+
+    def count(self, counter: str, n: int = 1) -> None:
+        self._counters[counter] += n
 
     def framework_for(self, pod: PodInfo) -> Framework | None:
         name = pod.spec.scheduler_name
         if not name:
             return self._default
         return self.frameworks.get(name)
+
+    def queue_of(self, namespace: str) -> str:
+        """The fair-share queue of a namespace: its own if it has a quota."""
+        return namespace if self.quotas.get(namespace) is not None else ""
+
+    def unit_of(self, key: str) -> str:
+        """The queue unit of pod ``key``: its group while the group is Pending."""
+        pod = self.pods[key]
+        group = self.groups.get(pod.spec.group) if pod.spec.group else None
+        if pod.spec.group and (group is None or group.phase == PENDING):
+            return group_unit(pod.spec.group)
+        return key
 
     # ------------------------------------------------------------------ fold
 
@@ -104,34 +161,70 @@ class Engine:
         match event:
             case PodSubmitted(pod=spec):
                 self._submit(spec.key, event)
+            case PodGroupSubmitted(group=spec):
+                self._group_submitted(event)
+            case QuotaDefined(quota=spec):
+                self.quotas.define(spec)
             case PodBound():
                 self._bound(event)
             case PodUnschedulable():
                 self._unschedulable(event)
             case BindFailed():
                 self._bind_failed(event)
-            case PodDeleted(pod=key) | PodSucceeded(pod=key) | PodFailed(pod=key):
-                self._gone(key)
+            case PodSucceeded(pod=key):
+                self.finish(key, SUCCEEDED)
+            case PodDeleted(pod=key) | PodFailed(pod=key) | PodRejected(pod=key):
+                self.finish(key, FAILED)
             case PodEvicted(pod=key) | PodPreempted(pod=key):
-                self._gone(key)
+                self.finish(key, FAILED)
+            case PodGroupStatusChanged(group=key):
+                group = self.groups.get(key)
+                if group is not None and group.reported is None:
+                    group.reported = (event.phase, event.scheduled, event.reason)
             case NodeAdded(node=spec):
-                self._fire(ClusterEvent.NODE_ADDED, self.state.add_node(spec))
+                self.fire(ClusterEvent.NODE_ADDED, self.state.add_node(spec))
             case NodeUpdated(node=spec):
-                self._fire(ClusterEvent.NODE_UPDATED, self.state.update_node(spec))
+                self.fire(ClusterEvent.NODE_UPDATED, self.state.update_node(spec))
             case NodeRemoved(name=name):
-                for key in self.state.remove_node(name):
-                    self.bindings.pop(key, None)
-            case ClockTicked():
-                pass
+                slot = self.state.index.get(name)
+                lost = list(self.state.node_pods[slot]) if slot is not None else []
+                for key in lost:
+                    self.release(key)
+                self.state.remove_node(name)
 
     def _submit(self, key: str, event: PodSubmitted) -> None:
-        if key in self.pods:
+        if key in self.pods or key in self.outcomes:
             return
         info = pod_info(event.pod, self.state.resources, self._submissions)
         self._submissions += 1
         self.state.ensure_rows()
         self.pods[key] = info
-        self.queue.add(key, info.priority, info.seq)
+        if info.spec.group:
+            group = self.groups.get(info.spec.group)
+            if group is None:
+                group = self.groups[info.spec.group] = GroupInfo(info.spec.group, seq=info.seq)
+            group.members[key] = None
+            self.dirty[self.unit_of(key)] = None
+        elif info.spec.depends_on:
+            self.dirty[key] = None
+        else:
+            self.queue.add(key, info.priority, info.seq, self.queue_of(info.spec.namespace))
+
+    def _group_submitted(self, event: PodGroupSubmitted) -> None:
+        key = event.group.key
+        group = self.groups.get(key)
+        if group is None:
+            group = self.groups[key] = GroupInfo(key, seq=self._submissions)
+            self._submissions += 1
+        if group.spec is not None:
+            return
+        group.spec = event.group
+        group.created_at = self.now
+        self.dirty[group_unit(key)] = None
+        self.group_changes[key] = None
+        self.wake(key)
+        for member in group.members:
+            self.dirty[self.unit_of(member)] = None
 
     def _bound(self, event: PodBound) -> None:
         pod = self.pods.get(event.pod)
@@ -140,45 +233,126 @@ class Engine:
             return
         self.queue.remove(event.pod)
         pod.attempts = max(pod.attempts, event.attempt)
-        self.state.assume(event.pod, slot, pod.request)
-        self.bindings[event.pod] = event.decision_id
+        self.place(event.pod, slot, event.decision_id)
+
+    def place(self, key: str, slot: int, decision_id: str) -> None:
+        """Assume ``key`` on ``slot`` in state and quota (already staged is fine)."""
+        pod = self.pods[key]
+        if key not in self.state.pods:
+            self.state.assume(key, slot, pod.request)
+            self.quotas.add(pod.spec.namespace, pod.request)
+        if key not in self.bindings:
+            self.placed_priorities[pod.priority] = self.placed_priorities.get(pod.priority, 0) + 1
+        self.bindings[key] = decision_id
+        self.started[key] = self.now
+        self.wake(key)
+        if pod.spec.group:
+            self.group_changes[pod.spec.group] = None
+            self.wake(pod.spec.group)
+
+    def wake(self, key: str) -> None:
+        """``key`` changed: settle again whatever waits on it."""
+        waiting = self.dependents.pop(key, None)
+        if waiting:
+            self.dirty.update(waiting)
+
+    def release(self, key: str) -> int | None:
+        """Forget ``key``'s placement in state and quota; return the slot freed."""
+        pod = self.pods[key]
+        self._unplaced(pod)
+        placed = self.state.pods.get(key)
+        if placed is None:
+            return None
+        self.quotas.remove(pod.spec.namespace, placed.request)
+        return self.state.forget(key)
+
+    def _unplaced(self, pod: PodInfo) -> None:
+        if self.bindings.pop(pod.key, None) is not None:
+            left = self.placed_priorities[pod.priority] - 1
+            if left:
+                self.placed_priorities[pod.priority] = left
+            else:
+                del self.placed_priorities[pod.priority]
+        self.started.pop(pod.key, None)
+        if pod.spec.group:
+            self.group_changes[pod.spec.group] = None
+
+    def preemptible_below(self, priority: int) -> bool:
+        """Is any placed pod of lower priority than ``priority``?"""
+        return any(p < priority for p in self.placed_priorities)
 
     def _unschedulable(self, event: PodUnschedulable) -> None:
         pod = self.pods.get(event.pod)
-        if pod is None or pod.attempts >= event.attempt:
+        if pod is None or event.attempt == 0 or pod.attempts >= event.attempt:
             return
         pod.attempts = event.attempt
+        unit = self.unit_of(event.pod)
         framework = self.framework_for(pod)
-        events = framework.events_for(event.plugins) if framework else frozenset()
-        self.queue.park(
-            event.pod, pod.priority, pod.seq, pod.attempts, self.now, event.plugins, events
-        )
+        events = self.events_for(framework, event.plugins)
+        self.queue.park(unit, pod.priority, pod.seq, pod.attempts, self.now, event.plugins, events)
+
+    def events_for(
+        self, framework: Framework | None, plugins: tuple[str, ...]
+    ) -> frozenset[ClusterEvent]:
+        if framework is None:
+            return frozenset()
+        events = framework.events_for(tuple(p for p in plugins if p != QUOTA_PLUGIN))
+        if QUOTA_PLUGIN in plugins:
+            events |= {ClusterEvent.POD_FREED}
+        return frozenset(events)
 
     def _bind_failed(self, event: BindFailed) -> None:
         pod = self.pods.get(event.pod)
         if pod is None or self.bindings.get(event.pod) != event.decision_id:
             return
-        del self.bindings[event.pod]
-        slot = self.state.forget(event.pod)
-        self.queue.back_off(event.pod, pod.priority, pod.seq, pod.attempts, self.now)
+        slot = self.release(event.pod)
+        unit = self.unit_of(event.pod)
+        self.queue.back_off(
+            unit, pod.priority, pod.seq, pod.attempts, self.now, self.queue_of(pod.spec.namespace)
+        )
         if slot is not None:
-            self._fire(ClusterEvent.POD_FREED, slot)
+            self.fire(ClusterEvent.POD_FREED, slot)
 
-    def _gone(self, key: str) -> None:
-        if self.pods.pop(key, None) is None:
+    def finish(self, key: str, outcome: str) -> None:
+        pod = self.pods.pop(key, None)
+        if pod is None:
             return
+        self.outcomes[key] = outcome
         self.queue.remove(key)
-        self.bindings.pop(key, None)
-        slot = self.state.forget(key)
+        self.waiting.pop(key, None)
+        slot = self.state.pods[key].slot if key in self.state.pods else None
         if slot is not None:
-            self._fire(ClusterEvent.POD_FREED, slot)
+            self.quotas.remove(pod.spec.namespace, self.state.pods[key].request)
+            self.state.forget(key)
+        self._unplaced(pod)
+        if pod.spec.group in self.groups:
+            self._member_finished(self.groups[pod.spec.group], outcome)
+        self.wake(key)
+        if slot is not None:
+            self.fire(ClusterEvent.POD_FREED, slot)
 
-    def _fire(self, event: ClusterEvent, slot: int) -> None:
-        """Requeue parked pods that ``event`` on ``slot`` may help (hints per shape)."""
+    def _member_finished(self, group: GroupInfo, outcome: str) -> None:
+        if outcome == SUCCEEDED:
+            group.succeeded += 1
+        else:
+            group.failed += 1
+        if group.phase == SCHEDULED and outcome == FAILED:
+            group.phase, group.reason = FAILED, "a member failed"
+        live = [m for m in group.members if m in self.pods]
+        if group.phase == SCHEDULED and not live and group.failed == 0:
+            group.phase, group.reason = SUCCEEDED, ""
+        self.dirty[group_unit(group.key)] = None
+        self.group_changes[group.key] = None
+        self.wake(group.key)
+
+    def fire(self, event: ClusterEvent, slot: int) -> None:
+        """Requeue parked units that ``event`` on ``slot`` may help (hints per shape)."""
         verdicts: dict[tuple[object, ...], bool] = {}
 
-        def helps(key: str, plugins: tuple[str, ...]) -> bool:
-            pod = self.pods[key]
+        def helps(unit: str, plugins: tuple[str, ...]) -> bool:
+            if is_group_unit(unit) or QUOTA_PLUGIN in plugins:
+                return True
+            pod = self.pods[unit]
             framework = self.framework_for(pod)
             if framework is None:
                 return False
@@ -191,88 +365,56 @@ class Engine:
 
         self.queue.on_event(event, self.now, helps)
 
+    # ------------------------------------------------------------------ dependencies
+
+    def dependency_state(self, depends_on: tuple[str, ...]) -> DependencyState:
+        details = []
+        waiting = ""
+        for dep in depends_on:
+            group = self.groups.get(dep)
+            if group is not None and group.spec is not None:
+                state = group.phase
+                if group.phase == SCHEDULED:
+                    state = f"Running ({group.succeeded}/{len(group.members)} succeeded)"
+            elif dep in self.outcomes:
+                state = self.outcomes[dep]
+            elif dep in self.pods:
+                state = "Running" if dep in self.state.pods else "Pending"
+            else:
+                state = "not found"
+            details.append((dep, state))
+            if state == FAILED:
+                return DependencyState(False, failed=dep, details=tuple(details))
+            if state != SUCCEEDED and not waiting:
+                waiting = f"waiting for {dep} to succeed ({state})"
+        return DependencyState(not waiting, waiting=waiting, details=tuple(details))
+
+    def depends_on(self, unit: str) -> tuple[str, ...]:
+        if is_group_unit(unit):
+            group = self.groups[unit[1:]]
+            deps = list(group.spec.depends_on if group.spec else ())
+            for member in group.members:
+                if member in self.pods:
+                    deps.extend(self.pods[member].spec.depends_on)
+            return tuple(dict.fromkeys(deps))
+        pod = self.pods[unit]
+        owner = self.groups.get(pod.spec.group)
+        extra = owner.spec.depends_on if owner is not None and owner.spec is not None else ()
+        return tuple(dict.fromkeys((*extra, *pod.spec.depends_on)))
+
     # ------------------------------------------------------------------ decide
 
     def next_wakeup(self) -> int | None:
         """Simulated time at which a pass would do something new without new events."""
-        return self.queue.next_wakeup()
+        times = [t for t in (self.queue.next_wakeup(),) if t is not None]
+        for group in self.groups.values():
+            deadline = group.deadline
+            if group.phase == PENDING and deadline is not None and deadline > self.now:
+                times.append(deadline)
+        return min(times) if times else None
 
     def schedule(self) -> list[Event]:
         """Run one pass at ``self.now``; return the decisions (already applied)."""
-        self.queue.flush_backoff(self.now)
-        out: list[Event] = []
-        failed: dict[tuple[object, ...], Attempt] = {}
-        state = self.state
-        while (key := self.queue.pop()) is not None:
-            pod = self.pods[key]
-            pod.attempts += 1
-            self._counters["attempts"] += 1
-            framework = self.framework_for(pod)
-            if framework is None:
-                reason = NO_PROFILE.format(pod.spec.scheduler_name)
-                self.queue.park(key, pod.priority, pod.seq, pod.attempts, self.now, (), frozenset())
-                out.append(
-                    PodUnschedulable(pod=key, attempt=pod.attempts, reason=reason, shard=self.shard)
-                )
-                self._counters["unschedulable"] += 1
-                continue
-            explain = key == self.explain
-            cache_key = (id(framework), pod.shape_key)
-            attempt = None if explain else failed.get(cache_key)
-            if attempt is None:
-                attempt = framework.schedule(pod, state, explain=explain)
-            if explain:
-                node = state.names[attempt.slot] if attempt.slot >= 0 else None
-                self.explanations.append(
-                    Explanation(self.now, pod.attempts, node, attempt.status, attempt.diagnosis)
-                )
-            if attempt.slot >= 0:
-                decision_id = f"{key}@{pod.seq}#{pod.attempts}"
-                state.assume(key, attempt.slot, pod.request)
-                self.bindings[key] = decision_id
-                node_name = state.names[attempt.slot]
-                assert node_name is not None
-                out.append(
-                    PodBound(
-                        pod=key,
-                        node=node_name,
-                        decision_id=decision_id,
-                        attempt=pod.attempts,
-                        shard=self.shard,
-                        score=attempt.score,
-                    )
-                )
-                self._counters["bound"] += 1
-                continue
-            diagnosis = attempt.diagnosis
-            plugins = tuple(diagnosis.plugins) if diagnosis else ()
-            if not plugins and attempt.status.plugin:
-                plugins = (attempt.status.plugin,)
-            if diagnosis is not None and diagnosis.plugins:
-                failed[cache_key] = attempt
-            self.queue.park(
-                key,
-                pod.priority,
-                pod.seq,
-                pod.attempts,
-                self.now,
-                plugins,
-                framework.events_for(plugins),
-            )
-            out.append(
-                PodUnschedulable(
-                    pod=key,
-                    attempt=pod.attempts,
-                    reason=attempt.status.message(),
-                    rejections=diagnosis.rejections() if diagnosis else {},
-                    plugins=plugins,
-                    shard=self.shard,
-                )
-            )
-            self._counters["unschedulable"] += 1
-        return out
+        from engine.passes import SchedulingPass
 
-
-def same_decision(a: Event, b: Event) -> bool:
-    """Whether two decision events are the same decision (ignoring nothing: exact)."""
-    return msgspec.structs.asdict(a) == msgspec.structs.asdict(b) and type(a) is type(b)
+        return SchedulingPass(self).run()

@@ -92,10 +92,48 @@ class PodSpec(msgspec.Struct, frozen=True, kw_only=True):
     annotations: dict[str, str] = {}
     runtime: int | None = None
     """Nanoseconds the pod runs once bound before it succeeds (simulation only)."""
+    group: str = ""
+    """``namespace/name`` of the pod group (gang) the pod belongs to, if any."""
+    depends_on: tuple[str, ...] = ()
+    """``namespace/name`` of pods or groups that must succeed before this pod runs."""
+    fails: bool = False
+    """Simulation only: the pod fails, rather than succeeds, when its runtime ends."""
+    """Creation order among pods and groups (-1: the order of submission)."""
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+
+class GroupSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A pod group (gang): at least ``min_member`` members run together or none do."""
+
+    namespace: str
+    name: str
+    min_member: int
+    min_resources: dict[str, int] = {}
+    timeout: int | None = None
+    """Nanoseconds after creation by which ``min_member`` must be bound, else it fails."""
+    priority: int = 0
+    priority_class: str = ""
+    queue: str = ""
+    depends_on: tuple[str, ...] = ()
+    source: str = ""
+    """Which convention declared it: ``scheduler-plugins``, ``volcano``, ``tencent``,
+    ``labels`` (no object: the older pod-group labels)."""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class QuotaSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """An elastic quota of a namespace: ``min`` guaranteed, borrowable up to ``max``."""
+
+    namespace: str
+    name: str
+    min: dict[str, int] = {}
+    max: dict[str, int] = {}
 
 
 class NodeSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -150,6 +188,16 @@ class SchedulerConfigured(_Fact, frozen=True, kw_only=True, tag="config"):
     empty for the defaults). The first record of a run, so a log replays by itself."""
 
     config: str = ""
+
+
+class PodGroupSubmitted(_Fact, frozen=True, kw_only=True, tag="group+"):
+    group: GroupSpec
+
+
+class QuotaDefined(_Fact, frozen=True, kw_only=True, tag="quota"):
+    """An ``ElasticQuota`` was created or replaced."""
+
+    quota: QuotaSpec
 
 
 class ClockTicked(_Fact, frozen=True, kw_only=True, tag="tick"):
@@ -211,6 +259,25 @@ class PodPreempted(_Fact, frozen=True, kw_only=True, tag="preempt"):
     shard: int = 0
 
 
+class PodGroupStatusChanged(_Fact, frozen=True, kw_only=True, tag="group~"):
+    """A pod group changed phase (Pending, Scheduled, Succeeded, Failed)."""
+
+    group: str
+    phase: str
+    scheduled: int = 0
+    reason: str = ""
+    shard: int = 0
+
+
+class PodRejected(_Fact, frozen=True, kw_only=True, tag="reject"):
+    """The scheduler gave up on a pod for good (its group timed out, a dependency
+    failed); it will not be retried."""
+
+    pod: str
+    reason: str
+    shard: int = 0
+
+
 Event = (
     NodeAdded
     | NodeUpdated
@@ -226,10 +293,21 @@ Event = (
     | BindFailed
     | PodEvicted
     | PodPreempted
+    | PodGroupSubmitted
+    | QuotaDefined
+    | PodGroupStatusChanged
+    | PodRejected
 )
 """The closed union of every event kind."""
 
-DECISIONS: Final = (PodBound, PodUnschedulable, PodEvicted, PodPreempted)
+DECISIONS: Final = (
+    PodBound,
+    PodUnschedulable,
+    PodEvicted,
+    PodPreempted,
+    PodGroupStatusChanged,
+    PodRejected,
+)
 """Event kinds a shard derives; replay re-derives and compares them."""
 
 

@@ -152,8 +152,12 @@ class SimulatedCluster:
             where = self.running.get(key)
             if where is None or where[1] != decision_id:
                 continue
+            spec = self.specs.get(key)
             self._stop(key)
-            out.append(PodSucceeded(pod=key, node=where[0]))
+            if spec is not None and spec.fails:
+                out.append(PodFailed(pod=key, node=where[0], reason="Error"))
+            else:
+                out.append(PodSucceeded(pod=key, node=where[0]))
         return out
 
     def check_invariants(self) -> None:

@@ -26,6 +26,7 @@ from events.types import (
 
 ARRIVE_AT: Final = "shoal.io/arrive-at"
 RUNTIME: Final = "shoal.io/runtime"
+FAILS: Final = "shoal.io/fails"
 TAINT_EFFECTS: Final = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 SELECTOR_OPERATORS: Final = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 DEFAULT_MAX_PODS: Final = 110
@@ -343,7 +344,17 @@ def pod_spec(obj: Mapping[str, Any], priority_classes: Mapping[str, int] | None 
             annotations[RUNTIME], f'metadata.annotations["{RUNTIME}"]', positive=True
         )
     required, preferred = _affinity(spec)
+    fails = annotations.get(FAILS, "false").lower()
+    if fails not in ("true", "false"):
+        raise InputError(
+            f'must be "true" or "false", got {fails!r}', location=f'metadata.annotations["{FAILS}"]'
+        )
+    if fails == "true" and runtime is None:
+        raise InputError(
+            f"needs {RUNTIME} (when it fails)", location=f'metadata.annotations["{FAILS}"]'
+        )
     return PodSpec(
+        fails=fails == "true",
         namespace=namespace,
         name=_name(meta, "metadata"),
         uid=_str(meta.get("uid"), "metadata.uid", default=""),

@@ -44,6 +44,25 @@ def report_table(report: RunReport, summary: dict[str, Any]) -> None:
     console.print(table)
     if len(rows) > MAX_ROWS:
         console.print(f"... and {len(rows) - MAX_ROWS} more pods (use --json for all)")
+    if report.groups:
+        groups = Table(title="Pod groups", title_justify="left")
+        for column in ("GROUP", "PHASE", "PLACED", "MIN", "MEMBERS", "REASON"):
+            groups.add_column(column, overflow="fold")
+        for key, group in sorted(report.groups.items())[:MAX_ROWS]:
+            groups.add_row(
+                key,
+                group.phase,
+                str(group.scheduled),
+                str(group.min_member),
+                str(group.members),
+                group.reason,
+            )
+        console.print(groups)
+    if report.preemptions:
+        console.print(
+            "preempted: "
+            + ", ".join(f"{p['pod']} on {p['node']} by {p['by']}" for p in report.preemptions[:20])
+        )
     counts = report.counts()
     parts = [f"{counts[k]} {k}" for k in ("bound", "succeeded", "pending", "failed") if counts[k]]
     line = ", ".join(parts) or "no pods"
@@ -103,7 +122,19 @@ def explanation_json(key: str, result: ReplayResult) -> dict[str, Any]:
             ]
         attempts.append(item)
     view = result.report.pods.get(key)
-    return {"pod": key, "final": view.to_json() if view else None, "attempts": attempts}
+    out: dict[str, Any] = {
+        "pod": key,
+        "final": view.to_json() if view else None,
+        "attempts": attempts,
+    }
+    spec = result.explained
+    if spec is not None and spec.group:
+        group = result.report.groups.get(spec.group)
+        out["group"] = {"name": spec.group, **(group.to_json() if group else {"phase": "unknown"})}
+    deps = result.dependencies()
+    if deps:
+        out["dependencies"] = [{"name": name, "state": state} for name, state in deps]
+    return out
 
 
 def explanation_text(key: str, result: ReplayResult) -> None:
@@ -114,6 +145,15 @@ def explanation_text(key: str, result: ReplayResult) -> None:
         f"[bold]{key}[/]: {final.get('phase')} on {final.get('node') or '-'}"
         + (f" — {final['reason']}" if final.get("reason") else "")
     )
+    if "group" in data:
+        group = data["group"]
+        console.print(
+            f"pod group {group['name']}: {group['phase']}, {group.get('scheduled', 0)} of "
+            f"minMember {group.get('min_member', '?')} placed"
+            + (f" — {group['reason']}" if group.get("reason") else "")
+        )
+    for dep in data.get("dependencies", []):
+        console.print(f"depends on {dep['name']}: {dep['state']}")
     if not data["attempts"]:
         console.print("no scheduling attempt was recorded for this pod")
         return

@@ -19,7 +19,14 @@ import msgspec
 from engine.config import SchedulerConfig, parse_config
 from engine.scheduler import Engine
 from events.errors import InputError, LogCorruptedError, ReplayMismatchError
-from events.types import Envelope, Event, SchedulerConfigured, is_decision
+from events.types import (
+    Envelope,
+    Event,
+    PodSpec,
+    PodSubmitted,
+    SchedulerConfigured,
+    is_decision,
+)
 from shards.report import RunReport
 
 
@@ -32,6 +39,19 @@ class ReplayResult:
     passes: int = 0
     mismatch: ReplayMismatchError | None = None
     notes: list[str] = field(default_factory=list)
+    explained: PodSpec | None = None
+    """The submitted spec of the pod under ``--explain``."""
+
+    def dependencies(self) -> list[tuple[str, str]]:
+        """(dependency, its state at the end of the replay) for the explained pod."""
+        spec = self.explained
+        if spec is None:
+            return []
+        deps = list(spec.depends_on)
+        group = self.engine.groups.get(spec.group)
+        if group is not None and group.spec is not None:
+            deps = [*group.spec.depends_on, *deps]
+        return list(self.engine.dependency_state(tuple(dict.fromkeys(deps))).details)
 
 
 def _describe(event: Event | None) -> str:
@@ -108,6 +128,8 @@ def replay(
         if until is not None and env.offset > until:
             break
         result.report.apply(env)
+        if isinstance(env.event, PodSubmitted) and env.event.pod.key == explain:
+            result.explained = env.event.pod
         if is_decision(env.event) and env.producer == producer:
             # When re-deriving, its pass already applied it; otherwise folding it is how
             # the state learns it.

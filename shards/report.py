@@ -18,7 +18,10 @@ from events.types import (
     PodDeleted,
     PodEvicted,
     PodFailed,
+    PodGroupStatusChanged,
+    PodGroupSubmitted,
     PodPreempted,
+    PodRejected,
     PodSubmitted,
     PodSucceeded,
     PodUnschedulable,
@@ -48,14 +51,38 @@ class PodView:
         return out
 
 
+@dataclass(slots=True)
+class GroupView:
+    min_member: int
+    source: str
+    phase: str = "Pending"
+    scheduled: int = 0
+    reason: str = ""
+    members: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "phase": self.phase,
+            "scheduled": self.scheduled,
+            "min_member": self.min_member,
+            "members": self.members,
+            "source": self.source,
+        }
+        if self.reason:
+            out["reason"] = self.reason
+        return out
+
+
 class RunReport:
     """Folds envelopes into per-pod views and run counters."""
 
     def __init__(self) -> None:
         self.pods: dict[str, PodView] = {}
+        self.groups: dict[str, GroupView] = {}
         self.preemptions: list[dict[str, str]] = []
         self.migrations: list[dict[str, str]] = []
         self.nodes: set[str] = set()
+        self._pending_members: dict[str, int] = {}
         self.events = 0
         self.decisions = 0
         self.bind_failures = 0
@@ -77,11 +104,29 @@ class RunReport:
                 self.nodes.discard(name)
             case PodSubmitted(pod=spec):
                 self.pods[spec.key] = PodView(submitted_at=env.time)
+                group = self.groups.get(spec.group)
+                if group is not None:
+                    group.members += 1
+                elif spec.group:
+                    self._pending_members[spec.group] = self._pending_members.get(spec.group, 0) + 1
+            case PodGroupSubmitted(group=spec):
+                self.groups[spec.key] = GroupView(
+                    spec.min_member, spec.source, members=self._pending_members.pop(spec.key, 0)
+                )
+            case PodGroupStatusChanged(group=key):
+                view_g = self.groups.get(key)
+                if view_g is not None:
+                    view_g.phase, view_g.scheduled = event.phase, event.scheduled
+                    view_g.reason = event.reason
             case PodUnschedulable(pod=key):
                 view = self._view(key)
-                view.reason = event.reason
+                if view.phase == "Pending":
+                    view.reason = event.reason
                 view.attempts = max(view.attempts, event.attempt)
                 view.shard = event.shard
+            case PodRejected(pod=key):
+                view = self._view(key)
+                view.phase, view.reason = "Failed", event.reason
             case PodBound(pod=key):
                 view = self._view(key)
                 view.node, view.phase, view.reason = event.node, "Bound", ""
@@ -138,6 +183,7 @@ class RunReport:
     def to_json(self, **summary: Any) -> dict[str, Any]:
         return {
             "pods": {key: view.to_json() for key, view in sorted(self.pods.items())},
+            "groups": {key: view.to_json() for key, view in sorted(self.groups.items())},
             "migrations": list(self.migrations),
             "preemptions": list(self.preemptions),
             "summary": {**self.counts(), "simulated_seconds": self.last_time / 1e9, **summary},

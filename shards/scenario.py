@@ -13,13 +13,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+import msgspec
 import yaml
 
 from engine.config import API_VERSIONS as CONFIG_VERSIONS
 from engine.config import KIND as CONFIG_KIND
 from engine.config import SchedulerConfig, parse_config
 from events.errors import InputError
-from events.types import Event, NodeAdded, PodSubmitted
+from events.types import Event, GroupSpec, NodeAdded, PodGroupSubmitted, PodSubmitted, QuotaDefined
+from shards.groups import (
+    DEPENDS_ON,
+    GROUP_KINDS,
+    QUOTA_VERSIONS,
+    dependencies,
+    elastic_quota,
+    find_cycle,
+    group_membership,
+    pod_group,
+)
 from shards.objects import arrival, node_spec, pod_spec, priority_class
 
 MAX_FILE_BYTES: Final = 256 * 1024 * 1024
@@ -29,6 +40,8 @@ KINDS: Final = {
     ("v1", "List"),
     ("scheduling.k8s.io/v1", "PriorityClass"),
     *((version, CONFIG_KIND) for version in CONFIG_VERSIONS),
+    *((version, "PodGroup") for version in GROUP_KINDS),
+    *((version, "ElasticQuota") for version in QUOTA_VERSIONS),
 }
 
 
@@ -46,6 +59,8 @@ class Scenario:
     priority_classes: dict[str, int] = field(default_factory=dict)
     nodes: int = 0
     pods: int = 0
+    groups: int = 0
+    quotas: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,21 +171,61 @@ def load_scenario(paths: list[str]) -> Scenario:
         classes[""] = default_class[1]
     seen_nodes: set[str] = set()
     seen_pods: set[str] = set()
+    groups: dict[str, tuple[GroupSpec, _Doc]] = {}
+    implicit: dict[str, int] = {}
+    quotas: set[str] = set()
+    members: dict[str, list[str]] = {}
+    waits: dict[str, tuple[str, ...]] = {}
+    where_of: dict[str, _Doc] = {}
     for order, doc in enumerate(docs):
         kind = doc.obj.get("kind")
         try:
-            if kind == "Node":
+            if kind == "PodGroup":
+                group = pod_group(doc.obj, classes)
+                if group.key in groups:
+                    raise InputError(f"duplicate pod group {group.key!r}", location="metadata.name")
+                groups[group.key] = (group, doc)
+                waits[group.key] = group.depends_on
+                where_of[group.key] = doc
+                event: Event = PodGroupSubmitted(group=group)
+                scenario.groups += 1
+            elif kind == "ElasticQuota":
+                quota = elastic_quota(doc.obj)
+                if quota.namespace in quotas:
+                    raise InputError(
+                        f"a second ElasticQuota for namespace {quota.namespace!r}",
+                        location="metadata.namespace",
+                    )
+                quotas.add(quota.namespace)
+                event = QuotaDefined(quota=quota)
+                scenario.quotas += 1
+            elif kind == "Node":
                 node = node_spec(doc.obj)
                 if node.name in seen_nodes:
                     raise InputError(f"duplicate node {node.name!r}", location="metadata.name")
                 seen_nodes.add(node.name)
-                event: Event = NodeAdded(node=node)
+                event = NodeAdded(node=node)
                 scenario.nodes += 1
             elif kind == "Pod":
                 pod = pod_spec(doc.obj, classes)
                 if pod.key in seen_pods:
                     raise InputError(f"duplicate pod {pod.key!r}", location="metadata.name")
                 seen_pods.add(pod.key)
+                group_key, minimum = group_membership(doc.obj)
+                pod = msgspec.structs.replace(
+                    pod, group=group_key, depends_on=dependencies(pod.annotations, pod.namespace)
+                )
+                if group_key:
+                    members.setdefault(group_key, []).append(pod.key)
+                if minimum is not None:
+                    first = implicit.setdefault(group_key, minimum)
+                    if first != minimum:
+                        raise InputError(
+                            f"min-available {minimum} differs from {first} on an earlier member",
+                            location="metadata.labels",
+                        )
+                waits[pod.key] = pod.depends_on
+                where_of[pod.key] = doc
                 event = PodSubmitted(pod=pod)
                 scenario.pods += 1
             else:
@@ -180,8 +235,45 @@ def load_scenario(paths: list[str]) -> Scenario:
             )
         except InputError as exc:
             raise _located(doc, exc) from None
-    scenario.events.sort(key=lambda e: (e.time, e.order))
+    _implicit_groups(scenario, groups, implicit)
+    for group_key, keys in members.items():
+        waits[group_key] = (*waits.get(group_key, ()), *keys)
+    cycle = find_cycle(waits)
+    if cycle is not None:
+        raise InputError(
+            "dependency cycle: " + " -> ".join(cycle),
+            location=where_of[cycle[0]].where(f'metadata.annotations["{DEPENDS_ON}"]')
+            if cycle[0] in where_of
+            else "",
+        )
+    # a group is known before its members that arrive at the same instant
+    scenario.events.sort(
+        key=lambda e: (e.time, e.order, not isinstance(e.event, PodGroupSubmitted))
+    )
     return scenario
+
+
+def _implicit_groups(
+    scenario: Scenario,
+    groups: dict[str, tuple[GroupSpec, _Doc]],
+    implicit: dict[str, int],
+) -> None:
+    """Groups declared only by the older labels: one event, when their first member
+    arrives (and none where a PodGroup object exists: the object wins)."""
+    first_member: dict[str, TimedEvent] = {}
+    for timed in scenario.events:
+        if isinstance(timed.event, PodSubmitted) and timed.event.pod.group:
+            known = first_member.get(timed.event.pod.group)
+            if known is None or (timed.time, timed.order) < (known.time, known.order):
+                first_member[timed.event.pod.group] = timed
+    for key, minimum in implicit.items():
+        if key in groups:
+            continue
+        namespace, name = key.split("/", 1)
+        first = first_member[key]
+        spec = GroupSpec(namespace=namespace, name=name, min_member=minimum, source="labels")
+        scenario.events.append(TimedEvent(first.time, first.order, PodGroupSubmitted(group=spec)))
+        scenario.groups += 1
 
 
 def load_config(path: str) -> SchedulerConfig:

@@ -232,6 +232,10 @@ class Framework:
             self._static_cache[pod.static_key] = mask
         return mask
 
+    def static_feasible(self, pod: PodInfo, state: ClusterState) -> Bools:
+        """Nodes only free resources keep ``pod`` from (what preemption may change)."""
+        return self._static_mask(CycleState(), pod, state) & state.valid
+
     def feasible(self, cycle: CycleState, pod: PodInfo, state: ClusterState) -> Bools:
         """Filter verdict over all slots (computed whole, no cache)."""
         mask = self._static_mask(cycle, pod, state)

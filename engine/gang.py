@@ -1,0 +1,85 @@
+"""Pod groups (gangs) and job dependencies: the bookkeeping the engine keeps.
+
+Group phases, as a transition table (tie-break: a timeout is checked at the start of a
+pass, before any attempt at that instant)::
+
+    Pending ── minMember members placed in one atomic step ─────────► Scheduled
+    Pending ── scheduleTimeoutSeconds passed ───────────────────────► Failed
+    Pending ── a dependency failed ─────────────────────────────────► Failed
+    Scheduled ── every member finished and none failed ─────────────► Succeeded
+    Scheduled ── a member failed, was preempted or rejected ────────► Failed
+
+A Pending group is one queue entry (``@namespace/name``); its members are not queued
+on their own. Once Scheduled, members that did not fit (beyond ``minMember``) queue as
+ordinary pods. A group that lacks members, or waits on a dependency, holds nothing.
+
+Dependencies (``shoal.io/depends-on``) name pods or groups of the same namespace; a
+name that is a group means every member of the group. A unit runs when all its
+dependencies succeeded, fails when one failed, and waits otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final
+
+from events.types import GroupSpec
+
+GROUP_PREFIX: Final = "@"
+PENDING: Final = "Pending"
+SCHEDULED: Final = "Scheduled"
+SUCCEEDED: Final = "Succeeded"
+FAILED: Final = "Failed"
+
+
+def group_unit(key: str) -> str:
+    return GROUP_PREFIX + key
+
+
+def is_group_unit(unit: str) -> bool:
+    return unit.startswith(GROUP_PREFIX)
+
+
+@dataclass(slots=True)
+class GroupInfo:
+    key: str
+    spec: GroupSpec | None = None
+    """None while pods name the group but no PodGroup (or labels) declared it."""
+    seq: int = 0
+    members: dict[str, None] = field(default_factory=dict)
+    phase: str = PENDING
+    reason: str = ""
+    created_at: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    attempts: int = 0
+    reported: tuple[str, int, str] | None = None
+    """The last (phase, scheduled, reason) emitted as an event."""
+
+    @property
+    def min_member(self) -> int:
+        return self.spec.min_member if self.spec is not None else 0
+
+    @property
+    def namespace(self) -> str:
+        return self.key.split("/", 1)[0]
+
+    @property
+    def deadline(self) -> int | None:
+        if self.spec is None or self.spec.timeout is None:
+            return None
+        return self.created_at + self.spec.timeout
+
+    def __repr__(self) -> str:
+        return f"GroupInfo({self.key!r}, {self.phase}, members={len(self.members)})"
+
+
+@dataclass(frozen=True, slots=True)
+class DependencyState:
+    """Where a unit's dependencies stand: all met, one failed, or still waiting."""
+
+    ok: bool
+    failed: str = ""
+    waiting: str = ""
+    details: tuple[tuple[str, str], ...] = ()
+    """(dependency, its state) for ``--explain``."""

@@ -1,0 +1,67 @@
+"""Stage, then commit: a Statement records placements and evictions against the live
+state and undoes them in reverse order unless committed (after Volcano's Statement).
+
+The engine is single-threaded and emits decisions only on commit, so a staged change
+is never visible outside the attempt that made it. Staging in place (with an undo log)
+instead of on a copy keeps a gang attempt proportional to its size, not the cluster's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.quota import QuotaTable
+from engine.state import ClusterState, Request
+
+
+@dataclass(slots=True)
+class _Op:
+    kind: str  # "assume" | "evict"
+    key: str
+    slot: int
+    request: Request
+    namespace: str
+
+
+@dataclass
+class Statement:
+    state: ClusterState
+    quotas: QuotaTable
+    ops: list[_Op] = field(default_factory=list)
+    open: bool = True
+
+    def __repr__(self) -> str:
+        return f"Statement(ops={len(self.ops)}, open={self.open})"
+
+    def assume(self, key: str, namespace: str, slot: int, request: Request) -> None:
+        self.state.assume(key, slot, request)
+        self.quotas.add(namespace, request)
+        self.ops.append(_Op("assume", key, slot, request, namespace))
+
+    def evict(self, key: str, namespace: str) -> int:
+        placed = self.state.pods[key]
+        self.state.forget(key)
+        self.quotas.remove(namespace, placed.request)
+        self.ops.append(_Op("evict", key, placed.slot, placed.request, namespace))
+        return placed.slot
+
+    def evicted(self) -> list[str]:
+        return [op.key for op in self.ops if op.kind == "evict"]
+
+    def assumed(self) -> list[tuple[str, int]]:
+        return [(op.key, op.slot) for op in self.ops if op.kind == "assume"]
+
+    def commit(self) -> None:
+        self.open = False
+
+    def discard(self) -> None:
+        """Undo every staged operation, newest first."""
+        for op in reversed(self.ops):
+            if op.kind == "assume":
+                self.state.forget(op.key)
+                self.quotas.remove(op.namespace, op.request)
+            else:
+                self.state.assume(op.key, op.slot, op.request)
+                self.quotas.add(op.namespace, op.request)
+        self.ops.clear()
+        self.open = False
