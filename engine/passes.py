@@ -370,7 +370,7 @@ class SchedulingPass:
             return None
         for victim in chosen.victims:
             if victim in e.state.pods:
-                statement.evict(victim, e.pods[victim].spec.namespace)
+                statement.evict(victim, e.pods[victim].spec.namespace, by=pod.key)
         if e.quotas and e.quotas.admit(pod.spec.namespace, pod.request) is not None:
             return None
         attempt = framework.schedule(pod, e.state)
@@ -392,11 +392,11 @@ class SchedulingPass:
     def _commit(self, statement: Statement, placed: list[tuple[PodInfo, int]]) -> None:
         """Emit the staged evictions, then the placements."""
         e = self.e
-        by = placed[0][0].key
         freed: list[int] = []
         for op in statement.ops:
             if op.kind != "evict":
                 continue
+            by = op.by or placed[0][0].key
             node = e.state.names[op.slot] or ""
             self.out.append(PodPreempted(pod=op.key, node=node, by=by, shard=e.shard))
             e.count("preempted")

@@ -21,6 +21,8 @@ class _Op:
     slot: int
     request: Request
     namespace: str
+    by: str = ""
+    """For an eviction: the pod it makes room for."""
 
 
 @dataclass
@@ -38,11 +40,11 @@ class Statement:
         self.quotas.add(namespace, request)
         self.ops.append(_Op("assume", key, slot, request, namespace))
 
-    def evict(self, key: str, namespace: str) -> int:
+    def evict(self, key: str, namespace: str, by: str = "") -> int:
         placed = self.state.pods[key]
         self.state.forget(key)
         self.quotas.remove(namespace, placed.request)
-        self.ops.append(_Op("evict", key, placed.slot, placed.request, namespace))
+        self.ops.append(_Op("evict", key, placed.slot, placed.request, namespace, by))
         return placed.slot
 
     def evicted(self) -> list[str]:

@@ -19,8 +19,16 @@ import numpy as np
 
 from engine.scheduler import Engine
 from events.log import EventLog
-from events.types import Envelope, NodeAdded, PodBound, PodSubmitted, SchedulerConfigured
-from loadtest.synthetic import basic_nodes, basic_pods
+from events.types import (
+    Envelope,
+    Event,
+    NodeAdded,
+    PodBound,
+    PodGroupSubmitted,
+    PodSubmitted,
+    SchedulerConfigured,
+)
+from loadtest.synthetic import basic_nodes, basic_pods, gang_workload
 from shards.worker import ShardWorker
 
 Progress = Callable[[int, int, float], None]
@@ -33,7 +41,8 @@ class LoadShape:
     seed: int = 0
     batch: int = 1000
     shards: int = 1
-    workload: str = "basic"
+    gang_size: int = 0
+    """0: independent pods; N: pods in gangs of N (``minMember`` N)."""
 
 
 async def run_loadtest(
@@ -41,30 +50,33 @@ async def run_loadtest(
 ) -> dict[str, Any]:
     rng = random.Random(shape.seed)
     nodes = basic_nodes(shape.nodes, rng)
-    pods = basic_pods(shape.pods, rng)
+    batches = _batches(shape, rng)
     engine = Engine()
     worker = ShardWorker(engine, log)
     await log.append([Envelope(event=SchedulerConfigured(), producer="ingest")])
     await log.append([Envelope(event=NodeAdded(node=n), producer="ingest") for n in nodes])
     await worker.poll()
-    latencies = np.zeros(shape.pods)
+    total = sum(sum(1 for e in b if isinstance(e, PodSubmitted)) for b in batches)
+    latencies = np.zeros(total)
+    done = 0
     started = time.perf_counter()
-    for start in range(0, shape.pods, shape.batch):
-        chunk = pods[start : start + shape.batch]
+    for chunk in batches:
+        pods_in_chunk = sum(1 for e in chunk if isinstance(e, PodSubmitted))
         submitted = time.perf_counter()
-        await log.append([Envelope(event=PodSubmitted(pod=p), producer="ingest") for p in chunk])
+        await log.append([Envelope(event=e, producer="ingest") for e in chunk])
         await worker.poll()
-        latencies[start : start + len(chunk)] = time.perf_counter() - submitted
+        latencies[done : done + pods_in_chunk] = time.perf_counter() - submitted
+        done += pods_in_chunk
         if progress is not None:
-            progress(start + len(chunk), shape.pods, time.perf_counter() - started)
+            progress(done, total, time.perf_counter() - started)
     wall = time.perf_counter() - started
     records = await log.read(0, 0)
     bound = sum(1 for env in records if isinstance(env.event, PodBound))
     stats = engine.stats()
     ms = latencies * 1000
     return {
-        "shape": {**asdict(shape), "bus": bus},
-        "pods_per_second": shape.pods / wall if wall > 0 else 0.0,
+        "shape": {**asdict(shape), "bus": bus, "pods": total},
+        "pods_per_second": total / wall if wall > 0 else 0.0,
         "latency_ms": {
             "p50": float(np.percentile(ms, 50)),
             "p90": float(np.percentile(ms, 90)),
@@ -73,8 +85,29 @@ async def run_loadtest(
         },
         "bound": bound,
         "unschedulable": stats["unschedulable"],
+        "gangs_scheduled": sum(1 for g in engine.groups.values() if g.phase == "Scheduled"),
         "attempts": stats["attempts"],
         "wall_seconds": wall,
         "engine_seconds": worker.pass_seconds,
         "events": len(records),
     }
+
+
+def _batches(shape: LoadShape, rng: random.Random) -> list[list[Event]]:
+    """Ingest batches of about ``shape.batch`` pods; a gang is never split."""
+    if shape.gang_size <= 0:
+        pods = basic_pods(shape.pods, rng)
+        return [
+            [PodSubmitted(pod=p) for p in pods[start : start + shape.batch]]
+            for start in range(0, len(pods), shape.batch)
+        ]
+    batches: list[list[Event]] = [[]]
+    count = 0
+    for group, members in gang_workload(shape.pods, shape.gang_size, rng):
+        if count and count + len(members) > shape.batch:
+            batches.append([])
+            count = 0
+        batches[-1].append(PodGroupSubmitted(group=group))
+        batches[-1].extend(PodSubmitted(pod=m) for m in members)
+        count += len(members)
+    return [b for b in batches if b]

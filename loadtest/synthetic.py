@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from typing import Final
 
-from events.types import NodeSpec, PodSpec
+from events.types import GroupSpec, NodeSpec, PodSpec
 
 GI: Final = 1 << 30
 MI: Final = 1 << 20
@@ -35,6 +35,28 @@ def basic_nodes(count: int, rng: random.Random) -> list[NodeSpec]:
             )
         )
     return nodes
+
+
+def gang_workload(
+    count: int, gang_size: int, rng: random.Random, namespace: str = "load"
+) -> list[tuple[GroupSpec, list[PodSpec]]]:
+    """``count`` pods in gangs of ``gang_size`` (``minMember`` = size); the members of
+    a gang share one shape, as the workers of a distributed training job do."""
+    gangs = []
+    for g in range(count // gang_size):
+        group = GroupSpec(namespace=namespace, name=f"gang-{g:05d}", min_member=gang_size)
+        requests = {"cpu": rng.choice(POD_MILLICPU), "memory": rng.choice(POD_MEMORY)}
+        members = [
+            PodSpec(
+                namespace=namespace,
+                name=f"gang-{g:05d}-{i:04d}",
+                requests=dict(requests),
+                group=group.key,
+            )
+            for i in range(gang_size)
+        ]
+        gangs.append((group, members))
+    return gangs
 
 
 def basic_pods(count: int, rng: random.Random, namespace: str = "load") -> list[PodSpec]:

@@ -167,7 +167,17 @@ async def _loadtest(args: argparse.Namespace) -> int:
 
     if args.shards != 1:
         raise InputError("this build runs one shard", location="--shards")
-    shape = LoadShape(nodes=args.nodes, pods=args.pods, seed=args.seed, batch=args.batch)
+    if args.gang_size and args.gang_size > args.pods:
+        raise InputError(
+            f"a gang of {args.gang_size} needs at least that many pods", location="--gang-size"
+        )
+    shape = LoadShape(
+        nodes=args.nodes,
+        pods=args.pods,
+        seed=args.seed,
+        batch=args.batch,
+        gang_size=args.gang_size,
+    )
     log = open_bus(args.bus, overwrite=args.overwrite)
     try:
         result = await run_loadtest(
@@ -217,6 +227,13 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--overwrite", action="store_true")
     load.add_argument("--seed", type=_non_negative, default=0)
     load.add_argument("--batch", type=_positive, default=1000, help="pods per ingest batch")
+    load.add_argument(
+        "--gang-size",
+        type=_non_negative,
+        default=0,
+        metavar="N",
+        help="put the pods in gangs of N (minMember N); 0 for independent pods",
+    )
     load.add_argument("--json", action="store_true")
     return parser
 

@@ -203,8 +203,9 @@ def loadtest_progress(done: int, total: int, elapsed: float) -> None:
 def loadtest_table(result: dict[str, Any]) -> None:
     console = _console()
     shape = result["shape"]
+    gangs = f" in gangs of {shape['gang_size']}" if shape.get("gang_size") else ""
     console.print(
-        f"[bold]{result['pods_per_second']:,.0f} pods/s[/] — {shape['pods']} pods on "
+        f"[bold]{result['pods_per_second']:,.0f} pods/s[/] — {shape['pods']} pods{gangs} on "
         f"{shape['nodes']} nodes, {shape['shards']} shard(s), bus {shape['bus']}"
     )
     latency = result["latency_ms"]

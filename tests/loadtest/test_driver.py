@@ -38,3 +38,22 @@ async def test_file_bus(tmp_path: Path) -> None:
     result = await run_loadtest(LoadShape(nodes=10, pods=50, batch=25), log, bus="file")
     await log.close()
     assert result["shape"]["bus"] == "file" and result["bound"] == 50
+
+
+async def test_gang_workload_keeps_gangs_whole_and_replays() -> None:
+    log = MemoryLog()
+    result = await run_loadtest(LoadShape(nodes=30, pods=100, batch=16, gang_size=5), log)
+    assert result["bound"] == 100 and result["gangs_scheduled"] == 20
+    records = await log.read(0, 0)
+    verified = replay(records, verify=True)
+    assert verified.mismatch is None
+
+
+def test_gang_batches_never_split_a_gang() -> None:
+    from events.types import PodGroupSubmitted, PodSubmitted
+    from loadtest.driver import _batches
+
+    batches = _batches(LoadShape(pods=100, batch=16, gang_size=5), random.Random(0))
+    for batch in batches:
+        groups = sum(1 for e in batch if isinstance(e, PodGroupSubmitted))
+        assert sum(1 for e in batch if isinstance(e, PodSubmitted)) == 5 * groups

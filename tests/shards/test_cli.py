@@ -240,3 +240,45 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     ):
         code, _, err = run(capsys, *argv)
         assert code == 2 and "usage:" in err
+
+
+def test_batch_example_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    batch = str(ROOT / "examples" / "batch.yaml")
+    log = str(tmp_path / "batch.events")
+    data = run_json(capsys, "simulate", batch, "--log", log)
+    pods, groups = data["pods"], data["groups"]
+    assert {p["pod"] for p in data["preemptions"]} == {"vision/detect-4", "vision/detect-5"}
+    assert {p["by"] for p in data["preemptions"]} <= {f"research/worker-{i}" for i in range(4)}
+    assert groups["research/train"]["phase"] == "Succeeded"
+    assert groups["data/etl-a"]["phase"] == groups["data/etl-b"]["phase"] == "Succeeded"
+    assert groups["data/sweep"]["phase"] == "Failed"
+    assert pods["research/evaluate"]["phase"] == "Succeeded"
+    assert pods["data/etl-b-0"]["attempts"] > pods["data/etl-a-0"]["attempts"]
+    code, _, err = run(capsys, "replay", log, "--verify")
+    assert code == 0, err
+    explained = run_json(capsys, "replay", log, "--explain", "research/worker-0")
+    assert explained["group"]["name"] == "research/train"
+    assert explained["dependencies"] == [{"name": "research/prepare", "state": "Succeeded"}]
+    events = run_json(capsys, "replay", log)["events"]
+    submitted = next(
+        e["offset"]
+        for e in events
+        if e["event"]["type"] == "pod+" and e["event"]["pod"]["name"] == "evaluate"
+    )
+    waiting = run_json(
+        capsys, "replay", log, "--explain", "research/evaluate", "--until", str(submitted)
+    )
+    assert waiting["dependencies"] == [{"name": "research/train", "state": "Pending"}]
+
+
+def test_dependency_cycle_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cycle = tmp_path / "cycle.yaml"
+    cycle.write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: a, annotations: {shoal.io/depends-on: b}}\n"
+        "spec: {containers: [{name: c}]}\n---\n"
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: b, annotations: {shoal.io/depends-on: a}}\n"
+        "spec: {containers: [{name: c}]}\n"
+    )
+    code, _, err = run(capsys, "simulate", str(cycle))
+    assert code == 2 and err.count("\n") == 1
+    assert "dependency cycle: default/a -> default/b -> default/a" in err
