@@ -10,7 +10,9 @@ randomness: the same events give the same decisions.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from engine.config import SchedulerConfig, default_config
 from engine.framework.interfaces import ClusterEvent
@@ -156,43 +158,27 @@ class Engine:
     def apply(self, envelope: Envelope) -> None:
         """Fold one event. Idempotent for decisions and duplicate submissions."""
         self._counters["events"] += 1
-        self.now = max(self.now, envelope.time)
+        if envelope.time > self.now:
+            self.now = envelope.time
         event = envelope.event
-        match event:
-            case PodSubmitted(pod=spec):
-                self._submit(spec.key, event)
-            case PodGroupSubmitted(group=spec):
-                self._group_submitted(event)
-            case QuotaDefined(quota=spec):
-                self.quotas.define(spec)
-            case PodBound():
-                self._bound(event)
-            case PodUnschedulable():
-                self._unschedulable(event)
-            case BindFailed():
-                self._bind_failed(event)
-            case PodSucceeded(pod=key):
-                self.finish(key, SUCCEEDED)
-            case PodDeleted(pod=key) | PodFailed(pod=key) | PodRejected(pod=key):
-                self.finish(key, FAILED)
-            case PodEvicted(pod=key) | PodPreempted(pod=key):
-                self.finish(key, FAILED)
-            case PodGroupStatusChanged(group=key):
-                group = self.groups.get(key)
-                if group is not None and group.reported is None:
-                    group.reported = (event.phase, event.scheduled, event.reason)
-            case NodeAdded(node=spec):
-                self.fire(ClusterEvent.NODE_ADDED, self.state.add_node(spec))
-            case NodeUpdated(node=spec):
-                self.fire(ClusterEvent.NODE_UPDATED, self.state.update_node(spec))
-            case NodeRemoved(name=name):
-                slot = self.state.index.get(name)
-                lost = list(self.state.node_pods[slot]) if slot is not None else []
-                for key in lost:
-                    self.release(key)
-                self.state.remove_node(name)
+        handler = _HANDLERS.get(type(event))
+        if handler is not None:
+            handler(self, event)
 
-    def _submit(self, key: str, event: PodSubmitted) -> None:
+    def _status_seen(self, event: PodGroupStatusChanged) -> None:
+        group = self.groups.get(event.group)
+        if group is not None and group.reported is None:
+            group.reported = (event.phase, event.scheduled, event.reason)
+
+    def _node_removed(self, event: NodeRemoved) -> None:
+        slot = self.state.index.get(event.name)
+        lost = list(self.state.node_pods[slot]) if slot is not None else []
+        for key in lost:
+            self.release(key)
+        self.state.remove_node(event.name)
+
+    def _submit(self, event: PodSubmitted) -> None:
+        key = event.pod.key
         if key in self.pods or key in self.outcomes:
             return
         info = pod_info(event.pod, self.state.resources, self._submissions)
@@ -418,3 +404,24 @@ class Engine:
         from engine.passes import SchedulingPass
 
         return SchedulingPass(self).run()
+
+
+_HANDLERS: dict[type, Callable[[Engine, Any], None]] = {
+    PodSubmitted: Engine._submit,
+    PodGroupSubmitted: Engine._group_submitted,
+    QuotaDefined: lambda e, ev: e.quotas.define(ev.quota),
+    PodBound: Engine._bound,
+    PodUnschedulable: Engine._unschedulable,
+    BindFailed: Engine._bind_failed,
+    PodSucceeded: lambda e, ev: e.finish(ev.pod, SUCCEEDED),
+    PodDeleted: lambda e, ev: e.finish(ev.pod, FAILED),
+    PodFailed: lambda e, ev: e.finish(ev.pod, FAILED),
+    PodRejected: lambda e, ev: e.finish(ev.pod, FAILED),
+    PodEvicted: lambda e, ev: e.finish(ev.pod, FAILED),
+    PodPreempted: lambda e, ev: e.finish(ev.pod, FAILED),
+    PodGroupStatusChanged: Engine._status_seen,
+    NodeAdded: lambda e, ev: e.fire(ClusterEvent.NODE_ADDED, e.state.add_node(ev.node)),
+    NodeUpdated: lambda e, ev: e.fire(ClusterEvent.NODE_UPDATED, e.state.update_node(ev.node)),
+    NodeRemoved: Engine._node_removed,
+}
+"""Event kind → fold. Kinds not listed (ticks, configuration) only advance time."""

@@ -154,6 +154,11 @@ class ClusterState:
     def capacity(self) -> int:
         return int(self.valid.shape[0])
 
+    @property
+    def high_water(self) -> int:
+        """One past the highest slot ever used: slots beyond hold no node."""
+        return max(self._next_slot, 1)
+
     # ------------------------------------------------------------------ growth
 
     def _bind_columns(self) -> None:

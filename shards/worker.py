@@ -22,6 +22,9 @@ class ShardWorker:
         self.partition = partition
         self.name = f"shard-{engine.shard}"
         self.position = 0
+        self._own_until = 0
+        """Records below this offset that this worker appended itself are already
+        applied (a restarted worker has none, so it folds its predecessor's)."""
         self.passes = 0
         self.pass_seconds = 0.0
 
@@ -38,7 +41,11 @@ class ShardWorker:
             return 0
         engine = self.engine
         last_input = -1
+        name = self.name
+        own_until = self._own_until
         for env in records:
+            if env.offset < own_until and env.producer == name:
+                continue
             engine.apply(env)
             if not is_decision(env.event):
                 last_input = env.offset
@@ -52,9 +59,9 @@ class ShardWorker:
         if not decisions:
             return 0
         now = engine.now
-        name = self.name
-        await self.log.append(
+        offsets = await self.log.append(
             [Envelope(event=d, time=now, causation=last_input, producer=name) for d in decisions],
             self.partition,
         )
+        self._own_until = offsets[-1] + 1
         return len(decisions)

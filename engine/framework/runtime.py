@@ -112,6 +112,19 @@ class Attempt:
     diagnosis: Diagnosis | None = None
 
 
+def select(masked: Ints, used: int, tiebreak: int) -> int:
+    """The best slot: highest score; among equals, the first at or after a rotation
+    given by ``tiebreak`` (a stable hash of the pod's name), wrapping around. Equal
+    nodes are thus spread over pods, and every replay picks the same one."""
+    live = masked[:used]
+    start = tiebreak % used
+    after = int(live[start:].argmax()) + start
+    if start == 0:
+        return after
+    before = int(live[:start].argmax())
+    return after if live[after] >= live[before] else before
+
+
 def _full(scores: Ints | int, size: int) -> Ints:
     if isinstance(scores, int):
         return np.full(size, scores, dtype=np.int64)
@@ -177,6 +190,7 @@ class Framework:
         self._local_scores = [e for e in self.scores if e.plugin.local]
         self._global_scores = [e for e in self.scores if not e.plugin.local]
         self._shapes: OrderedDict[tuple[object, ...], _ShapeEntry] = OrderedDict()
+        self._constant_scores: dict[tuple[str, tuple[object, ...]], int] = {}
         self._counters = {"full": 0, "incremental": 0}
 
     def __repr__(self) -> str:
@@ -222,6 +236,7 @@ class Framework:
     def _static_mask(self, cycle: CycleState, pod: PodInfo, state: ClusterState) -> Bools:
         if self._static_version != state.static_version:
             self._static_cache.clear()
+            self._constant_scores.clear()
             self._shapes.clear()
             self._static_version = state.static_version
         mask = self._static_cache.get(pod.static_key)
@@ -328,10 +343,20 @@ class Framework:
         constant = 0
         extra: Ints | None = None
         for entry in self._global_scores:
+            # A static plugin that gives every node the same score gives it again until
+            # a node's labels or taints change (then the cache is dropped).
+            static = keep is None and getattr(entry.plugin, "static", False)
+            cache_key = (entry.plugin.name, pod.static_key)
+            cached = self._constant_scores.get(cache_key) if static else None
+            if cached is not None:
+                constant += cached
+                continue
             raw = entry.plugin.score(cycle, pod, state, feasible)
             if entry.normalize:
                 raw = entry.plugin.normalize(raw, feasible)  # type: ignore[attr-defined]
             weighted = raw * entry.weight
+            if static and isinstance(weighted, int):
+                self._constant_scores[cache_key] = weighted
             if keep is not None:
                 keep[entry.plugin.name] = _full(weighted, state.capacity)
             if isinstance(weighted, int):
@@ -392,10 +417,8 @@ class Framework:
                 return Attempt(-1, status.with_plugin(pre.name))
         keep: dict[str, Ints] | None = {} if explain else None
         masked, constant = self.score(cycle, pod, state, feasible, keep, shape)
-        top = int(masked.max())
-        ties = np.flatnonzero(masked == top)
-        slot = int(ties[pod.tiebreak % len(ties)])
-        best = top + constant
+        slot = select(masked, state.high_water, pod.tiebreak)
+        best = int(masked[slot]) + constant
         diagnosis = None
         if explain:
             diagnosis = self.diagnose(cycle, pod, state)
