@@ -306,6 +306,7 @@ class Engine:
         self.outcomes[key] = outcome
         self.queue.remove(key)
         self.waiting.pop(key, None)
+        self.said.pop(key, None)
         slot = self.state.pods[key].slot if key in self.state.pods else None
         if slot is not None:
             self.quotas.remove(pod.spec.namespace, self.state.pods[key].request)

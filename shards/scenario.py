@@ -164,6 +164,7 @@ def load_scenario(paths: list[str]) -> Scenario:
                 if scenario.config is not None:
                     raise InputError("only one KubeSchedulerConfiguration is allowed")
                 scenario.config = parse_config(doc.obj, "")
+                validate_plugins(scenario.config)
         except InputError as exc:
             raise _located(doc, exc) from None
     scenario.priority_classes = dict(classes)
@@ -283,6 +284,15 @@ def load_config(path: str) -> SchedulerConfig:
     if len(configs) != 1 or len(docs) != 1:
         raise InputError(f"must hold exactly one {CONFIG_KIND} document", location=path)
     try:
-        return parse_config(configs[0].obj, "")
+        config = parse_config(configs[0].obj, "")
+        validate_plugins(config)
+        return config
     except InputError as exc:
         raise _located(configs[0], exc) from None
+
+
+def validate_plugins(config: SchedulerConfig) -> None:
+    """Instantiate every profile's plugins: unknown names and bad args fail here."""
+    from engine.scheduler import Engine
+
+    Engine(config)

@@ -163,6 +163,11 @@ def test_corrupted_log_is_exit_2_naming_the_offset(
         (["simulate", QUICKSTART, "--bus", "kafka://127.0.0.1:1"], "Kafka bus"),
         (["simulate", QUICKSTART, "--shards", "2"], "--shards"),
         (["simulate", QUICKSTART, "--config", "{tmp}/bad-config.yaml"], "unknown plugin 'Nope'"),
+        (
+            ["simulate", QUICKSTART, "{tmp}/bad-config.yaml"],
+            "bad-config.yaml: document 1 (KubeSchedulerConfiguration): profile 'default-scheduler': "
+            "plugin Nope",
+        ),
         (["replay", "{tmp}/good.events", "--explain", "nobody"], "NAMESPACE/NAME"),
         (["replay", "{tmp}/good.events", "--explain", "x/nobody"], "no pod x/nobody"),
     ],
