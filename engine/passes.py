@@ -308,6 +308,7 @@ class SchedulingPass:
                 plugins,
                 events,
                 e.queue_of(pod.spec.namespace),
+                pod.shape_key,
             )
 
     def _bind(self, pod: PodInfo, slot: int, score: int) -> None:

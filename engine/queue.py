@@ -13,6 +13,11 @@ Transition table (a pod is in at most one place)::
     active ── attempt fails ───────────────► unschedulable
     unschedulable ── helpful event, backing off ─► back-off
     unschedulable ── helpful event, back-off over ─► active
+
+Parked pods are bucketed by (shape, rejecting plugins, priority): pods of one bucket
+would get the same answer, so hints run once per bucket, and an event can wake a bounded
+number of them (a freed node holds only so many pods: waking the rest would only make
+them fail again). Buckets are woken best first (priority, then arrival).
     back-off ── time reaches expiry (flush) ─► active
     any ── deleted / bound ────────────────► (gone)
 
@@ -29,6 +34,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 
 from engine.framework.interfaces import ClusterEvent
 from events.types import SECOND
@@ -45,6 +51,7 @@ class _Entry:
     plugins: tuple[str, ...] = ()
     events: frozenset[ClusterEvent] = frozenset()
     queue: str = ""
+    bucket: tuple[object, ...] = ()
 
 
 Rank = Callable[[str, str, int, int], tuple[object, ...]]
@@ -58,7 +65,9 @@ class SchedulingQueue:
         self._entries: dict[str, _Entry] = {}
         self._active: dict[str, list[tuple[int, int, str, int]]] = {}
         self._backoff: list[tuple[int, int, str, int]] = []
-        self._parked: dict[ClusterEvent, dict[str, None]] = {e: {} for e in ClusterEvent}
+        self._parked: dict[ClusterEvent, dict[tuple[object, ...], dict[str, None]]] = {
+            e: {} for e in ClusterEvent
+        }
         self._generation = 0
 
     def __repr__(self) -> str:
@@ -116,8 +125,16 @@ class SchedulingQueue:
     def remove(self, key: str) -> None:
         entry = self._entries.pop(key, None)
         if entry is not None and entry.where == "unschedulable":
-            for event in entry.events:
-                self._parked[event].pop(key, None)
+            self._unindex(entry)
+
+    def _unindex(self, entry: _Entry) -> None:
+        for event in entry.events:
+            buckets = self._parked[event]
+            keys = buckets.get(entry.bucket)
+            if keys is not None:
+                keys.pop(entry.name, None)
+                if not keys:
+                    del buckets[entry.bucket]
 
     def pop(self, rank: Rank | None = None) -> str | None:
         """The next active pod by ``rank`` (default: priority, then arrival), removed
@@ -150,8 +167,10 @@ class SchedulingQueue:
         plugins: tuple[str, ...],
         events: frozenset[ClusterEvent],
         queue: str = "",
+        shape: object = None,
     ) -> None:
-        """The attempt failed: wait for one of ``events``, then back off."""
+        """The attempt failed: wait for one of ``events``, then back off. ``shape``
+        (the pod's equivalence class) lets similar pods share hints and wake-ups."""
         self.remove(key)
         backoff = min(self.initial_backoff << max(attempts - 1, 0), self.max_backoff)
         entry = _Entry(
@@ -164,26 +183,46 @@ class SchedulingQueue:
             plugins=plugins,
             events=events,
             queue=queue,
+            bucket=(shape, plugins, priority),
         )
         self._entries[key] = entry
         for event in events:
-            self._parked[event][key] = None
+            self._parked[event].setdefault(entry.bucket, {})[key] = None
 
     def on_event(
-        self, event: ClusterEvent, now: int, helps: Callable[[str, tuple[str, ...]], bool]
+        self,
+        event: ClusterEvent,
+        now: int,
+        helps: Callable[[str, tuple[str, ...]], bool],
+        limit: Callable[[str, int], int] | None = None,
     ) -> int:
         """Move parked pods that ``event`` may help; return how many moved.
 
-        ``helps(key, plugins)`` refines the choice (queueing hints).
+        ``helps(key, plugins)`` refines the choice (queueing hints), asked once per
+        bucket with its first pod. ``limit(key, waiting)`` bounds how many pods of that
+        bucket to wake (default: all).
         """
+        buckets = self._parked[event]
+        if not buckets:
+            return 0
+        order = sorted(buckets, key=lambda b: self._bucket_rank(buckets[b]))
         moved = 0
-        for key in list(self._parked[event]):
-            entry = self._entries[key]
-            if not helps(key, entry.plugins):
+        for bucket in order:
+            keys = buckets.get(bucket)
+            if not keys:
                 continue
-            self._unpark(entry, now)
-            moved += 1
+            first = next(iter(keys))
+            if not helps(first, self._entries[first].plugins):
+                continue
+            count = len(keys) if limit is None else min(limit(first, len(keys)), len(keys))
+            for key in list(islice(keys, count)):
+                self._unpark(self._entries[key], now)
+                moved += 1
         return moved
+
+    def _bucket_rank(self, keys: dict[str, None]) -> tuple[int, int]:
+        entry = self._entries[next(iter(keys))]
+        return (-entry.priority, entry.seq)
 
     def back_off(
         self, key: str, priority: int, seq: int, attempts: int, now: int, queue: str = ""
@@ -193,8 +232,7 @@ class SchedulingQueue:
         self._unpark(self._entries[key], now)
 
     def _unpark(self, entry: _Entry, now: int) -> None:
-        for ev in entry.events:
-            self._parked[ev].pop(entry.name, None)
+        self._unindex(entry)
         entry.generation = self._next_generation()
         if entry.backoff_until > now:
             entry.where = "backoff"

@@ -275,7 +275,17 @@ class Engine:
         unit = self.unit_of(event.pod)
         framework = self.framework_for(pod)
         events = self.events_for(framework, event.plugins)
-        self.queue.park(unit, pod.priority, pod.seq, pod.attempts, self.now, event.plugins, events)
+        self.queue.park(
+            unit,
+            pod.priority,
+            pod.seq,
+            pod.attempts,
+            self.now,
+            event.plugins,
+            events,
+            self.queue_of(pod.spec.namespace),
+            None if unit != event.pod else pod.shape_key,
+        )
 
     def events_for(
         self, framework: Framework | None, plugins: tuple[str, ...]
@@ -350,7 +360,29 @@ class Engine:
                 verdicts[cache_key] = verdict
             return verdict
 
-        self.queue.on_event(event, self.now, helps)
+        limit = self._capacity_limit(slot) if event == ClusterEvent.POD_FREED else None
+        self.queue.on_event(event, self.now, helps, limit)
+
+    def _capacity_limit(self, slot: int) -> Callable[[str, int], int]:
+        """How many parked pods of a bucket the freed node ``slot`` can hold: only that
+        node changed, so pods beyond its free capacity would fail again."""
+        budget: dict[int, int] = {}
+        free = self.state.free
+
+        def limit(unit: str, waiting: int) -> int:
+            plugins = self.queue.reason_plugins(unit)
+            if is_group_unit(unit) or QUOTA_PLUGIN in plugins or not plugins:
+                return waiting
+            pod = self.pods[unit]
+            count = waiting
+            for row, amount in pod.request:
+                left = budget.setdefault(row, int(free[row, slot]))
+                count = min(count, left // amount)
+            for row, amount in pod.request:
+                budget[row] -= count * amount
+            return count
+
+        return limit
 
     # ------------------------------------------------------------------ dependencies
 

@@ -185,6 +185,11 @@ class Framework:
         self.permits: list[PermitPlugin] = [p for p, _ in chosen["permit"]]  # type: ignore[misc]
         self._static_cache: dict[tuple[object, ...], Bools] = {}
         self._static_version = -1
+        self._requeue = [
+            (f.name, f.events(), f if isinstance(f, QueueingHintPlugin) else None)
+            for f in self.filters
+        ]
+        """Per filter: the events that may help a pod it rejected, and its hint."""
         self.incremental = all(getattr(f, "local", False) for f in self.dynamic_filters)
         """Keep per-shape results between attempts (all dynamic filters are local)."""
         self._local_scores = [e for e in self.scores if e.plugin.local]
@@ -211,9 +216,9 @@ class Framework:
     def events_for(self, plugins: tuple[str, ...]) -> frozenset[ClusterEvent]:
         """Events that may help a pod that ``plugins`` rejected."""
         out: set[ClusterEvent] = set()
-        for f in self.filters:
-            if f.name in plugins:
-                out |= f.events()
+        for name, events, _ in self._requeue:
+            if name in plugins:
+                out |= events
         return frozenset(out) if plugins else frozenset(ClusterEvent)
 
     def worth_retrying(
@@ -224,10 +229,10 @@ class Framework:
         slot: int,
         state: ClusterState,
     ) -> bool:
-        for f in self.filters:
-            if f.name not in plugins or event not in f.events():
+        for name, events, hint in self._requeue:
+            if name not in plugins or event not in events:
                 continue
-            if not isinstance(f, QueueingHintPlugin) or f.worth_retrying(pod, event, slot, state):
+            if hint is None or hint.worth_retrying(pod, event, slot, state):
                 return True
         return not plugins
 

@@ -188,3 +188,37 @@ def test_explain_records_diagnosis_for_the_pod() -> None:
     assert exp.node == "a" and exp.diagnosis is not None
     assert exp.diagnosis.rejected == {"TaintToleration": 1, "NodeResourcesFit": 1}
     assert [n.node for n in exp.diagnosis.top] == ["a"]
+
+
+def test_a_freed_node_wakes_only_what_it_can_hold() -> None:
+    """100 one-CPU pods wait for a two-CPU node: each completion must not retry all of
+    them (they would fail again and flood the log), only as many as now fit."""
+    engine = Engine()
+    out = feed(
+        engine,
+        make_node("a").cpu("2").added(),
+        *[make_pod(f"p{i:03d}").cpu("1").submitted() for i in range(100)],
+    )
+    assert len(bound(out)) == 2
+    attempts = engine.stats()["attempts"]
+    running = sorted(bound(out))
+    for step in range(10):
+        finished = running.pop(0)
+        out = feed(engine, PodSucceeded(pod=finished), at=10 + step * 10)
+        out += feed(engine, ClockTicked(), at=15 + step * 10)  # let any back-off expire
+        running += sorted(bound(out))
+    retries = engine.stats()["attempts"] - attempts
+    assert len(running) == 2
+    assert retries <= 10 * 2, f"{retries} attempts for 10 freed slots"
+
+
+def test_waking_follows_priority() -> None:
+    engine = Engine()
+    feed(engine, make_node("a").cpu("1").added(), make_pod("run").cpu("1").priority(9).submitted())
+    feed(
+        engine,
+        make_pod("low").cpu("1").priority(1).submitted(),
+        make_pod("high").cpu("1").priority(9).submitted(),
+    )
+    out = feed(engine, PodSucceeded(pod="default/run"), at=5)
+    assert bound(out) == {"default/high": "a"}
