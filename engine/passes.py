@@ -345,23 +345,31 @@ class SchedulingPass:
         """Stage the evictions that make room for ``pod`` and its placement; the slot,
         or None (the caller discards the statement)."""
         e = self.e
+        if statement.evicted():
+            # earlier evictions of this attempt (a gang) may already have made room
+            admitted = not e.quotas or e.quotas.admit(pod.spec.namespace, pod.request) is None
+            attempt = framework.schedule(pod, e.state) if admitted else None
+            if attempt is not None and attempt.slot >= 0:
+                statement.assume(
+                    pod.key, pod.spec.namespace, attempt.slot, pod.request, pod.priority
+                )
+                return attempt.slot
         allowed = framework.static_feasible(pod, e.state)
-        victims = {
-            key: VictimInfo(
-                key,
-                e.pods[key].priority,
-                e.started.get(key, 0),
-                e.pods[key].spec.namespace,
-                e.pods[key].spec.group,
+
+        def info(key: str) -> VictimInfo | None:
+            victim = e.pods.get(key)
+            if victim is None:
+                return None
+            spec = victim.spec
+            return VictimInfo(
+                key, victim.priority, e.started.get(key, 0), spec.namespace, spec.group
             )
-            for key in e.state.pods
-            if key in e.pods
-        }
+
         chosen: Plan | None = plan(
             pod,
             e.state,
             allowed,
-            victims,
+            info,
             e.quotas,
             reclaim=reclaim,
             exclude_group=exclude_group or pod.spec.group,
@@ -377,7 +385,7 @@ class SchedulingPass:
         attempt = framework.schedule(pod, e.state)
         if attempt.slot < 0:
             return None
-        statement.assume(pod.key, pod.spec.namespace, attempt.slot, pod.request)
+        statement.assume(pod.key, pod.spec.namespace, attempt.slot, pod.request, pod.priority)
         return attempt.slot
 
     def _gang_of(self, key: str) -> tuple[str, ...]:
@@ -446,7 +454,9 @@ class SchedulingPass:
             attempt = framework.schedule(pod, e.state, explain=pod.key == e.explain)
             self._record(pod, attempt)
             if attempt.slot >= 0:
-                statement.assume(pod.key, pod.spec.namespace, attempt.slot, pod.request)
+                statement.assume(
+                    pod.key, pod.spec.namespace, attempt.slot, pod.request, pod.priority
+                )
                 placed.append((pod, attempt.slot))
             else:
                 d = attempt.diagnosis

@@ -18,13 +18,15 @@ in order: the number of victims (gangs expanded), the highest victim priority, t
 of their priorities; then it prefers victims that started last (kube-scheduler's
 "latest start time" rule), then the lowest slot.
 
-Candidates are found with one vectorised pass (free + evictable resources per node);
-the per-node work runs on at most ``MAX_CANDIDATES`` nodes, the most promising first.
+Candidates are found with one vectorised pass: free plus evictable resources per node,
+the evictable part kept by the state per priority (reclaim, which cuts across
+priorities, scans the placed pods). The per-node work runs on at most
+``MAX_CANDIDATES`` nodes, those with the fewest evictable pods first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -32,7 +34,8 @@ import numpy as np
 
 from engine.pod import PodInfo
 from engine.quota import QuotaTable
-from engine.state import Bools, ClusterState
+from engine.resources import PODS
+from engine.state import Bools, ClusterState, Ints
 
 MAX_CANDIDATES: Final = 64
 
@@ -57,7 +60,7 @@ def plan(
     pod: PodInfo,
     state: ClusterState,
     allowed: Bools,
-    victims: Mapping[str, VictimInfo],
+    info: Callable[[str], VictimInfo | None],
     quotas: QuotaTable,
     *,
     reclaim: bool,
@@ -66,43 +69,43 @@ def plan(
 ) -> Plan | None:
     """The cheapest way to make room for ``pod``, or None.
 
-    ``allowed`` marks nodes the pod could use but for resources; ``victims`` describes
-    every placed pod; ``gang_of(key)`` lists the placed members a victim's eviction
-    would also take down (its gang, if it would drop below ``minMember``).
+    ``allowed`` marks nodes the pod could use but for resources; ``info(key)``
+    describes a placed pod; ``gang_of(key)`` lists the placed members a victim's
+    eviction would also take down (its gang, if it would drop below ``minMember``).
     """
-    if pod.spec.preemption_policy == "Never" and not reclaim:
+    if reclaim:
+        extra = _reclaimable(pod, state, info, quotas)
+    elif pod.spec.preemption_policy == "Never":
         return None
-    eligible: dict[int, list[VictimInfo]] = {}
-    for key, placed in state.pods.items():
-        info = victims.get(key)
-        if info is None or (exclude_group and info.group == exclude_group):
-            continue
-        if _eligible(pod, info, quotas, reclaim):
-            eligible.setdefault(placed.slot, []).append(info)
-    if not eligible:
-        return None
-    extra = np.zeros_like(state.free)
-    for slot, infos in eligible.items():
-        for info in infos:
-            for row, amount in state.pods[info.key].request:
-                extra[row, slot] += amount
+    else:
+        # what priority preemption could free, per node, in one vectorised sum
+        extra = state.evictable_below(pod.priority)
     potential = state.free + extra
-    fits = allowed.copy()
+    fits = allowed & (extra[PODS] > 0)
     for row, amount in pod.request:
         fits &= potential[row] >= amount
-    candidates = [int(s) for s in np.flatnonzero(fits) if int(s) in eligible]
-    # the most promising first: the fewest and least valuable pods that could go
-    candidates.sort(key=lambda s: (len(eligible[s]), min(v.priority for v in eligible[s]), s))
+    slots = np.flatnonzero(fits)
+    if slots.size == 0:
+        return None
+    # the most promising first: the fewest pods that could go
+    order = np.lexsort((slots, extra[PODS][slots]))
     best: Plan | None = None
-    for slot in candidates[:MAX_CANDIDATES]:
-        chosen = _minimal(pod, state, slot, eligible[slot], quotas)
+    for slot in (int(s) for s in slots[order][:MAX_CANDIDATES]):
+        eligible = []
+        for key in state.node_pods[slot]:
+            victim = info(key)
+            if victim is None or (exclude_group and victim.group == exclude_group):
+                continue
+            if _eligible(pod, victim, quotas, reclaim):
+                eligible.append(victim)
+        chosen = _minimal(pod, state, slot, eligible, quotas) if eligible else None
         if chosen is None:
             continue
         expanded = dict.fromkeys(chosen)
         for key in chosen:
             if gang_of is not None:
                 expanded.update(dict.fromkeys(gang_of(key)))
-        infos = [victims[k] for k in expanded if k in victims]
+        infos = [v for k in expanded if (v := info(k)) is not None]
         if not infos:  # room made by earlier evictions of the same attempt (a gang)
             return Plan(slot, (), (0, 0, 0, 0, slot))
         cost = (
@@ -115,6 +118,20 @@ def plan(
         if best is None or cost < best.cost:
             best = Plan(slot, tuple(expanded), cost)
     return best
+
+
+def _reclaimable(
+    pod: PodInfo, state: ClusterState, info: Callable[[str], VictimInfo | None], quotas: QuotaTable
+) -> Ints:
+    """What reclaim (and priority) preemption could free, per node: a scan of the
+    placed pods, since lent quota cuts across priorities."""
+    extra = np.zeros_like(state.free)
+    for key, placed in state.pods.items():
+        victim = info(key)
+        if victim is not None and _eligible(pod, victim, quotas, True):
+            for row, amount in placed.request:
+                extra[row, placed.slot] += amount
+    return extra
 
 
 def _eligible(pod: PodInfo, victim: VictimInfo, quotas: QuotaTable, reclaim: bool) -> bool:

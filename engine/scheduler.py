@@ -225,7 +225,7 @@ class Engine:
         """Assume ``key`` on ``slot`` in state and quota (already staged is fine)."""
         pod = self.pods[key]
         if key not in self.state.pods:
-            self.state.assume(key, slot, pod.request)
+            self.state.assume(key, slot, pod.request, pod.priority)
             self.quotas.add(pod.spec.namespace, pod.request)
         if key not in self.bindings:
             self.placed_priorities[pod.priority] = self.placed_priorities.get(pod.priority, 0) + 1

@@ -56,6 +56,7 @@ class PlacedPod:
     request: Request
     delta: npt.NDArray[np.int64]
     """What the pod adds to the stacked columns of its node (shared, never mutated)."""
+    priority: int = 0
 
 
 _DELTAS: dict[tuple[Request, int], npt.NDArray[np.int64]] = {}
@@ -119,6 +120,8 @@ class ClusterState:
         """Like ``used``, but counting cpu and memory with kube-scheduler's non-zero
         defaults (what the resource scorers see)."""
         self._bind_columns()
+        self.used_by_priority: dict[int, Ints] = {}
+        """Priority → ``used`` by the pods of that priority (what preemption may free)."""
         self.label_columns: dict[str, Codes] = {}
         self.label_values: dict[str, dict[str, int]] = {}
         self._label_numeric: dict[str, Floats] = {}
@@ -179,6 +182,10 @@ class ClusterState:
             grown[:, :have] = self._columns
             self._columns = grown
             self._bind_columns()
+            for level, used in self.used_by_priority.items():
+                self.used_by_priority[level] = np.vstack(
+                    [used, np.zeros((rows - have, used.shape[1]), dtype=np.int64)]
+                )
 
     def _grow(self) -> None:
         old = self.capacity
@@ -194,6 +201,8 @@ class ClusterState:
         self.unschedulable = widen(self.unschedulable, False)  # type: ignore[assignment]
         self._columns = widen(self._columns)  # type: ignore[assignment]
         self._bind_columns()
+        for level, used in self.used_by_priority.items():
+            self.used_by_priority[level] = widen(used)  # type: ignore[assignment]
         for key, col in self.label_columns.items():
             self.label_columns[key] = widen(col, ABSENT)  # type: ignore[assignment]
         self._label_numeric.clear()
@@ -287,7 +296,7 @@ class ClusterState:
 
     # ------------------------------------------------------------------ pods
 
-    def assume(self, key: str, slot: int, request: Request) -> None:
+    def assume(self, key: str, slot: int, request: Request, priority: int = 0) -> None:
         """Commit ``request`` on ``slot`` for pod ``key`` (idempotent for the same slot)."""
         placed = self.pods.get(key)
         if placed is not None:
@@ -295,10 +304,15 @@ class ClusterState:
                 return
             self.forget(key)
         delta = _delta(request, self._columns.shape[1])
-        self.pods[key] = PlacedPod(slot, request, delta)
+        self.pods[key] = PlacedPod(slot, request, delta, priority)
         self.node_pods[slot][key] = None
         self._touch(slot)
         self._columns[:, :, slot] += delta
+        by_priority = self.used_by_priority.get(priority)
+        if by_priority is None:
+            by_priority = np.zeros_like(self.used)
+            self.used_by_priority[priority] = by_priority
+        by_priority[:, slot] += delta[1]
 
     def forget(self, key: str) -> int | None:
         """Release pod ``key``'s resources; return its slot (None if not placed)."""
@@ -313,7 +327,20 @@ class ClusterState:
         if delta.shape[1] < rows:  # resources registered since the pod was placed
             delta = np.pad(delta, ((0, 0), (0, rows - delta.shape[1])))
         self._columns[:, :, slot] -= delta
+        by_priority = self.used_by_priority[placed.priority]
+        by_priority[:, slot] -= delta[1]
+        if not by_priority.any():
+            del self.used_by_priority[placed.priority]
         return slot
+
+    def evictable_below(self, priority: int) -> Ints:
+        """Resources used per node by pods of priority lower than ``priority`` (the
+        ``pods`` row counts them): what priority preemption could free."""
+        out = np.zeros_like(self.used)
+        for level, used in self.used_by_priority.items():
+            if level < priority:
+                out += used
+        return out
 
     def _touch(self, slot: int) -> None:
         journal = self.journal
@@ -405,6 +432,7 @@ class ClusterState:
         new.unschedulable = self.unschedulable.copy()
         new._columns = self._columns.copy()
         new._bind_columns()
+        new.used_by_priority = {k: v.copy() for k, v in self.used_by_priority.items()}
         new.label_columns = {k: v.copy() for k, v in self.label_columns.items()}
         new.label_values = {k: dict(v) for k, v in self.label_values.items()}
         new._label_numeric = {}
@@ -434,6 +462,8 @@ class ClusterState:
             for row, amount in scored_request(placed.request):
                 nonzero_used[row, placed.slot] += amount
         assert np.array_equal(nonzero_used, self.nonzero_used), "nonzero_used is off"
+        by_priority = sum(self.used_by_priority.values(), np.zeros_like(self.used))
+        assert np.array_equal(by_priority, self.used), "used_by_priority is off"
 
 
 _VIEW_COLUMNS: Final = frozenset(

@@ -23,6 +23,7 @@ class _Op:
     namespace: str
     by: str = ""
     """For an eviction: the pod it makes room for."""
+    priority: int = 0
 
 
 @dataclass
@@ -35,16 +36,20 @@ class Statement:
     def __repr__(self) -> str:
         return f"Statement(ops={len(self.ops)}, open={self.open})"
 
-    def assume(self, key: str, namespace: str, slot: int, request: Request) -> None:
-        self.state.assume(key, slot, request)
+    def assume(
+        self, key: str, namespace: str, slot: int, request: Request, priority: int = 0
+    ) -> None:
+        self.state.assume(key, slot, request, priority)
         self.quotas.add(namespace, request)
-        self.ops.append(_Op("assume", key, slot, request, namespace))
+        self.ops.append(_Op("assume", key, slot, request, namespace, priority=priority))
 
     def evict(self, key: str, namespace: str, by: str = "") -> int:
         placed = self.state.pods[key]
         self.state.forget(key)
         self.quotas.remove(namespace, placed.request)
-        self.ops.append(_Op("evict", key, placed.slot, placed.request, namespace, by))
+        self.ops.append(
+            _Op("evict", key, placed.slot, placed.request, namespace, by, placed.priority)
+        )
         return placed.slot
 
     def evicted(self) -> list[str]:
@@ -63,7 +68,7 @@ class Statement:
                 self.state.forget(op.key)
                 self.quotas.remove(op.namespace, op.request)
             else:
-                self.state.assume(op.key, op.slot, op.request)
+                self.state.assume(op.key, op.slot, op.request, op.priority)
                 self.quotas.add(op.namespace, op.request)
         self.ops.clear()
         self.open = False
