@@ -1,4 +1,4 @@
-"""Open an event log from a ``--bus`` URL: ``memory``, ``file:PATH``."""
+"""Open an event log from a ``--bus`` URL: ``memory``, ``file:PATH``, ``kafka://HOST:PORT``."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ def check_new_log(path: Path, *, overwrite: bool) -> None:
         )
 
 
-def open_bus(url: str, *, partitions: int = 1, overwrite: bool = False) -> EventLog:
-    """The log named by ``url``; a new file log refuses to overwrite unless told to."""
+async def open_bus(url: str, *, partitions: int = 1, overwrite: bool = False) -> EventLog:
+    """The log named by ``url``, ready to use; a new file log refuses to overwrite an
+    existing one unless told to. A Kafka topic must exist (``shoal kafka init``)."""
     if url == "memory":
         return MemoryLog(partitions)
     if url.startswith("file:"):
@@ -34,7 +35,17 @@ def open_bus(url: str, *, partitions: int = 1, overwrite: bool = False) -> Event
             path.unlink()
         return FileLog(path, partitions=partitions)
     if url.startswith("kafka://"):
-        raise InputError("the Kafka bus is not part of this build yet", location="--bus")
+        from events.kafka import KafkaLog, KafkaSettings
+
+        settings = KafkaSettings.from_url(url)
+        if settings.partitions < partitions:
+            raise InputError(
+                f"needs at least {partitions} partitions, the URL says {settings.partitions}",
+                location="--bus",
+            )
+        log = KafkaLog(settings)
+        await log.start()
+        return log
     raise InputError(
         f"unknown bus {url!r} (memory, file:PATH, kafka://HOST:PORT)", location="--bus"
     )

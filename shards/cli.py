@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +27,15 @@ from shards.simulate import simulate
 
 EXIT_MISMATCH = 1
 EXIT_INPUT = 2
+
+
+def _configure_logging(verbose: int) -> None:
+    """Quiet by default (errors reach the user as one line); ``-v``/``-vv`` open up."""
+    level = logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # third-party clients log connection trouble that shoal reports itself
+    for name in ("aiokafka", "kafka"):
+        logging.getLogger(name).setLevel(logging.DEBUG if verbose > 1 else logging.CRITICAL)
 
 
 def _fail(message: str) -> NoReturn:
@@ -83,12 +93,12 @@ async def _simulate(args: argparse.Namespace) -> int:
         elif bus != f"file:{args.log}":
             copy_to = args.log
             check_new_log(Path(copy_to), overwrite=args.overwrite)  # fail before running
-    log = open_bus(bus, overwrite=args.overwrite)
+    log = await open_bus(bus, overwrite=args.overwrite)
     try:
         progress = render.progress_printer(args.json or args.quiet)
         result = await simulate(scenario, log, config, progress=progress)
         if copy_to is not None:
-            target = open_bus(f"file:{copy_to}", overwrite=True)
+            target = await open_bus(f"file:{copy_to}", overwrite=True)
             await target.append(await log.read(0, 0))
             await target.close()
     finally:
@@ -106,16 +116,23 @@ async def _simulate(args: argparse.Namespace) -> int:
 
 async def _replay(args: argparse.Namespace) -> int:
     config = _config(args.config)
-    log = FileLog(args.log, readonly=True)
-    try:
-        records = await log.read(0, 0)
-    finally:
-        await log.close()
-    if log.torn_bytes:
-        print(
-            f"shoal: note: {args.log}: ignoring a torn last record ({log.torn_bytes} bytes)",
-            file=sys.stderr,
-        )
+    if args.log.startswith("kafka://"):
+        source = await open_bus(args.log)
+        try:
+            records = await source.read(0, 0)
+        finally:
+            await source.close()
+    else:
+        log = FileLog(args.log, readonly=True)
+        try:
+            records = await log.read(0, 0)
+        finally:
+            await log.close()
+        if log.torn_bytes:
+            print(
+                f"shoal: note: {args.log}: ignoring a torn last record ({log.torn_bytes} bytes)",
+                file=sys.stderr,
+            )
     if args.explain is not None and "/" not in args.explain:
         raise InputError(f"expected NAMESPACE/NAME, got {args.explain!r}", location="--explain")
     result = replay(records, config, verify=args.verify, explain=args.explain, until=args.until)
@@ -170,7 +187,7 @@ async def _loadtest(args: argparse.Namespace) -> int:
         batch=args.batch,
         gang_size=args.gang_size,
     )
-    log = open_bus(args.bus, overwrite=args.overwrite)
+    log = await open_bus(args.bus, overwrite=args.overwrite)
     try:
         result = await run_loadtest(
             shape, log, progress=None if args.json else render.loadtest_progress, bus=args.bus
@@ -191,6 +208,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="shoal", description="Event-sourced batch scheduler for Kubernetes."
     )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log to stderr (-v: info, -vv: debug, including the Kafka client's)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sim = sub.add_parser("simulate", help="run scenarios on a simulated cluster and clock")
@@ -204,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
     rep = sub.add_parser("replay", help="replay, verify or explain a recorded run")
-    rep.add_argument("log", metavar="LOG")
+    rep.add_argument("log", metavar="LOG", help="a log file, or kafka://HOST:PORT?topic=...")
     rep.add_argument("--verify", action="store_true", help="re-derive every decision and compare")
     rep.add_argument("--explain", metavar="NAMESPACE/NAME", help="why a pod went where it went")
     rep.add_argument("--until", type=_non_negative, metavar="OFFSET", help="stop after this offset")
@@ -227,16 +251,48 @@ def build_parser() -> argparse.ArgumentParser:
         help="put the pods in gangs of N (minMember N); 0 for independent pods",
     )
     load.add_argument("--json", action="store_true")
+
+    kafka = sub.add_parser("kafka", help="manage the Kafka topics shoal uses")
+    kafka_sub = kafka.add_subparsers(dest="kafka_command", required=True, metavar="ACTION")
+    init = kafka_sub.add_parser("init", help="create the event topic")
+    init.add_argument("--bus", required=True, metavar="kafka://HOST:PORT[?topic=...]")
+    init.add_argument(
+        "--partitions", type=_positive, help="partitions (default: from the URL, or 1)"
+    )
+    init.add_argument(
+        "--retention-ms", type=_positive, help="topic retention (default: the broker's)"
+    )
     return parser
 
 
-_COMMANDS = {"simulate": _simulate, "replay": _replay, "loadtest": _loadtest}
+async def _kafka_init(args: argparse.Namespace) -> int:
+    from events.kafka import KafkaSettings, create_topic
+
+    settings = KafkaSettings.from_url(args.bus)
+    if args.partitions is not None:
+        settings = KafkaSettings(**{**settings.__dict__, "partitions": args.partitions})
+    created = await create_topic(settings, retention_ms=args.retention_ms)
+    verb = "created" if created else "already exists:"
+    print(
+        f"{verb} topic {settings.topic} ({settings.partitions} partitions) on {settings.bootstrap}"
+    )
+    return 0
+
+
+_COMMANDS = {
+    "simulate": _simulate,
+    "replay": _replay,
+    "loadtest": _loadtest,
+    "kafka-init": _kafka_init,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    runner = _COMMANDS[args.command]
+    _configure_logging(args.verbose)
+    command = args.command + ("-" + args.kafka_command if args.command == "kafka" else "")
+    runner = _COMMANDS[command]
     try:
         try:
             import uvloop

@@ -2,28 +2,43 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
 from events.filelog import FileLog
+from events.kafka import KafkaLog, KafkaSettings, create_topic
 from events.log import EventLog
 from events.memory import MemoryLog
 from events.types import ClockTicked, Envelope, NodeRemoved, PodDeleted
 
-Factory = Callable[[int], EventLog]
+Factory = Callable[[int], Awaitable[EventLog]]
 
 
-@pytest.fixture(params=["memory", "file"])
-async def make_log(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Factory]:
+@pytest.fixture(params=["memory", "file", "kafka"])
+async def make_log(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[Callable[[int], Awaitable[EventLog]]]:
     opened: list[EventLog] = []
 
-    def factory(partitions: int = 1) -> EventLog:
+    async def factory(partitions: int = 1) -> EventLog:
         if request.param == "memory":
             log: EventLog = MemoryLog(partitions)
-        else:
+        elif request.param == "file":
             log = FileLog(tmp_path / f"log-{len(opened)}.events", partitions=partitions)
+        else:
+            bootstrap = request.getfixturevalue("kafka_bootstrap")
+            settings = KafkaSettings(
+                bootstrap=bootstrap,
+                topic=f"contract-{uuid.uuid4().hex[:12]}",
+                partitions=partitions,
+            )
+            await create_topic(settings)
+            kafka = KafkaLog(settings)
+            await kafka.start()
+            log = kafka
         opened.append(log)
         return log
 
@@ -40,13 +55,13 @@ def records(n: int, start: int = 0) -> list[Envelope]:
 
 
 async def test_empty_log_reads_nothing(make_log: Factory) -> None:
-    log = make_log(1)
+    log = await make_log(1)
     assert await log.end_offset(0) == 0
     assert await log.read(0, 0) == []
 
 
 async def test_offsets_start_at_zero_and_have_no_gaps(make_log: Factory) -> None:
-    log = make_log(1)
+    log = await make_log(1)
     assert await log.append(records(3)) == [0, 1, 2]
     assert await log.append(records(2, 3)) == [3, 4]
     got = await log.read(0, 0)
@@ -55,7 +70,7 @@ async def test_offsets_start_at_zero_and_have_no_gaps(make_log: Factory) -> None
 
 
 async def test_records_read_back_equal_with_offset_and_partition_set(make_log: Factory) -> None:
-    log = make_log(2)
+    log = await make_log(2)
     sent = records(4)
     await log.append(sent, partition=1)
     got = await log.read(1, 0)
@@ -65,7 +80,7 @@ async def test_records_read_back_equal_with_offset_and_partition_set(make_log: F
 
 
 async def test_read_from_offset_with_limit(make_log: Factory) -> None:
-    log = make_log(1)
+    log = await make_log(1)
     await log.append(records(10))
     got = await log.read(0, 4, limit=3)
     assert [e.offset for e in got] == [4, 5, 6]
@@ -75,7 +90,7 @@ async def test_read_from_offset_with_limit(make_log: Factory) -> None:
 
 
 async def test_partitions_are_independent(make_log: Factory) -> None:
-    log = make_log(3)
+    log = await make_log(3)
     assert log.partitions == 3
     await log.append(records(2), partition=0)
     await log.append(records(5), partition=2)
@@ -86,7 +101,7 @@ async def test_partitions_are_independent(make_log: Factory) -> None:
 
 
 async def test_bad_partition_is_a_value_error(make_log: Factory) -> None:
-    log = make_log(2)
+    log = await make_log(2)
     with pytest.raises(ValueError, match="out of range"):
         await log.append(records(1), partition=2)
     with pytest.raises(ValueError):
@@ -96,7 +111,7 @@ async def test_bad_partition_is_a_value_error(make_log: Factory) -> None:
 
 
 async def test_caller_offsets_are_replaced(make_log: Factory) -> None:
-    log = make_log(1)
+    log = await make_log(1)
     await log.append([Envelope(event=NodeRemoved(name="n"), offset=77, partition=9)])
     (got,) = await log.read(0, 0)
     assert (got.offset, got.partition) == (0, 0)
@@ -105,7 +120,7 @@ async def test_caller_offsets_are_replaced(make_log: Factory) -> None:
 async def test_every_event_kind_round_trips(make_log: Factory) -> None:
     from tests.events.test_codec import one_of_each
 
-    log = make_log(1)
+    log = await make_log(1)
     sent = [Envelope(event=e, time=7, causation=3, producer="p") for e in one_of_each()]
     await log.append(sent)
     got = await log.read(0, 0)
@@ -113,7 +128,7 @@ async def test_every_event_kind_round_trips(make_log: Factory) -> None:
 
 
 async def test_empty_append_appends_nothing(make_log: Factory) -> None:
-    log = make_log(1)
+    log = await make_log(1)
     assert await log.append([]) == []
     assert await log.end_offset(0) == 0
     await log.append([Envelope(event=ClockTicked())])
@@ -121,6 +136,6 @@ async def test_empty_append_appends_nothing(make_log: Factory) -> None:
 
 
 async def test_close_twice_is_safe(make_log: Factory) -> None:
-    log = make_log(1)
+    log = await make_log(1)
     await log.close()
     await log.close()

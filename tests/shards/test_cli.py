@@ -160,7 +160,10 @@ def test_corrupted_log_is_exit_2_naming_the_offset(
         (["replay", "{tmp}/missing.events"], "no such event log"),
         (["simulate", "{tmp}/missing.yaml"], "cannot read"),
         (["simulate", QUICKSTART, "--bus", "carrier-pigeon"], "unknown bus"),
-        (["simulate", QUICKSTART, "--bus", "kafka://127.0.0.1:1"], "Kafka bus"),
+        (
+            ["simulate", QUICKSTART, "--bus", "kafka://127.0.0.1:1?request_timeout_ms=1000"],
+            "127.0.0.1:1",
+        ),
         (["simulate", QUICKSTART, "--shards", "2"], "--shards"),
         (["simulate", QUICKSTART, "--config", "{tmp}/bad-config.yaml"], "unknown plugin 'Nope'"),
         (

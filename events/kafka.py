@@ -1,0 +1,350 @@
+"""The ``EventLog`` over Kafka (aiokafka): the distributed log.
+
+One topic, one Kafka partition per log partition. Each record's value is one msgpack
+envelope; its key is the partition number (so keyed producers elsewhere keep the same
+per-partition order). Offsets are Kafka's.
+
+Contract notes, backend by backend:
+
+- ``append`` sends every envelope of a call in one record batch: Kafka writes a batch
+  whole or not at all, so the call is atomic up to the batch size limit
+  (``max_batch_bytes``); a larger call is split and is then atomic per batch. Correctness
+  never rests on Kafka transactions (the test broker does not isolate them): decisions
+  carry ids and every handler is idempotent.
+- ``read`` fetches from ``offset`` to the partition's high-water mark as it stood when
+  the call began. The end is learnt from a fetch (``highwater``), not from
+  ``end_offsets``, which some brokers answer wrongly.
+- Producer idempotence is off by default (``idempotence=True`` turns it on); TLS and
+  SASL (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) pass through to aiokafka.
+
+Only this module imports aiokafka.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import ssl
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import msgspec
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
+
+from events.codec import DecodeError, decode, encode
+from events.errors import InputError, LogCorruptedError, LogError
+from events.log import check_partition
+from events.types import Envelope
+
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+ENV_PREFIX = "SHOAL_KAFKA_"
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    """Where the log lives and how to reach it."""
+
+    bootstrap: str
+    topic: str = "shoal-events"
+    partitions: int = 1
+    client_id: str = "shoal"
+    acks: str = "all"
+    idempotence: bool = False
+    security_protocol: str = "PLAINTEXT"
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = field(default=None, repr=False)
+    fetch_max_wait_ms: int = 10
+    linger_ms: int = 2
+    request_timeout_ms: int = 30000
+    max_batch_bytes: int = 900_000
+
+    @classmethod
+    def from_url(cls, url: str, env: Mapping[str, str] | None = None) -> KafkaSettings:
+        """``kafka://HOST:PORT[,HOST:PORT]?topic=T&partitions=N&security_protocol=...``.
+
+        Query parameters and ``SHOAL_KAFKA_*`` environment variables (the URL wins) set
+        any field; secrets belong in the environment (``SHOAL_KAFKA_SASL_PASSWORD``).
+        """
+        parts = urlsplit(url)
+        if parts.scheme != "kafka" or not parts.netloc:
+            raise InputError(f"expected kafka://HOST:PORT, got {url!r}", location="--bus")
+        values: dict[str, str] = {}
+        environment = os.environ if env is None else env
+        for key, value in environment.items():
+            if key.startswith(ENV_PREFIX):
+                values[key[len(ENV_PREFIX) :].lower()] = value
+        for key, items in parse_qs(parts.query, keep_blank_values=True).items():
+            values[key] = items[-1]
+        known = {f for f in cls.__dataclass_fields__ if f != "bootstrap"}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise InputError(f"unknown Kafka setting {unknown[0]!r}", location="--bus")
+        kwargs: dict[str, Any] = {"bootstrap": parts.netloc}
+        for key, raw in values.items():
+            kind = cls.__dataclass_fields__[key].type
+            try:
+                if "int" in str(kind) and "str" not in str(kind):
+                    kwargs[key] = int(raw)
+                elif "bool" in str(kind):
+                    if raw.lower() not in ("true", "false", "1", "0"):
+                        raise ValueError(raw)
+                    kwargs[key] = raw.lower() in ("true", "1")
+                else:
+                    kwargs[key] = raw
+            except ValueError:
+                raise InputError(f"bad value {raw!r} for {key}", location="--bus") from None
+        settings = cls(**kwargs)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        if self.partitions < 1:
+            raise InputError("partitions must be at least 1", location="--bus")
+        if self.security_protocol not in PROTOCOLS:
+            raise InputError(
+                f"security_protocol must be one of {', '.join(PROTOCOLS)}", location="--bus"
+            )
+        if self.security_protocol.startswith("SASL"):
+            if self.sasl_mechanism not in SASL_MECHANISMS:
+                raise InputError(
+                    f"sasl_mechanism must be one of {', '.join(SASL_MECHANISMS)}", location="--bus"
+                )
+            if not self.sasl_username or self.sasl_password is None:
+                raise InputError("SASL needs sasl_username and sasl_password", location="--bus")
+        if self.acks not in ("all", "0", "1", "-1"):
+            raise InputError("acks must be all, 0, 1 or -1", location="--bus")
+
+    def client_options(self) -> dict[str, Any]:
+        """Connection options shared by producer, consumer and admin client."""
+        options: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap.split(","),
+            "client_id": self.client_id,
+            "request_timeout_ms": self.request_timeout_ms,
+            "security_protocol": self.security_protocol,
+        }
+        if self.security_protocol in ("SSL", "SASL_SSL"):
+            context = ssl.create_default_context(cafile=self.ssl_cafile)
+            if self.ssl_certfile:
+                context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile)
+            options["ssl_context"] = context
+        if self.security_protocol.startswith("SASL"):
+            options["sasl_mechanism"] = self.sasl_mechanism
+            options["sasl_plain_username"] = self.sasl_username
+            options["sasl_plain_password"] = self.sasl_password
+        return options
+
+
+async def create_topic(
+    settings: KafkaSettings, *, retention_ms: int | None = None, exist_ok: bool = True
+) -> bool:
+    """Create the topic with ``settings.partitions`` partitions; False if it existed."""
+    admin = AIOKafkaAdminClient(**settings.client_options())
+    try:
+        await admin.start()
+        existing = await admin.list_topics()
+        if settings.topic in existing:
+            if not exist_ok:
+                raise LogError(f"topic {settings.topic!r} already exists")
+            return False
+        configs = {"retention.ms": str(retention_ms)} if retention_ms is not None else {}
+        await admin.create_topics(
+            [NewTopic(settings.topic, settings.partitions, 1, topic_configs=configs)]
+        )
+        return True
+    except KafkaError as exc:
+        raise LogError(f"kafka {settings.bootstrap}: {exc}") from None
+    finally:
+        await admin.close()
+
+
+class KafkaLog:
+    """An ``EventLog`` on one Kafka topic. ``await start()`` before use."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        settings.validate()
+        self.settings = settings
+        self._producer: AIOKafkaProducer | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._read_lock = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        s = self.settings
+        return f"KafkaLog({s.bootstrap!r}, topic={s.topic!r}, partitions={s.partitions})"
+
+    @property
+    def partitions(self) -> int:
+        return self.settings.partitions
+
+    async def start(self) -> None:
+        """Connect, and check the topic exists with enough partitions."""
+        options = self.settings.client_options()
+        try:
+            self._producer = AIOKafkaProducer(
+                **options,
+                acks=self.settings.acks if self.settings.acks == "all" else int(self.settings.acks),
+                enable_idempotence=self.settings.idempotence,
+                linger_ms=self.settings.linger_ms,
+                max_batch_size=max(self.settings.max_batch_bytes + 4096, 16384),
+                max_request_size=self.settings.max_batch_bytes + 65536,
+            )
+            await self._producer.start()
+            self._consumer = AIOKafkaConsumer(
+                **options,
+                enable_auto_commit=False,
+                fetch_max_wait_ms=self.settings.fetch_max_wait_ms,
+                max_partition_fetch_bytes=4 * 1024 * 1024,
+            )
+            await self._consumer.start()
+            await self._consumer.topics()  # refreshes the cluster metadata
+            found = self._consumer.partitions_for_topic(self.settings.topic)
+        except KafkaError as exc:
+            await self.close()
+            raise LogError(f"kafka {self.settings.bootstrap}: {exc}") from None
+        if not found or len(found) < self.settings.partitions:
+            await self.close()
+            have = len(found) if found else 0
+            raise LogError(
+                f"kafka topic {self.settings.topic!r} has {have} partitions, "
+                f"{self.settings.partitions} needed (create it with `shoal kafka init`)"
+            )
+
+    async def append(self, envelopes: Sequence[Envelope], partition: int = 0) -> list[int]:
+        check_partition(partition, self.partitions)
+        if not envelopes:
+            return []
+        producer = self._need(self._producer)
+        key = str(partition).encode()
+        offsets: list[int] = []
+        batch = producer.create_batch()
+        count = 0
+        try:
+            for env in envelopes:
+                value = encode(replace_partition(env, partition))
+                if batch.append(key=key, value=value, timestamp=None) is None:
+                    offsets.extend(await self._send(producer, batch, partition, count))
+                    batch, count = producer.create_batch(), 0
+                    if batch.append(key=key, value=value, timestamp=None) is None:
+                        raise LogError(f"record of {len(value)} bytes exceeds the batch limit")
+                count += 1
+            offsets.extend(await self._send(producer, batch, partition, count))
+        except KafkaError as exc:
+            raise LogError(f"kafka append failed: {exc}") from None
+        return offsets
+
+    async def _send(
+        self, producer: AIOKafkaProducer, batch: Any, partition: int, count: int
+    ) -> list[int]:
+        if count == 0:
+            return []
+        batch.close()
+        future = await producer.send_batch(batch, self.settings.topic, partition=partition)
+        meta = await future
+        return list(range(meta.offset, meta.offset + count))
+
+    async def read(self, partition: int, offset: int, limit: int | None = None) -> list[Envelope]:
+        check_partition(partition, self.partitions)
+        consumer = self._need(self._consumer)
+        tp = TopicPartition(self.settings.topic, partition)
+        offset = max(offset, 0)
+        out: list[Envelope] = []
+        async with self._read_lock:
+            consumer.assign([tp])
+            consumer.seek(tp, offset)
+            end: int | None = None
+            idle = 0
+            deadline = asyncio.get_running_loop().time() + self.settings.request_timeout_ms / 1000
+            while limit is None or len(out) < limit:
+                if end is not None and offset >= end:
+                    break
+                if asyncio.get_running_loop().time() > deadline:
+                    raise LogError(
+                        f"kafka read of partition {partition} stalled at offset {offset} "
+                        f"(high-water mark {end})"
+                    )
+                try:
+                    batch = await consumer.getmany(
+                        tp,
+                        timeout_ms=self.settings.fetch_max_wait_ms * 4 + 50,
+                        max_records=None if limit is None else limit - len(out),
+                    )
+                except KafkaError as exc:
+                    raise LogError(f"kafka read failed: {exc}") from None
+                if end is None:
+                    end = consumer.highwater(tp)
+                records = batch.get(tp, [])
+                if not records:
+                    # with the end known, keep fetching until it is reached (the loop's
+                    # deadline bounds it); with no end learnt after a few tries, the
+                    # partition is empty
+                    idle += 1
+                    if end is None and idle >= 3:
+                        break
+                    continue
+                idle = 0
+                for record in records:
+                    if end is not None and record.offset >= end:
+                        break
+                    out.append(self._decode(record.value, partition, record.offset))
+                    offset = record.offset + 1
+                    if limit is not None and len(out) >= limit:
+                        break
+        return out
+
+    def _decode(self, value: bytes | None, partition: int, offset: int) -> Envelope:
+        if value is None:
+            raise LogCorruptedError("record has no value", partition=partition, offset=offset)
+        try:
+            env = decode(value)
+        except DecodeError as exc:
+            raise LogCorruptedError(
+                f"record does not decode: {exc}",
+                partition=partition,
+                offset=offset,
+                path=f"kafka:{self.settings.topic}",
+            ) from None
+        return msgspec.structs.replace(env, offset=offset, partition=partition)
+
+    async def end_offset(self, partition: int) -> int:
+        check_partition(partition, self.partitions)
+        consumer = self._need(self._consumer)
+        tp = TopicPartition(self.settings.topic, partition)
+        async with self._read_lock:
+            consumer.assign([tp])
+            # end_offsets is a lower bound on some brokers; a fetch from just below it
+            # makes the consumer learn the true high-water mark.
+            lower = (await consumer.end_offsets([tp]))[tp]
+            consumer.seek(tp, max(lower - 1, 0))
+            await consumer.getmany(tp, timeout_ms=self.settings.fetch_max_wait_ms * 4 + 50)
+            high = consumer.highwater(tp)
+        return int(high if high is not None else lower)
+
+    async def close(self) -> None:
+        producer, consumer = self._producer, self._consumer
+        self._producer = self._consumer = None
+        if producer is not None:
+            await producer.stop()
+        if consumer is not None:
+            await consumer.stop()
+
+    @staticmethod
+    def _need(client: Any) -> Any:
+        if client is None:
+            raise LogError("the Kafka log is not started (await start())")
+        return client
+
+
+def replace_partition(env: Envelope, partition: int) -> Envelope:
+    """The envelope as stored: offset unknown until Kafka assigns it."""
+    return msgspec.structs.replace(env, partition=partition, offset=-1)
+
+
+__all__ = ["KafkaLog", "KafkaSettings", "create_topic"]

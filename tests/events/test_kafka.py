@@ -1,0 +1,123 @@
+"""Kafka backend specifics (the shared contract runs in test_log_contract.py)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from events.errors import InputError, LogCorruptedError, LogError
+from events.kafka import KafkaLog, KafkaSettings, create_topic
+from events.types import Envelope, PodDeleted
+
+
+def test_settings_from_url_and_environment() -> None:
+    s = KafkaSettings.from_url(
+        "kafka://a:9092,b:9092?topic=t&partitions=3&idempotence=true&fetch_max_wait_ms=5",
+        env={"SHOAL_KAFKA_CLIENT_ID": "x", "SHOAL_KAFKA_TOPIC": "overridden"},
+    )
+    assert (s.bootstrap, s.topic, s.partitions, s.idempotence, s.client_id) == (
+        "a:9092,b:9092",
+        "t",
+        3,
+        True,
+        "x",
+    )
+    assert s.fetch_max_wait_ms == 5
+    assert s.client_options()["bootstrap_servers"] == ["a:9092", "b:9092"]
+
+
+def test_sasl_settings_pass_through() -> None:
+    s = KafkaSettings.from_url(
+        "kafka://h:9093?security_protocol=SASL_PLAINTEXT&sasl_mechanism=SCRAM-SHA-512&sasl_username=u",
+        env={"SHOAL_KAFKA_SASL_PASSWORD": "secret"},
+    )
+    options = s.client_options()
+    assert options["sasl_mechanism"] == "SCRAM-SHA-512"
+    assert options["sasl_plain_username"] == "u" and options["sasl_plain_password"] == "secret"
+    assert "secret" not in repr(s)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("kafka://", "expected kafka://HOST:PORT"),
+        ("http://h:1", "expected kafka://HOST:PORT"),
+        ("kafka://h:1?colour=blue", "unknown Kafka setting 'colour'"),
+        ("kafka://h:1?partitions=many", "bad value 'many' for partitions"),
+        ("kafka://h:1?partitions=0", "at least 1"),
+        ("kafka://h:1?idempotence=perhaps", "bad value"),
+        ("kafka://h:1?security_protocol=CARRIER", "security_protocol must be"),
+        ("kafka://h:1?security_protocol=SASL_SSL&sasl_mechanism=GSSAPI", "sasl_mechanism must be"),
+        ("kafka://h:1?security_protocol=SASL_SSL&sasl_mechanism=PLAIN", "needs sasl_username"),
+        ("kafka://h:1?acks=2", "acks must be"),
+    ],
+)
+def test_bad_settings(url: str, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        KafkaSettings.from_url(url, env={})
+
+
+def test_tls_needs_readable_files() -> None:
+    s = KafkaSettings.from_url(
+        "kafka://h:1?security_protocol=SSL&ssl_cafile=/nonexistent/ca.pem", env={}
+    )
+    with pytest.raises(OSError):
+        s.client_options()
+
+
+async def test_unstarted_log_is_an_error() -> None:
+    with pytest.raises(LogError, match="not started"):
+        await KafkaLog(KafkaSettings(bootstrap="127.0.0.1:1")).append(
+            [Envelope(event=PodDeleted(pod="a/b"))]
+        )
+
+
+async def test_unreachable_broker_is_a_log_error() -> None:
+    log = KafkaLog(KafkaSettings(bootstrap="127.0.0.1:1", request_timeout_ms=1000))
+    with pytest.raises(LogError, match=r"127\.0\.0\.1:1"):
+        await log.start()
+
+
+async def test_missing_topic_is_named(kafka_bootstrap: str) -> None:
+    log = KafkaLog(KafkaSettings(bootstrap=kafka_bootstrap, topic=f"absent-{uuid.uuid4().hex[:8]}"))
+    with pytest.raises(LogError, match="shoal kafka init"):
+        await log.start()
+
+
+async def test_garbage_record_is_corruption_naming_its_offset(kafka_bootstrap: str) -> None:
+    settings = KafkaSettings(bootstrap=kafka_bootstrap, topic=f"garbage-{uuid.uuid4().hex[:8]}")
+    assert await create_topic(settings)
+    assert not await create_topic(settings), "a second init finds the topic"
+    log = KafkaLog(settings)
+    await log.start()
+    try:
+        await log.append([Envelope(event=PodDeleted(pod="a/b"))])
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+        await producer.start()
+        await producer.send_and_wait(settings.topic, b"\xc1 not msgpack", partition=0)
+        await producer.stop()
+        with pytest.raises(LogCorruptedError, match="offset 1") as info:
+            await log.read(0, 0)
+        assert info.value.offset == 1
+        assert len(await log.read(0, 0, limit=1)) == 1, "records before it still read"
+    finally:
+        await log.close()
+
+
+async def test_large_appends_split_into_batches(kafka_bootstrap: str) -> None:
+    settings = KafkaSettings(
+        bootstrap=kafka_bootstrap, topic=f"big-{uuid.uuid4().hex[:8]}", max_batch_bytes=20_000
+    )
+    await create_topic(settings)
+    log = KafkaLog(settings)
+    await log.start()
+    try:
+        sent = [Envelope(event=PodDeleted(pod=f"ns/{'x' * 200}-{i}")) for i in range(500)]
+        assert await log.append(sent) == list(range(500))
+        got = await log.read(0, 0)
+        assert [g.event for g in got] == [s.event for s in sent]
+        assert await log.end_offset(0) == 500
+    finally:
+        await log.close()

@@ -1,0 +1,65 @@
+"""shoal over a real Kafka-protocol broker (tansu): the same decisions as in memory."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+
+from shards.cli import main
+from tests.shards.test_cli import QUICKSTART, ROOT
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def as_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    code, out, err = run(capsys, *argv, "--json")
+    assert code == 0, err
+    data: dict[str, Any] = json.loads(out)
+    return data
+
+
+@pytest.mark.parametrize("scenario", [QUICKSTART, str(ROOT / "examples" / "batch.yaml")])
+def test_simulate_over_kafka_equals_memory(
+    kafka_bootstrap: str, capsys: pytest.CaptureFixture[str], scenario: str
+) -> None:
+    bus = f"kafka://{kafka_bootstrap}?topic=sim-{uuid.uuid4().hex[:10]}"
+    code, out, err = run(capsys, "kafka", "init", "--bus", bus)
+    assert code == 0 and out.startswith("created topic sim-"), err
+    over_kafka = as_json(capsys, "simulate", scenario, "--bus", bus)
+    in_memory = as_json(capsys, "simulate", scenario)
+    for key in ("pods", "groups", "preemptions"):
+        assert over_kafka[key] == in_memory[key]
+    assert over_kafka["summary"]["events"] == in_memory["summary"]["events"]
+    replayed = as_json(capsys, "replay", bus, "--verify")
+    assert replayed["verify"]["ok"] is True
+    assert replayed["pods"] == in_memory["pods"]
+    code, out, _ = run(capsys, "kafka", "init", "--bus", bus)
+    assert code == 0 and out.startswith("already exists:")
+
+
+def test_kafka_errors_are_one_line(
+    kafka_bootstrap: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = f"kafka://{kafka_bootstrap}?topic=nope-{uuid.uuid4().hex[:8]}"
+    for argv, message in [
+        (["simulate", QUICKSTART, "--bus", missing], "create it with `shoal kafka init`"),
+        (
+            ["simulate", QUICKSTART, "--bus", "kafka://127.0.0.1:1?request_timeout_ms=1000"],
+            "127.0.0.1:1",
+        ),
+        (["kafka", "init", "--bus", "kafka://h:1?bogus=1"], "unknown Kafka setting 'bogus'"),
+    ]:
+        code, _, err = run(capsys, *argv)
+        assert code == 2, err
+        assert err.startswith("shoal: error: ") and err.count("\n") == 1, err
+        assert message in err
