@@ -1,0 +1,441 @@
+"""An in-repo Kubernetes API server: the slice of the REST API shoal depends on.
+
+No kube-apiserver can be installed on these machines, so the Kubernetes adapter is
+tested with the real kubernetes-asyncio client against this server. It implements that
+slice faithfully to the API conventions:
+
+- list (``GET``) returns the collection's ``resourceVersion``; objects carry theirs;
+  ``fieldSelector`` supports ``=``, ``==`` and ``!=`` on ``metadata.name``,
+  ``metadata.namespace``, ``spec.nodeName``, ``spec.schedulerName``, ``status.phase``;
+- watch (``?watch=true``) streams JSON lines (``ADDED``, ``MODIFIED``, ``DELETED``,
+  ``BOOKMARK`` with ``allowWatchBookmarks``) from ``resourceVersion``; a version older
+  than the retained history gets an ``ERROR`` event with a ``Status`` of code 410
+  (``Expired``), as the real server does; ``timeoutSeconds`` ends the stream, after a
+  bookmark;
+- ``metadata.generateName`` on create;
+- ``pods/binding`` (201; 409 if the pod is already bound; 404 if it does not exist),
+  ``pods/eviction`` (policy/v1; the pod is deleted), core/v1 ``events``, the
+  ``podgroups/status`` subresource (merge patch), ``coordination.k8s.io/v1`` Leases
+  with optimistic concurrency (409 on a stale ``resourceVersion``), and create, replace
+  and delete for the kinds tests need;
+- errors are ``Status`` objects with ``reason`` and ``code``.
+
+Fault injection for tests: ``drop_watches()`` cuts every open watch mid-stream,
+``garbage`` answers the next N requests with a body that is not JSON, ``compact()``
+forgets the watch history (the next resume gets 410).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+JSON = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Kind:
+    group: str  # "" for core
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+KINDS = [
+    Kind("", "v1", "nodes", "Node", False),
+    Kind("", "v1", "pods", "Pod", True),
+    Kind("", "v1", "events", "Event", True),
+    Kind("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False),
+    Kind("scheduling.x-k8s.io", "v1alpha1", "podgroups", "PodGroup", True),
+    Kind("scheduling.x-k8s.io", "v1alpha1", "elasticquotas", "ElasticQuota", True),
+    Kind("coordination.k8s.io", "v1", "leases", "Lease", True),
+]
+FIELDS: dict[str, Callable[[JSON], str]] = {
+    "metadata.name": lambda o: o.get("metadata", {}).get("name", ""),
+    "metadata.namespace": lambda o: o.get("metadata", {}).get("namespace", ""),
+    "spec.nodeName": lambda o: (o.get("spec") or {}).get("nodeName") or "",
+    "spec.schedulerName": lambda o: (o.get("spec") or {}).get("schedulerName") or "",
+    "status.phase": lambda o: (o.get("status") or {}).get("phase") or "",
+}
+
+
+def status(code: int, reason: str, message: str) -> web.Response:
+    body = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    return web.json_response(body, status=code)
+
+
+def _selector(raw: str | None) -> Callable[[JSON], bool]:
+    if not raw:
+        return lambda _: True
+    tests: list[tuple[str, str, bool]] = []
+    for part in raw.split(","):
+        negate = "!=" in part
+        field, value = part.split("!=" if negate else ("==" if "==" in part else "="), 1)
+        if field not in FIELDS:
+            raise ValueError(f"field label not supported: {field}")
+        tests.append((field, value, negate))
+    return lambda obj: all((FIELDS[f](obj) == v) != n for f, v, n in tests)
+
+
+@dataclass
+class _Watch:
+    kind: Kind
+    namespace: str | None
+    match: Callable[[JSON], bool]
+    queue: asyncio.Queue[tuple[str, JSON] | None]
+
+
+class FakeApiServer:
+    """Serve the slice above on 127.0.0.1 and a free port (``url`` once started)."""
+
+    def __init__(self, *, history: int = 10_000) -> None:
+        self.objects: dict[str, dict[tuple[str, str], JSON]] = {k.plural: {} for k in KINDS}
+        self.rv = 1
+        self._history: deque[tuple[int, Kind, str, JSON]] = deque(maxlen=history)
+        self._oldest = 1
+        self._watches: list[_Watch] = []
+        self.garbage = 0
+        self.requests: list[tuple[str, str]] = []
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    def __repr__(self) -> str:
+        return f"FakeApiServer({self.url!r}, rv={self.rv})"
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> str:
+        app = web.Application(middlewares=[self._middleware])
+        for kind in KINDS:
+            base = (
+                f"/api/{kind.version}" if not kind.group else f"/apis/{kind.group}/{kind.version}"
+            )
+            app.router.add_route("GET", f"{base}/{kind.plural}", self._handler(kind, "list"))
+            if kind.namespaced:
+                ns = f"{base}/namespaces/{{namespace}}/{kind.plural}"
+                app.router.add_route("GET", ns, self._handler(kind, "list"))
+                app.router.add_route("POST", ns, self._handler(kind, "create"))
+                item = f"{ns}/{{name}}"
+            else:
+                app.router.add_route("POST", f"{base}/{kind.plural}", self._handler(kind, "create"))
+                item = f"{base}/{kind.plural}/{{name}}"
+            app.router.add_route("GET", item, self._handler(kind, "get"))
+            app.router.add_route("PUT", item, self._handler(kind, "replace"))
+            app.router.add_route("DELETE", item, self._handler(kind, "delete"))
+            app.router.add_route("PATCH", f"{item}/status", self._handler(kind, "status"))
+        pods = "/api/v1/namespaces/{namespace}/pods/{name}"
+        app.router.add_route("POST", f"{pods}/binding", self._binding)
+        app.router.add_route("POST", f"{pods}/eviction", self._eviction)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        return self.url
+
+    async def stop(self) -> None:
+        self.drop_watches()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # ------------------------------------------------------------------ faults
+
+    def drop_watches(self) -> None:
+        """Cut every open watch stream (the client sees the connection end)."""
+        for watch in self._watches:
+            watch.queue.put_nowait(None)
+        self._watches.clear()
+
+    def compact(self) -> None:
+        """Forget the history: resuming from an older version now gets 410."""
+        self._history.clear()
+        self._oldest = self.rv
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        self.requests.append((request.method, request.path))
+        if self.garbage > 0:
+            self.garbage -= 1
+            return web.Response(
+                text="<html>upstream hiccup</html>", content_type="application/json"
+            )
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    # ------------------------------------------------------------------ storage
+
+    def _key(self, kind: Kind, namespace: str | None, name: str) -> tuple[str, str]:
+        return (namespace or "" if kind.namespaced else "", name)
+
+    def _record(self, kind: Kind, event: str, obj: JSON) -> None:
+        self._history.append((self.rv, kind, event, copy.deepcopy(obj)))
+        if len(self._history) == self._history.maxlen:
+            self._oldest = self._history[0][0]
+        for watch in list(self._watches):
+            if watch.kind is kind and self._visible(watch, obj):
+                watch.queue.put_nowait((event, copy.deepcopy(obj)))
+
+    @staticmethod
+    def _visible(watch: _Watch, obj: JSON) -> bool:
+        if watch.namespace is not None and obj["metadata"].get("namespace") != watch.namespace:
+            return False
+        return watch.match(obj)
+
+    def put(self, kind_name: str, obj: JSON) -> JSON:
+        """Create or replace an object directly (for tests); returns the stored copy."""
+        kind = next(k for k in KINDS if k.kind == kind_name)
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        if kind.namespaced:
+            meta.setdefault("namespace", "default")
+        key = self._key(kind, meta.get("namespace"), meta["name"])
+        existed = key in self.objects[kind.plural]
+        self.rv += 1
+        meta["resourceVersion"] = str(self.rv)
+        meta.setdefault("uid", f"uid-{kind.plural}-{meta['name']}-{self.rv}")
+        obj.setdefault("apiVersion", kind.api_version)
+        obj.setdefault("kind", kind.kind)
+        self.objects[kind.plural][key] = obj
+        self._record(kind, "MODIFIED" if existed else "ADDED", obj)
+        return copy.deepcopy(obj)
+
+    def remove(self, kind_name: str, name: str, namespace: str | None = None) -> JSON | None:
+        kind = next(k for k in KINDS if k.kind == kind_name)
+        obj = self.objects[kind.plural].pop(self._key(kind, namespace, name), None)
+        if obj is not None:
+            self.rv += 1
+            obj["metadata"]["resourceVersion"] = str(self.rv)
+            self._record(kind, "DELETED", obj)
+        return obj
+
+    def get(self, kind_name: str, name: str, namespace: str | None = None) -> JSON | None:
+        kind = next(k for k in KINDS if k.kind == kind_name)
+        obj = self.objects[kind.plural].get(self._key(kind, namespace, name))
+        return copy.deepcopy(obj) if obj is not None else None
+
+    def all(self, kind_name: str) -> list[JSON]:
+        kind = next(k for k in KINDS if k.kind == kind_name)
+        return [copy.deepcopy(o) for o in self.objects[kind.plural].values()]
+
+    # ------------------------------------------------------------------ handlers
+
+    def _handler(self, kind: Kind, verb: str) -> Callable[[web.Request], Any]:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            namespace = request.match_info.get("namespace")
+            name = request.match_info.get("name", "")
+            if verb == "list":
+                if request.query.get("watch", "").lower() in ("true", "1"):
+                    return await self._watch(request, kind, namespace)
+                return self._list(request, kind, namespace)
+            if verb == "get":
+                obj = self.objects[kind.plural].get(self._key(kind, namespace, name))
+                if obj is None:
+                    return status(404, "NotFound", f'{kind.plural} "{name}" not found')
+                return web.json_response(obj)
+            try:
+                body = await request.json() if verb in ("create", "replace", "status") else {}
+            except json.JSONDecodeError:
+                return status(400, "BadRequest", "the body is not JSON")
+            return self._write(kind, verb, namespace, name, body)
+
+        return handle
+
+    def _list(self, request: web.Request, kind: Kind, namespace: str | None) -> web.Response:
+        try:
+            match = _selector(request.query.get("fieldSelector"))
+        except ValueError as exc:
+            return status(400, "BadRequest", str(exc))
+        items = [
+            o
+            for o in self.objects[kind.plural].values()
+            if (namespace is None or o["metadata"].get("namespace") == namespace) and match(o)
+        ]
+        return web.json_response(
+            {
+                "kind": f"{kind.kind}List",
+                "apiVersion": kind.api_version,
+                "metadata": {"resourceVersion": str(self.rv)},
+                "items": items,
+            }
+        )
+
+    def _write(
+        self, kind: Kind, verb: str, namespace: str | None, name: str, body: JSON
+    ) -> web.Response:
+        store = self.objects[kind.plural]
+        if verb == "create":
+            meta = body.get("metadata") or {}
+            if not meta.get("name") and meta.get("generateName"):
+                meta["name"] = f"{meta['generateName']}{self.rv + 1:x}"
+            if not meta.get("name"):
+                return status(422, "Invalid", "metadata.name: Required value")
+            if kind.namespaced:
+                meta["namespace"] = namespace
+            if self._key(kind, namespace, meta["name"]) in store:
+                return status(
+                    409, "AlreadyExists", f'{kind.plural} "{meta["name"]}" already exists'
+                )
+            body["metadata"] = meta
+            return web.json_response(self.put(kind.kind, body), status=201)
+        key = self._key(kind, namespace, name)
+        current = store.get(key)
+        if current is None:
+            return status(404, "NotFound", f'{kind.plural} "{name}" not found')
+        if verb == "delete":
+            return web.json_response(self.remove(kind.kind, name, namespace))
+        if verb == "replace":
+            stated = (body.get("metadata") or {}).get("resourceVersion")
+            if stated and stated != current["metadata"]["resourceVersion"]:
+                return status(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {kind.plural} "{name}": '
+                    "the object has been modified; please apply your changes to the latest version",
+                )
+            body.setdefault("metadata", {})["uid"] = current["metadata"].get("uid")
+            return web.json_response(self.put(kind.kind, body))
+        merged = copy.deepcopy(current)
+        merged["status"] = {**(merged.get("status") or {}), **(body.get("status") or {})}
+        return web.json_response(self.put(kind.kind, merged))
+
+    async def _watch(
+        self, request: web.Request, kind: Kind, namespace: str | None
+    ) -> web.StreamResponse:
+        try:
+            match = _selector(request.query.get("fieldSelector"))
+        except ValueError as exc:
+            return status(400, "BadRequest", str(exc))
+        timeout = float(request.query.get("timeoutSeconds") or 1800)
+        bookmarks = request.query.get("allowWatchBookmarks", "").lower() in ("true", "1")
+        since = request.query.get("resourceVersion") or "0"
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        watch = _Watch(kind, namespace, match, asyncio.Queue())
+
+        async def send(event: str, obj: JSON) -> None:
+            line = json.dumps({"type": event, "object": obj}) + "\n"
+            await response.write(line.encode())
+
+        if since == "0":
+            for obj in list(self.objects[kind.plural].values()):
+                if self._visible(watch, obj):
+                    await send("ADDED", obj)
+        else:
+            start = int(since)
+            if start < self._oldest - 1 or start > self.rv:
+                await send(
+                    "ERROR",
+                    {
+                        "kind": "Status",
+                        "apiVersion": "v1",
+                        "metadata": {},
+                        "status": "Failure",
+                        "message": f"too old resource version: {start} ({self._oldest})",
+                        "reason": "Expired",
+                        "code": 410,
+                    },
+                )
+                return response
+            for rv, k, event, obj in list(self._history):
+                if k is kind and rv > start and self._visible(watch, obj):
+                    await send(event, obj)
+        self._watches.append(watch)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            while True:
+                left = deadline - loop.time()
+                if left <= 0:
+                    if bookmarks:
+                        await send(
+                            "BOOKMARK",
+                            {
+                                "kind": kind.kind,
+                                "apiVersion": kind.api_version,
+                                "metadata": {"resourceVersion": str(self.rv)},
+                            },
+                        )
+                    break
+                try:
+                    item = await asyncio.wait_for(watch.queue.get(), left)
+                except TimeoutError:
+                    continue
+                if item is None:  # dropped: end the stream without a clean close
+                    if request.transport is not None:
+                        request.transport.close()
+                    return response
+                await send(*item)
+        finally:
+            if watch in self._watches:
+                self._watches.remove(watch)
+        return response
+
+    async def _binding(self, request: web.Request) -> web.Response:
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        pod = self.objects["pods"].get((namespace, name))
+        if pod is None:
+            return status(404, "NotFound", f'pods "{name}" not found')
+        try:
+            body = await request.json()
+            target = body["target"]["name"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            return status(400, "BadRequest", "a Binding needs target.name")
+        bound = (pod.get("spec") or {}).get("nodeName")
+        if bound:
+            return status(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} is already '
+                f'assigned to node "{bound}"',
+            )
+        pod = copy.deepcopy(pod)
+        pod.setdefault("spec", {})["nodeName"] = target
+        self.put("Pod", pod)
+        return web.json_response(
+            {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Success",
+                "code": 201,
+            },
+            status=201,
+        )
+
+    async def _eviction(self, request: web.Request) -> web.Response:
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        if (namespace, name) not in self.objects["pods"]:
+            return status(404, "NotFound", f'pods "{name}" not found')
+        self.remove("Pod", name, namespace)
+        return web.json_response(
+            {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Success",
+                "code": 201,
+            },
+            status=201,
+        )

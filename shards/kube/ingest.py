@@ -1,0 +1,395 @@
+"""Ingest: list and watch the cluster, append what changed as events.
+
+One *reflector* per kind lists, then watches from the list's ``resourceVersion``:
+
+- a watch that ends (its ``timeoutSeconds``, a dropped connection) resumes from the
+  last version seen, bookmarks included;
+- ``410 Gone`` (the version was compacted away) relists, and the relist is reconciled
+  with what was already known (objects that vanished meanwhile are deleted), so nothing
+  is lost or told twice;
+- anything else (the API unreachable, an answer that is not JSON) backs off
+  exponentially (capped) and resumes.
+
+Kinds: Nodes; Pods (unbound ones whose ``schedulerName`` one of the profiles serves,
+and bound ones of any scheduler, for accounting); PriorityClasses (listed first, since
+pods need them); the pod-group kinds of scheduler-plugins; ElasticQuotas. An object the
+scheduler cannot accept is skipped with a warning naming it and the field, and counted
+(``stats()["rejected"]``); nothing else is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import msgspec
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.watch import Watch
+
+from events.errors import InputError
+from events.log import EventLog
+from events.types import (
+    Envelope,
+    Event,
+    NodeAdded,
+    NodeRemoved,
+    NodeSpec,
+    NodeUpdated,
+    PodBound,
+    PodDeleted,
+    PodFailed,
+    PodGroupSubmitted,
+    PodSubmitted,
+    PodSucceeded,
+    QuotaDefined,
+)
+from shards.groups import dependencies, elastic_quota, group_membership, pod_group
+from shards.kube.client import KubeError, checked
+from shards.objects import node_spec, pod_spec, priority_class
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+Handler = Callable[[str, JSON], Awaitable[None]]
+DEFAULT_SCHEDULER = "default-scheduler"
+
+
+@dataclass
+class Reflector:
+    """List-then-watch one kind, forever, resilient to the failures above."""
+
+    name: str
+    call: Callable[..., Awaitable[Any]]
+    on_event: Handler
+    on_relist: Callable[[list[JSON]], Awaitable[None]]
+    watch_seconds: int = 30
+    initial_backoff: float = 0.05
+    max_backoff: float = 5.0
+    synced: asyncio.Event = field(default_factory=asyncio.Event)
+    counters: dict[str, int] = field(
+        default_factory=lambda: {
+            "lists": 0,
+            "relists_410": 0,
+            "watches": 0,
+            "errors": 0,
+            "events": 0,
+        }
+    )
+
+    def __repr__(self) -> str:
+        return f"Reflector({self.name}, {self.counters})"
+
+    async def _list(self) -> tuple[list[JSON], str]:
+        response = await checked(await self.call(_preload_content=False))
+        body = await response.read()
+        try:
+            data = json.loads(body)
+            items, version = data["items"], data["metadata"]["resourceVersion"]
+        except (ValueError, KeyError, TypeError):
+            raise KubeError(f"{self.name}: list answered something that is not a list") from None
+        self.counters["lists"] += 1
+        return list(items or []), str(version)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        version: str | None = None
+        backoff = self.initial_backoff
+        while not stop.is_set():
+            try:
+                if version is None:
+                    items, version = await self._list()
+                    await self.on_relist(items)
+                    self.synced.set()
+                self.counters["watches"] += 1
+                async with Watch() as watch:
+                    stream = watch.stream(
+                        self.call,
+                        resource_version=version,
+                        timeout_seconds=self.watch_seconds,
+                        allow_watch_bookmarks=True,
+                    )
+                    async for event in stream:
+                        if stop.is_set():
+                            break
+                        version = await self._event(event, version)
+                backoff = self.initial_backoff
+            except ApiException as exc:
+                if exc.status == 410:
+                    self.counters["relists_410"] += 1
+                    log.info("watch expired; relisting kind=%s", self.name)
+                    version = None
+                    continue
+                backoff = await self._back_off(
+                    f"API error {exc.status} {exc.reason}", backoff, stop
+                )
+            except (aiohttp.ClientError, TimeoutError, KubeError, ValueError, OSError) as exc:
+                backoff = await self._back_off(f"{type(exc).__name__}: {exc}", backoff, stop)
+
+    async def _event(self, event: Any, version: str) -> str:
+        if not isinstance(event, dict) or "raw_object" not in event:
+            raise KubeError(f"{self.name}: watch sent something that is not an event")
+        raw = event["raw_object"]
+        new_version = str((raw.get("metadata") or {}).get("resourceVersion") or version)
+        if event["type"] != "BOOKMARK":
+            self.counters["events"] += 1
+            await self.on_event(event["type"], raw)
+        return new_version
+
+    async def _back_off(self, why: str, delay: float, stop: asyncio.Event) -> float:
+        self.counters["errors"] += 1
+        log.warning("watch failed; retrying kind=%s in=%.2fs error=%s", self.name, delay, why)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay)
+        return min(delay * 2, self.max_backoff)
+
+
+class KubeIngest:
+    """Turns the cluster's objects into shoal events appended to ``log``."""
+
+    def __init__(
+        self,
+        api: ApiClient,
+        log_: EventLog,
+        *,
+        scheduler_names: Iterable[str] = (DEFAULT_SCHEDULER,),
+        partition: int = 0,
+        watch_seconds: int = 30,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.api = api
+        self.log = log_
+        self.partition = partition
+        self.served = set(scheduler_names)
+        self.clock = clock
+        self.watch_seconds = watch_seconds
+        self.nodes: dict[str, NodeSpec] = {}
+        self.pods: dict[str, str] = {}
+        """Pod → node it is bound to (``""`` while pending)."""
+        self.finished: set[str] = set()
+        self.groups: set[str] = set()
+        self.quotas: dict[str, JSON] = {}
+        self.classes: dict[str, int] = {}
+        self.rejected: list[str] = []
+        self.appended = 0
+        core = client.CoreV1Api(api)
+        custom = client.CustomObjectsApi(api)
+        scheduling = client.SchedulingV1Api(api)
+
+        def crd(plural: str) -> Callable[..., Awaitable[Any]]:
+            async def call(**kwargs: Any) -> Any:
+                return await custom.list_cluster_custom_object(
+                    "scheduling.x-k8s.io", "v1alpha1", plural, **kwargs
+                )
+
+            return call
+
+        self.reflectors = [
+            self._reflector(
+                "priorityclasses", scheduling.list_priority_class, self._priority_class
+            ),
+            self._reflector("nodes", core.list_node, self._node),
+            self._reflector("podgroups", crd("podgroups"), self._pod_group),
+            self._reflector("elasticquotas", crd("elasticquotas"), self._quota),
+            self._reflector("pods", core.list_pod_for_all_namespaces, self._pod),
+        ]
+
+    def __repr__(self) -> str:
+        return (
+            f"KubeIngest(nodes={len(self.nodes)}, pods={len(self.pods)}, appended={self.appended})"
+        )
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "nodes": len(self.nodes),
+            "pods": len(self.pods),
+            "appended": self.appended,
+            "rejected": len(self.rejected),
+            **{f"{r.name}_{k}": v for r in self.reflectors for k, v in r.counters.items()},
+        }
+
+    def _reflector(
+        self,
+        name: str,
+        call: Callable[..., Awaitable[Any]],
+        handle: Callable[[str, JSON], list[Event]],
+    ) -> Reflector:
+        known: dict[tuple[str, str], JSON] = {}
+
+        async def on_event(kind: str, obj: JSON) -> None:
+            meta = obj.get("metadata") or {}
+            key = (meta.get("namespace") or "", meta.get("name") or "")
+            if kind == "DELETED":
+                known.pop(key, None)
+            else:
+                known[key] = obj
+            await self._emit(handle(kind, obj))
+
+        async def on_relist(items: list[JSON]) -> None:
+            seen = {
+                ((i.get("metadata") or {}).get("namespace") or "", i["metadata"]["name"]): i
+                for i in items
+            }
+            events: list[Event] = []
+            for key, obj in list(known.items()):
+                if key not in seen:
+                    del known[key]
+                    events.extend(handle("DELETED", obj))
+            for key, obj in seen.items():
+                if known.get(key, {}).get("metadata", {}).get("resourceVersion") != obj[
+                    "metadata"
+                ].get("resourceVersion"):
+                    known[key] = obj
+                    events.extend(handle("MODIFIED", obj))
+            await self._emit(events)
+
+        return Reflector(name, call, on_event, on_relist, watch_seconds=self.watch_seconds)
+
+    async def _emit(self, events: list[Event]) -> None:
+        if events:
+            now = self.clock()
+            await self.log.append(
+                [Envelope(event=e, time=now, producer="ingest") for e in events], self.partition
+            )
+            self.appended += len(events)
+
+    def _reject(self, what: str, exc: InputError) -> list[Event]:
+        message = f"{what}: {exc}"
+        self.rejected.append(message)
+        log.warning("object rejected: %s", message)
+        return []
+
+    # ------------------------------------------------------------------ kinds
+
+    def _priority_class(self, kind: str, obj: JSON) -> list[Event]:
+        name = (obj.get("metadata") or {}).get("name", "")
+        if kind == "DELETED":
+            self.classes.pop(name, None)
+            return []
+        try:
+            name, value, default = priority_class(obj)
+        except InputError as exc:
+            return self._reject(f"PriorityClass {name}", exc)
+        self.classes[name] = value
+        if default:
+            self.classes[""] = value
+        return []
+
+    def _node(self, kind: str, obj: JSON) -> list[Event]:
+        name = (obj.get("metadata") or {}).get("name", "")
+        if kind == "DELETED":
+            return [NodeRemoved(name=name)] if self.nodes.pop(name, None) is not None else []
+        try:
+            spec = node_spec(obj)
+        except InputError as exc:
+            return self._reject(f"Node {name}", exc)
+        previous = self.nodes.get(name)
+        if previous == spec:
+            return []
+        self.nodes[name] = spec
+        return [NodeAdded(node=spec)] if previous is None else [NodeUpdated(node=spec)]
+
+    def _pod_group(self, kind: str, obj: JSON) -> list[Event]:
+        meta = obj.get("metadata") or {}
+        key = f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
+        if kind == "DELETED" or key in self.groups:
+            return []
+        try:
+            group = pod_group({**obj, "apiVersion": "scheduling.x-k8s.io/v1alpha1"}, self.classes)
+        except InputError as exc:
+            return self._reject(f"PodGroup {key}", exc)
+        self.groups.add(key)
+        return [PodGroupSubmitted(group=group)]
+
+    def _quota(self, kind: str, obj: JSON) -> list[Event]:
+        meta = obj.get("metadata") or {}
+        if kind == "DELETED":
+            return []
+        try:
+            return [QuotaDefined(quota=elastic_quota(obj))]
+        except InputError as exc:
+            return self._reject(f"ElasticQuota {meta.get('namespace')}/{meta.get('name')}", exc)
+
+    def _pod(self, kind: str, obj: JSON) -> list[Event]:
+        meta = obj.get("metadata") or {}
+        spec = obj.get("spec") or {}
+        key = f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
+        node = spec.get("nodeName") or ""
+        phase = (obj.get("status") or {}).get("phase") or "Pending"
+        if kind == "DELETED":
+            self.finished.discard(key)
+            return [PodDeleted(pod=key)] if self.pods.pop(key, None) is not None else []
+        if key in self.finished:
+            return []
+        if key not in self.pods:
+            served = (spec.get("schedulerName") or DEFAULT_SCHEDULER) in self.served
+            if phase in ("Succeeded", "Failed") or (not node and not served):
+                return []
+            try:
+                parsed = pod_spec(obj, self.classes)
+                group, _ = group_membership(obj)
+                parsed = msgspec.structs.replace(
+                    parsed,
+                    group=group,
+                    node_name="",
+                    depends_on=dependencies(parsed.annotations, parsed.namespace),
+                )
+            except InputError as exc:
+                return self._reject(f"Pod {key}", exc)
+            self.pods[key] = node
+            events: list[Event] = [PodSubmitted(pod=parsed)]
+            if node:
+                events.append(self._observed(key, node, meta))
+            return events
+        events = []
+        if node and not self.pods[key]:
+            self.pods[key] = node
+            events.append(self._observed(key, node, meta))
+        if phase == "Succeeded":
+            self.finished.add(key)
+            events.append(PodSucceeded(pod=key, node=node))
+        elif phase == "Failed":
+            self.finished.add(key)
+            events.append(
+                PodFailed(pod=key, node=node, reason=(obj.get("status") or {}).get("reason", ""))
+            )
+        return events
+
+    @staticmethod
+    def _observed(key: str, node: str, meta: JSON) -> PodBound:
+        """A pod found bound in the cluster (by us or anyone): the shards account for it."""
+        return PodBound(
+            pod=key, node=node, decision_id=f"observed:{meta.get('uid', key)}", attempt=0
+        )
+
+    # ------------------------------------------------------------------ running
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run every reflector until ``stop``; pods wait for priority classes."""
+        first, *rest = self.reflectors
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(first.run(stop))
+            await _wait_any(first.synced, stop)
+            for reflector in rest:
+                tasks.create_task(reflector.run(stop))
+
+    async def synced(self) -> None:
+        """Wait until every kind has been listed once."""
+        for reflector in self.reflectors:
+            await reflector.synced.wait()
+
+
+async def _wait_any(event: asyncio.Event, stop: asyncio.Event) -> None:
+    waiters = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(stop.wait())]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()

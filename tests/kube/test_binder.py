@@ -1,0 +1,206 @@
+"""Binder, leader election and an end-to-end run against the in-repo API server."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from typing import Any
+
+from engine.scheduler import Engine
+from events.memory import MemoryLog
+from events.types import (
+    BindFailed,
+    Envelope,
+    GroupSpec,
+    PodBound,
+    PodGroupStatusChanged,
+    PodGroupSubmitted,
+    PodPreempted,
+    PodUnschedulable,
+)
+from loadtest.apiserver import FakeApiServer
+from shards.kube.binder import KubeBinder
+from shards.kube.ingest import KubeIngest
+from shards.kube.lease import LeaderElector
+from shards.replay import replay
+from shards.worker import ShardWorker
+from tests.kube.test_ingest import eventually, node, pod
+
+
+def decision(event: Any) -> Envelope:
+    return Envelope(event=event, producer="shard-0")
+
+
+async def test_binding_and_conflicts(apiserver: FakeApiServer, api: Any) -> None:
+    apiserver.put("Pod", pod("free"))
+    apiserver.put("Pod", pod("taken", node_name="other"))
+    apiserver.put("Pod", pod("twice"))
+    log = MemoryLog()
+    binder = KubeBinder(api, log, initial_backoff=0.01)
+    await log.append(
+        [
+            decision(PodBound(pod="default/free", node="n1", decision_id="d1", attempt=1)),
+            decision(PodBound(pod="default/taken", node="n1", decision_id="d2", attempt=1)),
+            decision(PodBound(pod="default/ghost", node="n1", decision_id="d3", attempt=1)),
+            decision(PodBound(pod="default/twice", node="n1", decision_id="d4", attempt=1)),
+            decision(PodBound(pod="default/twice", node="n1", decision_id="d4", attempt=1)),
+        ]
+    )
+    assert await binder.poll() == 2
+    assert apiserver.get("Pod", "free", "default")["spec"]["nodeName"] == "n1"
+    assert apiserver.get("Pod", "twice", "default")["spec"]["nodeName"] == "n1"
+    failed = {e.event.pod: e.event for e in log._parts[0] if isinstance(e.event, BindFailed)}
+    assert set(failed) == {"default/taken", "default/ghost"}
+    assert failed["default/taken"].reason.startswith("409")
+    assert "already assigned" in failed["default/taken"].reason
+    assert failed["default/ghost"].reason.startswith("404")
+    assert binder.counters["bound"] == 2  # the repeated decision was recognised, not re-bound
+
+
+async def test_evictions_events_and_group_status(apiserver: FakeApiServer, api: Any) -> None:
+    apiserver.put("Pod", pod("victim", node_name="n1"))
+    apiserver.put(
+        "PodGroup",
+        {
+            "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+            "metadata": {"name": "g", "namespace": "default"},
+            "spec": {"minMember": 2},
+        },
+    )
+    log = MemoryLog()
+    binder = KubeBinder(api, log, initial_backoff=0.01)
+    await log.append(
+        [
+            Envelope(
+                event=PodGroupSubmitted(
+                    group=GroupSpec(
+                        namespace="default", name="g", min_member=2, source="scheduler-plugins"
+                    )
+                ),
+                producer="ingest",
+            ),
+            decision(PodPreempted(pod="default/victim", node="n1", by="default/urgent")),
+            decision(PodPreempted(pod="default/already-gone", node="n1", by="default/urgent")),
+            decision(
+                PodUnschedulable(
+                    pod="default/waiting",
+                    attempt=1,
+                    reason="0/3 nodes are available: 3 Insufficient cpu.",
+                )
+            ),
+            decision(
+                PodUnschedulable(pod="default/quiet", attempt=0, reason="waiting for members")
+            ),
+            decision(PodGroupStatusChanged(group="default/g", phase="Scheduled", scheduled=2)),
+        ]
+    )
+    await binder.poll()
+    assert apiserver.get("Pod", "victim", "default") is None
+    (event,) = apiserver.all("Event")
+    assert event["reason"] == "FailedScheduling" and event["type"] == "Warning"
+    assert event["involvedObject"]["name"] == "waiting"
+    assert event["message"] == "0/3 nodes are available: 3 Insufficient cpu."
+    assert apiserver.get("PodGroup", "g", "default")["status"] == {
+        "phase": "Scheduled",
+        "scheduled": 2,
+    }
+
+
+async def test_unreachable_api_fails_the_bind_after_retries(
+    api: Any, apiserver: FakeApiServer
+) -> None:
+    apiserver.put("Pod", pod("p"))
+    log = MemoryLog()
+    binder = KubeBinder(api, log, initial_backoff=0.01, max_attempts=3)
+    await apiserver.stop()
+    await log.append([decision(PodBound(pod="default/p", node="n", decision_id="d", attempt=1))])
+    assert await binder.poll() == 1
+    (failed,) = [e.event for e in log._parts[0] if isinstance(e.event, BindFailed)]
+    assert failed.reason.startswith("API unavailable")
+
+
+async def test_leader_election(apiserver: FakeApiServer, api: Any) -> None:
+    clock = [datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)]
+    a = LeaderElector(
+        api,
+        namespace="shoal",
+        name="ingest",
+        identity="a",
+        lease_seconds=10,
+        clock=lambda: clock[0],
+    )
+    b = LeaderElector(
+        api,
+        namespace="shoal",
+        name="ingest",
+        identity="b",
+        lease_seconds=10,
+        clock=lambda: clock[0],
+    )
+    assert await a.try_acquire_or_renew() is True
+    assert await b.try_acquire_or_renew() is False
+    clock[0] += datetime.timedelta(seconds=5)
+    assert await a.try_acquire_or_renew() is True  # renewed
+    clock[0] += datetime.timedelta(seconds=8)
+    assert await b.try_acquire_or_renew() is False  # a renewed 8 s ago
+    clock[0] += datetime.timedelta(seconds=11)
+    assert await b.try_acquire_or_renew() is True  # a stopped renewing: b takes over
+    lease = apiserver.get("Lease", "ingest", "shoal")
+    assert lease["spec"]["holderIdentity"] == "b" and lease["spec"]["leaseTransitions"] == 1
+    assert await a.try_acquire_or_renew() is False
+
+
+async def test_stale_lease_write_loses(apiserver: FakeApiServer, api: Any) -> None:
+    a = LeaderElector(api, namespace="shoal", name="coord", identity="a")
+    assert await a.try_acquire_or_renew()
+    real = a.api.replace_namespaced_lease
+
+    async def racing(*args: Any, **kwargs: Any) -> Any:
+        lease = apiserver.get("Lease", "coord", "shoal")
+        lease["spec"]["holderIdentity"] = "intruder"
+        apiserver.put("Lease", lease)  # someone else wrote in between
+        return await real(*args, **kwargs)
+
+    a.api.replace_namespaced_lease = racing  # type: ignore[method-assign]
+    assert await a.try_acquire_or_renew() is False
+    assert apiserver.get("Lease", "coord", "shoal")["spec"]["holderIdentity"] == "intruder"
+
+
+async def test_end_to_end_pods_get_bound(apiserver: FakeApiServer, api: Any) -> None:
+    for name in ("n1", "n2"):
+        apiserver.put("Node", node(name))
+    for i in range(6):
+        apiserver.put("Pod", pod(f"p{i}"))
+    apiserver.put("Pod", pod("too-big"))
+    big = apiserver.get("Pod", "too-big", "default")
+    big["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "64"
+    apiserver.put("Pod", big)
+    log = MemoryLog()
+    stop = asyncio.Event()
+    ingest = KubeIngest(api, log, watch_seconds=1)
+    worker = ShardWorker(Engine(), log)
+    binder = KubeBinder(api, log, initial_backoff=0.01)
+    task = asyncio.create_task(ingest.run(stop))
+
+    async def loop() -> None:
+        while not stop.is_set():
+            await worker.poll()
+            await binder.poll()
+            await asyncio.sleep(0.02)
+
+    driver = asyncio.create_task(loop())
+    await eventually(
+        lambda: all(
+            apiserver.get("Pod", f"p{i}", "default")["spec"].get("nodeName") for i in range(6)
+        )
+    )
+    await eventually(
+        lambda: any(e["involvedObject"]["name"] == "too-big" for e in apiserver.all("Event"))
+    )
+    nodes = {apiserver.get("Pod", f"p{i}", "default")["spec"]["nodeName"] for i in range(6)}
+    assert nodes == {"n1", "n2"}
+    stop.set()
+    apiserver.drop_watches()
+    await asyncio.wait_for(asyncio.gather(task, driver), 10)
+    records = await log.read(0, 0)
+    assert replay(records, verify=True).mismatch is None

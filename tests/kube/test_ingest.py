@@ -1,0 +1,230 @@
+"""Ingest against the in-repo API server with the real kubernetes-asyncio client."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from events.memory import MemoryLog
+from events.types import (
+    NodeAdded,
+    NodeRemoved,
+    NodeUpdated,
+    PodBound,
+    PodDeleted,
+    PodGroupSubmitted,
+    PodSubmitted,
+    PodSucceeded,
+    QuotaDefined,
+)
+from loadtest.apiserver import FakeApiServer
+from shards.kube.ingest import KubeIngest
+
+
+def node(name: str, cpu: str = "4") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {"zone": "a"}},
+        "status": {"allocatable": {"cpu": cpu, "memory": "8Gi", "pods": "110"}},
+    }
+
+
+def pod(
+    name: str,
+    ns: str = "default",
+    node_name: str = "",
+    scheduler: str = "",
+    labels: dict[str, str] | None = None,
+    priority_class: str = "",
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}]}
+    if node_name:
+        spec["nodeName"] = node_name
+    if scheduler:
+        spec["schedulerName"] = scheduler
+    if priority_class:
+        spec["priorityClassName"] = priority_class
+    return {
+        "metadata": {"name": name, "namespace": ns, "labels": labels or {}},
+        "spec": spec,
+        "status": {"phase": "Pending"},
+    }
+
+
+async def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not check():
+        if loop.time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+async def running(
+    apiserver: FakeApiServer, api: Any
+) -> AsyncIterator[tuple[KubeIngest, MemoryLog]]:
+    log = MemoryLog()
+    ingest = KubeIngest(api, log, scheduler_names=["default-scheduler", "shoal"], watch_seconds=1)
+    for r in ingest.reflectors:
+        r.initial_backoff = 0.01
+    stop = asyncio.Event()
+    task = asyncio.create_task(ingest.run(stop))
+    await asyncio.wait_for(ingest.synced(), 5)
+    yield ingest, log
+    stop.set()
+    apiserver.drop_watches()
+    await asyncio.wait_for(task, 10)
+
+
+def kinds(log: MemoryLog) -> list[tuple[str, str]]:
+    out = []
+    for env in log._parts[0]:
+        e = env.event
+        name = getattr(e, "pod", None) or getattr(e, "name", None)
+        if isinstance(e, NodeAdded | NodeUpdated):
+            name = e.node.name
+        elif isinstance(e, PodSubmitted):
+            name = e.pod.key
+        elif isinstance(e, PodGroupSubmitted):
+            name = e.group.key
+        elif isinstance(e, QuotaDefined):
+            name = e.quota.namespace
+        out.append((type(e).__name__, str(name)))
+    return out
+
+
+async def test_initial_list_then_watch(apiserver: FakeApiServer, api: Any) -> None:
+    apiserver.put("PriorityClass", {"metadata": {"name": "high"}, "value": 1000})
+    apiserver.put("Node", node("n1"))
+    apiserver.put("Pod", pod("pending", priority_class="high"))
+    apiserver.put("Pod", pod("bound-elsewhere", node_name="n1", scheduler="other"))
+    apiserver.put("Pod", pod("not-ours", scheduler="other"))
+    apiserver.put(
+        "PodGroup",
+        {
+            "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+            "metadata": {"name": "g", "namespace": "ml"},
+            "spec": {"minMember": 2},
+        },
+    )
+    apiserver.put(
+        "ElasticQuota",
+        {
+            "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+            "metadata": {"name": "q", "namespace": "ml"},
+            "spec": {"min": {"cpu": "2"}, "max": {"cpu": "4"}},
+        },
+    )
+    log = MemoryLog()
+    ingest = KubeIngest(api, log, watch_seconds=1)
+    stop = asyncio.Event()
+    task = asyncio.create_task(ingest.run(stop))
+    await asyncio.wait_for(ingest.synced(), 5)
+    got = kinds(log)
+    assert ("NodeAdded", "n1") in got
+    assert ("PodSubmitted", "default/pending") in got
+    assert ("PodSubmitted", "default/bound-elsewhere") in got and (
+        "PodBound",
+        "default/bound-elsewhere",
+    ) in got
+    assert all(name != "default/not-ours" for _, name in got)
+    assert ("PodGroupSubmitted", "ml/g") in got and ("QuotaDefined", "ml") in got
+    submitted = next(
+        e.event
+        for e in log._parts[0]
+        if isinstance(e.event, PodSubmitted) and e.event.pod.name == "pending"
+    )
+    assert submitted.pod.priority == 1000
+    # then changes stream in
+    apiserver.put("Node", node("n2"))
+    apiserver.put("Node", node("n1", cpu="8"))
+    apiserver.remove("Node", "n2")
+    apiserver.put("Pod", {**pod("pending"), "status": {"phase": "Succeeded"}})
+    await eventually(
+        lambda: (
+            ("NodeRemoved", "n2") in kinds(log)
+            and ("PodSucceeded", "default/pending") in kinds(log)
+        )
+    )
+    assert ("NodeUpdated", "n1") in kinds(log)
+    stop.set()
+    apiserver.drop_watches()
+    await asyncio.wait_for(task, 10)
+
+
+async def test_410_relists_without_losing_or_repeating(
+    apiserver: FakeApiServer, running: tuple[KubeIngest, MemoryLog]
+) -> None:
+    ingest, log = running
+    apiserver.put("Node", node("a"))
+    await eventually(lambda: ("NodeAdded", "a") in kinds(log))
+    apiserver.drop_watches()
+    # while nobody watches: changes, then the history is compacted away
+    apiserver.put("Node", node("b"))
+    apiserver.remove("Node", "a")
+    apiserver.compact()
+    await eventually(
+        lambda: ("NodeRemoved", "a") in kinds(log) and ("NodeAdded", "b") in kinds(log)
+    )
+    nodes_reflector = next(r for r in ingest.reflectors if r.name == "nodes")
+    assert nodes_reflector.counters["relists_410"] >= 1
+    assert kinds(log).count(("NodeAdded", "b")) == 1
+    assert kinds(log).count(("NodeAdded", "a")) == 1
+
+
+async def test_disconnect_mid_watch_resumes_from_the_last_version(
+    apiserver: FakeApiServer, running: tuple[KubeIngest, MemoryLog]
+) -> None:
+    _, log = running
+    for i in range(5):
+        apiserver.put("Pod", pod(f"p{i}"))
+        if i == 2:
+            apiserver.drop_watches()
+    await eventually(lambda: sum(1 for k, _ in kinds(log) if k == "PodSubmitted") == 5)
+    await asyncio.sleep(0.2)
+    assert sorted(n for k, n in kinds(log) if k == "PodSubmitted") == [
+        f"default/p{i}" for i in range(5)
+    ]
+
+
+async def test_garbage_answers_back_off_and_recover(
+    apiserver: FakeApiServer, running: tuple[KubeIngest, MemoryLog]
+) -> None:
+    ingest, log = running
+    apiserver.garbage = 6
+    apiserver.drop_watches()
+    apiserver.put("Node", node("after-garbage"))
+    await eventually(lambda: ("NodeAdded", "after-garbage") in kinds(log))
+    assert sum(r.counters["errors"] for r in ingest.reflectors) >= 1
+
+
+async def test_bad_objects_are_skipped_with_a_reason(
+    apiserver: FakeApiServer, running: tuple[KubeIngest, MemoryLog]
+) -> None:
+    ingest, log = running
+    bad = pod("negative")
+    bad["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "-1"
+    apiserver.put("Pod", bad)
+    apiserver.put("Pod", pod("fine"))
+    await eventually(lambda: ("PodSubmitted", "default/fine") in kinds(log))
+    assert any("default/negative" in r and "negative quantity" in r for r in ingest.rejected)
+    assert ("PodSubmitted", "default/negative") not in kinds(log)
+
+
+async def test_deleted_pod_and_observed_binding(
+    apiserver: FakeApiServer, running: tuple[KubeIngest, MemoryLog]
+) -> None:
+    _, log = running
+    apiserver.put("Node", node("n"))
+    apiserver.put("Pod", pod("p"))
+    await eventually(lambda: ("PodSubmitted", "default/p") in kinds(log))
+    apiserver.put("Pod", pod("p", node_name="n"))
+    await eventually(lambda: ("PodBound", "default/p") in kinds(log))
+    bound = next(e.event for e in log._parts[0] if isinstance(e.event, PodBound))
+    assert bound.decision_id.startswith("observed:") and bound.node == "n"
+    apiserver.remove("Pod", "p", "default")
+    await eventually(lambda: ("PodDeleted", "default/p") in kinds(log))
+    assert isinstance(log._parts[0][-1].event, PodDeleted | NodeRemoved | PodSucceeded | PodBound)
