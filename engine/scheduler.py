@@ -10,11 +10,12 @@ randomness: the same events give the same decisions.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.config import SchedulerConfig, default_config
+from engine.config import SchedulerConfig, default_config, parse_config
 from engine.framework.interfaces import ClusterEvent
 from engine.framework.registry import Registry, builtin_registry
 from engine.framework.runtime import Diagnosis, Framework
@@ -33,7 +34,9 @@ from engine.pod import PodInfo, pod_info
 from engine.queue import SchedulingQueue
 from engine.quota import QuotaTable
 from engine.state import ClusterState
+from events.errors import InputError
 from events.types import (
+    SECOND,
     BindFailed,
     Envelope,
     Event,
@@ -52,6 +55,7 @@ from events.types import (
     PodSucceeded,
     PodUnschedulable,
     QuotaDefined,
+    SchedulerConfigured,
 )
 
 QUOTA_PLUGIN = "ElasticQuota"
@@ -81,6 +85,7 @@ class Engine:
         self.config = config or default_config()
         self.shard = shard
         registry = registry or builtin_registry()
+        self._registry = registry
         self.frameworks = {p.scheduler_name: Framework(p, registry) for p in self.config.profiles}
         self._default = self.frameworks[self.config.profiles[0].scheduler_name]
         self.state = ClusterState()
@@ -164,6 +169,25 @@ class Engine:
         handler = _HANDLERS.get(type(event))
         if handler is not None:
             handler(self, event)
+
+    def _configured(self, event: SchedulerConfigured) -> None:
+        """A configuration recorded in the log (a service restarted with a new one):
+        profiles and back-off follow it; the cluster state stays."""
+        if not event.config:
+            config = default_config()
+        else:
+            try:
+                config = parse_config(json.loads(event.config), "recorded configuration")
+            except (ValueError, InputError):
+                return  # replay reports it (``recorded_config``); the fold keeps going
+        if config == self.config:
+            return
+        registry = self._registry
+        self.config = config
+        self.frameworks = {p.scheduler_name: Framework(p, registry) for p in config.profiles}
+        self._default = self.frameworks[config.profiles[0].scheduler_name]
+        self.queue.initial_backoff = config.initial_backoff_seconds * SECOND
+        self.queue.max_backoff = config.max_backoff_seconds * SECOND
 
     def _status_seen(self, event: PodGroupStatusChanged) -> None:
         group = self.groups.get(event.group)
@@ -456,5 +480,6 @@ _HANDLERS: dict[type, Callable[[Engine, Any], None]] = {
     NodeAdded: lambda e, ev: e.fire(ClusterEvent.NODE_ADDED, e.state.add_node(ev.node)),
     NodeUpdated: lambda e, ev: e.fire(ClusterEvent.NODE_UPDATED, e.state.update_node(ev.node)),
     NodeRemoved: Engine._node_removed,
+    SchedulerConfigured: Engine._configured,
 }
 """Event kind → fold. Kinds not listed (ticks, configuration) only advance time."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -252,6 +253,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     load.add_argument("--json", action="store_true")
 
+    srv = sub.add_parser("serve", help="run shoal against a Kubernetes cluster")
+    srv.add_argument("--role", default="all", choices=("ingest", "shard", "binder", "all"))
+    srv.add_argument(
+        "--bus", default="memory", help="memory (--role all only), file:PATH, kafka://..."
+    )
+    srv.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else in-cluster)")
+    srv.add_argument("--host", help="API server URL (instead of a kubeconfig)")
+    srv.add_argument("--token", help="bearer token for --host (or $SHOAL_KUBE_TOKEN)")
+    srv.add_argument("--shard-id", type=_non_negative, help="default: the StatefulSet ordinal")
+    srv.add_argument("--config", help="KubeSchedulerConfiguration file (profiles)")
+    srv.add_argument("--listen", default="127.0.0.1:9090", help="health and metrics address")
+    srv.add_argument("--namespace", default="shoal", help="namespace of the leader-election Leases")
+    srv.add_argument("--identity", help="leader-election identity (default: the host name)")
+    srv.add_argument("--watch-seconds", type=_positive, default=30)
+    srv.add_argument("--lease-seconds", type=_positive, default=15)
+
     kafka = sub.add_parser("kafka", help="manage the Kafka topics shoal uses")
     kafka_sub = kafka.add_subparsers(dest="kafka_command", required=True, metavar="ACTION")
     init = kafka_sub.add_parser("init", help="create the event topic")
@@ -263,6 +280,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--retention-ms", type=_positive, help="topic retention (default: the broker's)"
     )
     return parser
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from shards.serve import ServeOptions, serve
+
+    options = ServeOptions(
+        role=args.role,
+        bus=args.bus,
+        kubeconfig=args.kubeconfig,
+        host=args.host,
+        token=args.token or os.environ.get("SHOAL_KUBE_TOKEN"),
+        shard_id=args.shard_id,
+        config=_config(args.config),
+        listen=args.listen,
+        namespace=args.namespace,
+        watch_seconds=args.watch_seconds,
+        lease_seconds=args.lease_seconds,
+        **({"identity": args.identity} if args.identity else {}),
+    )
+    return await serve(options)
 
 
 async def _kafka_init(args: argparse.Namespace) -> int:
@@ -284,6 +321,7 @@ _COMMANDS = {
     "replay": _replay,
     "loadtest": _loadtest,
     "kafka-init": _kafka_init,
+    "serve": _serve,
 }
 
 

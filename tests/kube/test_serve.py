@@ -1,0 +1,138 @@
+"""shoal serve against the in-repo API server: health, readiness, metrics, SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from events.errors import InputError
+from loadtest.apiserver import FakeApiServer
+from shards.serve import ServeOptions, Service, serve, shard_ordinal
+from tests.kube.test_ingest import eventually, node, pod
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def get(url: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        return response.status, await response.text()
+
+
+async def test_serve_all_roles_in_one_process(apiserver: FakeApiServer) -> None:
+    apiserver.put("Node", node("n1"))
+    apiserver.put("Pod", pod("p0"))
+    services: list[Service] = []
+    options = ServeOptions(
+        role="all",
+        bus="memory",
+        host=apiserver.url,
+        token="t",
+        listen="127.0.0.1:0",
+        identity="test-0",
+        watch_seconds=1,
+        lease_seconds=3,
+        poll_interval=0.02,
+    )
+    task = asyncio.create_task(serve(options, ready=services.append))
+    await eventually(lambda: bool(services))
+    service = services[0]
+    assert (await get(f"{service.url}/healthz"))[0] == 200
+    await eventually(
+        lambda: bool(apiserver.get("Pod", "p0", "default")["spec"].get("nodeName")), timeout=10
+    )
+    apiserver.put("Pod", pod("p1"))
+    await eventually(
+        lambda: bool(apiserver.get("Pod", "p1", "default")["spec"].get("nodeName")), timeout=10
+    )
+    status, why = await get(f"{service.url}/readyz")
+    assert status == 200, why
+    status, text = await get(f"{service.url}/metrics")
+    assert status == 200
+    assert 'shoal_schedule_attempts_total{result="bound"}' in text
+    assert 'shoal_queue_depth{queue="active"} 0' in text
+    assert 'shoal_binder_actions_total{kind="bound"}' in text
+    assert "shoal_scheduling_attempt_seconds_bucket" in text
+    assert apiserver.get("Lease", "shoal-ingest", "shoal")["spec"]["holderIdentity"] == "test-0"
+    service.stop.set()
+    assert await asyncio.wait_for(task, 15) == 0
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (ServeOptions(role="shard", bus="memory"), "--bus memory works only with --role all"),
+        (ServeOptions(role="oracle"), "unknown role"),
+        (ServeOptions(listen="nowhere"), "HOST:PORT"),
+    ],
+)
+async def test_bad_options(options: ServeOptions, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        await serve(options)
+
+
+def test_shard_ordinal() -> None:
+    assert shard_ordinal("shoal-shard-3") == 3
+    assert shard_ordinal("laptop") == 0
+
+
+async def test_sigterm_stops_cleanly_and_the_log_replays(
+    apiserver: FakeApiServer, tmp_path: Path
+) -> None:
+    apiserver.put("Node", node("n1"))
+    for i in range(3):
+        apiserver.put("Pod", pod(f"p{i}"))
+    log = tmp_path / "serve.events"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "shards.cli",
+        "-v",
+        "serve",
+        "--bus",
+        f"file:{log}",
+        "--host",
+        apiserver.url,
+        "--listen",
+        "127.0.0.1:0",
+        "--watch-seconds",
+        "1",
+        "--lease-seconds",
+        "3",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
+    )
+    try:
+        await eventually(
+            lambda: all(
+                apiserver.get("Pod", f"p{i}", "default")["spec"].get("nodeName") for i in range(3)
+            ),
+            timeout=20,
+        )
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    replay = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "shards.cli",
+        "replay",
+        str(log),
+        "--verify",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
+    )
+    out, err = await replay.communicate()
+    assert replay.returncode == 0, err.decode()
+    assert b"verified: 3 decisions" in out
