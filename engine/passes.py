@@ -298,7 +298,9 @@ class SchedulingPass:
         )
         e.count("unschedulable")
         if unit is None:
-            events = e.events_for(e.framework_for(pod), plugins) if plugins else frozenset()
+            # no rejecting plugin (no node at all yet): any cluster change may help;
+            # no profile for the pod: nothing will (events_for gives none)
+            events = e.events_for(e.framework_for(pod), plugins)
             e.queue.park(
                 pod.key,
                 pod.priority,

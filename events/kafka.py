@@ -263,8 +263,6 @@ class KafkaLog:
             idle = 0
             deadline = asyncio.get_running_loop().time() + self.settings.request_timeout_ms / 1000
             while limit is None or len(out) < limit:
-                if end is not None and offset >= end:
-                    break
                 if asyncio.get_running_loop().time() > deadline:
                     raise LogError(
                         f"kafka read of partition {partition} stalled at offset {offset} "
@@ -278,21 +276,20 @@ class KafkaLog:
                     )
                 except KafkaError as exc:
                     raise LogError(f"kafka read failed: {exc}") from None
-                if end is None:
-                    end = consumer.highwater(tp)
+                # A fetch already in flight before the caller's append may answer with
+                # an old high-water mark: keep the newest one seen, and stop only after
+                # a fetch that brings nothing while at it.
+                mark = consumer.highwater(tp)
+                if mark is not None:
+                    end = mark if end is None else max(end, mark)
                 records = batch.get(tp, [])
                 if not records:
-                    # with the end known, keep fetching until it is reached (the loop's
-                    # deadline bounds it); with no end learnt after a few tries, the
-                    # partition is empty
                     idle += 1
-                    if end is None and idle >= 3:
+                    if (end is not None and offset >= end) or (end is None and idle >= 3):
                         break
                     continue
                 idle = 0
                 for record in records:
-                    if end is not None and record.offset >= end:
-                        break
                     out.append(self._decode(record.value, partition, record.offset))
                     offset = record.offset + 1
                     if limit is not None and len(out) >= limit:
@@ -319,13 +316,32 @@ class KafkaLog:
         tp = TopicPartition(self.settings.topic, partition)
         async with self._read_lock:
             consumer.assign([tp])
-            # end_offsets is a lower bound on some brokers; a fetch from just below it
-            # makes the consumer learn the true high-water mark.
-            lower = (await consumer.end_offsets([tp]))[tp]
-            consumer.seek(tp, max(lower - 1, 0))
-            await consumer.getmany(tp, timeout_ms=self.settings.fetch_max_wait_ms * 4 + 50)
-            high = consumer.highwater(tp)
-        return int(high if high is not None else lower)
+            # end_offsets is a lower bound on some brokers (the first offset of the last
+            # batch + 1); fetching from just below it teaches the consumer the true
+            # high-water mark, confirmed by a fetch that brings nothing more.
+            lower = int((await consumer.end_offsets([tp]))[tp])
+            position = max(lower - 1, 0)
+            consumer.seek(tp, position)
+            end = lower
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.settings.request_timeout_ms / 1000
+            while loop.time() < deadline:
+                try:
+                    batch = await consumer.getmany(
+                        tp, timeout_ms=self.settings.fetch_max_wait_ms * 4 + 50
+                    )
+                except KafkaError as exc:
+                    raise LogError(f"kafka end offset failed: {exc}") from None
+                mark = consumer.highwater(tp)
+                if mark is not None:
+                    end = max(end, int(mark))
+                records = batch.get(tp, [])
+                if records:
+                    position = records[-1].offset + 1
+                    end = max(end, position)
+                elif position >= end:
+                    return end
+            raise LogError(f"kafka end offset of partition {partition} not learnt in time")
 
     async def close(self) -> None:
         producer, consumer = self._producer, self._consumer

@@ -222,3 +222,11 @@ def test_waking_follows_priority() -> None:
     )
     out = feed(engine, PodSucceeded(pod="default/run"), at=5)
     assert bound(out) == {"default/high": "a"}
+
+
+def test_a_pod_that_arrives_before_any_node_waits_for_one() -> None:
+    engine = Engine()
+    (failure,) = feed(engine, make_pod("early").cpu("1").submitted())
+    assert isinstance(failure, PodUnschedulable)
+    assert failure.reason == "0/0 nodes are available."
+    assert bound(feed(engine, make_node("late").added(), at=2)) == {"default/early": "late"}

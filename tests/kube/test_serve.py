@@ -40,16 +40,38 @@ async def test_serve_all_roles_in_one_process(apiserver: FakeApiServer) -> None:
         poll_interval=0.02,
     )
     task = asyncio.create_task(serve(options, ready=services.append))
-    await eventually(lambda: bool(services))
-    service = services[0]
+    try:
+        await eventually(lambda: bool(services))
+        await _exercise(apiserver, services[0])
+    finally:
+        if services:
+            services[0].stop.set()
+        assert await asyncio.wait_for(task, 15) == 0
+
+
+def _state(service: Service) -> str:
+    worker = service.worker
+    return (
+        f"leaders={ {k: v.leader for k, v in service.leaders.items()} } "
+        f"ingest={service.ingest.stats() if service.ingest else None} "
+        f"worker={worker.stats() if worker else None} "
+        f"engine={worker.engine.stats() if worker else None} "
+        f"binder={service.binder.stats() if service.binder else None}"
+    )
+
+
+async def _exercise(apiserver: FakeApiServer, service: Service) -> None:
     assert (await get(f"{service.url}/healthz"))[0] == 200
-    await eventually(
-        lambda: bool(apiserver.get("Pod", "p0", "default")["spec"].get("nodeName")), timeout=10
-    )
-    apiserver.put("Pod", pod("p1"))
-    await eventually(
-        lambda: bool(apiserver.get("Pod", "p1", "default")["spec"].get("nodeName")), timeout=10
-    )
+    try:
+        await eventually(
+            lambda: bool(apiserver.get("Pod", "p0", "default")["spec"].get("nodeName")), timeout=15
+        )
+        apiserver.put("Pod", pod("p1"))
+        await eventually(
+            lambda: bool(apiserver.get("Pod", "p1", "default")["spec"].get("nodeName")), timeout=15
+        )
+    except AssertionError:
+        raise AssertionError(f"pods not bound in time: {_state(service)}") from None
     status, why = await get(f"{service.url}/readyz")
     assert status == 200, why
     status, text = await get(f"{service.url}/metrics")
@@ -59,8 +81,6 @@ async def test_serve_all_roles_in_one_process(apiserver: FakeApiServer) -> None:
     assert 'shoal_binder_actions_total{kind="bound"}' in text
     assert "shoal_scheduling_attempt_seconds_bucket" in text
     assert apiserver.get("Lease", "shoal-ingest", "shoal")["spec"]["holderIdentity"] == "test-0"
-    service.stop.set()
-    assert await asyncio.wait_for(task, 15) == 0
 
 
 @pytest.mark.parametrize(
