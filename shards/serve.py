@@ -36,7 +36,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from engine.config import SchedulerConfig, default_config
 from engine.scheduler import Engine
-from events.errors import InputError
+from events.errors import InputError, LogError
 from events.log import EventLog
 from events.types import ClockTicked, Envelope, SchedulerConfigured
 from shards.bus import open_bus
@@ -206,8 +206,14 @@ class Service:
             while elector.leader and not self.stop.is_set() and not work.done():
                 await self._sleep(self.options.poll_interval * 4)
             lost.set()
-            with contextlib.suppress(Exception):
+            try:
                 await asyncio.wait_for(work, 10)
+            except Exception as exc:
+                log.warning("role failed; restarting it role=%s error=%s", role, exc)
+                self.metrics.inc(
+                    "bus_errors_total", "Bus operations that failed.", 1, {"role": role}
+                )
+                await self._sleep(1.0)
 
     def _served(self) -> list[str]:
         config = self.options.config or default_config()
@@ -216,9 +222,20 @@ class Service:
     async def _bind(self, lost: asyncio.Event) -> None:
         binder = self.binder
         assert binder is not None
+        backoff = self.options.poll_interval
         while not lost.is_set():
             before = dict(binder.counters)
-            applied = await binder.poll()
+            try:
+                applied = await binder.poll()
+            except LogError as exc:
+                log.warning("bus failed; the binder retries error=%s", exc)
+                self.metrics.inc(
+                    "bus_errors_total", "Bus operations that failed.", 1, {"role": "binder"}
+                )
+                await self._sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            backoff = self.options.poll_interval
             self.last_poll = time.monotonic()
             for key, value in binder.counters.items():
                 if value > before[key]:
@@ -252,21 +269,38 @@ class Service:
             ]
         )
         self.worker = worker = ShardWorker(engine, self.bus)
-        self.metrics.gauge("queue_pods", "Pods in the scheduling queue.", lambda: len(engine.queue))
+        self.metrics.gauge(
+            "queue_pods", "Pods in the scheduling queue.", lambda: self._queue("all")
+        )
         for where in ("active", "backoff", "unschedulable"):
             self.metrics.gauge(
                 "queue_depth",
                 "Pods in the scheduling queue by sub-queue.",
-                _depth(engine, where),
+                _depth(self, where),
                 {"queue": where},
             )
         self.metrics.gauge(
             "consumer_lag_records", "Records in the log not yet folded.", lambda: self.lag
         )
+        backoff = options.poll_interval
         while not self.stop.is_set():
             before = engine.stats()
             started = time.perf_counter()
-            decided = await worker.poll()
+            try:
+                decided = await worker.poll()
+            except LogError as exc:
+                # Decisions may have been applied but not recorded: rebuild the engine
+                # from the log (a pure fold), as a restarted shard would.
+                log.warning("bus failed; rebuilding the shard from the log error=%s", exc)
+                self.metrics.inc(
+                    "bus_errors_total", "Bus operations that failed.", 1, {"role": "shard"}
+                )
+                await self._sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                engine = Engine(config, shard=shard)
+                self.worker = worker = ShardWorker(engine, self.bus)
+                continue
+            backoff = options.poll_interval
             self.last_poll = time.monotonic()
             after = engine.stats()
             attempts = after["attempts"] - before["attempts"]
@@ -294,6 +328,13 @@ class Service:
             if decided == 0:
                 await self._sleep(options.poll_interval)
 
+    def _queue(self, where: str) -> float:
+        """Pods in the (current) shard's queue: all, or one sub-queue."""
+        if self.worker is None:
+            return 0
+        queue = self.worker.engine.queue
+        return len(queue) if where == "all" else queue.stats()[where]
+
     async def _lag(self) -> None:
         while not self.stop.is_set():
             with contextlib.suppress(Exception):
@@ -309,8 +350,8 @@ class Service:
             await asyncio.wait_for(self.stop.wait(), seconds)
 
 
-def _depth(engine: Engine, where: str) -> Callable[[], float]:
-    return lambda: engine.queue.stats()[where]
+def _depth(service: Service, where: str) -> Callable[[], float]:
+    return lambda: service._queue(where)
 
 
 async def serve(options: ServeOptions, *, ready: Callable[[Service], None] | None = None) -> int:

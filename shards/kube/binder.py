@@ -92,9 +92,11 @@ class KubeBinder:
                 Envelope(event=e, time=self.clock(), causation=env.offset, producer="binder")
                 for e in caused
             )
-            self.position = env.offset + 1
         if out:
             await self.log.append(out, self.partition)
+        # only now: if the append failed, the same records are applied again, and
+        # every action here is idempotent (a repeated binding is recognised)
+        self.position = records[-1].offset + 1
         return len(out)
 
     async def run(self, stop: asyncio.Event, interval: float = 0.05) -> None:

@@ -10,6 +10,10 @@ One *reflector* per kind lists, then watches from the list's ``resourceVersion``
 - anything else (the API unreachable, an answer that is not JSON) backs off
   exponentially (capped) and resumes.
 
+A failure to append to the log is not retried here: the ingest's own bookkeeping has
+already moved on, so the caller starts a fresh ingest, which lists everything again;
+the repeated events are absorbed by the shards' idempotent handlers.
+
 Kinds: Nodes; Pods (unbound ones whose ``schedulerName`` one of the profiles serves,
 and bound ones of any scheduler, for accounting); PriorityClasses (listed first, since
 pods need them); the pod-group kinds of scheduler-plugins; ElasticQuotas. An object the

@@ -7,11 +7,13 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 
-from events.errors import InputError
+from events.errors import InputError, LogError
+from events.types import PodBound
 from loadtest.apiserver import FakeApiServer
 from shards.serve import ServeOptions, Service, serve, shard_ordinal
 from tests.kube.test_ingest import eventually, node, pod
@@ -156,3 +158,96 @@ async def test_sigterm_stops_cleanly_and_the_log_replays(
     out, err = await replay.communicate()
     assert replay.returncode == 0, err.decode()
     assert b"verified: 3 decisions" in out
+
+
+class FlakyLog:
+    """A real log that fails on demand (fault injection for the bus)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.failing = False
+
+    @property
+    def partitions(self) -> int:
+        return int(self.inner.partitions)
+
+    async def append(self, envelopes: Any, partition: int = 0) -> list[int]:
+        if self.failing:
+            raise LogError("the bus is down")
+        result: list[int] = await self.inner.append(envelopes, partition)
+        return result
+
+    async def read(self, partition: int, offset: int, limit: int | None = None) -> list[Any]:
+        if self.failing:
+            raise LogError("the bus is down")
+        result: list[Any] = await self.inner.read(partition, offset, limit)
+        return result
+
+    async def end_offset(self, partition: int) -> int:
+        if self.failing:
+            raise LogError("the bus is down")
+        return int(await self.inner.end_offset(partition))
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+async def test_bus_outage_is_ridden_out(
+    apiserver: FakeApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bus fails for a while: nothing crashes, readiness drops after a while is not
+    required here, and once it is back pods get bound, none twice, and the log replays."""
+    from events.memory import MemoryLog
+    from shards import serve as serve_module
+    from shards.replay import replay
+
+    flaky = FlakyLog(MemoryLog())
+
+    async def open_flaky(url: str, **_: Any) -> FlakyLog:
+        return flaky
+
+    monkeypatch.setattr(serve_module, "open_bus", open_flaky)
+    apiserver.put("Node", node("n1"))
+    services: list[Service] = []
+    options = ServeOptions(
+        role="all",
+        bus="memory",
+        host=apiserver.url,
+        token="t",
+        listen="127.0.0.1:0",
+        identity="test-0",
+        watch_seconds=1,
+        lease_seconds=3,
+        poll_interval=0.02,
+    )
+    task = asyncio.create_task(serve(options, ready=services.append))
+    try:
+        await eventually(lambda: bool(services))
+        service = services[0]
+        apiserver.put("Pod", pod("before"))
+        await eventually(
+            lambda: bool(apiserver.get("Pod", "before", "default")["spec"].get("nodeName")),
+            timeout=15,
+        )
+        flaky.failing = True
+        apiserver.put("Pod", pod("during"))
+        await asyncio.sleep(1.0)
+        assert apiserver.get("Pod", "during", "default")["spec"].get("nodeName") is None
+        flaky.failing = False
+        await eventually(
+            lambda: bool(apiserver.get("Pod", "during", "default")["spec"].get("nodeName")),
+            timeout=15,
+        )
+        assert 'shoal_bus_errors_total{role="shard"}' in service.metrics.render()
+    finally:
+        if services:
+            services[0].stop.set()
+        assert await asyncio.wait_for(task, 15) == 0
+    records = await flaky.inner.read(0, 0)
+    bound = [
+        e.event.pod
+        for e in records
+        if isinstance(e.event, PodBound) and e.producer.startswith("shard-")
+    ]
+    assert sorted(bound) == ["default/before", "default/during"], bound
+    assert replay(records, verify=True).mismatch is None
