@@ -1,0 +1,224 @@
+"""deploy/ renders and every manifest validates offline against the Kubernetes OpenAPI
+schemas (kubernetes-validate), plus the checks a schema cannot make.
+
+The renderer below implements only the kustomize features deploy/ uses (resources,
+namespace, labels, images, JSON 6902 patches) and refuses any other field, so a new
+feature in a kustomization fails here instead of being silently ignored.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from shards.cli import build_parser
+from shards.serve import ROLES
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+K8S_VERSION = "1.30.0"
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
+CUSTOM_KINDS = {"KafkaTopic"}  # the operator's CRD is not among Kubernetes' own schemas
+SUPPORTED = {"apiVersion", "kind", "namespace", "labels", "resources", "images", "patches"}
+
+
+def _patch(doc: dict[str, Any], ops: list[dict[str, Any]]) -> None:
+    for op in ops:
+        parts = [p for p in op["path"].split("/") if p]
+        target = doc
+        for part in parts[:-1]:
+            target = target[int(part)] if isinstance(target, list) else target[part]
+        assert op["op"] in ("replace", "add"), f"unsupported patch op {op['op']}"
+        target[parts[-1]] = op["value"]
+
+
+def render(directory: Path) -> list[dict[str, Any]]:
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    unknown = set(kustomization) - SUPPORTED
+    assert not unknown, f"{directory}: kustomize fields this test does not render: {unknown}"
+    docs: list[dict[str, Any]] = []
+    for entry in kustomization.get("resources", []):
+        path = (directory / entry).resolve()
+        if path.is_dir():
+            docs.extend(render(path))
+        else:
+            docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+    namespace = kustomization.get("namespace")
+    for doc in docs:
+        meta = doc.setdefault("metadata", {})
+        if namespace and doc["kind"] not in CLUSTER_SCOPED and doc["kind"] not in CUSTOM_KINDS:
+            meta["namespace"] = namespace
+        for group in kustomization.get("labels", []):
+            meta.setdefault("labels", {}).update(group["pairs"])
+        for image in kustomization.get("images", []):
+            for container in _containers(doc):
+                if container["image"] == image["name"]:
+                    container["image"] = f"{image['name']}:{image['newTag']}"
+    for patch in kustomization.get("patches", []):
+        target = patch["target"]
+        for doc in docs:
+            if doc["kind"] == target["kind"] and doc["metadata"]["name"] == target["name"]:
+                _patch(doc, yaml.safe_load(patch["patch"]))
+    return docs
+
+
+def _containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = doc.get("spec", {}).get("template", {}).get("spec", {})
+    return list(spec.get("containers", []))
+
+
+@pytest.fixture(scope="module", params=["deploy", "deploy/kafka"])
+def manifests(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
+    return render(ROOT / request.param)
+
+
+def test_every_manifest_validates_against_the_openapi_schemas(
+    manifests: list[dict[str, Any]],
+) -> None:
+    kinds = set()
+    for doc in manifests:
+        kinds.add(doc["kind"])
+        if doc["kind"] in CUSTOM_KINDS:
+            continue
+        kubernetes_validate.validate(copy.deepcopy(doc), K8S_VERSION, strict=True)
+    assert {
+        "Namespace",
+        "ServiceAccount",
+        "ClusterRole",
+        "Role",
+        "ConfigMap",
+        "Deployment",
+        "StatefulSet",
+        "Service",
+        "PodDisruptionBudget",
+        "CustomResourceDefinition",
+    } <= kinds
+
+
+def test_a_broken_manifest_is_caught() -> None:
+    doc = next(d for d in render(DEPLOY) if d["kind"] == "Deployment")
+    doc["spec"]["replicas"] = "two"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_workloads_are_consistent(manifests: list[dict[str, Any]]) -> None:
+    by_kind: dict[str, dict[str, dict[str, Any]]] = {}
+    for doc in manifests:
+        by_kind.setdefault(doc["kind"], {})[doc["metadata"]["name"]] = doc
+    config = by_kind["ConfigMap"]["shoal"]["data"]
+    accounts = set(by_kind["ServiceAccount"])
+    parser = build_parser()
+    roles_seen = set()
+    for kind in ("Deployment", "StatefulSet"):
+        for name, doc in by_kind[kind].items():
+            spec = doc["spec"]
+            assert (
+                spec["selector"]["matchLabels"].items()
+                <= spec["template"]["metadata"]["labels"].items()
+            ), name
+            pod = spec["template"]["spec"]
+            assert pod["serviceAccountName"] in accounts
+            (container,) = pod["containers"]
+            assert container["image"] == "shoal:0.1.0"
+            for env in container["env"]:
+                ref = env.get("valueFrom", {}).get("configMapKeyRef")
+                if ref:
+                    assert ref["key"] in config, f"{name}: missing ConfigMap key {ref['key']}"
+            assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+            assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+            args = [
+                a.replace("$(SHOAL_BUS)", config["SHOAL_BUS"])
+                .replace("$(POD_NAMESPACE)", "shoal")
+                .replace("$(POD_NAME)", "shoal-0")
+                for a in container["args"]
+            ]
+            parsed = parser.parse_args(args)
+            assert parsed.command == "serve" and parsed.role in ROLES
+            roles_seen.add(parsed.role)
+            if parsed.config:
+                mounts = {m["mountPath"] for m in container.get("volumeMounts", [])}
+                assert str(Path(parsed.config).parent) in mounts
+                assert Path(parsed.config).name in config
+            for port in container["ports"]:
+                assert port["containerPort"] == int(parsed.listen.rsplit(":", 1)[1])
+    assert roles_seen == {"ingest", "shard", "binder"}
+    scheduler = yaml.safe_load(config["scheduler.yaml"])
+    assert scheduler["kind"] == "KubeSchedulerConfiguration"
+    assert config["SHOAL_BUS"].startswith("kafka://")
+
+
+def test_rbac_grants_exactly_what_the_adapter_calls() -> None:
+    docs = render(DEPLOY)
+    role = next(d for d in docs if d["kind"] == "ClusterRole")
+    granted = {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    needed = {
+        ("", "nodes", "list"),
+        ("", "nodes", "watch"),
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
+        ("", "pods", "get"),
+        ("", "pods/binding", "create"),
+        ("", "pods/eviction", "create"),
+        ("", "events", "create"),
+        ("scheduling.k8s.io", "priorityclasses", "list"),
+        ("scheduling.k8s.io", "priorityclasses", "watch"),
+        ("scheduling.x-k8s.io", "podgroups", "list"),
+        ("scheduling.x-k8s.io", "podgroups", "watch"),
+        ("scheduling.x-k8s.io", "elasticquotas", "list"),
+        ("scheduling.x-k8s.io", "elasticquotas", "watch"),
+        ("scheduling.x-k8s.io", "podgroups/status", "patch"),
+    }
+    assert needed <= granted
+    assert not any(verb in ("delete", "deletecollection", "*") for _, _, verb in granted)
+    lease = next(d for d in docs if d["kind"] == "Role")
+    assert lease["rules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["get", "create", "update"],
+        }
+    ]
+
+
+def test_the_crds_accept_what_shoal_reads() -> None:
+    docs = {
+        d["metadata"]["name"]: d for d in render(DEPLOY) if d["kind"] == "CustomResourceDefinition"
+    }
+    podgroup = docs["podgroups.scheduling.x-k8s.io"]["spec"]["versions"][0]
+    assert set(podgroup["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]) >= {
+        "minMember",
+        "minResources",
+        "scheduleTimeoutSeconds",
+    }
+    assert "status" in podgroup["subresources"]
+    quota = docs["elasticquotas.scheduling.x-k8s.io"]["spec"]["versions"][0]
+    assert set(quota["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]) == {
+        "min",
+        "max",
+    }
+
+
+def test_the_overlay_points_at_kafka_and_declares_the_topic() -> None:
+    docs = render(DEPLOY / "kafka")
+    config = next(d for d in docs if d["kind"] == "ConfigMap")
+    assert config["data"]["SHOAL_BUS"].startswith("kafka://my-cluster-kafka-bootstrap")
+    topic = next(d for d in docs if d["kind"] == "KafkaTopic")
+    assert topic["spec"]["partitions"] >= 1
+
+
+def test_unsupported_kustomize_fields_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "kustomization.yaml").write_text("resources: []\nreplacements: []\n")
+    with pytest.raises(AssertionError, match="replacements"):
+        render(tmp_path)
