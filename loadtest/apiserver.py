@@ -84,6 +84,12 @@ def status(code: int, reason: str, message: str) -> web.Response:
     return web.json_response(body, status=code)
 
 
+def created() -> web.Response:
+    """The ``Status`` the API answers a successful subresource POST with."""
+    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+    return web.json_response(body, status=201)
+
+
 def _selector(raw: str | None) -> Callable[[JSON], bool]:
     if not raw:
         return lambda _: True
@@ -413,29 +419,11 @@ class FakeApiServer:
         pod = copy.deepcopy(pod)
         pod.setdefault("spec", {})["nodeName"] = target
         self.put("Pod", pod)
-        return web.json_response(
-            {
-                "kind": "Status",
-                "apiVersion": "v1",
-                "metadata": {},
-                "status": "Success",
-                "code": 201,
-            },
-            status=201,
-        )
+        return created()
 
     async def _eviction(self, request: web.Request) -> web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
         if (namespace, name) not in self.objects["pods"]:
             return status(404, "NotFound", f'pods "{name}" not found')
         self.remove("Pod", name, namespace)
-        return web.json_response(
-            {
-                "kind": "Status",
-                "apiVersion": "v1",
-                "metadata": {},
-                "status": "Success",
-                "code": 201,
-            },
-            status=201,
-        )
+        return created()

@@ -228,12 +228,7 @@ class Service:
             try:
                 applied = await binder.poll()
             except LogError as exc:
-                log.warning("bus failed; the binder retries error=%s", exc)
-                self.metrics.inc(
-                    "bus_errors_total", "Bus operations that failed.", 1, {"role": "binder"}
-                )
-                await self._sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = await self._bus_failed("binder", exc, backoff)
                 continue
             backoff = self.options.poll_interval
             self.last_poll = time.monotonic()
@@ -291,12 +286,7 @@ class Service:
             except LogError as exc:
                 # Decisions may have been applied but not recorded: rebuild the engine
                 # from the log (a pure fold), as a restarted shard would.
-                log.warning("bus failed; rebuilding the shard from the log error=%s", exc)
-                self.metrics.inc(
-                    "bus_errors_total", "Bus operations that failed.", 1, {"role": "shard"}
-                )
-                await self._sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = await self._bus_failed("shard", exc, backoff)
                 engine = Engine(config, shard=shard)
                 self.worker = worker = ShardWorker(engine, self.bus)
                 continue
@@ -344,6 +334,13 @@ class Service:
                 position = self.worker.position if self.worker else end
                 self.lag = max(end - position, 0)
             await self._sleep(1.0)
+
+    async def _bus_failed(self, role: str, exc: Exception, backoff: float) -> float:
+        """Count and log a bus failure, wait, and return the next back-off."""
+        log.warning("bus failed; retrying role=%s in=%.2fs error=%s", role, backoff, exc)
+        self.metrics.inc("bus_errors_total", "Bus operations that failed.", 1, {"role": role})
+        await self._sleep(backoff)
+        return min(backoff * 2, 5.0)
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

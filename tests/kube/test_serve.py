@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +28,9 @@ async def get(url: str) -> tuple[int, str]:
         return response.status, await response.text()
 
 
-async def test_serve_all_roles_in_one_process(apiserver: FakeApiServer) -> None:
-    apiserver.put("Node", node("n1"))
-    apiserver.put("Pod", pod("p0"))
+@contextlib.asynccontextmanager
+async def running(apiserver: FakeApiServer) -> AsyncIterator[Service]:
+    """``serve --role all`` in this process against ``apiserver``; stopped on exit."""
     services: list[Service] = []
     options = ServeOptions(
         role="all",
@@ -44,11 +46,18 @@ async def test_serve_all_roles_in_one_process(apiserver: FakeApiServer) -> None:
     task = asyncio.create_task(serve(options, ready=services.append))
     try:
         await eventually(lambda: bool(services))
-        await _exercise(apiserver, services[0])
+        yield services[0]
     finally:
         if services:
             services[0].stop.set()
         assert await asyncio.wait_for(task, 15) == 0
+
+
+async def test_serve_all_roles_in_one_process(apiserver: FakeApiServer) -> None:
+    apiserver.put("Node", node("n1"))
+    apiserver.put("Pod", pod("p0"))
+    async with running(apiserver) as service:
+        await _exercise(apiserver, service)
 
 
 def _state(service: Service) -> str:
@@ -208,22 +217,7 @@ async def test_bus_outage_is_ridden_out(
 
     monkeypatch.setattr(serve_module, "open_bus", open_flaky)
     apiserver.put("Node", node("n1"))
-    services: list[Service] = []
-    options = ServeOptions(
-        role="all",
-        bus="memory",
-        host=apiserver.url,
-        token="t",
-        listen="127.0.0.1:0",
-        identity="test-0",
-        watch_seconds=1,
-        lease_seconds=3,
-        poll_interval=0.02,
-    )
-    task = asyncio.create_task(serve(options, ready=services.append))
-    try:
-        await eventually(lambda: bool(services))
-        service = services[0]
+    async with running(apiserver) as service:
         apiserver.put("Pod", pod("before"))
         await eventually(
             lambda: bool(apiserver.get("Pod", "before", "default")["spec"].get("nodeName")),
@@ -239,10 +233,6 @@ async def test_bus_outage_is_ridden_out(
             timeout=15,
         )
         assert 'shoal_bus_errors_total{role="shard"}' in service.metrics.render()
-    finally:
-        if services:
-            services[0].stop.set()
-        assert await asyncio.wait_for(task, 15) == 0
     records = await flaky.inner.read(0, 0)
     bound = [
         e.event.pod

@@ -2,30 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
 import pytest
 
-from shards.cli import main
-from tests.shards.test_cli import QUICKSTART, ROOT
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
+from tests.shards.test_cli import QUICKSTART, ROOT, run, run_json
 
 
 def as_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
-    code, out, err = run(capsys, *argv, "--json")
-    assert code == 0, err
-    data: dict[str, Any] = json.loads(out)
-    return data
+    return run_json(capsys, *argv)
 
 
 @pytest.mark.parametrize("scenario", [QUICKSTART, str(ROOT / "examples" / "batch.yaml")])
