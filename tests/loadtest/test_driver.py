@@ -57,3 +57,14 @@ def test_gang_batches_never_split_a_gang() -> None:
     for batch in batches:
         groups = sum(1 for e in batch if isinstance(e, PodGroupSubmitted))
         assert sum(1 for e in batch if isinstance(e, PodSubmitted)) == 5 * groups
+
+
+async def test_stress_shapes_run_and_stay_bounded() -> None:
+    from loadtest.stress import run
+
+    churned = await run("churn", nodes=3, pods=300)
+    assert churned["succeeded"] == 300
+    # bounded requeueing: retries stay a small multiple of the pods, not pods x completions
+    assert churned["attempts"] < 300 * 4
+    preempted = await run("preempt", nodes=5, pods=400)
+    assert preempted["preempted"] > 0 and preempted["failed"] == preempted["preempted"]
