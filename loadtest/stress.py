@@ -29,10 +29,10 @@ from shards.simulate import simulate
 def churn(nodes: int, pods: int, seed: int = 1) -> Scenario:
     rng = random.Random(seed)
     events = [TimedEvent(0, i, NodeAdded(node=n)) for i, n in enumerate(basic_nodes(nodes, rng))]
-    for i, pod in enumerate(basic_pods(pods, rng)):
-        pod = msgspec.structs.replace(pod, runtime=rng.randint(10, 300) * SECOND)
+    for i, spec in enumerate(basic_pods(pods, rng)):
+        timed = msgspec.structs.replace(spec, runtime=rng.randint(10, 300) * SECOND)
         events.append(
-            TimedEvent(rng.randint(0, 600) * SECOND, len(events) + i, PodSubmitted(pod=pod))
+            TimedEvent(rng.randint(0, 600) * SECOND, len(events) + i, PodSubmitted(pod=timed))
         )
     events.sort(key=lambda e: (e.time, e.order))
     return Scenario(events=events)
