@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from engine.framework.interfaces import ClusterEvent
-from engine.framework.runtime import Attempt, Framework
+from engine.framework.results import Attempt
+from engine.framework.runtime import Framework
 from engine.framework.status import Code, Status
 from engine.gang import (
     FAILED,
@@ -28,6 +29,7 @@ from engine.gang import (
     group_unit,
     is_group_unit,
 )
+from engine.gang_attempt import NO_PROFILE, attempt_group
 from engine.pod import PodInfo
 from engine.preemption import Plan, VictimInfo, plan
 from engine.statement import Statement
@@ -43,8 +45,6 @@ from events.types import (
 
 if TYPE_CHECKING:
     from engine.scheduler import Engine
-
-NO_PROFILE = "no scheduling profile serves schedulerName {!r}"
 
 
 class SchedulingPass:
@@ -157,7 +157,7 @@ class SchedulingPass:
                 f"{present} of minMember {group.min_member} present",
             )
             return
-        self._ready(unit, self._group_priority(group), group.seq, group.namespace)
+        self._ready(unit, self.group_priority(group), group.seq, group.namespace)
 
     def _hold(
         self, unit: str, pods: list[PodInfo], reason: str, waits_on: tuple[str, ...] = ()
@@ -185,7 +185,7 @@ class SchedulingPass:
         if unit not in e.queue:
             e.queue.add(unit, priority, seq, e.queue_of(namespace))
 
-    def _group_priority(self, group: GroupInfo) -> int:
+    def group_priority(self, group: GroupInfo) -> int:
         members = [self.e.pods[m].priority for m in group.members if m in self.e.pods]
         return max([group.spec.priority if group.spec else 0, *members])
 
@@ -226,7 +226,7 @@ class SchedulingPass:
         e.count("attempts")
         framework = e.framework_for(pod)
         if framework is None:
-            self._unschedulable(pod, NO_PROFILE.format(pod.spec.scheduler_name), ())
+            self.unschedulable(pod, NO_PROFILE.format(pod.spec.scheduler_name), ())
             return
         explain = pod.key == e.explain
         refusal = e.quotas.admit(pod.spec.namespace, pod.request) if e.quotas else None
@@ -237,7 +237,7 @@ class SchedulingPass:
             if attempt is None:
                 attempt = framework.schedule(pod, e.state, explain=explain)
             if attempt.slot >= 0:
-                self._record(pod, attempt)
+                self.record(pod, attempt)
                 self._bind(pod, attempt.slot, attempt.score)
                 return
             if attempt.diagnosis is not None and attempt.diagnosis.plugins:
@@ -246,26 +246,26 @@ class SchedulingPass:
         preemptible = refusal is not None or e.preemptible_below(pod.priority)
         if (refusal is None or refusal[1]) and resolvable and preemptible:
             statement = Statement(e.state, e.quotas)
-            placed = self._preempt_into(statement, pod, framework, reclaim=refusal is not None)
+            placed = self.preempt_into(statement, pod, framework, reclaim=refusal is not None)
             if placed is not None:
-                self._commit(statement, [(pod, placed)])
+                self.commit(statement, [(pod, placed)])
                 return
             statement.discard()
         if refusal is not None:
-            self._record(pod, Attempt(-1, Status(reasons=(refusal[0],))))
-            self._unschedulable(pod, refusal[0], ("ElasticQuota",))
+            self.record(pod, Attempt(-1, Status(reasons=(refusal[0],))))
+            self.unschedulable(pod, refusal[0], ("ElasticQuota",))
             return
         assert attempt is not None
-        self._record(pod, attempt)
+        self.record(pod, attempt)
         diagnosis = attempt.diagnosis
         plugins = tuple(diagnosis.plugins) if diagnosis else ()
         if not plugins and attempt.status.plugin:
             plugins = (attempt.status.plugin,)
-        self._unschedulable(
+        self.unschedulable(
             pod, attempt.status.message(), plugins, diagnosis.rejections() if diagnosis else {}
         )
 
-    def _record(self, pod: PodInfo, attempt: Attempt) -> None:
+    def record(self, pod: PodInfo, attempt: Attempt) -> None:
         e = self.e
         if pod.key != e.explain:
             return
@@ -276,7 +276,7 @@ class SchedulingPass:
             Explanation(e.now, pod.attempts, node, attempt.status, attempt.diagnosis)
         )
 
-    def _unschedulable(
+    def unschedulable(
         self,
         pod: PodInfo,
         reason: str,
@@ -335,7 +335,7 @@ class SchedulingPass:
 
     # ------------------------------------------------------------------ preemption
 
-    def _preempt_into(
+    def preempt_into(
         self,
         statement: Statement,
         pod: PodInfo,
@@ -400,7 +400,7 @@ class SchedulingPass:
         placed = [m for m in group.members if m in e.state.pods]
         return tuple(placed) if len(placed) - 1 < group.min_member else ()
 
-    def _commit(self, statement: Statement, placed: list[tuple[PodInfo, int]]) -> None:
+    def commit(self, statement: Statement, placed: list[tuple[PodInfo, int]]) -> None:
         """Emit the staged evictions, then the placements."""
         e = self.e
         freed: list[int] = []
@@ -428,111 +428,7 @@ class SchedulingPass:
     # ------------------------------------------------------------------ gangs
 
     def _attempt_group(self, key: str) -> None:
-        e = self.e
-        group = e.groups[key]
-        assert group.spec is not None
-        group.attempts += 1
-        members = [e.pods[m] for m in group.members if m in e.pods]
-        pending = [p for p in members if p.key not in e.state.pods]
-        need = group.min_member - (len(members) - len(pending))
-        statement = Statement(e.state, e.quotas)
-        placed: list[tuple[PodInfo, int]] = []
-        failures: dict[str, tuple[str, tuple[str, ...], dict[str, int]]] = {}
-        short = self._short_of_min_resources(group)
-        for pod in pending:
-            pod.attempts += 1
-            e.count("attempts")
-            framework = e.framework_for(pod)
-            if short:
-                failures[pod.key] = (short, ("Coscheduling",), {})
-                continue
-            if framework is None:
-                failures[pod.key] = (NO_PROFILE.format(pod.spec.scheduler_name), (), {})
-                continue
-            refusal = e.quotas.admit(pod.spec.namespace, pod.request) if e.quotas else None
-            if refusal is not None:
-                failures[pod.key] = (refusal[0], ("ElasticQuota",), {})
-                continue
-            attempt = framework.schedule(pod, e.state, explain=pod.key == e.explain)
-            self._record(pod, attempt)
-            if attempt.slot >= 0:
-                statement.assume(
-                    pod.key, pod.spec.namespace, attempt.slot, pod.request, pod.priority
-                )
-                placed.append((pod, attempt.slot))
-            else:
-                d = attempt.diagnosis
-                failures[pod.key] = (
-                    attempt.status.message(),
-                    tuple(d.plugins) if d else (),
-                    d.rejections() if d else {},
-                )
-        if len(placed) < need and not short:
-            for pod in pending:
-                if len(placed) >= need:
-                    break
-                framework = e.framework_for(pod)
-                if pod.key not in failures or framework is None:
-                    continue
-                refusal = e.quotas.admit(pod.spec.namespace, pod.request) if e.quotas else None
-                if refusal is None and not e.preemptible_below(pod.priority):
-                    continue
-                slot = self._preempt_into(
-                    statement, pod, framework, reclaim=refusal is not None, exclude_group=key
-                )
-                if slot is not None:
-                    placed.append((pod, slot))
-                    del failures[pod.key]
-        if placed and len(placed) >= need:
-            self._commit(statement, placed)
-            group.phase, group.reason = SCHEDULED, ""
-            e.group_changes[key] = None
-            e.wake(key)
-            for pod in pending:
-                if pod.key in failures:  # beyond minMember: an ordinary pod from now on
-                    reason, plugins, rejections = failures[pod.key]
-                    self._unschedulable(pod, reason, plugins, rejections)
-            return
-        statement.discard()
-        first = next(iter(failures.values()), ("", (), {}))
-        reason = (
-            f"pod group {key}: {len(placed)} of the {need} members still needed fit; {first[0]}"
-        ).rstrip("; ")
-        plugins = tuple(dict.fromkeys(p for f in failures.values() for p in f[1]))
-        for pod in pending:
-            _, _, rejections = failures.get(pod.key, ("", (), {}))
-            self._unschedulable(pod, reason, plugins, rejections, unit=group_unit(key))
-        group.reason = reason
-        e.group_changes[key] = None
-        framework = e.framework_for(pending[0]) if pending else None
-        events = e.events_for(framework, plugins) if plugins else frozenset(ClusterEvent)
-        e.queue.park(
-            group_unit(key),
-            self._group_priority(group),
-            group.seq,
-            group.attempts,
-            e.now,
-            plugins,
-            events,
-            e.queue_of(group.namespace),
-        )
-
-    def _short_of_min_resources(self, group: GroupInfo) -> str:
-        """minResources as a cheap pre-filter: the cluster's free total must cover it."""
-        e = self.e
-        wanted = group.spec.min_resources if group.spec else {}
-        if not wanted:
-            return ""
-        valid = e.state.valid
-        for resource, amount in wanted.items():
-            row = e.state.resources.get(resource)
-            free = int(e.state.free[row][valid].sum()) if row is not None else 0
-            if free < amount:
-                return (
-                    f"pod group {group.key} needs minResources {resource}={amount}, "
-                    f"the cluster has {free} free"
-                )
-        return ""
+        attempt_group(self, key)
 
     # ------------------------------------------------------------------ status
 

@@ -18,7 +18,8 @@ from typing import Any
 from engine.config import SchedulerConfig, default_config, parse_config
 from engine.framework.interfaces import ClusterEvent
 from engine.framework.registry import Registry, builtin_registry
-from engine.framework.runtime import Diagnosis, Framework
+from engine.framework.results import Diagnosis
+from engine.framework.runtime import Framework
 from engine.framework.status import Status
 from engine.gang import (
     FAILED,

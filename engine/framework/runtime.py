@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from engine.framework.interfaces import (
     ScorePlugin,
 )
 from engine.framework.registry import Registry
+from engine.framework.results import Attempt, Diagnosis, NodeScore, full_scores, select
 from engine.framework.status import Code, Status
 from engine.pod import PodInfo
 from engine.state import Bools, ClusterState, Ints
@@ -64,71 +65,6 @@ class _ShapeEntry:
     pending: Ints | None = None
     """Slots whose feasibility was refreshed but whose scores are not yet."""
     pending_view: ClusterState | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class NodeScore:
-    node: str
-    total: int
-    plugins: dict[str, int]
-    """Each score plugin's weighted contribution."""
-
-
-@dataclass(slots=True)
-class Diagnosis:
-    """Why an attempt went the way it did (kept for failures and for ``--explain``)."""
-
-    nodes: int = 0
-    feasible: int = 0
-    plugins: dict[str, dict[str, int]] = field(default_factory=dict)
-    """Filter plugin → reason → nodes (first failing plugin per node; a node may count
-    under several reasons of that plugin, as in kube-scheduler's messages)."""
-    rejected: dict[str, int] = field(default_factory=dict)
-    """Filter plugin → nodes it was the first to reject."""
-    top: list[NodeScore] = field(default_factory=list)
-    status: Status | None = None
-
-    def rejections(self) -> dict[str, int]:
-        merged: dict[str, int] = {}
-        for reasons in self.plugins.values():
-            for reason, count in reasons.items():
-                merged[reason] = merged.get(reason, 0) + count
-        return merged
-
-    def message(self) -> str:
-        """kube-scheduler's ``FailedScheduling`` message shape."""
-        if self.status is not None and not self.plugins:
-            return self.status.message()
-        parts = sorted(f"{count} {reason}" for reason, count in self.rejections().items())
-        head = f"0/{self.nodes} nodes are available"
-        return f"{head}: {', '.join(parts)}." if parts else f"{head}."
-
-
-@dataclass(slots=True)
-class Attempt:
-    slot: int
-    status: Status
-    score: int = 0
-    diagnosis: Diagnosis | None = None
-
-
-def select(masked: Ints, used: int, tiebreak: int) -> int:
-    """The best slot: highest score; among equals, the first at or after a rotation
-    given by ``tiebreak`` (a stable hash of the pod's name), wrapping around. Equal
-    nodes are thus spread over pods, and every replay picks the same one."""
-    live = masked[:used]
-    start = tiebreak % used
-    after = int(live[start:].argmax()) + start
-    if start == 0:
-        return after
-    before = int(live[:start].argmax())
-    return after if live[after] >= live[before] else before
-
-
-def _full(scores: Ints | int, size: int) -> Ints:
-    if isinstance(scores, int):
-        return np.full(size, scores, dtype=np.int64)
-    return scores
 
 
 @dataclass(slots=True)
@@ -315,7 +251,7 @@ class Framework:
             for e in self._local_scores:
                 weighted = e.plugin.score(cycle, pod, state, feasible) * e.weight
                 if keep is not None:
-                    keep[e.plugin.name] = _full(weighted, state.capacity)
+                    keep[e.plugin.name] = full_scores(weighted, state.capacity)
                 local += weighted
             masked: Ints = np.where(feasible, local, -1)
             if entry is not None:
@@ -363,7 +299,7 @@ class Framework:
             if static and isinstance(weighted, int):
                 self._constant_scores[cache_key] = weighted
             if keep is not None:
-                keep[entry.plugin.name] = _full(weighted, state.capacity)
+                keep[entry.plugin.name] = full_scores(weighted, state.capacity)
             if isinstance(weighted, int):
                 constant += weighted
             else:
