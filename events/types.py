@@ -200,6 +200,14 @@ class QuotaDefined(_Fact, frozen=True, kw_only=True, tag="quota"):
     quota: QuotaSpec
 
 
+class PositionRecorded(_Fact, frozen=True, kw_only=True, tag="pos"):
+    """A component applied everything before ``position``; after a restart it resumes
+    there instead of applying the log again from the start."""
+
+    component: str
+    position: int
+
+
 class ClockTicked(_Fact, frozen=True, kw_only=True, tag="tick"):
     """Time passed with nothing else happening; the envelope carries the time."""
 
@@ -287,6 +295,7 @@ Event = (
     | PodSucceeded
     | PodFailed
     | ClockTicked
+    | PositionRecorded
     | SchedulerConfigured
     | PodBound
     | PodUnschedulable

@@ -41,6 +41,7 @@ from events.types import (
     PodPreempted,
     PodRejected,
     PodUnschedulable,
+    PositionRecorded,
 )
 from shards.kube.client import checked
 
@@ -68,6 +69,7 @@ class KubeBinder:
         self.log = log_
         self.partition = partition
         self.position = 0
+        self.resumed = False
         self.max_attempts = max_attempts
         self.initial_backoff = initial_backoff
         self.clock = clock
@@ -80,24 +82,53 @@ class KubeBinder:
     def stats(self) -> dict[str, int]:
         return {"position": self.position, **self.counters}
 
+    async def resume(self) -> int:
+        """Start after the last position this binder recorded in the log (0 if none).
+
+        The pod-group sources seen before it are learnt again on the way."""
+        records = await self.log.read(self.partition, 0)
+        for env in records:
+            event = env.event
+            if isinstance(event, PositionRecorded) and event.component == "binder":
+                self.position = max(self.position, event.position)
+            elif isinstance(event, PodGroupSubmitted):
+                self.group_sources[event.group.key] = event.group.source
+        self.resumed = True
+        return self.position
+
     async def poll(self) -> int:
         """Apply what is new in the log; return the events appended (bind failures)."""
+        if not self.resumed:
+            await self.resume()
         records = await self.log.read(self.partition, self.position)
         if not records:
             return 0
         out: list[Envelope] = []
+        applied = False
         for env in records:
+            if isinstance(env.event, PositionRecorded):
+                continue
+            applied = applied or env.producer.startswith("shard-")
             caused = await self._apply(env)
             out.extend(
                 Envelope(event=e, time=self.clock(), causation=env.offset, producer="binder")
                 for e in caused
+            )
+        if applied:
+            # recorded with the results, atomically: a restart resumes after these
+            out.append(
+                Envelope(
+                    event=PositionRecorded(component="binder", position=records[-1].offset + 1),
+                    time=self.clock(),
+                    producer="binder",
+                )
             )
         if out:
             await self.log.append(out, self.partition)
         # only now: if the append failed, the same records are applied again, and
         # every action here is idempotent (a repeated binding is recognised)
         self.position = records[-1].offset + 1
-        return len(out)
+        return sum(1 for e in out if not isinstance(e.event, PositionRecorded))
 
     async def run(self, stop: asyncio.Event, interval: float = 0.05) -> None:
         while not stop.is_set():

@@ -204,3 +204,32 @@ async def test_end_to_end_pods_get_bound(apiserver: FakeApiServer, api: Any) -> 
     await asyncio.wait_for(asyncio.gather(task, driver), 10)
     records = await log.read(0, 0)
     assert replay(records, verify=True).mismatch is None
+
+
+async def test_a_restarted_binder_resumes_where_it_left_off(
+    apiserver: FakeApiServer, api: Any
+) -> None:
+    apiserver.put("Pod", pod("a"))
+    log = MemoryLog()
+    await log.append(
+        [
+            decision(PodBound(pod="default/a", node="n1", decision_id="d1", attempt=1)),
+            decision(PodUnschedulable(pod="default/b", attempt=1, reason="no room")),
+            decision(PodBound(pod="default/gone", node="n1", decision_id="d2", attempt=1)),
+        ]
+    )
+    first = KubeBinder(api, log, initial_backoff=0.01)
+    assert await first.poll() == 1  # the BindFailed for the missing pod
+    assert await first.poll() == 0  # its own records apply nothing, record nothing
+    events_before = len(apiserver.all("Event"))
+    end = await log.end_offset(0)
+    restarted = KubeBinder(api, log, initial_backoff=0.01)
+    assert await restarted.resume() == 3
+    assert await restarted.poll() == 0
+    assert await log.end_offset(0) == end, "nothing applied twice, nothing appended"
+    assert len(apiserver.all("Event")) == events_before
+    await log.append(
+        [decision(PodUnschedulable(pod="default/c", attempt=1, reason="still no room"))]
+    )
+    assert await restarted.poll() == 0
+    assert len(apiserver.all("Event")) == events_before + 1
