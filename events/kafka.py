@@ -23,6 +23,7 @@ Only this module imports aiokafka.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import ssl
 from collections.abc import Mapping, Sequence
@@ -175,6 +176,8 @@ class KafkaLog:
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._read_lock = asyncio.Lock()
+        self._restart_lock = asyncio.Lock()
+        self._needs_restart = False
 
     def __repr__(self) -> str:
         s = self.settings
@@ -206,9 +209,12 @@ class KafkaLog:
             await self._consumer.start()
             await self._consumer.topics()  # refreshes the cluster metadata
             found = self._consumer.partitions_for_topic(self.settings.topic)
-        except KafkaError as exc:
+        except (KafkaError, OSError, TimeoutError) as exc:
             await self.close()
             raise LogError(f"kafka {self.settings.bootstrap}: {exc}") from None
+        except BaseException:  # cancelled half-way: never leave a client running
+            await asyncio.shield(self.close())
+            raise
         if not found or len(found) < self.settings.partitions:
             await self.close()
             have = len(found) if found else 0
@@ -221,6 +227,7 @@ class KafkaLog:
         check_partition(partition, self.partitions)
         if not envelopes:
             return []
+        await self._ensure()
         producer = self._need(self._producer)
         key = str(partition).encode()
         offsets: list[int] = []
@@ -237,6 +244,7 @@ class KafkaLog:
                 count += 1
             offsets.extend(await self._send(producer, batch, partition, count))
         except KafkaError as exc:
+            await self._broken()
             raise LogError(f"kafka append failed: {exc}") from None
         return offsets
 
@@ -252,6 +260,7 @@ class KafkaLog:
 
     async def read(self, partition: int, offset: int, limit: int | None = None) -> list[Envelope]:
         check_partition(partition, self.partitions)
+        await self._ensure()
         consumer = self._need(self._consumer)
         tp = TopicPartition(self.settings.topic, partition)
         offset = max(offset, 0)
@@ -275,6 +284,7 @@ class KafkaLog:
                         max_records=None if limit is None else limit - len(out),
                     )
                 except KafkaError as exc:
+                    await self._broken()
                     raise LogError(f"kafka read failed: {exc}") from None
                 # A fetch already in flight before the caller's append may answer with
                 # an old high-water mark: keep the newest one seen, and stop only after
@@ -312,6 +322,7 @@ class KafkaLog:
 
     async def end_offset(self, partition: int) -> int:
         check_partition(partition, self.partitions)
+        await self._ensure()
         consumer = self._need(self._consumer)
         tp = TopicPartition(self.settings.topic, partition)
         async with self._read_lock:
@@ -331,6 +342,7 @@ class KafkaLog:
                         tp, timeout_ms=self.settings.fetch_max_wait_ms * 4 + 50
                     )
                 except KafkaError as exc:
+                    await self._broken()
                     raise LogError(f"kafka end offset failed: {exc}") from None
                 mark = consumer.highwater(tp)
                 if mark is not None:
@@ -346,10 +358,25 @@ class KafkaLog:
     async def close(self) -> None:
         producer, consumer = self._producer, self._consumer
         self._producer = self._consumer = None
-        if producer is not None:
-            await producer.stop()
-        if consumer is not None:
-            await consumer.stop()
+        for client in (producer, consumer):
+            if client is not None:
+                with contextlib.suppress(Exception):  # each one stopped, whatever the other did
+                    await client.stop()
+
+    async def _broken(self) -> None:
+        """A client failed (the broker went away): drop both; the next call starts new
+        ones, since clients that lived through a broker restart can misbehave."""
+        self._needs_restart = True
+        with contextlib.suppress(Exception):
+            await self.close()
+
+    async def _ensure(self) -> None:
+        if not self._needs_restart:
+            return
+        async with self._restart_lock:  # callers share the log: restart it once
+            if self._needs_restart:
+                await self.start()  # raises LogError while the broker is still away
+                self._needs_restart = False
 
     @staticmethod
     def _need(client: Any) -> Any:

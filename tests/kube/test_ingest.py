@@ -53,7 +53,7 @@ def pod(
     }
 
 
-async def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
+async def eventually(check: Callable[[], bool], timeout: float = 15.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not check():
