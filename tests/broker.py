@@ -60,7 +60,14 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 class Broker:
-    """A tansu broker that can be stopped and started again on the same port and store."""
+    """A tansu broker that can be stopped and started again on the same port and store.
+
+    With ``storage="s3://tansu/"`` and a local S3 (``moto_server -H 127.0.0.1 -p PORT``
+    from the PyPI package ``moto[server]``, bucket ``tansu`` created), pass
+    ``env={"AWS_ENDPOINT": "http://127.0.0.1:PORT", "AWS_ALLOW_HTTP": "true",
+    "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+    "AWS_DEFAULT_REGION": "eu-west-2"}``: topics and data then survive a restart.
+    """
 
     def __init__(
         self, *, storage: str = "memory://tansu/", env: dict[str, str] | None = None
