@@ -34,7 +34,7 @@ from urllib.parse import parse_qs, urlsplit
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from events.codec import DecodeError, decode, encode
 from events.errors import InputError, LogCorruptedError, LogError
@@ -254,8 +254,15 @@ class KafkaLog:
         if count == 0:
             return []
         batch.close()
-        future = await producer.send_batch(batch, self.settings.topic, partition=partition)
-        meta = await future
+        timeout = self.settings.request_timeout_ms / 1000
+        try:
+            future = await asyncio.wait_for(
+                producer.send_batch(batch, self.settings.topic, partition=partition), timeout
+            )
+            # a producer stopped by another caller (a restart) may never answer
+            meta = await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            raise KafkaTimeoutError("no answer to a produce request") from None
         return list(range(meta.offset, meta.offset + count))
 
     async def read(self, partition: int, offset: int, limit: int | None = None) -> list[Envelope]:
@@ -330,7 +337,11 @@ class KafkaLog:
             # end_offsets is a lower bound on some brokers (the first offset of the last
             # batch + 1); fetching from just below it teaches the consumer the true
             # high-water mark, confirmed by a fetch that brings nothing more.
-            lower = int((await consumer.end_offsets([tp]))[tp])
+            try:
+                lower = int((await consumer.end_offsets([tp]))[tp])
+            except KafkaError as exc:
+                await self._broken()
+                raise LogError(f"kafka end offset failed: {exc}") from None
             position = max(lower - 1, 0)
             consumer.seek(tp, position)
             end = lower
