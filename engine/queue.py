@@ -32,7 +32,7 @@ compare by priority, then arrival, exactly as one heap would.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import islice
 
@@ -260,9 +260,3 @@ class SchedulingQueue:
                 return until
             heapq.heappop(self._backoff)
         return None
-
-    def has_active(self) -> bool:
-        return any(e.where == "active" for e in self._entries.values())
-
-    def parked(self) -> Iterator[str]:
-        return (k for k, e in self._entries.items() if e.where == "unschedulable")

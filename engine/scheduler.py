@@ -335,18 +335,14 @@ class Engine:
             self.fire(ClusterEvent.POD_FREED, slot)
 
     def finish(self, key: str, outcome: str) -> None:
-        pod = self.pods.pop(key, None)
-        if pod is None:
+        if key not in self.pods:
             return
+        slot = self.release(key)
+        pod = self.pods.pop(key)
         self.outcomes[key] = outcome
         self.queue.remove(key)
         self.waiting.pop(key, None)
         self.said.pop(key, None)
-        slot = self.state.pods[key].slot if key in self.state.pods else None
-        if slot is not None:
-            self.quotas.remove(pod.spec.namespace, self.state.pods[key].request)
-            self.state.forget(key)
-        self._unplaced(pod)
         if pod.spec.group in self.groups:
             self._member_finished(self.groups[pod.spec.group], outcome)
         self.wake(key)

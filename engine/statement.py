@@ -55,9 +55,6 @@ class Statement:
     def evicted(self) -> list[str]:
         return [op.key for op in self.ops if op.kind == "evict"]
 
-    def assumed(self) -> list[tuple[str, int]]:
-        return [(op.key, op.slot) for op in self.ops if op.kind == "assume"]
-
     def commit(self) -> None:
         self.open = False
 

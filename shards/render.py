@@ -10,7 +10,6 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from engine.quantity import format_quantity
 from events.codec import to_builtins
 from events.types import SECOND, Envelope
 from shards.replay import ReplayResult
@@ -216,7 +215,3 @@ def loadtest_table(result: dict[str, Any]) -> None:
         f"bound {result['bound']}, unschedulable {result['unschedulable']}, "
         f"wall {result['wall_seconds']:.2f}s (engine {result['engine_seconds']:.2f}s)"
     )
-
-
-def quantity(resource: str, value: int) -> str:
-    return format_quantity(resource, value)

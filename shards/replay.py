@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import msgspec
 
@@ -38,7 +38,6 @@ class ReplayResult:
     """Decisions re-derived and found equal."""
     passes: int = 0
     mismatch: ReplayMismatchError | None = None
-    notes: list[str] = field(default_factory=list)
     explained: PodSpec | None = None
     """The submitted spec of the pod under ``--explain``."""
 

@@ -38,7 +38,6 @@ class PodView:
     reason: str = WAITING
     shard: int | None = None
     attempts: int = 0
-    submitted_at: int = 0
     bound_at: int | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -103,7 +102,7 @@ class RunReport:
             case NodeRemoved(name=name):
                 self.nodes.discard(name)
             case PodSubmitted(pod=spec):
-                self.pods[spec.key] = PodView(submitted_at=env.time)
+                self.pods[spec.key] = PodView()
                 group = self.groups.get(spec.group)
                 if group is not None:
                     group.members += 1
