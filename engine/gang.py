@@ -55,6 +55,8 @@ class GroupInfo:
     attempts: int = 0
     reported: tuple[str, int, str] | None = None
     """The last (phase, scheduled, reason) emitted as an event."""
+    reservation: str = ""
+    """Set for a part of a cross-shard gang: the reservation it answers."""
 
     @property
     def min_member(self) -> int:

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING
 from engine.framework.interfaces import ClusterEvent
 from engine.gang import SCHEDULED, GroupInfo, group_unit
 from engine.pod import PodInfo
+from engine.reservations import hand_back
 from engine.statement import Statement
+from events.types import ReservationDenied, ReservationGranted
 
 if TYPE_CHECKING:
     from engine.passes import SchedulingPass
@@ -62,7 +64,7 @@ def attempt_group(p: SchedulingPass, key: str) -> None:
                 tuple(d.plugins) if d else (),
                 d.rejections() if d else {},
             )
-    if len(placed) < need and not short:
+    if len(placed) < need and not short and not group.reservation:
         for pod in pending:
             if len(placed) >= need:
                 break
@@ -78,6 +80,17 @@ def attempt_group(p: SchedulingPass, key: str) -> None:
             if slot is not None:
                 placed.append((pod, slot))
                 del failures[pod.key]
+    if placed and len(placed) >= need and group.reservation:
+        statement.commit()
+        grant = ReservationGranted(
+            rid=group.reservation,
+            group=key,
+            placements={pod.key: e.state.names[slot] or "" for pod, slot in placed},
+            shard=e.shard,
+        )
+        e.granted(grant)  # already staged in state: records them as held
+        p.out.append(grant)
+        return
     if placed and len(placed) >= need:
         p.commit(statement, placed)
         group.phase, group.reason = SCHEDULED, ""
@@ -93,6 +106,15 @@ def attempt_group(p: SchedulingPass, key: str) -> None:
     reason = (
         f"pod group {key}: {len(placed)} of the {need} members still needed fit; {first[0]}"
     ).rstrip("; ")
+    if group.reservation:
+        denial = ReservationDenied(rid=group.reservation, group=key, reason=reason, shard=e.shard)
+        e.denied(denial)
+        p.out.append(denial)
+        return
+    if e.returnable_unit(group_unit(key)):
+        plugins = tuple(dict.fromkeys(name for f in failures.values() for name in f[1]))
+        hand_back(p, group=key, reason=reason, plugins=plugins)
+        return
     plugins = tuple(dict.fromkeys(name for f in failures.values() for name in f[1]))
     for pod in pending:
         _, _, rejections = failures.get(pod.key, ("", (), {}))

@@ -32,6 +32,7 @@ from engine.gang import (
 from engine.gang_attempt import NO_PROFILE, attempt_group
 from engine.pod import PodInfo
 from engine.preemption import Plan, VictimInfo, plan
+from engine.reservations import hand_back, settle_reservations, summary
 from engine.statement import Statement
 from events.types import (
     SECOND,
@@ -40,6 +41,7 @@ from events.types import (
     PodGroupStatusChanged,
     PodPreempted,
     PodRejected,
+    PodUnbound,
     PodUnschedulable,
 )
 
@@ -58,6 +60,10 @@ class SchedulingPass:
 
     def run(self) -> list[Event]:
         e = self.e
+        if e.reservations:
+            settle_reservations(self)
+        if e.broken:
+            self._take_back_broken()
         self._timeouts()
         self._settle()
         e.queue.flush_backoff(e.now)
@@ -69,7 +75,38 @@ class SchedulingPass:
             if e.dirty:
                 self._settle()
         self._report_groups()
+        if e.seen >= 0:
+            current = summary(e)
+            if current != e.last_summary:
+                e.last_summary = current
+                self.out.append(current)
         return self.out
+
+    def _take_back_broken(self) -> None:
+        """Gangs that fell below minMember after a failed bind: unbind the rest and
+        schedule the gang again, whole."""
+        e = self.e
+        for key, reason in sorted(e.broken.items()):
+            group = e.groups.get(key)
+            if group is None:
+                continue
+            for member in list(group.members):
+                placed = e.state.pods.get(member)
+                if placed is None:
+                    continue
+                event = PodUnbound(
+                    pod=member,
+                    node=e.state.names[placed.slot] or "",
+                    decision_id=e.bindings.get(member, ""),
+                    reason=f"gang {key} rolled back: {reason}",
+                    shard=e.shard,
+                )
+                e.apply_decision(event)
+                self.out.append(event)
+            group.phase, group.reason = PENDING, f"rolled back: {reason}"
+            e.group_changes[key] = None
+            e.dirty[group_unit(key)] = None
+        e.broken.clear()
 
     # ------------------------------------------------------------------ waiting
 
@@ -285,6 +322,12 @@ class SchedulingPass:
         unit: str | None = None,
     ) -> None:
         e = self.e
+        if unit is None and pod.key in e.returnable and not pod.spec.group:
+            hand_back(self, pod=pod.key, reason=reason, plugins=plugins)
+            return
+        answers = e.answers.get(pod.key)
+        if answers:
+            reason = f"{reason}; " + "; ".join(answers)
         e.said.pop(pod.key, None)
         self.out.append(
             PodUnschedulable(
@@ -436,7 +479,7 @@ class SchedulingPass:
         e = self.e
         for key in list(e.group_changes):
             group = e.groups.get(key)
-            if group is None or group.spec is None:
+            if group is None or group.spec is None or group.reservation:
                 continue
             placed = sum(1 for m in group.members if m in e.state.pods)
             status = (group.phase, placed, group.reason)

@@ -34,6 +34,14 @@ from engine.gang import (
 from engine.pod import PodInfo, pod_info
 from engine.queue import SchedulingQueue
 from engine.quota import QuotaTable
+from engine.reservations import (
+    COMMITTED,
+    COMMITTING,
+    HELD,
+    STAGING,
+    Reservation,
+    decision_id,
+)
 from engine.state import ClusterState
 from events.errors import InputError
 from events.types import (
@@ -50,13 +58,24 @@ from events.types import (
     PodFailed,
     PodGroupStatusChanged,
     PodGroupSubmitted,
+    PodHandedBack,
     PodPreempted,
     PodRejected,
+    PodRouted,
+    PodSpec,
     PodSubmitted,
     PodSucceeded,
+    PodUnbound,
     PodUnschedulable,
     QuotaDefined,
+    ReservationAborted,
+    ReservationCommitted,
+    ReservationDenied,
+    ReservationGranted,
+    ReservationReleased,
+    ReservationRequested,
     SchedulerConfigured,
+    ShardSummary,
 )
 
 QUOTA_PLUGIN = "ElasticQuota"
@@ -116,6 +135,21 @@ class Engine:
         self.placed_priorities: dict[int, int] = {}
         """How many placed pods have each priority (is anything preemptible?)."""
         self.now = 0
+        self.seen = -1
+        """Control offset of the last record the router forwarded here (-1: none; a
+        single-shard log has no router)."""
+        self.returnable: dict[str, str] = {}
+        """Routed pods (and gangs) this shard may hand back: key → the other shards'
+        answers so far."""
+        self.answers: dict[str, tuple[str, ...]] = {}
+        """Pods kept for good after every shard refused them → those refusals."""
+        self.reservations: dict[str, Reservation] = {}
+        self.reserved: dict[str, str] = {}
+        """Pod → the reservation holding it."""
+        self.broken: dict[str, str] = {}
+        """Scheduled gangs that fell below minMember after a failed bind → why; the
+        next pass takes back the rest of the gang."""
+        self.last_summary: ShardSummary | None = None
         self.explain: str | None = None
         self.explanations: list[Explanation] = []
         self._submissions = 0
@@ -166,7 +200,15 @@ class Engine:
         self._counters["events"] += 1
         if envelope.time > self.now:  # noqa: PLR1730 - hot path: no call
             self.now = envelope.time
+        if envelope.causation > self.seen and envelope.producer == "router":
+            self.seen = envelope.causation
         event = envelope.event
+        handler = _HANDLERS.get(type(event))
+        if handler is not None:
+            handler(self, event)
+
+    def apply_decision(self, event: Event) -> None:
+        """Fold a decision the current pass has just made (as its replay will)."""
         handler = _HANDLERS.get(type(event))
         if handler is not None:
             handler(self, event)
@@ -192,8 +234,146 @@ class Engine:
 
     def _status_seen(self, event: PodGroupStatusChanged) -> None:
         group = self.groups.get(event.group)
-        if group is not None and group.reported is None:
+        if group is None:
+            if event.phase in (SUCCEEDED, FAILED):
+                self.outcomes[event.group] = event.phase  # a dependency on another shard
+                self.wake(event.group)
+            return
+        if group.reported is None:
             group.reported = (event.phase, event.scheduled, event.reason)
+
+    # ------------------------------------------------------------------ routing
+
+    def drop(self, key: str) -> None:
+        """Forget pending pod ``key`` entirely: it was handed to another shard."""
+        pod = self.pods.get(key)
+        if pod is None:
+            return
+        self.release(key)
+        del self.pods[key]
+        self.queue.remove(key)
+        self.waiting.pop(key, None)
+        self.said.pop(key, None)
+        self.returnable.pop(key, None)
+        self.answers.pop(key, None)
+        self.reserved.pop(key, None)
+        group = self.groups.get(pod.spec.group) if pod.spec.group else None
+        if group is not None:
+            group.members.pop(key, None)
+
+    def drop_group(self, key: str) -> None:
+        group = self.groups.pop(key, None)
+        if group is None:
+            return
+        for member in list(group.members):
+            self.drop(member)
+        unit = group_unit(key)
+        self.queue.remove(unit)
+        self.waiting.pop(unit, None)
+        self.group_changes.pop(key, None)
+        self.broken.pop(key, None)
+
+    def handed_back(self, event: PodHandedBack) -> None:
+        if event.group:
+            self.drop_group(event.group)
+        else:
+            self.drop(event.pod)
+
+    def returnable_unit(self, unit: str) -> bool:
+        """May this shard hand ``unit`` back to the router?"""
+        if not is_group_unit(unit):
+            return unit in self.returnable
+        group = self.groups.get(unit[1:])
+        return (
+            group is not None
+            and not group.reservation
+            and all(m in self.returnable for m in group.members)
+            and bool(group.members)
+        )
+
+    # ------------------------------------------------------------------ reservations
+
+    def _reservation_requested(self, event: ReservationRequested) -> None:
+        if event.rid in self.reservations or event.group.key in self.groups:
+            return
+        keys = tuple(spec.key for spec in event.pods)
+        if any(k in self.pods or k in self.outcomes for k in keys):
+            return
+        self.reservations[event.rid] = Reservation(
+            event.rid, event.group.key, keys, event.expires_at
+        )
+        group = self.groups[event.group.key] = GroupInfo(
+            event.group.key, seq=self._submissions, reservation=event.rid
+        )
+        self._submissions += 1
+        group.spec = event.group
+        group.created_at = self.now
+        for spec in event.pods:
+            self.reserved[spec.key] = event.rid
+            self.submit(spec)
+        self.dirty[group_unit(event.group.key)] = None
+
+    def granted(self, event: ReservationGranted) -> None:
+        res = self.reservations.get(event.rid)
+        if res is None or res.state != STAGING:
+            return
+        for key, node in event.placements.items():
+            slot = self.state.index.get(node)
+            if key in self.pods and slot is not None:
+                self.queue.remove(key)
+                self.place(key, slot, decision_id(key, event.rid))
+        group = self.groups[res.group]
+        group.phase, group.reason = SCHEDULED, ""
+        self.queue.remove(group_unit(res.group))
+        res.state = HELD
+
+    def _committed(self, event: ReservationCommitted) -> None:
+        res = self.reservations.get(event.rid)
+        if res is not None and res.state == HELD:
+            res.state = COMMITTING
+
+    def _aborted(self, event: ReservationAborted) -> None:
+        res = self.reservations.get(event.rid)
+        if res is not None and not res.ending:
+            res.ending = f"aborted: {event.reason}" if event.reason else "aborted"
+
+    def denied(self, event: ReservationDenied) -> None:
+        res = self.reservations.pop(event.rid, None)
+        if res is not None:
+            self._forget_part(res)
+
+    def released(self, event: ReservationReleased) -> None:
+        res = self.reservations.pop(event.rid, None)
+        if res is not None:
+            self._forget_part(res)
+
+    def _forget_part(self, res: Reservation) -> None:
+        freed = [slot for key in res.pods if (slot := self.release_if_placed(key)) is not None]
+        self.drop_group(res.group)
+        for slot in freed:
+            self.fire(ClusterEvent.POD_FREED, slot)
+
+    def release_if_placed(self, key: str) -> int | None:
+        return self.release(key) if key in self.pods else None
+
+    def _unbound(self, event: PodUnbound) -> None:
+        pod = self.pods.get(event.pod)
+        if pod is None or self.bindings.get(event.pod) != event.decision_id:
+            return
+        slot = self.release(event.pod)
+        rid = self.reserved.get(event.pod)
+        if rid is not None and rid in self.reservations:
+            self.reservations[rid].bound.discard(event.pod)
+        elif pod.spec.group in self.groups:
+            group = self.groups[pod.spec.group]
+            placed = sum(1 for m in group.members if m in self.state.pods)
+            if group.phase == SCHEDULED and placed < group.min_member:
+                group.phase = PENDING
+            self.dirty[self.unit_of(event.pod)] = None
+        else:
+            self.dirty[event.pod] = None
+        if slot is not None:
+            self.fire(ClusterEvent.POD_FREED, slot)
 
     def _node_removed(self, event: NodeRemoved) -> None:
         slot = self.state.index.get(event.name)
@@ -203,10 +383,23 @@ class Engine:
         self.state.remove_node(event.name)
 
     def _submit(self, event: PodSubmitted) -> None:
+        self.submit(event.pod)
+
+    def _routed(self, event: PodRouted) -> None:
         key = event.pod.key
         if key in self.pods or key in self.outcomes:
             return
-        info = pod_info(event.pod, self.state.resources, self._submissions)
+        if event.final:
+            self.answers[key] = event.answers
+        else:
+            self.returnable[key] = ""
+        self.submit(event.pod)
+
+    def submit(self, spec: PodSpec) -> None:
+        key = spec.key
+        if key in self.pods or key in self.outcomes:
+            return
+        info = pod_info(spec, self.state.resources, self._submissions)
         self._submissions += 1
         self.state.ensure_rows()
         self.pods[key] = info
@@ -230,7 +423,7 @@ class Engine:
         if group.spec is not None:
             return
         group.spec = event.group
-        group.created_at = self.now
+        group.created_at = event.created_at if event.created_at >= 0 else self.now
         self.dirty[group_unit(key)] = None
         self.group_changes[key] = None
         self.wake(key)
@@ -245,6 +438,17 @@ class Engine:
         self.queue.remove(event.pod)
         pod.attempts = max(pod.attempts, event.attempt)
         self.place(event.pod, slot, event.decision_id)
+
+    def _bound_seen(self, event: PodBound) -> None:
+        rid = self.reserved.get(event.pod)
+        if rid is None:
+            self._bound(event)
+            return
+        res = self.reservations.get(rid)
+        if res is not None and self.bindings.get(event.pod) == event.decision_id:
+            res.bound.add(event.pod)
+            if res.state == COMMITTING and len(res.bound) == len(res.pods):
+                res.state = COMMITTED
 
     def place(self, key: str, slot: int, decision_id: str) -> None:
         """Assume ``key`` on ``slot`` in state and quota (already staged is fine)."""
@@ -326,7 +530,23 @@ class Engine:
         pod = self.pods.get(event.pod)
         if pod is None or self.bindings.get(event.pod) != event.decision_id:
             return
+        rid = self.reserved.get(event.pod)
+        if rid is not None:
+            res = self.reservations[rid]
+            res.bound.discard(event.pod)
+            self.release(event.pod)
+            if not res.ending:
+                res.ending = f"broken: {event.pod} failed to bind to {event.node}: {event.reason}"
+            return
         slot = self.release(event.pod)
+        group = self.groups.get(pod.spec.group) if pod.spec.group else None
+        if group is not None and group.phase == SCHEDULED:
+            placed = sum(1 for m in group.members if m in self.state.pods)
+            if placed < group.min_member:
+                self.broken[group.key] = (
+                    f"{event.pod} failed to bind to {event.node} ({event.reason}), leaving "
+                    f"{placed} of minMember {group.min_member} placed"
+                )
         unit = self.unit_of(event.pod)
         self.queue.back_off(
             unit, pod.priority, pod.seq, pod.attempts, self.now, self.queue_of(pod.spec.namespace)
@@ -336,6 +556,9 @@ class Engine:
 
     def finish(self, key: str, outcome: str) -> None:
         if key not in self.pods:
+            if key not in self.outcomes:
+                self.outcomes[key] = outcome  # it ran on another shard: a dependency's fate
+                self.wake(key)
             return
         slot = self.release(key)
         pod = self.pods.pop(key)
@@ -447,6 +670,9 @@ class Engine:
     def next_wakeup(self) -> int | None:
         """Simulated time at which a pass would do something new without new events."""
         times = [t for t in (self.queue.next_wakeup(),) if t is not None]
+        for res in self.reservations.values():
+            if res.state in (STAGING, HELD):
+                times.append(max(res.expires_at, self.now))
         for group in self.groups.values():
             deadline = group.deadline
             if group.phase == PENDING and deadline is not None and deadline > self.now:
@@ -464,13 +690,22 @@ _HANDLERS: dict[type, Callable[[Engine, Any], None]] = {
     PodSubmitted: Engine._submit,
     PodGroupSubmitted: Engine._group_submitted,
     QuotaDefined: lambda e, ev: e.quotas.define(ev.quota),
-    PodBound: Engine._bound,
+    PodBound: Engine._bound_seen,
     PodUnschedulable: Engine._unschedulable,
     BindFailed: Engine._bind_failed,
     PodSucceeded: lambda e, ev: e.finish(ev.pod, SUCCEEDED),
     PodDeleted: lambda e, ev: e.finish(ev.pod, FAILED),
     PodFailed: lambda e, ev: e.finish(ev.pod, FAILED),
     PodRejected: lambda e, ev: e.finish(ev.pod, FAILED),
+    PodRouted: Engine._routed,
+    PodHandedBack: Engine.handed_back,
+    PodUnbound: Engine._unbound,
+    ReservationRequested: Engine._reservation_requested,
+    ReservationGranted: Engine.granted,
+    ReservationDenied: Engine.denied,
+    ReservationCommitted: Engine._committed,
+    ReservationAborted: Engine._aborted,
+    ReservationReleased: Engine.released,
     PodEvicted: lambda e, ev: e.finish(ev.pod, FAILED),
     PodPreempted: lambda e, ev: e.finish(ev.pod, FAILED),
     PodGroupStatusChanged: Engine._status_seen,

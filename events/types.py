@@ -190,8 +190,19 @@ class SchedulerConfigured(_Fact, frozen=True, kw_only=True, tag="config"):
     config: str = ""
 
 
+class ShardingConfigured(_Fact, frozen=True, kw_only=True, tag="sharding"):
+    """How a run with several shards maps nodes to pools and pools to shards (JSON of
+    ``shards.router.Sharding``); the first record of the control partition, so that
+    replay folds it the same way."""
+
+    config: str
+
+
 class PodGroupSubmitted(_Fact, frozen=True, kw_only=True, tag="group+"):
     group: GroupSpec
+    created_at: int = -1
+    """When the group was first submitted (its timeout counts from then); -1: the
+    envelope's time. Set when the router hands a group to another shard."""
 
 
 class QuotaDefined(_Fact, frozen=True, kw_only=True, tag="quota"):
@@ -210,6 +221,48 @@ class PositionRecorded(_Fact, frozen=True, kw_only=True, tag="pos"):
 
 class ClockTicked(_Fact, frozen=True, kw_only=True, tag="tick"):
     """Time passed with nothing else happening; the envelope carries the time."""
+
+
+# ------------------------------------------------ routing and reservations (inputs)
+#
+# With several shards the log has one partition per shard plus a control partition
+# (the last one). Ingest appends cluster inputs to the control partition; the router
+# (a fold of it) forwards each to the shard that owns it. These kinds exist only as
+# forwarded records in shard partitions.
+
+
+class PodRouted(_Fact, frozen=True, kw_only=True, tag="route"):
+    """The router gave ``pod`` to this shard. ``final``: every shard that could take it
+    has answered, so the shard keeps it (pending with ``answers``) instead of handing it
+    back."""
+
+    pod: PodSpec
+    hops: int = 0
+    final: bool = False
+    answers: tuple[str, ...] = ()
+
+
+class ReservationRequested(_Fact, frozen=True, kw_only=True, tag="rsv?"):
+    """Prepare: stage ``pods`` (part of the cross-shard gang ``group``) all together
+    and hold them under reservation ``rid`` until committed, aborted, or ``expires_at``."""
+
+    rid: str
+    group: GroupSpec
+    pods: tuple[PodSpec, ...]
+    expires_at: int
+
+
+class ReservationCommitted(_Fact, frozen=True, kw_only=True, tag="rsv.commit"):
+    """Commit: turn the held placements of ``rid`` into bindings."""
+
+    rid: str
+
+
+class ReservationAborted(_Fact, frozen=True, kw_only=True, tag="rsv.abort"):
+    """Abort: release whatever ``rid`` holds (and unbind it if it was committed)."""
+
+    rid: str
+    reason: str = ""
 
 
 # ------------------------------------------------------- decisions and their fate
@@ -286,6 +339,69 @@ class PodRejected(_Fact, frozen=True, kw_only=True, tag="reject"):
     shard: int = 0
 
 
+class PodUnbound(_Fact, frozen=True, kw_only=True, tag="unbind"):
+    """A placement is taken back (its gang fell below ``minMember`` after a failed
+    bind, or a cross-shard reservation was aborted): the pod is pending again."""
+
+    pod: str
+    node: str
+    decision_id: str
+    reason: str
+    shard: int = 0
+
+
+class PodHandedBack(_Fact, frozen=True, kw_only=True, tag="handback"):
+    """A shard could not place ``pod`` (or, with ``group``, that whole gang) and gives
+    it back to the router with the reason; it forgets it."""
+
+    pod: str = ""
+    group: str = ""
+    reason: str
+    shard: int = 0
+    resolvable: bool = False
+    """Some node failed only for want of free capacity (or quota): it may fit here
+    later, so this shard is a good one to keep it if no other takes it."""
+
+
+class ShardSummary(_Fact, frozen=True, kw_only=True, tag="summary"):
+    """A shard's capacity as of the router records it had folded (``seen``: the
+    control offset of the last one): totals and the largest free amount on one node."""
+
+    shard: int
+    seen: int
+    nodes: int
+    allocatable: dict[str, int]
+    used: dict[str, int]
+    largest: dict[str, int]
+    pending: int = 0
+
+
+class ReservationGranted(_Fact, frozen=True, kw_only=True, tag="rsv+"):
+    """The shard staged every pod of ``rid`` and holds them: pod → node."""
+
+    rid: str
+    group: str
+    placements: dict[str, str]
+    shard: int = 0
+
+
+class ReservationDenied(_Fact, frozen=True, kw_only=True, tag="rsv-"):
+    rid: str
+    group: str
+    reason: str
+    shard: int = 0
+
+
+class ReservationReleased(_Fact, frozen=True, kw_only=True, tag="rsv.rel"):
+    """The shard let ``rid`` go: aborted, expired (``reason`` says which), or broken by
+    a failed bind of one of its pods."""
+
+    rid: str
+    group: str
+    reason: str
+    shard: int = 0
+
+
 Event = (
     NodeAdded
     | NodeUpdated
@@ -306,6 +422,17 @@ Event = (
     | QuotaDefined
     | PodGroupStatusChanged
     | PodRejected
+    | ShardingConfigured
+    | PodRouted
+    | ReservationRequested
+    | ReservationCommitted
+    | ReservationAborted
+    | PodUnbound
+    | PodHandedBack
+    | ShardSummary
+    | ReservationGranted
+    | ReservationDenied
+    | ReservationReleased
 )
 """The closed union of every event kind."""
 
@@ -316,8 +443,29 @@ DECISIONS: Final = (
     PodPreempted,
     PodGroupStatusChanged,
     PodRejected,
+    PodUnbound,
+    PodHandedBack,
+    ShardSummary,
+    ReservationGranted,
+    ReservationDenied,
+    ReservationReleased,
 )
 """Event kinds a shard derives; replay re-derives and compares them."""
+
+REPORTS: Final = (
+    PodHandedBack,
+    ShardSummary,
+    ReservationGranted,
+    ReservationDenied,
+    ReservationReleased,
+    PodGroupStatusChanged,
+    PodRejected,
+    PodPreempted,
+    PodEvicted,
+    PodUnbound,
+)
+"""Shard-partition kinds the router relays into the control partition: what it must
+know of the shards' work (answers, capacity, outcomes)."""
 
 
 class Envelope(msgspec.Struct, frozen=True, kw_only=True):

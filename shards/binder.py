@@ -1,46 +1,84 @@
 """The binder: applies shard decisions to the (simulated) cluster, optimistically.
 
 It follows the log behind the shards; a ``PodBound`` the cluster cannot honour becomes a
-``BindFailed`` (the shard then un-assumes and requeues the pod). The cluster's own
-consequences (pods lost with a node) are appended by the binder too, as the cluster's
-voice in the log.
+``BindFailed`` in the deciding shard's partition (the shard then un-assumes and
+requeues the pod, or rolls its gang back); a ``PodUnbound`` takes a placement back. The
+cluster's own consequences (pods lost with a node) are appended by the binder too, as
+the cluster's voice in the log: to the partition cluster inputs go to (the control
+partition when there are several shards).
+
+With several shards the binder reads the control partition first (what exists: nodes,
+pods) and then every shard partition (what was decided), so a decision never arrives
+before the pod it places.
 """
 
 from __future__ import annotations
 
 from events.log import EventLog
-from events.types import Envelope, Event, PodBound
+from events.types import Envelope, Event, PodBound, PodUnbound
 from shards.cluster import SimulatedCluster
 
 
 class Binder:
-    def __init__(self, cluster: SimulatedCluster, log: EventLog, *, partition: int = 0) -> None:
+    def __init__(self, cluster: SimulatedCluster, log: EventLog, *, shards: int = 1) -> None:
         self.cluster = cluster
         self.log = log
-        self.partition = partition
-        self.position = 0
+        self.shards = shards
+        self.inputs = shards if shards > 1 else 0
+        """The partition of cluster inputs (the control partition with several shards)."""
+        self.positions = [0] * (shards + 1 if shards > 1 else 1)
 
     def __repr__(self) -> str:
-        return f"Binder(position={self.position}, {self.cluster!r})"
+        return f"Binder(positions={self.positions}, {self.cluster!r})"
+
+    @property
+    def position(self) -> int:
+        return self.positions[self.inputs]
 
     async def poll(self, now: int) -> int:
         """Handle new records; return how many events were appended."""
-        records = await self.log.read(self.partition, self.position)
+        appended = 0
+        order = [self.inputs, *range(self.shards)] if self.shards > 1 else [0]
+        for partition in order:
+            appended += await self._poll(partition, now)
+        return appended
+
+    async def _poll(self, partition: int, now: int) -> int:
+        records = await self.log.read(partition, self.positions[partition])
         if not records:
             return 0
-        self.position = records[-1].offset + 1
-        out: list[Envelope] = []
+        self.positions[partition] = records[-1].offset + 1
+        decided: list[Envelope] = []
+        voice: list[Envelope] = []
         for env in records:
-            caused: list[Event]
-            if isinstance(env.event, PodBound):
-                caused = self.cluster.bind(env.event, now)
-                producer = "binder"
-            else:
-                caused = self.cluster.observe(env)
-                producer = "cluster"
-            out.extend(
-                Envelope(event=e, time=now, causation=env.offset, producer=producer) for e in caused
-            )
-        if out:
-            await self.log.append(out, self.partition)
-        return len(out)
+            event = env.event
+            if isinstance(event, PodBound):
+                for e in self.cluster.bind(event, now):
+                    decided.append(self._envelope(e, now, env, "binder"))
+            elif isinstance(event, PodUnbound):
+                self.cluster.unbind(event)
+            elif self.shards == 1 or (
+                env.stream != "relay" if partition == self.inputs else not _forwarded(env)
+            ):
+                for e in self.cluster.observe(env):
+                    voice.append(self._envelope(e, now, env, "cluster"))
+        if self.shards == 1:
+            out = decided + voice
+            if out:
+                out.sort(key=lambda e: e.causation)
+                await self.log.append(out, 0)
+            return len(out)
+        if decided:
+            await self.log.append(decided, partition)
+        if voice:
+            await self.log.append(voice, self.inputs)
+        return len(decided) + len(voice)
+
+    @staticmethod
+    def _envelope(event: Event, now: int, cause: Envelope, producer: str) -> Envelope:
+        return Envelope(event=event, time=now, causation=cause.offset, producer=producer)
+
+
+def _forwarded(env: Envelope) -> bool:
+    """A copy the router forwarded: the binder saw the original in the control partition."""
+    return env.producer == "router"

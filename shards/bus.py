@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from events.errors import InputError
@@ -38,6 +39,8 @@ async def open_bus(url: str, *, partitions: int = 1, overwrite: bool = False) ->
         from events.kafka import KafkaLog, KafkaSettings
 
         settings = KafkaSettings.from_url(url)
+        if "partitions=" not in url:
+            settings = dataclasses.replace(settings, partitions=partitions)
         if settings.partitions < partitions:
             raise InputError(
                 f"needs at least {partitions} partitions, the URL says {settings.partitions}",

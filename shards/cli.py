@@ -22,9 +22,10 @@ from events.errors import InputError, LogError, ShoalError
 from events.filelog import FileLog
 from shards import render
 from shards.bus import check_new_log, open_bus
-from shards.replay import replay
+from shards.replay import replay, replay_routed
+from shards.router import Sharding
 from shards.scenario import load_config, load_scenario
-from shards.simulate import simulate
+from shards.simulate import merge, simulate
 
 EXIT_MISMATCH = 1
 EXIT_INPUT = 2
@@ -78,13 +79,19 @@ def _non_negative(text: str) -> int:
 # --------------------------------------------------------------------------- simulate
 
 
+MAX_SHARDS = 64
+
+
+def _sharding(shards: int) -> Sharding | None:
+    if shards > MAX_SHARDS:
+        raise InputError(f"at most {MAX_SHARDS} shards, got {shards}", location="--shards")
+    return Sharding(shards=shards) if shards > 1 else None
+
+
 async def _simulate(args: argparse.Namespace) -> int:
-    if args.shards != 1:
-        raise InputError(
-            "this build runs one shard; node pools over several shards are not built yet",
-            location="--shards",
-        )
     config = _config(args.config)
+    sharding = _sharding(args.shards)
+    partitions = args.shards + 1 if sharding is not None else 1
     scenario = load_scenario(args.scenario)
     bus = args.bus
     copy_to: str | None = None
@@ -94,13 +101,14 @@ async def _simulate(args: argparse.Namespace) -> int:
         elif bus != f"file:{args.log}":
             copy_to = args.log
             check_new_log(Path(copy_to), overwrite=args.overwrite)  # fail before running
-    log = await open_bus(bus, overwrite=args.overwrite)
+    log = await open_bus(bus, partitions=partitions, overwrite=args.overwrite)
     try:
         progress = render.progress_printer(args.json or args.quiet)
-        result = await simulate(scenario, log, config, progress=progress)
+        result = await simulate(scenario, log, config, progress=progress, sharding=sharding)
         if copy_to is not None:
-            target = await open_bus(f"file:{copy_to}", overwrite=True)
-            await target.append(await log.read(0, 0))
+            target = await open_bus(f"file:{copy_to}", partitions=log.partitions, overwrite=True)
+            for partition in range(log.partitions):
+                await target.append(await log.read(partition, 0), partition)
             await target.close()
     finally:
         await log.close()
@@ -120,13 +128,13 @@ async def _replay(args: argparse.Namespace) -> int:
     if args.log.startswith("kafka://"):
         source = await open_bus(args.log)
         try:
-            records = await source.read(0, 0)
+            parts = [await source.read(p, 0) for p in range(source.partitions)]
         finally:
             await source.close()
     else:
         log = FileLog(args.log, readonly=True)
         try:
-            records = await log.read(0, 0)
+            parts = [await log.read(p, 0) for p in range(log.partitions)]
         finally:
             await log.close()
         if log.torn_bytes:
@@ -136,7 +144,18 @@ async def _replay(args: argparse.Namespace) -> int:
             )
     if args.explain is not None and "/" not in args.explain:
         raise InputError(f"expected NAMESPACE/NAME, got {args.explain!r}", location="--explain")
-    result = replay(records, config, verify=args.verify, explain=args.explain, until=args.until)
+    if len(parts) > 1:
+        if args.until is not None:
+            raise InputError(
+                "--until names an offset of a one-shard log; this log has "
+                f"{len(parts) - 1} shards (replay it whole)",
+                location="--until",
+            )
+        result = replay_routed(parts, config, verify=args.verify, explain=args.explain)
+        records = merge(parts)
+    else:
+        records = parts[0]
+        result = replay(records, config, verify=args.verify, explain=args.explain, until=args.until)
     if args.explain is not None and args.explain not in result.report.pods:
         raise InputError(f"no pod {args.explain} in {args.log}", location="--explain")
     if args.json:

@@ -27,6 +27,7 @@ from events.types import (
     PodSpec,
     PodSubmitted,
     PodSucceeded,
+    PodUnbound,
 )
 
 
@@ -99,6 +100,16 @@ class SimulatedCluster:
                 for resource, amount in spec.requests.items():
                     node.used[resource] = node.used.get(resource, 0) - amount
                 node.used["pods"] = node.used.get("pods", 0) - 1
+
+    def unbind(self, decision: PodUnbound) -> None:
+        """Take a placement back; the pod stays, pending again."""
+        where = self.running.get(decision.pod)
+        if where is None or where[1] != decision.decision_id:
+            return
+        spec = self.specs.get(decision.pod)
+        self._stop(decision.pod)
+        if spec is not None:
+            self.specs[decision.pod] = spec
 
     def bind(self, decision: PodBound, now: int) -> list[Event]:
         """Apply a decision; return a ``BindFailed`` if the cluster cannot honour it."""

@@ -25,9 +25,12 @@ from events.types import (
     PodSpec,
     PodSubmitted,
     SchedulerConfigured,
+    ShardingConfigured,
     is_decision,
 )
 from shards.report import RunReport
+from shards.router import ROUTER, Control, Sharding
+from shards.simulate import merge
 
 
 @dataclass
@@ -113,7 +116,9 @@ def replay(
     for env in records:
         if is_decision(env.event) and env.producer == producer:
             passes.setdefault(env.causation, []).append(env)
-    inputs = {env.offset for env in records if not is_decision(env.event)}
+    inputs = {
+        env.offset for env in records if env.producer != producer or not is_decision(env.event)
+    }
     for causation, batch in passes.items():
         if causation not in inputs and verify:
             result.mismatch = ReplayMismatchError(
@@ -161,4 +166,109 @@ def replay(
         result.verified += len(recorded)
     if verify:
         engine.state.check_invariants()
+    return result
+
+
+def sharding_of(control: Sequence[Envelope]) -> Sharding:
+    for env in control:
+        if isinstance(env.event, ShardingConfigured):
+            try:
+                return Sharding.from_json(env.event.config)
+            except (ValueError, KeyError, TypeError) as exc:
+                raise LogCorruptedError(
+                    f"recorded sharding configuration is invalid: {exc}",
+                    partition=env.partition,
+                    offset=env.offset,
+                ) from None
+    raise LogCorruptedError(
+        "a log with several partitions must start its last (control) partition with the "
+        "sharding configuration",
+        partition=len(control) and control[0].partition,
+        offset=0,
+    )
+
+
+def verify_control(parts: Sequence[Sequence[Envelope]]) -> tuple[int, ReplayMismatchError | None]:
+    """Fold the control partition again and compare every output the router appended,
+    partition by partition, with what the fold derives. Returns (outputs checked, the
+    first difference)."""
+    control_records = parts[-1]
+    control = Control(sharding_of(control_records))
+    recorded = [[env for env in records if env.producer == ROUTER] for records in parts]
+    cursor = [0] * len(parts)
+    checked = 0
+    for env in control_records:
+        for partition, event in control.apply(env):
+            i = cursor[partition]
+            cursor[partition] += 1
+            rec = recorded[partition][i] if i < len(recorded[partition]) else None
+            if rec is None:
+                return checked, ReplayMismatchError(
+                    f"the router derives {_describe(event)} for partition {partition} "
+                    f"from offset {env.offset} of the control partition, which the log lacks",
+                    offset=env.offset,
+                )
+            if rec.event != event or rec.causation != env.offset:
+                return checked, ReplayMismatchError(
+                    f"partition {partition}: recorded {_describe(rec.event)} "
+                    f"(caused by {rec.causation}), but the router derives {_describe(event)} "
+                    f"(caused by {env.offset})",
+                    offset=rec.offset,
+                )
+            checked += 1
+    for partition, records in enumerate(recorded):
+        if cursor[partition] < len(records):
+            extra = records[cursor[partition]]
+            return checked, ReplayMismatchError(
+                f"partition {partition}: recorded {_describe(extra.event)} from the router, "
+                "which no control record derives",
+                offset=extra.offset,
+            )
+    return checked, None
+
+
+def replay_routed(
+    parts: Sequence[Sequence[Envelope]],
+    config: SchedulerConfig | None = None,
+    *,
+    verify: bool = False,
+    explain: str | None = None,
+) -> ReplayResult:
+    """Replay a log of several shards: the router's fold of the control partition, and
+    each shard's partition as :func:`replay` does. The report covers every partition;
+    ``engine`` is the engine of the shard that last held the explained pod."""
+    control = len(parts) - 1
+    report = RunReport(control=control)
+    for env in merge([list(p) for p in parts]):
+        report.apply(env)
+    result = ReplayResult(report=report, engine=Engine(config))
+    if verify:
+        checked, mismatch = verify_control(parts)
+        result.verified += checked
+        if mismatch is not None:
+            result.mismatch = mismatch
+            return result
+    owner = report.current.get(explain, 0) if explain is not None else 0
+    if explain is not None and explain in report.pods and report.pods[explain].shard is not None:
+        owner = report.pods[explain].shard or owner
+    for shard in range(control):
+        wanted = explain if shard == owner else None
+        if not verify and wanted is None:
+            continue
+        part = replay(parts[shard], config, verify=verify, explain=wanted, shard=shard)
+        result.verified += part.verified
+        result.passes += part.passes
+        if shard == owner:
+            result.engine = part.engine
+            result.explained = part.explained
+        if part.mismatch is not None:
+            detail = str(part.mismatch).split(": ", 1)[-1]
+            result.mismatch = ReplayMismatchError(
+                f"partition {shard} (shard {shard}): {detail}", offset=part.mismatch.offset
+            )
+            return result
+    if explain is not None and result.explained is None:
+        for env in parts[control]:
+            if isinstance(env.event, PodSubmitted) and env.event.pod.key == explain:
+                result.explained = env.event.pod
     return result

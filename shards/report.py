@@ -22,9 +22,12 @@ from events.types import (
     PodGroupSubmitted,
     PodPreempted,
     PodRejected,
+    PodRouted,
     PodSubmitted,
     PodSucceeded,
+    PodUnbound,
     PodUnschedulable,
+    ReservationRequested,
     is_decision,
 )
 
@@ -75,13 +78,17 @@ class GroupView:
 class RunReport:
     """Folds envelopes into per-pod views and run counters."""
 
-    def __init__(self) -> None:
+    def __init__(self, control: int | None = None) -> None:
+        self.control = control
+        """The control partition of a log with several shards (None: one shard)."""
         self.pods: dict[str, PodView] = {}
         self.groups: dict[str, GroupView] = {}
         self.preemptions: list[dict[str, str]] = []
         self.migrations: list[dict[str, str]] = []
         self.nodes: set[str] = set()
         self._pending_members: dict[str, int] = {}
+        self.current: dict[str, int] = {}
+        """Pod → the shard the router last gave it to (several shards only)."""
         self.events = 0
         self.decisions = 0
         self.bind_failures = 0
@@ -90,13 +97,31 @@ class RunReport:
     def __repr__(self) -> str:
         return f"RunReport(pods={len(self.pods)}, events={self.events})"
 
+    def _stale(self, key: str, shard: int) -> bool:
+        """A decision by a shard the pod has since left (handed back)?"""
+        current = self.current.get(key)
+        return current is not None and shard >= 0 and shard != current
+
     def apply(self, env: Envelope) -> None:
+        if env.stream == "relay":
+            return  # a copy of a shard's record, for the router
+        if env.producer == "router" and env.partition != self.control:
+            if isinstance(env.event, PodRouted | ReservationRequested):
+                self._routed(env)
+            return  # a copy the router forwarded: the original is in the control partition
         self.events += 1
         self.last_time = max(self.last_time, env.time)
         event = env.event
         if is_decision(event):
             self.decisions += 1
         match event:
+            case PodUnbound(pod=key):
+                view = self._view(key)
+                if view.phase == "Bound":
+                    view.node, view.phase = None, "Pending"
+                    view.reason = f"unbound from {event.node}: {event.reason}"
+            case PodUnschedulable(pod=key) | PodBound(pod=key) if self._stale(key, event.shard):
+                pass
             case NodeAdded(node=spec):
                 self.nodes.add(spec.name)
             case NodeRemoved(name=name):
@@ -122,7 +147,8 @@ class RunReport:
                 if view.phase == "Pending":
                     view.reason = event.reason
                 view.attempts = max(view.attempts, event.attempt)
-                view.shard = event.shard
+                if event.shard >= 0:
+                    view.shard = event.shard
             case PodRejected(pod=key):
                 view = self._view(key)
                 view.phase, view.reason = "Failed", event.reason
@@ -155,6 +181,14 @@ class RunReport:
                 self.preemptions.append({"pod": key, "node": event.node, "by": event.by})
             case _:
                 pass
+
+    def _routed(self, env: Envelope) -> None:
+        event = env.event
+        if isinstance(event, PodRouted):
+            self.current[event.pod.key] = env.partition
+        elif isinstance(event, ReservationRequested):
+            for spec in event.pods:
+                self.current[spec.key] = env.partition
 
     def _view(self, key: str) -> PodView:
         view = self.pods.get(key)

@@ -9,6 +9,13 @@ its scenario and configuration:
 2. the shard and the binder poll in turn until neither appends anything;
 3. ``now`` jumps to the earliest of: the next scenario event, the next pod completion,
    the engine's next back-off expiry. No such time: the run is over.
+
+With ``shards`` > 1 the same loop drives the whole routed system in one process, with
+the code paths of the service: ingest and the cluster append to the control partition,
+the control worker (router and coordinator) relays and forwards, each shard polls its
+own partition, and the binder follows them all. A component that wants to act at
+``now`` without new input (a back-off, a reservation or prepare time-out) gets a
+``ClockTicked`` in its partition.
 """
 
 from __future__ import annotations
@@ -21,10 +28,12 @@ from dataclasses import dataclass, field
 from engine.config import SchedulerConfig
 from engine.scheduler import Engine
 from events.log import EventLog
-from events.types import ClockTicked, Envelope, Event, SchedulerConfigured
+from events.types import ClockTicked, Envelope, Event, SchedulerConfigured, ShardingConfigured
 from shards.binder import Binder
 from shards.cluster import SimulatedCluster
+from shards.control import ControlWorker
 from shards.report import RunReport
+from shards.router import Control, Sharding
 from shards.scenario import Scenario
 from shards.worker import ShardWorker
 
@@ -40,6 +49,28 @@ class SimulationResult:
     wall_seconds: float
     records: int
     stats: dict[str, float] = field(default_factory=dict)
+    engines: list[Engine] = field(default_factory=list)
+    control: Control | None = None
+
+
+async def read_all(log: EventLog) -> list[Envelope]:
+    """Every record of every partition, merged into one history (see :func:`merge`)."""
+    return merge([await log.read(p, 0) for p in range(log.partitions)])
+
+
+def merge(parts: list[list[Envelope]]) -> list[Envelope]:
+    """Partitions merged into one history for reports: by time, then the control
+    partition (inputs) before the shards, then offset."""
+    if len(parts) == 1:
+        return parts[0]
+    control = len(parts) - 1
+    merged = [
+        (env.time, 0 if p == control else 1, p, env.offset, env)
+        for p, records in enumerate(parts)
+        for env in records
+    ]
+    merged.sort(key=lambda item: item[:4])
+    return [item[4] for item in merged]
 
 
 async def simulate(
@@ -48,8 +79,11 @@ async def simulate(
     config: SchedulerConfig | None = None,
     *,
     progress: Progress | None = None,
+    sharding: Sharding | None = None,
 ) -> SimulationResult:
     """Run ``scenario`` to the end, recording everything in ``log``."""
+    if sharding is not None and sharding.shards > 1:
+        return await _simulate_routed(scenario, log, config, sharding, progress)
     started = time.perf_counter()
     config = config or scenario.config
     engine = Engine(config)
@@ -96,4 +130,91 @@ async def simulate(
         wall_seconds=wall,
         records=len(records),
         stats={"passes": worker.passes, "pass_seconds": worker.pass_seconds, **engine.stats()},
+    )
+
+
+async def _simulate_routed(
+    scenario: Scenario,
+    log: EventLog,
+    config: SchedulerConfig | None,
+    sharding: Sharding,
+    progress: Progress | None,
+) -> SimulationResult:
+    started = time.perf_counter()
+    n = sharding.shards
+    if log.partitions != n + 1:
+        raise ValueError(f"{n} shards need a log of {n + 1} partitions, not {log.partitions}")
+    config = config or scenario.config
+    source = config.source if config is not None else None
+    recorded = json.dumps(source, sort_keys=True) if source is not None else ""
+    await log.append(
+        [
+            Envelope(event=ShardingConfigured(config=sharding.to_json()), producer="ingest"),
+            Envelope(event=SchedulerConfigured(config=recorded), producer="ingest"),
+        ],
+        n,
+    )
+    engines = [Engine(config, shard=i) for i in range(n)]
+    workers = [ShardWorker(engine, log, partition=i) for i, engine in enumerate(engines)]
+    control = Control(sharding)
+    router = ControlWorker(control, log)
+    cluster = SimulatedCluster()
+    binder = Binder(cluster, log, shards=n)
+    feed = scenario.events
+    i = 0
+    now = 0
+    while True:
+        batch: list[Envelope] = []
+        while i < len(feed) and feed[i].time <= now:
+            batch.append(Envelope(event=feed[i].event, time=now, producer="ingest"))
+            i += 1
+        batch.extend(Envelope(event=e, time=now, producer="cluster") for e in cluster.due(now))
+        wake = control.next_wakeup()
+        if not batch and wake is not None and wake <= now:
+            batch.append(Envelope(event=ClockTicked(), time=now, producer="clock"))
+        if batch:
+            await log.append(batch, n)
+        for shard, engine in enumerate(engines):
+            wake = engine.next_wakeup()
+            if wake is not None and wake <= now:
+                await log.append([Envelope(event=ClockTicked(), time=now, producer="clock")], shard)
+        while True:
+            moved = await router.poll()
+            for worker in workers:
+                moved += await worker.poll()
+            moved += await binder.poll(now)
+            if not moved:
+                break
+        if progress is not None:
+            progress(now, i, len(feed))
+        candidates = [cluster.next_time(), control.next_wakeup()]
+        candidates += [engine.next_wakeup() for engine in engines]
+        times = [t for t in candidates if t is not None]
+        if i < len(feed):
+            times.append(feed[i].time)
+        if not times:
+            break
+        now = max(now, min(times))
+    report = RunReport(control=n)
+    records = await read_all(log)
+    for env in records:
+        report.apply(env)
+    wall = time.perf_counter() - started
+    stats: dict[str, float] = {
+        "passes": sum(w.passes for w in workers),
+        "pass_seconds": sum(w.pass_seconds for w in workers),
+        **control.stats(),
+    }
+    for engine in engines:
+        for key, value in engine.stats().items():
+            stats[key] = stats.get(key, 0) + value
+    return SimulationResult(
+        report=report,
+        engine=engines[0],
+        cluster=cluster,
+        wall_seconds=wall,
+        records=len(records),
+        stats=stats,
+        engines=engines,
+        control=control,
     )

@@ -47,8 +47,8 @@ class ShardWorker:
             if env.offset < own_until and env.producer == name:
                 continue
             engine.apply(env)
-            if not is_decision(env.event):
-                last_input = env.offset
+            if env.producer != name or not is_decision(env.event):
+                last_input = env.offset  # the router forwards decisions too: inputs here
         self.position = records[-1].offset + 1
         if last_input < 0:
             return 0

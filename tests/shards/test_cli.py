@@ -164,7 +164,7 @@ def test_corrupted_log_is_exit_2_naming_the_offset(
             ["simulate", QUICKSTART, "--bus", "kafka://127.0.0.1:1?request_timeout_ms=1000"],
             "127.0.0.1:1",
         ),
-        (["simulate", QUICKSTART, "--shards", "2"], "--shards"),
+        (["simulate", QUICKSTART, "--shards", "1000"], "--shards"),
         (["simulate", QUICKSTART, "--config", "{tmp}/bad-config.yaml"], "unknown plugin 'Nope'"),
         (
             ["simulate", QUICKSTART, "{tmp}/bad-config.yaml"],

@@ -1,0 +1,994 @@
+"""The router and the coordinator: one pure fold of the control partition.
+
+With N shards the log has N + 1 partitions: partition ``i`` belongs to shard ``i`` and
+partition N is the *control* partition. Ingest (and the cluster's own voice: pods that
+finished, nodes lost) appends there; shards only ever read their own partition. The
+control fold below turns each control record into *outputs*: records for shard
+partitions (the input forwarded to the shard that owns it, reservation requests and
+their commits and aborts) and records for the control partition itself (what the
+coordinator decides about gangs it holds). The shards' answers (hand-backs, capacity
+summaries, reservation replies, outcomes) come back into the control partition as
+*relayed* copies (see :mod:`shards.control`), so the fold sees them in a recorded order.
+
+The outputs of record ``k`` depend only on records ``0..k``: that is what lets a
+restarted router fold the partition again and append only what is missing (see
+:class:`shards.control.ControlWorker`), and lets ``replay --verify`` check it.
+
+**Routing.** A node belongs to a pool: its ``shoal.io/pool`` label, else the first
+matching rule of the configuration; a node in no pool is spread by a stable hash of
+its name. A pool belongs to the shard the configuration names, else to the shards in
+turn by first appearance. A pod goes to the shards its constraints allow (a pinned
+node, a ``shoal.io/pool`` selector or affinity, its tenant's pools); among them, to the
+one with the most free capacity by the shards' last summaries less what was routed
+since. A shard that cannot place it hands it back with the reason; the router tries the
+next shard, and once every allowed shard has answered it gives it to the first one as
+*final*: that shard keeps it pending, with every shard's answer as the reason.
+
+**Gangs.** A gang goes whole to one shard like a pod. If every shard hands it back, the
+coordinator places it across shards with two-phase reservation:
+
+1. *prepare*: split the gang over the fewest shards that (by their summaries) can hold
+   it, most free first, and send each part as ``ReservationRequested``;
+2. every part granted: ``ReservationCommitted`` to each; any part denied, released or
+   not answered within the reservation time-out: ``ReservationAborted`` to the others;
+   the gang waits (back-off) and is planned again while its own time-out allows.
+
+**Why no two gangs deadlock.** A shard answers a prepare at once and never waits for
+capacity while holding some (see :mod:`engine.reservations`): there is no hold-and-wait,
+so no cycle of gangs waiting on each other can form. What remains is livelock (two gangs
+each denied because the other holds), which a global order removes: the coordinator
+prepares one gang at a time, by priority then arrival, and a gang's next attempt waits
+until every part of its previous one is closed. Serialising only concerns gangs too big
+for one shard; everything else is placed by the shards concurrently.
+
+**Dependencies** across shards: the router forwards an outcome (succeeded, failed,
+a gang's final phase) to every shard that holds a unit depending on it.
+
+**Quotas**: each shard enforces a slice of every ``ElasticQuota``, ``min`` and ``max``
+split in proportion to the shard's allocatable capacity, so that the namespace's total
+never exceeds its max. A slice is re-cut when the shards' capacity changed before the
+namespace's next pod is routed. Borrowing therefore happens within a shard's slice.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Final
+
+import msgspec
+
+from engine.gang import FAILED, PENDING, SCHEDULED, SUCCEEDED
+from events.types import (
+    SECOND,
+    ClockTicked,
+    Envelope,
+    Event,
+    GroupSpec,
+    NodeAdded,
+    NodeRemoved,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    NodeSpec,
+    NodeUpdated,
+    PodDeleted,
+    PodEvicted,
+    PodFailed,
+    PodGroupStatusChanged,
+    PodGroupSubmitted,
+    PodHandedBack,
+    PodPreempted,
+    PodRejected,
+    PodRouted,
+    PodSpec,
+    PodSubmitted,
+    PodSucceeded,
+    PodUnschedulable,
+    QuotaDefined,
+    QuotaSpec,
+    ReservationAborted,
+    ReservationCommitted,
+    ReservationDenied,
+    ReservationGranted,
+    ReservationReleased,
+    ReservationRequested,
+    SchedulerConfigured,
+    ShardSummary,
+)
+
+POOL_LABEL: Final = "shoal.io/pool"
+ROUTER: Final = "router"
+RELAY: Final = "relay"
+PREPARING: Final = "preparing"
+COMMITTED: Final = "committed"
+ABORTING: Final = "aborting"
+COORDINATOR: Final = -1
+"""``shard`` of the decisions the coordinator makes about gangs it holds."""
+
+Output = tuple[int, Event]
+"""(partition, event) for the worker to append, caused by the record just folded."""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolRule:
+    """Nodes whose labels include every pair of ``match`` belong to ``pool``."""
+
+    match: tuple[tuple[str, str], ...]
+    pool: str
+
+
+@dataclass(frozen=True, slots=True)
+class Sharding:
+    """How nodes fall into pools and pools onto shards; the coordinator's timing."""
+
+    shards: int
+    pools: tuple[tuple[str, int], ...] = ()
+    """Pool → shard, as configured; other pools are spread by first appearance."""
+    rules: tuple[PoolRule, ...] = ()
+    tenants: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """Namespace → the pools it owns exclusively."""
+    reservation_timeout: int = 30 * SECOND
+    retry_backoff: int = 1 * SECOND
+    max_retry_backoff: int = 30 * SECOND
+
+    def __post_init__(self) -> None:
+        if self.shards < 1:
+            raise ValueError("at least one shard")
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "shards": self.shards,
+                "pools": [list(p) for p in self.pools],
+                "rules": [
+                    {"match": [list(m) for m in r.match], "pool": r.pool} for r in self.rules
+                ],
+                "tenants": [[ns, list(pools)] for ns, pools in self.tenants],
+                "reservation_timeout": self.reservation_timeout,
+                "retry_backoff": self.retry_backoff,
+                "max_retry_backoff": self.max_retry_backoff,
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Sharding:
+        raw = json.loads(text)
+        return cls(
+            shards=int(raw["shards"]),
+            pools=tuple((str(p), int(s)) for p, s in raw.get("pools", ())),
+            rules=tuple(
+                PoolRule(tuple((str(k), str(v)) for k, v in r["match"]), str(r["pool"]))
+                for r in raw.get("rules", ())
+            ),
+            tenants=tuple(
+                (str(ns), tuple(map(str, pools))) for ns, pools in raw.get("tenants", ())
+            ),
+            reservation_timeout=int(raw.get("reservation_timeout", 30 * SECOND)),
+            retry_backoff=int(raw.get("retry_backoff", SECOND)),
+            max_retry_backoff=int(raw.get("max_retry_backoff", 30 * SECOND)),
+        )
+
+
+@dataclass(slots=True)
+class _Shard:
+    alloc: dict[str, int] = field(default_factory=dict)
+    used: dict[str, int] = field(default_factory=dict)
+    largest: dict[str, int] = field(default_factory=dict)
+    seen: int = -1
+    routed: deque[tuple[int, dict[str, int]]] = field(default_factory=deque)
+    inflight: dict[str, int] = field(default_factory=dict)
+    """Requests routed here after its last summary (``seen``): not yet in ``used``."""
+    summarized: bool = False
+
+    def free(self, resource: str) -> int:
+        return (
+            self.alloc.get(resource, 0)
+            - self.used.get(resource, 0)
+            - self.inflight.get(resource, 0)
+        )
+
+    def charge(self, offset: int, request: dict[str, int]) -> None:
+        self.routed.append((offset, request))
+        inflight = self.inflight
+        for name, amount in request.items():
+            inflight[name] = inflight.get(name, 0) + amount
+
+    def summary(self, event: ShardSummary) -> None:
+        self.used = dict(event.used)
+        self.largest = dict(event.largest)
+        self.seen = event.seen
+        self.summarized = True
+        routed = self.routed
+        inflight = self.inflight
+        while routed and routed[0][0] <= event.seen:
+            _, request = routed.popleft()
+            for name, amount in request.items():
+                inflight[name] -= amount
+
+
+@dataclass(slots=True)
+class _Gang:
+    key: str
+    seq: int
+    spec: GroupSpec | None = None
+    created_at: int = 0
+    members: dict[str, None] = field(default_factory=dict)
+    shard: int | None = None
+    """Where it was given whole; None while unassigned or held by the coordinator."""
+    tried: dict[int, str] = field(default_factory=dict)
+    spanning: bool = False
+    phase: str = PENDING
+    reason: str = ""
+    attempts: int = 0
+    rid: str = ""
+    parts: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    open_parts: dict[int, None] = field(default_factory=dict)
+    """Shards whose part of the current or last attempt is not closed yet."""
+    granted: dict[int, None] = field(default_factory=dict)
+    stage: str = ""
+    """Of the current attempt: preparing, committed, aborting; empty: none open."""
+    prepared_at: int = 0
+    retry_at: int = 0
+    retry_after: int = -1
+    """Retry only once a summary newer than this one (a count) has arrived."""
+    succeeded: int = 0
+    failed: int = 0
+    reported: tuple[str, int, str] | None = None
+
+    @property
+    def priority(self) -> int:
+        return self.spec.priority if self.spec is not None else 0
+
+
+def _request(spec: PodSpec) -> dict[str, int]:
+    request = {name: amount for name, amount in spec.requests.items() if amount > 0}
+    request["pods"] = request.get("pods", 0) + 1
+    return request
+
+
+class Control:
+    """Router and coordinator state; ``apply`` one control record, get its outputs."""
+
+    def __init__(self, sharding: Sharding) -> None:
+        self.sharding = sharding
+        self.n = sharding.shards
+        self.control = sharding.shards
+        """The control partition's number."""
+        self.now = 0
+        self.shards = [_Shard() for _ in range(self.n)]
+        self.pool_shard: dict[str, int] = dict(sharding.pools)
+        self._pools_seen = 0
+        self._exclusive = frozenset(p for _, pools in sharding.tenants for p in pools)
+        self.pool_of_name: dict[str, str] = {}
+        self.node_shard: dict[str, int] = {}
+        self.node_alloc: dict[str, dict[str, int]] = {}
+        self.pods: dict[str, PodSpec] = {}
+        """Pods routed and not finished."""
+        self.pod_shard: dict[str, int] = {}
+        self.tried: dict[str, dict[int, str]] = {}
+        self.resolvable: dict[str, dict[int, None]] = {}
+        """Pod or gang → shards that refused it only for want of free capacity now."""
+        self.gangs: dict[str, _Gang] = {}
+        self.outcomes: dict[str, str] = {}
+        self.dependents: dict[str, dict[int, None]] = {}
+        """Pod or gang → shards holding units that depend on it."""
+        self.quotas: dict[str, QuotaSpec] = {}
+        self.quota_slices: dict[str, list[QuotaSpec]] = {}
+        self._capacity_changed = False
+        self.config: SchedulerConfigured | None = None
+        self.relayed = [-1] * self.n
+        """Per shard partition: the offset of the last record relayed into control."""
+        self.inflight: str = ""
+        """The spanning gang being prepared or aborted (one at a time), or empty."""
+        self.summaries = 0
+        """Summaries folded so far: a failed gang is retried only after a new one."""
+        self.commit_latencies: list[int] = []
+        """Nanoseconds from prepare to commit of each cross-shard gang."""
+        self.counters = {"prepared": 0, "committed": 0, "aborted": 0, "handbacks": 0}
+        self._seq = 0
+        self._out: list[Output] = []
+
+    def __repr__(self) -> str:
+        return f"Control(shards={self.n}, pods={len(self.pods)}, gangs={len(self.gangs)})"
+
+    # ------------------------------------------------------------------ fold
+
+    def apply(self, env: Envelope) -> list[Output]:
+        """Fold one control record; return what it causes."""
+        self.now = max(self.now, env.time)
+        if env.producer == ROUTER:
+            return []  # its own decisions: already applied when made
+        out = self._out = []
+        event = env.event
+        if env.stream == RELAY:
+            source = int(env.producer.removeprefix(f"{RELAY}-"))
+            if env.causation <= self.relayed[source]:
+                return out
+            self.relayed[source] = env.causation
+            self._report(event, source, env.offset)
+        else:
+            self._input(event, env.offset)
+        self._drive()
+        return out
+
+    def _send(self, shard: int, event: Event) -> None:
+        self._out.append((shard, event))
+
+    def _decide(self, event: Event) -> None:
+        self._out.append((self.control, event))
+
+    def _input(self, event: Event, offset: int) -> None:
+        match event:
+            case PodSubmitted(pod=spec):
+                self._submitted(spec, offset)
+            case PodGroupSubmitted(group=spec):
+                self._group_submitted(spec, offset)
+            case NodeAdded(node=spec) | NodeUpdated(node=spec):
+                self._node(spec, isinstance(event, NodeAdded))
+            case NodeRemoved(name=name):
+                self.pool_of_name.pop(name, None)
+                shard = self.node_shard.pop(name, None)
+                if shard is not None:
+                    self._uncount(name, shard)
+                    self._send(shard, event)
+            case PodSucceeded(pod=key) | PodFailed(pod=key) | PodDeleted(pod=key):
+                self._finished(key, event)
+            case QuotaDefined(quota=quota):
+                self.quotas[quota.namespace] = quota
+                self._slice_quota(quota.namespace)
+            case SchedulerConfigured():
+                self.config = event
+                for shard in range(self.n):
+                    self._send(shard, event)
+            case ClockTicked():
+                pass
+            case _:
+                pass
+
+    # ------------------------------------------------------------------ nodes
+
+    def pool_of(self, spec: NodeSpec) -> str:
+        pool = spec.labels.get(POOL_LABEL)
+        if pool:
+            return pool
+        for rule in self.sharding.rules:
+            if all(spec.labels.get(k) == v for k, v in rule.match):
+                return rule.pool
+        return ""
+
+    def shard_of_pool(self, pool: str) -> int:
+        shard = self.pool_shard.get(pool)
+        if shard is None:
+            shard = self.pool_shard[pool] = self._pools_seen % self.n
+            self._pools_seen += 1
+        return shard
+
+    def _node(self, spec: NodeSpec, added: bool) -> None:
+        pool = self.pool_of(spec)
+        if pool:
+            shard = self.shard_of_pool(pool)
+            if spec.labels.get(POOL_LABEL) != pool:
+                spec = NodeSpec(
+                    name=spec.name,
+                    allocatable=spec.allocatable,
+                    labels={**spec.labels, POOL_LABEL: pool},
+                    taints=spec.taints,
+                    unschedulable=spec.unschedulable,
+                )
+        else:
+            shard = zlib.crc32(spec.name.encode()) % self.n
+        old = self.node_shard.get(spec.name)
+        if old is not None and old != shard:
+            # moved to another pool: the old owner loses it, the new one gains it
+            self._uncount(spec.name, old)
+            self._send(old, NodeRemoved(name=spec.name))
+            added = True
+        elif old is not None:
+            self._uncount(spec.name, old)
+        self.node_shard[spec.name] = shard
+        self.pool_of_name[spec.name] = pool
+        self.node_alloc[spec.name] = dict(spec.allocatable)
+        alloc = self.shards[shard].alloc
+        for name, amount in spec.allocatable.items():
+            alloc[name] = alloc.get(name, 0) + amount
+        self._capacity_changed = True
+        self._send(shard, NodeAdded(node=spec) if added else NodeUpdated(node=spec))
+
+    def _uncount(self, name: str, shard: int) -> None:
+        alloc = self.shards[shard].alloc
+        for resource, amount in self.node_alloc.pop(name, {}).items():
+            alloc[resource] = alloc.get(resource, 0) - amount
+        self._capacity_changed = True
+
+    # ------------------------------------------------------------------ quotas
+
+    def _slice_quota(self, namespace: str) -> None:
+        quota = self.quotas[namespace]
+        slices = [
+            QuotaSpec(namespace=quota.namespace, name=quota.name, min={}, max={})
+            for _ in range(self.n)
+        ]
+        for bound in ("min", "max"):
+            amounts: dict[str, int] = getattr(quota, bound)
+            for resource, total in amounts.items():
+                for shard, amount in enumerate(self._split(resource, total)):
+                    getattr(slices[shard], bound)[resource] = amount
+        if slices != self.quota_slices.get(namespace):
+            self.quota_slices[namespace] = slices
+            for shard, piece in enumerate(slices):
+                self._send(shard, QuotaDefined(quota=piece))
+
+    def _split(self, resource: str, total: int) -> list[int]:
+        """``total`` in proportion to each shard's allocatable ``resource``; the
+        remainder to the largest shares (lowest shard first on ties)."""
+        weights = [s.alloc.get(resource, 0) for s in self.shards]
+        whole = sum(weights)
+        if whole <= 0:
+            weights, whole = [1] * self.n, self.n
+        parts = [total * w // whole for w in weights]
+        left = total - sum(parts)
+        for shard in sorted(range(self.n), key=lambda i: (-weights[i], i))[:left]:
+            parts[shard] += 1
+        return parts
+
+    def _reslice(self, namespace: str) -> None:
+        if self._capacity_changed:
+            self._capacity_changed = False
+            for name in sorted(self.quotas):
+                self._slice_quota(name)
+        elif namespace in self.quotas and namespace not in self.quota_slices:
+            self._slice_quota(namespace)
+
+    # ------------------------------------------------------------------ pods
+
+    def _tenant_pools(self, namespace: str) -> tuple[str, ...] | None:
+        for owner, pools in self.sharding.tenants:
+            if owner == namespace:
+                return pools
+        return None
+
+    def allowed(self, spec: PodSpec) -> list[int]:
+        """Shards the pod's constraints allow, in shard order."""
+        if spec.node_name:
+            shard = self.node_shard.get(spec.node_name)
+            return [shard] if shard is not None else list(range(self.n))
+        pools: set[str] | None = None
+        wanted = spec.node_selector.get(POOL_LABEL)
+        if wanted is not None:
+            pools = {wanted}
+        terms = spec.required_affinity or ()
+        if terms and all(
+            any(r.key == POOL_LABEL and r.operator == "In" for r in t.match_expressions)
+            for t in terms
+        ):
+            named = {
+                v
+                for t in terms
+                for r in t.match_expressions
+                if r.key == POOL_LABEL and r.operator == "In"
+                for v in r.values
+            }
+            pools = named if pools is None else pools & named
+        owned = self._tenant_pools(spec.namespace)
+        if owned is not None:
+            pools = set(owned) if pools is None else pools & set(owned)
+        if pools is None:
+            return self._open_shards
+        return sorted({self.shard_of_pool(p) for p in sorted(pools)}) or list(range(self.n))
+
+    @property
+    def _open_shards(self) -> list[int]:
+        """Shards a pod without pool constraints may go to: all but those that own only
+        tenants' exclusive pools (nodes spread by hash keep every shard open)."""
+        if not self._exclusive:
+            return list(range(self.n))
+        if self.node_shard and any(not self.pool_of_name.get(n) for n in self.node_shard):
+            return list(range(self.n))
+        shared = {s for p, s in self.pool_shard.items() if p not in self._exclusive}
+        return sorted(shared) or list(range(self.n))
+
+    def fenced(self, spec: PodSpec) -> PodSpec:
+        """``spec`` held to its tenant's pools, or kept off every tenant's pools."""
+        if not self._exclusive:
+            return spec
+        owned = self._tenant_pools(spec.namespace)
+        if owned is not None:
+            requirement = NodeSelectorRequirement(key=POOL_LABEL, operator="In", values=owned)
+        else:
+            requirement = NodeSelectorRequirement(
+                key=POOL_LABEL, operator="NotIn", values=tuple(sorted(self._exclusive))
+            )
+        terms = spec.required_affinity or (NodeSelectorTerm(),)
+        fenced_terms = tuple(
+            msgspec.structs.replace(t, match_expressions=(*t.match_expressions, requirement))
+            for t in terms
+        )
+        return msgspec.structs.replace(spec, required_affinity=fenced_terms)
+
+    def _score(self, shard: int, request: dict[str, int]) -> tuple[bool, float]:
+        """(fits by the estimate, the smallest free fraction among requested resources)."""
+        state = self.shards[shard]
+        fits = True
+        worst = 1.0
+        for name, amount in request.items():
+            alloc = state.alloc.get(name, 0)
+            free = state.free(name)
+            if free < amount or (state.summarized and state.largest.get(name, 0) < amount):
+                fits = False
+            fraction = free / alloc if alloc > 0 else 0.0
+            worst = min(worst, fraction)
+        return fits, worst
+
+    def choose(self, candidates: list[int], request: dict[str, int]) -> int:
+        """The candidate that fits with the most room; if none fits, the roomiest."""
+        best = candidates[0]
+        best_key = (False, -2.0)
+        for shard in candidates:
+            key = self._score(shard, request)
+            if key > best_key:
+                best, best_key = shard, key
+        return best
+
+    def _submitted(self, spec: PodSpec, offset: int) -> None:
+        key = spec.key
+        if key in self.pods or key in self.outcomes:
+            return
+        self.pods[key] = spec
+        if spec.group:
+            gang = self._gang(spec.group)
+            gang.members[key] = None
+            if gang.spanning:
+                if gang.phase == SCHEDULED and gang.parts:
+                    # beyond the committed parts: an extra member, kept by the first part
+                    self._route(spec, offset, [min(gang.parts)], final=True)
+                return
+            if gang.shard is not None:
+                self._route(spec, offset, [gang.shard], final=False)
+                return
+            self._assign_gang(gang, offset)
+            return
+        self._route(spec, offset, self.allowed(spec))
+
+    def _route(
+        self,
+        spec: PodSpec,
+        offset: int,
+        candidates: list[int],
+        *,
+        final: bool | None = None,
+        answers: tuple[str, ...] = (),
+    ) -> None:
+        key = spec.key
+        tried = self.tried.get(key, {})
+        left = [s for s in candidates if s not in tried] or candidates
+        request = _request(spec)
+        shard = self.choose(left, request)
+        if final is None:
+            final = len([s for s in candidates if s not in tried]) <= 1
+        self._reslice(spec.namespace)
+        self.pod_shard[key] = shard
+        self.shards[shard].charge(offset, request)
+        for dep in spec.depends_on:
+            self._depend(dep, shard)
+        self._send(
+            shard, PodRouted(pod=self.fenced(spec), hops=len(tried), final=final, answers=answers)
+        )
+
+    def _depend(self, dep: str, shard: int) -> None:
+        self.dependents.setdefault(dep, {})[shard] = None
+        outcome = self.outcomes.get(dep)
+        if outcome is not None:
+            self._tell_outcome(dep, outcome, only=shard)
+
+    def _tell_outcome(self, key: str, outcome: str, *, only: int | None = None) -> None:
+        shards = [only] if only is not None else list(self.dependents.get(key, {}))
+        for shard in shards:
+            if key in self.gangs:
+                event: Event = PodGroupStatusChanged(group=key, phase=outcome, shard=COORDINATOR)
+            elif outcome == SUCCEEDED:
+                event = PodSucceeded(pod=key)
+            else:
+                event = PodFailed(pod=key, reason="failed on another shard")
+            self._send(shard, event)
+
+    def _finished(self, key: str, event: Event) -> None:
+        shard = self.pod_shard.pop(key, None)
+        spec = self.pods.pop(key, None)
+        self.tried.pop(key, None)
+        self.resolvable.pop(key, None)
+        if shard is not None:
+            self._send(shard, event)
+        outcome = SUCCEEDED if isinstance(event, PodSucceeded) else FAILED
+        self._outcome(key, outcome, spec, skip=shard)
+
+    def _outcome(self, key: str, outcome: str, spec: PodSpec | None, skip: int | None) -> None:
+        if key in self.outcomes:
+            return
+        self.outcomes[key] = outcome
+        for shard in self.dependents.get(key, {}):
+            if shard != skip:
+                self._tell_outcome(key, outcome, only=shard)
+        if spec is not None and spec.group in self.gangs:
+            gang = self.gangs[spec.group]
+            if outcome == SUCCEEDED:
+                gang.succeeded += 1
+            else:
+                gang.failed += 1
+            if gang.spanning:
+                self._spanning_member_finished(gang, outcome)
+
+    # ------------------------------------------------------------------ reports
+
+    def _report(self, event: Event, shard: int, offset: int) -> None:
+        match event:
+            case ShardSummary():
+                self.shards[shard].summary(event)
+                self.summaries += 1
+            case PodHandedBack(group="", pod=key):
+                if event.resolvable:
+                    self.resolvable.setdefault(key, {})[shard] = None
+                self._pod_handed_back(key, shard, event.reason, offset)
+            case PodHandedBack(group=key):
+                if event.resolvable:
+                    self.resolvable.setdefault(key, {})[shard] = None
+                self._gang_handed_back(key, shard, event.reason, offset)
+            case ReservationGranted() | ReservationDenied() | ReservationReleased():
+                self._answer(event, shard)
+            case PodRejected(pod=key) | PodPreempted(pod=key) | PodEvicted(pod=key):
+                if self.pod_shard.get(key) == shard:
+                    del self.pod_shard[key]
+                    self._outcome(key, FAILED, self.pods.pop(key, None), skip=shard)
+            case PodGroupStatusChanged(group=key, phase=phase):
+                gang = self.gangs.get(key)
+                if gang is not None and gang.shard == shard and phase in (SUCCEEDED, FAILED):
+                    self._outcome(key, phase, None, skip=shard)
+            case _:
+                pass
+
+    def _pod_handed_back(self, key: str, shard: int, reason: str, offset: int) -> None:
+        spec = self.pods.get(key)
+        if spec is None or self.pod_shard.get(key) != shard:
+            return  # stale: it was routed elsewhere since
+        self.counters["handbacks"] += 1
+        tried = self.tried.setdefault(key, {})
+        tried[shard] = reason
+        candidates = self.allowed(spec)
+        left = [s for s in candidates if s not in tried]
+        answers = self._answers(tried)
+        if left:
+            self._route(spec, offset, candidates, answers=answers)
+        else:
+            self.tried[key] = {}
+            keepers = self._keepers(key, candidates)
+            first = self.choose(keepers, _request(spec))
+            self._route(spec, offset, [first], final=True, answers=answers)
+
+    # ------------------------------------------------------------------ gangs
+
+    def _gang(self, key: str) -> _Gang:
+        gang = self.gangs.get(key)
+        if gang is None:
+            gang = self.gangs[key] = _Gang(key, seq=self._seq, created_at=self.now)
+            self._seq += 1
+        return gang
+
+    def _group_submitted(self, spec: GroupSpec, offset: int) -> None:
+        gang = self._gang(spec.key)
+        if gang.spec is not None:
+            return
+        gang.spec = spec
+        gang.created_at = self.now
+        if gang.spanning:
+            return
+        if gang.shard is not None:
+            self._send(gang.shard, PodGroupSubmitted(group=spec, created_at=gang.created_at))
+            return
+        self._assign_gang(gang, offset)
+
+    def _gang_request(self, gang: _Gang) -> dict[str, int]:
+        members = [self.pods[m] for m in gang.members if m in self.pods]
+        need = gang.spec.min_member if gang.spec is not None else len(members)
+        total: dict[str, int] = {}
+        for spec in members[: max(need, 1)]:
+            for name, amount in _request(spec).items():
+                total[name] = total.get(name, 0) + amount
+        return total
+
+    def _gang_candidates(self, gang: _Gang) -> list[int]:
+        members = [self.pods[m] for m in gang.members if m in self.pods]
+        allowed = set(range(self.n))
+        for spec in members:
+            allowed &= set(self.allowed(spec))
+        return sorted(allowed) or list(range(self.n))
+
+    def _assign_gang(self, gang: _Gang, offset: int) -> None:
+        allowed = self._gang_candidates(gang)
+        candidates = [s for s in allowed if s not in gang.tried]
+        request = self._gang_request(gang)
+        final = False
+        if not candidates:
+            # every shard refused it now; one whose capacity could hold it keeps it (it
+            # waits there as on a single shard); only a gang bigger than any shard spans
+            holding = [s for s in allowed if self._could_hold(s, request)]
+            if not holding:
+                self._go_spanning(gang)
+                return
+            candidates, final = self._keepers(gang.key, holding), True
+        shard = self.choose(candidates, request)
+        gang.shard = shard
+        if gang.spec is not None:
+            self._send(shard, PodGroupSubmitted(group=gang.spec, created_at=gang.created_at))
+        for member in gang.members:
+            spec = self.pods.get(member)
+            if spec is not None:
+                self.pod_shard[member] = shard
+                self.shards[shard].charge(offset, _request(spec))
+                for dep in spec.depends_on:
+                    self._depend(dep, shard)
+                self._send(
+                    shard,
+                    PodRouted(
+                        pod=self.fenced(spec),
+                        hops=len(gang.tried),
+                        final=final,
+                        answers=self._answers(gang.tried) if final else (),
+                    ),
+                )
+        if gang.spec is not None:
+            for dep in gang.spec.depends_on:
+                self._depend(dep, shard)
+
+    def _keepers(self, key: str, candidates: list[int]) -> list[int]:
+        """Where to keep what every shard refused: those that refused it only for want
+        of free capacity (it may fit there later), else any candidate."""
+        resolvable = self.resolvable.pop(key, {})
+        return [s for s in candidates if s in resolvable] or candidates
+
+    def _could_hold(self, shard: int, request: dict[str, int]) -> bool:
+        """Could the shard's allocatable capacity hold ``request`` if it were free?"""
+        alloc = self.shards[shard].alloc
+        return all(alloc.get(name, 0) >= amount for name, amount in request.items())
+
+    @staticmethod
+    def _answers(tried: dict[int, str]) -> tuple[str, ...]:
+        return tuple(f"shard {s}: {r}" for s, r in sorted(tried.items()))
+
+    def _gang_handed_back(self, key: str, shard: int, reason: str, offset: int) -> None:
+        gang = self.gangs.get(key)
+        if gang is None or gang.shard != shard:
+            return
+        self.counters["handbacks"] += 1
+        gang.tried[shard] = reason
+        gang.shard = None
+        for member in gang.members:
+            self.pod_shard.pop(member, None)
+        self._assign_gang(gang, offset)
+
+    def _go_spanning(self, gang: _Gang) -> None:
+        gang.spanning = True
+        gang.shard = None
+        gang.retry_at = self.now
+        answers = "; ".join(f"shard {s}: {r}" for s, r in sorted(gang.tried.items()))
+        self._status(
+            gang, PENDING, f"no single shard can hold it ({answers}); placing it across shards"
+        )
+
+    def _status(self, gang: _Gang, phase: str, reason: str) -> None:
+        gang.phase, gang.reason = phase, reason
+        scheduled = sum(len(p) for p in gang.parts.values()) if phase == SCHEDULED else 0
+        status = (phase, scheduled, reason)
+        if status != gang.reported and gang.spec is not None:
+            gang.reported = status
+            self._decide(
+                PodGroupStatusChanged(
+                    group=gang.key,
+                    phase=phase,
+                    scheduled=scheduled,
+                    reason=reason,
+                    shard=COORDINATOR,
+                )
+            )
+        if phase == PENDING and reason:
+            for member in gang.members:
+                if member in self.pods:
+                    self._decide(
+                        PodUnschedulable(
+                            pod=member, attempt=gang.attempts, reason=reason, shard=COORDINATOR
+                        )
+                    )
+
+    def _drive(self) -> None:
+        """Coordinator step: the prepare time-out, then the next spanning gang."""
+        if self.inflight:
+            gang = self.gangs[self.inflight]
+            if gang.stage == PREPARING and (
+                self.now >= gang.prepared_at + self.sharding.reservation_timeout
+            ):
+                self._abort(gang, "not every part answered within the reservation time-out")
+            if gang.stage in (PREPARING, ABORTING):
+                return
+            self.inflight = ""
+        for gang in self._spanning_in_order():
+            if self._timed_out(gang) or gang.stage or not self._may_retry(gang):
+                continue
+            if self._prepare(gang):
+                self.inflight = gang.key
+                return
+
+    def _may_retry(self, gang: _Gang) -> bool:
+        return gang.retry_at <= self.now and self.summaries > gang.retry_after
+
+    def _spanning_in_order(self) -> list[_Gang]:
+        pending = [g for g in self.gangs.values() if g.spanning and g.phase == PENDING]
+        pending.sort(key=lambda g: (-g.priority, g.seq))
+        return pending
+
+    def _timed_out(self, gang: _Gang) -> bool:
+        spec = gang.spec
+        if spec is None or spec.timeout is None or self.now < gang.created_at + spec.timeout:
+            return False
+        if gang.stage == PREPARING:
+            self._abort(gang, "the pod group timed out")
+        seconds = spec.timeout / SECOND
+        reason = (
+            f"pod group {gang.key} timed out: fewer than {spec.min_member} members placed "
+            f"within {seconds:g}s: {gang.reason}"
+        )
+        self._status(gang, FAILED, reason)
+        for member in list(gang.members):
+            if member in self.pods:
+                self.pods.pop(member)
+                self.outcomes[member] = FAILED
+                self._decide(PodRejected(pod=member, reason=reason, shard=COORDINATOR))
+        self._outcome(gang.key, FAILED, None, skip=None)
+        return True
+
+    def _prepare(self, gang: _Gang) -> bool:
+        members = [m for m in gang.members if m in self.pods]
+        need = gang.spec.min_member if gang.spec is not None else 0
+        if gang.spec is None or len(members) < need:
+            return False
+        shape: dict[str, int] = {}
+        for member in members:
+            for name, amount in _request(self.pods[member]).items():
+                shape[name] = max(shape.get(name, 0), amount)
+        fits = []
+        for shard in self._gang_candidates(gang):
+            state = self.shards[shard]
+            count = min(max(state.free(name), 0) // amount for name, amount in shape.items())
+            fits.append((count, shard))
+        fits.sort(key=lambda cs: (-cs[0], cs[1]))
+        chosen: list[tuple[int, int]] = []
+        total = 0
+        for count, shard in fits:
+            if total >= len(members) or count <= 0:
+                break
+            take = min(count, len(members) - total)
+            chosen.append((shard, take))
+            total += take
+        gang.attempts += 1
+        if total < need:
+            detail = ", ".join(f"shard {s}: {c}" for c, s in sorted(fits, key=lambda cs: cs[1]))
+            self._status(
+                gang,
+                PENDING,
+                f"pod group {gang.key}: {total} of minMember {need} members fit across "
+                f"shards ({detail})",
+            )
+            self._back_off(gang)
+            return False
+        gang.rid = f"{gang.key}#{gang.attempts}"
+        gang.stage = PREPARING
+        gang.parts = {}
+        gang.granted = {}
+        gang.prepared_at = self.now
+        start = 0
+        expires = self.now + self.sharding.reservation_timeout
+        for shard, take in chosen:
+            part = tuple(members[start : start + take])
+            start += take
+            gang.parts[shard] = part
+            gang.open_parts[shard] = None
+            spec = gang.spec
+            part_spec = GroupSpec(
+                namespace=spec.namespace,
+                name=spec.name,
+                min_member=len(part),
+                priority=spec.priority,
+                priority_class=spec.priority_class,
+                queue=spec.queue,
+                source=spec.source,
+            )
+            for member in part:
+                self.pod_shard[member] = shard
+            self._send(
+                shard,
+                ReservationRequested(
+                    rid=gang.rid,
+                    group=part_spec,
+                    pods=tuple(self.fenced(self.pods[m]) for m in part),
+                    expires_at=expires,
+                ),
+            )
+        self.counters["prepared"] += 1
+        return True
+
+    def _back_off(self, gang: _Gang) -> None:
+        gang.retry_after = self.summaries
+        exponent = min(gang.attempts - 1, 16)
+        delay = min(self.sharding.retry_backoff * (1 << exponent), self.sharding.max_retry_backoff)
+        gang.retry_at = self.now + delay
+
+    def _answer(
+        self, event: ReservationGranted | ReservationDenied | ReservationReleased, shard: int
+    ) -> None:
+        gang = self.gangs.get(event.group)
+        if gang is None or event.rid != gang.rid or shard not in gang.open_parts:
+            return
+        if isinstance(event, ReservationGranted):
+            if gang.stage != PREPARING:
+                return
+            gang.granted[shard] = None
+            if len(gang.granted) == len(gang.parts):
+                for part in sorted(gang.parts):
+                    self._send(part, ReservationCommitted(rid=gang.rid))
+                gang.stage = COMMITTED
+                self.counters["committed"] += 1
+                self.commit_latencies.append(self.now - gang.prepared_at)
+                self._status(gang, SCHEDULED, "")
+            return
+        del gang.open_parts[shard]
+        gang.granted.pop(shard, None)
+        if gang.stage in (PREPARING, COMMITTED):
+            self._abort(gang, f"shard {shard}: {event.reason}")
+        if gang.stage == ABORTING and not gang.open_parts:
+            gang.stage = ""
+
+    def _abort(self, gang: _Gang, reason: str) -> None:
+        """Abort every open part; the gang is planned again once all are closed."""
+        for shard in sorted(gang.open_parts):
+            self._send(shard, ReservationAborted(rid=gang.rid, reason=reason))
+        self.counters["aborted"] += 1
+        gang.granted = {}
+        gang.stage = ABORTING if gang.open_parts else ""
+        if gang.phase in (PENDING, SCHEDULED):
+            for member in gang.members:
+                if gang.phase == SCHEDULED:
+                    self.pod_shard.pop(member, None)
+            self._status(
+                gang, PENDING, f"pod group {gang.key}: attempt {gang.attempts} aborted ({reason})"
+            )
+            self._back_off(gang)
+
+    def _spanning_member_finished(self, gang: _Gang, outcome: str) -> None:
+        if gang.phase != SCHEDULED:
+            return
+        if outcome == FAILED:
+            self._status(gang, FAILED, "a member failed")
+            self._outcome(gang.key, FAILED, None, skip=None)
+        elif gang.succeeded >= len(gang.members):
+            self._status(gang, SUCCEEDED, "")
+            self._outcome(gang.key, SUCCEEDED, None, skip=None)
+
+    # ------------------------------------------------------------------ time
+
+    def next_wakeup(self) -> int | None:
+        """When the coordinator would act without new records (a retry, a time-out)."""
+        times: list[int] = []
+        if self.inflight:
+            gang = self.gangs[self.inflight]
+            if gang.phase == PENDING and gang.rid:
+                times.append(gang.prepared_at + self.sharding.reservation_timeout)
+        for gang in self._spanning_in_order():
+            if not gang.open_parts and self.summaries > gang.retry_after:
+                times.append(max(gang.retry_at, self.now))
+            if gang.spec is not None and gang.spec.timeout is not None:
+                times.append(gang.created_at + gang.spec.timeout)
+        future = [t for t in times if t > self.now]
+        return min(future) if future else None
+
+    def stats(self) -> dict[str, int]:
+        return {**self.counters, "routed_pods": len(self.pod_shard)}
