@@ -70,7 +70,7 @@ class SchedulingPass:
         while (unit := e.queue.pop(self._rank if e.quotas else None)) is not None:
             if is_group_unit(unit):
                 self._attempt_group(unit[1:])
-            else:
+            elif unit not in e.state.pods:  # placed meanwhile (its gang went whole)
                 self._attempt_pod(e.pods[unit])
             if e.dirty:
                 self._settle()

@@ -547,6 +547,11 @@ class Engine:
                     f"{event.pod} failed to bind to {event.node} ({event.reason}), leaving "
                     f"{placed} of minMember {group.min_member} placed"
                 )
+        if group is not None and group.key in self.broken:
+            # the gang goes back to the queue whole at the next pass, this pod with it
+            if slot is not None:
+                self.fire(ClusterEvent.POD_FREED, slot)
+            return
         unit = self.unit_of(event.pod)
         self.queue.back_off(
             unit, pod.priority, pod.seq, pod.attempts, self.now, self.queue_of(pod.spec.namespace)

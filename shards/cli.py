@@ -23,9 +23,10 @@ from events.filelog import FileLog
 from shards import render
 from shards.bus import check_new_log, open_bus
 from shards.replay import replay, replay_routed
+from shards.report import merge
 from shards.router import Sharding
 from shards.scenario import load_config, load_scenario
-from shards.simulate import merge, simulate
+from shards.simulate import simulate
 
 EXIT_MISMATCH = 1
 EXIT_INPUT = 2

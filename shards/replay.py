@@ -28,9 +28,8 @@ from events.types import (
     ShardingConfigured,
     is_decision,
 )
-from shards.report import RunReport
+from shards.report import RunReport, merge
 from shards.router import ROUTER, Control, Sharding
-from shards.simulate import merge
 
 
 @dataclass

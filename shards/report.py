@@ -221,3 +221,18 @@ class RunReport:
             "preemptions": list(self.preemptions),
             "summary": {**self.counts(), "simulated_seconds": self.last_time / 1e9, **summary},
         }
+
+
+def merge(parts: list[list[Envelope]]) -> list[Envelope]:
+    """Partitions merged into one history for reports: by time, then the control
+    partition (inputs) before the shards, then offset."""
+    if len(parts) == 1:
+        return parts[0]
+    control = len(parts) - 1
+    merged = [
+        (env.time, 0 if p == control else 1, p, env.offset, env)
+        for p, records in enumerate(parts)
+        for env in records
+    ]
+    merged.sort(key=lambda item: item[:4])
+    return [item[4] for item in merged]

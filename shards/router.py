@@ -243,6 +243,15 @@ class _Gang:
         return self.spec.priority if self.spec is not None else 0
 
 
+def _relay_source(producer: str, shards: int) -> int | None:
+    """The shard partition a relayed copy came from (None: not a valid relay)."""
+    text = producer.removeprefix(f"{RELAY}-")
+    if text == producer or not text.isdigit():
+        return None
+    source = int(text)
+    return source if source < shards else None
+
+
 def _request(spec: PodSpec) -> dict[str, int]:
     request = {name: amount for name, amount in spec.requests.items() if amount > 0}
     request["pods"] = request.get("pods", 0) + 1
@@ -304,9 +313,9 @@ class Control:
         out = self._out = []
         event = env.event
         if env.stream == RELAY:
-            source = int(env.producer.removeprefix(f"{RELAY}-"))
-            if env.causation <= self.relayed[source]:
-                return out
+            source = _relay_source(env.producer, self.n)
+            if source is None or env.causation <= self.relayed[source]:
+                return out  # not a copy this router made (or one it has seen)
             self.relayed[source] = env.causation
             self._report(event, source, env.offset)
         else:

@@ -289,8 +289,12 @@ class Service:
                 # Decisions may have been applied but not recorded: rebuild the engine
                 # from the log (a pure fold), as a restarted shard would.
                 backoff = await self._bus_failed("shard", exc, backoff)
-                engine = Engine(config, shard=shard)
-                self.worker = worker = ShardWorker(engine, self.bus)
+                try:
+                    self.worker = worker = await ShardWorker.recover(self.bus, config, shard=shard)
+                except LogError as again:
+                    backoff = await self._bus_failed("shard", again, backoff)
+                    continue
+                engine = worker.engine
                 continue
             backoff = options.poll_interval
             self.last_poll = time.monotonic()

@@ -32,7 +32,7 @@ from events.types import ClockTicked, Envelope, Event, SchedulerConfigured, Shar
 from shards.binder import Binder
 from shards.cluster import SimulatedCluster
 from shards.control import ControlWorker
-from shards.report import RunReport
+from shards.report import RunReport, merge
 from shards.router import Control, Sharding
 from shards.scenario import Scenario
 from shards.worker import ShardWorker
@@ -56,21 +56,6 @@ class SimulationResult:
 async def read_all(log: EventLog) -> list[Envelope]:
     """Every record of every partition, merged into one history (see :func:`merge`)."""
     return merge([await log.read(p, 0) for p in range(log.partitions)])
-
-
-def merge(parts: list[list[Envelope]]) -> list[Envelope]:
-    """Partitions merged into one history for reports: by time, then the control
-    partition (inputs) before the shards, then offset."""
-    if len(parts) == 1:
-        return parts[0]
-    control = len(parts) - 1
-    merged = [
-        (env.time, 0 if p == control else 1, p, env.offset, env)
-        for p, records in enumerate(parts)
-        for env in records
-    ]
-    merged.sort(key=lambda item: item[:4])
-    return [item[4] for item in merged]
 
 
 async def simulate(
