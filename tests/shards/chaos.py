@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from engine.reservations import HELD, STAGING
@@ -57,7 +58,7 @@ class LossyLog:
     def partitions(self) -> int:
         return self.inner.partitions
 
-    async def append(self, envelopes: list[Envelope], partition: int = 0) -> list[int]:  # type: ignore[override]
+    async def append(self, envelopes: Sequence[Envelope], partition: int = 0) -> list[int]:
         if self.enabled and self.rng.random() < self.loss:
             self.lost += 1
             raise LogError("append lost (injected)")
