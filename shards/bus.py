@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from events.errors import InputError
+from events.errors import InputError, LogError
 from events.filelog import FileLog
 from events.log import EventLog
 from events.memory import MemoryLog
@@ -49,6 +49,21 @@ async def open_bus(url: str, *, partitions: int = 1, overwrite: bool = False) ->
         log = KafkaLog(settings)
         await log.start()
         return log
+    if url.startswith("tcp://"):
+        from events.remote import RemoteLog
+
+        try:
+            remote = await RemoteLog.connect(url)
+        except LogError as exc:
+            raise InputError(f"cannot reach the log server: {exc}", location="--bus") from None
+        if remote.partitions < partitions:
+            await remote.close()
+            raise InputError(
+                f"needs at least {partitions} partitions, the server has {remote.partitions}",
+                location="--bus",
+            )
+        return remote
     raise InputError(
-        f"unknown bus {url!r} (memory, file:PATH, kafka://HOST:PORT)", location="--bus"
+        f"unknown bus {url!r} (memory, file:PATH, kafka://HOST:PORT, tcp://HOST:PORT)",
+        location="--bus",
     )

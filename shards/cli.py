@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import sys
@@ -195,8 +196,15 @@ async def _replay(args: argparse.Namespace) -> int:
 async def _loadtest(args: argparse.Namespace) -> int:
     from loadtest.driver import LoadShape, run_loadtest
 
-    if args.shards != 1:
-        raise InputError("this build runs one shard", location="--shards")
+    _sharding(args.shards)
+    if args.spanning_gangs and args.shards < 2:
+        raise InputError("gangs across shards need --shards 2 or more", location="--spanning-gangs")
+    if args.shards > 1 and args.bus != "memory":
+        raise InputError(
+            "with several shards the load test serves its own in-memory log "
+            "(one process per shard); --bus is for one shard",
+            location="--bus",
+        )
     if args.gang_size and args.gang_size > args.pods:
         raise InputError(
             f"a gang of {args.gang_size} needs at least that many pods", location="--gang-size"
@@ -208,13 +216,20 @@ async def _loadtest(args: argparse.Namespace) -> int:
         batch=args.batch,
         gang_size=args.gang_size,
     )
-    log = await open_bus(args.bus, overwrite=args.overwrite)
-    try:
-        result = await run_loadtest(
-            shape, log, progress=None if args.json else render.loadtest_progress, bus=args.bus
+    shape = dataclasses.replace(shape, shards=args.shards)
+    progress = None if args.json else render.loadtest_progress
+    if args.shards > 1:
+        from loadtest.sharded import run_sharded_loadtest
+
+        result = await run_sharded_loadtest(
+            shape, spanning_gangs=args.spanning_gangs, progress=progress
         )
-    finally:
-        await log.close()
+    else:
+        log = await open_bus(args.bus, overwrite=args.overwrite)
+        try:
+            result = await run_loadtest(shape, log, progress=progress, bus=args.bus)
+        finally:
+            await log.close()
     if args.json:
         _emit_json(result)
     else:
@@ -271,6 +286,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="put the pods in gangs of N (minMember N); 0 for independent pods",
     )
+    load.add_argument(
+        "--spanning-gangs",
+        type=_non_negative,
+        default=0,
+        help="add this many gangs too big for one shard (placed across shards by the "
+        "coordinator; reports commit latency)",
+    )
     load.add_argument("--json", action="store_true")
 
     srv = sub.add_parser("serve", help="run shoal against a Kubernetes cluster")
@@ -289,6 +311,17 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--watch-seconds", type=_positive, default=30)
     srv.add_argument("--lease-seconds", type=_positive, default=15)
 
+    work = sub.add_parser(
+        "worker",
+        help="run one shard, or the router and coordinator, as its own process",
+        description="One component of a run with several shards, over a shared bus "
+        "(tcp://HOST:PORT of a log server, or kafka://). It rebuilds its state from the "
+        "log when it starts, so it can be killed and started again at any time.",
+    )
+    work.add_argument("role", choices=["shard", "coordinator"])
+    work.add_argument("--bus", required=True, help="tcp://HOST:PORT or kafka://HOST:PORT")
+    work.add_argument("--shard-id", type=_non_negative)
+    work.add_argument("--config", help="KubeSchedulerConfiguration YAML (shards)")
     kafka = sub.add_parser("kafka", help="manage the Kafka topics shoal uses")
     kafka_sub = kafka.add_subparsers(dest="kafka_command", required=True, metavar="ACTION")
     init = kafka_sub.add_parser("init", help="create the event topic")
@@ -322,6 +355,28 @@ async def _serve(args: argparse.Namespace) -> int:
     return await serve(options)
 
 
+async def _worker(args: argparse.Namespace) -> int:
+    from shards.processes import install_stop_signals, run_coordinator, run_shard
+
+    bus = await open_bus(args.bus, partitions=2)
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    try:
+        if args.role == "shard":
+            if args.shard_id is None or args.shard_id >= bus.partitions - 1:
+                raise InputError(
+                    f"a shard needs --shard-id below {bus.partitions - 1} "
+                    f"(the bus has {bus.partitions - 1} shard partitions)",
+                    location="--shard-id",
+                )
+            await run_shard(bus, args.shard_id, config=_config(args.config), stop=stop)
+        else:
+            await run_coordinator(bus, stop=stop)
+    finally:
+        await bus.close()
+    return 0
+
+
 async def _kafka_init(args: argparse.Namespace) -> int:
     from events.kafka import KafkaSettings, create_topic
 
@@ -342,6 +397,7 @@ _COMMANDS = {
     "loadtest": _loadtest,
     "kafka-init": _kafka_init,
     "serve": _serve,
+    "worker": _worker,
 }
 
 

@@ -21,9 +21,13 @@ copy of a copy is ignored by the fold in any case).
 
 from __future__ import annotations
 
+import time
+
 from events.log import EventLog
-from events.types import REPORTS, Envelope, ShardSummary
+from events.types import REPORTS, Envelope, ReservationCommitted, ReservationRequested, ShardSummary
 from shards.router import RELAY, ROUTER, Control
+
+REPORT_KINDS = tuple(str(kind.__struct_config__.tag) for kind in REPORTS)
 
 
 class ControlWorker:
@@ -38,6 +42,10 @@ class ControlWorker:
         self._recovered = False
         self.folded = 0
         self.relayed = 0
+        self.prepared_at: dict[str, float] = {}
+        """Reservation → wall time its requests were appended (for commit latency)."""
+        self.commit_seconds: list[float] = []
+        """Wall seconds from appending a gang's prepare to appending its commit."""
 
     def __repr__(self) -> str:
         return f"ControlWorker(position={self.position}, relay_from={self.relay_from})"
@@ -66,12 +74,18 @@ class ControlWorker:
     async def _relay(self) -> int:
         control = self.control
         copies: list[Envelope] = []
+        fetch = getattr(self.log, "fetch", None)
         for shard in range(control.n):
             start = max(self.relay_from[shard], control.relayed[shard] + 1)
-            records = await self.log.read(shard, start)
+            if fetch is not None:  # the log server filters by kind: only reports travel
+                stop, records = await fetch(shard, start, kinds=REPORT_KINDS)
+                self.relay_from[shard] = max(stop, start)
+            else:
+                records = await self.log.read(shard, start)
+                if records:
+                    self.relay_from[shard] = records[-1].offset + 1
             if not records:
                 continue
-            self.relay_from[shard] = records[-1].offset + 1
             producer = f"{RELAY}-{shard}"
             last_summary = -1
             for env in records:
@@ -121,4 +135,16 @@ class ControlWorker:
             await self.log.append(batch, partition)
             written[partition] = batch[-1].causation
             appended += len(batch)
+            self._timestamps(batch)
         return appended
+
+    def _timestamps(self, batch: list[Envelope]) -> None:
+        now = time.perf_counter()
+        for env in batch:
+            event = env.event
+            if isinstance(event, ReservationRequested):
+                self.prepared_at.setdefault(event.rid, now)
+            elif isinstance(event, ReservationCommitted):
+                started = self.prepared_at.pop(event.rid, None)
+                if started is not None:
+                    self.commit_seconds.append(now - started)

@@ -182,6 +182,8 @@ class _Shard:
     inflight: dict[str, int] = field(default_factory=dict)
     """Requests routed here after its last summary (``seen``): not yet in ``used``."""
     summarized: bool = False
+    nodes: int = 0
+    """Nodes the shard had folded at its last summary."""
 
     def free(self, resource: str) -> int:
         return (
@@ -200,6 +202,7 @@ class _Shard:
         self.used = dict(event.used)
         self.largest = dict(event.largest)
         self.seen = event.seen
+        self.nodes = event.nodes
         self.summarized = True
         routed = self.routed
         inflight = self.inflight

@@ -12,20 +12,26 @@ from events.filelog import FileLog
 from events.kafka import KafkaLog, KafkaSettings, create_topic
 from events.log import EventLog
 from events.memory import MemoryLog
+from events.remote import LogServer, RemoteLog
 from events.types import ClockTicked, Envelope, NodeRemoved, PodDeleted
 
 Factory = Callable[[int], Awaitable[EventLog]]
 
 
-@pytest.fixture(params=["memory", "file", "kafka"])
+@pytest.fixture(params=["memory", "file", "kafka", "remote"])
 async def make_log(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> AsyncIterator[Callable[[int], Awaitable[EventLog]]]:
     opened: list[EventLog] = []
+    servers: list[LogServer] = []
 
     async def factory(partitions: int = 1) -> EventLog:
         if request.param == "memory":
             log: EventLog = MemoryLog(partitions)
+        elif request.param == "remote":
+            server = await LogServer(partitions).start()
+            servers.append(server)
+            log = await RemoteLog.connect(server.url)
         elif request.param == "file":
             log = FileLog(tmp_path / f"log-{len(opened)}.events", partitions=partitions)
         else:
@@ -45,6 +51,8 @@ async def make_log(
     yield factory
     for log in opened:
         await log.close()
+    for server in servers:
+        await server.close()
 
 
 def records(n: int, start: int = 0) -> list[Envelope]:

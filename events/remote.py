@@ -1,0 +1,288 @@
+"""The in-memory log shared by several processes: a small TCP server and its client.
+
+``shoal loadtest --shards N`` and the process tests run each shard as its own OS
+process; they talk to one another only through the log. The in-memory backend lives in
+one process, so that process serves it (:class:`LogServer`, on 127.0.0.1 by default) and
+every process, the server's own included, uses :class:`RemoteLog`, an ``EventLog`` like
+the others (the shared contract suite runs against it). Bus URL: ``tcp://HOST:PORT``.
+
+Wire format: frames of a 4-byte big-endian length and a msgpack array. Requests are
+``[op, ...args]``; answers ``[true, result]`` or ``[false, message]``.
+
+- ``["parts"]`` → the number of partitions;
+- ``["append", partition, [[kind, record], ...]]`` → the offset of the first record;
+- ``["read", partition, offset, limit, wait_ms, kinds]`` → ``[next, records, offsets]``:
+  up to ``limit`` records from ``offset`` whose kind is in ``kinds`` (all when null);
+  ``next`` is where the scan stopped, ``offsets`` those of the records returned (empty
+  when unfiltered: they are consecutive from ``offset``). With ``wait_ms`` an empty
+  answer waits that long for an append first (long polling, so idle readers cost
+  nothing);
+- ``["end", partition]`` → the end offset.
+
+Records travel as the client encoded them (msgpack envelopes with ``offset`` -1): the
+server never decodes one, so it costs little next to the processes it serves; the
+client sets ``offset`` and ``partition`` on decode. ``kind`` is the event's tag, so a
+reader can ask for only the kinds it needs (the router reads shards' reports only).
+The server keeps everything in memory and loses it when it stops: it is the embedded
+default made shareable, not a durable log (use ``file:`` or Kafka for that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from events.codec import DecodeError, decode, encode
+from events.errors import InputError, LogCorruptedError, LogError
+from events.log import check_partition
+from events.types import Envelope
+
+log = logging.getLogger(__name__)
+
+_HEADER = struct.Struct(">I")
+MAX_FRAME = 256 << 20
+_ENC = msgspec.msgpack.Encoder()
+_DEC = msgspec.msgpack.Decoder()
+
+
+def kind_of(envelope: Envelope) -> str:
+    """The tag of the envelope's event (``"pod+"``, ``"bind"``...)."""
+    tag = type(envelope.event).__struct_config__.tag
+    return str(tag)
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> Any:
+    header = await reader.readexactly(_HEADER.size)
+    (size,) = _HEADER.unpack(header)
+    if size > MAX_FRAME:
+        raise ValueError(f"frame of {size} bytes is larger than {MAX_FRAME}")
+    return _DEC.decode(await reader.readexactly(size))
+
+
+def _write_frame(writer: asyncio.StreamWriter, message: Any) -> None:
+    body = _ENC.encode(message)
+    writer.write(_HEADER.pack(len(body)) + body)
+
+
+class LogServer:
+    """Serves an in-memory partitioned log to other processes."""
+
+    def __init__(self, partitions: int, host: str = "127.0.0.1", port: int = 0) -> None:
+        if partitions < 1:
+            raise ValueError("a log needs at least one partition")
+        self.host = host
+        self.port = port
+        self._kinds: list[list[str]] = [[] for _ in range(partitions)]
+        self._records: list[list[bytes]] = [[] for _ in range(partitions)]
+        self._grew: list[asyncio.Event] = [asyncio.Event() for _ in range(partitions)]
+        self._server: asyncio.Server | None = None
+        self._clients: set[asyncio.StreamWriter] = set()
+
+    def __repr__(self) -> str:
+        return f"LogServer({self.url}, records={sum(map(len, self._records))})"
+
+    @property
+    def partitions(self) -> int:
+        return len(self._records)
+
+    @property
+    def url(self) -> str:
+        return f"tcp://{self.host}:{self.port}"
+
+    async def start(self) -> LogServer:
+        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for writer in list(self._clients):
+                writer.close()
+            await self._server.wait_closed()
+            self._server = None
+
+    async def __aenter__(self) -> LogServer:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._clients.add(writer)
+        try:
+            while True:
+                try:
+                    request = await _read_frame(reader)
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                except (ValueError, msgspec.DecodeError) as exc:
+                    _write_frame(writer, [False, f"bad request: {exc}"])
+                    await writer.drain()
+                    return  # the stream can no longer be trusted
+                try:
+                    answer: list[Any] = [True, await self._handle(request)]
+                except (ValueError, TypeError, IndexError, KeyError) as exc:
+                    answer = [False, f"bad request: {exc}"]
+                _write_frame(writer, answer)
+                await writer.drain()
+        except ConnectionError:
+            return
+        finally:
+            self._clients.discard(writer)
+            writer.close()
+
+    async def _handle(self, request: Any) -> Any:
+        if not isinstance(request, list) or not request or not isinstance(request[0], str):
+            raise ValueError("expected [op, ...]")
+        op = request[0]
+        if op == "parts":
+            return self.partitions
+        if op == "end":
+            return len(self._records[self._partition(request[1])])
+        if op == "append":
+            partition = self._partition(request[1])
+            items = request[2]
+            if not isinstance(items, list) or not all(
+                isinstance(i, list) and len(i) == 2 and isinstance(i[1], bytes) for i in items
+            ):
+                raise ValueError("append expects [[kind, record], ...]")
+            kinds, records = self._kinds[partition], self._records[partition]
+            start = len(records)
+            for kind, record in items:
+                kinds.append(str(kind))
+                records.append(record)
+            if items:
+                self._grew[partition].set()
+                self._grew[partition] = asyncio.Event()
+            return start
+        if op == "read":
+            partition = self._partition(request[1])
+            offset, limit, wait_ms, wanted = request[2], request[3], request[4], request[5]
+            if not isinstance(offset, int) or offset < 0:
+                raise ValueError("offset must be a non-negative integer")
+            records = self._records[partition]
+            if offset >= len(records) and wait_ms:
+                grew = self._grew[partition]
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(grew.wait(), min(float(wait_ms), 60_000) / 1000)
+            stop = len(records) if limit is None else min(len(records), offset + int(limit))
+            if wanted is None:
+                return [max(stop, offset), records[offset:stop], []]
+            kinds = self._kinds[partition]
+            wanted_set = set(wanted)
+            picked = [i for i in range(offset, stop) if kinds[i] in wanted_set]
+            return [max(stop, offset), [records[i] for i in picked], picked]
+        raise ValueError(f"unknown op {op!r}")
+
+    def _partition(self, value: Any) -> int:
+        if not isinstance(value, int):
+            raise ValueError("partition must be an integer")
+        check_partition(value, self.partitions)
+        return value
+
+
+def parse_tcp_url(url: str) -> tuple[str, int]:
+    rest = url.removeprefix("tcp://")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InputError(f"expected tcp://HOST:PORT, got {url!r}", location="--bus")
+    return host, int(port)
+
+
+class RemoteLog:
+    """An ``EventLog`` served by a :class:`LogServer`."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._lock = asyncio.Lock()
+        self._partitions = 0
+
+    def __repr__(self) -> str:
+        return f"RemoteLog(tcp://{self.host}:{self.port})"
+
+    @classmethod
+    async def connect(cls, url: str) -> RemoteLog:
+        host, port = parse_tcp_url(url)
+        remote = cls(host, port)
+        remote._partitions = int(await remote._call(["parts"]))
+        return remote
+
+    @property
+    def partitions(self) -> int:
+        return self._partitions
+
+    async def _call(self, request: list[Any]) -> Any:
+        async with self._lock:
+            try:
+                if self._writer is None:
+                    self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
+                assert self._reader is not None
+                _write_frame(self._writer, request)
+                await self._writer.drain()
+                ok, result = await _read_frame(self._reader)
+            except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+                await self._drop()
+                raise LogError(f"log server tcp://{self.host}:{self.port}: {exc}") from None
+        if not ok:
+            raise LogError(f"log server refused {request[0]}: {result}")
+        return result
+
+    async def _drop(self) -> None:
+        writer, self._writer, self._reader = self._writer, None, None
+        if writer is not None:
+            writer.close()
+
+    async def append(self, envelopes: Sequence[Envelope], partition: int = 0) -> list[int]:
+        check_partition(partition, self._partitions)
+        items = [[kind_of(env), encode(env)] for env in envelopes]
+        start = int(await self._call(["append", partition, items]))
+        return list(range(start, start + len(items)))
+
+    async def read(self, partition: int, offset: int, limit: int | None = None) -> list[Envelope]:
+        return (await self.fetch(partition, offset, limit))[1]
+
+    async def fetch(
+        self,
+        partition: int,
+        offset: int,
+        limit: int | None = None,
+        *,
+        wait: float = 0.0,
+        kinds: Sequence[str] | None = None,
+    ) -> tuple[int, list[Envelope]]:
+        """Like ``read``, and: wait up to ``wait`` seconds for something new, keep only
+        ``kinds``; returns (where the scan stopped, the records)."""
+        check_partition(partition, self._partitions)
+        wait_ms = int(wait * 1000)
+        wanted = list(kinds) if kinds is not None else None
+        stop, records, offsets = await self._call(
+            ["read", partition, max(offset, 0), limit, wait_ms, wanted]
+        )
+        replace = msgspec.structs.replace
+        places = offsets if wanted is not None else range(max(offset, 0), stop)
+        out = []
+        for at, record in zip(places, records, strict=True):
+            try:
+                env = decode(record)
+            except DecodeError as exc:
+                raise LogCorruptedError(str(exc), partition=partition, offset=at) from None
+            out.append(replace(env, offset=at, partition=partition))
+        return int(stop), out
+
+    async def end_offset(self, partition: int) -> int:
+        check_partition(partition, self._partitions)
+        return int(await self._call(["end", partition]))
+
+    async def close(self) -> None:
+        async with self._lock:
+            await self._drop()

@@ -1,0 +1,249 @@
+"""The load test with several shards: one OS process per shard, through a shared log.
+
+The parent process serves the in-memory log (:class:`~events.remote.LogServer`), runs
+ingest and the router/coordinator, and starts ``shoal worker shard`` once per shard.
+Nodes are spread over the shards by the default pool rule (a stable hash of the name).
+Once every shard has folded its nodes, pods are appended to the control partition in
+batches of ``batch`` as fast as the log takes them; the clock stops when every pod has
+a decision in some shard's partition. Latency is per pod, from the append of its
+submission to the moment the parent reads its decision (so it includes the router's
+hop and the parent's polling).
+
+With ``spanning_gangs`` the workload also holds that many gangs too large for any one
+shard (their members ask for GPUs and the nodes of each shard hold fewer than a gang
+needs): the coordinator places them across shards, and the report gives the wall time
+from prepare to commit of each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from events.remote import LogServer, RemoteLog
+from events.types import (
+    GroupSpec,
+    NodeAdded,
+    NodeSpec,
+    PodBound,
+    PodGroupSubmitted,
+    PodSpec,
+    PodSubmitted,
+    PodUnschedulable,
+    SchedulerConfigured,
+    ShardingConfigured,
+)
+from loadtest.driver import LoadShape, Progress, _batches
+from loadtest.synthetic import basic_nodes
+from shards.control import ControlWorker
+from shards.processes import run_coordinator
+from shards.router import Sharding
+
+DECIDED = ("bind", "unsched")
+
+
+@dataclass(frozen=True)
+class ShardedShape:
+    base: LoadShape
+    spanning_gangs: int = 0
+    """Gangs that no single shard can hold (placed by the coordinator)."""
+
+
+def _envelope(event: Any, producer: str = "ingest") -> Any:
+    from events.types import Envelope
+
+    return Envelope(event=event, time=time.time_ns(), producer=producer)
+
+
+def _spanning(shape: LoadShape, count: int, shards: int) -> tuple[list[NodeSpec], list[Any]]:
+    """GPU nodes, 4 cards each, spread over the shards; gangs of one-card members, each
+    needing more cards than a shard has."""
+    per_shard = 4
+    nodes = [
+        NodeSpec(
+            name=f"gpu-{i:04d}",
+            allocatable={"cpu": 64000, "memory": 256 << 30, "pods": 110, "nvidia.com/gpu": 4},
+            labels={"shoal.io/pool": f"gpu-{i % shards}", "gpu": "yes"},
+        )
+        for i in range(per_shard * shards)
+    ]
+    size = per_shard * 4 + 2  # more cards than one shard's 16
+    events: list[Any] = []
+    for g in range(count):
+        group = GroupSpec(namespace="train", name=f"wide-{g:03d}", min_member=size)
+        events.append(PodGroupSubmitted(group=group))
+        for m in range(size):
+            pod = PodSpec(
+                namespace="train",
+                name=f"wide-{g:03d}-{m:02d}",
+                requests={"cpu": 1000, "nvidia.com/gpu": 1},
+                group=group.key,
+                node_selector={"gpu": "yes"},
+            )
+            events.append(PodSubmitted(pod=pod))
+    return nodes, events
+
+
+async def run_sharded_loadtest(
+    shape: LoadShape,
+    *,
+    spanning_gangs: int = 0,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    n = shape.shards
+    rng = random.Random(shape.seed)
+    nodes = basic_nodes(shape.nodes, rng)
+    batches = _batches(shape, rng)
+    gpu_nodes, wide = _spanning(shape, spanning_gangs, n) if spanning_gangs else ([], [])
+    sharding = Sharding(shards=n, pools=tuple((f"gpu-{i}", i) for i in range(n)))
+    async with LogServer(n + 1) as server:
+        log = await RemoteLog.connect(server.url)
+        await log.append(
+            [
+                _envelope(ShardingConfigured(config=sharding.to_json())),
+                _envelope(SchedulerConfigured()),
+                *(_envelope(NodeAdded(node=node)) for node in [*nodes, *gpu_nodes]),
+            ],
+            n,
+        )
+        stop = asyncio.Event()
+        control_log = await RemoteLog.connect(server.url)
+        holder: list[ControlWorker] = []
+        coordinator = asyncio.create_task(
+            run_coordinator(
+                control_log, stop=stop, on_poll=lambda w: holder[:1] or holder.append(w)
+            )
+        )
+        children = [
+            await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "shards.cli",
+                "worker",
+                "shard",
+                "--bus",
+                server.url,
+                "--shard-id",
+                str(i),
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+            for i in range(n)
+        ]
+        try:
+            await _wait_ready(holder, n, len(nodes) + len(gpu_nodes), coordinator)
+            return await _measure(log, shape, batches, wide, holder[0], progress, n)
+        finally:
+            stop.set()
+            for child in children:
+                with contextlib.suppress(ProcessLookupError):
+                    child.terminate()
+            for child in children:
+                await child.wait()
+            await coordinator
+            await control_log.close()
+            await log.close()
+
+
+async def _wait_ready(
+    holder: list[ControlWorker], shards: int, nodes: int, coordinator: asyncio.Task[Any]
+) -> None:
+    """Until every shard has summarised all its nodes."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if coordinator.done():
+            coordinator.result()
+        if holder:
+            control = holder[0].control
+            owned = [0] * shards
+            for shard in control.node_shard.values():
+                owned[shard] += 1
+            if sum(owned) == nodes and all(
+                s.summarized and s.nodes == owned[i] for i, s in enumerate(control.shards)
+            ):
+                return
+        await asyncio.sleep(0.05)
+    raise TimeoutError("shards did not fold their nodes within 300 s")
+
+
+async def _measure(
+    log: RemoteLog,
+    shape: LoadShape,
+    batches: list[list[Any]],
+    wide: list[Any],
+    control_worker: ControlWorker,
+    progress: Progress | None,
+    shards: int,
+) -> dict[str, Any]:
+    submitted_at: dict[str, float] = {}
+    decided_at: dict[str, float] = {}
+    total = sum(1 for b in batches for e in b if isinstance(e, PodSubmitted))
+    total += sum(1 for e in wide if isinstance(e, PodSubmitted))
+    positions = [0] * shards
+    bound = 0
+    started = time.perf_counter()
+    everything = [*batches, wide] if wide else batches
+    for chunk in everything:
+        now = time.perf_counter()
+        for event in chunk:
+            if isinstance(event, PodSubmitted):
+                submitted_at[event.pod.key] = now
+        await log.append([_envelope(e) for e in chunk], shards)
+    while len(decided_at) < total:
+        moved = False
+        for shard in range(shards):
+            stop, records = await log.fetch(shard, positions[shard], kinds=DECIDED, wait=0.0)
+            positions[shard] = stop
+            now = time.perf_counter()
+            for env in records:
+                event = env.event
+                if isinstance(event, PodBound):
+                    if event.pod not in decided_at:
+                        bound += 1
+                    decided_at.setdefault(event.pod, now)
+                    moved = True
+                elif isinstance(event, PodUnschedulable) and event.attempt > 0:
+                    decided_at.setdefault(event.pod, now)
+                    moved = True
+        if progress is not None:
+            progress(len(decided_at), total, time.perf_counter() - started)
+        if time.perf_counter() - started > 600:
+            raise TimeoutError(f"{total - len(decided_at)} pods undecided after 600 s")
+        if not moved:
+            await asyncio.sleep(0.002)
+    wall = max(decided_at.values()) - started
+    ms = np.array([(decided_at[k] - submitted_at[k]) * 1000 for k in decided_at])
+    commit = np.array(control_worker.commit_seconds) * 1000
+    result: dict[str, Any] = {
+        "shape": {**asdict(shape), "bus": "tcp (in-memory log server)", "pods": total},
+        "pods_per_second": total / wall if wall > 0 else 0.0,
+        "latency_ms": _percentiles(ms),
+        "bound": bound,
+        "wall_seconds": wall,
+        "processes": {"shards": shards, "router_and_coordinator": "parent"},
+        "handbacks": control_worker.control.counters["handbacks"],
+    }
+    if wide:
+        result["cross_shard_gangs"] = {
+            "gangs": sum(1 for e in wide if isinstance(e, PodGroupSubmitted)),
+            "committed": control_worker.control.counters["committed"],
+            "aborted": control_worker.control.counters["aborted"],
+            "commit_latency_ms": _percentiles(commit) if commit.size else None,
+        }
+    return result
+
+
+def _percentiles(ms: Any) -> dict[str, float]:
+    return {
+        "p50": float(np.percentile(ms, 50)),
+        "p90": float(np.percentile(ms, 90)),
+        "p99": float(np.percentile(ms, 99)),
+        "max": float(ms.max()),
+    }

@@ -1,0 +1,120 @@
+"""Shards and the coordinator as OS processes, talking only through the log.
+
+``shoal worker shard --bus URL --shard-id I`` and ``shoal worker coordinator --bus URL``
+run one component each with its own (uvloop) event loop; ``loadtest --shards N`` starts
+them as subprocesses over a :class:`~events.remote.LogServer`, and the fault-injection
+tests kill them with SIGKILL and start them again. A component that starts (or starts
+again) rebuilds its state from the log first: a shard by replaying its partition, the
+coordinator by folding the control partition and scanning what it already forwarded.
+
+Time in these processes is the wall clock: a component whose engine wants to act at a
+time that has come (a back-off, a reservation or prepare time-out) appends a
+``ClockTicked`` to its own partition, and the tick is folded like any input, so replay
+sees the same time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import Callable
+
+from engine.config import SchedulerConfig
+from events.errors import LogError
+from events.log import EventLog
+from events.types import ClockTicked, Envelope, ShardingConfigured
+from shards.control import ControlWorker
+from shards.router import Control, Sharding
+from shards.worker import ShardWorker
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], int]
+
+
+def wall_clock() -> int:
+    return time.time_ns()
+
+
+async def _wait_for_growth(bus: EventLog, partition: int, offset: int, seconds: float) -> None:
+    """Wait until ``partition`` has a record at ``offset`` (long poll when the log can)."""
+    fetch = getattr(bus, "fetch", None)
+    if fetch is not None:
+        await fetch(partition, offset, 1, wait=seconds)
+    else:
+        await asyncio.sleep(min(seconds, 0.01))
+
+
+async def sharding_from_log(bus: EventLog, *, timeout: float = 30.0) -> Sharding:
+    """The sharding configuration recorded first in the control partition (waits for
+    it: a coordinator may start before ingest has written it)."""
+    control = bus.partitions - 1
+    deadline = time.monotonic() + timeout
+    while True:
+        for env in await bus.read(control, 0, 16):
+            if isinstance(env.event, ShardingConfigured):
+                return Sharding.from_json(env.event.config)
+        if time.monotonic() > deadline:
+            raise LogError("no sharding configuration in the control partition")
+        await _wait_for_growth(bus, control, 0, 0.2)
+
+
+async def run_shard(
+    bus: EventLog,
+    shard: int,
+    *,
+    config: SchedulerConfig | None = None,
+    stop: asyncio.Event,
+    clock: Clock = wall_clock,
+    idle_wait: float = 0.2,
+) -> ShardWorker:
+    """Rebuild shard ``shard`` from its partition, then schedule until ``stop``."""
+    worker = await ShardWorker.recover(bus, config, shard=shard, partition=shard)
+    log.info("shard %d recovered at offset %d", shard, worker.position)
+    producer = f"clock-{shard}"
+    while not stop.is_set():
+        decided = await worker.poll()
+        wake = worker.engine.next_wakeup()
+        now = clock()
+        if wake is not None and wake <= now:
+            await bus.append([Envelope(event=ClockTicked(), time=now, producer=producer)], shard)
+            continue
+        if decided == 0:
+            wait = idle_wait if wake is None else min(idle_wait, max(wake - now, 0) / 1e9)
+            await _wait_for_growth(bus, shard, worker.position, wait)
+    return worker
+
+
+async def run_coordinator(
+    bus: EventLog,
+    *,
+    stop: asyncio.Event,
+    clock: Clock = wall_clock,
+    idle_wait: float = 0.005,
+    on_poll: Callable[[ControlWorker], None] | None = None,
+) -> ControlWorker:
+    """The router and coordinator: fold the control partition, relay shards' reports,
+    forward, until ``stop``. Restarted, it appends only what its predecessor had not."""
+    sharding = await sharding_from_log(bus)
+    worker = ControlWorker(Control(sharding), bus)
+    control = sharding.shards
+    while not stop.is_set():
+        moved = await worker.poll()
+        if on_poll is not None:
+            on_poll(worker)
+        wake = worker.control.next_wakeup()
+        now = clock()
+        if wake is not None and wake <= now:
+            await bus.append([Envelope(event=ClockTicked(), time=now, producer="clock")], control)
+            continue
+        if not moved:
+            await asyncio.sleep(idle_wait)
+    return worker
+
+
+def install_stop_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
