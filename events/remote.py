@@ -132,8 +132,8 @@ class LogServer:
                     answer = [False, f"bad request: {exc}"]
                 _write_frame(writer, answer)
                 await writer.drain()
-        except ConnectionError:
-            return
+        except (ConnectionError, asyncio.CancelledError):
+            return  # the client left, or the server is closing
         finally:
             self._clients.discard(writer)
             writer.close()

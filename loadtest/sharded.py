@@ -117,11 +117,12 @@ async def run_sharded_loadtest(
         stop = asyncio.Event()
         control_log = await RemoteLog.connect(server.url)
         holder: list[ControlWorker] = []
-        coordinator = asyncio.create_task(
-            run_coordinator(
-                control_log, stop=stop, on_poll=lambda w: holder[:1] or holder.append(w)
-            )
-        )
+
+        def keep(worker: ControlWorker) -> None:
+            if not holder:
+                holder.append(worker)
+
+        coordinator = asyncio.create_task(run_coordinator(control_log, stop=stop, on_poll=keep))
         children = [
             await asyncio.create_subprocess_exec(
                 sys.executable,

@@ -20,10 +20,20 @@ from shards.cluster import SimulatedCluster
 
 
 class Binder:
-    def __init__(self, cluster: SimulatedCluster, log: EventLog, *, shards: int = 1) -> None:
+    def __init__(
+        self,
+        cluster: SimulatedCluster,
+        log: EventLog,
+        *,
+        shards: int = 1,
+        failed: set[str] | None = None,
+    ) -> None:
         self.cluster = cluster
         self.log = log
         self.shards = shards
+        self.failed = failed or set()
+        """Decisions already refused (a binder started again applies the log from the
+        start to rebuild the cluster, and must not refuse them twice)."""
         self.inputs = shards if shards > 1 else 0
         """The partition of cluster inputs (the control partition with several shards)."""
         self.positions = [0] * (shards + 1 if shards > 1 else 1)
@@ -53,6 +63,8 @@ class Binder:
         for env in records:
             event = env.event
             if isinstance(event, PodBound):
+                if event.decision_id in self.failed:
+                    continue
                 for e in self.cluster.bind(event, now):
                     decided.append(self._envelope(e, now, env, "binder"))
             elif isinstance(event, PodUnbound):

@@ -313,12 +313,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     work = sub.add_parser(
         "worker",
-        help="run one shard, or the router and coordinator, as its own process",
+        help="run one shard, the router and coordinator, or the simulated binder as a process",
         description="One component of a run with several shards, over a shared bus "
         "(tcp://HOST:PORT of a log server, or kafka://). It rebuilds its state from the "
         "log when it starts, so it can be killed and started again at any time.",
     )
-    work.add_argument("role", choices=["shard", "coordinator"])
+    work.add_argument(
+        "role",
+        choices=["shard", "coordinator", "binder"],
+        help="binder: applies decisions to the simulated cluster, in wall time",
+    )
     work.add_argument("--bus", required=True, help="tcp://HOST:PORT or kafka://HOST:PORT")
     work.add_argument("--shard-id", type=_non_negative)
     work.add_argument("--config", help="KubeSchedulerConfiguration YAML (shards)")
@@ -356,7 +360,7 @@ async def _serve(args: argparse.Namespace) -> int:
 
 
 async def _worker(args: argparse.Namespace) -> int:
-    from shards.processes import install_stop_signals, run_coordinator, run_shard
+    from shards.processes import install_stop_signals, run_binder, run_coordinator, run_shard
 
     bus = await open_bus(args.bus, partitions=2)
     stop = asyncio.Event()
@@ -370,6 +374,8 @@ async def _worker(args: argparse.Namespace) -> int:
                     location="--shard-id",
                 )
             await run_shard(bus, args.shard_id, config=_config(args.config), stop=stop)
+        elif args.role == "binder":
+            await run_binder(bus, stop=stop)
         else:
             await run_coordinator(bus, stop=stop)
     finally:

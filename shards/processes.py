@@ -11,12 +11,17 @@ Time in these processes is the wall clock: a component whose engine wants to act
 time that has come (a back-off, a reservation or prepare time-out) appends a
 ``ClockTicked`` to its own partition, and the tick is folded like any input, so replay
 sees the same time.
+
+``SHOAL_PROFILE_SHARD=PATH`` makes each shard process write a cProfile of its run to
+``PATH.<shard>`` when it stops (profile before optimising).
 """
 
 from __future__ import annotations
 
 import asyncio
+import cProfile
 import logging
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -24,7 +29,9 @@ from collections.abc import Callable
 from engine.config import SchedulerConfig
 from events.errors import LogError
 from events.log import EventLog
-from events.types import ClockTicked, Envelope, ShardingConfigured
+from events.types import BindFailed, ClockTicked, Envelope, ShardingConfigured
+from shards.binder import Binder
+from shards.cluster import SimulatedCluster
 from shards.control import ControlWorker
 from shards.router import Control, Sharding
 from shards.worker import ShardWorker
@@ -71,6 +78,26 @@ async def run_shard(
     idle_wait: float = 0.2,
 ) -> ShardWorker:
     """Rebuild shard ``shard`` from its partition, then schedule until ``stop``."""
+    profile_to = os.environ.get("SHOAL_PROFILE_SHARD")
+    profiler = cProfile.Profile() if profile_to else None
+    if profiler is not None:
+        profiler.enable()
+    try:
+        return await _run_shard(bus, shard, config, stop, clock, idle_wait)
+    finally:
+        if profiler is not None and profile_to:
+            profiler.disable()
+            profiler.dump_stats(f"{profile_to}.{shard}")
+
+
+async def _run_shard(
+    bus: EventLog,
+    shard: int,
+    config: SchedulerConfig | None,
+    stop: asyncio.Event,
+    clock: Clock,
+    idle_wait: float,
+) -> ShardWorker:
     worker = await ShardWorker.recover(bus, config, shard=shard, partition=shard)
     log.info("shard %d recovered at offset %d", shard, worker.position)
     producer = f"clock-{shard}"
@@ -112,6 +139,39 @@ async def run_coordinator(
         if not moved:
             await asyncio.sleep(idle_wait)
     return worker
+
+
+async def run_binder(
+    bus: EventLog,
+    *,
+    stop: asyncio.Event,
+    clock: Clock = wall_clock,
+    idle_wait: float = 0.005,
+) -> Binder:
+    """The binder with the simulated cluster, in wall time. Started again, it rebuilds
+    the cluster by applying the log from the start (decisions refused before stay
+    refused; what was accepted is accepted again, in the same order) and appends only
+    the refusals and completions that were never recorded."""
+    shards = bus.partitions - 1
+    failed: set[str] = set()
+    for partition in range(shards):
+        offset = 0
+        while batch := await bus.read(partition, offset, 50_000):
+            failed.update(e.event.decision_id for e in batch if isinstance(e.event, BindFailed))
+            offset = batch[-1].offset + 1
+    cluster = SimulatedCluster()
+    binder = Binder(cluster, bus, shards=shards, failed=failed)
+    while not stop.is_set():
+        now = clock()
+        moved = await binder.poll(now)
+        done = cluster.due(now)
+        if done:
+            await bus.append(
+                [Envelope(event=e, time=now, producer="cluster") for e in done], shards
+            )
+        if not moved and not done:
+            await asyncio.sleep(idle_wait)
+    return binder
 
 
 def install_stop_signals(stop: asyncio.Event) -> None:

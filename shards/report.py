@@ -42,6 +42,8 @@ class PodView:
     shard: int | None = None
     attempts: int = 0
     bound_at: int | None = None
+    decision: str = ""
+    """The decision id of its current placement."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"node": self.node, "phase": self.phase}
@@ -117,7 +119,7 @@ class RunReport:
         match event:
             case PodUnbound(pod=key):
                 view = self._view(key)
-                if view.phase == "Bound":
+                if view.phase == "Bound" and view.decision == event.decision_id:
                     view.node, view.phase = None, "Pending"
                     view.reason = f"unbound from {event.node}: {event.reason}"
             case PodUnschedulable(pod=key) | PodBound(pod=key) if self._stale(key, event.shard):
@@ -158,11 +160,13 @@ class RunReport:
                 view.attempts = max(view.attempts, event.attempt)
                 view.shard = event.shard
                 view.bound_at = env.time
+                view.decision = event.decision_id
             case BindFailed(pod=key):
                 self.bind_failures += 1
                 view = self._view(key)
-                view.node, view.phase = None, "Pending"
-                view.reason = f"binding to {event.node} failed: {event.reason}"
+                if view.decision == event.decision_id and view.phase == "Bound":
+                    view.node, view.phase = None, "Pending"
+                    view.reason = f"binding to {event.node} failed: {event.reason}"
             case PodSucceeded(pod=key):
                 view = self._view(key)
                 view.phase, view.reason = "Succeeded", ""

@@ -783,6 +783,9 @@ class Control:
         gang.spanning = True
         gang.shard = None
         gang.retry_at = self.now
+        # the shard that handed it back summarises its capacity in the same pass, right
+        # after: plan with that, not with what was charged to it before
+        gang.retry_after = self.summaries
         answers = "; ".join(f"shard {s}: {r}" for s, r in sorted(gang.tried.items()))
         self._status(
             gang, PENDING, f"no single shard can hold it ({answers}); placing it across shards"
