@@ -26,7 +26,7 @@ from shards.bus import check_new_log, open_bus
 from shards.replay import replay, replay_routed
 from shards.report import merge
 from shards.router import Sharding
-from shards.scenario import load_config, load_scenario
+from shards.scenario import ShardingSpec, load_config, load_scenario
 from shards.simulate import simulate
 
 EXIT_MISMATCH = 1
@@ -84,17 +84,19 @@ def _non_negative(text: str) -> int:
 MAX_SHARDS = 64
 
 
-def _sharding(shards: int) -> Sharding | None:
+def _sharding(shards: int, spec: ShardingSpec | None = None) -> Sharding | None:
     if shards > MAX_SHARDS:
         raise InputError(f"at most {MAX_SHARDS} shards, got {shards}", location="--shards")
-    return Sharding(shards=shards) if shards > 1 else None
+    if shards == 1:
+        return None
+    return spec.sharding(shards) if spec is not None else Sharding(shards=shards)
 
 
 async def _simulate(args: argparse.Namespace) -> int:
     config = _config(args.config)
-    sharding = _sharding(args.shards)
-    partitions = args.shards + 1 if sharding is not None else 1
     scenario = load_scenario(args.scenario)
+    sharding = _sharding(args.shards, scenario.sharding)
+    partitions = args.shards + 1 if sharding is not None else 1
     bus = args.bus
     copy_to: str | None = None
     if args.log is not None:

@@ -20,7 +20,15 @@ from engine.config import API_VERSIONS as CONFIG_VERSIONS
 from engine.config import KIND as CONFIG_KIND
 from engine.config import SchedulerConfig, parse_config
 from events.errors import InputError
-from events.types import Event, GroupSpec, NodeAdded, PodGroupSubmitted, PodSubmitted, QuotaDefined
+from events.types import (
+    SECOND,
+    Event,
+    GroupSpec,
+    NodeAdded,
+    PodGroupSubmitted,
+    PodSubmitted,
+    QuotaDefined,
+)
 from shards.groups import (
     DEPENDS_ON,
     GROUP_KINDS,
@@ -32,7 +40,10 @@ from shards.groups import (
     pod_group,
 )
 from shards.objects import arrival, node_spec, pod_spec, priority_class
+from shards.router import PoolRule, Sharding
 
+SHARDING_VERSION: Final = "shoal.io/v1alpha1"
+SHARDING_KIND: Final = "ShardingConfiguration"
 MAX_FILE_BYTES: Final = 256 * 1024 * 1024
 KINDS: Final = {
     ("v1", "Node"),
@@ -42,6 +53,7 @@ KINDS: Final = {
     *((version, CONFIG_KIND) for version in CONFIG_VERSIONS),
     *((version, "PodGroup") for version in GROUP_KINDS),
     *((version, "ElasticQuota") for version in QUOTA_VERSIONS),
+    (SHARDING_VERSION, SHARDING_KIND),
 }
 
 
@@ -56,6 +68,7 @@ class TimedEvent:
 class Scenario:
     events: list[TimedEvent] = field(default_factory=list)
     config: SchedulerConfig | None = None
+    sharding: ShardingSpec | None = None
     priority_classes: dict[str, int] = field(default_factory=dict)
     nodes: int = 0
     pods: int = 0
@@ -160,6 +173,10 @@ def load_scenario(paths: list[str]) -> Scenario:
                             location="globalDefault",
                         )
                     default_class = (name, value)
+            elif kind == SHARDING_KIND:
+                if scenario.sharding is not None:
+                    raise InputError(f"only one {SHARDING_KIND} is allowed")
+                scenario.sharding = parse_sharding(doc.obj)
             elif kind == CONFIG_KIND:
                 if scenario.config is not None:
                     raise InputError("only one KubeSchedulerConfiguration is allowed")
@@ -275,6 +292,120 @@ def _implicit_groups(
         spec = GroupSpec(namespace=namespace, name=name, min_member=minimum, source="labels")
         scenario.events.append(TimedEvent(first.time, first.order, PodGroupSubmitted(group=spec)))
         scenario.groups += 1
+
+
+@dataclass(frozen=True, slots=True)
+class ShardingSpec:
+    """A ``ShardingConfiguration`` document: pools, their shards, tenants' pools."""
+
+    pools: tuple[tuple[str, int | None, tuple[tuple[str, str], ...]], ...] = ()
+    """(pool, shard or None for "spread", node labels that put a node in it)."""
+    tenants: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    reservation_timeout: int | None = None
+
+    def sharding(self, shards: int) -> Sharding:
+        """The router's configuration for ``shards`` shards; a pool pinned to a shard
+        that does not exist is an input error."""
+        for i, (name, shard, _) in enumerate(self.pools):
+            if shard is not None and shard >= shards:
+                raise InputError(
+                    f"pool {name!r} is assigned to shard {shard}, but there are {shards} "
+                    f"(shards 0..{shards - 1})",
+                    location=f"{SHARDING_KIND}: pools[{i}].shard",
+                )
+        extra = (
+            {}
+            if self.reservation_timeout is None
+            else {"reservation_timeout": self.reservation_timeout}
+        )
+        return Sharding(
+            shards=shards,
+            pools=tuple((name, shard) for name, shard, _ in self.pools if shard is not None),
+            rules=tuple(PoolRule(match, name) for name, _, match in self.pools if match),
+            tenants=self.tenants,
+            **extra,
+        )
+
+
+def parse_sharding(raw: Mapping[str, Any]) -> ShardingSpec:
+    """Validate a ``ShardingConfiguration``::
+
+    apiVersion: shoal.io/v1alpha1
+    kind: ShardingConfiguration
+    pools:
+    - name: a100            # nodes labelled shoal.io/pool=a100 belong to it, and
+      shard: 0              # (optional) pinned to shard 0; else spread in turn
+      nodeSelector:         # (optional) ...and so do nodes with these labels
+        gpu-model: a100
+    tenants:
+    - namespace: research   # research's pods run only on these pools, and nobody
+      pools: [a100]         # else's pods run there
+    reservationTimeoutSeconds: 30
+    """
+    pools: list[tuple[str, int | None, tuple[tuple[str, str], ...]]] = []
+    names: set[str] = set()
+    raw_pools = raw.get("pools", [])
+    if not isinstance(raw_pools, list):
+        raise InputError("must be a list", location="pools")
+    for i, item in enumerate(raw_pools):
+        where = f"pools[{i}]"
+        if not isinstance(item, Mapping):
+            raise InputError("must be a mapping", location=where)
+        name = item.get("name")
+        if not isinstance(name, str) or not name:
+            raise InputError("needs a name", location=f"{where}.name")
+        if name in names:
+            raise InputError(f"duplicate pool {name!r}", location=f"{where}.name")
+        names.add(name)
+        shard = item.get("shard")
+        if shard is not None and (
+            not isinstance(shard, int) or isinstance(shard, bool) or shard < 0
+        ):
+            raise InputError("must be a shard number (0, 1, ...)", location=f"{where}.shard")
+        selector = item.get("nodeSelector", {})
+        if not isinstance(selector, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in selector.items()
+        ):
+            raise InputError("must map label keys to values", location=f"{where}.nodeSelector")
+        pools.append((name, shard, tuple(sorted(selector.items()))))
+    tenants: list[tuple[str, tuple[str, ...]]] = []
+    raw_tenants = raw.get("tenants", [])
+    if not isinstance(raw_tenants, list):
+        raise InputError("must be a list", location="tenants")
+    owned: dict[str, str] = {}
+    for i, item in enumerate(raw_tenants):
+        where = f"tenants[{i}]"
+        if not isinstance(item, Mapping):
+            raise InputError("must be a mapping", location=where)
+        namespace = item.get("namespace")
+        wanted = item.get("pools")
+        if not isinstance(namespace, str) or not namespace:
+            raise InputError("needs a namespace", location=f"{where}.namespace")
+        if (
+            not isinstance(wanted, list)
+            or not wanted
+            or not all(isinstance(p, str) for p in wanted)
+        ):
+            raise InputError("must be a non-empty list of pool names", location=f"{where}.pools")
+        for pool in wanted:
+            if pool in owned:
+                raise InputError(
+                    f"pool {pool!r} is already owned by {owned[pool]!r}", location=f"{where}.pools"
+                )
+            owned[pool] = namespace
+        tenants.append((namespace, tuple(wanted)))
+    timeout = raw.get("reservationTimeoutSeconds")
+    if timeout is not None and (
+        not isinstance(timeout, int | float) or isinstance(timeout, bool) or not 0 < timeout <= 3600
+    ):
+        raise InputError(
+            "must be a number of seconds in (0, 3600]", location="reservationTimeoutSeconds"
+        )
+    return ShardingSpec(
+        pools=tuple(pools),
+        tenants=tuple(tenants),
+        reservation_timeout=None if timeout is None else int(timeout * SECOND),
+    )
 
 
 def load_config(path: str) -> SchedulerConfig:

@@ -134,6 +134,10 @@ class PodBuilder:
         self.fields["preferred_affinity"] = (*self.fields.get("preferred_affinity", ()), term)
         return self
 
+    def member(self, group: str) -> PodBuilder:
+        self.fields["group"] = group
+        return self
+
     def scheduler(self, name: str) -> PodBuilder:
         self.fields["scheduler_name"] = name
         return self

@@ -1,0 +1,88 @@
+"""The log server under bad clients: garbage, oversized frames, bad requests, and a
+client that vanishes; none of it loses records or stops the server."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import msgspec
+import pytest
+
+from events.errors import InputError, LogError
+from events.remote import LogServer, RemoteLog, parse_tcp_url
+from events.types import Envelope, PodDeleted
+
+
+async def _raw(server: LogServer, payload: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    writer.write(payload)
+    await writer.drain()
+    try:
+        return await asyncio.wait_for(reader.read(65536), 5)
+    finally:
+        writer.close()
+
+
+def _frame(message: object) -> bytes:
+    body = msgspec.msgpack.encode(message)
+    return struct.pack(">I", len(body)) + body
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\x00\x00\x00\x05hello",  # not msgpack
+        struct.pack(">I", 1 << 30),  # a frame larger than allowed
+        _frame({"op": "append"}),  # not an array
+        _frame(["append", 0, "records"]),
+        _frame(["append", 0, [["pod-", "not bytes"]]]),
+        _frame(["read", 9, 0, None, 0, None]),  # no such partition
+        _frame(["read", 0, -1, None, 0, None]),
+        _frame(["drop-table"]),
+        _frame([]),
+    ],
+)
+async def test_bad_requests_are_refused_and_nothing_is_lost(payload: bytes) -> None:
+    async with LogServer(1) as server:
+        log = await RemoteLog.connect(server.url)
+        await log.append([Envelope(event=PodDeleted(pod="ns/a"), producer="t")])
+        answer = await _raw(server, payload)
+        if answer:
+            (size,) = struct.unpack(">I", answer[:4])
+            ok, message = msgspec.msgpack.decode(answer[4 : 4 + size])
+            assert ok is False and "bad request" in message
+        records = await log.read(0, 0)
+        assert [r.event for r in records] == [PodDeleted(pod="ns/a")]
+        await log.close()
+
+
+async def test_client_sees_a_clear_error_when_the_server_is_gone() -> None:
+    server = await LogServer(1).start()
+    log = await RemoteLog.connect(server.url)
+    await server.close()
+    with pytest.raises(LogError, match="log server"):
+        await log.append([Envelope(event=PodDeleted(pod="ns/a"))])
+    await log.close()
+
+
+async def test_long_poll_returns_when_a_record_arrives() -> None:
+    async with LogServer(1) as server:
+        reader = await RemoteLog.connect(server.url)
+        writer = await RemoteLog.connect(server.url)
+        waiting = asyncio.create_task(reader.fetch(0, 0, wait=10.0))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        await writer.append([Envelope(event=PodDeleted(pod="ns/a"))])
+        stop, records = await asyncio.wait_for(waiting, 5)
+        assert stop == 1 and records[0].offset == 0
+        filtered = await reader.fetch(0, 0, kinds=["bind"])
+        assert filtered == (1, [])
+        await reader.close()
+        await writer.close()
+
+
+@pytest.mark.parametrize("url", ["tcp://", "tcp://host", "tcp://:80", "tcp://h:0", "tcp://h:x"])
+def test_bad_urls(url: str) -> None:
+    with pytest.raises(InputError, match="tcp://HOST:PORT"):
+        parse_tcp_url(url)

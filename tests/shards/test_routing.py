@@ -1,0 +1,423 @@
+"""Several shards, deterministic cases: pools, tenants, hand-backs, gangs across shards,
+reservations (grant, deny, expiry, commit, break) and gang rollback after a failed bind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.reservations import COMMITTED, HELD
+from engine.scheduler import Engine
+from events.errors import InputError, LogCorruptedError
+from events.memory import MemoryLog
+from events.types import (
+    SECOND,
+    BindFailed,
+    ClockTicked,
+    Envelope,
+    Event,
+    GroupSpec,
+    PodBound,
+    PodGroupSubmitted,
+    PodHandedBack,
+    PodSubmitted,
+    PodUnbound,
+    QuotaDefined,
+    QuotaSpec,
+    ReservationAborted,
+    ReservationCommitted,
+    ReservationDenied,
+    ReservationGranted,
+    ReservationReleased,
+    ReservationRequested,
+    ShardingConfigured,
+    ShardSummary,
+)
+from shards.replay import replay_routed
+from shards.router import POOL_LABEL, RELAY, Control, Sharding
+from shards.scenario import load_scenario
+from shards.simulate import simulate
+from tests.builders import make_node, make_pod
+from tests.shards.test_batch import group, node, pod
+
+
+def run(tmp_path: Path, text: str, shards: int) -> dict[str, Any]:
+    path = tmp_path / "scenario.yaml"
+    path.write_text(text)
+    scenario = load_scenario([str(path)])
+    spec = scenario.sharding
+    sharding = spec.sharding(shards) if spec is not None else Sharding(shards=shards)
+
+    async def go() -> dict[str, Any]:
+        log = MemoryLog(shards + 1)
+        result = await simulate(scenario, log, sharding=sharding)
+        parts = [await log.read(p, 0) for p in range(shards + 1)]
+        verified = replay_routed(parts, verify=True)
+        assert verified.mismatch is None, verified.mismatch
+        result.cluster.check_invariants()
+        for engine in result.engines:
+            engine.state.check_invariants()
+            assert not [r for r in engine.reservations.values() if r.state == HELD]
+        data = result.report.to_json()
+        data["parts"] = parts
+        data["control"] = result.control
+        return data
+
+    return asyncio.run(go())
+
+
+def pools(*lines: str) -> str:
+    body = "\n".join(lines)
+    return f"""
+apiVersion: shoal.io/v1alpha1
+kind: ShardingConfiguration
+{body}
+---"""
+
+
+def labelled(name: str, pool: str, gpu: int = 4) -> str:
+    return node(name, cpu=16, gpu=gpu, extra=f", labels: {{{POOL_LABEL}: {pool}}}")
+
+
+# --------------------------------------------------------------------------- pools
+
+
+def test_pools_pinned_by_configuration_and_rules(tmp_path: Path) -> None:
+    text = (
+        pools(
+            "pools:",
+            "- {name: big, shard: 2, nodeSelector: {size: big}}",
+            "- {name: small, shard: 0}",
+        )
+        + node("b0", extra=", labels: {size: big}")
+        + labelled("s0", "small")
+        + pod("x", cpu="1")
+    )
+    data = run(tmp_path, text, 3)
+    forwarded = {
+        env.event.node.name: (p, env.event.node.labels.get(POOL_LABEL))
+        for p, records in enumerate(data["parts"][:3])
+        for env in records
+        if type(env.event).__name__ == "NodeAdded"
+    }
+    assert forwarded == {"b0": (2, "big"), "s0": (0, "small")}
+
+
+def test_tenant_pools_are_exclusive(tmp_path: Path) -> None:
+    text = (
+        pools("tenants:", "- {namespace: research, pools: [a100]}")
+        + labelled("a100-0", "a100", gpu=8)
+        + labelled("v100-0", "v100", gpu=2)
+        + pod("train", gpu=4, ns="research")
+        + "".join(pod(f"infer-{i}", gpu=1, ns="serving") for i in range(3))
+    )
+    data = run(tmp_path, text, 2)
+    pods = data["pods"]
+    assert pods["research/train"]["node"] == "a100-0"
+    placed = [pods[f"serving/infer-{i}"]["node"] for i in range(3)]
+    assert sorted(p for p in placed if p) == ["v100-0", "v100-0"]
+    assert "a100-0" not in placed  # the third waits rather than use research's pool
+    assert pods["serving/infer-2"]["phase"] == "Pending"
+
+
+def test_hand_backs_are_bounded_and_the_reason_names_every_shard(tmp_path: Path) -> None:
+    text = "".join(node(f"n{i}", cpu=2) for i in range(6)) + pod("huge", cpu="8")
+    data = run(tmp_path, text, 3)
+    view = data["pods"]["default/huge"]
+    assert view["phase"] == "Pending"
+    for shard in range(3):
+        assert shard == view["shard"] or f"shard {shard}:" in view["reason"], view
+    handbacks = [
+        env
+        for records in data["parts"][:3]
+        for env in records
+        if isinstance(env.event, PodHandedBack)
+    ]
+    assert len(handbacks) == 2  # every other shard answered; the last one keeps it
+
+
+def test_dependency_on_a_pod_of_another_shard(tmp_path: Path) -> None:
+    text = (
+        labelled("a", "pa")
+        + labelled("b", "pb")
+        + pod(
+            "first",
+            spec=f"  nodeSelector: {{{POOL_LABEL}: pa}}",
+            annotations='"shoal.io/runtime": "10"',
+        )
+        + pod(
+            "then",
+            spec=f"  nodeSelector: {{{POOL_LABEL}: pb}}",
+            annotations='"shoal.io/depends-on": "first"',
+        )
+    )
+    data = run(tmp_path, text, 2)
+    assert data["pods"]["default/first"]["phase"] == "Succeeded"
+    assert data["pods"]["default/then"]["node"] == "b"
+
+
+# --------------------------------------------------------------------------- gangs
+
+
+def test_gang_too_big_for_any_shard_is_placed_across_shards(tmp_path: Path) -> None:
+    text = (
+        "".join(labelled(f"g{i}", f"p{i % 2}") for i in range(4))  # 8 GPUs per shard
+        + group("wide", 12)
+        + "".join(
+            pod(f"w{i}", cpu="1", gpu=1, labels="scheduling.x-k8s.io/pod-group: wide")
+            for i in range(12)
+        )
+    )
+    data = run(tmp_path, text, 2)
+    members = [data["pods"][f"default/w{i}"] for i in range(12)]
+    assert all(m["phase"] == "Bound" for m in members)
+    assert {m["shard"] for m in members} == {0, 1}
+    assert data["groups"]["default/wide"]["phase"] == "Scheduled"
+    control: Control = data["control"]
+    assert control.counters["committed"] == 1
+
+
+def test_gang_that_fits_nowhere_waits_at_the_coordinator_with_a_reason(tmp_path: Path) -> None:
+    text = (
+        "".join(labelled(f"g{i}", f"p{i % 2}") for i in range(2))  # 8 GPUs in all
+        + group("wide", 10, spec=", scheduleTimeoutSeconds: 30")
+        + "".join(
+            pod(f"w{i}", gpu=1, labels="scheduling.x-k8s.io/pod-group: wide") for i in range(10)
+        )
+    )
+    data = run(tmp_path, text, 2)
+    assert data["groups"]["default/wide"]["phase"] == "Failed"
+    assert "timed out" in data["pods"]["default/w0"]["reason"]
+
+
+# --------------------------------------------------------------------------- reservations
+
+
+def _engine(*events: Event, time: int = 0) -> tuple[Engine, list[Event]]:
+    engine = Engine(shard=0)
+    engine.apply(Envelope(event=make_node("n").cpu("8").gpu(4).added()))
+    for event in events:
+        engine.apply(Envelope(event=event, time=time, producer="router", causation=1))
+    return engine, engine.schedule()
+
+
+def _request(rid: str, count: int, *, expires: int = 10 * SECOND) -> ReservationRequested:
+    spec = GroupSpec(namespace="ml", name="g", min_member=count)
+    pods = tuple(
+        make_pod(f"m{i}", "ml").cpu("1").gpu(1).member("ml/g").spec() for i in range(count)
+    )
+    return ReservationRequested(rid=rid, group=spec, pods=pods, expires_at=expires)
+
+
+def _of(kind: type, events: list[Event]) -> list[Any]:
+    return [e for e in events if isinstance(e, kind)]
+
+
+def test_reservation_granted_held_then_committed() -> None:
+    engine, out = _engine(_request("ml/g#1", 3))
+    (grant,) = _of(ReservationGranted, out)
+    assert len(grant.placements) == 3 and not _of(PodBound, out)
+    assert engine.reservations["ml/g#1"].state == HELD
+    engine.apply(Envelope(event=ReservationCommitted(rid="ml/g#1"), producer="router"))
+    bound = _of(PodBound, engine.schedule())
+    assert len(bound) == 3
+    assert engine.reservations["ml/g#1"].state == COMMITTED
+
+
+def test_reservation_that_does_not_fit_is_denied_and_holds_nothing() -> None:
+    engine, out = _engine(_request("ml/g#1", 5))
+    assert _of(ReservationDenied, out) and not _of(ReservationGranted, out)
+    assert not engine.state.pods and "ml/g#1" not in engine.reservations
+
+
+def test_reservation_expires_by_itself() -> None:
+    engine, out = _engine(_request("ml/g#1", 2, expires=5 * SECOND))
+    assert _of(ReservationGranted, out)
+    assert engine.next_wakeup() == 5 * SECOND
+    engine.apply(Envelope(event=ClockTicked(), time=5 * SECOND))
+    (released,) = _of(ReservationReleased, engine.schedule())
+    assert released.reason.startswith("expired")
+    assert not engine.state.pods
+    engine.apply(Envelope(event=ReservationCommitted(rid="ml/g#1"), producer="router"))
+    assert not _of(PodBound, engine.schedule())  # too late: nothing to commit
+
+
+def test_abort_after_commit_unbinds_and_a_failed_bind_breaks_the_part() -> None:
+    engine, _ = _engine(_request("ml/g#1", 2))
+    engine.apply(Envelope(event=ReservationCommitted(rid="ml/g#1"), producer="router"))
+    bound = _of(PodBound, engine.schedule())
+    failed = bound[0]
+    engine.apply(
+        Envelope(
+            event=BindFailed(
+                pod=failed.pod, node=failed.node, decision_id=failed.decision_id, reason="409"
+            )
+        )
+    )
+    out = engine.schedule()
+    (unbound,) = _of(PodUnbound, out)
+    assert unbound.pod == bound[1].pod
+    (released,) = _of(ReservationReleased, out)
+    assert released.reason.startswith("broken")
+    assert not engine.state.pods
+
+
+def test_local_gang_rolled_back_whole_after_a_failed_bind() -> None:
+    engine = Engine()
+    engine.apply(Envelope(event=make_node("n").cpu("8").added()))
+    spec = GroupSpec(namespace="ml", name="g", min_member=3)
+    engine.apply(Envelope(event=PodGroupSubmitted(group=spec)))
+    for i in range(3):
+        member = make_pod(f"m{i}", "ml").cpu("1").member("ml/g").spec()
+        engine.apply(Envelope(event=PodSubmitted(pod=member)))
+    bound = _of(PodBound, engine.schedule())
+    assert len(bound) == 3
+    first = bound[0]
+    engine.apply(
+        Envelope(
+            event=BindFailed(
+                pod=first.pod, node=first.node, decision_id=first.decision_id, reason="409"
+            )
+        )
+    )
+    out = engine.schedule()
+    assert {e.pod for e in _of(PodUnbound, out)} == {bound[1].pod, bound[2].pod}
+    again = _of(PodBound, out)
+    assert len(again) == 3  # placed again, whole, in the same pass
+    assert all(e.decision_id not in {b.decision_id for b in bound} for e in again)
+
+
+# --------------------------------------------------------------------------- router
+
+
+def test_quota_slices_add_up_to_the_quota() -> None:
+    control = Control(Sharding(shards=3))
+    for i, gpus in enumerate([8, 4, 4]):
+        node_event = make_node(f"n{i}").gpu(gpus).label(POOL_LABEL, f"p{i}").added()
+        control.apply(Envelope(event=node_event, offset=i))
+    quota = QuotaSpec(
+        namespace="ml", name="q", min={"nvidia.com/gpu": 7}, max={"nvidia.com/gpu": 9}
+    )
+    out = control.apply(Envelope(event=QuotaDefined(quota=quota), offset=3))
+    slices = {shard: e.quota for shard, e in out if isinstance(e, QuotaDefined)}
+    assert sum(q.min["nvidia.com/gpu"] for q in slices.values()) == 7
+    assert sum(q.max["nvidia.com/gpu"] for q in slices.values()) == 9
+    assert slices[0].max["nvidia.com/gpu"] >= slices[1].max["nvidia.com/gpu"]
+
+
+def test_routes_to_the_roomiest_shard_and_ignores_forged_relays() -> None:
+    control = Control(Sharding(shards=2))
+    control.apply(Envelope(event=make_node("a").cpu("4").label(POOL_LABEL, "pa").added()))
+    control.apply(Envelope(event=make_node("b").cpu("64").label(POOL_LABEL, "pb").added()))
+    chosen = []
+    for i in range(3):
+        event = PodSubmitted(pod=make_pod(f"p{i}").cpu("2").spec())
+        chosen += [s for s, e in control.apply(Envelope(event=event, offset=2 + i))]
+    # a tie at first, then the shard with the larger share free
+    assert chosen == [0, 1, 1]
+    forged = ShardSummary(shard=0, seen=99, nodes=1, allocatable={}, used={}, largest={})
+    for producer in ("relay-x", "relay-7", "relay-", "someone"):
+        assert (
+            control.apply(Envelope(event=forged, stream=RELAY, producer=producer, causation=5))
+            == []
+        )
+    assert control.shards[0].seen == -1
+
+
+def test_routed_replay_needs_the_sharding_record() -> None:
+    parts = [[], [], [Envelope(event=ClockTicked(), partition=2, offset=0)]]
+    with pytest.raises(LogCorruptedError, match="sharding configuration"):
+        replay_routed(parts, verify=True)
+    bad = [[], [], [Envelope(event=ShardingConfigured(config="{nope"), partition=2, offset=0)]]
+    with pytest.raises(LogCorruptedError, match="invalid"):
+        replay_routed(bad, verify=True)
+
+
+def test_abort_reaches_every_open_part() -> None:
+    sharding = Sharding(shards=2, reservation_timeout=5 * SECOND)
+    control = Control(sharding)
+    offset = 0
+
+    def feed(event: Event, *, relay: int | None = None, time: int = 0) -> list[Any]:
+        nonlocal offset
+        offset += 1
+        env = Envelope(event=event, offset=offset, time=time)
+        if relay is not None:
+            env = Envelope(
+                event=event,
+                offset=offset,
+                time=time,
+                stream=RELAY,
+                producer=f"relay-{relay}",
+                causation=offset,
+            )
+        return control.apply(env)
+
+    for i in range(4):
+        feed(make_node(f"g{i}").gpu(2).label(POOL_LABEL, f"p{i % 2}").added())
+    feed(PodGroupSubmitted(group=GroupSpec(namespace="ml", name="g", min_member=6)))
+    for i in range(6):
+        feed(PodSubmitted(pod=make_pod(f"m{i}", "ml").gpu(1).member("ml/g").spec()))
+    for shard in (0, 1):  # both shards refuse it whole
+        feed(PodHandedBack(group="ml/g", reason="too big", shard=shard), relay=shard)
+    out = []
+    for shard in (0, 1):
+        out += feed(
+            ShardSummary(shard=shard, seen=offset, nodes=2, allocatable={}, used={}, largest={}),
+            relay=shard,
+        )
+    # the first plan ran before shard 1 had summarised: it waits out its back-off
+    out += feed(ClockTicked(), time=SECOND)
+    requests = [(s, e) for s, e in out if isinstance(e, ReservationRequested)]
+    assert {s for s, _ in requests} == {0, 1}
+    rid = requests[0][1].rid
+    feed(ReservationGranted(rid=rid, group="ml/g", placements={}, shard=0), relay=0, time=SECOND)
+    out = feed(ReservationDenied(rid=rid, group="ml/g", reason="no", shard=1), relay=1, time=SECOND)
+    assert [(s, type(e)) for s, e in out if isinstance(e, ReservationAborted)] == [
+        (0, ReservationAborted)
+    ]
+    assert control.gangs["ml/g"].stage == "aborting"
+    feed(
+        ReservationReleased(rid=rid, group="ml/g", reason="aborted", shard=0), relay=0, time=SECOND
+    )
+    assert control.gangs["ml/g"].stage == ""
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        ("pools: {a: 1}", "pools"),
+        ("pools: [{shard: 0}]", "pools[0].name"),
+        ("pools: [{name: a}, {name: a}]", "pools[1].name"),
+        ("pools: [{name: a, shard: -1}]", "pools[0].shard"),
+        ("pools: [{name: a, shard: true}]", "pools[0].shard"),
+        ("pools: [{name: a, nodeSelector: {x: 1}}]", "pools[0].nodeSelector"),
+        ("tenants: [{namespace: t}]", "tenants[0].pools"),
+        ("tenants: [{namespace: t, pools: [a]}, {namespace: u, pools: [a]}]", "tenants[1].pools"),
+        ("reservationTimeoutSeconds: 0", "reservationTimeoutSeconds"),
+        ("reservationTimeoutSeconds: lots", "reservationTimeoutSeconds"),
+    ],
+)
+def test_malformed_sharding_configuration(tmp_path: Path, body: str, where: str) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(pools(body) + node("n"))
+    with pytest.raises(InputError) as caught:
+        load_scenario([str(path)])
+    assert where in str(caught.value) and "document 1" in str(caught.value)
+
+
+def test_pool_pinned_to_a_shard_that_does_not_exist(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(pools("pools: [{name: a, shard: 3}]") + node("n"))
+    spec = load_scenario([str(path)]).sharding
+    assert spec is not None
+    assert spec.sharding(4).pools == (("a", 3),)
+    with pytest.raises(InputError, match="shard 3, but there are 2"):
+        spec.sharding(2)
