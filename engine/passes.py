@@ -32,17 +32,19 @@ from engine.gang import (
 from engine.gang_attempt import NO_PROFILE, attempt_group
 from engine.pod import PodInfo
 from engine.preemption import Plan, VictimInfo, plan
-from engine.reservations import hand_back, settle_reservations, summary
+from engine.reservations import COMMITTED, hand_back, settle_reservations, summary
 from engine.statement import Statement
 from events.types import (
     SECOND,
     Event,
+    Placement,
     PodBound,
     PodGroupStatusChanged,
     PodPreempted,
     PodRejected,
     PodUnbound,
     PodUnschedulable,
+    PoolHandedOver,
 )
 
 if TYPE_CHECKING:
@@ -64,6 +66,8 @@ class SchedulingPass:
             settle_reservations(self)
         if e.broken:
             self._take_back_broken()
+        if e.releasing:
+            self._hand_over_pools()
         self._timeouts()
         self._settle()
         e.queue.flush_backoff(e.now)
@@ -81,6 +85,37 @@ class SchedulingPass:
                 e.last_summary = current
                 self.out.append(current)
         return self.out
+
+    def _hand_over_pools(self) -> None:
+        """Pools moving to another shard: report what runs on their nodes, forget it."""
+        e = self.e
+        for pool in sorted(e.releasing):
+            release = e.releasing[pool]
+            placements = []
+            for name in release.nodes:
+                slot = e.state.index.get(name)
+                if slot is None:
+                    continue
+                for key in sorted(e.state.node_pods[slot]):
+                    rid = e.reserved.get(key)
+                    res = e.reservations.get(rid) if rid is not None else None
+                    if res is not None and res.state != COMMITTED:
+                        # held, not bound: the reservation cannot move; it is let go
+                        res.ending = res.ending or f"its pool {pool} moved to another shard"
+                        continue
+                    if key in e.pods and key in e.bindings:
+                        placements.append(
+                            Placement(pod=e.pods[key].spec, node=name, decision_id=e.bindings[key])
+                        )
+            event = PoolHandedOver(
+                pool=pool,
+                nodes=release.nodes,
+                placements=tuple(placements),
+                to=release.to,
+                shard=e.shard,
+            )
+            e.handed_over(event)
+            self.out.append(event)
 
     def _take_back_broken(self) -> None:
         """Gangs that fell below minMember after a failed bind: unbind the rest and

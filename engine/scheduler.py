@@ -52,6 +52,7 @@ from events.types import (
     NodeAdded,
     NodeRemoved,
     NodeUpdated,
+    PodAdopted,
     PodBound,
     PodDeleted,
     PodEvicted,
@@ -67,6 +68,8 @@ from events.types import (
     PodSucceeded,
     PodUnbound,
     PodUnschedulable,
+    PoolHandedOver,
+    PoolReleased,
     QuotaDefined,
     ReservationAborted,
     ReservationCommitted,
@@ -150,6 +153,8 @@ class Engine:
         """Scheduled gangs that fell below minMember after a failed bind → why; the
         next pass takes back the rest of the gang."""
         self.last_summary: ShardSummary | None = None
+        self.releasing: dict[str, PoolReleased] = {}
+        """Pools to hand over at the next pass (their nodes and what runs there)."""
         self.explain: str | None = None
         self.explanations: list[Explanation] = []
         self._submissions = 0
@@ -290,6 +295,41 @@ class Engine:
             and all(m in self.returnable for m in group.members)
             and bool(group.members)
         )
+
+    # ------------------------------------------------------------------ pool hand-over
+
+    def _pool_released(self, event: PoolReleased) -> None:
+        self.releasing[event.pool] = event
+
+    def handed_over(self, event: PoolHandedOver) -> None:
+        """Forget the pool's nodes and the pods on them (they live on elsewhere)."""
+        self.releasing.pop(event.pool, None)
+        for placement in event.placements:
+            key = placement.pod.key
+            pod = self.pods.get(key)
+            if pod is not None:
+                group = self.groups.get(pod.spec.group) if pod.spec.group else None
+                self.drop(key)
+                if group is not None:
+                    self.group_changes[group.key] = None
+        for name in event.nodes:
+            if name in self.state.index:
+                for key in self.state.remove_node(name):
+                    self.drop(key)
+
+    def _adopted(self, event: PodAdopted) -> None:
+        """A pod bound on a node this shard has just taken over: placed, as it is."""
+        placement = event.placement
+        key = placement.pod.key
+        slot = self.state.index.get(placement.node)
+        if slot is None or key in self.outcomes:
+            return
+        if key not in self.pods:
+            self.submit(placement.pod)
+        self.queue.remove(key)
+        self.waiting.pop(key, None)
+        if self.bindings.get(key) != placement.decision_id:
+            self.place(key, slot, placement.decision_id)
 
     # ------------------------------------------------------------------ reservations
 
@@ -703,6 +743,9 @@ _HANDLERS: dict[type, Callable[[Engine, Any], None]] = {
     PodFailed: lambda e, ev: e.finish(ev.pod, FAILED),
     PodRejected: lambda e, ev: e.finish(ev.pod, FAILED),
     PodRouted: Engine._routed,
+    PoolReleased: Engine._pool_released,
+    PoolHandedOver: Engine.handed_over,
+    PodAdopted: Engine._adopted,
     PodHandedBack: Engine.handed_back,
     PodUnbound: Engine._unbound,
     ReservationRequested: Engine._reservation_requested,

@@ -242,6 +242,35 @@ class PodRouted(_Fact, frozen=True, kw_only=True, tag="route"):
     answers: tuple[str, ...] = ()
 
 
+class PoolReassigned(_Fact, frozen=True, kw_only=True, tag="pool~"):
+    """An operator moves node pool ``pool`` to shard ``shard`` (control partition)."""
+
+    pool: str
+    shard: int
+
+
+class PoolReleased(_Fact, frozen=True, kw_only=True, tag="pool-"):
+    """To the old owner: hand over ``nodes`` (pool ``pool``) and what runs on them."""
+
+    pool: str
+    nodes: tuple[str, ...]
+    to: int
+
+
+class Placement(msgspec.Struct, frozen=True, kw_only=True):
+    """A pod bound to a node by a decision, as it moves with its node to a new shard."""
+
+    pod: PodSpec
+    node: str
+    decision_id: str
+
+
+class PodAdopted(_Fact, frozen=True, kw_only=True, tag="adopt"):
+    """To the new owner: a pod already bound on a node it now owns."""
+
+    placement: Placement
+
+
 class ReservationRequested(_Fact, frozen=True, kw_only=True, tag="rsv?"):
     """Prepare: stage ``pods`` (part of the cross-shard gang ``group``) all together
     and hold them under reservation ``rid`` until committed, aborted, or ``expires_at``."""
@@ -350,6 +379,16 @@ class PodUnbound(_Fact, frozen=True, kw_only=True, tag="unbind"):
     shard: int = 0
 
 
+class PoolHandedOver(_Fact, frozen=True, kw_only=True, tag="pool.over"):
+    """The old owner let pool ``pool`` go: its nodes and the pods bound on them."""
+
+    pool: str
+    nodes: tuple[str, ...]
+    placements: tuple[Placement, ...]
+    to: int
+    shard: int = 0
+
+
 class PodHandedBack(_Fact, frozen=True, kw_only=True, tag="handback"):
     """A shard could not place ``pod`` (or, with ``group``, that whole gang) and gives
     it back to the router with the reason; it forgets it."""
@@ -424,6 +463,10 @@ Event = (
     | PodRejected
     | ShardingConfigured
     | PodRouted
+    | PoolReassigned
+    | PoolReleased
+    | PodAdopted
+    | PoolHandedOver
     | ReservationRequested
     | ReservationCommitted
     | ReservationAborted
@@ -449,11 +492,13 @@ DECISIONS: Final = (
     ReservationGranted,
     ReservationDenied,
     ReservationReleased,
+    PoolHandedOver,
 )
 """Event kinds a shard derives; replay re-derives and compares them."""
 
 REPORTS: Final = (
     PodHandedBack,
+    PoolHandedOver,
     ShardSummary,
     ReservationGranted,
     ReservationDenied,

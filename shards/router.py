@@ -73,6 +73,7 @@ from events.types import (
     NodeSelectorTerm,
     NodeSpec,
     NodeUpdated,
+    PodAdopted,
     PodDeleted,
     PodEvicted,
     PodFailed,
@@ -86,6 +87,9 @@ from events.types import (
     PodSubmitted,
     PodSucceeded,
     PodUnschedulable,
+    PoolHandedOver,
+    PoolReassigned,
+    PoolReleased,
     QuotaDefined,
     QuotaSpec,
     ReservationAborted,
@@ -275,6 +279,9 @@ class Control:
         self._pools_seen = 0
         self._exclusive = frozenset(p for _, pools in sharding.tenants for p in pools)
         self.pool_of_name: dict[str, str] = {}
+        self.node_specs: dict[str, NodeSpec] = {}
+        self.moving: dict[str, tuple[str, ...]] = {}
+        """Pools handed over by their old owner and not yet taken over: their nodes."""
         self.node_shard: dict[str, int] = {}
         self.node_alloc: dict[str, dict[str, int]] = {}
         self.pods: dict[str, PodSpec] = {}
@@ -342,6 +349,7 @@ class Control:
                 self._node(spec, isinstance(event, NodeAdded))
             case NodeRemoved(name=name):
                 self.pool_of_name.pop(name, None)
+                self.node_specs.pop(name, None)
                 shard = self.node_shard.pop(name, None)
                 if shard is not None:
                     self._uncount(name, shard)
@@ -351,6 +359,8 @@ class Control:
             case QuotaDefined(quota=quota):
                 self.quotas[quota.namespace] = quota
                 self._slice_quota(quota.namespace)
+            case PoolReassigned(pool=pool, shard=shard):
+                self._reassign(pool, shard)
             case SchedulerConfigured():
                 self.config = event
                 for shard in range(self.n):
@@ -402,12 +412,52 @@ class Control:
             self._uncount(spec.name, old)
         self.node_shard[spec.name] = shard
         self.pool_of_name[spec.name] = pool
+        self.node_specs[spec.name] = spec
         self.node_alloc[spec.name] = dict(spec.allocatable)
         alloc = self.shards[shard].alloc
         for name, amount in spec.allocatable.items():
             alloc[name] = alloc.get(name, 0) + amount
         self._capacity_changed = True
         self._send(shard, NodeAdded(node=spec) if added else NodeUpdated(node=spec))
+
+    def _reassign(self, pool: str, shard: int) -> None:
+        """Move a pool: the old owner hands its nodes over (with what runs there), then
+        the new owner takes them (:meth:`_take_over`). New work for the pool goes to the
+        new owner at once."""
+        if not 0 <= shard < self.n:
+            return  # ingest validates; a record naming no shard changes nothing
+        old = self.pool_shard.get(pool)
+        self.pool_shard[pool] = shard
+        if old is None or old == shard:
+            return
+        nodes = tuple(sorted(n for n, p in self.pool_of_name.items() if p == pool))
+        for name in nodes:
+            self._uncount(name, old)
+            del self.node_shard[name]
+        self.moving[pool] = nodes
+        self._send(old, PoolReleased(pool=pool, nodes=nodes, to=shard))
+
+    def _take_over(self, event: PoolHandedOver) -> None:
+        nodes = self.moving.pop(event.pool, None)
+        if nodes is None:
+            return
+        shard = event.to
+        for name in nodes:
+            spec = self.node_specs.get(name)
+            if spec is None:
+                continue
+            self.node_shard[name] = shard
+            self.node_alloc[name] = dict(spec.allocatable)
+            alloc = self.shards[shard].alloc
+            for resource, amount in spec.allocatable.items():
+                alloc[resource] = alloc.get(resource, 0) + amount
+            self._send(shard, NodeAdded(node=spec))
+        for placement in event.placements:
+            key = placement.pod.key
+            if key in self.pods:
+                self.pod_shard[key] = shard
+            self._send(shard, PodAdopted(placement=placement))
+        self._capacity_changed = True
 
     def _uncount(self, name: str, shard: int) -> None:
         alloc = self.shards[shard].alloc
@@ -636,6 +686,8 @@ class Control:
 
     def _report(self, event: Event, shard: int, offset: int) -> None:
         match event:
+            case PoolHandedOver():
+                self._take_over(event)
             case ShardSummary():
                 self.shards[shard].summary(event)
                 self.summaries += 1

@@ -27,6 +27,7 @@ from events.types import (
     NodeAdded,
     PodGroupSubmitted,
     PodSubmitted,
+    PoolReassigned,
     QuotaDefined,
 )
 from shards.groups import (
@@ -54,6 +55,7 @@ KINDS: Final = {
     *((version, "PodGroup") for version in GROUP_KINDS),
     *((version, "ElasticQuota") for version in QUOTA_VERSIONS),
     (SHARDING_VERSION, SHARDING_KIND),
+    (SHARDING_VERSION, "PoolReassignment"),
 }
 
 
@@ -217,6 +219,8 @@ def load_scenario(paths: list[str]) -> Scenario:
                 quotas.add(quota.namespace)
                 event = QuotaDefined(quota=quota)
                 scenario.quotas += 1
+            elif kind == "PoolReassignment":
+                event = pool_reassignment(doc.obj)
             elif kind == "Node":
                 node = node_spec(doc.obj)
                 if node.name in seen_nodes:
@@ -406,6 +410,20 @@ def parse_sharding(raw: Mapping[str, Any]) -> ShardingSpec:
         tenants=tuple(tenants),
         reservation_timeout=None if timeout is None else int(timeout * SECOND),
     )
+
+
+def pool_reassignment(raw: Mapping[str, Any]) -> PoolReassigned:
+    """``kind: PoolReassignment`` (``spec: {pool: a100, shard: 1}``; the
+    ``shoal.io/arrive-at`` annotation says when): move a node pool to another shard."""
+    spec = raw.get("spec")
+    if not isinstance(spec, Mapping):
+        raise InputError("must be a mapping", location="spec")
+    pool, shard = spec.get("pool"), spec.get("shard")
+    if not isinstance(pool, str) or not pool:
+        raise InputError("needs a pool name", location="spec.pool")
+    if not isinstance(shard, int) or isinstance(shard, bool) or shard < 0:
+        raise InputError("must be a shard number (0, 1, ...)", location="spec.shard")
+    return PoolReassigned(pool=pool, shard=shard)
 
 
 def load_config(path: str) -> SchedulerConfig:

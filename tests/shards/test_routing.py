@@ -421,3 +421,33 @@ def test_pool_pinned_to_a_shard_that_does_not_exist(tmp_path: Path) -> None:
     assert spec.sharding(4).pools == (("a", 3),)
     with pytest.raises(InputError, match="shard 3, but there are 2"):
         spec.sharding(2)
+
+
+def test_pool_moves_to_another_shard_with_what_runs_there(tmp_path: Path) -> None:
+    move = """
+apiVersion: shoal.io/v1alpha1
+kind: PoolReassignment
+metadata: {name: move, annotations: {shoal.io/arrive-at: "10"}}
+spec: {pool: pa, shard: 1}
+---"""
+    text = (
+        pools("pools: [{name: pa, shard: 0}, {name: pb, shard: 1}]")
+        + labelled("a", "pa")
+        + labelled("b", "pb")
+        + pod("running", gpu=2, spec=f"  nodeSelector: {{{POOL_LABEL}: pa}}")
+        + move
+        + pod(
+            "later",
+            gpu=3,
+            spec=f"  nodeSelector: {{{POOL_LABEL}: pa}}",
+            annotations='"shoal.io/arrive-at": "20"',
+        )
+    )
+    data = run(tmp_path, text, 2)
+    pods = data["pods"]
+    assert pods["default/running"] == {**pods["default/running"], "node": "a", "phase": "Bound"}
+    # the new owner knows node a holds 2 of its 4 GPUs: 3 more do not fit there
+    assert pods["default/later"]["phase"] == "Pending"
+    assert pods["default/later"]["shard"] == 1
+    over = [env.event for env in data["parts"][0] if type(env.event).__name__ == "PoolHandedOver"]
+    assert [p.pod.key for p in over[0].placements] == ["default/running"]
