@@ -247,7 +247,7 @@ def replay_routed(
         if mismatch is not None:
             result.mismatch = mismatch
             return result
-    owner = report.current.get(explain, 0) if explain is not None else 0
+    owner = report.current.get(explain, (0, 0))[1] if explain is not None else 0
     if explain is not None and explain in report.pods and report.pods[explain].shard is not None:
         owner = report.pods[explain].shard or owner
     for shard in range(control):

@@ -89,8 +89,10 @@ class RunReport:
         self.migrations: list[dict[str, str]] = []
         self.nodes: set[str] = set()
         self._pending_members: dict[str, int] = {}
-        self.current: dict[str, int] = {}
-        """Pod → the shard the router last gave it to (several shards only)."""
+        self.current: dict[str, tuple[int, int]] = {}
+        """Pod → (control offset, shard) of the router's latest hand-out (several shards
+        only). Router records are ordered by the control offset that caused them, not by
+        time: records of different partitions may share a time."""
         self.events = 0
         self.decisions = 0
         self.bind_failures = 0
@@ -102,7 +104,7 @@ class RunReport:
     def _stale(self, key: str, shard: int) -> bool:
         """A decision by a shard the pod has since left (handed back)?"""
         current = self.current.get(key)
-        return current is not None and shard >= 0 and shard != current
+        return current is not None and shard >= 0 and shard != current[1]
 
     def apply(self, env: Envelope) -> None:
         if env.stream == "relay":
@@ -188,11 +190,16 @@ class RunReport:
 
     def _routed(self, env: Envelope) -> None:
         event = env.event
-        if isinstance(event, PodRouted):
-            self.current[event.pod.key] = env.partition
-        elif isinstance(event, ReservationRequested):
-            for spec in event.pods:
-                self.current[spec.key] = env.partition
+        keys = (
+            [event.pod.key]
+            if isinstance(event, PodRouted)
+            else [spec.key for spec in event.pods]
+            if isinstance(event, ReservationRequested)
+            else []
+        )
+        for key in keys:
+            if self.current.get(key, (-1, -1))[0] <= env.causation:
+                self.current[key] = (env.causation, env.partition)
 
     def _view(self, key: str) -> PodView:
         view = self.pods.get(key)
