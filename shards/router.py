@@ -275,6 +275,7 @@ class Control:
         """The control partition's number."""
         self.now = 0
         self.shards = [_Shard() for _ in range(self.n)]
+        self._all = list(range(self.n))
         self.pool_shard: dict[str, int] = dict(sharding.pools)
         self._pools_seen = 0
         self._exclusive = frozenset(p for _, pools in sharding.tenants for p in pools)
@@ -514,6 +515,13 @@ class Control:
 
     def allowed(self, spec: PodSpec) -> list[int]:
         """Shards the pod's constraints allow, in shard order."""
+        if (
+            not spec.node_name
+            and not self._exclusive
+            and not spec.required_affinity
+            and POOL_LABEL not in spec.node_selector
+        ):
+            return self._all  # the common case, kept cheap
         if spec.node_name:
             shard = self.node_shard.get(spec.node_name)
             return [shard] if shard is not None else list(range(self.n))
@@ -573,15 +581,19 @@ class Control:
     def _score(self, shard: int, request: dict[str, int]) -> tuple[bool, float]:
         """(fits by the estimate, the smallest free fraction among requested resources)."""
         state = self.shards[shard]
+        alloc_of, used_of, inflight_of = state.alloc.get, state.used.get, state.inflight.get
+        largest_of = state.largest.get if state.summarized else None
         fits = True
         worst = 1.0
-        for name, amount in request.items():
-            alloc = state.alloc.get(name, 0)
-            free = state.free(name)
-            if free < amount or (state.summarized and state.largest.get(name, 0) < amount):
+        for name, amount in request.items():  # hot: one call per pod and shard
+            alloc = alloc_of(name, 0)
+            free = alloc - used_of(name, 0) - inflight_of(name, 0)
+            if free < amount or (largest_of is not None and largest_of(name, 0) < amount):
                 fits = False
-            fraction = free / alloc if alloc > 0 else 0.0
-            worst = min(worst, fraction)
+            if alloc <= 0:
+                worst = 0.0
+            elif free < worst * alloc:
+                worst = free / alloc
         return fits, worst
 
     def choose(self, candidates: list[int], request: dict[str, int]) -> int:
