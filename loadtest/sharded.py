@@ -23,13 +23,14 @@ import os
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 
 from events.remote import LogServer, RemoteLog
 from events.types import (
+    Envelope,
     GroupSpec,
     NodeAdded,
     NodeSpec,
@@ -53,16 +54,7 @@ from shards.router import Sharding
 DECIDED = ("bind", "unsched")
 
 
-@dataclass(frozen=True)
-class ShardedShape:
-    base: LoadShape
-    spanning_gangs: int = 0
-    """Gangs that no single shard can hold (placed by the coordinator)."""
-
-
-def _envelope(event: Any, producer: str = "ingest") -> Any:
-    from events.types import Envelope
-
+def _envelope(event: Any, producer: str = "ingest") -> Envelope:
     return Envelope(event=event, time=time.time_ns(), producer=producer)
 
 

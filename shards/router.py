@@ -305,8 +305,6 @@ class Control:
         """The spanning gang being prepared or aborted (one at a time), or empty."""
         self.summaries = 0
         """Summaries folded so far: a failed gang is retried only after a new one."""
-        self.commit_latencies: list[int] = []
-        """Nanoseconds from prepare to commit of each cross-shard gang."""
         self.counters = {"prepared": 0, "committed": 0, "aborted": 0, "handbacks": 0}
         self._seq = 0
         self._out: list[Output] = []
@@ -1016,7 +1014,6 @@ class Control:
                     self._send(part, ReservationCommitted(rid=gang.rid))
                 gang.stage = COMMITTED
                 self.counters["committed"] += 1
-                self.commit_latencies.append(self.now - gang.prepared_at)
                 self._status(gang, SCHEDULED, "")
             return
         del gang.open_parts[shard]
