@@ -201,7 +201,7 @@ async def _loadtest(args: argparse.Namespace) -> int:
     _sharding(args.shards)
     if args.spanning_gangs and args.shards < 2:
         raise InputError("gangs across shards need --shards 2 or more", location="--spanning-gangs")
-    if args.shards > 1 and args.bus != "memory":
+    if (args.shards > 1 or args.routed) and args.bus != "memory":
         raise InputError(
             "with several shards the load test serves its own in-memory log "
             "(one process per shard); --bus is for one shard",
@@ -220,7 +220,7 @@ async def _loadtest(args: argparse.Namespace) -> int:
     )
     shape = dataclasses.replace(shape, shards=args.shards)
     progress = None if args.json else render.loadtest_progress
-    if args.shards > 1:
+    if args.shards > 1 or args.routed:
         from loadtest.sharded import run_sharded_loadtest
 
         result = await run_sharded_loadtest(
@@ -287,6 +287,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         metavar="N",
         help="put the pods in gangs of N (minMember N); 0 for independent pods",
+    )
+    load.add_argument(
+        "--routed",
+        action="store_true",
+        help="with one shard too, run the router and a shard process (the harness of "
+        "--shards N), for comparisons at equal cost",
     )
     load.add_argument(
         "--spanning-gangs",

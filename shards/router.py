@@ -292,6 +292,8 @@ class Control:
         self.resolvable: dict[str, dict[int, None]] = {}
         """Pod or gang → shards that refused it only for want of free capacity now."""
         self.gangs: dict[str, _Gang] = {}
+        self.spanning: dict[str, _Gang] = {}
+        """Gangs placed (or to be placed) across shards by the coordinator."""
         self.outcomes: dict[str, str] = {}
         self.dependents: dict[str, dict[int, None]] = {}
         """Pod or gang → shards holding units that depend on it."""
@@ -843,6 +845,7 @@ class Control:
 
     def _go_spanning(self, gang: _Gang) -> None:
         gang.spanning = True
+        self.spanning[gang.key] = gang
         gang.shard = None
         gang.retry_at = self.now
         # the shard that handed it back summarises its capacity in the same pass, right
@@ -879,6 +882,8 @@ class Control:
 
     def _drive(self) -> None:
         """Coordinator step: the prepare time-out, then the next spanning gang."""
+        if not self.inflight and not self._spanning_pending:
+            return  # nothing to coordinate: the common case, on every record
         if self.inflight:
             gang = self.gangs[self.inflight]
             if gang.stage == PREPARING and (
@@ -898,8 +903,12 @@ class Control:
     def _may_retry(self, gang: _Gang) -> bool:
         return gang.retry_at <= self.now and self.summaries > gang.retry_after
 
+    @property
+    def _spanning_pending(self) -> bool:
+        return any(g.spanning and g.phase == PENDING for g in self.spanning.values())
+
     def _spanning_in_order(self) -> list[_Gang]:
-        pending = [g for g in self.gangs.values() if g.spanning and g.phase == PENDING]
+        pending = [g for g in self.spanning.values() if g.phase == PENDING]
         pending.sort(key=lambda g: (-g.priority, g.seq))
         return pending
 
