@@ -49,6 +49,9 @@ _PROTOCOLS: Mapping[str, type] = {
 TOP_NODES = 5
 INCREMENTAL_LIMIT = 512
 """Above this many changed nodes since a shape was last evaluated, recompute it whole."""
+SCALAR_LIMIT = 8
+"""Up to this many changed nodes are refreshed one by one in plain Python, beyond it
+with numpy over a gathered view."""
 SHAPE_CACHE_SIZE = 128
 
 
@@ -65,6 +68,8 @@ class _ShapeEntry:
     pending: Ints | None = None
     """Slots whose feasibility was refreshed but whose scores are not yet."""
     pending_view: ClusterState | None = None
+    pending_slots: list[int] | None = None
+    """Like ``pending``, refreshed one by one (see ``SCALAR_LIMIT``)."""
 
 
 @dataclass(slots=True)
@@ -129,6 +134,11 @@ class Framework:
         self.incremental = all(getattr(f, "local", False) for f in self.dynamic_filters)
         """Keep per-shape results between attempts (all dynamic filters are local)."""
         self._local_scores = [e for e in self.scores if e.plugin.local]
+        self._scalar = all(hasattr(f, "filter_one") for f in self.dynamic_filters) and all(
+            hasattr(e.plugin, "score_one") for e in self._local_scores
+        )
+        """Every dynamic filter and local score has a one-slot form: a refresh of a few
+        nodes runs them in plain Python (same results; numpy costs more per call)."""
         self._global_scores = [e for e in self.scores if not e.plugin.local]
         self._shapes: OrderedDict[tuple[object, ...], _ShapeEntry] = OrderedDict()
         self._constant_scores: dict[tuple[str, tuple[object, ...]], int] = {}
@@ -224,7 +234,21 @@ class Framework:
         if entry.pending is not None:
             # scores were not refreshed last time (nothing fitted): carry those slots on
             changed = [*changed, *entry.pending.tolist()]
-        if changed:
+            entry.pending = entry.pending_view = None
+        if entry.pending_slots is not None:
+            changed = [*changed, *entry.pending_slots]
+            entry.pending_slots = None
+        if changed and self._scalar and len(changed) <= SCALAR_LIMIT:
+            feasible = entry.feasible
+            filters = self.dynamic_filters
+            unique = sorted(set(changed))
+            for slot in unique:
+                feasible[slot] = bool(static[slot]) and all(
+                    f.filter_one(pod, state, slot)  # type: ignore[attr-defined]
+                    for f in filters
+                )
+            entry.pending_slots = unique
+        elif changed:
             slots = np.array(sorted(set(changed)), dtype=np.int64)
             view = state.view(slots)
             sub = static[slots]
@@ -256,8 +280,18 @@ class Framework:
             masked: Ints = np.where(feasible, local, -1)
             if entry is not None:
                 entry.local, entry.masked = local, masked
-                entry.pending = entry.pending_view = None
+                entry.pending = entry.pending_view = entry.pending_slots = None
             return masked
+        if entry.pending_slots is not None:
+            local, masked = entry.local, entry.masked
+            scorers = [(e.plugin, e.weight) for e in self._local_scores]
+            for slot in entry.pending_slots:
+                total = 0
+                for plugin, weight in scorers:
+                    total += plugin.score_one(pod, state, slot) * weight  # type: ignore[attr-defined]
+                local[slot] = total
+                masked[slot] = total if feasible[slot] else -1
+            entry.pending_slots = None
         slots, view = entry.pending, entry.pending_view
         if slots is not None and view is not None:
             sub = np.zeros(slots.size, dtype=np.int64)
