@@ -132,3 +132,44 @@ def test_view_scores_equal_full_scores() -> None:
             full = entry.plugin.score(CycleState(), pod, engine.state, engine.state.valid)
             part = entry.plugin.score(CycleState(), pod, view, view.valid)
             assert list(np.asarray(full)[slots]) == list(np.asarray(part))
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 64), st.integers(0, 256), st.integers(0, 8)),
+        min_size=1,
+        max_size=6,
+    ),
+    st.lists(st.tuples(st.integers(0, 8000), st.integers(0, 64), st.integers(0, 2)), max_size=8),
+    st.sampled_from(["LeastAllocated", "MostAllocated"]),
+)
+def test_one_slot_forms_equal_the_vectorised_plugins(
+    nodes: list[tuple[int, int, int]], pods: list[tuple[int, int, int]], strategy: str
+) -> None:
+    from engine.framework.cycle import CycleState
+    from engine.plugins.fit import NodeResourcesBalancedAllocation, NodeResourcesFit
+    from engine.pod import pod_info
+
+    engine = Engine()
+    for i, (cpu, mem, gpu) in enumerate(nodes):
+        node = make_node(f"n{i}").cpu(str(cpu)).memory(f"{mem}Gi").gpu(gpu)
+        engine.apply(env(node.added()))
+    state = engine.state
+    fit = NodeResourcesFit({"scoringStrategy": {"type": strategy}})
+    balanced = NodeResourcesBalancedAllocation()
+    for i, (milli, gib, gpu) in enumerate(pods):
+        builder = make_pod(f"p{i}").cpu(f"{milli}m").memory(f"{gib}Gi").gpu(gpu)
+        pod = pod_info(builder.spec(), state.resources, i)
+        state.ensure_rows()
+        mask = np.ones(state.capacity, dtype=np.bool_)
+        for plugin in (fit, balanced):
+            whole = plugin.score(CycleState(), pod, state, mask)
+            for slot in range(len(nodes)):
+                expected = whole if isinstance(whole, int) else int(whole[slot])
+                assert plugin.score_one(pod, state, slot) == expected
+        filtered = fit.filter(CycleState(), pod, state)
+        for slot in range(len(nodes)):
+            assert fit.filter_one(pod, state, slot) == bool(filtered[slot])
+        slot = 0
+        if fit.filter_one(pod, state, slot):
+            state.assume(pod.key, slot, pod.request, 0)
