@@ -49,3 +49,20 @@ def test_kafka_errors_are_one_line(
         assert code == 2, err
         assert err.startswith("shoal: error: ") and err.count("\n") == 1, err
         assert message in err
+
+
+def test_several_shards_over_kafka_equal_memory(
+    kafka_bootstrap: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario = QUICKSTART
+    bus = f"kafka://{kafka_bootstrap}?topic=shards-{uuid.uuid4().hex[:10]}&partitions=4"
+    code, out, err = run(capsys, "kafka", "init", "--bus", bus)
+    assert code == 0 and "(4 partitions)" in out, err
+    over_kafka = as_json(capsys, "simulate", scenario, "--shards", "3", "--bus", bus)
+    in_memory = as_json(capsys, "simulate", scenario, "--shards", "3")
+    for key in ("pods", "groups", "preemptions"):
+        assert over_kafka[key] == in_memory[key]
+    assert {view["shard"] for view in in_memory["pods"].values()} > {0}
+    replayed = as_json(capsys, "replay", bus, "--verify")
+    assert replayed["verify"]["ok"] is True
+    assert replayed["pods"] == in_memory["pods"]
