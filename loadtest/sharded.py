@@ -28,7 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from events.remote import LogServer, RemoteLog
+from events.errors import InputError
+from events.log import EventLog
+from events.remote import LogServer
 from events.types import (
     Envelope,
     GroupSpec,
@@ -47,6 +49,7 @@ from events.types import (
 )
 from loadtest.driver import LoadShape, Progress, _batches
 from loadtest.synthetic import basic_nodes
+from shards.bus import open_bus
 from shards.control import ControlWorker
 from shards.processes import run_coordinator
 from shards.router import Sharding
@@ -95,6 +98,29 @@ async def run_sharded_loadtest(
     *,
     spanning_gangs: int = 0,
     progress: Progress | None = None,
+    bus: str = "memory",
+) -> dict[str, Any]:
+    """Run the load with ``shape.shards`` shard processes over ``bus``: ``memory`` (a log
+    server this process starts) or ``kafka://...`` (a fresh topic with shards + 1
+    partitions, from ``shoal kafka init``)."""
+    if bus == "memory":
+        async with LogServer(shape.shards + 1) as server:
+            return await _run(
+                shape, server.url, "tcp (in-memory log server)", spanning_gangs, progress
+            )
+    if not bus.startswith("kafka://"):
+        raise InputError("the sharded load test runs on memory or kafka://", location="--bus")
+    if "partitions=" not in bus:
+        bus += ("&" if "?" in bus else "?") + f"partitions={shape.shards + 1}"
+    return await _run(shape, bus, bus, spanning_gangs, progress)
+
+
+async def _run(
+    shape: LoadShape,
+    url: str,
+    label: str,
+    spanning_gangs: int,
+    progress: Progress | None,
 ) -> dict[str, Any]:
     n = shape.shards
     rng = random.Random(shape.seed)
@@ -102,53 +128,60 @@ async def run_sharded_loadtest(
     batches = _batches(shape, rng)
     gpu_nodes, wide = _spanning(shape, spanning_gangs, n) if spanning_gangs else ([], [])
     sharding = Sharding(shards=n, pools=tuple((f"gpu-{i}", i) for i in range(n)))
-    async with LogServer(n + 1) as server:
-        log = await RemoteLog.connect(server.url)
-        await log.append(
-            [
-                _envelope(ShardingConfigured(config=sharding.to_json())),
-                _envelope(SchedulerConfigured()),
-                *(_envelope(NodeAdded(node=node)) for node in [*nodes, *gpu_nodes]),
-            ],
-            n,
+    log = await open_bus(url, partitions=n + 1)
+    if log.partitions != n + 1 or any([await log.end_offset(p) for p in range(n + 1)]):
+        await log.close()
+        raise InputError(
+            f"{n} shards need an empty log of {n + 1} partitions (a fresh topic)",
+            location="--bus",
         )
-        stop = asyncio.Event()
-        control_log = await RemoteLog.connect(server.url)
-        holder: list[ControlWorker] = []
+    await log.append(
+        [
+            _envelope(ShardingConfigured(config=sharding.to_json())),
+            _envelope(SchedulerConfigured()),
+            *(_envelope(NodeAdded(node=node)) for node in [*nodes, *gpu_nodes]),
+        ],
+        n,
+    )
+    stop = asyncio.Event()
+    control_log = await open_bus(url, partitions=n + 1)
+    holder: list[ControlWorker] = []
 
-        def keep(worker: ControlWorker) -> None:
-            if not holder:
-                holder.append(worker)
+    def keep(worker: ControlWorker) -> None:
+        if not holder:
+            holder.append(worker)
 
-        coordinator = asyncio.create_task(run_coordinator(control_log, stop=stop, on_poll=keep))
-        children = [
-            await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "shards.cli",
-                "worker",
-                "shard",
-                "--bus",
-                server.url,
-                "--shard-id",
-                str(i),
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
-            for i in range(n)
-        ]
-        try:
-            await _wait_ready(holder, n, len(nodes) + len(gpu_nodes), coordinator)
-            return await _measure(log, shape, batches, wide, holder[0], progress, n)
-        finally:
-            stop.set()
-            for child in children:
-                with contextlib.suppress(ProcessLookupError):
-                    child.terminate()
-            for child in children:
-                await child.wait()
-            await coordinator
-            await control_log.close()
-            await log.close()
+    coordinator = asyncio.create_task(run_coordinator(control_log, stop=stop, on_poll=keep))
+    children = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "shards.cli",
+            "worker",
+            "shard",
+            "--bus",
+            url,
+            "--shard-id",
+            str(i),
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        for i in range(n)
+    ]
+    try:
+        await _wait_ready(holder, n, len(nodes) + len(gpu_nodes), coordinator)
+        result = await _measure(log, shape, batches, wide, holder[0], progress, n)
+        result["shape"]["bus"] = label
+        return result
+    finally:
+        stop.set()
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                child.terminate()
+        for child in children:
+            await child.wait()
+        await coordinator
+        await control_log.close()
+        await log.close()
 
 
 async def _wait_ready(
@@ -173,7 +206,7 @@ async def _wait_ready(
 
 
 async def _measure(
-    log: RemoteLog,
+    log: EventLog,
     shape: LoadShape,
     batches: list[list[Any]],
     wide: list[list[Any]],
@@ -219,7 +252,7 @@ async def _measure(
 
 
 async def _collect(
-    log: RemoteLog,
+    log: EventLog,
     positions: list[int],
     decided_at: dict[str, float],
     total: int,
@@ -232,7 +265,7 @@ async def _collect(
     while len(decided_at) < total:
         moved = False
         for shard in range(len(positions)):
-            stop, records = await log.fetch(shard, positions[shard], kinds=DECIDED)
+            stop, records = await _decisions(log, shard, positions[shard])
             positions[shard] = stop
             now = time.perf_counter()
             for env in records:
@@ -256,8 +289,19 @@ async def _collect(
     return bound
 
 
+async def _decisions(log: EventLog, shard: int, offset: int) -> tuple[int, list[Envelope]]:
+    """Binds and refusals in ``shard``'s partition from ``offset``, and where to go on."""
+    fetch = getattr(log, "fetch", None)
+    if fetch is not None:  # the log server filters by kind itself
+        stop, records = await fetch(shard, offset, kinds=DECIDED)
+        return int(stop), list(records)
+    records = await log.read(shard, offset)
+    stop = records[-1].offset + 1 if records else offset
+    return stop, [e for e in records if isinstance(e.event, PodBound | PodUnschedulable)]
+
+
 async def _one_gang_at_a_time(
-    log: RemoteLog, gangs: list[list[Any]], positions: list[int], shards: int
+    log: EventLog, gangs: list[list[Any]], positions: list[int], shards: int
 ) -> None:
     """Each wide gang alone: submit it, wait until it is bound, delete it (so the next
     finds the room), so that commit latency is the protocol's, not a queue's."""

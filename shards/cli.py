@@ -201,12 +201,6 @@ async def _loadtest(args: argparse.Namespace) -> int:
     _sharding(args.shards)
     if args.spanning_gangs and args.shards < 2:
         raise InputError("gangs across shards need --shards 2 or more", location="--spanning-gangs")
-    if (args.shards > 1 or args.routed) and args.bus != "memory":
-        raise InputError(
-            "with several shards the load test serves its own in-memory log "
-            "(one process per shard); --bus is for one shard",
-            location="--bus",
-        )
     if args.gang_size and args.gang_size > args.pods:
         raise InputError(
             f"a gang of {args.gang_size} needs at least that many pods", location="--gang-size"
@@ -224,7 +218,7 @@ async def _loadtest(args: argparse.Namespace) -> int:
         from loadtest.sharded import run_sharded_loadtest
 
         result = await run_sharded_loadtest(
-            shape, spanning_gangs=args.spanning_gangs, progress=progress
+            shape, spanning_gangs=args.spanning_gangs, progress=progress, bus=args.bus
         )
     else:
         log = await open_bus(args.bus, overwrite=args.overwrite)

@@ -66,3 +66,19 @@ def test_several_shards_over_kafka_equal_memory(
     replayed = as_json(capsys, "replay", bus, "--verify")
     assert replayed["verify"]["ok"] is True
     assert replayed["pods"] == in_memory["pods"]
+
+
+def test_sharded_loadtest_through_the_broker(
+    kafka_bootstrap: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bus = f"kafka://{kafka_bootstrap}?topic=load-{uuid.uuid4().hex[:10]}&partitions=3"
+    code, _, err = run(capsys, "kafka", "init", "--bus", bus)
+    assert code == 0, err
+    result = as_json(
+        capsys, "loadtest", "--shards", "2", "--nodes", "40", "--pods", "400", "--bus", bus
+    )
+    assert result["bound"] == 400 and result["shape"]["bus"] == bus
+    code, _, err = run(
+        capsys, "loadtest", "--shards", "2", "--nodes", "4", "--pods", "4", "--bus", bus
+    )
+    assert code == 2 and "fresh topic" in err, err  # the log now holds a run
