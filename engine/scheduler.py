@@ -141,9 +141,8 @@ class Engine:
         self.seen = -1
         """Control offset of the last record the router forwarded here (-1: none; a
         single-shard log has no router)."""
-        self.returnable: dict[str, str] = {}
-        """Routed pods (and gangs) this shard may hand back: key → the other shards'
-        answers so far."""
+        self.returnable: dict[str, None] = {}
+        """Routed pods this shard may hand back (not yet refused by every shard)."""
         self.answers: dict[str, tuple[str, ...]] = {}
         """Pods kept for good after every shard refused them → those refusals."""
         self.reservations: dict[str, Reservation] = {}
@@ -432,7 +431,7 @@ class Engine:
         if event.final:
             self.answers[key] = event.answers
         else:
-            self.returnable[key] = ""
+            self.returnable[key] = None
         self.submit(event.pod)
 
     def submit(self, spec: PodSpec) -> None:
