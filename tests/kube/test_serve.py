@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -166,7 +167,10 @@ async def test_sigterm_stops_cleanly_and_the_log_replays(
     )
     out, err = await replay.communicate()
     assert replay.returncode == 0, err.decode()
-    assert b"verified: 3 decisions" in out
+    # three bindings at least; pods listed before the node first get a "no node" verdict
+    verified = re.search(rb"verified: (\d+) decisions in \d+ passes match the log", out)
+    assert verified is not None and int(verified.group(1)) >= 3, out.decode()[-500:]
+    assert b"3 bound" in out
 
 
 class FlakyLog:
