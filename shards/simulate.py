@@ -67,17 +67,28 @@ async def simulate(
     sharding: Sharding | None = None,
 ) -> SimulationResult:
     """Run ``scenario`` to the end, recording everything in ``log``."""
-    if sharding is not None and sharding.shards > 1:
-        return await _simulate_routed(scenario, log, config, sharding, progress)
     started = time.perf_counter()
+    routed = sharding is not None and sharding.shards > 1
+    n = sharding.shards if sharding is not None and routed else 1
+    inputs = n if routed else 0  # cluster inputs: the control partition with several shards
+    if routed and log.partitions != n + 1:
+        raise ValueError(f"{n} shards need a log of {n + 1} partitions, not {log.partitions}")
     config = config or scenario.config
-    engine = Engine(config)
     source = config.source if config is not None else None
     recorded = json.dumps(source, sort_keys=True) if source is not None else ""
-    await log.append([Envelope(event=SchedulerConfigured(config=recorded), producer="ingest")])
-    worker = ShardWorker(engine, log)
+    head = [Envelope(event=SchedulerConfigured(config=recorded), producer="ingest")]
+    if sharding is not None and routed:
+        head.insert(
+            0, Envelope(event=ShardingConfigured(config=sharding.to_json()), producer="ingest")
+        )
+    await log.append(head, inputs)
+    engines = [Engine(config, shard=i) for i in range(n)]
+    workers = [ShardWorker(engine, log, partition=i) for i, engine in enumerate(engines)]
+    router = ControlWorker(Control(sharding), log) if sharding is not None and routed else None
     cluster = SimulatedCluster()
-    binder = Binder(cluster, log)
+    binder = Binder(cluster, log, shards=n)
+    # who acts on time at the inputs' partition: the coordinator, or the only shard
+    input_wakeup = router.control.next_wakeup if router is not None else engines[0].next_wakeup
     feed = scenario.events
     i = 0
     now = 0
@@ -88,83 +99,19 @@ async def simulate(
             i += 1
         completions: list[Event] = cluster.due(now)
         batch.extend(Envelope(event=e, time=now, producer="cluster") for e in completions)
-        wake = engine.next_wakeup()
+        wake = input_wakeup()
         if not batch and wake is not None and wake <= now:
             batch.append(Envelope(event=ClockTicked(), time=now, producer="clock"))
         if batch:
-            await log.append(batch)
-        while (await worker.poll()) + (await binder.poll(now)):
-            pass
-        if progress is not None:
-            progress(now, i, len(feed))
-        candidates = [t for t in (cluster.next_time(), engine.next_wakeup()) if t is not None]
-        if i < len(feed):
-            candidates.append(feed[i].time)
-        if not candidates:
-            break
-        now = max(now, min(candidates))
-    report = RunReport()
-    records = await log.read(0, 0)
-    for env in records:
-        report.apply(env)
-    wall = time.perf_counter() - started
-    return SimulationResult(
-        report=report,
-        engine=engine,
-        cluster=cluster,
-        wall_seconds=wall,
-        records=len(records),
-        stats={"passes": worker.passes, "pass_seconds": worker.pass_seconds, **engine.stats()},
-    )
-
-
-async def _simulate_routed(
-    scenario: Scenario,
-    log: EventLog,
-    config: SchedulerConfig | None,
-    sharding: Sharding,
-    progress: Progress | None,
-) -> SimulationResult:
-    started = time.perf_counter()
-    n = sharding.shards
-    if log.partitions != n + 1:
-        raise ValueError(f"{n} shards need a log of {n + 1} partitions, not {log.partitions}")
-    config = config or scenario.config
-    source = config.source if config is not None else None
-    recorded = json.dumps(source, sort_keys=True) if source is not None else ""
-    await log.append(
-        [
-            Envelope(event=ShardingConfigured(config=sharding.to_json()), producer="ingest"),
-            Envelope(event=SchedulerConfigured(config=recorded), producer="ingest"),
-        ],
-        n,
-    )
-    engines = [Engine(config, shard=i) for i in range(n)]
-    workers = [ShardWorker(engine, log, partition=i) for i, engine in enumerate(engines)]
-    control = Control(sharding)
-    router = ControlWorker(control, log)
-    cluster = SimulatedCluster()
-    binder = Binder(cluster, log, shards=n)
-    feed = scenario.events
-    i = 0
-    now = 0
-    while True:
-        batch: list[Envelope] = []
-        while i < len(feed) and feed[i].time <= now:
-            batch.append(Envelope(event=feed[i].event, time=now, producer="ingest"))
-            i += 1
-        batch.extend(Envelope(event=e, time=now, producer="cluster") for e in cluster.due(now))
-        wake = control.next_wakeup()
-        if not batch and wake is not None and wake <= now:
-            batch.append(Envelope(event=ClockTicked(), time=now, producer="clock"))
-        if batch:
-            await log.append(batch, n)
-        for shard, engine in enumerate(engines):
-            wake = engine.next_wakeup()
-            if wake is not None and wake <= now:
-                await log.append([Envelope(event=ClockTicked(), time=now, producer="clock")], shard)
+            await log.append(batch, inputs)
+        if routed:
+            for shard, engine in enumerate(engines):
+                wake = engine.next_wakeup()
+                if wake is not None and wake <= now:
+                    tick = Envelope(event=ClockTicked(), time=now, producer="clock")
+                    await log.append([tick], shard)
         while True:
-            moved = await router.poll()
+            moved = await router.poll() if router is not None else 0
             for worker in workers:
                 moved += await worker.poll()
             moved += await binder.poll(now)
@@ -172,15 +119,16 @@ async def _simulate_routed(
                 break
         if progress is not None:
             progress(now, i, len(feed))
-        candidates = [cluster.next_time(), control.next_wakeup()]
-        candidates += [engine.next_wakeup() for engine in engines]
+        candidates = [cluster.next_time(), *(engine.next_wakeup() for engine in engines)]
+        if router is not None:
+            candidates.append(router.control.next_wakeup())
         times = [t for t in candidates if t is not None]
         if i < len(feed):
             times.append(feed[i].time)
         if not times:
             break
         now = max(now, min(times))
-    report = RunReport(control=n)
+    report = RunReport(control=n if routed else None)
     records = await read_all(log)
     for env in records:
         report.apply(env)
@@ -188,7 +136,7 @@ async def _simulate_routed(
     stats: dict[str, float] = {
         "passes": sum(w.passes for w in workers),
         "pass_seconds": sum(w.pass_seconds for w in workers),
-        **control.stats(),
+        **(router.control.stats() if router is not None else {}),
     }
     for engine in engines:
         for key, value in engine.stats().items():
@@ -201,5 +149,5 @@ async def _simulate_routed(
         records=len(records),
         stats=stats,
         engines=engines,
-        control=control,
+        control=router.control if router is not None else None,
     )
