@@ -411,14 +411,9 @@ class Control:
             added = True
         elif old is not None:
             self._uncount(spec.name, old)
-        self.node_shard[spec.name] = shard
         self.pool_of_name[spec.name] = pool
         self.node_specs[spec.name] = spec
-        self.node_alloc[spec.name] = dict(spec.allocatable)
-        alloc = self.shards[shard].alloc
-        for name, amount in spec.allocatable.items():
-            alloc[name] = alloc.get(name, 0) + amount
-        self._capacity_changed = True
+        self._count(spec, shard)
         self._send(shard, NodeAdded(node=spec) if added else NodeUpdated(node=spec))
 
     def _reassign(self, pool: str, shard: int) -> None:
@@ -447,17 +442,21 @@ class Control:
             spec = self.node_specs.get(name)
             if spec is None:
                 continue
-            self.node_shard[name] = shard
-            self.node_alloc[name] = dict(spec.allocatable)
-            alloc = self.shards[shard].alloc
-            for resource, amount in spec.allocatable.items():
-                alloc[resource] = alloc.get(resource, 0) + amount
+            self._count(spec, shard)
             self._send(shard, NodeAdded(node=spec))
         for placement in event.placements:
             key = placement.pod.key
             if key in self.pods:
                 self.pod_shard[key] = shard
             self._send(shard, PodAdopted(placement=placement))
+
+    def _count(self, spec: NodeSpec, shard: int) -> None:
+        """``spec`` belongs to ``shard`` from now on: its capacity counts there."""
+        self.node_shard[spec.name] = shard
+        self.node_alloc[spec.name] = dict(spec.allocatable)
+        alloc = self.shards[shard].alloc
+        for resource, amount in spec.allocatable.items():
+            alloc[resource] = alloc.get(resource, 0) + amount
         self._capacity_changed = True
 
     def _uncount(self, name: str, shard: int) -> None:
