@@ -42,6 +42,10 @@ class ReplayResult:
     mismatch: ReplayMismatchError | None = None
     explained: PodSpec | None = None
     """The submitted spec of the pod under ``--explain``."""
+    unforwarded: int = 0
+    """Router outputs derived from the end of the control partition but not in the log
+    (yet): the coordinator stopped before appending them. A restarted one appends them;
+    only a tail can be missing, a gap is a mismatch."""
 
     def dependencies(self) -> list[tuple[str, str]]:
         """(dependency, its state at the end of the replay) for the explained pod."""
@@ -187,43 +191,54 @@ def sharding_of(control: Sequence[Envelope]) -> Sharding:
     )
 
 
-def verify_control(parts: Sequence[Sequence[Envelope]]) -> tuple[int, ReplayMismatchError | None]:
+def verify_control(
+    parts: Sequence[Sequence[Envelope]],
+) -> tuple[int, int, ReplayMismatchError | None]:
     """Fold the control partition again and compare every output the router appended,
-    partition by partition, with what the fold derives. Returns (outputs checked, the
-    first difference)."""
+    partition by partition, with what the fold derives. Returns (outputs checked,
+    outputs not appended yet, the first difference).
+
+    The router appends each partition's outputs in the order of their causes, so what a
+    stopped coordinator had not forwarded yet is a tail of each partition: derived
+    outputs past the last recorded one are counted, not a mismatch."""
     control_records = parts[-1]
     control = Control(sharding_of(control_records))
     recorded = [[env for env in records if env.producer == ROUTER] for records in parts]
     cursor = [0] * len(parts)
-    checked = 0
+    checked = pending = 0
     for env in control_records:
         for partition, event in control.apply(env):
             i = cursor[partition]
             cursor[partition] += 1
-            rec = recorded[partition][i] if i < len(recorded[partition]) else None
-            if rec is None:
-                return checked, ReplayMismatchError(
-                    f"the router derives {_describe(event)} for partition {partition} "
-                    f"from offset {env.offset} of the control partition, which the log lacks",
-                    offset=env.offset,
-                )
+            if i >= len(recorded[partition]):
+                pending += 1
+                continue
+            rec = recorded[partition][i]
             if rec.event != event or rec.causation != env.offset:
-                return checked, ReplayMismatchError(
-                    f"partition {partition}: recorded {_describe(rec.event)} "
-                    f"(caused by {rec.causation}), but the router derives {_describe(event)} "
-                    f"(caused by {env.offset})",
-                    offset=rec.offset,
+                return (
+                    checked,
+                    pending,
+                    ReplayMismatchError(
+                        f"partition {partition}: recorded {_describe(rec.event)} "
+                        f"(caused by {rec.causation}), but the router derives {_describe(event)} "
+                        f"(caused by {env.offset})",
+                        offset=rec.offset,
+                    ),
                 )
             checked += 1
     for partition, records in enumerate(recorded):
         if cursor[partition] < len(records):
             extra = records[cursor[partition]]
-            return checked, ReplayMismatchError(
-                f"partition {partition}: recorded {_describe(extra.event)} from the router, "
-                "which no control record derives",
-                offset=extra.offset,
+            return (
+                checked,
+                pending,
+                ReplayMismatchError(
+                    f"partition {partition}: recorded {_describe(extra.event)} from the router, "
+                    "which no control record derives",
+                    offset=extra.offset,
+                ),
             )
-    return checked, None
+    return checked, pending, None
 
 
 def replay_routed(
@@ -242,7 +257,7 @@ def replay_routed(
         report.apply(env)
     result = ReplayResult(report=report, engine=Engine(config))
     if verify:
-        checked, mismatch = verify_control(parts)
+        checked, result.unforwarded, mismatch = verify_control(parts)
         result.verified += checked
         if mismatch is not None:
             result.mismatch = mismatch

@@ -73,7 +73,9 @@ from events.types import (
     NodeSelectorTerm,
     NodeSpec,
     NodeUpdated,
+    Placement,
     PodAdopted,
+    PodBound,
     PodDeleted,
     PodEvicted,
     PodFailed,
@@ -103,6 +105,8 @@ from events.types import (
 )
 
 POOL_LABEL: Final = "shoal.io/pool"
+MAX_SHARDS: Final = 64
+"""More shards than this is surely a typo (each is a process and a partition)."""
 ROUTER: Final = "router"
 RELAY: Final = "relay"
 PREPARING: Final = "preparing"
@@ -357,6 +361,8 @@ class Control:
                     self._send(shard, event)
             case PodSucceeded(pod=key) | PodFailed(pod=key) | PodDeleted(pod=key):
                 self._finished(key, event)
+            case PodBound():
+                self._observed_bound(event)
             case QuotaDefined(quota=quota):
                 self.quotas[quota.namespace] = quota
                 self._slice_quota(quota.namespace)
@@ -666,6 +672,32 @@ class Control:
             else:
                 event = PodFailed(pod=key, reason="failed on another shard")
             self._send(shard, event)
+
+    def _observed_bound(self, event: PodBound) -> None:
+        """A binding seen in the cluster (ours, or another scheduler's): the shard that
+        owns the node accounts for it. A single pod routed to another shard moves there:
+        the shard it was routed to forgets it, the owner adopts it as it is. (A gang
+        member stays with its gang's shard, which accounts for it as one shard does.)"""
+        key = event.pod
+        spec = self.pods.get(key)
+        if spec is None:
+            return
+        routed = self.pod_shard.get(key)
+        owner = self.node_shard.get(event.node)
+        if owner is None or owner == routed or spec.group:
+            if routed is not None:
+                self._send(routed, event)
+            return
+        if routed is not None:
+            self._send(routed, PodDeleted(pod=key))
+        self.pod_shard[key] = owner
+        self.tried.pop(key, None)
+        self._send(
+            owner,
+            PodAdopted(
+                placement=Placement(pod=spec, node=event.node, decision_id=event.decision_id)
+            ),
+        )
 
     def _finished(self, key: str, event: Event) -> None:
         shard = self.pod_shard.pop(key, None)

@@ -426,6 +426,17 @@ def pool_reassignment(raw: Mapping[str, Any]) -> PoolReassigned:
     return PoolReassigned(pool=pool, shard=shard)
 
 
+def load_sharding(path: str) -> ShardingSpec:
+    """Read a file holding one ``ShardingConfiguration`` document (``--sharding``)."""
+    docs = list(_read_documents(path))
+    if len(docs) != 1 or docs[0].obj.get("kind") != SHARDING_KIND:
+        raise InputError(f"must hold exactly one {SHARDING_KIND} document", location=path)
+    try:
+        return parse_sharding(docs[0].obj)
+    except InputError as exc:
+        raise _located(docs[0], exc) from None
+
+
 def load_config(path: str) -> SchedulerConfig:
     """Read a ``KubeSchedulerConfiguration`` file (``--config``)."""
     docs = list(_read_documents(path))

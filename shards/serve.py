@@ -3,13 +3,25 @@
 Roles, one or all per process:
 
 - ``ingest`` — watches the cluster (``shards.kube.ingest``) while it holds the
-  ``shoal-ingest`` Lease; a standby waits its turn;
-- ``shard`` — folds the log and schedules (one shard today: ``--shard-id``, by default
-  the StatefulSet ordinal at the end of the host name); appends a ``ClockTicked`` when
-  a back-off expires, so replay sees time pass exactly as the shard did;
-- ``binder`` — applies decisions through the Binding and Eviction APIs
-  (``shards.kube.binder``) while it holds the ``shoal-binder`` Lease;
-- ``all`` — the three in one process (the only way with ``--bus memory``).
+  ``shoal-ingest`` Lease; a standby waits its turn. With several shards it writes the
+  sharding configuration (``--shards``, ``--sharding``) and the scheduler configuration
+  into the control partition before anything else, and refuses to run against a log
+  that was set up for a different sharding;
+- ``shard`` — folds its partition and schedules (``--shard-id``, by default the
+  StatefulSet ordinal at the end of the host name); it rebuilds its state from the log
+  when it starts. It appends a ``ClockTicked`` when a back-off or reservation time-out
+  comes due, so replay sees time pass exactly as the shard did;
+- ``coordinator`` — with several shards: the router and cross-shard gang coordinator
+  (``shards.control``) while it holds the ``shoal-coordinator`` Lease. A new leader
+  folds the control partition and appends only what its predecessor had not;
+- ``binder`` — applies the decisions of every shard through the Binding and Eviction
+  APIs (``shards.kube.binder``) while it holds the ``shoal-binder`` Lease;
+- ``all`` — everything in one process, every shard included (the only way with
+  ``--bus memory``).
+
+With ``--shards N`` (N > 1) the log has N + 1 partitions: one per shard and the control
+partition last, as with ``shoal simulate --shards N``; every process of a deployment
+must be given the same N.
 
 Each process serves ``/healthz`` (alive), ``/readyz`` (its roles are serving: the bus
 answered recently, ingest has listed everything) and ``/metrics`` (Prometheus) on
@@ -30,6 +42,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient
@@ -38,17 +51,20 @@ from engine.config import SchedulerConfig, default_config
 from engine.scheduler import Engine
 from events.errors import InputError, LogError
 from events.log import EventLog
-from events.types import ClockTicked, Envelope, SchedulerConfigured
+from events.types import ClockTicked, Envelope, SchedulerConfigured, ShardingConfigured
 from shards.bus import open_bus
+from shards.control import ControlWorker
 from shards.kube.binder import KubeBinder
 from shards.kube.client import api_client
 from shards.kube.ingest import KubeIngest
 from shards.kube.lease import LeaderElector
 from shards.metrics import Metrics
+from shards.router import MAX_SHARDS, Control, Sharding
 from shards.worker import ShardWorker
 
 log = logging.getLogger(__name__)
-ROLES = ("ingest", "shard", "binder", "all")
+ROLES = ("ingest", "shard", "coordinator", "binder", "all")
+_R = TypeVar("_R", ShardingConfigured, SchedulerConfigured)
 
 
 @dataclass
@@ -59,6 +75,10 @@ class ServeOptions:
     host: str | None = None
     token: str | None = None
     shard_id: int | None = None
+    shards: int = 1
+    sharding: Sharding | None = None
+    """Pools, tenants and time-outs for ``shards`` shards (``--sharding``); default:
+    pools spread over the shards in order of appearance."""
     config: SchedulerConfig | None = None
     listen: str = "127.0.0.1:9090"
     namespace: str = "shoal"
@@ -79,12 +99,49 @@ class ServeOptions:
         host, _, port = self.listen.rpartition(":")
         if not host or not port.isdigit() or not 0 <= int(port) < 65536:
             raise InputError(f"expected HOST:PORT, got {self.listen!r}", location="--listen")
+        if not 1 <= self.shards <= MAX_SHARDS:
+            raise InputError(
+                f"expected 1 to {MAX_SHARDS} shards, got {self.shards}", location="--shards"
+            )
+        if self.role == "coordinator" and self.shards == 1:
+            raise InputError(
+                "the coordinator routes between several shards: give --shards N (N > 1)",
+                location="--role",
+            )
+        if self.sharding is not None and self.sharding.shards != self.shards:
+            raise InputError(
+                f"the sharding configuration is for {self.sharding.shards} shards, "
+                f"--shards says {self.shards}",
+                location="--sharding",
+            )
+        if self.role == "shard" and self.shard_index() >= self.shards:
+            raise InputError(
+                f"shard {self.shard_index()} does not exist: there are {self.shards} "
+                f"(0..{self.shards - 1}); the StatefulSet's replicas must equal --shards",
+                location="--shard-id",
+            )
+
+    def shard_index(self) -> int:
+        return self.shard_id if self.shard_id is not None else shard_ordinal(self.identity)
+
+    def layout(self) -> Sharding | None:
+        """The sharding, or None for a single shard (a log with one partition)."""
+        if self.shards == 1:
+            return None
+        return self.sharding or Sharding(shards=self.shards)
 
 
 def shard_ordinal(hostname: str) -> int:
     """The StatefulSet ordinal at the end of a pod's host name (``shoal-shard-2`` → 2)."""
     match = re.search(r"-(\d+)$", hostname)
     return int(match.group(1)) if match else 0
+
+
+def _recorded_config(config: SchedulerConfig) -> SchedulerConfigured:
+    source = config.source
+    return SchedulerConfigured(
+        config=json.dumps(source, sort_keys=True, default=str) if source else ""
+    )
 
 
 class Service:
@@ -97,16 +154,34 @@ class Service:
         self.stop = asyncio.Event()
         self.bus: EventLog | None = None
         self.last_poll = 0.0
+        self.sharding = options.layout()
+        self.partitions = options.shards + 1 if self.sharding is not None else 1
+        self.control_partition = self.partitions - 1
+        """Where cluster inputs go: the control partition, or the only one."""
         self.ingest: KubeIngest | None = None
-        self.worker: ShardWorker | None = None
-        self.binder: KubeBinder | None = None
+        self.workers: dict[int, ShardWorker] = {}
+        self.coordinator: ControlWorker | None = None
+        self.binders: list[KubeBinder] = []
         self.leaders: dict[str, LeaderElector] = {}
-        self.lag = 0
-        self.lag_end = 0
+        self.ends = [0] * self.partitions
+        """The end of each partition, as last measured (for consumer lag)."""
         self.url = ""
+        self._coordinated = {"prepared": 0, "committed": 0, "aborted": 0, "handbacks": 0}
 
     def __repr__(self) -> str:
-        return f"Service(role={self.options.role}, bus={self.options.bus!r})"
+        return (
+            f"Service(role={self.options.role}, bus={self.options.bus!r}, "
+            f"shards={self.options.shards})"
+        )
+
+    @property
+    def worker(self) -> ShardWorker | None:
+        """The shard this process runs (the first, with ``--role all``)."""
+        return next(iter(self.workers.values()), None)
+
+    @property
+    def binder(self) -> KubeBinder | None:
+        return self.binders[0] if self.binders else None
 
     def ready(self) -> tuple[bool, str]:
         if self.bus is None:
@@ -148,22 +223,46 @@ class Service:
 
     # ------------------------------------------------------------------ roles
 
+    def roles(self) -> tuple[str, ...]:
+        if self.options.role != "all":
+            return (self.options.role,)
+        if self.sharding is None:
+            return ("ingest", "shard", "binder")
+        return ("ingest", "shard", "coordinator", "binder")
+
     async def run(self) -> None:
         options = self.options
         runner = await self._http()
-        self.bus = await open_bus(options.bus)
+        try:
+            self.bus = await open_bus(options.bus, partitions=self.partitions)
+        except BaseException:
+            await runner.cleanup()
+            raise
         self.last_poll = time.monotonic()
         try:
+            if self.bus.partitions != self.partitions:
+                raise InputError(
+                    f"the bus has {self.bus.partitions} partitions; {options.shards} "
+                    f"shard(s) need {self.partitions}"
+                    + (" (one per shard and the control partition)" if self.sharding else ""),
+                    location="--bus",
+                )
+            roles = self.roles()
+            if self.sharding is not None and ("ingest" in roles or "coordinator" in roles):
+                await self._check_sharding(self.sharding)
             async with asyncio.TaskGroup() as tasks:
-                roles = ("ingest", "shard", "binder") if options.role == "all" else (options.role,)
                 api = None
-                if "ingest" in roles or "binder" in roles:
+                if {"ingest", "binder", "coordinator"} & set(roles):
                     api = await api_client(
                         host=options.host, kubeconfig=options.kubeconfig, token=options.token
                     )
                 if "shard" in roles:
-                    tasks.create_task(self._shard())
-                for role in ("ingest", "binder"):
+                    shards = (
+                        range(options.shards) if options.role == "all" else [options.shard_index()]
+                    )
+                    for shard in shards:
+                        tasks.create_task(self._shard(shard))
+                for role in ("ingest", "coordinator", "binder"):
                     if role in roles and api is not None:
                         self.leaders[role] = LeaderElector(
                             api,
@@ -184,6 +283,60 @@ class Service:
             await self.bus.close()
             await runner.cleanup()
 
+    async def _check_sharding(self, sharding: Sharding) -> None:
+        """Refuse a log set up for another sharding (its partition layout is fixed)."""
+        assert self.bus is not None
+        recorded = await self._recorded(ShardingConfigured, first=True)
+        if recorded is None:
+            return
+        try:
+            before = Sharding.from_json(recorded.config)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InputError(
+                f"the log's sharding configuration is unreadable: {exc}", location="--bus"
+            ) from None
+        if before != sharding:
+            raise InputError(
+                f"the log was set up for another sharding ({before.shards} shards, "
+                f"pools {dict(before.pools) or 'spread'}): start with the same --shards and "
+                "--sharding, or use a new topic",
+                location="--sharding",
+            )
+
+    async def _recorded(self, kind: type[_R], *, first: bool) -> _R | None:
+        """The first (or last) ``kind`` record in the control partition, if any."""
+        assert self.bus is not None
+        found: _R | None = None
+        offset = 0
+        while batch := await self.bus.read(self.control_partition, offset, 50_000):
+            for env in batch:
+                if isinstance(env.event, kind):
+                    if first:
+                        return env.event
+                    found = env.event
+            offset = batch[-1].offset + 1
+        return found
+
+    async def _record_configuration(self) -> None:
+        """Before ingest's first event (several shards): the sharding, once, and the
+        scheduler configuration when it differs from the one recorded last; the router
+        forwards the latter to every shard."""
+        assert self.bus is not None and self.sharding is not None
+        head: list[Envelope] = []
+        if await self._recorded(ShardingConfigured, first=True) is None:
+            head.append(
+                Envelope(
+                    event=ShardingConfigured(config=self.sharding.to_json()), producer="ingest"
+                )
+            )
+        wanted = _recorded_config(self.options.config or default_config())
+        if await self._recorded(SchedulerConfigured, first=False) != wanted:
+            head.append(Envelope(event=wanted, producer="ingest"))
+        if head:
+            now = self.clock()
+            head = [Envelope(event=e.event, time=now, producer=e.producer) for e in head]
+            await self.bus.append(head, self.control_partition)
+
     async def _led(self, role: str, api: ApiClient) -> None:
         """Run ``role`` while this process leads it; stand by otherwise."""
         elector = self.leaders[role]
@@ -194,16 +347,16 @@ class Service:
             lost = asyncio.Event()
             assert self.bus is not None
             if role == "ingest":
-                self.ingest = KubeIngest(
-                    api,
-                    self.bus,
-                    scheduler_names=self._served(),
-                    watch_seconds=self.options.watch_seconds,
-                    clock=self.clock,
-                )
-                work = asyncio.create_task(self.ingest.run(lost))
+                work = asyncio.create_task(self._ingest(api, lost))
+            elif role == "coordinator":
+                work = asyncio.create_task(self._coordinate(lost))
             else:
-                self.binder = KubeBinder(api, self.bus, clock=self.clock)
+                self.binders = [
+                    KubeBinder(api, self.bus, partition=p, clock=self.clock)
+                    for p in range(max(self.partitions - 1, 1))
+                ]
+                for binder in self.binders:
+                    self._lag_gauge(f"binder-{binder.partition}", binder.partition)
                 work = asyncio.create_task(self._bind(lost))
             while elector.leader and not self.stop.is_set() and not work.done():
                 await self._sleep(self.options.poll_interval * 4)
@@ -221,125 +374,260 @@ class Service:
         config = self.options.config or default_config()
         return [p.scheduler_name for p in config.profiles]
 
+    async def _ingest(self, api: ApiClient, lost: asyncio.Event) -> None:
+        assert self.bus is not None
+        if self.sharding is not None:
+            await self._record_configuration()
+        self.ingest = KubeIngest(
+            api,
+            self.bus,
+            partition=self.control_partition,
+            scheduler_names=self._served(),
+            watch_seconds=self.options.watch_seconds,
+            clock=self.clock,
+        )
+        await self.ingest.run(lost)
+
     async def _bind(self, lost: asyncio.Event) -> None:
-        binder = self.binder
-        assert binder is not None
         backoff = self.options.poll_interval
         while not lost.is_set():
-            before = dict(binder.counters)
+            idle = True
+            for binder in self.binders:
+                before = dict(binder.counters)
+                try:
+                    applied = await binder.poll()
+                except LogError as exc:
+                    backoff = await self._bus_failed("binder", exc, backoff)
+                    idle = False
+                    break
+                backoff = self.options.poll_interval
+                self.last_poll = time.monotonic()
+                for key, value in binder.counters.items():
+                    if value > before[key]:
+                        self.metrics.inc(
+                            "binder_actions_total",
+                            "Binder actions by kind.",
+                            value - before[key],
+                            {"kind": key},
+                        )
+                if applied or binder.position < self.ends[binder.partition]:
+                    idle = False
+            if idle:
+                await self._sleep(self.options.poll_interval)
+
+    async def _coordinate(self, lost: asyncio.Event) -> None:
+        """The router and coordinator while this process leads: a fold of the control
+        partition. After a bus failure it is rebuilt from the log (the fold's state may
+        be ahead of what was appended), as a restarted coordinator would be."""
+        assert self.bus is not None and self.sharding is not None
+        bus = self.bus
+        backoff = self.options.poll_interval
+        recorded = None
+        while recorded is None and not lost.is_set():
             try:
-                applied = await binder.poll()
+                recorded = await self._recorded(ShardingConfigured, first=True)
             except LogError as exc:
-                backoff = await self._bus_failed("binder", exc, backoff)
+                backoff = await self._bus_failed("coordinator", exc, backoff)
+                continue
+            if recorded is None:
+                await self._sleep(self.options.poll_interval * 4)  # ingest writes it first
+        if recorded is None:
+            return
+        sharding = Sharding.from_json(recorded.config)  # checked at start: ours
+        worker = self.coordinator = ControlWorker(Control(sharding), bus)
+        self._lag_gauge("coordinator", self.control_partition)
+        self.metrics.gauge(
+            "coordinator_inflight",
+            "Cross-shard gangs being prepared or aborted (0 or 1).",
+            lambda: float(bool(self.coordinator and self.coordinator.control.inflight)),
+        )
+        while not lost.is_set():
+            try:
+                moved = await worker.poll()
+            except LogError as exc:
+                backoff = await self._bus_failed("coordinator", exc, backoff)
+                worker = self.coordinator = ControlWorker(Control(sharding), bus)
                 continue
             backoff = self.options.poll_interval
             self.last_poll = time.monotonic()
-            for key, value in binder.counters.items():
-                if value > before[key]:
-                    self.metrics.inc(
-                        "binder_actions_total",
-                        "Binder actions by kind.",
-                        value - before[key],
-                        {"kind": key},
+            self._coordinator_metrics(worker)
+            wake = worker.control.next_wakeup()
+            now = self.clock()
+            if wake is not None and wake <= now:
+                with contextlib.suppress(LogError):  # retried on the next round
+                    await bus.append(
+                        [Envelope(event=ClockTicked(), time=now, producer="clock")],
+                        self.control_partition,
                     )
-            if applied == 0 and binder.position >= self.lag_end:
+                continue
+            if not moved:
                 await self._sleep(self.options.poll_interval)
 
-    async def _shard(self) -> None:
+    def _coordinator_metrics(self, worker: ControlWorker) -> None:
+        """Counters from the fold's totals: a rebuilt fold counts from zero again, so
+        only what goes beyond the highest total seen is new."""
+        counters = worker.control.counters
+        for key, seen in self._coordinated.items():
+            value = counters.get(key, 0)
+            if value > seen:
+                self._coordinated[key] = value
+                if key == "handbacks":
+                    self.metrics.inc(
+                        "coordinator_handbacks_total",
+                        "Pods and gangs shards handed back to the router.",
+                        value - seen,
+                    )
+                else:
+                    self.metrics.inc(
+                        "coordinator_gangs_total",
+                        "Cross-shard gangs by step: prepared, committed, aborted.",
+                        value - seen,
+                        {"step": key},
+                    )
+        for seconds in worker.commit_seconds:
+            self.metrics.observe(
+                "coordinator_commit_seconds",
+                "Seconds from appending a cross-shard gang's prepare to its commit.",
+                seconds,
+            )
+        worker.commit_seconds.clear()
+
+    async def _shard(self, shard: int) -> None:
         options = self.options
-        shard = (
-            options.shard_id if options.shard_id is not None else shard_ordinal(options.identity)
-        )
         config = options.config or default_config()
-        engine = Engine(config, shard=shard)
         assert self.bus is not None
-        source = config.source
-        await self.bus.append(
-            [
-                Envelope(
-                    event=SchedulerConfigured(
-                        config=json.dumps(source, sort_keys=True, default=str) if source else ""
-                    ),
-                    time=self.clock(),
-                    producer=f"shard-{shard}",
-                )
-            ]
-        )
-        self.worker = worker = ShardWorker(engine, self.bus)
+        bus = self.bus
+        partition = shard if self.sharding is not None else 0
+        labels = {"shard": str(shard)}
         self.metrics.gauge(
-            "queue_pods", "Pods in the scheduling queue.", lambda: self._queue("all")
+            "queue_pods", "Pods in the scheduling queue.", self._queue(shard, "all"), labels
         )
         for where in ("active", "backoff", "unschedulable"):
             self.metrics.gauge(
                 "queue_depth",
                 "Pods in the scheduling queue by sub-queue.",
-                _depth(self, where),
-                {"queue": where},
+                self._queue(shard, where),
+                {**labels, "queue": where},
             )
-        self.metrics.gauge(
-            "consumer_lag_records", "Records in the log not yet folded.", lambda: self.lag
-        )
+        self._lag_gauge(f"shard-{shard}", partition)
         backoff = options.poll_interval
+        worker: ShardWorker | None = None
         while not self.stop.is_set():
+            if worker is None:
+                # a fresh start and a failed bus alike: rebuild the engine from the log
+                # (a pure fold; decisions may have been applied but not recorded)
+                try:
+                    worker = await ShardWorker.recover(
+                        bus, config, shard=shard, partition=partition
+                    )
+                    if self.sharding is None and shard not in self.workers:
+                        # one shard: it records its own configuration (several: ingest)
+                        await bus.append(
+                            [
+                                Envelope(
+                                    event=_recorded_config(config),
+                                    time=self.clock(),
+                                    producer=f"shard-{shard}",
+                                )
+                            ]
+                        )
+                except LogError as exc:
+                    backoff = await self._bus_failed("shard", exc, backoff)
+                    continue
+                self.workers[shard] = worker
+            engine = worker.engine
             before = engine.stats()
             started = time.perf_counter()
             try:
                 decided = await worker.poll()
             except LogError as exc:
-                # Decisions may have been applied but not recorded: rebuild the engine
-                # from the log (a pure fold), as a restarted shard would.
                 backoff = await self._bus_failed("shard", exc, backoff)
-                try:
-                    self.worker = worker = await ShardWorker.recover(self.bus, config, shard=shard)
-                except LogError as again:
-                    backoff = await self._bus_failed("shard", again, backoff)
-                    continue
-                engine = worker.engine
+                worker = None
                 continue
             backoff = options.poll_interval
             self.last_poll = time.monotonic()
-            after = engine.stats()
-            attempts = after["attempts"] - before["attempts"]
-            if attempts:
-                self.metrics.observe(
-                    "scheduling_attempt_seconds",
-                    "Mean time of a scheduling attempt, per pass.",
-                    (time.perf_counter() - started) / attempts,
-                )
-                for result in ("bound", "unschedulable", "preempted"):
-                    if after[result] > before[result]:
-                        self.metrics.inc(
-                            "schedule_attempts_total",
-                            "Scheduling attempts by result.",
-                            after[result] - before[result],
-                            {"result": result},
-                        )
+            self._shard_metrics(engine, before, time.perf_counter() - started, labels)
             wake = engine.next_wakeup()
             now = self.clock()
             if wake is not None and wake <= now:
-                await self.bus.append(
-                    [Envelope(event=ClockTicked(), time=now, producer=f"clock-{shard}")]
-                )
+                try:
+                    await bus.append(
+                        [Envelope(event=ClockTicked(), time=now, producer=f"clock-{shard}")],
+                        partition,
+                    )
+                except LogError as exc:
+                    backoff = await self._bus_failed("shard", exc, backoff)
+                    worker = None
                 continue
             if decided == 0:
                 await self._sleep(options.poll_interval)
 
-    def _queue(self, where: str) -> float:
-        """Pods in the (current) shard's queue: all, or one sub-queue."""
-        if self.worker is None:
-            return 0
-        queue = self.worker.engine.queue
-        return len(queue) if where == "all" else queue.stats()[where]
+    def _shard_metrics(
+        self, engine: Engine, before: dict[str, int], seconds: float, labels: dict[str, str]
+    ) -> None:
+        after = engine.stats()
+        attempts = after["attempts"] - before["attempts"]
+        if not attempts:
+            return
+        self.metrics.observe(
+            "scheduling_attempt_seconds",
+            "Mean time of a scheduling attempt, per pass.",
+            seconds / attempts,
+            labels,
+        )
+        for result in ("bound", "unschedulable", "preempted"):
+            if after[result] > before[result]:
+                self.metrics.inc(
+                    "schedule_attempts_total",
+                    "Scheduling attempts by result.",
+                    after[result] - before[result],
+                    {**labels, "result": result},
+                )
+
+    def _queue(self, shard: int, where: str) -> Callable[[], float]:
+        """Pods in a shard's queue: all, or one sub-queue."""
+
+        def read() -> float:
+            worker = self.workers.get(shard)
+            if worker is None:
+                return 0
+            queue = worker.engine.queue
+            return len(queue) if where == "all" else queue.stats()[where]
+
+        return read
+
+    def _consumers(self) -> list[tuple[str, int, int]]:
+        """(consumer, partition, position) of everything this process reads."""
+        out = [(f"shard-{s}", w.partition, w.position) for s, w in self.workers.items()]
+        if self.coordinator is not None:
+            out.append(("coordinator", self.control_partition, self.coordinator.position))
+        out.extend((f"binder-{b.partition}", b.partition, b.position) for b in self.binders)
+        return out
 
     async def _lag(self) -> None:
         while not self.stop.is_set():
             with contextlib.suppress(Exception):
                 assert self.bus is not None
-                end = await self.bus.end_offset(0)
-                self.lag_end = end
-                position = self.worker.position if self.worker else end
-                self.lag = max(end - position, 0)
+                for partition in range(self.partitions):
+                    self.ends[partition] = await self.bus.end_offset(partition)
             await self._sleep(1.0)
+
+    def _lag_gauge(self, consumer: str, partition: int) -> None:
+        self.metrics.gauge(
+            "consumer_lag_records",
+            "Records in the log not yet read, by consumer (the end measured each second).",
+            self._lag_of(consumer),
+            {"consumer": consumer, "partition": str(partition)},
+        )
+
+    def _lag_of(self, consumer: str) -> Callable[[], float]:
+        def read() -> float:
+            for name, partition, position in self._consumers():
+                if name == consumer:
+                    return max(self.ends[partition] - position, 0)
+            return 0
+
+        return read
 
     async def _bus_failed(self, role: str, exc: Exception, backoff: float) -> float:
         """Count and log a bus failure, wait, and return the next back-off."""
@@ -351,10 +639,6 @@ class Service:
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.stop.wait(), seconds)
-
-
-def _depth(service: Service, where: str) -> Callable[[], float]:
-    return lambda: service._queue(where)
 
 
 async def serve(options: ServeOptions, *, ready: Callable[[Service], None] | None = None) -> int:
@@ -371,8 +655,9 @@ async def serve(options: ServeOptions, *, ready: Callable[[Service], None] | Non
     if ready is not None and service.url:
         ready(service)
     log.info(
-        "serving role=%s bus=%s listen=%s pid=%d",
+        "serving role=%s shards=%d bus=%s listen=%s pid=%d",
         options.role,
+        options.shards,
         options.bus,
         service.url,
         os.getpid(),

@@ -8,7 +8,7 @@ import os
 import re
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,11 @@ import aiohttp
 import pytest
 
 from events.errors import InputError, LogError
-from events.types import PodBound
+from events.remote import LogServer, RemoteLog
+from events.types import Envelope, PodBound, ShardingConfigured
 from loadtest.apiserver import FakeApiServer
+from shards.replay import replay_routed
+from shards.router import POOL_LABEL, Sharding
 from shards.serve import ServeOptions, Service, serve, shard_ordinal
 from tests.kube.test_ingest import eventually, node, pod
 
@@ -30,7 +33,7 @@ async def get(url: str) -> tuple[int, str]:
 
 
 @contextlib.asynccontextmanager
-async def running(apiserver: FakeApiServer) -> AsyncIterator[Service]:
+async def running(apiserver: FakeApiServer, shards: int = 1) -> AsyncIterator[Service]:
     """``serve --role all`` in this process against ``apiserver``; stopped on exit."""
     services: list[Service] = []
     options = ServeOptions(
@@ -40,6 +43,7 @@ async def running(apiserver: FakeApiServer) -> AsyncIterator[Service]:
         token="t",
         listen="127.0.0.1:0",
         identity="test-0",
+        shards=shards,
         watch_seconds=1,
         lease_seconds=3,
         poll_interval=0.02,
@@ -88,11 +92,158 @@ async def _exercise(apiserver: FakeApiServer, service: Service) -> None:
     assert status == 200, why
     status, text = await get(f"{service.url}/metrics")
     assert status == 200
-    assert 'shoal_schedule_attempts_total{result="bound"}' in text
-    assert 'shoal_queue_depth{queue="active"} 0' in text
+    assert 'shoal_schedule_attempts_total{result="bound",shard="0"}' in text
+    assert 'shoal_queue_depth{queue="active",shard="0"} 0' in text
     assert 'shoal_binder_actions_total{kind="bound"}' in text
     assert "shoal_scheduling_attempt_seconds_bucket" in text
     assert apiserver.get("Lease", "shoal-ingest", "shoal")["spec"]["holderIdentity"] == "test-0"
+
+
+# --------------------------------------------------------------------------- shards
+
+GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+
+
+def _two_pools(apiserver: FakeApiServer) -> list[str]:
+    """Two pools of two 4-cpu nodes; a pod another scheduler bound; a gang of ten
+    one-cpu pods that neither pool can hold alone (8 cpu each); three single pods.
+    Returns the pods shoal must bind."""
+    for i in range(4):
+        item = node(f"n{i}")
+        item["metadata"]["labels"][POOL_LABEL] = "a" if i < 2 else "b"
+        apiserver.put("Node", item)
+    apiserver.put("Pod", pod("elsewhere", node_name="n3", scheduler="other"))
+    apiserver.put(
+        "PodGroup",
+        {
+            "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+            "metadata": {"name": "g", "namespace": "default"},
+            "spec": {"minMember": 10},
+        },
+    )
+    ours = [f"g{i}" for i in range(10)] + [f"p{i}" for i in range(3)]
+    for name in ours:
+        apiserver.put("Pod", pod(name, labels={GROUP_LABEL: "g"} if name[0] == "g" else {}))
+    return ours
+
+
+async def _all_bound(apiserver: FakeApiServer, names: list[str], why: Callable[[], str]) -> None:
+    def bound() -> bool:
+        return all(apiserver.get("Pod", n, "default")["spec"].get("nodeName") for n in names)
+
+    try:
+        await eventually(bound, timeout=30)
+    except AssertionError:
+        raise AssertionError(f"pods not bound in time: {why()}") from None
+
+
+def _check_routed_log(parts: list[list[Envelope]], apiserver: FakeApiServer) -> None:
+    """Every decision replays; nothing is bound twice; the gang spans both pools."""
+    verified = replay_routed(parts, verify=True)
+    assert verified.mismatch is None, verified.mismatch
+    bound = [
+        e.event.pod
+        for records in parts[:-1]
+        for e in records
+        if isinstance(e.event, PodBound) and e.producer.startswith("shard-")
+    ]
+    assert len(bound) == len(set(bound)), "a pod was bound twice"
+    assert "default/elsewhere" not in bound
+    gang_nodes = {apiserver.get("Pod", f"g{i}", "default")["spec"]["nodeName"] for i in range(10)}
+    assert {"n0", "n1"} & gang_nodes and {"n2", "n3"} & gang_nodes, gang_nodes
+
+
+async def test_serve_two_shards_and_the_coordinator_in_one_process(
+    apiserver: FakeApiServer,
+) -> None:
+    ours = _two_pools(apiserver)
+    async with running(apiserver, shards=2) as service:
+        await _all_bound(apiserver, ours, lambda: _state(service))
+        assert service.bus is not None
+        parts = [await service.bus.read(p, 0) for p in range(3)]
+        status, text = await get(f"{service.url}/metrics")
+        assert status == 200
+    _check_routed_log(parts, apiserver)
+    assert 'shoal_coordinator_gangs_total{step="committed"} 1' in text
+    assert 'shoal_coordinator_gangs_total{step="prepared"}' in text
+    assert "shoal_coordinator_commit_seconds_count 1" in text
+    for consumer, partition in (("shard-1", 1), ("coordinator", 2), ("binder-0", 0)):
+        assert f'consumer="{consumer}",partition="{partition}"' in text, text
+    assert 'shoal_queue_depth{queue="active",shard="1"} 0' in text
+    assert (
+        apiserver.get("Lease", "shoal-coordinator", "shoal")["spec"]["holderIdentity"] == "test-0"
+    )
+
+
+async def test_serve_roles_as_separate_services_over_a_log_server(
+    apiserver: FakeApiServer,
+) -> None:
+    """What ``deploy/`` runs: ingest, the coordinator, two shards and the binder, each a
+    service of its own (in this process, to keep the test quick), sharing only the log."""
+    ours = _two_pools(apiserver)
+    async with LogServer(3) as server:
+        base = {
+            "bus": server.url,
+            "host": apiserver.url,
+            "token": "t",
+            "listen": "127.0.0.1:0",
+            "shards": 2,
+            "watch_seconds": 1,
+            "lease_seconds": 3,
+            "poll_interval": 0.02,
+        }
+        roles = [
+            ("ingest", {}),
+            ("coordinator", {}),
+            ("shard", {"identity": "shoal-shard-0"}),
+            ("shard", {"shard_id": 1}),
+            ("binder", {}),
+        ]
+        services: list[Service] = []
+        tasks = [
+            asyncio.create_task(
+                serve(ServeOptions(role=role, **{**base, **extra}), ready=services.append)  # type: ignore[arg-type]
+            )
+            for role, extra in roles
+        ]
+        try:
+            await eventually(lambda: len(services) == len(roles))
+            await _all_bound(
+                apiserver, ours, lambda: " | ".join(_state(service) for service in services)
+            )
+            reader = await RemoteLog.connect(server.url)
+            parts = [await reader.read(p, 0) for p in range(3)]
+            await reader.close()
+        finally:
+            for service in services:
+                service.stop.set()
+            results = await asyncio.wait_for(asyncio.gather(*tasks), 15)
+        assert results == [0] * len(roles)
+    _check_routed_log(parts, apiserver)
+    shards = {s.options.role: s for s in services}
+    assert shards["coordinator"].coordinator is not None
+    assert {s.worker.engine.shard for s in services if s.worker is not None} == {0, 1}
+
+
+async def test_serve_refuses_a_log_set_up_for_another_sharding(
+    apiserver: FakeApiServer,
+) -> None:
+    async with LogServer(3) as server:
+        log = await RemoteLog.connect(server.url)
+        other = Sharding(shards=2, pools=(("a", 1),))
+        await log.append([Envelope(event=ShardingConfigured(config=other.to_json()))], 2)
+        await log.close()
+        options = ServeOptions(
+            role="coordinator", bus=server.url, host=apiserver.url, shards=2, listen="127.0.0.1:0"
+        )
+        with pytest.raises(InputError, match="another sharding"):
+            await serve(options)
+        options = ServeOptions(role="shard", bus=server.url, shards=3, listen="127.0.0.1:0")
+        with pytest.raises(InputError, match="needs at least 4 partitions"):
+            await serve(options)
+        options = ServeOptions(role="shard", bus=server.url, listen="127.0.0.1:0")
+        with pytest.raises(InputError, match="the bus has 3 partitions; 1 shard"):
+            await serve(options)
 
 
 @pytest.mark.parametrize(
@@ -101,6 +252,15 @@ async def _exercise(apiserver: FakeApiServer, service: Service) -> None:
         (ServeOptions(role="shard", bus="memory"), "--bus memory works only with --role all"),
         (ServeOptions(role="oracle"), "unknown role"),
         (ServeOptions(listen="nowhere"), "HOST:PORT"),
+        (ServeOptions(shards=0), "1 to 64 shards"),
+        (ServeOptions(shards=65), "1 to 64 shards"),
+        (ServeOptions(role="coordinator", bus="tcp://x:1"), "give --shards N"),
+        (ServeOptions(role="shard", bus="tcp://x:1", shards=2, shard_id=2), "shard 2 does not"),
+        (
+            ServeOptions(role="shard", bus="tcp://x:1", shards=2, identity="shoal-shard-5"),
+            "shard 5 does not",
+        ),
+        (ServeOptions(shards=3, sharding=Sharding(shards=2)), "for 2 shards"),
     ],
 )
 async def test_bad_options(options: ServeOptions, message: str) -> None:

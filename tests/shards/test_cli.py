@@ -290,3 +290,41 @@ def test_dependency_cycle_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[
     code, _, err = run(capsys, "simulate", str(cycle))
     assert code == 2 and err.count("\n") == 1
     assert "dependency cycle: default/a -> default/b -> default/a" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--sharding", "{sharding}"], {}, "needs --shards N"),
+        (["--shards", "2", "--sharding", "{missing}"], {}, "cannot read"),
+        (["--shards", "2", "--sharding", "{config}"], {}, "exactly one ShardingConfiguration"),
+        (["--shards", "2", "--sharding", "{pinned}"], {}, "assigned to shard 3"),
+        ([], {"SHOAL_SHARDS": "two"}, "$SHOAL_SHARDS: expected a positive whole number"),
+        ([], {"SHOAL_SHARDS": "0"}, "$SHOAL_SHARDS: expected a positive whole number"),
+        (["--shards", "65"], {}, "1 to 64 shards"),
+        (["--role", "coordinator", "--bus", "tcp://127.0.0.1:1"], {}, "give --shards N"),
+    ],
+)
+def test_serve_sharding_options_are_checked(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    argv: list[str],
+    env: dict[str, str],
+    message: str,
+) -> None:
+    files = {
+        "sharding": "apiVersion: shoal.io/v1alpha1\nkind: ShardingConfiguration\npools: []\n",
+        "config": "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n",
+        "pinned": "apiVersion: shoal.io/v1alpha1\nkind: ShardingConfiguration\n"
+        "pools: [{name: a, shard: 3}]\n",
+    }
+    paths = {"missing": str(tmp_path / "missing.yaml")}
+    for name, text in files.items():
+        (tmp_path / f"{name}.yaml").write_text(text)
+        paths[name] = str(tmp_path / f"{name}.yaml")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    code, _, err = run(capsys, "serve", *(a.format(**paths) for a in argv))
+    assert code == 2, err
+    assert message in err

@@ -236,6 +236,7 @@ def _check(parts: list[list[Envelope]]) -> None:
     )
     verified = replay_routed(parts, verify=True)
     assert verified.mismatch is None, str(verified.mismatch)
+    assert verified.unforwarded == 0
 
 
 def _sharding_json(control: list[Envelope]) -> str:

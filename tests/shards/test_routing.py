@@ -21,6 +21,7 @@ from events.types import (
     Envelope,
     Event,
     GroupSpec,
+    PodAdopted,
     PodBound,
     PodGroupSubmitted,
     PodHandedBack,
@@ -58,6 +59,7 @@ def run(tmp_path: Path, text: str, shards: int) -> dict[str, Any]:
         parts = [await log.read(p, 0) for p in range(shards + 1)]
         verified = replay_routed(parts, verify=True)
         assert verified.mismatch is None, verified.mismatch
+        assert verified.unforwarded == 0
         result.cluster.check_invariants()
         for engine in result.engines:
             engine.state.check_invariants()
@@ -326,6 +328,56 @@ def test_routes_to_the_roomiest_shard_and_ignores_forged_relays() -> None:
             == []
         )
     assert control.shards[0].seen == -1
+
+
+def test_replay_tolerates_an_unforwarded_tail_but_not_a_gap(tmp_path: Path) -> None:
+    """A coordinator stopped before forwarding leaves a tail of router outputs missing:
+    replay counts it. A record missing in the middle is a mismatch."""
+    text = "".join(node(f"n{i}", cpu=4) for i in range(4)) + "".join(
+        pod(f"p{i}", cpu="1") for i in range(6)
+    )
+    parts = run(tmp_path, text, 2)["parts"]
+    routed = [i for i, env in enumerate(parts[0]) if env.producer == "router"]
+    assert len(routed) >= 3
+    tail = [list(p) for p in parts]
+    del tail[0][routed[-1] :]  # the shard never saw it, so decided nothing on it
+    result = replay_routed(tail, verify=True)
+    assert result.mismatch is None and result.unforwarded == 1
+    gap = [list(p) for p in parts]
+    del gap[0][routed[1]]
+    assert replay_routed(gap, verify=True).mismatch is not None
+
+
+def test_a_pod_seen_bound_moves_to_the_shard_owning_its_node() -> None:
+    """Ingest reports pods it finds bound (by us or another scheduler) as ``PodBound``:
+    the node's owner accounts for the pod, and a shard it was routed to forgets it."""
+    control = Control(Sharding(shards=2))
+    control.apply(Envelope(event=make_node("a").cpu("64").label(POOL_LABEL, "pa").added()))
+    control.apply(Envelope(event=make_node("b").cpu("4").label(POOL_LABEL, "pb").added()))
+    spec = make_pod("p").cpu("2").spec()
+    out = control.apply(Envelope(event=PodSubmitted(pod=spec), offset=2))
+    assert [(s, type(e).__name__) for s, e in out] == [(0, "PodRouted")]
+    seen = PodBound(pod=spec.key, node="b", decision_id="observed:u1", attempt=0)
+    out = control.apply(Envelope(event=seen, offset=3))
+    assert [(s, type(e).__name__) for s, e in out] == [(0, "PodDeleted"), (1, "PodAdopted")]
+    adopted = out[1][1]
+    assert isinstance(adopted, PodAdopted)
+    assert adopted.placement.node == "b"
+    assert control.pod_shard[spec.key] == 1
+    # seen again on the same node: the owner is told, nobody else
+    out = control.apply(Envelope(event=seen, offset=4))
+    assert [(s, type(e).__name__) for s, e in out] == [(1, "PodBound")]
+    # the owner's engine accounts for it as bound, without scheduling it
+    engine = Engine(shard=1)
+    engine.apply(Envelope(event=make_node("b").cpu("4").label(POOL_LABEL, "pb").added()))
+    engine.apply(Envelope(event=adopted, offset=1))
+    assert not [e for e in engine.schedule() if isinstance(e, PodBound)]
+    assert engine.state.pods[spec.key].slot == engine.state.index["b"]
+    # a binding on a node nobody owns yet, or of a pod never submitted: nothing moves
+    assert (
+        control.apply(Envelope(event=PodBound(pod="x/y", node="b", decision_id="d", attempt=0)))
+        == []
+    )
 
 
 def test_routed_replay_needs_the_sharding_record() -> None:

@@ -112,3 +112,4 @@ async def test_coordinator_protocol_under_faults(
     parts = [await result.log.read(p, 0) for p in range(shards + 1)]
     verified = replay_routed(parts, verify=True)
     assert verified.mismatch is None, (str(verified.mismatch), context)
+    assert verified.unforwarded == 0, context
