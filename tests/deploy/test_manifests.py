@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 from shards.cli import build_parser
-from shards.serve import ROLES
+from shards.scenario import load_sharding
+from shards.serve import ROLES, ServeOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -107,11 +108,13 @@ def test_a_broken_manifest_is_caught() -> None:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
 
-def test_workloads_are_consistent(manifests: list[dict[str, Any]]) -> None:
+def test_workloads_are_consistent(manifests: list[dict[str, Any]], tmp_path: Path) -> None:
     by_kind: dict[str, dict[str, dict[str, Any]]] = {}
     for doc in manifests:
         by_kind.setdefault(doc["kind"], {})[doc["metadata"]["name"]] = doc
     config = by_kind["ConfigMap"]["shoal"]["data"]
+    shards = int(config["SHOAL_SHARDS"])
+    assert shards > 1
     accounts = set(by_kind["ServiceAccount"])
     parser = build_parser()
     roles_seen = set()
@@ -141,13 +144,39 @@ def test_workloads_are_consistent(manifests: list[dict[str, Any]]) -> None:
             parsed = parser.parse_args(args)
             assert parsed.command == "serve" and parsed.role in ROLES
             roles_seen.add(parsed.role)
-            if parsed.config:
-                mounts = {m["mountPath"] for m in container.get("volumeMounts", [])}
-                assert str(Path(parsed.config).parent) in mounts
-                assert Path(parsed.config).name in config
+            env_names = {e["name"] for e in container["env"]}
+            assert "SHOAL_SHARDS" in env_names, f"{name}: every role needs the shard count"
+            mounts = {m["mountPath"] for m in container.get("volumeMounts", [])}
+            mounted = {
+                item["path"]
+                for volume in pod.get("volumes", [])
+                for item in volume.get("configMap", {}).get("items", [])
+            }
+            for path in (parsed.config, parsed.sharding):
+                if path:
+                    assert str(Path(path).parent) in mounts, f"{name}: {path} not mounted"
+                    assert Path(path).name in config and Path(path).name in mounted, name
+            sharding_file = tmp_path / "sharding.yaml"
+            sharding_file.write_text(config["sharding.yaml"])
+            options = ServeOptions(
+                role=parsed.role,
+                bus=config["SHOAL_BUS"],
+                shards=shards,
+                sharding=load_sharding(str(sharding_file)).sharding(shards)
+                if parsed.sharding
+                else None,
+                listen=parsed.listen,
+                identity=f"{name}-{shards - 1}",
+            )
+            options.validate()  # what serve checks first: the last shard's ordinal too
+            if parsed.role in ("ingest", "coordinator"):
+                assert parsed.sharding, f"{name}: ingest and the coordinator record/check it"
             for port in container["ports"]:
                 assert port["containerPort"] == int(parsed.listen.rsplit(":", 1)[1])
-    assert roles_seen == {"ingest", "shard", "binder"}
+    assert roles_seen == {"ingest", "coordinator", "shard", "binder"}
+    assert by_kind["StatefulSet"]["shoal-shard"]["spec"]["replicas"] == shards
+    for topic in by_kind.get("KafkaTopic", {}).values():
+        assert topic["spec"]["partitions"] == shards + 1, "one per shard and the control one"
     scheduler = yaml.safe_load(config["scheduler.yaml"])
     assert scheduler["kind"] == "KubeSchedulerConfiguration"
     assert config["SHOAL_BUS"].startswith("kafka://")
