@@ -223,6 +223,25 @@ class ClockTicked(_Fact, frozen=True, kw_only=True, tag="tick"):
     """Time passed with nothing else happening; the envelope carries the time."""
 
 
+class SnapshotTaken(_Fact, frozen=True, kw_only=True, tag="snapshot"):
+    """Part of a component's state (``engine/snapshot.py``), written after one of its
+    passes so that a restart restores it instead of folding the partition from the
+    start. Neither an input nor a decision: folding it changes nothing.
+
+    The envelope's ``causation`` is the input of the pass the state follows; records
+    below ``position`` were folded, and so were the component's own records below the
+    first part. ``digest`` (SHA-256 of the uncompressed state) is the same in every part;
+    a snapshot missing a part, or whose parts do not add up to the digest, is ignored.
+    """
+
+    component: str
+    position: int
+    part: int
+    parts: int
+    digest: str
+    data: bytes
+
+
 # ------------------------------------------------ routing and reservations (inputs)
 #
 # With several shards the log has one partition per shard plus a control partition
@@ -476,6 +495,7 @@ Event = (
     | ReservationGranted
     | ReservationDenied
     | ReservationReleased
+    | SnapshotTaken
 )
 """The closed union of every event kind."""
 
@@ -535,3 +555,12 @@ class Envelope(msgspec.Struct, frozen=True, kw_only=True):
 def is_decision(event: Event) -> bool:
     """True for kinds that shards derive (and replay re-derives)."""
     return isinstance(event, DECISIONS)
+
+
+_OUTPUTS: Final = (*DECISIONS, SnapshotTaken)
+
+
+def is_output_of(env: Envelope, producer: str) -> bool:
+    """True for what ``producer`` (a shard) wrote from its own passes: its decisions and
+    its snapshots. Everything else in its partition is an input to it."""
+    return env.producer == producer and isinstance(env.event, _OUTPUTS)

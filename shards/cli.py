@@ -28,6 +28,7 @@ from shards.report import merge
 from shards.router import MAX_SHARDS, Sharding
 from shards.scenario import ShardingSpec, load_config, load_scenario, load_sharding
 from shards.simulate import simulate
+from shards.worker import SNAPSHOT_EVERY
 
 EXIT_MISMATCH = 1
 EXIT_INPUT = 2
@@ -105,7 +106,14 @@ async def _simulate(args: argparse.Namespace) -> int:
     log = await open_bus(bus, partitions=partitions, overwrite=args.overwrite)
     try:
         progress = render.progress_printer(args.json or args.quiet)
-        result = await simulate(scenario, log, config, progress=progress, sharding=sharding)
+        result = await simulate(
+            scenario,
+            log,
+            config,
+            progress=progress,
+            sharding=sharding,
+            snapshot_every=args.snapshot_every,
+        )
         if copy_to is not None:
             target = await open_bus(f"file:{copy_to}", partitions=log.partitions, overwrite=True)
             for partition in range(log.partitions):
@@ -174,6 +182,7 @@ async def _replay(args: argparse.Namespace) -> int:
                 "ok": result.mismatch is None,
                 "decisions": result.verified,
                 "passes": result.passes,
+                "snapshots": result.snapshots,
                 "mismatch": str(result.mismatch) if result.mismatch else None,
                 "unforwarded": result.unforwarded,
             }
@@ -186,7 +195,11 @@ async def _replay(args: argparse.Namespace) -> int:
         print(f"shoal: replay differs at {result.mismatch}", file=sys.stderr)
         return EXIT_MISMATCH
     if args.verify and not args.json:
-        print(f"verified: {result.verified} decisions in {result.passes} passes match the log")
+        snapshots = f" and {result.snapshots} snapshots" if result.snapshots else ""
+        print(
+            f"verified: {result.verified} decisions in {result.passes} passes{snapshots} "
+            "match the log"
+        )
         if result.unforwarded:
             print(
                 f"note: {result.unforwarded} router outputs at the end of the control "
@@ -262,6 +275,14 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--overwrite", action="store_true", help="replace an existing log file")
     sim.add_argument("--json", action="store_true", help="print one JSON object")
     sim.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    sim.add_argument(
+        "--snapshot-every",
+        type=_non_negative,
+        default=0,
+        metavar="RECORDS",
+        help="write each shard's state into the log every RECORDS records (0: never); "
+        "replay --verify checks them",
+    )
 
     rep = sub.add_parser("replay", help="replay, verify or explain a recorded run")
     rep.add_argument("log", metavar="LOG", help="a log file, or kafka://HOST:PORT?topic=...")
@@ -325,6 +346,14 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--listen", default="127.0.0.1:9090", help="health and metrics address")
     srv.add_argument("--namespace", default="shoal", help="namespace of the leader-election Leases")
     srv.add_argument("--identity", help="leader-election identity (default: the host name)")
+    srv.add_argument(
+        "--snapshot-every",
+        type=_non_negative,
+        default=SNAPSHOT_EVERY,
+        metavar="RECORDS",
+        help=f"a shard writes its state every RECORDS records (default {SNAPSHOT_EVERY}; "
+        "0: never); a restart restores the newest and replays only what follows",
+    )
     srv.add_argument("--watch-seconds", type=_positive, default=30)
     srv.add_argument("--lease-seconds", type=_positive, default=15)
 
@@ -343,6 +372,14 @@ def build_parser() -> argparse.ArgumentParser:
     work.add_argument("--bus", required=True, help="tcp://HOST:PORT or kafka://HOST:PORT")
     work.add_argument("--shard-id", type=_non_negative)
     work.add_argument("--config", help="KubeSchedulerConfiguration YAML (shards)")
+    work.add_argument(
+        "--snapshot-every",
+        type=_non_negative,
+        default=SNAPSHOT_EVERY,
+        metavar="RECORDS",
+        help=f"a shard writes its state every RECORDS records (default {SNAPSHOT_EVERY}; "
+        "0: never); a restart restores the newest and replays only what follows",
+    )
     kafka = sub.add_parser("kafka", help="manage the Kafka topics shoal uses")
     kafka_sub = kafka.add_subparsers(dest="kafka_command", required=True, metavar="ACTION")
     init = kafka_sub.add_parser("init", help="create the event topic")
@@ -386,6 +423,7 @@ async def _serve(args: argparse.Namespace) -> int:
         shard_id=args.shard_id,
         shards=shards,
         sharding=_serve_sharding(shards, args.sharding),
+        snapshot_every=args.snapshot_every,
         config=_config(args.config),
         listen=args.listen,
         namespace=args.namespace,
@@ -410,7 +448,13 @@ async def _worker(args: argparse.Namespace) -> int:
                     f"(the bus has {bus.partitions - 1} shard partitions)",
                     location="--shard-id",
                 )
-            await run_shard(bus, args.shard_id, config=_config(args.config), stop=stop)
+            await run_shard(
+                bus,
+                args.shard_id,
+                config=_config(args.config),
+                stop=stop,
+                snapshot_every=args.snapshot_every,
+            )
         elif args.role == "binder":
             await run_binder(bus, stop=stop)
         else:

@@ -76,14 +76,16 @@ async def run_shard(
     stop: asyncio.Event,
     clock: Clock = wall_clock,
     idle_wait: float = 0.2,
+    snapshot_every: int = 0,
 ) -> ShardWorker:
-    """Rebuild shard ``shard`` from its partition, then schedule until ``stop``."""
+    """Rebuild shard ``shard`` from its partition (its newest snapshot and what follows),
+    then schedule until ``stop``, writing a snapshot every ``snapshot_every`` records."""
     profile_to = os.environ.get("SHOAL_PROFILE_SHARD")
     profiler = cProfile.Profile() if profile_to else None
     if profiler is not None:
         profiler.enable()
     try:
-        return await _run_shard(bus, shard, config, stop, clock, idle_wait)
+        return await _run_shard(bus, shard, config, stop, clock, idle_wait, snapshot_every)
     finally:
         if profiler is not None and profile_to:
             profiler.disable()
@@ -97,9 +99,17 @@ async def _run_shard(
     stop: asyncio.Event,
     clock: Clock,
     idle_wait: float,
+    snapshot_every: int,
 ) -> ShardWorker:
-    worker = await ShardWorker.recover(bus, config, shard=shard, partition=shard)
-    log.info("shard %d recovered at offset %d", shard, worker.position)
+    worker = await ShardWorker.recover(
+        bus, config, shard=shard, partition=shard, snapshot_every=snapshot_every
+    )
+    log.info(
+        "shard %d recovered at offset %d (from the snapshot at %d)",
+        shard,
+        worker.position,
+        worker.restored_from,
+    )
     producer = f"clock-{shard}"
     while not stop.is_set():
         decided = await worker.poll()

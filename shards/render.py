@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from events.codec import to_builtins
-from events.types import SECOND, Envelope
+from events.types import SECOND, Envelope, SnapshotTaken
 from shards.replay import ReplayResult
 from shards.report import RunReport
 
@@ -95,7 +95,11 @@ def progress_printer(silent: bool) -> Callable[[int, int, int], None] | None:
 
 
 def envelope_json(env: Envelope) -> dict[str, Any]:
-    return to_builtins(env)
+    data: dict[str, Any] = to_builtins(env)
+    if isinstance(env.event, SnapshotTaken):
+        # the state itself is opaque and large: its size says enough here
+        data["event"]["data"] = f"<{len(env.event.data)} bytes>"
+    return data
 
 
 # --------------------------------------------------------------------------- explain

@@ -18,6 +18,7 @@ import msgspec
 
 from engine.config import SchedulerConfig, parse_config
 from engine.scheduler import Engine
+from engine.snapshot import digest, encode_state
 from events.errors import InputError, LogCorruptedError, ReplayMismatchError
 from events.types import (
     Envelope,
@@ -26,7 +27,9 @@ from events.types import (
     PodSubmitted,
     SchedulerConfigured,
     ShardingConfigured,
+    SnapshotTaken,
     is_decision,
+    is_output_of,
 )
 from shards.report import RunReport, merge
 from shards.router import ROUTER, Control, Sharding
@@ -42,6 +45,8 @@ class ReplayResult:
     mismatch: ReplayMismatchError | None = None
     explained: PodSpec | None = None
     """The submitted spec of the pod under ``--explain``."""
+    snapshots: int = 0
+    """Snapshots checked against the state replay derives."""
     unforwarded: int = 0
     """Router outputs derived from the end of the control partition but not in the log
     (yet): the coordinator stopped before appending them. A restarted one appends them;
@@ -94,6 +99,37 @@ def recorded_config(records: Sequence[Envelope]) -> SchedulerConfig | None:
     return None
 
 
+@dataclass
+class Resume:
+    """Where a replay starts instead of the beginning: an engine restored from a
+    snapshot, and the first record it has not folded."""
+
+    engine: Engine
+    position: int
+
+
+def snapshots_in(records: Sequence[Envelope], producer: str) -> dict[int, list[Envelope]]:
+    """Complete snapshots of ``producer`` in ``records``, by the pass they follow
+    (their causation): the parts, in order. Incomplete ones are left out."""
+    found: dict[int, list[Envelope]] = {}
+    run: list[Envelope] = []
+    sha = ""
+    for env in records:
+        event = env.event
+        if not isinstance(event, SnapshotTaken) or env.producer != producer:
+            continue
+        if event.part == 0:
+            run, sha = [], event.digest
+        if event.part == len(run) and event.digest == sha:
+            run.append(env)
+            if len(run) == event.parts:
+                found[env.causation] = run
+                run = []
+        else:
+            run = []
+    return found
+
+
 def replay(
     records: Sequence[Envelope],
     config: SchedulerConfig | None = None,
@@ -102,26 +138,28 @@ def replay(
     explain: str | None = None,
     until: int | None = None,
     shard: int = 0,
+    resume: Resume | None = None,
 ) -> ReplayResult:
-    """Fold ``records`` (one partition, in offset order) through a fresh engine.
+    """Fold ``records`` (one partition, in offset order) through a fresh engine, or
+    through ``resume``'s engine from its position on (earlier records are skipped).
 
-    With ``verify``, every recorded pass of ``shard`` is re-run and compared; the first
-    difference is returned in ``mismatch`` (not raised). ``until`` stops after that
-    offset. ``explain`` records diagnoses for that pod's attempts.
+    With ``verify``, every recorded pass of ``shard`` is re-run and compared, and so is
+    every snapshot with the state after the pass it follows; the first difference is
+    returned in ``mismatch`` (not raised). ``until`` stops after that offset.
+    ``explain`` records diagnoses for that pod's attempts.
     """
-    if config is None:
+    if config is None and resume is None:
         config = recorded_config(records)
-    engine = Engine(config, shard=shard)
+    engine = resume.engine if resume is not None else Engine(config, shard=shard)
+    start = resume.position if resume is not None else 0
     engine.explain = explain
     producer = f"shard-{shard}"
     result = ReplayResult(report=RunReport(), engine=engine)
     passes: dict[int, list[Envelope]] = {}
     for env in records:
-        if is_decision(env.event) and env.producer == producer:
+        if is_decision(env.event) and env.producer == producer and env.causation >= start:
             passes.setdefault(env.causation, []).append(env)
-    inputs = {
-        env.offset for env in records if env.producer != producer or not is_decision(env.event)
-    }
+    inputs = {env.offset for env in records if not is_output_of(env, producer)}
     for causation, batch in passes.items():
         if causation not in inputs and verify:
             result.mismatch = ReplayMismatchError(
@@ -131,16 +169,21 @@ def replay(
             )
             return result
     rederive = verify or explain is not None
+    snapshots = snapshots_in(records, producer) if verify else {}
     for env in records:
         if until is not None and env.offset > until:
             break
+        if env.offset < start:
+            continue
+        if isinstance(env.event, SnapshotTaken) and env.producer == producer:
+            continue  # folding it changes nothing; verified after the pass it follows
         result.report.apply(env)
         if isinstance(env.event, PodSubmitted) and env.event.pod.key == explain:
             result.explained = env.event.pod
         if is_decision(env.event) and env.producer == producer:
             # When re-deriving, its pass already applied it; otherwise folding it is how
-            # the state learns it.
-            if not rederive:
+            # the state learns it (unless the resumed state has it already).
+            if not rederive and env.causation >= start:
                 engine.apply(env)
             continue
         engine.apply(env)
@@ -167,6 +210,18 @@ def replay(
             )
             return result
         result.verified += len(recorded)
+        snapshot = snapshots.get(env.offset)
+        if snapshot is not None:
+            first = snapshot[0].event
+            assert isinstance(first, SnapshotTaken)
+            if digest(encode_state(engine)) != first.digest:
+                result.mismatch = ReplayMismatchError(
+                    "the recorded snapshot differs from the state replay derives after the "
+                    f"pass it follows (caused by {env.offset})",
+                    offset=snapshot[0].offset,
+                )
+                return result
+            result.snapshots += 1
     if verify:
         engine.state.check_invariants()
     return result
@@ -272,6 +327,7 @@ def replay_routed(
         part = replay(parts[shard], config, verify=verify, explain=wanted, shard=shard)
         result.verified += part.verified
         result.passes += part.passes
+        result.snapshots += part.snapshots
         if shard == owner:
             result.engine = part.engine
             result.explained = part.explained

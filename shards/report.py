@@ -28,6 +28,7 @@ from events.types import (
     PodUnbound,
     PodUnschedulable,
     ReservationRequested,
+    SnapshotTaken,
     is_decision,
 )
 
@@ -107,8 +108,8 @@ class RunReport:
         return current is not None and shard >= 0 and shard != current[1]
 
     def apply(self, env: Envelope) -> None:
-        if env.stream == "relay":
-            return  # a copy of a shard's record, for the router
+        if env.stream == "relay" or isinstance(env.event, SnapshotTaken):
+            return  # a copy of a shard's record, for the router; a shard's saved state
         if env.producer == "router" and env.partition != self.control:
             if isinstance(env.event, PodRouted | ReservationRequested):
                 self._routed(env)

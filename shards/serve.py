@@ -80,6 +80,8 @@ class ServeOptions:
     """Pools, tenants and time-outs for ``shards`` shards (``--sharding``); default:
     pools spread over the shards in order of appearance."""
     config: SchedulerConfig | None = None
+    snapshot_every: int = 0
+    """Records between a shard's snapshots (0: never)."""
     listen: str = "127.0.0.1:9090"
     namespace: str = "shoal"
     identity: str = field(default_factory=socket.gethostname)
@@ -518,7 +520,11 @@ class Service:
                 # (a pure fold; decisions may have been applied but not recorded)
                 try:
                     worker = await ShardWorker.recover(
-                        bus, config, shard=shard, partition=partition
+                        bus,
+                        config,
+                        shard=shard,
+                        partition=partition,
+                        snapshot_every=options.snapshot_every,
                     )
                     if self.sharding is None and shard not in self.workers:
                         # one shard: it records its own configuration (several: ingest)

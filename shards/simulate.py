@@ -65,8 +65,10 @@ async def simulate(
     *,
     progress: Progress | None = None,
     sharding: Sharding | None = None,
+    snapshot_every: int = 0,
 ) -> SimulationResult:
-    """Run ``scenario`` to the end, recording everything in ``log``."""
+    """Run ``scenario`` to the end, recording everything in ``log`` (with a snapshot of
+    each shard every ``snapshot_every`` records, if set)."""
     started = time.perf_counter()
     routed = sharding is not None and sharding.shards > 1
     n = sharding.shards if sharding is not None and routed else 1
@@ -83,7 +85,10 @@ async def simulate(
         )
     await log.append(head, inputs)
     engines = [Engine(config, shard=i) for i in range(n)]
-    workers = [ShardWorker(engine, log, partition=i) for i, engine in enumerate(engines)]
+    workers = [
+        ShardWorker(engine, log, partition=i, snapshot_every=snapshot_every)
+        for i, engine in enumerate(engines)
+    ]
     router = ControlWorker(Control(sharding), log) if sharding is not None and routed else None
     cluster = SimulatedCluster()
     binder = Binder(cluster, log, shards=n)

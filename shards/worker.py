@@ -4,24 +4,48 @@ Each ``poll`` reads everything new in the shard's partition, folds it, and, if a
 (not a decision) was folded, runs one scheduling pass. The decisions are appended with
 ``causation`` = the offset of the last input folded before the pass: that is what lets
 ``replay`` run the very same passes and compare.
+
+Snapshots: with ``snapshot_every`` set, after a pass with decisions that comes at least
+that many records after the previous snapshot, the worker appends its state
+(``SnapshotTaken`` parts, ``engine/snapshot.py``). A restarted worker looks for the
+newest complete snapshot from the end of its partition backwards, restores it, and
+replays only the records after it; a snapshot that cannot be restored is reported and
+the partition is replayed from the start instead. ``replay --verify`` checks every
+snapshot against the state it re-derives.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 
 from engine.config import SchedulerConfig
 from engine.scheduler import Engine
+from engine.snapshot import SnapshotError, assemble, restore, snapshot_events
 from events.errors import LogCorruptedError
 from events.log import EventLog
-from events.types import Envelope, is_decision
+from events.types import Envelope, SnapshotTaken, is_decision, is_output_of
+
+logger = logging.getLogger(__name__)
+SNAPSHOT_EVERY = 50_000
+"""Records between snapshots by default in service (a snapshot of a large shard costs
+about as much as a few hundred passes; replaying 50,000 records costs far more)."""
 
 
 class ShardWorker:
-    def __init__(self, engine: Engine, log: EventLog, *, partition: int = 0) -> None:
+    def __init__(
+        self, engine: Engine, log: EventLog, *, partition: int = 0, snapshot_every: int = 0
+    ) -> None:
         self.engine = engine
         self.log = log
         self.partition = partition
+        self.snapshot_every = snapshot_every
+        """Records between snapshots (0: never)."""
+        self.snapshot_at = 0
+        """The position at the last snapshot written or restored."""
+        self.snapshots = 0
+        self.restored_from = -1
+        """Offset of the snapshot the last recovery restored (-1: it replayed it all)."""
         self.name = f"shard-{engine.shard}"
         self.position = 0
         self._own_until = 0
@@ -47,35 +71,52 @@ class ShardWorker:
         *,
         shard: int = 0,
         partition: int = 0,
+        snapshot_every: int = 0,
     ) -> ShardWorker:
         """A worker for a shard that ran before (killed, or its bus failed): its state
-        is rebuilt by replaying its partition, re-running each recorded pass where it
-        ran, so that even what passes keep beyond their decisions (reasons already
-        said, back-off) is as it was. Decisions that were computed but never appended
-        are computed again by the first poll."""
-        from shards.replay import replay
+        is restored from its newest snapshot, if any, and the records after it are
+        replayed, re-running each recorded pass where it ran, so that even what passes
+        keep beyond their decisions (reasons already said, back-off) is as it was.
+        Decisions that were computed but never appended are computed again by the
+        first poll."""
+        from shards.replay import Resume, replay
 
+        name = f"shard-{shard}"
+        resume: Resume | None = None
+        found = await newest_snapshot(log, partition, name)
+        if found is not None:
+            parts = [e.event for e in found if isinstance(e.event, SnapshotTaken)]
+            try:
+                engine = restore(assemble(parts), config, shard=shard)
+                resume = Resume(engine, parts[0].position)
+            except SnapshotError as exc:
+                logger.warning(
+                    "snapshot not restored; replaying the partition from the start "
+                    "shard=%d offset=%d error=%s",
+                    shard,
+                    found[0].offset,
+                    exc,
+                )
+        start = resume.position if resume is not None else 0
         records: list[Envelope] = []
-        while batch := await log.read(partition, len(records), 50_000):
+        while batch := await log.read(partition, start + len(records), 50_000):
             records.extend(batch)
-        result = replay(records, config, verify=True, shard=shard)
+        result = replay(records, config, verify=True, shard=shard, resume=resume)
         if result.mismatch is not None:
             raise LogCorruptedError(
                 f"shard {shard} cannot rebuild its state: {result.mismatch}",
                 partition=partition,
                 offset=result.mismatch.offset,
             )
-        worker = cls(result.engine, log, partition=partition)
-        name = worker.name
-        worker.position = worker._own_until = len(records)
+        worker = cls(result.engine, log, partition=partition, snapshot_every=snapshot_every)
+        worker.position = worker._own_until = start + len(records)
+        worker.snapshot_at = start
+        worker.restored_from = found[0].offset if resume is not None and found else -1
         last_pass = max(
             (e.causation for e in records if e.producer == name and is_decision(e.event)),
             default=-1,
         )
-        last_input = max(
-            (e.offset for e in records if e.producer != name or not is_decision(e.event)),
-            default=-1,
-        )
+        last_input = max((e.offset for e in records if not is_output_of(e, name)), default=-1)
         worker._owed = last_input if last_input > last_pass else -1
         return worker
 
@@ -92,8 +133,10 @@ class ShardWorker:
         for env in records:
             if env.offset < own_until and env.producer == name:
                 continue
+            if isinstance(env.event, SnapshotTaken) and env.producer == name:
+                continue  # a predecessor's: folding it changes nothing
             engine.apply(env)
-            if env.producer != name or not is_decision(env.event):
+            if not is_output_of(env, name):
                 last_input = env.offset  # the router forwards decisions too: inputs here
         if records:
             self.position = records[-1].offset + 1
@@ -111,4 +154,56 @@ class ShardWorker:
             self.partition,
         )
         self._own_until = offsets[-1] + 1
+        if self.snapshot_every and self.position - self.snapshot_at >= self.snapshot_every:
+            await self._snapshot(last_input)
         return len(decisions)
+
+    async def _snapshot(self, cause: int) -> None:
+        """Append the state as it is right after the pass caused by ``cause``."""
+        started = time.perf_counter()
+        parts = snapshot_events(self.engine, self.position, component=self.name)
+        offsets = await self.log.append(
+            [
+                Envelope(event=p, time=self.engine.now, causation=cause, producer=self.name)
+                for p in parts
+            ],
+            self.partition,
+        )
+        self._own_until = offsets[-1] + 1
+        self.snapshot_at = self.position
+        self.snapshots += 1
+        logger.info(
+            "snapshot written shard=%d offset=%d parts=%d bytes=%d seconds=%.3f",
+            self.engine.shard,
+            offsets[0],
+            len(parts),
+            sum(len(p.data) for p in parts),
+            time.perf_counter() - started,
+        )
+
+
+async def newest_snapshot(
+    log_: EventLog, partition: int, producer: str, *, window: int = 4096
+) -> list[Envelope] | None:
+    """The parts of ``producer``'s newest complete snapshot in ``partition``, searched
+    from the end backwards in growing windows (None if it has none)."""
+    high = await log_.end_offset(partition)
+    while high > 0:
+        low = max(high - window, 0)
+        batch = await log_.read(partition, low, high - low)
+        for env in reversed(batch):
+            event = env.event
+            if (
+                isinstance(event, SnapshotTaken)
+                and env.producer == producer
+                and event.part == event.parts - 1
+                and env.offset - event.part >= 0
+            ):
+                parts = await log_.read(partition, env.offset - event.part, event.parts)
+                if [p.event.part for p in parts if isinstance(p.event, SnapshotTaken)] == list(
+                    range(event.parts)
+                ) and all(p.producer == producer for p in parts):
+                    return parts
+        high = low
+        window *= 2
+    return None

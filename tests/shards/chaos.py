@@ -123,6 +123,7 @@ async def run_chaos(
     skip: float = 0.2,
     refuse: float = 0.05,
     min_members: dict[str, int] | None = None,
+    snapshot_every: int = 0,
 ) -> ChaosResult:
     rng = random.Random(seed)
     n = sharding.shards
@@ -135,7 +136,10 @@ async def run_chaos(
         ],
         n,
     )
-    workers = [ShardWorker(Engine(shard=i), log, partition=i) for i in range(n)]
+    workers = [
+        ShardWorker(Engine(shard=i), log, partition=i, snapshot_every=snapshot_every)
+        for i in range(n)
+    ]
     router = ControlWorker(Control(sharding), log)
     cluster = FlakyCluster(rng, refuse)
     binder = Binder(cluster, memory, shards=n)  # the cluster side does not crash here
@@ -146,7 +150,9 @@ async def run_chaos(
     async def restart_shard(i: int) -> None:
         nonlocal restarts
         restarts += 1
-        workers[i] = await ShardWorker.recover(log, shard=i, partition=i)
+        workers[i] = await ShardWorker.recover(
+            log, shard=i, partition=i, snapshot_every=snapshot_every
+        )
 
     async def restart_router() -> None:
         nonlocal restarts, router

@@ -96,7 +96,8 @@ class Fleet:
     async def start(self, role: str) -> None:
         args = ["worker", role.split("-", maxsplit=1)[0], "--bus", self.url]
         if role.startswith("shard-"):
-            args += ["--shard-id", role.split("-")[1]]
+            # snapshots often, so that restarts restore them (and replay checks them)
+            args += ["--shard-id", role.split("-")[1], "--snapshot-every", "40"]
         self.procs[role] = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "shards.cli", *args, env={**os.environ}
         )
@@ -237,6 +238,7 @@ def _check(parts: list[list[Envelope]]) -> None:
     verified = replay_routed(parts, verify=True)
     assert verified.mismatch is None, str(verified.mismatch)
     assert verified.unforwarded == 0
+    assert verified.snapshots > 0
 
 
 def _sharding_json(control: list[Envelope]) -> str:

@@ -75,10 +75,18 @@ def spanning_scenario(draw: Any) -> tuple[Scenario, dict[str, int]]:
     st.integers(2, 4),
     st.integers(0, 2**32 - 1),
     st.sampled_from([(0.0, 0.0, 0.0), (0.05, 0.05, 0.05), (0.15, 0.1, 0.1)]),
+    st.sampled_from([0, 4, 25]),
 )
 async def test_coordinator_protocol_under_faults(
-    case: tuple[Scenario, dict[str, int]], shards: int, seed: int, faults: tuple[float, ...]
+    case: tuple[Scenario, dict[str, int]],
+    shards: int,
+    seed: int,
+    faults: tuple[float, ...],
+    snapshot_every: int,
 ) -> None:
+    """The protocol's invariants under faults, with shards writing snapshots in some
+    runs: a restarted shard then restores the newest one, and replay checks each
+    against the state it re-derives."""
     scenario, minimum = case
     loss, restart, refuse = faults
     sharding = Sharding(shards=shards, reservation_timeout=10 * SECOND)
@@ -90,6 +98,7 @@ async def test_coordinator_protocol_under_faults(
         restart=restart,
         refuse=refuse,
         min_members=minimum,
+        snapshot_every=snapshot_every,
     )
     context = describe(result)
     assert result.partial_gangs == [], context

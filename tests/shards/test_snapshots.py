@@ -1,0 +1,226 @@
+"""Snapshots: a restored engine continues exactly as the one that was never stopped;
+snapshots in the log are verified by replay and used by recovery; a snapshot that is
+corrupt, forged or incomplete is refused with a reason and costs only time."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.snapshot import (
+    FORMAT,
+    SnapshotError,
+    assemble,
+    digest,
+    encode_state,
+    restore,
+    snapshot_events,
+)
+from events.memory import MemoryLog
+from events.types import Envelope, SnapshotTaken, is_decision
+from shards.replay import Resume, replay, replay_routed
+from shards.router import Sharding
+from shards.scenario import Scenario, load_scenario
+from shards.simulate import simulate
+from shards.worker import ShardWorker, newest_snapshot
+from tests.shards.test_batch_properties import batch_scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _record(scenario: Scenario, snapshot_every: int = 0) -> list[Envelope]:
+    async def go() -> list[Envelope]:
+        log = MemoryLog()
+        await simulate(scenario, log, snapshot_every=snapshot_every)
+        return await log.read(0, 0)
+
+    return asyncio.run(go())
+
+
+def _decisions(records: list[Envelope]) -> list[Any]:
+    return [e.event for e in records if is_decision(e.event)]
+
+
+@settings(max_examples=60)
+@given(batch_scenario(), st.data())
+def test_a_restored_engine_continues_exactly(scenario: Scenario, data: st.DataObject) -> None:
+    """Cut a run after any pass, snapshot, restore, replay the rest: every later
+    decision is the same, and so is the final state, byte for byte."""
+    records = _record(scenario)
+    full = replay(records, verify=True)
+    assert full.mismatch is None
+    causes = sorted({e.causation for e in records if is_decision(e.event)})
+    if not causes:
+        return
+    cut = data.draw(st.sampled_from(causes))
+    head = replay(records, verify=True, until=cut)
+    raw = encode_state(head.engine)
+    restored = restore(raw)
+    assert encode_state(restored) == raw
+    tail = replay(records, verify=True, resume=Resume(restored, cut + 1))
+    assert tail.mismatch is None, tail.mismatch
+    assert head.verified + tail.verified == full.verified
+    assert encode_state(tail.engine) == encode_state(full.engine)
+
+
+def test_snapshots_in_the_log_change_no_decision_and_replay_checks_them() -> None:
+    scenario = load_scenario([str(ROOT / "examples" / "batch.yaml")])
+    plain = _record(scenario)
+    with_snapshots = _record(scenario, snapshot_every=5)
+    taken = [e for e in with_snapshots if isinstance(e.event, SnapshotTaken)]
+    assert len(taken) >= 3
+    assert _decisions(with_snapshots) == _decisions(plain)
+    result = replay(with_snapshots, verify=True)
+    assert result.mismatch is None
+    assert result.snapshots == len({e.event.digest for e in taken})  # type: ignore[union-attr]
+    # a snapshot whose state is not what the pass left is a mismatch, located
+    first = taken[0]
+    forged = msgspec.structs.replace(
+        first, event=msgspec.structs.replace(first.event, digest="0" * 64)
+    )  # type: ignore[type-var]
+    tampered = [forged if e is first else e for e in with_snapshots]
+    bad = replay(tampered, verify=True)
+    assert bad.mismatch is not None and bad.mismatch.offset == first.offset
+    assert "snapshot differs" in str(bad.mismatch)
+
+
+def test_recovery_restores_the_newest_snapshot_and_equals_a_full_replay() -> None:
+    scenario = load_scenario([str(ROOT / "examples" / "batch.yaml")])
+    records = _record(scenario, snapshot_every=5)
+    newest = max(e.offset for e in records if isinstance(e.event, SnapshotTaken))
+
+    async def go() -> None:
+        log = MemoryLog()
+        await log.append(records)
+        worker = await ShardWorker.recover(log)
+        assert worker.restored_from >= 0
+        found = await newest_snapshot(log, 0, "shard-0", window=3)  # crosses windows
+        assert found is not None and found[-1].offset == newest
+        full = replay(records, verify=True)
+        assert encode_state(worker.engine) == encode_state(full.engine)
+        assert worker.position == len(records)
+
+    asyncio.run(go())
+
+
+def test_a_corrupt_snapshot_costs_only_time() -> None:
+    """Recovery refuses a snapshot whose bytes do not add up, says so, and replays the
+    partition from the start instead: the same state, nothing lost."""
+    scenario = load_scenario([str(ROOT / "examples" / "batch.yaml")])
+    records = _record(scenario, snapshot_every=5)
+    expected = encode_state(replay(records, verify=True).engine)
+    taken = [e for e in records if isinstance(e.event, SnapshotTaken)]
+    last = taken[-1]
+    assert isinstance(last.event, SnapshotTaken)
+    garbled = msgspec.structs.replace(last.event, data=last.event.data[:-3] + b"xyz")
+    damaged = [msgspec.structs.replace(e, event=garbled) if e is last else e for e in records]
+
+    async def go() -> ShardWorker:
+        log = MemoryLog()
+        await log.append(damaged)
+        return await ShardWorker.recover(log)
+
+    worker = asyncio.run(go())
+    assert worker.restored_from == -1
+    assert encode_state(worker.engine) == expected
+
+
+def test_snapshots_of_several_shards_replay() -> None:
+    scenario = load_scenario([str(ROOT / "examples" / "batch.yaml")])
+
+    async def go() -> list[list[Envelope]]:
+        log = MemoryLog(4)
+        await simulate(scenario, log, sharding=Sharding(shards=3), snapshot_every=3)
+        return [await log.read(p, 0) for p in range(4)]
+
+    parts = asyncio.run(go())
+    result = replay_routed(parts, verify=True)
+    assert result.mismatch is None
+    assert result.snapshots > 0
+
+
+def test_parts_are_small_and_reassemble() -> None:
+    records = _record(load_scenario([str(ROOT / "examples" / "batch.yaml")]))
+    engine = replay(records).engine
+    parts = snapshot_events(engine, 7, component="shard-0", chunk=100)
+    assert len(parts) > 2 and all(len(p.data) <= 100 for p in parts)
+    raw = assemble(parts)
+    assert digest(raw) == parts[0].digest
+    assert encode_state(restore(raw)) == encode_state(engine)
+    with pytest.raises(SnapshotError, match="belong together"):
+        assemble(parts[:-1])
+    with pytest.raises(SnapshotError, match="belong together"):
+        assemble([parts[1], parts[0], *parts[2:]])
+
+
+# --------------------------------------------------------------------------- hostile
+
+
+def _tree(state: list[Any], **extra: Any) -> bytes:
+    return msgspec.msgpack.encode(
+        {"format": FORMAT, "shard": 0, "config": "", "state": state, **extra}
+    )
+
+
+def _valid_state() -> list[Any]:
+    records = _record(load_scenario([str(ROOT / "examples" / "quickstart.yaml")]))
+    tree = msgspec.msgpack.decode(encode_state(replay(records).engine))
+    state: list[Any] = tree["state"]
+    return state
+
+
+def _with(state: list[Any], name: str, node: Any) -> list[Any]:
+    return [[k, node if k == name else v] for k, v in state]
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda s: b"\x00garbage", "unreadable"),
+        (lambda s: msgspec.msgpack.encode([1, 2]), "not a format"),
+        (lambda s: _tree(s, format=99), "not a format"),
+        (lambda s: _tree(s, shard=3), "of shard 3, not of shard 0"),
+        (lambda s: _tree(s, config="{not json"), "configuration is invalid"),
+        (lambda s: _tree(s[1:]), "missing engine state"),
+        (lambda s: _tree([*s, ["intruder", 1]]), "unexpected engine attribute"),
+        (lambda s: _tree(_with(s, "now", ["L", []])), "wrong kind"),
+        (lambda s: _tree(_with(s, "pods", ["O", "os.system", []])), "not a snapshot class"),
+        (lambda s: _tree(_with(s, "pods", ["O", "PodInfo", [["__class__", 1]]])), "not state"),
+        (lambda s: _tree(_with(s, "pods", ["Z", 1])), "unknown node kind"),
+        (lambda s: _tree(_with(s, "pods", ["R", 10_000])), "dangling reference"),
+        (lambda s: _tree(_with(s, "pods", ["D", [[["L", []], 1]]])), "unhashable"),
+        (lambda s: _tree(_with(s, "pods", ["N", "|O", [1], b"x"])), "malformed array"),
+        (lambda s: _tree(_with(s, "pods", ["N", "<i8", [2], b"x"])), "does not match"),
+        (lambda s: _tree(_with(s, "pods", ["N", "<i8", [-1], b""])), "malformed array shape"),
+        (lambda s: _tree(_with(s, "pods", ["S", "PodSpec", b"\xc1"])), "malformed PodSpec"),
+        (lambda s: _tree(_with(s, "pods", ["S", "Engine", b""])), "malformed struct"),
+        (lambda s: _tree(_with(s, "pods", ["V", "ClusterEvent", "Nope"])), "no ClusterEvent"),
+        (lambda s: _tree(_with(s, "pods", _deep(200))), "nested too deeply"),
+        (
+            lambda s: _tree(_with(s, "pods", ["D", [["ns/p", ["O", "PodInfo", []]]]])),
+            "a pod without its spec",
+        ),
+        (
+            lambda s: _tree(
+                _with(s, "pods", ["W", ["N", "<i8", [2], b"\0" * 16], "<i8", [4], [8], 0])
+            ),
+            "outside its base",
+        ),
+    ],
+)
+def test_hostile_snapshots_are_refused_with_a_reason(build: Any, message: str) -> None:
+    with pytest.raises(SnapshotError, match=message):
+        restore(build(_valid_state()))
+
+
+def _deep(n: int) -> Any:
+    node: Any = ["L", []]
+    for _ in range(n):
+        node = ["L", [node]]
+    return node
