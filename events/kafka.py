@@ -34,7 +34,7 @@ from urllib.parse import parse_qs, urlsplit
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, KafkaTimeoutError
+from aiokafka.errors import ConsumerStoppedError, KafkaError, KafkaTimeoutError
 
 from events.codec import DecodeError, decode, encode
 from events.errors import InputError, LogCorruptedError, LogError
@@ -42,6 +42,9 @@ from events.log import check_partition
 from events.types import Envelope
 
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+FAILURES = (KafkaError, ConsumerStoppedError, OSError)
+"""What a client raises when the broker goes away, or when another caller sharing this
+log restarted the clients under it: each becomes a :class:`LogError`."""
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 ENV_PREFIX = "SHOAL_KAFKA_"
 
@@ -178,6 +181,9 @@ class KafkaLog:
         self._read_lock = asyncio.Lock()
         self._restart_lock = asyncio.Lock()
         self._needs_restart = False
+        self._generation = 0
+        """Bumped by every (re)start: a call that fails with clients of an older
+        generation must not stop the new ones another caller has just started."""
 
     def __repr__(self) -> str:
         s = self.settings
@@ -189,6 +195,7 @@ class KafkaLog:
 
     async def start(self) -> None:
         """Connect, and check the topic exists with enough partitions."""
+        self._generation += 1
         options = self.settings.client_options()
         try:
             self._producer = AIOKafkaProducer(
@@ -228,6 +235,7 @@ class KafkaLog:
         if not envelopes:
             return []
         await self._ensure()
+        generation = self._generation
         producer = self._need(self._producer)
         key = str(partition).encode()
         offsets: list[int] = []
@@ -243,9 +251,12 @@ class KafkaLog:
                         raise LogError(f"record of {len(value)} bytes exceeds the batch limit")
                 count += 1
             offsets.extend(await self._send(producer, batch, partition, count))
-        except KafkaError as exc:
-            await self._broken()
-            raise LogError(f"kafka append failed: {exc}") from None
+        except FAILURES as exc:
+            await self._broken(generation)
+            raise LogError(f"kafka append failed: {_why(exc)}") from None
+        except asyncio.CancelledError:
+            await self._stopped_under_us(generation)
+            raise LogError("kafka append failed: the client was restarted under it") from None
         return offsets
 
     async def _send(
@@ -268,6 +279,17 @@ class KafkaLog:
     async def read(self, partition: int, offset: int, limit: int | None = None) -> list[Envelope]:
         check_partition(partition, self.partitions)
         await self._ensure()
+        generation = self._generation
+        try:
+            return await self._read(partition, offset, limit)
+        except FAILURES as exc:
+            await self._broken(generation)
+            raise LogError(f"kafka read failed: {_why(exc)}") from None
+        except asyncio.CancelledError:
+            await self._stopped_under_us(generation)
+            raise LogError("kafka read failed: the client was restarted under it") from None
+
+    async def _read(self, partition: int, offset: int, limit: int | None) -> list[Envelope]:
         consumer = self._need(self._consumer)
         tp = TopicPartition(self.settings.topic, partition)
         offset = max(offset, 0)
@@ -284,15 +306,11 @@ class KafkaLog:
                         f"kafka read of partition {partition} stalled at offset {offset} "
                         f"(high-water mark {end})"
                     )
-                try:
-                    batch = await consumer.getmany(
-                        tp,
-                        timeout_ms=self.settings.fetch_max_wait_ms * 4 + 50,
-                        max_records=None if limit is None else limit - len(out),
-                    )
-                except KafkaError as exc:
-                    await self._broken()
-                    raise LogError(f"kafka read failed: {exc}") from None
+                batch = await consumer.getmany(
+                    tp,
+                    timeout_ms=self.settings.fetch_max_wait_ms * 4 + 50,
+                    max_records=None if limit is None else limit - len(out),
+                )
                 # A fetch already in flight before the caller's append may answer with
                 # an old high-water mark: keep the newest one seen, and stop only after
                 # a fetch that brings nothing while at it.
@@ -302,8 +320,12 @@ class KafkaLog:
                 records = batch.get(tp, [])
                 if not records:
                     idle += 1
-                    if (end is not None and offset >= end) or (end is None and idle >= 3):
+                    if end is not None and offset >= end:
                         break
+                    if end is None and idle >= 3:
+                        # every fetch answer carries the high-water mark: none means
+                        # no answer (aiokafka logs fetch errors and returns nothing)
+                        raise KafkaTimeoutError(f"no fetch answer for partition {partition}")
                     continue
                 idle = 0
                 for record in records:
@@ -330,6 +352,17 @@ class KafkaLog:
     async def end_offset(self, partition: int) -> int:
         check_partition(partition, self.partitions)
         await self._ensure()
+        generation = self._generation
+        try:
+            return await self._end_offset(partition)
+        except FAILURES as exc:
+            await self._broken(generation)
+            raise LogError(f"kafka end offset failed: {_why(exc)}") from None
+        except asyncio.CancelledError:
+            await self._stopped_under_us(generation)
+            raise LogError("kafka end offset failed: the client was restarted under it") from None
+
+    async def _end_offset(self, partition: int) -> int:
         consumer = self._need(self._consumer)
         tp = TopicPartition(self.settings.topic, partition)
         async with self._read_lock:
@@ -337,24 +370,16 @@ class KafkaLog:
             # end_offsets is a lower bound on some brokers (the first offset of the last
             # batch + 1); fetching from just below it teaches the consumer the true
             # high-water mark, confirmed by a fetch that brings nothing more.
-            try:
-                lower = int((await consumer.end_offsets([tp]))[tp])
-            except KafkaError as exc:
-                await self._broken()
-                raise LogError(f"kafka end offset failed: {exc}") from None
+            lower = int((await consumer.end_offsets([tp]))[tp])
             position = max(lower - 1, 0)
             consumer.seek(tp, position)
             end = lower
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self.settings.request_timeout_ms / 1000
             while loop.time() < deadline:
-                try:
-                    batch = await consumer.getmany(
-                        tp, timeout_ms=self.settings.fetch_max_wait_ms * 4 + 50
-                    )
-                except KafkaError as exc:
-                    await self._broken()
-                    raise LogError(f"kafka end offset failed: {exc}") from None
+                batch = await consumer.getmany(
+                    tp, timeout_ms=self.settings.fetch_max_wait_ms * 4 + 50
+                )
                 mark = consumer.highwater(tp)
                 if mark is not None:
                     end = max(end, int(mark))
@@ -371,15 +396,33 @@ class KafkaLog:
         self._producer = self._consumer = None
         for client in (producer, consumer):
             if client is not None:
-                with contextlib.suppress(Exception):  # each one stopped, whatever the other did
+                try:  # each one stopped, whatever the other did
                     await client.stop()
+                except asyncio.CancelledError:
+                    # a client whose tasks were already cancelled says so on stop();
+                    # only the caller's own cancellation goes on
+                    if _being_cancelled():
+                        raise
+                except Exception:  # stopping a broken client: nothing more to do
+                    pass
 
-    async def _broken(self) -> None:
-        """A client failed (the broker went away): drop both; the next call starts new
-        ones, since clients that lived through a broker restart can misbehave."""
+    async def _broken(self, generation: int | None = None) -> None:
+        """A client of ``generation`` failed (the broker went away): drop both; the
+        next call starts new ones, since clients that lived through a broker restart
+        can misbehave. Clients already replaced since are left alone."""
+        if generation is not None and generation != self._generation:
+            return
         self._needs_restart = True
         with contextlib.suppress(Exception):
             await self.close()
+
+    async def _stopped_under_us(self, generation: int) -> None:
+        """A ``CancelledError`` reached a call: if the calling task is being cancelled,
+        let it through; otherwise it came from a client another caller stopped (a
+        restart after the broker went away), and the call failed like any other."""
+        if _being_cancelled():
+            raise asyncio.CancelledError
+        await self._broken(generation)
 
     async def _ensure(self) -> None:
         if not self._needs_restart:
@@ -394,6 +437,17 @@ class KafkaLog:
         if client is None:
             raise LogError("the Kafka log is not started (await start())")
         return client
+
+
+def _being_cancelled() -> bool:
+    """Whether the running task itself is being cancelled (not merely handed a
+    ``CancelledError`` by a client stopped under it)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _why(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
 
 
 def replace_partition(env: Envelope, partition: int) -> Envelope:

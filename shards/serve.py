@@ -365,6 +365,12 @@ class Service:
             lost.set()
             try:
                 await asyncio.wait_for(work, 10)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # this process is stopping
+                log.warning("role cancelled under it; restarting it role=%s", role)
+                await self._sleep(1.0)
             except Exception as exc:
                 log.warning("role failed; restarting it role=%s error=%s", role, exc)
                 self.metrics.inc(

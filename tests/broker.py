@@ -50,13 +50,16 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float, what: s
         time.sleep(0.02)
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def _stop(proc: subprocess.Popen[bytes], grace: float = 3.0) -> bool:
+    """SIGTERM, then SIGKILL after ``grace`` seconds; True if it stopped by itself."""
     proc.send_signal(signal.SIGTERM)
     try:
-        proc.wait(3)
+        proc.wait(grace)
+        return True
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(5)
+        return False
 
 
 class Broker:
@@ -101,10 +104,14 @@ class Broker:
         )
         _wait_port(self.port, self.proc, timeout, "tansu")
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 3.0) -> bool:
+        """Stop it; True if it shut down cleanly within ``grace`` seconds (a broker
+        killed instead may not have written its last records to durable storage)."""
+        clean = True
         if self.proc is not None:
-            _stop(self.proc)
+            clean = _stop(self.proc, grace)
             self.proc = None
+        return clean
 
 
 @contextlib.contextmanager

@@ -379,15 +379,29 @@ class KubeIngest:
         """Run every reflector until ``stop``; pods wait for priority classes."""
         first, *rest = self.reflectors
         async with asyncio.TaskGroup() as tasks:
-            tasks.create_task(first.run(stop))
+            tasks.create_task(_watched(first, stop))
             await _wait_any(first.synced, stop)
             for reflector in rest:
-                tasks.create_task(reflector.run(stop))
+                tasks.create_task(_watched(reflector, stop))
 
     async def synced(self) -> None:
         """Wait until every kind has been listed once."""
         for reflector in self.reflectors:
             await reflector.synced.wait()
+
+
+async def _watched(reflector: Reflector, stop: asyncio.Event) -> None:
+    """Run ``reflector``; one that ends before ``stop`` (a ``CancelledError`` from a
+    library, which a TaskGroup would let pass in silence) fails the ingest, so that it
+    is started again instead of missing that kind from then on."""
+    try:
+        await reflector.run(stop)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+    if not stop.is_set():
+        raise KubeError(f"{reflector.name}: the watch ended unexpectedly")
 
 
 async def _wait_any(event: asyncio.Event, stop: asyncio.Event) -> None:

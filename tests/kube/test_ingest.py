@@ -228,3 +228,21 @@ async def test_deleted_pod_and_observed_binding(
     apiserver.remove("Pod", "p", "default")
     await eventually(lambda: ("PodDeleted", "default/p") in kinds(log))
     assert isinstance(log._parts[0][-1].event, PodDeleted | NodeRemoved | PodSucceeded | PodBound)
+
+
+async def test_a_watch_that_ends_in_silence_fails_the_ingest(
+    apiserver: FakeApiServer, api: Any
+) -> None:
+    """A library handing a reflector a ``CancelledError`` (a client stopped under it)
+    must not leave that kind unwatched while the others go on: the ingest fails, and
+    its caller starts a fresh one."""
+    ingest = KubeIngest(api, MemoryLog(), watch_seconds=1)
+    victim = ingest.reflectors[-1]
+
+    async def cancelled(stop: asyncio.Event) -> None:
+        raise asyncio.CancelledError
+
+    victim.run = cancelled  # type: ignore[method-assign]
+    with pytest.raises(ExceptionGroup) as failed:
+        await asyncio.wait_for(ingest.run(asyncio.Event()), 10)
+    assert f"{victim.name}: the watch ended unexpectedly" in str(failed.value.exceptions[0])
