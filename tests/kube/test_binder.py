@@ -189,11 +189,20 @@ async def test_end_to_end_pods_get_bound(apiserver: FakeApiServer, api: Any) -> 
             await asyncio.sleep(0.02)
 
     driver = asyncio.create_task(loop())
-    await eventually(
-        lambda: all(
-            apiserver.get("Pod", f"p{i}", "default")["spec"].get("nodeName") for i in range(6)
+    try:
+        await eventually(
+            lambda: all(
+                apiserver.get("Pod", f"p{i}", "default")["spec"].get("nodeName") for i in range(6)
+            )
         )
-    )
+    except AssertionError:
+        for part in (driver, task):  # a part that died says why
+            if part.done():
+                raise AssertionError(f"{part.get_name()} ended: {part.exception()!r}") from None
+        raise AssertionError(
+            f"not bound in time: ingest={ingest.stats()} worker={worker.stats()} "
+            f"engine={worker.engine.stats()} binder={binder.stats()}"
+        ) from None
     await eventually(
         lambda: any(e["involvedObject"]["name"] == "too-big" for e in apiserver.all("Event"))
     )
