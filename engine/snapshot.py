@@ -26,7 +26,8 @@ import enum
 import hashlib
 import json
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
 
 import msgspec
@@ -85,6 +86,24 @@ NOT_STATE: Final = frozenset(
 )
 """Engine attributes rebuilt from the configuration, or diagnostics of one replay."""
 MAX_DEPTH: Final = 64
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """What one kind of snapshot may hold besides containers, scalars, numpy arrays and
+    event structs: its state classes (by name), enums, and attributes derived again on
+    restore instead of written."""
+
+    classes: Mapping[str, type]
+    enums: Mapping[str, type[enum.Enum]] = field(default_factory=dict)
+    derived: Mapping[type, frozenset[str]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, *classes: type, enums: tuple[type[enum.Enum], ...] = ()) -> Allowed:
+        return cls({c.__qualname__: c for c in classes}, {e.__qualname__: e for e in enums})
+
+
+ENGINE: Final = Allowed(STATE_CLASSES, ENUMS, DERIVED)
 _SCALARS: Final = (str, int, float, bool, type(None), bytes)
 _SCALAR_TYPES: Final = frozenset(_SCALARS)
 
@@ -97,7 +116,8 @@ class SnapshotError(ValueError):
 
 
 class _Encoder:
-    def __init__(self) -> None:
+    def __init__(self, allowed: Allowed) -> None:
+        self.allowed = allowed
         self.memo: dict[int, int] = {}
         self.keep: list[object] = []  # ids stay unique while the walk runs
 
@@ -143,7 +163,7 @@ class _Encoder:
         if isinstance(obj, frozenset):
             return ["F", self._sorted(obj)]
         if isinstance(obj, enum.Enum):
-            if ENUMS.get(type(obj).__qualname__) is not type(obj):
+            if self.allowed.enums.get(type(obj).__qualname__) is not type(obj):
                 raise TypeError(f"not a snapshot enum: {type(obj)!r}")
             return ["V", type(obj).__qualname__, obj.value]
         if (
@@ -177,9 +197,10 @@ class _Encoder:
                 raise TypeError("not a snapshot array: not C-contiguous")
             return ["N", obj.dtype.str, list(obj.shape), obj.tobytes()]
         cls = type(obj)
-        if STATE_CLASSES.get(cls.__qualname__) is not cls:
+        if self.allowed.classes.get(cls.__qualname__) is not cls:
             raise TypeError(f"not a snapshot class: {cls.__module__}.{cls.__qualname__}")
-        return ["O", cls.__qualname__, [[k, self.encode(v)] for k, v in _fields(obj)]]
+        fields = _fields(obj, self.allowed.derived.get(cls))
+        return ["O", cls.__qualname__, [[k, self.encode(v)] for k, v in fields]]
 
     def _view(self, view: np.ndarray[Any, Any]) -> list[Any]:
         """A view stays a view of the same array (``ClusterState``'s columns are views
@@ -204,7 +225,7 @@ class _Encoder:
         return sorted(encoded, key=msgspec.msgpack.encode)
 
 
-def _fields(obj: object) -> list[tuple[str, Any]]:
+def _fields(obj: object, derived: frozenset[str] | None = None) -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = []
     if hasattr(obj, "__dict__"):
         out.extend(vars(obj).items())
@@ -212,7 +233,6 @@ def _fields(obj: object) -> list[tuple[str, Any]]:
         for name in getattr(cls, "__slots__", ()):
             if name not in {"__weakref__", "__dict__"} and hasattr(obj, name):
                 out.append((name, getattr(obj, name)))
-    derived = DERIVED.get(type(obj))
     if derived:
         out = [(k, v) for k, v in out if k not in derived]
     return out
@@ -237,15 +257,60 @@ def _rederive(decoder: _Decoder, engine: Engine) -> None:
 
 def encode_state(engine: Engine) -> bytes:
     """The engine's state as bytes; equal states give equal bytes."""
-    state = [[k, v] for k, v in vars(engine).items() if k not in NOT_STATE]
-    encoder = _Encoder()
-    tree = {
-        "format": FORMAT,
-        "shard": engine.shard,
-        "config": _config_source(engine.config),
-        "state": [[k, encoder.encode(v)] for k, v in state],
-    }
+    state = [(k, v) for k, v in vars(engine).items() if k not in NOT_STATE]
+    header = {"shard": engine.shard, "config": _config_source(engine.config)}
+    return encode_tree(header, state, ENGINE)
+
+
+def encode_tree(
+    header: Mapping[str, Any], state: Sequence[tuple[str, Any]], allowed: Allowed
+) -> bytes:
+    """``state`` (attribute, value pairs) and plain ``header`` fields as snapshot bytes."""
+    encoder = _Encoder(allowed)
+    tree = {**header, "format": FORMAT, "state": [[k, encoder.encode(v)] for k, v in state]}
     return msgspec.msgpack.encode(tree)
+
+
+def decode_tree(data: bytes) -> dict[str, Any]:
+    """The header fields of snapshot bytes, ``state`` still encoded."""
+    try:
+        tree = msgspec.msgpack.decode(data)
+    except msgspec.DecodeError as exc:
+        raise SnapshotError(f"unreadable: {exc}") from None
+    if not isinstance(tree, dict) or tree.get("format") != FORMAT:
+        raise SnapshotError(f"not a format {FORMAT} snapshot")
+    if not isinstance(tree.get("state"), list):
+        raise SnapshotError("malformed state")
+    return tree
+
+
+def decode_state(
+    tree: Mapping[str, Any], allowed: Allowed, like: object, not_state: frozenset[str]
+) -> tuple[dict[str, Any], _Decoder]:
+    """The attributes a snapshot holds for an object shaped like ``like`` (every one of
+    its attributes but ``not_state``, each of the same kind), decoded."""
+    expected = {k for k in vars(like) if k not in not_state}
+    decoder = _Decoder(allowed)
+    restored: dict[str, Any] = {}
+    try:
+        for pair in tree["state"]:
+            if not isinstance(pair, list) or len(pair) != 2 or pair[0] not in expected:
+                raise SnapshotError(f"unexpected attribute {pair!r:.60}")
+            restored[pair[0]] = decoder.decode(pair[1])
+    except RecursionError:
+        raise SnapshotError("nested too deeply") from None
+    except (TypeError, ValueError, KeyError, IndexError) as exc:
+        if isinstance(exc, SnapshotError):
+            raise
+        raise SnapshotError(f"inconsistent: {exc}") from None
+    missing = expected - set(restored)
+    if missing:
+        raise SnapshotError(f"missing state: {', '.join(sorted(missing))}")
+    for key, value in restored.items():
+        before = getattr(like, key)
+        if type(value) is not type(before) and before is not None:
+            raise SnapshotError(f"attribute {key!r} has the wrong kind")
+    return restored, decoder
 
 
 def digest(raw: bytes) -> str:
@@ -255,9 +320,15 @@ def digest(raw: bytes) -> str:
 def snapshot_events(
     engine: Engine, position: int, *, component: str, chunk: int = CHUNK_BYTES
 ) -> list[SnapshotTaken]:
-    """The engine's state as the parts of one snapshot (compressed, ``chunk`` bytes
-    each: small enough for any log's record size limit)."""
-    raw = encode_state(engine)
+    """The engine's state as the parts of one snapshot."""
+    return snapshot_parts(encode_state(engine), position, component=component, chunk=chunk)
+
+
+def snapshot_parts(
+    raw: bytes, position: int, *, component: str, chunk: int = CHUNK_BYTES
+) -> list[SnapshotTaken]:
+    """Snapshot bytes as the parts of one snapshot (compressed, ``chunk`` bytes each:
+    small enough for any log's record size limit)."""
     packed = zlib.compress(raw, 1)
     pieces = [packed[i : i + chunk] for i in range(0, len(packed), chunk)] or [b""]
     sha = digest(raw)
@@ -303,7 +374,8 @@ def _config_source(config: SchedulerConfig) -> str:
 
 
 class _Decoder:
-    def __init__(self) -> None:
+    def __init__(self, allowed: Allowed) -> None:
+        self.allowed = allowed
         self.refs: list[object] = []
         self.constants: dict[tuple[str, str, bytes], np.ndarray[Any, Any]] = {}
         self.created: list[object] = []
@@ -420,7 +492,7 @@ class _Decoder:
     def _object(self, node: Any, depth: int) -> object:
         if len(node) != 3 or not isinstance(node[2], list):
             raise SnapshotError("malformed object")
-        cls = STATE_CLASSES.get(node[1]) if isinstance(node[1], str) else None
+        cls = self.allowed.classes.get(node[1]) if isinstance(node[1], str) else None
         if cls is None:
             raise SnapshotError(f"not a snapshot class: {node[1]!r}")
         obj: object = object.__new__(cls)
@@ -458,7 +530,9 @@ class _Decoder:
             raise SnapshotError(f"malformed {node[1]}: {exc}") from None
 
     def _enum(self, node: Any, depth: int) -> enum.Enum:
-        cls = ENUMS.get(node[1]) if len(node) == 3 and isinstance(node[1], str) else None
+        cls = (
+            self.allowed.enums.get(node[1]) if len(node) == 3 and isinstance(node[1], str) else None
+        )
         if cls is None:
             raise SnapshotError("malformed enum member")
         try:
@@ -504,12 +578,7 @@ def restore(
     ``config`` is used when the snapshot's engine ran on a configuration that was not
     read from a document (the defaults, or one given in code), as a restarted shard
     given the same one would."""
-    try:
-        tree = msgspec.msgpack.decode(data)
-    except msgspec.DecodeError as exc:
-        raise SnapshotError(f"unreadable: {exc}") from None
-    if not isinstance(tree, dict) or tree.get("format") != FORMAT:
-        raise SnapshotError(f"not a format {FORMAT} snapshot")
+    tree = decode_tree(data)
     if tree.get("shard") != shard:
         raise SnapshotError(f"a snapshot of shard {tree.get('shard')!r}, not of shard {shard}")
     source = tree.get("config")
@@ -521,29 +590,8 @@ def restore(
         except (ValueError, InputError) as exc:
             raise SnapshotError(f"its configuration is invalid: {exc}") from None
     engine = Engine(config, shard=shard, registry=registry)
-    state = tree.get("state")
-    if not isinstance(state, list):
-        raise SnapshotError("malformed state")
-    expected = {k for k in vars(engine) if k not in NOT_STATE}
-    decoder = _Decoder()
-    restored: dict[str, Any] = {}
-    try:
-        for pair in state:
-            if not isinstance(pair, list) or len(pair) != 2 or pair[0] not in expected:
-                raise SnapshotError(f"unexpected engine attribute {pair!r:.60}")
-            restored[pair[0]] = decoder.decode(pair[1])
-    except RecursionError:
-        raise SnapshotError("nested too deeply") from None
-    except (TypeError, ValueError, KeyError, IndexError) as exc:
-        if isinstance(exc, SnapshotError):
-            raise
-        raise SnapshotError(f"inconsistent: {exc}") from None
-    missing = expected - set(restored)
-    if missing:
-        raise SnapshotError(f"missing engine state: {', '.join(sorted(missing))}")
+    restored, decoder = decode_state(tree, ENGINE, engine, NOT_STATE)
     for key, value in restored.items():
-        if type(value) is not type(getattr(engine, key)) and getattr(engine, key) is not None:
-            raise SnapshotError(f"engine attribute {key!r} has the wrong kind")
         setattr(engine, key, value)
     if not isinstance(engine.state, ClusterState) or not isinstance(
         engine.state.resources, ResourceIndex

@@ -458,7 +458,7 @@ async def _worker(args: argparse.Namespace) -> int:
         elif args.role == "binder":
             await run_binder(bus, stop=stop)
         else:
-            await run_coordinator(bus, stop=stop)
+            await run_coordinator(bus, stop=stop, snapshot_every=args.snapshot_every)
     finally:
         await bus.close()
     return 0

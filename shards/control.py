@@ -17,27 +17,66 @@ highest ``causation`` of a ``router`` record it holds, folds the control partiti
 the start, and appends only outputs caused by later records: nothing is lost and
 nothing is sent twice. Relaying resumes after the last copy the fold has seen (and a
 copy of a copy is ignored by the fold in any case).
+
+Snapshots. With ``snapshot_every`` set, the worker appends its state to the control
+partition (``SnapshotTaken`` parts, producer ``coordinator``) every that many folded
+records: the fold, its position, and per partition the offset of the last record it
+appended. A restarted worker restores the newest one and scans each partition only
+after that offset; one that cannot be restored is reported and the scan starts from
+the beginning, as without snapshots.
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from typing import Any, Final
 
+from engine.snapshot import (
+    Allowed,
+    SnapshotError,
+    assemble,
+    decode_state,
+    decode_tree,
+    digest,
+    encode_tree,
+    snapshot_parts,
+)
 from events.log import EventLog
-from events.types import REPORTS, Envelope, ReservationCommitted, ReservationRequested, ShardSummary
-from shards.router import RELAY, ROUTER, Control
+from events.types import (
+    REPORTS,
+    Envelope,
+    ReservationCommitted,
+    ReservationRequested,
+    ShardSummary,
+    SnapshotTaken,
+)
+from shards.router import RELAY, ROUTER, Control, PoolRule, Sharding, _Gang, _Shard
+from shards.worker import newest_snapshot
+
+logger = logging.getLogger(__name__)
+COORDINATOR: Final = "coordinator"
+"""The producer of the coordinator's snapshots."""
+ALLOWED: Final = Allowed.of(Control, _Shard, _Gang, Sharding, PoolRule)
 
 REPORT_KINDS = tuple(str(kind.__struct_config__.tag) for kind in REPORTS)
 
 
 class ControlWorker:
-    def __init__(self, control: Control, log: EventLog) -> None:
+    def __init__(self, control: Control, log: EventLog, *, snapshot_every: int = 0) -> None:
         self.control = control
         self.log = log
         self.partition = control.control
         self.position = 0
         self.written = [-1] * (control.n + 1)
         """Per partition: the causation of the last router record it holds."""
+        self.last_own = [-1] * (control.n + 1)
+        """Per partition: the offset of the last record this worker (or a predecessor)
+        appended there; a restart from a snapshot scans only after it."""
+        self.snapshot_every = snapshot_every
+        self.snapshot_at = 0
+        self.snapshots = 0
+        self.restored_from = -1
         self.relay_from = [0] * control.n
         self._recovered = False
         self.folded = 0
@@ -50,16 +89,74 @@ class ControlWorker:
     def __repr__(self) -> str:
         return f"ControlWorker(position={self.position}, relay_from={self.relay_from})"
 
-    async def recover(self) -> None:
-        """Find what a previous incarnation already appended (a fresh log: nothing)."""
+    async def recover(self, *, use_snapshots: bool = True) -> None:
+        """Find what a previous incarnation already appended (a fresh log: nothing):
+        from its newest snapshot on, if there is one, else from the start."""
+        start = [0] * (self.control.n + 1)
+        found = None
+        if use_snapshots:
+            found = await newest_snapshot(self.log, self.partition, COORDINATOR)
+        if found is not None:
+            try:
+                self._restore([e.event for e in found if isinstance(e.event, SnapshotTaken)])
+                self.restored_from = found[0].offset
+                start = [offset + 1 for offset in self.last_own]
+            except SnapshotError as exc:
+                logger.warning(
+                    "coordinator snapshot not restored; folding from the start offset=%d error=%s",
+                    found[0].offset,
+                    exc,
+                )
         for partition in range(self.control.n + 1):
-            offset = 0
+            offset = start[partition]
             while records := await self.log.read(partition, offset, 10_000):
                 for env in records:
                     if env.producer == ROUTER and env.causation > self.written[partition]:
                         self.written[partition] = env.causation
+                    if env.producer in (ROUTER, COORDINATOR) or (
+                        partition == self.partition and env.stream == RELAY
+                    ):
+                        self.last_own[partition] = env.offset
                 offset = records[-1].offset + 1
         self._recovered = True
+
+    def state(self) -> bytes:
+        """The worker's state as snapshot bytes (the fold and where it stands)."""
+        control = self.control
+        header = {
+            "component": COORDINATOR,
+            "shards": control.n,
+            "control": digest(control_state(control)),
+        }
+        pairs = [
+            ("control", control),
+            ("position", self.position),
+            ("written", self.written),
+            ("last_own", self.last_own),
+            ("relay_from", self.relay_from),
+        ]
+        return encode_tree(header, pairs, ALLOWED)
+
+    def _restore(self, parts: list[SnapshotTaken]) -> None:
+        tree = decode_tree(assemble(parts))
+        if tree.get("component") != COORDINATOR or tree.get("shards") != self.control.n:
+            raise SnapshotError("not a snapshot of this coordinator")
+        like = _Saved(self.control, self.position, self.written, self.last_own, self.relay_from)
+        restored, _ = decode_state(tree, ALLOWED, like, frozenset())
+        control = restored["control"]
+        if not isinstance(control, Control) or control.sharding != self.control.sharding:
+            raise SnapshotError("a snapshot of another sharding")
+        n = self.control.n
+        lists = (restored["written"], restored["last_own"], restored["relay_from"])
+        if [len(v) for v in lists] != [n + 1, n + 1, n] or not all(
+            isinstance(x, int) for v in lists for x in v
+        ):
+            raise SnapshotError("malformed positions")
+        if not isinstance(restored["position"], int) or restored["position"] < 0:
+            raise SnapshotError("malformed position")
+        self.control = control
+        self.position = self.snapshot_at = restored["position"]
+        self.written, self.last_own, self.relay_from = (list(v) for v in lists)
 
     async def poll(self) -> int:
         """Fold what is new, relay what shards reported, fold again; return appended."""
@@ -69,7 +166,34 @@ class ControlWorker:
         appended += await self._relay()
         if appended:
             appended += await self._fold()
+        if self.snapshot_every and self.position - self.snapshot_at >= self.snapshot_every:
+            await self._snapshot()
         return appended
+
+    async def _snapshot(self) -> None:
+        started = time.perf_counter()
+        parts = snapshot_parts(self.state(), self.position, component=COORDINATOR)
+        offsets = await self.log.append(
+            [
+                Envelope(
+                    event=p,
+                    time=self.control.now,
+                    causation=self.position - 1,
+                    producer=COORDINATOR,
+                )
+                for p in parts
+            ],
+            self.partition,
+        )
+        self.last_own[self.partition] = offsets[-1]
+        self.snapshot_at = self.position
+        self.snapshots += 1
+        logger.info(
+            "coordinator snapshot written offset=%d parts=%d seconds=%.3f",
+            offsets[0],
+            len(parts),
+            time.perf_counter() - started,
+        )
 
     async def _relay(self) -> int:
         control = self.control
@@ -108,7 +232,8 @@ class ControlWorker:
                 )
         if not copies:
             return 0
-        await self.log.append(copies, self.partition)
+        offsets = await self.log.append(copies, self.partition)
+        self.last_own[self.partition] = offsets[-1]
         self.relayed += len(copies)
         return len(copies)
 
@@ -132,8 +257,9 @@ class ControlWorker:
         appended = 0
         for partition in sorted(outputs):
             batch = outputs[partition]
-            await self.log.append(batch, partition)
+            offsets = await self.log.append(batch, partition)
             written[partition] = batch[-1].causation
+            self.last_own[partition] = offsets[-1]
             appended += len(batch)
             self._timestamps(batch)
         return appended
@@ -148,3 +274,36 @@ class ControlWorker:
                 started = self.prepared_at.pop(event.rid, None)
                 if started is not None:
                     self.commit_seconds.append(now - started)
+
+
+class _Saved:
+    """The shape of a coordinator snapshot's state (what :func:`decode_state` checks)."""
+
+    def __init__(
+        self,
+        control: Control,
+        position: int,
+        written: list[int],
+        last_own: list[int],
+        relay_from: list[int],
+    ) -> None:
+        self.control = control
+        self.position = position
+        self.written = written
+        self.last_own = last_own
+        self.relay_from = relay_from
+
+
+def control_state(control: Control) -> bytes:
+    """The fold's state alone, as bytes (what replay compares with a snapshot)."""
+    return encode_tree({}, [("control", control)], ALLOWED)
+
+
+def snapshot_control_digest(parts: list[SnapshotTaken]) -> tuple[int, str]:
+    """(position, digest of the fold's state) recorded in a coordinator snapshot."""
+    tree: dict[str, Any] = decode_tree(assemble(parts))
+    position = parts[0].position
+    recorded = tree.get("control")
+    if not isinstance(recorded, str):
+        raise SnapshotError("no digest of the fold's state")
+    return position, recorded

@@ -131,11 +131,12 @@ async def run_coordinator(
     clock: Clock = wall_clock,
     idle_wait: float = 0.005,
     on_poll: Callable[[ControlWorker], None] | None = None,
+    snapshot_every: int = 0,
 ) -> ControlWorker:
     """The router and coordinator: fold the control partition, relay shards' reports,
     forward, until ``stop``. Restarted, it appends only what its predecessor had not."""
     sharding = await sharding_from_log(bus)
-    worker = ControlWorker(Control(sharding), bus)
+    worker = ControlWorker(Control(sharding), bus, snapshot_every=snapshot_every)
     control = sharding.shards
     while not stop.is_set():
         moved = await worker.poll()

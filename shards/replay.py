@@ -18,7 +18,7 @@ import msgspec
 
 from engine.config import SchedulerConfig, parse_config
 from engine.scheduler import Engine
-from engine.snapshot import digest, encode_state
+from engine.snapshot import SnapshotError, digest, encode_state
 from events.errors import InputError, LogCorruptedError, ReplayMismatchError
 from events.types import (
     Envelope,
@@ -31,6 +31,7 @@ from events.types import (
     is_decision,
     is_output_of,
 )
+from shards.control import COORDINATOR, control_state, snapshot_control_digest
 from shards.report import RunReport, merge
 from shards.router import ROUTER, Control, Sharding
 
@@ -261,7 +262,13 @@ def verify_control(
     recorded = [[env for env in records if env.producer == ROUTER] for records in parts]
     cursor = [0] * len(parts)
     checked = pending = 0
+    snapshots = snapshots_in(control_records, COORDINATOR)
     for env in control_records:
+        snapshot = snapshots.get(env.offset - 1)
+        if snapshot is not None:
+            mismatch = _check_coordinator_snapshot(control, snapshot)
+            if mismatch is not None:
+                return checked, pending, mismatch
         for partition, event in control.apply(env):
             i = cursor[partition]
             cursor[partition] += 1
@@ -294,6 +301,25 @@ def verify_control(
                 ),
             )
     return checked, pending, None
+
+
+def _check_coordinator_snapshot(
+    control: Control, snapshot: list[Envelope]
+) -> ReplayMismatchError | None:
+    """Compare a coordinator snapshot with the fold of the records before it."""
+    parts = [e.event for e in snapshot if isinstance(e.event, SnapshotTaken)]
+    try:
+        _, recorded = snapshot_control_digest(parts)
+    except SnapshotError as exc:
+        return ReplayMismatchError(
+            f"the coordinator snapshot cannot be read: {exc}", offset=snapshot[0].offset
+        )
+    if digest(control_state(control)) != recorded:
+        return ReplayMismatchError(
+            "the coordinator snapshot differs from the fold of the records before it",
+            offset=snapshot[0].offset,
+        )
+    return None
 
 
 def replay_routed(

@@ -102,6 +102,7 @@ from events.types import (
     ReservationRequested,
     SchedulerConfigured,
     ShardSummary,
+    SnapshotTaken,
 )
 
 POOL_LABEL: Final = "shoal.io/pool"
@@ -322,6 +323,8 @@ class Control:
 
     def apply(self, env: Envelope) -> list[Output]:
         """Fold one control record; return what it causes."""
+        if isinstance(env.event, SnapshotTaken):
+            return []  # the coordinator's saved state: folding it changes nothing
         self.now = max(self.now, env.time)
         if env.producer == ROUTER:
             return []  # its own decisions: already applied when made

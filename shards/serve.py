@@ -442,7 +442,8 @@ class Service:
         if recorded is None:
             return
         sharding = Sharding.from_json(recorded.config)  # checked at start: ours
-        worker = self.coordinator = ControlWorker(Control(sharding), bus)
+        every = self.options.snapshot_every
+        worker = self.coordinator = ControlWorker(Control(sharding), bus, snapshot_every=every)
         self._lag_gauge("coordinator", self.control_partition)
         self.metrics.gauge(
             "coordinator_inflight",
@@ -454,7 +455,9 @@ class Service:
                 moved = await worker.poll()
             except LogError as exc:
                 backoff = await self._bus_failed("coordinator", exc, backoff)
-                worker = self.coordinator = ControlWorker(Control(sharding), bus)
+                worker = self.coordinator = ControlWorker(
+                    Control(sharding), bus, snapshot_every=every
+                )
                 continue
             backoff = self.options.poll_interval
             self.last_poll = time.monotonic()

@@ -89,7 +89,11 @@ async def simulate(
         ShardWorker(engine, log, partition=i, snapshot_every=snapshot_every)
         for i, engine in enumerate(engines)
     ]
-    router = ControlWorker(Control(sharding), log) if sharding is not None and routed else None
+    router = (
+        ControlWorker(Control(sharding), log, snapshot_every=snapshot_every)
+        if sharding is not None and routed
+        else None
+    )
     cluster = SimulatedCluster()
     binder = Binder(cluster, log, shards=n)
     # who acts on time at the inputs' partition: the coordinator, or the only shard

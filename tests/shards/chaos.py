@@ -140,7 +140,7 @@ async def run_chaos(
         ShardWorker(Engine(shard=i), log, partition=i, snapshot_every=snapshot_every)
         for i in range(n)
     ]
-    router = ControlWorker(Control(sharding), log)
+    router = ControlWorker(Control(sharding), log, snapshot_every=snapshot_every)
     cluster = FlakyCluster(rng, refuse)
     binder = Binder(cluster, memory, shards=n)  # the cluster side does not crash here
     member_of: dict[str, str] = {}
@@ -157,7 +157,7 @@ async def run_chaos(
     async def restart_router() -> None:
         nonlocal restarts, router
         restarts += 1
-        router = ControlWorker(Control(sharding), log)
+        router = ControlWorker(Control(sharding), log, snapshot_every=snapshot_every)
 
     async def step(calm: bool) -> int:
         """One round of polls in random order; returns what was appended."""

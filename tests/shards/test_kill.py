@@ -96,8 +96,10 @@ class Fleet:
     async def start(self, role: str) -> None:
         args = ["worker", role.split("-", maxsplit=1)[0], "--bus", self.url]
         if role.startswith("shard-"):
+            args += ["--shard-id", role.split("-")[1]]
+        if role != "binder":
             # snapshots often, so that restarts restore them (and replay checks them)
-            args += ["--shard-id", role.split("-")[1], "--snapshot-every", "40"]
+            args += ["--snapshot-every", "40"]
         self.procs[role] = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "shards.cli", *args, env={**os.environ}
         )
