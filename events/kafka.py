@@ -26,9 +26,9 @@ import asyncio
 import contextlib
 import os
 import ssl
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 import msgspec
@@ -47,6 +47,7 @@ FAILURES = (KafkaError, ConsumerStoppedError, OSError)
 log restarted the clients under it: each becomes a :class:`LogError`."""
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 ENV_PREFIX = "SHOAL_KAFKA_"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -234,30 +235,39 @@ class KafkaLog:
         check_partition(partition, self.partitions)
         if not envelopes:
             return []
-        await self._ensure()
-        generation = self._generation
+        return await self._call("append", lambda: self._append(envelopes, partition))
+
+    async def _append(self, envelopes: Sequence[Envelope], partition: int) -> list[int]:
         producer = self._need(self._producer)
         key = str(partition).encode()
         offsets: list[int] = []
         batch = producer.create_batch()
         count = 0
-        try:
-            for env in envelopes:
-                value = encode(replace_partition(env, partition))
+        for env in envelopes:
+            value = encode(replace_partition(env, partition))
+            if batch.append(key=key, value=value, timestamp=None) is None:
+                offsets.extend(await self._send(producer, batch, partition, count))
+                batch, count = producer.create_batch(), 0
                 if batch.append(key=key, value=value, timestamp=None) is None:
-                    offsets.extend(await self._send(producer, batch, partition, count))
-                    batch, count = producer.create_batch(), 0
-                    if batch.append(key=key, value=value, timestamp=None) is None:
-                        raise LogError(f"record of {len(value)} bytes exceeds the batch limit")
-                count += 1
-            offsets.extend(await self._send(producer, batch, partition, count))
+                    raise LogError(f"record of {len(value)} bytes exceeds the batch limit")
+            count += 1
+        offsets.extend(await self._send(producer, batch, partition, count))
+        return offsets
+
+    async def _call(self, what: str, work: Callable[[], Awaitable[T]]) -> T:
+        """Run ``work`` with the current clients; any way they fail (the broker went
+        away, or another caller restarted them under this call) is a :class:`LogError`,
+        and the clients are started again by the next call."""
+        await self._ensure()
+        generation = self._generation
+        try:
+            return await work()
         except FAILURES as exc:
             await self._broken(generation)
-            raise LogError(f"kafka append failed: {_why(exc)}") from None
+            raise LogError(f"kafka {what} failed: {_why(exc)}") from None
         except asyncio.CancelledError:
             await self._stopped_under_us(generation)
-            raise LogError("kafka append failed: the client was restarted under it") from None
-        return offsets
+            raise LogError(f"kafka {what} failed: the client was restarted under it") from None
 
     async def _send(
         self, producer: AIOKafkaProducer, batch: Any, partition: int, count: int
@@ -278,16 +288,7 @@ class KafkaLog:
 
     async def read(self, partition: int, offset: int, limit: int | None = None) -> list[Envelope]:
         check_partition(partition, self.partitions)
-        await self._ensure()
-        generation = self._generation
-        try:
-            return await self._read(partition, offset, limit)
-        except FAILURES as exc:
-            await self._broken(generation)
-            raise LogError(f"kafka read failed: {_why(exc)}") from None
-        except asyncio.CancelledError:
-            await self._stopped_under_us(generation)
-            raise LogError("kafka read failed: the client was restarted under it") from None
+        return await self._call("read", lambda: self._read(partition, offset, limit))
 
     async def _read(self, partition: int, offset: int, limit: int | None) -> list[Envelope]:
         consumer = self._need(self._consumer)
@@ -351,16 +352,7 @@ class KafkaLog:
 
     async def end_offset(self, partition: int) -> int:
         check_partition(partition, self.partitions)
-        await self._ensure()
-        generation = self._generation
-        try:
-            return await self._end_offset(partition)
-        except FAILURES as exc:
-            await self._broken(generation)
-            raise LogError(f"kafka end offset failed: {_why(exc)}") from None
-        except asyncio.CancelledError:
-            await self._stopped_under_us(generation)
-            raise LogError("kafka end offset failed: the client was restarted under it") from None
+        return await self._call("end offset", lambda: self._end_offset(partition))
 
     async def _end_offset(self, partition: int) -> int:
         consumer = self._need(self._consumer)

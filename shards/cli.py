@@ -253,6 +253,18 @@ async def _loadtest(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- main
 
 
+def _snapshot_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--snapshot-every",
+        type=_non_negative,
+        default=SNAPSHOT_EVERY,
+        metavar="RECORDS",
+        help="shards and the coordinator write their state into the log every RECORDS "
+        f"records (default {SNAPSHOT_EVERY}; 0: never); a restart restores the newest "
+        "and replays only what follows",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="shoal", description="Event-sourced batch scheduler for Kubernetes."
@@ -346,14 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--listen", default="127.0.0.1:9090", help="health and metrics address")
     srv.add_argument("--namespace", default="shoal", help="namespace of the leader-election Leases")
     srv.add_argument("--identity", help="leader-election identity (default: the host name)")
-    srv.add_argument(
-        "--snapshot-every",
-        type=_non_negative,
-        default=SNAPSHOT_EVERY,
-        metavar="RECORDS",
-        help=f"a shard writes its state every RECORDS records (default {SNAPSHOT_EVERY}; "
-        "0: never); a restart restores the newest and replays only what follows",
-    )
+    _snapshot_option(srv)
     srv.add_argument("--watch-seconds", type=_positive, default=30)
     srv.add_argument("--lease-seconds", type=_positive, default=15)
 
@@ -372,14 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
     work.add_argument("--bus", required=True, help="tcp://HOST:PORT or kafka://HOST:PORT")
     work.add_argument("--shard-id", type=_non_negative)
     work.add_argument("--config", help="KubeSchedulerConfiguration YAML (shards)")
-    work.add_argument(
-        "--snapshot-every",
-        type=_non_negative,
-        default=SNAPSHOT_EVERY,
-        metavar="RECORDS",
-        help=f"a shard writes its state every RECORDS records (default {SNAPSHOT_EVERY}; "
-        "0: never); a restart restores the newest and replays only what follows",
-    )
+    _snapshot_option(work)
     kafka = sub.add_parser("kafka", help="manage the Kafka topics shoal uses")
     kafka_sub = kafka.add_subparsers(dest="kafka_command", required=True, metavar="ACTION")
     init = kafka_sub.add_parser("init", help="create the event topic")
