@@ -42,7 +42,6 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient
@@ -51,7 +50,7 @@ from engine.config import SchedulerConfig, default_config
 from engine.scheduler import Engine
 from events.errors import InputError, LogError
 from events.log import EventLog
-from events.types import ClockTicked, Envelope, SchedulerConfigured, ShardingConfigured
+from events.types import ClockTicked, Envelope, Event, SchedulerConfigured, ShardingConfigured
 from shards.bus import open_bus
 from shards.control import ControlWorker
 from shards.kube.binder import KubeBinder
@@ -64,7 +63,6 @@ from shards.worker import ShardWorker
 
 log = logging.getLogger(__name__)
 ROLES = ("ingest", "shard", "coordinator", "binder", "all")
-_R = TypeVar("_R", ShardingConfigured, SchedulerConfigured)
 
 
 @dataclass
@@ -288,7 +286,7 @@ class Service:
     async def _check_sharding(self, sharding: Sharding) -> None:
         """Refuse a log set up for another sharding (its partition layout is fixed)."""
         assert self.bus is not None
-        recorded = await self._recorded(ShardingConfigured, first=True)
+        recorded = await self._recorded_sharding()
         if recorded is None:
             return
         try:
@@ -305,39 +303,28 @@ class Service:
                 location="--sharding",
             )
 
-    async def _recorded(self, kind: type[_R], *, first: bool) -> _R | None:
-        """The first (or last) ``kind`` record in the control partition, if any."""
+    async def _recorded_sharding(self) -> ShardingConfigured | None:
+        """The sharding recorded at the head of the control partition (ingest writes
+        it before anything else), if any."""
         assert self.bus is not None
-        found: _R | None = None
-        offset = 0
-        while batch := await self.bus.read(self.control_partition, offset, 50_000):
-            for env in batch:
-                if isinstance(env.event, kind):
-                    if first:
-                        return env.event
-                    found = env.event
-            offset = batch[-1].offset + 1
-        return found
+        for env in await self.bus.read(self.control_partition, 0, 16):
+            if isinstance(env.event, ShardingConfigured):
+                return env.event
+        return None
 
     async def _record_configuration(self) -> None:
         """Before ingest's first event (several shards): the sharding, once, and the
-        scheduler configuration when it differs from the one recorded last; the router
-        forwards the latter to every shard."""
+        scheduler configuration, which the router forwards to every shard (a shard
+        given the configuration it already has changes nothing)."""
         assert self.bus is not None and self.sharding is not None
-        head: list[Envelope] = []
-        if await self._recorded(ShardingConfigured, first=True) is None:
-            head.append(
-                Envelope(
-                    event=ShardingConfigured(config=self.sharding.to_json()), producer="ingest"
-                )
-            )
-        wanted = _recorded_config(self.options.config or default_config())
-        if await self._recorded(SchedulerConfigured, first=False) != wanted:
-            head.append(Envelope(event=wanted, producer="ingest"))
-        if head:
-            now = self.clock()
-            head = [Envelope(event=e.event, time=now, producer=e.producer) for e in head]
-            await self.bus.append(head, self.control_partition)
+        head: list[Event] = []
+        if await self._recorded_sharding() is None:
+            head.append(ShardingConfigured(config=self.sharding.to_json()))
+        head.append(_recorded_config(self.options.config or default_config()))
+        now = self.clock()
+        await self.bus.append(
+            [Envelope(event=e, time=now, producer="ingest") for e in head], self.control_partition
+        )
 
     async def _led(self, role: str, api: ApiClient) -> None:
         """Run ``role`` while this process leads it; stand by otherwise."""
@@ -433,7 +420,7 @@ class Service:
         recorded = None
         while recorded is None and not lost.is_set():
             try:
-                recorded = await self._recorded(ShardingConfigured, first=True)
+                recorded = await self._recorded_sharding()
             except LogError as exc:
                 backoff = await self._bus_failed("coordinator", exc, backoff)
                 continue
