@@ -216,6 +216,8 @@ async def _loadtest(args: argparse.Namespace) -> int:
     from loadtest.driver import LoadShape, run_loadtest
 
     _sharding(args.shards)
+    if args.recovery:
+        return await _recovery(args)
     if args.spanning_gangs and args.shards < 2:
         raise InputError("gangs across shards need --shards 2 or more", location="--spanning-gangs")
     if args.gang_size and args.gang_size > args.pods:
@@ -247,6 +249,36 @@ async def _loadtest(args: argparse.Namespace) -> int:
         _emit_json(result)
     else:
         render.loadtest_table(result)
+    return 0
+
+
+async def _recovery(args: argparse.Namespace) -> int:
+    from loadtest.recovery import run_recovery
+
+    if args.shards != 1 or args.bus != "memory":
+        raise InputError("measures one shard on the memory log", location="--recovery")
+    if args.snapshot_every < 1:
+        raise InputError("needs snapshots: --snapshot-every N, N > 0", location="--recovery")
+    progress = None if args.json else (lambda step: print(f"... {step}", file=sys.stderr))
+    result = await run_recovery(
+        args.nodes,
+        args.pods,
+        snapshot_every=args.snapshot_every,
+        seed=args.seed + 1,
+        progress=progress,
+    )
+    if args.json:
+        _emit_json(result)
+    else:
+        seconds = result["recover_seconds"]
+        print(
+            f"{result['records']} records, {result['snapshots']} snapshots of "
+            f"{result['snapshot_bytes'] / 1e6:.2f} MB "
+            f"(written in {result['snapshot_write_seconds']:.2f} s on average)\n"
+            f"recovery: {seconds['from_snapshot']:.2f} s from the newest snapshot "
+            f"({result['records_replayed_after_snapshot']} records after it), "
+            f"{seconds['from_start']:.2f} s from the start: {result['speedup']:.1f}x"
+        )
     return 0
 
 
@@ -332,6 +364,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="add this many gangs too big for one shard (placed across shards by the "
         "coordinator; reports commit latency)",
     )
+    load.add_argument(
+        "--recovery",
+        action="store_true",
+        help="measure how long a restarted shard takes to recover, from its newest "
+        "snapshot and from the start (a churn workload on one shard)",
+    )
+    _snapshot_option(load)
     load.add_argument("--json", action="store_true")
 
     srv = sub.add_parser("serve", help="run shoal against a Kubernetes cluster")

@@ -145,6 +145,8 @@ async def simulate(
     stats: dict[str, float] = {
         "passes": sum(w.passes for w in workers),
         "pass_seconds": sum(w.pass_seconds for w in workers),
+        "snapshots": sum(w.snapshots for w in workers),
+        "snapshot_seconds": sum(w.snapshot_seconds for w in workers),
         **(router.control.stats() if router is not None else {}),
     }
     for engine in engines:

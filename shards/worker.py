@@ -44,6 +44,8 @@ class ShardWorker:
         self.snapshot_at = 0
         """The position at the last snapshot written or restored."""
         self.snapshots = 0
+        self.snapshot_seconds = 0.0
+        """Wall seconds spent writing snapshots."""
         self.restored_from = -1
         """Offset of the snapshot the last recovery restored (-1: it replayed it all)."""
         self.name = f"shard-{engine.shard}"
@@ -172,6 +174,7 @@ class ShardWorker:
         self._own_until = offsets[-1] + 1
         self.snapshot_at = self.position
         self.snapshots += 1
+        self.snapshot_seconds += time.perf_counter() - started
         logger.info(
             "snapshot written shard=%d offset=%d parts=%d bytes=%d seconds=%.3f",
             self.engine.shard,

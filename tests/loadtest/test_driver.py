@@ -68,3 +68,16 @@ async def test_stress_shapes_run_and_stay_bounded() -> None:
     assert churned["attempts"] < 300 * 4
     preempted = await run("preempt", nodes=5, pods=400)
     assert preempted["preempted"] > 0 and preempted["failed"] == preempted["preempted"]
+
+
+async def test_recovery_from_a_snapshot_is_measured_and_reaches_the_same_state() -> None:
+    from loadtest.recovery import run_recovery
+
+    steps: list[str] = []
+    result = await run_recovery(60, 400, snapshot_every=300, progress=steps.append)
+    assert result["same_state"] is True
+    assert result["snapshots"] >= 2 and result["snapshot_bytes"] > 0
+    assert 0 <= result["restored_from"] < result["records"]
+    assert 0 < result["records_replayed_after_snapshot"] < result["records"]
+    assert set(result["recover_seconds"]) == {"from_snapshot", "from_start"}
+    assert len(steps) == 4

@@ -328,3 +328,17 @@ def test_serve_sharding_options_are_checked(
     code, _, err = run(capsys, "serve", *(a.format(**paths) for a in argv))
     assert code == 2, err
     assert message in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--shards", "2"], "--recovery: measures one shard on the memory log"),
+        (["--snapshot-every", "0"], "--recovery: needs snapshots"),
+    ],
+)
+def test_loadtest_recovery_options_are_checked(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    code, _, err = run(capsys, "loadtest", "--recovery", *argv)
+    assert code == 2 and message in err
