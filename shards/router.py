@@ -305,6 +305,9 @@ class Control:
         self.quotas: dict[str, QuotaSpec] = {}
         self.quota_slices: dict[str, list[QuotaSpec]] = {}
         self._capacity_changed = False
+        self._selector_shards: dict[tuple[tuple[str, str], ...], list[int]] = {}
+        """A node selector → the shards with a node it matches (cleared whenever a node
+        comes, goes, moves or changes labels)."""
         self.config: SchedulerConfigured | None = None
         self.relayed = [-1] * self.n
         """Per shard partition: the offset of the last record relayed into control."""
@@ -356,6 +359,7 @@ class Control:
             case NodeAdded(node=spec) | NodeUpdated(node=spec):
                 self._node(spec, isinstance(event, NodeAdded))
             case NodeRemoved(name=name):
+                self._selector_shards.clear()
                 self.pool_of_name.pop(name, None)
                 self.node_specs.pop(name, None)
                 shard = self.node_shard.pop(name, None)
@@ -413,6 +417,9 @@ class Control:
         else:
             shard = zlib.crc32(spec.name.encode()) % self.n
         old = self.node_shard.get(spec.name)
+        before = self.node_specs.get(spec.name)
+        if old != shard or before is None or before.labels != spec.labels:
+            self._selector_shards.clear()
         if old is not None and old != shard:
             # moved to another pool: the old owner loses it, the new one gains it
             self._uncount(spec.name, old)
@@ -447,6 +454,7 @@ class Control:
         if nodes is None:
             return
         shard = event.to
+        self._selector_shards.clear()
         for name in nodes:
             spec = self.node_specs.get(name)
             if spec is None:
@@ -523,6 +531,31 @@ class Control:
 
     def allowed(self, spec: PodSpec) -> list[int]:
         """Shards the pod's constraints allow, in shard order."""
+        shards = self._allowed_pools(spec)
+        if spec.node_selector and not spec.node_name:
+            matching = self._matching(spec.node_selector)
+            narrowed = [s for s in shards if s in matching]
+            # no shard has a matching node: every allowed shard will say why
+            return narrowed or shards
+        return shards
+
+    def _matching(self, selector: dict[str, str]) -> list[int]:
+        """The shards with at least one node whose labels ``selector`` matches."""
+        key = tuple(sorted(selector.items()))
+        found = self._selector_shards.get(key)
+        if found is None:
+            shards: set[int] = set()
+            for name, spec in self.node_specs.items():
+                shard = self.node_shard.get(name)
+                if shard is not None and shard not in shards:
+                    labels = spec.labels
+                    if all(labels.get(k) == v for k, v in key):
+                        shards.add(shard)
+            found = self._selector_shards[key] = sorted(shards)
+        return found
+
+    def _allowed_pools(self, spec: PodSpec) -> list[int]:
+        """Shards the pod's pool constraints (and its tenant's pools) allow."""
         if (
             not spec.node_name
             and not self._exclusive

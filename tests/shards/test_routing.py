@@ -8,6 +8,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from engine.reservations import COMMITTED, HELD
@@ -21,6 +22,8 @@ from events.types import (
     Envelope,
     Event,
     GroupSpec,
+    NodeRemoved,
+    NodeUpdated,
     PodAdopted,
     PodBound,
     PodGroupSubmitted,
@@ -346,6 +349,34 @@ def test_replay_tolerates_an_unforwarded_tail_but_not_a_gap(tmp_path: Path) -> N
     gap = [list(p) for p in parts]
     del gap[0][routed[1]]
     assert replay_routed(gap, verify=True).mismatch is not None
+
+
+def test_a_node_selector_routes_to_a_shard_with_a_matching_node() -> None:
+    """The roomiest shard has no node the selector matches: the pod goes straight to the
+    one that has, instead of being handed back; when no shard has one, every shard may
+    say why. Label changes are seen."""
+    control = Control(Sharding(shards=2))
+    a100 = make_node("a").cpu("4").label(POOL_LABEL, "pa").label("gpu-model", "a100")
+    control.apply(Envelope(event=a100.added()))
+    control.apply(Envelope(event=make_node("b").cpu("64").label(POOL_LABEL, "pb").added()))
+
+    def route(name: str, selector: dict[str, str], offset: int) -> list[int]:
+        spec = msgspec.structs.replace(make_pod(name).cpu("1").spec(), node_selector=selector)
+        out = control.apply(Envelope(event=PodSubmitted(pod=spec), offset=offset))
+        return [shard for shard, e in out if type(e).__name__ == "PodRouted"]
+
+    assert route("first", {}, 2) == [0]  # a tie at first
+    assert route("plain", {}, 3) == [1]  # then the roomier shard
+    assert route("wants-a100", {"gpu-model": "a100"}, 4) == [0]
+    assert route("wants-h100", {"gpu-model": "h100"}, 5) == [1]  # nowhere: roomiest
+    assert control._matching({"gpu-model": "h100"}) == []
+    # node a is relabelled: the selector now matches it
+    relabelled = make_node("a").cpu("4").label(POOL_LABEL, "pa").label("gpu-model", "h100")
+    control.apply(Envelope(event=NodeUpdated(node=relabelled.added().node), offset=6))
+    assert control._matching({"gpu-model": "h100"}) == [0]
+    assert route("wants-h100-again", {"gpu-model": "h100"}, 7) == [0]
+    control.apply(Envelope(event=NodeRemoved(name="a"), offset=8))
+    assert control._matching({"gpu-model": "h100"}) == []
 
 
 def test_a_pod_seen_bound_moves_to_the_shard_owning_its_node() -> None:
