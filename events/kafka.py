@@ -39,6 +39,7 @@ from aiokafka.errors import ConsumerStoppedError, KafkaError, KafkaTimeoutError
 from events.codec import DecodeError, decode, encode
 from events.errors import InputError, LogCorruptedError, LogError
 from events.log import check_partition
+from events.tasks import being_cancelled
 from events.types import Envelope
 
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -393,7 +394,7 @@ class KafkaLog:
                 except asyncio.CancelledError:
                     # a client whose tasks were already cancelled says so on stop();
                     # only the caller's own cancellation goes on
-                    if _being_cancelled():
+                    if being_cancelled():
                         raise
                 except Exception:  # stopping a broken client: nothing more to do
                     pass
@@ -412,7 +413,7 @@ class KafkaLog:
         """A ``CancelledError`` reached a call: if the calling task is being cancelled,
         let it through; otherwise it came from a client another caller stopped (a
         restart after the broker went away), and the call failed like any other."""
-        if _being_cancelled():
+        if being_cancelled():
             raise asyncio.CancelledError
         await self._broken(generation)
 
@@ -429,13 +430,6 @@ class KafkaLog:
         if client is None:
             raise LogError("the Kafka log is not started (await start())")
         return client
-
-
-def _being_cancelled() -> bool:
-    """Whether the running task itself is being cancelled (not merely handed a
-    ``CancelledError`` by a client stopped under it)."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
 
 
 def _why(exc: BaseException) -> str:

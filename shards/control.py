@@ -299,11 +299,10 @@ def control_state(control: Control) -> bytes:
     return encode_tree({}, [("control", control)], ALLOWED)
 
 
-def snapshot_control_digest(parts: list[SnapshotTaken]) -> tuple[int, str]:
-    """(position, digest of the fold's state) recorded in a coordinator snapshot."""
+def snapshot_control_digest(parts: list[SnapshotTaken]) -> str:
+    """The digest of the fold's state recorded in a coordinator snapshot."""
     tree: dict[str, Any] = decode_tree(assemble(parts))
-    position = parts[0].position
     recorded = tree.get("control")
     if not isinstance(recorded, str):
         raise SnapshotError("no digest of the fold's state")
-    return position, recorded
+    return recorded

@@ -54,15 +54,35 @@ async def _wait_for_growth(bus: EventLog, partition: int, offset: int, seconds: 
         await asyncio.sleep(min(seconds, 0.01))
 
 
+async def recorded_sharding(bus: EventLog) -> ShardingConfigured | None:
+    """The sharding recorded at the head of the control partition (the last one; ingest
+    writes it before anything else), if it is there yet."""
+    for env in await bus.read(bus.partitions - 1, 0, 16):
+        if isinstance(env.event, ShardingConfigured):
+            return env.event
+    return None
+
+
+async def tick_if_due(
+    bus: EventLog, partition: int, wake: int | None, now: int, producer: str
+) -> bool:
+    """Append a ``ClockTicked`` to ``partition`` if the component's next wake-up has come
+    (replay then sees time pass exactly as the component did); whether it did."""
+    if wake is None or wake > now:
+        return False
+    await bus.append([Envelope(event=ClockTicked(), time=now, producer=producer)], partition)
+    return True
+
+
 async def sharding_from_log(bus: EventLog, *, timeout: float = 30.0) -> Sharding:
     """The sharding configuration recorded first in the control partition (waits for
     it: a coordinator may start before ingest has written it)."""
     control = bus.partitions - 1
     deadline = time.monotonic() + timeout
     while True:
-        for env in await bus.read(control, 0, 16):
-            if isinstance(env.event, ShardingConfigured):
-                return Sharding.from_json(env.event.config)
+        recorded = await recorded_sharding(bus)
+        if recorded is not None:
+            return Sharding.from_json(recorded.config)
         if time.monotonic() > deadline:
             raise LogError("no sharding configuration in the control partition")
         await _wait_for_growth(bus, control, 0, 0.2)
@@ -115,8 +135,7 @@ async def _run_shard(
         decided = await worker.poll()
         wake = worker.engine.next_wakeup()
         now = clock()
-        if wake is not None and wake <= now:
-            await bus.append([Envelope(event=ClockTicked(), time=now, producer=producer)], shard)
+        if await tick_if_due(bus, shard, wake, now, producer):
             continue
         if decided == 0:
             wait = idle_wait if wake is None else min(idle_wait, max(wake - now, 0) / 1e9)
@@ -142,10 +161,7 @@ async def run_coordinator(
         moved = await worker.poll()
         if on_poll is not None:
             on_poll(worker)
-        wake = worker.control.next_wakeup()
-        now = clock()
-        if wake is not None and wake <= now:
-            await bus.append([Envelope(event=ClockTicked(), time=now, producer="clock")], control)
+        if await tick_if_due(bus, control, worker.control.next_wakeup(), clock(), "clock"):
             continue
         if not moved:
             await asyncio.sleep(idle_wait)

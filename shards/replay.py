@@ -309,7 +309,7 @@ def _check_coordinator_snapshot(
     """Compare a coordinator snapshot with the fold of the records before it."""
     parts = [e.event for e in snapshot if isinstance(e.event, SnapshotTaken)]
     try:
-        _, recorded = snapshot_control_digest(parts)
+        recorded = snapshot_control_digest(parts)
     except SnapshotError as exc:
         return ReplayMismatchError(
             f"the coordinator snapshot cannot be read: {exc}", offset=snapshot[0].offset

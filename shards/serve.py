@@ -50,7 +50,8 @@ from engine.config import SchedulerConfig, default_config
 from engine.scheduler import Engine
 from events.errors import InputError, LogError
 from events.log import EventLog
-from events.types import ClockTicked, Envelope, Event, SchedulerConfigured, ShardingConfigured
+from events.tasks import being_cancelled
+from events.types import Envelope, Event, SchedulerConfigured, ShardingConfigured
 from shards.bus import open_bus
 from shards.control import ControlWorker
 from shards.kube.binder import KubeBinder
@@ -58,6 +59,7 @@ from shards.kube.client import api_client
 from shards.kube.ingest import KubeIngest
 from shards.kube.lease import LeaderElector
 from shards.metrics import Metrics
+from shards.processes import recorded_sharding, tick_if_due
 from shards.router import MAX_SHARDS, Control, Sharding
 from shards.worker import ShardWorker
 
@@ -286,7 +288,7 @@ class Service:
     async def _check_sharding(self, sharding: Sharding) -> None:
         """Refuse a log set up for another sharding (its partition layout is fixed)."""
         assert self.bus is not None
-        recorded = await self._recorded_sharding()
+        recorded = await recorded_sharding(self.bus)
         if recorded is None:
             return
         try:
@@ -303,22 +305,13 @@ class Service:
                 location="--sharding",
             )
 
-    async def _recorded_sharding(self) -> ShardingConfigured | None:
-        """The sharding recorded at the head of the control partition (ingest writes
-        it before anything else), if any."""
-        assert self.bus is not None
-        for env in await self.bus.read(self.control_partition, 0, 16):
-            if isinstance(env.event, ShardingConfigured):
-                return env.event
-        return None
-
     async def _record_configuration(self) -> None:
         """Before ingest's first event (several shards): the sharding, once, and the
         scheduler configuration, which the router forwards to every shard (a shard
         given the configuration it already has changes nothing)."""
         assert self.bus is not None and self.sharding is not None
         head: list[Event] = []
-        if await self._recorded_sharding() is None:
+        if await recorded_sharding(self.bus) is None:
             head.append(ShardingConfigured(config=self.sharding.to_json()))
         head.append(_recorded_config(self.options.config or default_config()))
         now = self.clock()
@@ -353,8 +346,7 @@ class Service:
             try:
                 await asyncio.wait_for(work, 10)
             except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
+                if being_cancelled():
                     raise  # this process is stopping
                 log.warning("role cancelled under it; restarting it role=%s", role)
                 await self._sleep(1.0)
@@ -420,7 +412,7 @@ class Service:
         recorded = None
         while recorded is None and not lost.is_set():
             try:
-                recorded = await self._recorded_sharding()
+                recorded = await recorded_sharding(self.bus)
             except LogError as exc:
                 backoff = await self._bus_failed("coordinator", exc, backoff)
                 continue
@@ -450,14 +442,9 @@ class Service:
             self.last_poll = time.monotonic()
             self._coordinator_metrics(worker)
             wake = worker.control.next_wakeup()
-            now = self.clock()
-            if wake is not None and wake <= now:
-                with contextlib.suppress(LogError):  # retried on the next round
-                    await bus.append(
-                        [Envelope(event=ClockTicked(), time=now, producer="clock")],
-                        self.control_partition,
-                    )
-                continue
+            with contextlib.suppress(LogError):  # a tick that failed is retried next round
+                if await tick_if_due(bus, self.control_partition, wake, self.clock(), "clock"):
+                    continue
             if not moved:
                 await self._sleep(self.options.poll_interval)
 
@@ -549,17 +536,15 @@ class Service:
             backoff = options.poll_interval
             self.last_poll = time.monotonic()
             self._shard_metrics(engine, before, time.perf_counter() - started, labels)
-            wake = engine.next_wakeup()
-            now = self.clock()
-            if wake is not None and wake <= now:
-                try:
-                    await bus.append(
-                        [Envelope(event=ClockTicked(), time=now, producer=f"clock-{shard}")],
-                        partition,
-                    )
-                except LogError as exc:
-                    backoff = await self._bus_failed("shard", exc, backoff)
-                    worker = None
+            try:
+                ticked = await tick_if_due(
+                    bus, partition, engine.next_wakeup(), self.clock(), f"clock-{shard}"
+                )
+            except LogError as exc:
+                backoff = await self._bus_failed("shard", exc, backoff)
+                worker = None
+                continue
+            if ticked:
                 continue
             if decided == 0:
                 await self._sleep(options.poll_interval)

@@ -41,6 +41,7 @@ from kubernetes_asyncio.watch import Watch
 
 from events.errors import InputError
 from events.log import EventLog
+from events.tasks import being_cancelled
 from events.types import (
     Envelope,
     Event,
@@ -397,8 +398,7 @@ async def _watched(reflector: Reflector, stop: asyncio.Event) -> None:
     try:
         await reflector.run(stop)
     except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
+        if being_cancelled():
             raise
     if not stop.is_set():
         raise KubeError(f"{reflector.name}: the watch ended unexpectedly")
