@@ -32,6 +32,7 @@ from events.types import ClockTicked, Envelope, Event, SchedulerConfigured, Shar
 from shards.binder import Binder
 from shards.cluster import SimulatedCluster
 from shards.control import ControlWorker
+from shards.processes import tick_if_due
 from shards.report import RunReport, merge
 from shards.router import Control, Sharding
 from shards.scenario import Scenario
@@ -115,10 +116,7 @@ async def simulate(
             await log.append(batch, inputs)
         if routed:
             for shard, engine in enumerate(engines):
-                wake = engine.next_wakeup()
-                if wake is not None and wake <= now:
-                    tick = Envelope(event=ClockTicked(), time=now, producer="clock")
-                    await log.append([tick], shard)
+                await tick_if_due(log, shard, engine.next_wakeup(), now, "clock")
         while True:
             moved = await router.poll() if router is not None else 0
             for worker in workers:
