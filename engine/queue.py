@@ -245,18 +245,27 @@ class SchedulingQueue:
     def flush_backoff(self, now: int) -> None:
         """Move pods whose back-off has expired by ``now`` to active."""
         while self._backoff and self._backoff[0][0] <= now:
-            _, _, key, generation = heapq.heappop(self._backoff)
-            entry = self._entries.get(key)
-            if entry is not None and entry.generation == generation and entry.where == "backoff":
+            item = heapq.heappop(self._backoff)
+            if self._live(item):
+                entry = self._entries[item[2]]
                 entry.generation = self._next_generation()
                 self._push_active(entry)
+
+    def _live(self, item: tuple[int, int, str, int]) -> bool:
+        entry = self._entries.get(item[2])
+        return entry is not None and entry.generation == item[3] and entry.where == "backoff"
+
+    def compact(self) -> None:
+        """Drop superseded back-off records and keep the rest sorted (a sorted list is a
+        heap). What the queue does next is unchanged; it makes equal queues equal however
+        often :meth:`next_wakeup` (which drops stale records as it looks) was asked
+        between passes, so a snapshot's bytes depend only on the log."""
+        self._backoff = sorted(item for item in self._backoff if self._live(item))
 
     def next_wakeup(self) -> int | None:
         """Earliest back-off expiry, if any pod is backing off."""
         while self._backoff:
-            until, _, key, generation = self._backoff[0]
-            entry = self._entries.get(key)
-            if entry is not None and entry.generation == generation and entry.where == "backoff":
-                return until
+            if self._live(self._backoff[0]):
+                return self._backoff[0][0]
             heapq.heappop(self._backoff)
         return None

@@ -257,6 +257,7 @@ def _rederive(decoder: _Decoder, engine: Engine) -> None:
 
 def encode_state(engine: Engine) -> bytes:
     """The engine's state as bytes; equal states give equal bytes."""
+    engine.queue.compact()
     state = [(k, v) for k, v in vars(engine).items() if k not in NOT_STATE]
     header = {"shard": engine.shard, "config": _config_source(engine.config)}
     return encode_tree(header, state, ENGINE)

@@ -66,3 +66,24 @@ def test_remove_everywhere_and_stats() -> None:
     assert q.on_event(ClusterEvent.POD_FREED, 0, lambda k, p: True) == 0
     q.flush_backoff(100 * SECOND)
     assert q.pop() is None
+
+
+def test_compact_drops_superseded_back_offs_and_keeps_what_comes_next() -> None:
+    q = SchedulingQueue(initial_backoff_seconds=1, max_backoff_seconds=10)
+    q.back_off("a", 0, 0, attempts=1, now=0)
+    q.back_off("b", 0, 1, attempts=1, now=0)
+    q.back_off("a", 0, 0, attempts=3, now=0)  # supersedes a's first record
+    q.remove("b")
+    twin = SchedulingQueue(initial_backoff_seconds=1, max_backoff_seconds=10)
+    twin.back_off("a", 0, 0, attempts=1, now=0)
+    twin.back_off("b", 0, 1, attempts=1, now=0)
+    twin.back_off("a", 0, 0, attempts=3, now=0)
+    twin.remove("b")
+    assert twin.next_wakeup() == 4 * SECOND  # asking drops the stale records on top
+    q.compact()
+    twin.compact()
+    assert q._backoff == twin._backoff == [(4 * SECOND, 0, "a", q._entries["a"].generation)]
+    q.flush_backoff(2 * SECOND)
+    assert q.pop() is None
+    q.flush_backoff(4 * SECOND)
+    assert drain(q) == ["a"]

@@ -21,6 +21,8 @@ from shards.scenario import Scenario, TimedEvent
 from tests.builders import make_node
 from tests.shards.chaos import describe, leaked_reservations, run_chaos
 
+GPU_POD = {"cpu": 1000, "nvidia.com/gpu": 1}
+
 
 @st.composite
 def spanning_scenario(draw: Any) -> tuple[Scenario, dict[str, int]]:
@@ -122,3 +124,39 @@ async def test_coordinator_protocol_under_faults(
     verified = replay_routed(parts, verify=True)
     assert verified.mismatch is None, (str(verified.mismatch), context)
     assert verified.unforwarded == 0, context
+
+
+async def test_snapshots_do_not_depend_on_when_the_driver_asked_for_a_wake_up() -> None:
+    """A case the search above found: a gang rolled back after a refused bind backs its
+    members off again while earlier back-off records are still queued; the driver's
+    wake-up questions drop those between passes, the replay's do not. The snapshot shard
+    0 wrote after that must still equal the state replay derives."""
+    events: list[Any] = [make_node("n0").cpu("16").gpu(1).added()]
+    events += [make_node(f"n{i}").cpu("16").gpu(4).added() for i in (1, 2)]
+    web = [
+        PodSpec(namespace="web", name=f"p{i}", requests=GPU_POD, runtime=5 * SECOND) for i in (0, 1)
+    ]
+    events += [PodSubmitted(pod=pod) for pod in web]
+    timed = [TimedEvent(0, i, e) for i, e in enumerate(events)]
+    gang = GroupSpec(namespace="ml", name="g0", min_member=8)
+    timed.append(TimedEvent(SECOND, len(timed), PodGroupSubmitted(group=gang)))
+    for m in range(10):
+        pod = PodSpec(
+            namespace="ml", name=f"g0-{m}", requests=GPU_POD, group="ml/g0", runtime=5 * SECOND
+        )
+        timed.append(TimedEvent(SECOND, len(timed), PodSubmitted(pod=pod)))
+    sharding = Sharding(shards=2, reservation_timeout=10 * SECOND)
+    result = await run_chaos(
+        Scenario(events=timed),
+        sharding,
+        seed=3,
+        loss=0.05,
+        restart=0.05,
+        refuse=0.05,
+        min_members={"ml/g0": 8},
+        snapshot_every=25,
+    )
+    parts = [await result.log.read(p, 0) for p in range(3)]
+    verified = replay_routed(parts, verify=True)
+    assert verified.mismatch is None, str(verified.mismatch)
+    assert verified.snapshots >= 2
