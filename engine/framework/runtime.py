@@ -140,6 +140,16 @@ class Framework:
         """Every dynamic filter and local score has a one-slot form: a refresh of a few
         nodes runs them in plain Python (same results; numpy costs more per call)."""
         self._global_scores = [e for e in self.scores if not e.plugin.local]
+        from engine.kernels import ResourceKernel
+
+        self.kernel = (
+            ResourceKernel.for_plugins(
+                self.dynamic_filters, [(e.plugin, e.weight) for e in self._local_scores]
+            )
+            if self.incremental
+            else None
+        )
+        """The compiled refresh standing in for the resource plugins (None: numpy)."""
         self._shapes: OrderedDict[tuple[object, ...], _ShapeEntry] = OrderedDict()
         self._constant_scores: dict[tuple[str, tuple[object, ...]], int] = {}
         self._counters = {"full": 0, "incremental": 0}
@@ -238,6 +248,16 @@ class Framework:
         if entry.pending_slots is not None:
             changed = [*changed, *entry.pending_slots]
             entry.pending_slots = None
+        kernel = self.kernel
+        if changed and kernel is not None and entry.local is not None:
+            params = kernel.params(pod.request, state)
+            if params is not None:
+                assert entry.masked is not None
+                kernel.run(
+                    changed, static, state, params, entry.feasible, entry.local, entry.masked
+                )
+                entry.position = state.journal_end
+                return entry.feasible, entry
         if changed and self._scalar and len(changed) <= SCALAR_LIMIT:
             feasible = entry.feasible
             filters = self.dynamic_filters

@@ -78,10 +78,12 @@ def pod_event(draw: Any) -> Event:
 events = st.lists(st.one_of(node_event(), pod_event(), st.just(ClockTicked())), max_size=60)
 
 
-def run(sequence: list[Event], *, incremental: bool) -> list[Event]:
+def run(sequence: list[Event], *, incremental: bool, kernel: bool = True) -> list[Event]:
     engine = Engine()
     for framework in engine.frameworks.values():
         framework.incremental = incremental
+        if not kernel:
+            framework.kernel = None
     decisions: list[Event] = []
     for i, event in enumerate(sequence):
         engine.apply(env(event, i))

@@ -1,0 +1,247 @@
+"""Compiled refresh of a pod shape's cached verdicts for the resource plugins.
+
+Between two attempts of pods of one shape, a few nodes change (the pods placed
+meanwhile). The framework refreshes the shape's cached filter verdict and local scores
+on those nodes only (see ``Framework._shape_feasible``). With the default plugins, that
+refresh is some forty numpy operations on arrays of a few dozen elements, and numpy's
+cost per call, not the arithmetic, is most of a pod's scheduling time. This module does
+the same refresh for ``NodeResourcesFit`` (filter; ``LeastAllocated`` or
+``MostAllocated`` score) and ``NodeResourcesBalancedAllocation`` (two resources) in one
+compiled loop (numba), slot by slot, with the same integer and floating-point
+operations in the same order as the numpy code in :mod:`engine.plugins.fit`, so the
+results are bit for bit the same. Property tests compare the two paths decision by
+decision.
+
+Any other plugin, strategy or resource count keeps the numpy path. So does everything
+when numba is missing or ``SHOAL_NO_JIT`` is set.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from engine.plugins.fit import NodeResourcesBalancedAllocation, NodeResourcesFit
+from engine.plugins.normalize import MAX_NODE_SCORE
+from engine.state import Bools, ClusterState, Ints, Request
+
+NONE, LEAST, MOST = 0, 1, 2
+"""``fit_mode``: no Fit score (the plugin does not score, or scores no resource here)."""
+
+Refresh = Callable[..., None]
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def _compile() -> Refresh | None:
+    if os.environ.get("SHOAL_NO_JIT"):
+        return None
+    try:
+        import numba
+    except ImportError:  # pragma: no cover - numba is a dependency; kept optional
+        return None
+
+    def refresh(
+        slots: Ints,
+        static: Bools,
+        free: Ints,
+        alloc: Ints,
+        used: Ints,
+        nonzero: Ints,
+        req_rows: Ints,
+        req_amounts: Ints,
+        fit_mode: int,
+        fit_weight: int,
+        fit_rows: Ints,
+        fit_weights: Ints,
+        fit_wanted: Ints,
+        bal_weight: int,
+        bal_rows: Ints,
+        bal_wanted: Ints,
+        feasible: Bools,
+        local: Ints,
+        masked: Ints,
+    ) -> None:  # pragma: no cover - compiled; its twin is engine.plugins.fit
+        for i in range(slots.shape[0]):
+            s = slots[i]
+            ok = static[s]
+            if ok:
+                for j in range(req_rows.shape[0]):
+                    if free[req_rows[j], s] < req_amounts[j]:
+                        ok = False
+                        break
+            feasible[s] = ok
+            total = 0
+            if fit_mode != NONE:
+                num = 0
+                den = 0
+                for j in range(fit_rows.shape[0]):
+                    a = alloc[fit_rows[j], s]
+                    if a <= 0:
+                        continue
+                    r = nonzero[fit_rows[j], s] + fit_wanted[j]
+                    if fit_mode == LEAST:
+                        v = 0 if r > a else (a - r) * MAX_NODE_SCORE // a
+                    else:
+                        v = (r if r < a else a) * MAX_NODE_SCORE // a
+                    num += v * fit_weights[j]
+                    den += fit_weights[j]
+                total += (num // max(den, 1)) * fit_weight
+            if bal_weight != 0:
+                if bal_rows.shape[0] == 0:
+                    total += MAX_NODE_SCORE * bal_weight
+                else:
+                    a0 = alloc[bal_rows[0], s]
+                    a1 = alloc[bal_rows[1], s]
+                    if a0 > 0 and a1 > 0:
+                        f0 = (used[bal_rows[0], s] + bal_wanted[0]) / a0
+                        f1 = (used[bal_rows[1], s] + bal_wanted[1]) / a1
+                        f0 = f0 if f0 < 1.0 else 1.0
+                        f1 = f1 if f1 < 1.0 else 1.0
+                        total += int((1.0 - abs((f0 - f1) / 2)) * MAX_NODE_SCORE) * bal_weight
+                    else:
+                        total += MAX_NODE_SCORE * bal_weight
+            local[s] = total
+            masked[s] = total if ok else -1
+
+    try:
+        return numba.njit(cache=True, nogil=True)(refresh)
+    except RuntimeError:  # no writable cache directory: compile in every process
+        return numba.njit(cache=False, nogil=True)(refresh)
+
+
+@functools.cache
+def refresh_kernel() -> Refresh | None:
+    """The compiled refresh, or None. Compiled (or loaded from numba's cache on disk)
+    on the first call in a process, which then runs it once on empty arrays, so that
+    the first attempt does not pay for it."""
+    refresh = _compile()
+    if refresh is not None:
+        ints, grid, flags = _EMPTY, np.zeros((1, 0), dtype=np.int64), np.zeros(0, dtype=bool)
+        refresh(
+            *(ints, flags, grid, grid, grid, grid),
+            *(ints, ints, NONE, 0, ints, ints, ints, 0, ints, ints),
+            *(flags, ints, ints),
+        )
+    return refresh
+
+
+Params = tuple[Any, ...]
+
+
+class ResourceKernel:
+    """The compiled refresh for one profile: which of its plugins it stands in for and,
+    per request and resource count, the arguments it takes (built once)."""
+
+    def __init__(
+        self,
+        refresh: Refresh,
+        fit: NodeResourcesFit,
+        fit_weight: int,
+        balanced: NodeResourcesBalancedAllocation | None,
+        balanced_weight: int,
+    ) -> None:
+        self.refresh = refresh
+        self.fit = fit
+        self.fit_weight = fit_weight
+        self.balanced = balanced
+        self.balanced_weight = balanced_weight
+        self._params: dict[tuple[Request, int], Params | None] = {}
+
+    @classmethod
+    def for_plugins(
+        cls, dynamic_filters: list[Any], local_scores: list[tuple[Any, int]]
+    ) -> ResourceKernel | None:
+        """The kernel for a profile whose only dynamic filter is ``NodeResourcesFit`` and
+        whose local scores are Fit (``LeastAllocated``/``MostAllocated``) and
+        BalancedAllocation, at most once each; None for any other profile."""
+        refresh = refresh_kernel()
+        if refresh is None or len(dynamic_filters) != 1:
+            return None
+        fit = dynamic_filters[0]
+        if type(fit) is not NodeResourcesFit:
+            return None
+        fit_weight, balanced, balanced_weight = 0, None, 0
+        for plugin, weight in local_scores:
+            if plugin is fit and fit.strategy in ("LeastAllocated", "MostAllocated"):
+                if fit_weight:
+                    return None
+                fit_weight = weight
+            elif type(plugin) is NodeResourcesBalancedAllocation and balanced is None:
+                balanced, balanced_weight = plugin, weight
+            else:
+                return None
+        return cls(refresh, fit, fit_weight, balanced, balanced_weight)
+
+    def params(self, request: Request, state: ClusterState) -> Params | None:
+        """The per-shape arguments, or None when this shape needs the numpy path
+        (BalancedAllocation over other than two resources)."""
+        key = (request, len(state.resources))
+        if key in self._params:
+            return self._params[key]
+        if len(self._params) > 4096:
+            self._params.clear()
+        found = self._build(request, state)
+        self._params[key] = found
+        return found
+
+    def _build(self, request: Request, state: ClusterState) -> Params | None:
+        req_rows = np.array([row for row, _ in request], dtype=np.int64)
+        req_amounts = np.array([amount for _, amount in request], dtype=np.int64)
+        fit_mode, fit_rows, fit_weights, fit_wanted = NONE, _EMPTY, _EMPTY, _EMPTY
+        if self.fit_weight:
+            prep = self.fit._prep.get(request, state, scored=True)
+            if prep is not None:
+                rows, weights, wanted, _ = self.fit._prep.scalar(request, state, prep)
+                fit_mode = LEAST if self.fit.strategy == "LeastAllocated" else MOST
+                fit_rows = np.array(rows, dtype=np.int64)
+                fit_weights = np.array(weights, dtype=np.int64)
+                fit_wanted = np.array(wanted, dtype=np.int64)
+        bal_rows, bal_wanted = _EMPTY, _EMPTY
+        if self.balanced is not None:
+            prep = self.balanced._prep.get(request, state, scored=False)
+            if prep is not None:
+                rows, _, wanted, _ = self.balanced._prep.scalar(request, state, prep)
+                if len(rows) != 2:
+                    return None
+                bal_rows = np.array(rows, dtype=np.int64)
+                bal_wanted = np.array(wanted, dtype=np.int64)
+        return (
+            req_rows,
+            req_amounts,
+            fit_mode,
+            self.fit_weight,
+            fit_rows,
+            fit_weights,
+            fit_wanted,
+            self.balanced_weight,
+            bal_rows,
+            bal_wanted,
+        )
+
+    def run(
+        self,
+        slots: list[int],
+        static: Bools,
+        state: ClusterState,
+        params: Params,
+        feasible: Bools,
+        local: Ints,
+        masked: Ints,
+    ) -> None:
+        """Refresh ``feasible``, ``local`` and ``masked`` at ``slots``."""
+        self.refresh(
+            np.array(slots, dtype=np.int64),
+            static,
+            state.free,
+            state.alloc,
+            state.used,
+            state.nonzero_used,
+            *params,
+            feasible,
+            local,
+            masked,
+        )

@@ -1,0 +1,179 @@
+"""The compiled refresh (engine/kernels.py) gives exactly the numpy plugins' results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engine.config import parse_config
+from engine.framework.cycle import CycleState
+from engine.kernels import ResourceKernel, refresh_kernel
+from engine.pod import pod_info
+from engine.scheduler import Engine
+from tests.builders import env, make_node, make_pod
+from tests.engine.test_properties import events, run
+
+pytestmark = pytest.mark.skipif(refresh_kernel() is None, reason="numba is not available")
+
+HEADER = {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration"}
+STRATEGY = st.sampled_from(["LeastAllocated", "MostAllocated"])
+RESOURCES = st.sampled_from(
+    [
+        None,
+        [{"name": "cpu", "weight": 3}, {"name": "memory", "weight": 1}],
+        [{"name": "cpu", "weight": 1}, {"name": "nvidia.com/gpu", "weight": 2}],
+        [{"name": "nvidia.com/gpu", "weight": 1}],
+    ]
+)
+
+
+def _engine(strategy: str, fit: Any, balanced: Any, weights: tuple[int, int]) -> Engine:
+    args: dict[str, Any] = {"scoringStrategy": {"type": strategy}}
+    if fit is not None:
+        args["scoringStrategy"]["resources"] = fit
+    plugins: list[dict[str, Any]] = [
+        {"name": "NodeResourcesFit", "args": args},
+    ]
+    balanced_args = {} if balanced is None else {"resources": balanced}
+    raw = {
+        **HEADER,
+        "profiles": [
+            {
+                "schedulerName": "default-scheduler",
+                "plugins": {
+                    "score": {
+                        "disabled": [
+                            {"name": "NodeResourcesFit"},
+                            {"name": "NodeResourcesBalancedAllocation"},
+                        ],
+                        "enabled": [
+                            {"name": "NodeResourcesFit", "weight": weights[0]},
+                            {"name": "NodeResourcesBalancedAllocation", "weight": weights[1]},
+                        ],
+                    }
+                },
+                "pluginConfig": [
+                    *plugins,
+                    {"name": "NodeResourcesBalancedAllocation", "args": balanced_args},
+                ],
+            }
+        ],
+    }
+    return Engine(parse_config(raw, "test"))
+
+
+@given(
+    STRATEGY,
+    RESOURCES,
+    st.sampled_from(
+        [None, [{"name": "cpu", "weight": 1}, {"name": "nvidia.com/gpu", "weight": 1}]]
+    ),
+    st.tuples(st.integers(1, 5), st.integers(1, 5)),
+    st.lists(
+        st.tuples(
+            st.sampled_from(["0", "1", "3", "64"]),
+            st.sampled_from(["0", "1Gi", "64Gi"]),
+            st.integers(0, 8),
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    st.lists(
+        st.tuples(st.sampled_from(["0", "100m", "2", "5"]), st.sampled_from(["0", "3Gi"])),
+        max_size=30,
+    ),
+    st.tuples(
+        st.sampled_from(["0", "250m", "4"]), st.sampled_from(["0", "1Gi"]), st.integers(0, 2)
+    ),
+)
+def test_the_kernel_equals_the_plugins_slot_by_slot(
+    strategy: str,
+    fit: Any,
+    balanced: Any,
+    weights: tuple[int, int],
+    nodes: list[tuple[str, str, int]],
+    placed: list[tuple[str, str]],
+    asked: tuple[str, str, int],
+) -> None:
+    """Nodes without a scored resource, nodes over-committed, requests of nothing,
+    requests above any capacity: filter verdicts and weighted scores are the same
+    integers as the numpy plugins give."""
+    engine = _engine(strategy, fit, balanced, weights)
+    for i, (cpu, memory, gpus) in enumerate(nodes):
+        node = make_node(f"n{i}").cpu(cpu).memory(memory)
+        engine.apply(env(node.gpu(gpus).added() if gpus else node.added(), i))
+    state = engine.state
+    for i, (cpu, memory) in enumerate(placed):  # assumed as is: may over-commit
+        spec = make_pod(f"q{i}").cpu(cpu).memory(memory).spec()
+        info = pod_info(spec, state.resources, i)
+        state.ensure_rows()
+        state.assume(info.key, i % len(nodes), info.request)
+    framework = engine.frameworks["default-scheduler"]
+    kernel = framework.kernel
+    assert isinstance(kernel, ResourceKernel)
+    cpu, memory, gpus = asked
+    spec = make_pod("x").cpu(cpu).memory(memory).gpu(gpus).spec()
+    pod = pod_info(spec, state.resources, 999)
+    state.ensure_rows()  # as Engine.submit does: a resource no node has gets its row
+    static = framework.static_feasible(pod, state)
+    cycle = CycleState()
+    expected_ok = static.copy()
+    for f in framework.dynamic_filters:
+        expected_ok &= f.filter(cycle, pod, state)
+    expected = np.zeros(state.capacity, dtype=np.int64)
+    for entry in framework.scores:
+        if entry.plugin.local:
+            expected += entry.plugin.score(cycle, pod, state, expected_ok) * entry.weight
+    params = kernel.params(pod.request, state)
+    if params is None:  # BalancedAllocation over other than two resources: numpy's
+        assert balanced is not None
+        return
+    ok = np.zeros(state.capacity, dtype=bool)
+    local = np.full(state.capacity, -7, dtype=np.int64)
+    masked = np.full(state.capacity, -7, dtype=np.int64)
+    slots = list(range(len(nodes)))
+    kernel.run(slots, static, state, params, ok, local, masked)
+    n = len(nodes)
+    assert ok[:n].tolist() == expected_ok[:n].tolist()
+    assert local[:n].tolist() == expected[:n].tolist()
+    assert masked[:n].tolist() == np.where(expected_ok, expected, -1)[:n].tolist()
+    assert (local[n:] == -7).all(), "slots not asked for are left alone"
+
+
+@given(events)
+def test_the_kernel_decides_as_the_numpy_refresh(sequence: list[Any]) -> None:
+    with_kernel = run(sequence, incremental=True)
+    assert with_kernel == run(sequence, incremental=True, kernel=False)
+
+
+def test_profiles_the_kernel_does_not_cover_keep_numpy() -> None:
+    raw = {
+        **HEADER,
+        "profiles": [
+            {
+                "schedulerName": "default-scheduler",
+                "pluginConfig": [
+                    {
+                        "name": "NodeResourcesFit",
+                        "args": {
+                            "scoringStrategy": {
+                                "type": "RequestedToCapacityRatio",
+                                "requestedToCapacityRatio": {
+                                    "shape": [
+                                        {"utilization": 0, "score": 0},
+                                        {"utilization": 100, "score": 10},
+                                    ]
+                                },
+                            }
+                        },
+                    }
+                ],
+            }
+        ],
+    }
+    assert Engine(parse_config(raw, "test")).frameworks["default-scheduler"].kernel is None
+    assert Engine().frameworks["default-scheduler"].kernel is not None
