@@ -47,30 +47,24 @@ def _compile() -> Refresh | None:
     def refresh(
         slots: Ints,
         static: Bools,
-        free: Ints,
-        alloc: Ints,
-        used: Ints,
-        nonzero: Ints,
-        req_rows: Ints,
-        req_amounts: Ints,
-        fit_mode: int,
-        fit_weight: int,
-        fit_rows: Ints,
-        fit_weights: Ints,
-        fit_wanted: Ints,
-        bal_weight: int,
-        bal_rows: Ints,
-        bal_wanted: Ints,
+        columns: Ints,
+        p: Ints,
         feasible: Bools,
         local: Ints,
         masked: Ints,
     ) -> None:  # pragma: no cover - compiled; its twin is engine.plugins.fit
+        alloc, used, free, nonzero = columns[0], columns[1], columns[2], columns[3]
+        fit_mode, fit_weight, bal_weight = p[0], p[1], p[2]
+        n_req, n_fit, n_bal = p[3], p[4], p[5]
+        req = 6  # rows, then amounts
+        fit = req + 2 * n_req  # rows, weights, wanted amounts
+        bal = fit + 3 * n_fit  # rows, wanted amounts
         for i in range(slots.shape[0]):
             s = slots[i]
             ok = static[s]
             if ok:
-                for j in range(req_rows.shape[0]):
-                    if free[req_rows[j], s] < req_amounts[j]:
+                for j in range(n_req):
+                    if free[p[req + j], s] < p[req + n_req + j]:
                         ok = False
                         break
             feasible[s] = ok
@@ -78,27 +72,30 @@ def _compile() -> Refresh | None:
             if fit_mode != NONE:
                 num = 0
                 den = 0
-                for j in range(fit_rows.shape[0]):
-                    a = alloc[fit_rows[j], s]
+                for j in range(n_fit):
+                    row = p[fit + j]
+                    a = alloc[row, s]
                     if a <= 0:
                         continue
-                    r = nonzero[fit_rows[j], s] + fit_wanted[j]
+                    r = nonzero[row, s] + p[fit + 2 * n_fit + j]
                     if fit_mode == LEAST:
                         v = 0 if r > a else (a - r) * MAX_NODE_SCORE // a
                     else:
                         v = (r if r < a else a) * MAX_NODE_SCORE // a
-                    num += v * fit_weights[j]
-                    den += fit_weights[j]
+                    weight = p[fit + n_fit + j]
+                    num += v * weight
+                    den += weight
                 total += (num // max(den, 1)) * fit_weight
             if bal_weight != 0:
-                if bal_rows.shape[0] == 0:
+                if n_bal == 0:
                     total += MAX_NODE_SCORE * bal_weight
                 else:
-                    a0 = alloc[bal_rows[0], s]
-                    a1 = alloc[bal_rows[1], s]
+                    r0, r1 = p[bal], p[bal + 1]
+                    a0 = alloc[r0, s]
+                    a1 = alloc[r1, s]
                     if a0 > 0 and a1 > 0:
-                        f0 = (used[bal_rows[0], s] + bal_wanted[0]) / a0
-                        f1 = (used[bal_rows[1], s] + bal_wanted[1]) / a1
+                        f0 = (used[r0, s] + p[bal + 2]) / a0
+                        f1 = (used[r1, s] + p[bal + 3]) / a1
                         f0 = f0 if f0 < 1.0 else 1.0
                         f1 = f1 if f1 < 1.0 else 1.0
                         total += int((1.0 - abs((f0 - f1) / 2)) * MAX_NODE_SCORE) * bal_weight
@@ -120,16 +117,14 @@ def refresh_kernel() -> Refresh | None:
     the first attempt does not pay for it."""
     refresh = _compile()
     if refresh is not None:
-        ints, grid, flags = _EMPTY, np.zeros((1, 0), dtype=np.int64), np.zeros(0, dtype=bool)
-        refresh(
-            *(ints, flags, grid, grid, grid, grid),
-            *(ints, ints, NONE, 0, ints, ints, ints, 0, ints, ints),
-            *(flags, ints, ints),
-        )
+        flags = np.zeros(0, dtype=bool)
+        params = np.zeros(6, dtype=np.int64)
+        refresh(_EMPTY, flags, np.zeros((4, 1, 0), dtype=np.int64), params, flags, _EMPTY, _EMPTY)
     return refresh
 
 
-Params = tuple[Any, ...]
+Params = Ints
+"""A shape's arguments, packed: modes and weights, counts, then the rows and amounts."""
 
 
 class ResourceKernel:
@@ -189,38 +184,35 @@ class ResourceKernel:
         return found
 
     def _build(self, request: Request, state: ClusterState) -> Params | None:
-        req_rows = np.array([row for row, _ in request], dtype=np.int64)
-        req_amounts = np.array([amount for _, amount in request], dtype=np.int64)
-        fit_mode, fit_rows, fit_weights, fit_wanted = NONE, _EMPTY, _EMPTY, _EMPTY
+        fit_mode = NONE
+        fit_rows: list[int] = []
+        fit_weights: list[int] = []
+        fit_wanted: list[int] = []
         if self.fit_weight:
             prep = self.fit._prep.get(request, state, scored=True)
             if prep is not None:
-                rows, weights, wanted, _ = self.fit._prep.scalar(request, state, prep)
+                fit_rows, fit_weights, fit_wanted, _ = self.fit._prep.scalar(request, state, prep)
                 fit_mode = LEAST if self.fit.strategy == "LeastAllocated" else MOST
-                fit_rows = np.array(rows, dtype=np.int64)
-                fit_weights = np.array(weights, dtype=np.int64)
-                fit_wanted = np.array(wanted, dtype=np.int64)
-        bal_rows, bal_wanted = _EMPTY, _EMPTY
+        bal_rows: list[int] = []
+        bal_wanted: list[int] = []
         if self.balanced is not None:
             prep = self.balanced._prep.get(request, state, scored=False)
             if prep is not None:
-                rows, _, wanted, _ = self.balanced._prep.scalar(request, state, prep)
-                if len(rows) != 2:
+                bal_rows, _, bal_wanted, _ = self.balanced._prep.scalar(request, state, prep)
+                if len(bal_rows) != 2:
                     return None
-                bal_rows = np.array(rows, dtype=np.int64)
-                bal_wanted = np.array(wanted, dtype=np.int64)
-        return (
-            req_rows,
-            req_amounts,
-            fit_mode,
-            self.fit_weight,
-            fit_rows,
-            fit_weights,
-            fit_wanted,
-            self.balanced_weight,
-            bal_rows,
-            bal_wanted,
-        )
+        packed = [
+            *(fit_mode, self.fit_weight, self.balanced_weight),
+            *(len(request), len(fit_rows), len(bal_rows)),
+            *(row for row, _ in request),
+            *(amount for _, amount in request),
+            *fit_rows,
+            *fit_weights,
+            *fit_wanted,
+            *bal_rows,
+            *bal_wanted,
+        ]
+        return np.array(packed, dtype=np.int64)
 
     def run(
         self,
@@ -236,11 +228,8 @@ class ResourceKernel:
         self.refresh(
             np.array(slots, dtype=np.int64),
             static,
-            state.free,
-            state.alloc,
-            state.used,
-            state.nonzero_used,
-            *params,
+            state._columns,
+            params,
             feasible,
             local,
             masked,
