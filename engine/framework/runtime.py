@@ -140,7 +140,7 @@ class Framework:
         """Every dynamic filter and local score has a one-slot form: a refresh of a few
         nodes runs them in plain Python (same results; numpy costs more per call)."""
         self._global_scores = [e for e in self.scores if not e.plugin.local]
-        from engine.kernels import ResourceKernel
+        from engine.kernels import ResourceKernel  # it imports plugins, which import us
 
         self.kernel = (
             ResourceKernel.for_plugins(
