@@ -22,6 +22,13 @@ class DecodeError(ShoalError):
     """Bytes are not a valid encoded envelope."""
 
 
+def kind_of(envelope: Envelope) -> str:
+    """The tag of the envelope's event (``"pod+"``, ``"bind"``...): what log backends
+    keep beside a record so that readers can skip the kinds they do not want."""
+    tag = type(envelope.event).__struct_config__.tag
+    return str(tag)
+
+
 def encode(envelope: Envelope) -> bytes:
     """Encode one envelope to msgpack (the log's record payload)."""
     return _MSGPACK_ENC.encode(envelope)

@@ -1,8 +1,10 @@
 """The ``EventLog`` over Kafka (aiokafka): the distributed log.
 
 One topic, one Kafka partition per log partition. Each record's value is one msgpack
-envelope; its key is the partition number (so keyed producers elsewhere keep the same
-per-partition order). Offsets are Kafka's.
+envelope; its key is the event's kind (``pod+``, ``bind``...), so that a reader that
+wants some kinds only (``read_kinds``: the coordinator relaying shards' reports) skips
+the others without decoding them. Records written with the partition number as key (as
+before) are decoded and filtered. Offsets are Kafka's.
 
 Contract notes, backend by backend:
 
@@ -36,7 +38,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import ConsumerStoppedError, KafkaError, KafkaTimeoutError
 
-from events.codec import DecodeError, decode, encode
+from events.codec import DecodeError, decode, encode, kind_of
 from events.errors import InputError, LogCorruptedError, LogError
 from events.log import check_partition
 from events.tasks import being_cancelled
@@ -240,12 +242,12 @@ class KafkaLog:
 
     async def _append(self, envelopes: Sequence[Envelope], partition: int) -> list[int]:
         producer = self._need(self._producer)
-        key = str(partition).encode()
         offsets: list[int] = []
         batch = producer.create_batch()
         count = 0
         for env in envelopes:
             value = encode(replace_partition(env, partition))
+            key = kind_of(env).encode()
             if batch.append(key=key, value=value, timestamp=None) is None:
                 offsets.extend(await self._send(producer, batch, partition, count))
                 batch, count = producer.create_batch(), 0
@@ -289,9 +291,26 @@ class KafkaLog:
 
     async def read(self, partition: int, offset: int, limit: int | None = None) -> list[Envelope]:
         check_partition(partition, self.partitions)
-        return await self._call("read", lambda: self._read(partition, offset, limit))
+        _, out = await self._call("read", lambda: self._read(partition, offset, limit))
+        return out
 
-    async def _read(self, partition: int, offset: int, limit: int | None) -> list[Envelope]:
+    async def read_kinds(
+        self, partition: int, offset: int, kinds: Sequence[str]
+    ) -> tuple[int, list[Envelope]]:
+        """Like ``read``, keeping only events of ``kinds`` (tags); the others are skipped
+        by their key, undecoded. Returns (the offset after the last record scanned, the
+        records kept)."""
+        check_partition(partition, self.partitions)
+        wanted = frozenset(kind.encode() for kind in kinds)
+        return await self._call("read", lambda: self._read(partition, offset, None, wanted))
+
+    async def _read(
+        self,
+        partition: int,
+        offset: int,
+        limit: int | None,
+        kinds: frozenset[bytes] | None = None,
+    ) -> tuple[int, list[Envelope]]:
         consumer = self._need(self._consumer)
         tp = TopicPartition(self.settings.topic, partition)
         offset = max(offset, 0)
@@ -331,11 +350,17 @@ class KafkaLog:
                     continue
                 idle = 0
                 for record in records:
-                    out.append(self._decode(record.value, partition, record.offset))
                     offset = record.offset + 1
+                    key = record.key
+                    if kinds is not None and key and not key.isdigit() and key not in kinds:
+                        continue  # a kind not asked for, told by the key
+                    env = self._decode(record.value, partition, record.offset)
+                    if kinds is not None and kind_of(env).encode() not in kinds:
+                        continue  # an older record keyed by its partition
+                    out.append(env)
                     if limit is not None and len(out) >= limit:
                         break
-        return out
+        return offset, out
 
     def _decode(self, value: bytes | None, partition: int, offset: int) -> Envelope:
         if value is None:

@@ -38,7 +38,7 @@ from typing import Any
 
 import msgspec
 
-from events.codec import DecodeError, decode, encode
+from events.codec import DecodeError, decode, encode, kind_of
 from events.errors import InputError, LogCorruptedError, LogError
 from events.log import check_partition
 from events.types import Envelope
@@ -49,12 +49,6 @@ _HEADER = struct.Struct(">I")
 MAX_FRAME = 256 << 20
 _ENC = msgspec.msgpack.Encoder()
 _DEC = msgspec.msgpack.Decoder()
-
-
-def kind_of(envelope: Envelope) -> str:
-    """The tag of the envelope's event (``"pod+"``, ``"bind"``...)."""
-    tag = type(envelope.event).__struct_config__.tag
-    return str(tag)
 
 
 async def _read_frame(reader: asyncio.StreamReader) -> Any:

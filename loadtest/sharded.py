@@ -295,6 +295,10 @@ async def _decisions(log: EventLog, shard: int, offset: int) -> tuple[int, list[
     if fetch is not None:  # the log server filters by kind itself
         stop, records = await fetch(shard, offset, kinds=DECIDED)
         return int(stop), list(records)
+    read_kinds = getattr(log, "read_kinds", None)
+    if read_kinds is not None:  # Kafka: other kinds are skipped undecoded
+        stop, records = await read_kinds(shard, offset, DECIDED)
+        return int(stop), list(records)
     records = await log.read(shard, offset)
     stop = records[-1].offset + 1 if records else offset
     return stop, [e for e in records if isinstance(e.event, PodBound | PodUnschedulable)]

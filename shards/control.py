@@ -199,10 +199,14 @@ class ControlWorker:
         control = self.control
         copies: list[Envelope] = []
         fetch = getattr(self.log, "fetch", None)
+        read_kinds = getattr(self.log, "read_kinds", None)
         for shard in range(control.n):
             start = max(self.relay_from[shard], control.relayed[shard] + 1)
             if fetch is not None:  # the log server filters by kind: only reports travel
                 stop, records = await fetch(shard, start, kinds=REPORT_KINDS)
+                self.relay_from[shard] = max(stop, start)
+            elif read_kinds is not None:  # Kafka: the others are skipped undecoded
+                stop, records = await read_kinds(shard, start, REPORT_KINDS)
                 self.relay_from[shard] = max(stop, start)
             else:
                 records = await self.log.read(shard, start)

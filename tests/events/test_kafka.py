@@ -9,7 +9,8 @@ from aiokafka import AIOKafkaProducer
 
 from events.errors import InputError, LogCorruptedError, LogError
 from events.kafka import KafkaLog, KafkaSettings, create_topic
-from events.types import Envelope, PodDeleted
+from events.codec import encode
+from events.types import Envelope, PodDeleted, PodSucceeded
 
 
 def test_settings_from_url_and_environment() -> None:
@@ -119,5 +120,44 @@ async def test_large_appends_split_into_batches(kafka_bootstrap: str) -> None:
         got = await log.read(0, 0)
         assert [g.event for g in got] == [s.event for s in sent]
         assert await log.end_offset(0) == 500
+    finally:
+        await log.close()
+
+
+async def test_read_kinds_skips_other_kinds_by_key(kafka_bootstrap: str) -> None:
+    """Records are keyed by their kind: ``read_kinds`` keeps the kinds asked for, skips
+    the rest undecoded (a garbage value under another kind's key is never looked at),
+    still decodes records keyed the older way (by partition number) to filter them, and
+    says where its scan stopped."""
+    settings = KafkaSettings(bootstrap=kafka_bootstrap, topic=f"kinds-{uuid.uuid4().hex[:8]}")
+    await create_topic(settings)
+    log = KafkaLog(settings)
+    await log.start()
+    try:
+        await log.append(
+            [
+                Envelope(event=PodDeleted(pod="a/1")),
+                Envelope(event=PodSucceeded(pod="a/2")),
+            ]
+        )
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+        await producer.start()
+        try:
+            await producer.send_and_wait(settings.topic, b"\xc1 junk", key=b"pod.ok", partition=0)
+            older = encode(Envelope(event=PodDeleted(pod="a/3")))
+            await producer.send_and_wait(settings.topic, older, key=b"0", partition=0)
+            older = encode(Envelope(event=PodSucceeded(pod="a/4")))
+            await producer.send_and_wait(settings.topic, older, key=b"0", partition=0)
+        finally:
+            await producer.stop()
+        stop, kept = await log.read_kinds(0, 0, ["pod-"])
+        assert stop == 5
+        assert [(e.offset, e.event) for e in kept] == [
+            (0, PodDeleted(pod="a/1")),
+            (3, PodDeleted(pod="a/3")),
+        ]
+        assert await log.read_kinds(0, 5, ["pod-"]) == (5, [])
+        with pytest.raises(LogCorruptedError, match="offset 2"):
+            await log.read_kinds(0, 0, ["pod.ok"])
     finally:
         await log.close()
