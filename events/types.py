@@ -72,8 +72,10 @@ class PreferredSchedulingTerm(msgspec.Struct, frozen=True, kw_only=True):
     preference: NodeSelectorTerm
 
 
-class PodSpec(msgspec.Struct, frozen=True, kw_only=True):
-    """What the scheduler needs to know about a pod, already validated and canonical."""
+class PodSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What the scheduler needs to know about a pod, already validated and canonical.
+    Encoded without the fields left at their defaults (most of them, for most pods):
+    records are half the size and decode faster."""
 
     namespace: str
     name: str
@@ -98,7 +100,6 @@ class PodSpec(msgspec.Struct, frozen=True, kw_only=True):
     """``namespace/name`` of pods or groups that must succeed before this pod runs."""
     fails: bool = False
     """Simulation only: the pod fails, rather than succeeds, when its runtime ends."""
-    """Creation order among pods and groups (-1: the order of submission)."""
 
     @property
     def key(self) -> str:
