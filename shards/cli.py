@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gc
 import logging
 import os
 import sys
@@ -525,6 +526,20 @@ _COMMANDS = {
 }
 
 
+GC_THRESHOLDS = (50_000, 20, 100)
+"""The cyclic collector's thresholds in ``shoal`` processes. The engine allocates and
+frees a few objects per pod, almost none in cycles (reference counting frees them);
+with the default first threshold (700) the collector runs every few dozen pods and
+rescans the survivors, about a tenth of a shard's time under load."""
+
+
+def _tune_gc() -> None:
+    """Leave what was built at start-up (modules, the parser) out of every collection
+    and collect less often (:data:`GC_THRESHOLDS`)."""
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -551,5 +566,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
+def entry() -> int:
+    """The ``shoal`` program (console script and ``python -m shards.cli``): :func:`main`
+    in a process of its own, with the collector tuned for it."""
+    _tune_gc()
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -7,9 +7,9 @@ import uuid
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from events.codec import encode
 from events.errors import InputError, LogCorruptedError, LogError
 from events.kafka import KafkaLog, KafkaSettings, create_topic
-from events.codec import encode
 from events.types import Envelope, PodDeleted, PodSucceeded
 
 

@@ -342,3 +342,17 @@ def test_loadtest_recovery_options_are_checked(
 ) -> None:
     code, _, err = run(capsys, "loadtest", "--recovery", *argv)
     assert code == 2 and message in err
+
+
+def test_the_program_collects_cycles_less_often() -> None:
+    """``shoal`` as a program (not ``main`` called in-process, as these tests do) leaves
+    its start-up objects out of collections and raises the collector's thresholds."""
+    probe = (
+        "import gc, shards.cli as cli\n"
+        "cli.main = lambda: print(gc.get_threshold(), gc.get_freeze_count() > 0) or 0\n"
+        "raise SystemExit(cli.entry())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert out.stdout.split() == ["(50000,", "20,", "100)", "True"]
