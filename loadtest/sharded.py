@@ -169,7 +169,8 @@ async def _run(
     ]
     try:
         await _wait_ready(holder, n, len(nodes) + len(gpu_nodes), coordinator)
-        result = await _measure(log, shape, batches, wide, holder[0], progress, n)
+        pids = [child.pid for child in children]
+        result = await _measure(log, shape, batches, wide, holder[0], progress, n, pids)
         result["shape"]["bus"] = label
         return result
     finally:
@@ -213,12 +214,14 @@ async def _measure(
     control_worker: ControlWorker,
     progress: Progress | None,
     shards: int,
+    pids: list[int],
 ) -> dict[str, Any]:
     submitted_at: dict[str, float] = {}
     decided_at: dict[str, float] = {}
     total = sum(1 for b in batches for e in b if isinstance(e, PodSubmitted))
     positions = [0] * shards
     bound = 0
+    cpu_before = [cpu_seconds(None), *(cpu_seconds(pid) for pid in pids)]
     started = time.perf_counter()
     for chunk in batches:
         now = time.perf_counter()
@@ -227,6 +230,7 @@ async def _measure(
                 submitted_at[event.pod.key] = now
         await log.append([_envelope(e) for e in chunk], shards)
     bound = await _collect(log, positions, decided_at, total, started, progress)
+    cpu_after = [cpu_seconds(None), *(cpu_seconds(pid) for pid in pids)]
     wall = max(decided_at.values()) - started
     ms = np.array([(decided_at[k] - submitted_at[k]) * 1000 for k in decided_at])
     result: dict[str, Any] = {
@@ -238,6 +242,16 @@ async def _measure(
         "processes": {"shards": shards, "router_and_coordinator": "parent"},
         "handbacks": control_worker.control.counters["handbacks"],
     }
+    spent = [
+        round(b - a, 3)
+        for a, b in zip(cpu_before, cpu_after, strict=True)
+        if a is not None and b is not None
+    ]
+    if len(spent) == len(cpu_before):
+        # what each process burnt while the pods were decided (it includes the harness:
+        # submitting, and reading decisions back, in the parent)
+        result["cpu_seconds"] = {"parent": spent[0], "shards": spent[1:]}
+        result["cpu_microseconds_per_pod"] = round(sum(spent) * 1e6 / max(total, 1), 1)
     if wide:
         await _one_gang_at_a_time(log, wide, positions, shards)
         commit = np.array(control_worker.commit_seconds) * 1000
@@ -315,6 +329,19 @@ async def _one_gang_at_a_time(
         decided: dict[str, float] = {}
         await _collect(log, positions, decided, len(members), time.perf_counter(), None)
         await log.append([_envelope(PodDeleted(pod=key)) for key in members], shards)
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """CPU seconds (user and system) process ``pid`` has used so far (this process's
+    if None); None where ``/proc`` cannot tell."""
+    if pid is None:
+        return time.process_time()
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _percentiles(ms: Any) -> dict[str, float]:

@@ -215,7 +215,28 @@ def loadtest_table(result: dict[str, Any]) -> None:
     console.print(
         "submit→decision latency ms: " + ", ".join(f"{k} {v:.2f}" for k, v in latency.items())
     )
+    if "engine_seconds" in result:  # one shard in this process
+        console.print(
+            f"bound {result['bound']}, unschedulable {result['unschedulable']}, "
+            f"wall {result['wall_seconds']:.2f}s (engine {result['engine_seconds']:.2f}s)"
+        )
+        return
     console.print(
-        f"bound {result['bound']}, unschedulable {result['unschedulable']}, "
-        f"wall {result['wall_seconds']:.2f}s (engine {result['engine_seconds']:.2f}s)"
+        f"bound {result['bound']}, hand-backs {result['handbacks']}, "
+        f"wall {result['wall_seconds']:.2f}s"
     )
+    cpu = result.get("cpu_seconds")
+    if cpu is not None:
+        shards = ", ".join(f"{s:.2f}s" for s in cpu["shards"])
+        console.print(
+            f"CPU: parent (ingest, log server, router) {cpu['parent']:.2f}s, "
+            f"shards {shards}; {result['cpu_microseconds_per_pod']:.0f} µs per pod in all"
+        )
+    wide = result.get("cross_shard_gangs")
+    if wide is not None:
+        commit = wide["commit_latency_ms"] or {}
+        console.print(
+            f"cross-shard gangs: {wide['committed']} of {wide['gangs']} committed "
+            f"(gangs of {wide['size']}), {wide['aborted']} aborted; commit latency ms: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in commit.items())
+        )

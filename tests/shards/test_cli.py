@@ -239,6 +239,29 @@ def test_loadtest_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert data["bound"] == 300 and data["unschedulable"] == 0
 
 
+def test_sharded_loadtest_in_processes(capsys: pytest.CaptureFixture[str]) -> None:
+    """Two shard processes over the in-memory log server: every pod decided, gangs too
+    wide for one shard committed across both, the CPU each process spent; the table
+    says the same."""
+    data = run_json(
+        capsys,
+        *("loadtest", "--shards", "2", "--nodes", "40", "--pods", "400"),
+        *("--spanning-gangs", "2"),
+    )
+    assert data["bound"] == 400 and data["shape"]["shards"] == 2
+    wide = data["cross_shard_gangs"]
+    assert (wide["gangs"], wide["committed"], wide["aborted"]) == (2, 2, 0)
+    assert wide["commit_latency_ms"]["p50"] > 0
+    cpu = data["cpu_seconds"]
+    assert cpu["parent"] > 0 and len(cpu["shards"]) == 2
+    assert data["cpu_microseconds_per_pod"] > 0
+    code, out, err = run(
+        capsys, "loadtest", "--routed", "--nodes", "20", "--pods", "100", "--spanning-gangs", "0"
+    )
+    assert code == 0, err
+    assert "1 shard(s)" in out and "bound 100, hand-backs 0" in out and "CPU: parent" in out
+
+
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     for argv in (
         ["simulate"],
