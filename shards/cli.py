@@ -526,11 +526,13 @@ _COMMANDS = {
 }
 
 
-GC_THRESHOLDS = (50_000, 20, 100)
+GC_THRESHOLDS = (50_000, 10, 10)
 """The cyclic collector's thresholds in ``shoal`` processes. The engine allocates and
 frees a few objects per pod, almost none in cycles (reference counting frees them);
 with the default first threshold (700) the collector runs every few dozen pods and
-rescans the survivors, about a tenth of a shard's time under load."""
+rescans the survivors, about a tenth of a shard's time under load. The older
+generations keep their default ratios, so a long-running service still collects them
+(after some five million objects more allocated than freed)."""
 
 
 def _tune_gc() -> None:
