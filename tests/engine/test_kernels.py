@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -177,3 +181,20 @@ def test_profiles_the_kernel_does_not_cover_keep_numpy() -> None:
     }
     assert Engine(parse_config(raw, "test")).frameworks["default-scheduler"].kernel is None
     assert Engine().frameworks["default-scheduler"].kernel is not None
+
+
+def test_shoal_no_jit_keeps_numpy() -> None:
+    probe = (
+        "from engine.scheduler import Engine\n"
+        "print(Engine().frameworks['default-scheduler'].kernel)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=root,
+        env={**os.environ, "SHOAL_NO_JIT": "1"},
+    )
+    assert out.stdout.strip() == "None"
