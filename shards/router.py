@@ -485,20 +485,75 @@ class Control:
     # ------------------------------------------------------------------ quotas
 
     def _slice_quota(self, namespace: str) -> None:
-        quota = self.quotas[namespace]
-        slices = [
-            QuotaSpec(namespace=quota.namespace, name=quota.name, min={}, max={})
-            for _ in range(self.n)
-        ]
-        for bound in ("min", "max"):
-            amounts: dict[str, int] = getattr(quota, bound)
-            for resource, total in amounts.items():
-                for shard, amount in enumerate(self._split(resource, total)):
-                    getattr(slices[shard], bound)[resource] = amount
-        if slices != self.quota_slices.get(namespace):
-            self.quota_slices[namespace] = slices
-            for shard, piece in enumerate(slices):
-                self._send(shard, QuotaDefined(quota=piece))
+        """Slice every quota again, not only ``namespace``'s (a quota's ``min`` is packed
+        around the others'), and tell each shard the slices that changed."""
+        del namespace
+        for name, slices in self._slices().items():
+            if slices != self.quota_slices.get(name):
+                self.quota_slices[name] = slices
+                for shard, piece in enumerate(slices):
+                    self._send(shard, QuotaDefined(quota=piece))
+
+    def _slices(self) -> dict[str, list[QuotaSpec]]:
+        """Each quota cut into one slice per shard; the slices add up to the quota.
+
+        A guarantee split over shards guarantees nothing to a gang: each shard reclaims
+        only within its slice, so a gang needing the whole ``min`` could not get it back
+        anywhere. So each quota's ``min`` is *packed*: quotas in order of their largest
+        share of the cluster's capacity (then name), each into the shards with the most
+        capacity its earlier neighbours left, as whole as fits, the rest proportionally
+        (when the ``min``s add up to more than there is). ``max - min`` is spread over
+        the shards in proportion to their capacity, on top of each shard's ``min``."""
+        left = {r: [s.alloc.get(r, 0) for s in self.shards] for s in self.shards for r in s.alloc}
+
+        def share(quota: QuotaSpec) -> tuple[float, str]:
+            fractions = [amount / max(sum(left.get(r, ())), 1) for r, amount in quota.min.items()]
+            return (-max(fractions, default=0.0), quota.namespace)
+
+        out: dict[str, list[QuotaSpec]] = {}
+        for quota in sorted(self.quotas.values(), key=share):
+            mins = self._pack(quota.min, left)
+            slices = []
+            for shard in range(self.n):
+                floor = {r: mins[r][shard] for r in quota.min}
+                slices.append(
+                    QuotaSpec(namespace=quota.namespace, name=quota.name, min=floor, max={})
+                )
+            for resource, total in quota.max.items():
+                base = mins.get(resource, [0] * self.n)
+                extra = self._split(resource, max(total - sum(base), 0))
+                for shard in range(self.n):
+                    slices[shard].max[resource] = base[shard] + extra[shard]
+            out[quota.namespace] = slices
+        return out
+
+    def _pack(self, amounts: dict[str, int], left: dict[str, list[int]]) -> dict[str, list[int]]:
+        """``amounts`` over the shards, whole where they fit: shards in order of how much
+        of the request their capacity ``left`` holds (then index); ``left`` is used up."""
+        n = self.n
+
+        def room(shard: int) -> float:
+            return min(
+                (left.get(r, [0] * n)[shard] / a for r, a in amounts.items() if a > 0),
+                default=0.0,
+            )
+
+        order = sorted(range(n), key=lambda shard: (-room(shard), shard))
+        out: dict[str, list[int]] = {}
+        for resource, total in amounts.items():
+            parts = [0] * n
+            free = left.setdefault(resource, [0] * n)
+            need = total
+            for shard in order:
+                take = min(need, max(free[shard], 0))
+                parts[shard] += take
+                free[shard] -= take
+                need -= take
+            if need > 0:  # more guaranteed than there is: the rest by capacity
+                for shard, amount in enumerate(self._split(resource, need)):
+                    parts[shard] += amount
+            out[resource] = parts
+        return out
 
     def _split(self, resource: str, total: int) -> list[int]:
         """``total`` in proportion to each shard's allocatable ``resource``; the
@@ -516,8 +571,8 @@ class Control:
     def _reslice(self, namespace: str) -> None:
         if self._capacity_changed:
             self._capacity_changed = False
-            for name in sorted(self.quotas):
-                self._slice_quota(name)
+            if self.quotas:
+                self._slice_quota(namespace)
         elif namespace in self.quotas and namespace not in self.quota_slices:
             self._slice_quota(namespace)
 

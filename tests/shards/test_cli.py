@@ -273,6 +273,27 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
         assert code == 2 and "usage:" in err
 
 
+@pytest.mark.parametrize("shards", ["2", "3", "4"])
+def test_batch_example_keeps_its_guarantees_over_shards(
+    shards: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Sharded, research's gang still gets its guaranteed GPUs back from vision's
+    borrowers (its quota's ``min`` is not split where a gang cannot use it), vision keeps
+    its own guaranteed four, and the log replays."""
+    batch = str(ROOT / "examples" / "batch.yaml")
+    log = str(tmp_path / "batch.events")
+    data = run_json(capsys, "simulate", batch, "--shards", shards, "--log", log)
+    pods, groups = data["pods"], data["groups"]
+    assert groups["research/train"]["phase"] == "Succeeded", groups["research/train"]
+    assert pods["research/evaluate"]["phase"] == "Succeeded"
+    assert groups["data/etl-a"]["phase"] == groups["data/etl-b"]["phase"] == "Succeeded"
+    assert data["preemptions"] and all(p["pod"].startswith("vision/") for p in data["preemptions"])
+    running = [k for k, v in pods.items() if k.startswith("vision/") and v["phase"] == "Bound"]
+    assert len(running) == 4, pods
+    code, _, err = run(capsys, "replay", log, "--verify")
+    assert code == 0, err
+
+
 def test_batch_example_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     batch = str(ROOT / "examples" / "batch.yaml")
     log = str(tmp_path / "batch.events")

@@ -314,6 +314,47 @@ def test_quota_slices_add_up_to_the_quota() -> None:
     assert slices[0].max["nvidia.com/gpu"] >= slices[1].max["nvidia.com/gpu"]
 
 
+def test_guarantees_are_packed_whole_where_they_fit() -> None:
+    """Two shards of 4 GPUs; two quotas guaranteeing 4 each: each guarantee lands whole
+    on one shard (split 2 and 2, neither quota's gang of 4 could reclaim its own), the
+    borrowable rest is spread by capacity, and every slice's max covers its min."""
+    control = Control(Sharding(shards=2))
+    for i in range(2):
+        node_event = make_node(f"n{i}").gpu(4).label(POOL_LABEL, f"p{i}").added()
+        control.apply(Envelope(event=node_event, offset=i))
+    slices: dict[str, dict[int, QuotaSpec]] = {}
+    for offset, (ns, top) in enumerate([("vision", 6), ("research", 8)], start=2):
+        quota = QuotaSpec(
+            namespace=ns, name=ns, min={"nvidia.com/gpu": 4}, max={"nvidia.com/gpu": top}
+        )
+        for shard, event in control.apply(Envelope(event=QuotaDefined(quota=quota), offset=offset)):
+            if isinstance(event, QuotaDefined):
+                slices.setdefault(event.quota.namespace, {})[shard] = event.quota
+    gpu = "nvidia.com/gpu"
+    research = [control.quota_slices["research"][s] for s in range(2)]
+    vision = [control.quota_slices["vision"][s] for s in range(2)]
+    assert [q.min[gpu] for q in research] == [4, 0]  # first by name on equal shares
+    assert [q.min[gpu] for q in vision] == [0, 4]
+    assert [q.max[gpu] for q in research] == [6, 2] and [q.max[gpu] for q in vision] == [1, 5]
+    assert all(q.max[gpu] >= q.min[gpu] for q in (*research, *vision))
+    # vision's slices moved when research's quota arrived: both shards were told
+    assert set(slices["vision"]) == {0, 1} and set(slices["research"]) == {0, 1}
+
+
+def test_guarantees_larger_than_a_shard_fill_the_roomiest_first() -> None:
+    control = Control(Sharding(shards=3))
+    for i, gpus in enumerate([2, 8, 4]):
+        node_event = make_node(f"n{i}").gpu(gpus).label(POOL_LABEL, f"p{i}").added()
+        control.apply(Envelope(event=node_event, offset=i))
+    quota = QuotaSpec(namespace="ml", name="q", min={"nvidia.com/gpu": 11}, max={})
+    control.apply(Envelope(event=QuotaDefined(quota=quota), offset=3))
+    assert [q.min["nvidia.com/gpu"] for q in control.quota_slices["ml"]] == [0, 8, 3]
+    over = QuotaSpec(namespace="ml", name="q", min={"nvidia.com/gpu": 20}, max={})
+    control.apply(Envelope(event=QuotaDefined(quota=over), offset=4))
+    mins = [q.min["nvidia.com/gpu"] for q in control.quota_slices["ml"]]
+    assert sum(mins) == 20 and mins[1] >= 8 and mins[2] >= 4 and mins[0] >= 2
+
+
 def test_routes_to_the_roomiest_shard_and_ignores_forged_relays() -> None:
     control = Control(Sharding(shards=2))
     control.apply(Envelope(event=make_node("a").cpu("4").label(POOL_LABEL, "pa").added()))
