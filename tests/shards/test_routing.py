@@ -28,8 +28,6 @@ from events.types import (
     PodBound,
     PodGroupSubmitted,
     PodHandedBack,
-    PodRecalled,
-    PodRouted,
     PodSubmitted,
     PodUnbound,
     QuotaDefined,
@@ -47,7 +45,7 @@ from shards.replay import replay_routed
 from shards.router import POOL_LABEL, RELAY, Control, Sharding
 from shards.scenario import load_scenario
 from shards.simulate import simulate
-from tests.builders import env, make_node, make_pod
+from tests.builders import make_node, make_pod
 from tests.shards.test_batch import group, node, pod
 
 
@@ -461,80 +459,6 @@ def test_routed_replay_needs_the_sharding_record() -> None:
     bad = [[], [], [Envelope(event=ShardingConfigured(config="{nope"), partition=2, offset=0)]]
     with pytest.raises(LogCorruptedError, match="invalid"):
         replay_routed(bad, verify=True)
-
-
-def test_a_pod_every_shard_refused_is_recalled_when_another_has_room() -> None:
-    """Refused by both shards, the pod stays with the last; a summary from the other
-    shard showing room for it recalls it (once), the keeper hands it back, and it goes
-    there. A summary without room, or from the keeper itself, recalls nothing."""
-    control = Control(Sharding(shards=2))
-    offset = 0
-
-    def feed(event: Event, relay: int | None = None) -> list[Any]:
-        nonlocal offset
-        offset += 1
-        if relay is None:
-            return control.apply(Envelope(event=event, offset=offset))
-        return control.apply(
-            Envelope(
-                event=event,
-                offset=offset,
-                stream=RELAY,
-                producer=f"relay-{relay}",
-                causation=offset,
-            )
-        )
-
-    def room(shard: int, free_cpu: int) -> ShardSummary:
-        return ShardSummary(
-            shard=shard,
-            seen=offset,
-            nodes=1,
-            allocatable={"cpu": 8000, "memory": 8 << 30, "pods": 110},
-            used={"cpu": 8000 - free_cpu},
-            largest={"cpu": free_cpu, "memory": 8 << 30, "pods": 110},
-        )
-
-    for i in range(2):
-        feed(make_node(f"n{i}").cpu("8").memory("8Gi").label(POOL_LABEL, f"p{i}").added())
-    out = feed(PodSubmitted(pod=make_pod("big").cpu("6").spec()))
-    first = next(s for s, e in out if isinstance(e, PodRouted))
-    other = 1 - first
-    out = feed(PodHandedBack(pod="default/big", reason="full", shard=first, resolvable=True), first)
-    assert [(s, e.final) for s, e in out if isinstance(e, PodRouted)] == [(other, True)]
-    assert control.kept == {"default/big": other}
-    assert not feed(room(first, 2000), relay=first), "no room for 6 cpu: nothing recalled"
-    assert not feed(room(other, 8000), relay=other), "its keeper's own room: nothing"
-    out = feed(room(first, 8000), relay=first)
-    assert out == [(other, PodRecalled(pod="default/big"))]
-    assert control.kept == {} and control.counters["recalls"] == 1
-    assert not feed(room(first, 8000), relay=first), "recalled once per keeping"
-    out = feed(PodHandedBack(pod="default/big", reason="still full", shard=other), other)
-    assert [s for s, e in out if isinstance(e, PodRouted)] == [first]
-
-
-def test_a_recalled_pod_is_handed_back_only_if_it_still_does_not_fit() -> None:
-    engine = Engine(shard=0)
-    engine.apply(env(make_node("n").cpu("4").added(), 0))
-    spec = make_pod("big").cpu("6").spec()
-    engine.apply(env(PodRouted(pod=spec, final=True, answers=("shard 1: full",)), 1))
-    out = engine.schedule()
-    assert [type(e).__name__ for e in out if not isinstance(e, ShardSummary)] == [
-        "PodUnschedulable"
-    ]
-    engine.apply(env(PodRecalled(pod="default/big"), 2))
-    out = engine.schedule()
-    assert [e for e in out if isinstance(e, PodHandedBack)] == [
-        PodHandedBack(pod="default/big", reason=out[0].reason, shard=0, resolvable=True)
-    ]
-    assert "default/big" not in engine.pods
-    # one that fits now is placed, not handed back; one placed already ignores it
-    engine.apply(env(PodRouted(pod=make_pod("small").cpu("1").spec(), final=True), 3))
-    engine.apply(env(PodRecalled(pod="default/small"), 4))
-    out = engine.schedule()
-    assert [type(e).__name__ for e in out if not isinstance(e, ShardSummary)] == ["PodBound"]
-    engine.apply(env(PodRecalled(pod="default/small"), 5))
-    assert [e for e in engine.schedule() if isinstance(e, PodHandedBack)] == []
 
 
 def test_abort_reaches_every_open_part() -> None:
