@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from events.codec import kind_of
 from events.types import Envelope
 
 
@@ -60,3 +61,22 @@ def check_partition(partition: int, partitions: int) -> None:
     """Raise ``ValueError`` unless ``0 <= partition < partitions``."""
     if not 0 <= partition < partitions:
         raise ValueError(f"partition {partition} out of range (log has {partitions})")
+
+
+async def read_kinds(
+    log: EventLog, partition: int, offset: int, kinds: Sequence[str]
+) -> tuple[int, list[Envelope]]:
+    """The records of ``partition`` from ``offset`` whose event is of one of ``kinds``
+    (tags: ``"bind"``, ``"summary"``...), and the offset after the last record scanned.
+
+    A backend that can filter without decoding what it skips (the log server filters
+    on its side; Kafka records are keyed by kind) does it through its own
+    ``read_kinds``; any other log is read whole and filtered here."""
+    own = getattr(log, "read_kinds", None)
+    if own is not None:
+        stop, records = await own(partition, offset, kinds)
+        return int(stop), list(records)
+    records = await log.read(partition, offset)
+    stop = records[-1].offset + 1 if records else offset
+    wanted = set(kinds)
+    return stop, [env for env in records if kind_of(env) in wanted]

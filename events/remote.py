@@ -273,6 +273,12 @@ class RemoteLog:
             out.append(replace(env, offset=at, partition=partition))
         return int(stop), out
 
+    async def read_kinds(
+        self, partition: int, offset: int, kinds: Sequence[str]
+    ) -> tuple[int, list[Envelope]]:
+        """Only ``kinds``, filtered by the server (see :func:`events.log.read_kinds`)."""
+        return await self.fetch(partition, offset, kinds=kinds)
+
     async def end_offset(self, partition: int) -> int:
         check_partition(partition, self._partitions)
         return int(await self._call(["end", partition]))

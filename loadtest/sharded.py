@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from events.errors import InputError
-from events.log import EventLog
+from events.log import EventLog, read_kinds
 from events.remote import LogServer
 from events.types import (
     Envelope,
@@ -305,17 +305,7 @@ async def _collect(
 
 async def _decisions(log: EventLog, shard: int, offset: int) -> tuple[int, list[Envelope]]:
     """Binds and refusals in ``shard``'s partition from ``offset``, and where to go on."""
-    fetch = getattr(log, "fetch", None)
-    if fetch is not None:  # the log server filters by kind itself
-        stop, records = await fetch(shard, offset, kinds=DECIDED)
-        return int(stop), list(records)
-    read_kinds = getattr(log, "read_kinds", None)
-    if read_kinds is not None:  # Kafka: other kinds are skipped undecoded
-        stop, records = await read_kinds(shard, offset, DECIDED)
-        return int(stop), list(records)
-    records = await log.read(shard, offset)
-    stop = records[-1].offset + 1 if records else offset
-    return stop, [e for e in records if isinstance(e.event, PodBound | PodUnschedulable)]
+    return await read_kinds(log, shard, offset, DECIDED)
 
 
 async def _one_gang_at_a_time(

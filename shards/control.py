@@ -42,7 +42,7 @@ from engine.snapshot import (
     encode_tree,
     snapshot_parts,
 )
-from events.log import EventLog
+from events.log import EventLog, read_kinds
 from events.types import (
     REPORTS,
     Envelope,
@@ -198,20 +198,10 @@ class ControlWorker:
     async def _relay(self) -> int:
         control = self.control
         copies: list[Envelope] = []
-        fetch = getattr(self.log, "fetch", None)
-        read_kinds = getattr(self.log, "read_kinds", None)
         for shard in range(control.n):
             start = max(self.relay_from[shard], control.relayed[shard] + 1)
-            if fetch is not None:  # the log server filters by kind: only reports travel
-                stop, records = await fetch(shard, start, kinds=REPORT_KINDS)
-                self.relay_from[shard] = max(stop, start)
-            elif read_kinds is not None:  # Kafka: the others are skipped undecoded
-                stop, records = await read_kinds(shard, start, REPORT_KINDS)
-                self.relay_from[shard] = max(stop, start)
-            else:
-                records = await self.log.read(shard, start)
-                if records:
-                    self.relay_from[shard] = records[-1].offset + 1
+            stop, records = await read_kinds(self.log, shard, start, REPORT_KINDS)
+            self.relay_from[shard] = max(stop, start)
             if not records:
                 continue
             producer = f"{RELAY}-{shard}"

@@ -10,7 +10,7 @@ import pytest
 
 from events.filelog import FileLog
 from events.kafka import KafkaLog, KafkaSettings, create_topic
-from events.log import EventLog
+from events.log import EventLog, read_kinds
 from events.memory import MemoryLog
 from events.remote import LogServer, RemoteLog
 from events.types import ClockTicked, Envelope, NodeRemoved, PodDeleted
@@ -147,3 +147,20 @@ async def test_close_twice_is_safe(make_log: Factory) -> None:
     log = await make_log(1)
     await log.close()
     await log.close()
+
+
+async def test_read_kinds_keeps_the_kinds_asked_for_and_says_where_it_stopped(
+    make_log: Factory,
+) -> None:
+    log = await make_log(1)
+    await log.append(
+        [
+            Envelope(event=PodDeleted(pod="ns/a")),
+            Envelope(event=NodeRemoved(name="n")),
+            Envelope(event=PodDeleted(pod="ns/b")),
+            Envelope(event=ClockTicked()),
+        ]
+    )
+    stop, kept = await read_kinds(log, 0, 1, ["pod-"])
+    assert stop == 4 and [(e.offset, e.event) for e in kept] == [(2, PodDeleted(pod="ns/b"))]
+    assert await read_kinds(log, 0, 4, ["pod-"]) == (4, [])
