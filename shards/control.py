@@ -52,7 +52,7 @@ from events.types import (
     SnapshotTaken,
 )
 from shards.router import RELAY, ROUTER, Control, PoolRule, Sharding, _Gang, _Shard
-from shards.worker import newest_snapshot
+from shards.worker import append_snapshot, newest_snapshot
 
 logger = logging.getLogger(__name__)
 COORDINATOR: Final = "coordinator"
@@ -171,29 +171,18 @@ class ControlWorker:
         return appended
 
     async def _snapshot(self) -> None:
-        started = time.perf_counter()
         parts = snapshot_parts(self.state(), self.position, component=COORDINATOR)
-        offsets = await self.log.append(
-            [
-                Envelope(
-                    event=p,
-                    time=self.control.now,
-                    causation=self.position - 1,
-                    producer=COORDINATOR,
-                )
-                for p in parts
-            ],
+        offsets = await append_snapshot(
+            self.log,
             self.partition,
+            parts,
+            at=self.control.now,
+            causation=self.position - 1,
+            producer=COORDINATOR,
         )
         self.last_own[self.partition] = offsets[-1]
         self.snapshot_at = self.position
         self.snapshots += 1
-        logger.info(
-            "coordinator snapshot written offset=%d parts=%d seconds=%.3f",
-            offsets[0],
-            len(parts),
-            time.perf_counter() - started,
-        )
 
     async def _relay(self) -> int:
         control = self.control

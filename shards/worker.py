@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 
 from engine.config import SchedulerConfig
 from engine.scheduler import Engine
@@ -164,25 +165,46 @@ class ShardWorker:
         """Append the state as it is right after the pass caused by ``cause``."""
         started = time.perf_counter()
         parts = snapshot_events(self.engine, self.position, component=self.name)
-        offsets = await self.log.append(
-            [
-                Envelope(event=p, time=self.engine.now, causation=cause, producer=self.name)
-                for p in parts
-            ],
+        offsets = await append_snapshot(
+            self.log,
             self.partition,
+            parts,
+            at=self.engine.now,
+            causation=cause,
+            producer=self.name,
         )
         self._own_until = offsets[-1] + 1
         self.snapshot_at = self.position
         self.snapshots += 1
         self.snapshot_seconds += time.perf_counter() - started
-        logger.info(
-            "snapshot written shard=%d offset=%d parts=%d bytes=%d seconds=%.3f",
-            self.engine.shard,
-            offsets[0],
-            len(parts),
-            sum(len(p.data) for p in parts),
-            time.perf_counter() - started,
-        )
+
+
+async def append_snapshot(
+    log_: EventLog,
+    partition: int,
+    parts: Sequence[SnapshotTaken],
+    *,
+    at: int,
+    causation: int,
+    producer: str,
+) -> list[int]:
+    """Append a snapshot's parts in one call (all or none of them), stamped ``at`` (the
+    component's time); their offsets."""
+    started = time.perf_counter()
+    offsets = await log_.append(
+        [Envelope(event=p, time=at, causation=causation, producer=producer) for p in parts],
+        partition,
+    )
+    logger.info(
+        "snapshot written producer=%s partition=%d offset=%d parts=%d bytes=%d seconds=%.3f",
+        producer,
+        partition,
+        offsets[0],
+        len(parts),
+        sum(len(p.data) for p in parts),
+        time.perf_counter() - started,
+    )
+    return offsets
 
 
 async def newest_snapshot(
