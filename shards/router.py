@@ -372,7 +372,7 @@ class Control:
                 self._observed_bound(event)
             case QuotaDefined(quota=quota):
                 self.quotas[quota.namespace] = quota
-                self._slice_quota(quota.namespace)
+                self._slice_quotas()
             case PoolReassigned(pool=pool, shard=shard):
                 self._reassign(pool, shard)
             case SchedulerConfigured():
@@ -484,10 +484,9 @@ class Control:
 
     # ------------------------------------------------------------------ quotas
 
-    def _slice_quota(self, namespace: str) -> None:
-        """Slice every quota again, not only ``namespace``'s (a quota's ``min`` is packed
-        around the others'), and tell each shard the slices that changed."""
-        del namespace
+    def _slice_quotas(self) -> None:
+        """Slice every quota again (a quota's ``min`` is packed around the others'), and
+        tell each shard the slices that changed."""
         for name, slices in self._slices().items():
             if slices != self.quota_slices.get(name):
                 self.quota_slices[name] = slices
@@ -513,18 +512,20 @@ class Control:
         out: dict[str, list[QuotaSpec]] = {}
         for quota in sorted(self.quotas.values(), key=share):
             mins = self._pack(quota.min, left)
-            slices = []
-            for shard in range(self.n):
-                floor = {r: mins[r][shard] for r in quota.min}
-                slices.append(
-                    QuotaSpec(namespace=quota.namespace, name=quota.name, min=floor, max={})
-                )
+            maxes: dict[str, list[int]] = {}
             for resource, total in quota.max.items():
                 base = mins.get(resource, [0] * self.n)
                 extra = self._split(resource, max(total - sum(base), 0))
-                for shard in range(self.n):
-                    slices[shard].max[resource] = base[shard] + extra[shard]
-            out[quota.namespace] = slices
+                maxes[resource] = [b + e for b, e in zip(base, extra, strict=True)]
+            out[quota.namespace] = [
+                QuotaSpec(
+                    namespace=quota.namespace,
+                    name=quota.name,
+                    min={r: parts[shard] for r, parts in mins.items()},
+                    max={r: parts[shard] for r, parts in maxes.items()},
+                )
+                for shard in range(self.n)
+            ]
         return out
 
     def _pack(self, amounts: dict[str, int], left: dict[str, list[int]]) -> dict[str, list[int]]:
@@ -569,12 +570,14 @@ class Control:
         return parts
 
     def _reslice(self, namespace: str) -> None:
+        """Before routing a pod of ``namespace``: slice again if capacity changed, or if
+        its quota was defined before any capacity was known."""
         if self._capacity_changed:
             self._capacity_changed = False
             if self.quotas:
-                self._slice_quota(namespace)
+                self._slice_quotas()
         elif namespace in self.quotas and namespace not in self.quota_slices:
-            self._slice_quota(namespace)
+            self._slice_quotas()
 
     # ------------------------------------------------------------------ pods
 
