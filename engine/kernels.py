@@ -14,11 +14,17 @@ decision.
 
 Any other plugin, strategy or resource count keeps the numpy path. So does everything
 when numba is missing or ``SHOAL_NO_JIT`` is set.
+
+Loading numba and the compiled code costs about half a second, so it happens only when
+a refresh first needs it (more nodes changed than the plain-Python path handles well),
+or at start in processes that schedule for long (:func:`warm_up`): a small simulation
+never pays for it.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 from collections.abc import Callable
 from typing import Any
@@ -36,13 +42,15 @@ Refresh = Callable[..., None]
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 
+def available() -> bool:
+    """Whether the compiled refresh may be used (numba installed, not turned off)."""
+    return not os.environ.get("SHOAL_NO_JIT") and importlib.util.find_spec("numba") is not None
+
+
 def _compile() -> Refresh | None:
-    if os.environ.get("SHOAL_NO_JIT"):
+    if not available():
         return None
-    try:
-        import numba
-    except ImportError:  # pragma: no cover - numba is a dependency; kept optional
-        return None
+    import numba
 
     def refresh(
         slots: Ints,
@@ -110,6 +118,15 @@ def _compile() -> Refresh | None:
         return numba.njit(cache=False, nogil=True)(refresh)
 
 
+def warm_up() -> None:
+    """Load the compiled refresh now rather than at the first refresh that needs it."""
+    refresh_kernel()
+
+
+def loaded() -> bool:
+    return refresh_kernel.cache_info().currsize > 0
+
+
 @functools.cache
 def refresh_kernel() -> Refresh | None:
     """The compiled refresh, or None. Compiled (or loaded from numba's cache on disk)
@@ -133,13 +150,11 @@ class ResourceKernel:
 
     def __init__(
         self,
-        refresh: Refresh,
         fit: NodeResourcesFit,
         fit_weight: int,
         balanced: NodeResourcesBalancedAllocation | None,
         balanced_weight: int,
     ) -> None:
-        self.refresh = refresh
         self.fit = fit
         self.fit_weight = fit_weight
         self.balanced = balanced
@@ -153,8 +168,7 @@ class ResourceKernel:
         """The kernel for a profile whose only dynamic filter is ``NodeResourcesFit`` and
         whose local scores are Fit (``LeastAllocated``/``MostAllocated``) and
         BalancedAllocation, at most once each; None for any other profile."""
-        refresh = refresh_kernel()
-        if refresh is None or len(dynamic_filters) != 1:
+        if not available() or len(dynamic_filters) != 1:
             return None
         fit = dynamic_filters[0]
         if type(fit) is not NodeResourcesFit:
@@ -169,7 +183,13 @@ class ResourceKernel:
                 balanced, balanced_weight = plugin, weight
             else:
                 return None
-        return cls(refresh, fit, fit_weight, balanced, balanced_weight)
+        return cls(fit, fit_weight, balanced, balanced_weight)
+
+    @staticmethod
+    def worth(changed: int, scalar_limit: int) -> bool:
+        """Refresh ``changed`` nodes with the kernel? Yes once it is loaded; before,
+        only for more than the plain-Python path refreshes well (``scalar_limit``)."""
+        return changed > scalar_limit or loaded()
 
     def params(self, request: Request, state: ClusterState) -> Params | None:
         """The per-shape arguments, or None when this shape needs the numpy path
@@ -223,9 +243,13 @@ class ResourceKernel:
         feasible: Bools,
         local: Ints,
         masked: Ints,
-    ) -> None:
-        """Refresh ``feasible``, ``local`` and ``masked`` at ``slots``."""
-        self.refresh(
+    ) -> bool:
+        """Refresh ``feasible``, ``local`` and ``masked`` at ``slots``; False (nothing
+        done) if the kernel cannot be compiled here."""
+        refresh = refresh_kernel()
+        if refresh is None:
+            return False
+        refresh(
             np.array(slots, dtype=np.int64),
             static,
             state._columns,
@@ -234,3 +258,4 @@ class ResourceKernel:
             local,
             masked,
         )
+        return True

@@ -26,6 +26,7 @@ import signal
 import time
 from collections.abc import Callable
 
+from engine import kernels
 from engine.config import SchedulerConfig
 from events.errors import LogError
 from events.log import EventLog
@@ -121,6 +122,7 @@ async def _run_shard(
     idle_wait: float,
     snapshot_every: int,
 ) -> ShardWorker:
+    kernels.warm_up()  # a long-running shard: load the compiled refresh before the pods
     worker = await ShardWorker.recover(
         bus, config, shard=shard, partition=shard, snapshot_every=snapshot_every
     )

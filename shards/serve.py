@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient
 
+from engine import kernels
 from engine.config import SchedulerConfig, default_config
 from engine.scheduler import Engine
 from events.errors import InputError, LogError
@@ -502,6 +503,7 @@ class Service:
                 # a fresh start and a failed bus alike: rebuild the engine from the log
                 # (a pure fold; decisions may have been applied but not recorded)
                 try:
+                    kernels.warm_up()  # loaded once per process, before the pods come
                     worker = await ShardWorker.recover(
                         bus,
                         config,

@@ -249,13 +249,17 @@ class Framework:
             changed = [*changed, *entry.pending_slots]
             entry.pending_slots = None
         kernel = self.kernel
-        if changed and kernel is not None and entry.local is not None:
+        if (
+            changed
+            and kernel is not None
+            and entry.local is not None
+            and kernel.worth(len(changed), SCALAR_LIMIT)
+        ):
             params = kernel.params(pod.request, state)
-            if params is not None:
-                assert entry.masked is not None
-                kernel.run(
-                    changed, static, state, params, entry.feasible, entry.local, entry.masked
-                )
+            assert entry.masked is not None
+            if params is not None and kernel.run(
+                changed, static, state, params, entry.feasible, entry.local, entry.masked
+            ):
                 entry.position = state.journal_end
                 return entry.feasible, entry
         if changed and self._scalar and len(changed) <= SCALAR_LIMIT:

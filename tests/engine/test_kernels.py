@@ -198,3 +198,22 @@ def test_shoal_no_jit_keeps_numpy() -> None:
         env={**os.environ, "SHOAL_NO_JIT": "1"},
     )
     assert out.stdout.strip() == "None"
+
+
+def test_a_small_run_never_loads_numba() -> None:
+    """Refreshes of a few nodes stay in plain Python until the kernel is needed, so a
+    small simulation does not pay the half second numba costs to load."""
+    probe = (
+        "import asyncio, sys\n"
+        "from events.memory import MemoryLog\n"
+        "from shards.scenario import load_scenario\n"
+        "from shards.simulate import simulate\n"
+        "scenario = load_scenario(['examples/quickstart.yaml'])\n"
+        "result = asyncio.run(simulate(scenario, MemoryLog()))\n"
+        "print(result.engine.stats()['attempts'] > 0, 'numba' in sys.modules)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=root
+    )
+    assert out.stdout.split() == ["True", "False"]
