@@ -183,21 +183,26 @@ def test_profiles_the_kernel_does_not_cover_keep_numpy() -> None:
     assert Engine().frameworks["default-scheduler"].kernel is not None
 
 
+def _probe(code: str, **env: str) -> str:
+    """What ``code`` prints in a fresh interpreter (from the repository root)."""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=root,
+        env={**os.environ, **env},
+    )
+    return out.stdout
+
+
 def test_shoal_no_jit_keeps_numpy() -> None:
     probe = (
         "from engine.scheduler import Engine\n"
         "print(Engine().frameworks['default-scheduler'].kernel)\n"
     )
-    root = Path(__file__).resolve().parents[2]
-    out = subprocess.run(
-        [sys.executable, "-c", probe],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=root,
-        env={**os.environ, "SHOAL_NO_JIT": "1"},
-    )
-    assert out.stdout.strip() == "None"
+    assert _probe(probe, SHOAL_NO_JIT="1").strip() == "None"
 
 
 def test_a_small_run_never_loads_numba() -> None:
@@ -212,8 +217,4 @@ def test_a_small_run_never_loads_numba() -> None:
         "result = asyncio.run(simulate(scenario, MemoryLog()))\n"
         "print(result.engine.stats()['attempts'] > 0, 'numba' in sys.modules)\n"
     )
-    root = Path(__file__).resolve().parents[2]
-    out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=root
-    )
-    assert out.stdout.split() == ["True", "False"]
+    assert _probe(probe).split() == ["True", "False"]
