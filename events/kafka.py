@@ -374,7 +374,10 @@ class KafkaLog:
                 offset=offset,
                 path=f"kafka:{self.settings.topic}",
             ) from None
-        return msgspec.structs.replace(env, offset=offset, partition=partition)
+        # freshly decoded, this read's alone: fill in where it lives rather than copy it
+        msgspec.structs.force_setattr(env, "offset", offset)
+        msgspec.structs.force_setattr(env, "partition", partition)
+        return env
 
     async def end_offset(self, partition: int) -> int:
         check_partition(partition, self.partitions)

@@ -80,3 +80,19 @@ async def read_kinds(
     stop = records[-1].offset + 1 if records else offset
     wanted = set(kinds)
     return stop, [env for env in records if kind_of(env) in wanted]
+
+
+async def count_kinds(
+    log: EventLog, partition: int, offset: int, kinds: Sequence[str]
+) -> tuple[int, int]:
+    """How many records of ``partition`` from ``offset`` are of one of ``kinds``, and the
+    offset after the last record scanned: :func:`read_kinds` without the records.
+
+    The log server counts on its side (nothing crosses the socket but two integers);
+    any other log is read through :func:`read_kinds` and counted here."""
+    own = getattr(log, "count_kinds", None)
+    if own is not None:
+        stop, count = await own(partition, offset, kinds)
+        return int(stop), int(count)
+    stop, records = await read_kinds(log, partition, offset, kinds)
+    return stop, len(records)

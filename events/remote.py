@@ -17,6 +17,9 @@ Wire format: frames of a 4-byte big-endian length and a msgpack array. Requests 
   when unfiltered: they are consecutive from ``offset``). With ``wait_ms`` an empty
   answer waits that long for an append first (long polling, so idle readers cost
   nothing);
+- ``["count", partition, offset, kinds]`` → ``[next, count]``: how many records from
+  ``offset`` are of ``kinds``, without the records (a reader that only waits for
+  progress);
 - ``["end", partition]`` → the end offset.
 
 Records travel as the client encoded them (msgpack envelopes with ``offset`` -1): the
@@ -156,6 +159,17 @@ class LogServer:
                 self._grew[partition].set()
                 self._grew[partition] = asyncio.Event()
             return start
+        if op == "count":
+            partition = self._partition(request[1])
+            offset, wanted = request[2], request[3]
+            if not isinstance(offset, int) or offset < 0:
+                raise ValueError("offset must be a non-negative integer")
+            if not isinstance(wanted, list):
+                raise ValueError("count expects a list of kinds")
+            kinds = self._kinds[partition]
+            stop = max(len(kinds), offset)
+            wanted_set = set(wanted)
+            return [stop, sum(1 for i in range(offset, stop) if kinds[i] in wanted_set)]
         if op == "read":
             partition = self._partition(request[1])
             offset, limit, wait_ms, wanted = request[2], request[3], request[4], request[5]
@@ -262,7 +276,7 @@ class RemoteLog:
         stop, records, offsets = await self._call(
             ["read", partition, max(offset, 0), limit, wait_ms, wanted]
         )
-        replace = msgspec.structs.replace
+        force_setattr = msgspec.structs.force_setattr
         places = offsets if wanted is not None else range(max(offset, 0), stop)
         out = []
         for at, record in zip(places, records, strict=True):
@@ -270,7 +284,11 @@ class RemoteLog:
                 env = decode(record)
             except DecodeError as exc:
                 raise LogCorruptedError(str(exc), partition=partition, offset=at) from None
-            out.append(replace(env, offset=at, partition=partition))
+            # a freshly decoded record is this call's alone: fill in where it lives
+            # rather than copy it (a copy per record was a tenth of a reader's time)
+            force_setattr(env, "offset", at)
+            force_setattr(env, "partition", partition)
+            out.append(env)
         return int(stop), out
 
     async def read_kinds(
@@ -278,6 +296,15 @@ class RemoteLog:
     ) -> tuple[int, list[Envelope]]:
         """Only ``kinds``, filtered by the server (see :func:`events.log.read_kinds`)."""
         return await self.fetch(partition, offset, kinds=kinds)
+
+    async def count_kinds(
+        self, partition: int, offset: int, kinds: Sequence[str]
+    ) -> tuple[int, int]:
+        """How many records of ``kinds`` there are from ``offset``, counted by the server
+        (see :func:`events.log.count_kinds`), and where the count stopped."""
+        check_partition(partition, self._partitions)
+        stop, count = await self._call(["count", partition, max(offset, 0), list(kinds)])
+        return int(stop), int(count)
 
     async def end_offset(self, partition: int) -> int:
         check_partition(partition, self._partitions)

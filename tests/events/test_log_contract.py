@@ -10,7 +10,7 @@ import pytest
 
 from events.filelog import FileLog
 from events.kafka import KafkaLog, KafkaSettings, create_topic
-from events.log import EventLog, read_kinds
+from events.log import EventLog, count_kinds, read_kinds
 from events.memory import MemoryLog
 from events.remote import LogServer, RemoteLog
 from events.types import ClockTicked, Envelope, NodeRemoved, PodDeleted
@@ -164,3 +164,20 @@ async def test_read_kinds_keeps_the_kinds_asked_for_and_says_where_it_stopped(
     stop, kept = await read_kinds(log, 0, 1, ["pod-"])
     assert stop == 4 and [(e.offset, e.event) for e in kept] == [(2, PodDeleted(pod="ns/b"))]
     assert await read_kinds(log, 0, 4, ["pod-"]) == (4, [])
+
+
+async def test_count_kinds_counts_what_read_kinds_would_keep(make_log: Factory) -> None:
+    log = await make_log(1)
+    await log.append(
+        [
+            Envelope(event=PodDeleted(pod="ns/a")),
+            Envelope(event=NodeRemoved(name="n")),
+            Envelope(event=PodDeleted(pod="ns/b")),
+            Envelope(event=ClockTicked()),
+        ]
+    )
+    assert await count_kinds(log, 0, 0, ["pod-"]) == (4, 2)
+    assert await count_kinds(log, 0, 1, ["pod-", "node-"]) == (4, 2)
+    assert await count_kinds(log, 0, 3, ["pod-"]) == (4, 0)
+    assert await count_kinds(log, 0, 4, ["pod-"]) == (4, 0)
+    assert await count_kinds(log, 0, 0, []) == (4, 0)

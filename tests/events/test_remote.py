@@ -39,6 +39,10 @@ def _frame(message: object) -> bytes:
         _frame(["append", 0, [["pod-", "not bytes"]]]),
         _frame(["read", 9, 0, None, 0, None]),  # no such partition
         _frame(["read", 0, -1, None, 0, None]),
+        _frame(["count", 0, 0, "pod-"]),  # kinds not a list
+        _frame(["count", 0, -3, ["pod-"]]),
+        _frame(["count", 0, 0, [["pod-"]]]),  # a kind that is not a string
+        _frame(["count", 0]),
         _frame(["drop-table"]),
         _frame([]),
     ],
