@@ -18,6 +18,7 @@ from prepare to commit of each.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import os
 import random
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from events.errors import InputError
-from events.log import EventLog, read_kinds
+from events.log import EventLog, count_kinds, read_kinds
 from events.remote import LogServer
 from events.types import (
     Envelope,
@@ -265,6 +266,62 @@ async def _measure(
     return result
 
 
+class _Decisions:
+    """The decisions in one shard's partition as the harness sees them.
+
+    While pods are being decided the harness only counts them (the log server counts on
+    its side, so nothing is decoded in the parent, whose CPU the shards share) and notes
+    when each count was seen; the records are read once the counts say every pod may
+    have one, and each gets the time its count was first seen, as if it had been read
+    then. A log that cannot count (Kafka, files) is read as it goes instead."""
+
+    def __init__(self, log: EventLog, shard: int, offset: int) -> None:
+        self.log = log
+        self.shard = shard
+        self.counts = getattr(log, "count_kinds", None) is not None
+        self.counted_to = offset
+        self.read_to = offset
+        self.count = 0
+        self.read = 0
+        self.seen: list[tuple[int, float]] = []
+        """(decisions counted so far, when that count was first seen)."""
+        self.kept: list[tuple[float, Envelope]] = []
+        """Read as they were counted, not handed out yet (a log that cannot count)."""
+
+    async def poll(self, now: float) -> int:
+        """Count what is new; return how many."""
+        if self.counts:
+            stop, count = await count_kinds(self.log, self.shard, self.counted_to, DECIDED)
+        else:
+            stop, records = await read_kinds(self.log, self.shard, self.counted_to, DECIDED)
+            self.kept.extend((now, env) for env in records)
+            count = len(records)
+        self.counted_to = max(stop, self.counted_to)
+        if count:
+            self.count += count
+            self.seen.append((self.count, now))
+        return count
+
+    async def new(self) -> list[tuple[float, Envelope]]:
+        """The decisions counted and not handed out yet, each with when it was counted."""
+        out, self.kept = self.kept, []
+        self.read += len(out)
+        if out:
+            self.read_to = out[-1][1].offset + 1
+        while self.read < self.count:
+            _, records = await read_kinds(self.log, self.shard, self.read_to, DECIDED)
+            records = records[: self.count - self.read]
+            if not records:
+                raise TimeoutError(f"shard {self.shard}'s counted decisions are not there")
+            for env in records:
+                # the first count that includes this record
+                at = bisect.bisect_right(self.seen, self.read, key=lambda seen: seen[0])
+                out.append((self.seen[at][1], env))
+                self.read += 1
+            self.read_to = records[-1].offset + 1
+        return out
+
+
 async def _collect(
     log: EventLog,
     positions: list[int],
@@ -273,39 +330,41 @@ async def _collect(
     started: float,
     progress: Progress | None,
 ) -> int:
-    """Read decisions until ``total`` pods have one; return how many were bound."""
+    """Wait until ``total`` pods have a decision; return how many were bound."""
+    shards = [_Decisions(log, shard, offset) for shard, offset in enumerate(positions)]
     bound = 0
+    counted = 0
+    checked = -1
     last_progress = time.perf_counter()
     while len(decided_at) < total:
-        moved = False
-        for shard in range(len(positions)):
-            stop, records = await _decisions(log, shard, positions[shard])
-            positions[shard] = stop
-            now = time.perf_counter()
-            for env in records:
-                event = env.event
-                if isinstance(event, PodBound):
-                    if event.pod not in decided_at:
-                        bound += 1
-                    decided_at.setdefault(event.pod, now)
-                    moved = True
-                elif isinstance(event, PodUnschedulable) and event.attempt > 0:
-                    decided_at.setdefault(event.pod, now)
-                    moved = True
+        now = time.perf_counter()
+        moved = 0
+        for shard in shards:
+            moved += await shard.poll(now)
+        counted += moved
+        if counted >= total and counted != checked:
+            checked = counted  # every pod may have its decision: look
+            for shard in shards:
+                for at, env in await shard.new():
+                    event = env.event
+                    if isinstance(event, PodBound):
+                        if event.pod not in decided_at:
+                            bound += 1
+                        decided_at.setdefault(event.pod, at)
+                    elif isinstance(event, PodUnschedulable) and event.attempt > 0:
+                        decided_at.setdefault(event.pod, at)
         if progress is not None:
-            progress(len(decided_at), total, time.perf_counter() - started)
+            done = len(decided_at) if checked >= 0 else min(counted, total)
+            progress(done, total, time.perf_counter() - started)
         if moved:
             last_progress = time.perf_counter()
         elif time.perf_counter() - last_progress > 60:
             raise TimeoutError(f"{total - len(decided_at)} pods got no decision for 60 s")
-        else:
+        elif len(decided_at) < total:
             await asyncio.sleep(0.01)  # the harness must not take the shards' CPU
+    for index, shard in enumerate(shards):
+        positions[index] = shard.read_to
     return bound
-
-
-async def _decisions(log: EventLog, shard: int, offset: int) -> tuple[int, list[Envelope]]:
-    """Binds and refusals in ``shard``'s partition from ``offset``, and where to go on."""
-    return await read_kinds(log, shard, offset, DECIDED)
 
 
 async def _one_gang_at_a_time(

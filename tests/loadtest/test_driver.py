@@ -81,3 +81,44 @@ async def test_recovery_from_a_snapshot_is_measured_and_reaches_the_same_state()
     assert 0 < result["records_replayed_after_snapshot"] < result["records"]
     assert set(result["recover_seconds"]) == {"from_snapshot", "from_start"}
     assert len(steps) == 4
+
+
+async def test_sharded_harness_dates_each_decision_by_the_count_that_first_held_it() -> None:
+    """The harness counts decisions while the shards work and reads them afterwards:
+    each must get the time of the poll whose count first included it, on the log server
+    (which counts) and on a log that cannot count (read as it goes)."""
+    from events.remote import LogServer, RemoteLog
+    from events.types import Envelope, PodBound, PodRouted, PodUnschedulable
+    from loadtest.sharded import _Decisions
+
+    def bound(pod: str) -> Envelope:
+        return Envelope(
+            event=PodBound(pod=pod, node="n", decision_id=pod, attempt=1), producer="shard-0"
+        )
+
+    routed = Envelope(event=PodRouted(pod=basic_pods(1, random.Random(0))[0]))
+    waiting = Envelope(event=PodUnschedulable(pod="ns/c", attempt=1, reason="full"))
+
+    async def check(log: RemoteLog | MemoryLog) -> None:
+        await log.append([routed, bound("ns/a")])
+        tracker = _Decisions(log, 0, 0)
+        assert await tracker.poll(1.0) == 1
+        assert await tracker.poll(2.0) == 0
+        await log.append([routed, bound("ns/b"), waiting])
+        assert await tracker.poll(3.0) == 2
+        await log.append([bound("ns/late")])  # appended after the last count
+        got = [(at, env.event) for at, env in await tracker.new()]
+        assert got == [
+            (1.0, bound("ns/a").event),
+            (3.0, bound("ns/b").event),
+            (3.0, waiting.event),
+        ]
+        assert tracker.read_to == 5 and await tracker.new() == []
+        assert await tracker.poll(4.0) == 1
+        assert [(at, env.event.pod) for at, env in await tracker.new()] == [(4.0, "ns/late")]
+
+    await check(MemoryLog())
+    async with LogServer(1) as server:
+        remote = await RemoteLog.connect(server.url)
+        await check(remote)
+        await remote.close()
