@@ -32,9 +32,9 @@ from engine.framework.interfaces import (
 )
 from engine.framework.registry import Registry
 from engine.framework.results import Attempt, Diagnosis, NodeScore, full_scores, select
-from engine.framework.status import Code, Status
+from engine.framework.status import SUCCESS, Code, Status
 from engine.pod import PodInfo
-from engine.state import Bools, ClusterState, Ints
+from engine.state import Bools, ClusterState, Ints, any_set
 from events.errors import InputError
 
 _PROTOCOLS: Mapping[str, type] = {
@@ -373,7 +373,7 @@ class Framework:
         for f in self.filters:
             mask = f.filter(cycle, pod, state)
             rejected = alive & ~mask
-            if rejected.any():
+            if any_set(rejected):
                 diagnosis.plugins[f.name] = f.reasons(cycle, pod, state, rejected)
                 diagnosis.rejected[f.name] = int(rejected.sum())
             alive &= mask
@@ -385,7 +385,7 @@ class Framework:
             status = plugin.pre_filter(cycle, pod, state)
             if not status.ok:
                 return status.with_plugin(plugin.name)
-        return Status()
+        return SUCCESS
 
     def schedule(self, pod: PodInfo, state: ClusterState, *, explain: bool = False) -> Attempt:
         """Find a node for ``pod``; do not change ``state`` (the caller assumes)."""
@@ -397,7 +397,7 @@ class Framework:
             feasible, shape = self.feasible(cycle, pod, state), None
         else:
             feasible, shape = self._shape_feasible(cycle, pod, state)
-        if not feasible.any():
+        if not any_set(feasible):
             failure = self.diagnose(cycle, pod, state)
             plugins = tuple(failure.plugins)
             code = Code.UNSCHEDULABLE
@@ -434,7 +434,7 @@ class Framework:
                 for done in reversed(self.reserves):
                     done.unreserve(cycle, pod, state, slot)
                 return Attempt(-1, status.with_plugin(permit.name), diagnosis=diagnosis)
-        return Attempt(slot, Status(), best, diagnosis)
+        return Attempt(slot, SUCCESS, best, diagnosis)
 
     @staticmethod
     def _top(state: ClusterState, masked: Ints, keep: dict[str, Ints]) -> list[NodeScore]:

@@ -96,3 +96,15 @@ def test_journal_and_view() -> None:
     assert view.capacity == 2
     assert list(view.free[CPU]) == [3000, 4000]
     assert state.changed_since(-5) is None
+
+
+def test_any_set_agrees_with_numpy() -> None:
+    from engine.state import any_set
+
+    assert not any_set(np.zeros(0, bool))
+    assert not any_set(np.zeros(7, bool))
+    for at in (0, 3, 6):
+        mask = np.zeros(7, bool)
+        mask[at] = True
+        assert any_set(mask)
+    assert any_set(np.ones(5, bool))
