@@ -684,7 +684,7 @@ class Control:
         largest_of = state.largest.get if state.summarized else None
         fits = True
         worst = 1.0
-        for name, amount in request.items():  # hot: one call per pod and shard
+        for name, amount in request.items():  # hot: once per pod and shard
             alloc = alloc_of(name, 0)
             free = alloc - used_of(name, 0) - inflight_of(name, 0)
             if free < amount or (largest_of is not None and largest_of(name, 0) < amount):
@@ -696,13 +696,16 @@ class Control:
         return fits, worst
 
     def choose(self, candidates: list[int], request: dict[str, int]) -> int:
-        """The candidate that fits with the most room; if none fits, the roomiest."""
+        """The candidate that fits with the most room; if none fits, the roomiest (the
+        first of equals)."""
         best = candidates[0]
-        best_key = (False, -2.0)
+        best_fits = False
+        best_worst = -2.0
+        score = self._score
         for shard in candidates:
-            key = self._score(shard, request)
-            if key > best_key:
-                best, best_key = shard, key
+            fits, worst = score(shard, request)
+            if fits > best_fits or (fits == best_fits and worst > best_worst):
+                best, best_fits, best_worst = shard, fits, worst
         return best
 
     def _submitted(self, spec: PodSpec, offset: int) -> None:
@@ -735,19 +738,26 @@ class Control:
         answers: tuple[str, ...] = (),
     ) -> None:
         key = spec.key
-        tried = self.tried.get(key, {})
-        left = [s for s in candidates if s not in tried] or candidates
+        tried = self.tried.get(key)
+        if tried:
+            untried = [s for s in candidates if s not in tried]
+            left = untried or candidates
+        else:
+            untried = left = candidates  # a pod's first hop: the common case
         request = _request(spec)
         shard = self.choose(left, request)
         if final is None:
-            final = len([s for s in candidates if s not in tried]) <= 1
+            final = len(untried) <= 1
         self._reslice(spec.namespace)
         self.pod_shard[key] = shard
         self.shards[shard].charge(offset, request)
         for dep in spec.depends_on:
             self._depend(dep, shard)
         self._send(
-            shard, PodRouted(pod=self.fenced(spec), hops=len(tried), final=final, answers=answers)
+            shard,
+            PodRouted(
+                pod=self.fenced(spec), hops=len(tried) if tried else 0, final=final, answers=answers
+            ),
         )
 
     def _depend(self, dep: str, shard: int) -> None:
@@ -1007,7 +1017,7 @@ class Control:
 
     def _drive(self) -> None:
         """Coordinator step: the prepare time-out, then the next spanning gang."""
-        if not self.inflight and not self._spanning_pending:
+        if not self.inflight and (not self.spanning or not self._spanning_pending):
             return  # nothing to coordinate: the common case, on every record
         if self.inflight:
             gang = self.gangs[self.inflight]
