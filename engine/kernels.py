@@ -50,7 +50,6 @@ def available() -> bool:
 def _compile() -> Refresh | None:
     if not available():
         return None
-    import numba
 
     def refresh(
         slots: Ints,
@@ -112,10 +111,19 @@ def _compile() -> Refresh | None:
             local[s] = total
             masked[s] = total if ok else -1
 
+    return jit(refresh)
+
+
+def jit(function: Callable[..., None]) -> Callable[..., None]:
+    """``function`` compiled by numba (which must be :func:`available`), cached on disk
+    where it can be; compiled at its first call."""
+    import numba
+
     try:
-        return numba.njit(cache=True, nogil=True)(refresh)
+        compiled: Callable[..., None] = numba.njit(cache=True, nogil=True)(function)
     except RuntimeError:  # no writable cache directory: compile in every process
-        return numba.njit(cache=False, nogil=True)(refresh)
+        compiled = numba.njit(cache=False, nogil=True)(function)
+    return compiled
 
 
 def warm_up() -> None:

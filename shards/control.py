@@ -7,7 +7,8 @@ Each ``poll``:
    as copies with ``stream="relay"``, ``producer="relay-<shard>"`` and ``causation`` =
    the offset in the shard's partition. The order of the copies is the order the fold
    sees, so the fold stays a function of the control partition alone;
-2. *folds* the control partition (:class:`shards.router.Control`) and appends each
+2. *folds* the control partition (:class:`shards.router.Control`; runs of plain pods
+   through :class:`shards.fastroute.RunRouter`, to the same effect) and appends each
    record's outputs, with ``causation`` = that record's offset and producer ``router``.
 
 Crash safety. The fold's outputs for control record ``k`` depend only on records
@@ -51,6 +52,7 @@ from events.types import (
     ShardSummary,
     SnapshotTaken,
 )
+from shards.fastroute import RunRouter
 from shards.router import RELAY, ROUTER, Control, PoolRule, Sharding, _Gang, _Shard
 from shards.worker import append_snapshot, newest_snapshot
 
@@ -66,6 +68,8 @@ class ControlWorker:
     def __init__(self, control: Control, log: EventLog, *, snapshot_every: int = 0) -> None:
         self.control = control
         self.log = log
+        self.router = RunRouter()
+        """Folds control records like ``control.apply``, runs of plain pods at once."""
         self.partition = control.control
         self.position = 0
         self.written = [-1] * (control.n + 1)
@@ -227,13 +231,12 @@ class ControlWorker:
         control = self.control
         written = self.written
         outputs: dict[int, list[Envelope]] = {}
-        for env in records:
-            offset = env.offset
-            for partition, event in control.apply(env):
+        for offset, now, events in self.router.fold(control, records):
+            for partition, event in events:
                 if offset <= written[partition]:
                     continue  # appended before a restart
                 outputs.setdefault(partition, []).append(
-                    Envelope(event=event, time=control.now, causation=offset, producer=ROUTER)
+                    Envelope(event=event, time=now, causation=offset, producer=ROUTER)
                 )
         self.position = records[-1].offset + 1
         self.folded += len(records)

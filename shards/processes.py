@@ -31,6 +31,7 @@ from engine.config import SchedulerConfig
 from events.errors import LogError
 from events.log import EventLog
 from events.types import BindFailed, ClockTicked, Envelope, ShardingConfigured
+from shards import fastroute
 from shards.binder import Binder
 from shards.cluster import SimulatedCluster
 from shards.control import ControlWorker
@@ -156,6 +157,7 @@ async def run_coordinator(
 ) -> ControlWorker:
     """The router and coordinator: fold the control partition, relay shards' reports,
     forward, until ``stop``. Restarted, it appends only what its predecessor had not."""
+    fastroute.warm_up()  # a long-running coordinator: load the compiled routing first
     sharding = await sharding_from_log(bus)
     worker = ControlWorker(Control(sharding), bus, snapshot_every=snapshot_every)
     control = sharding.shards

@@ -53,6 +53,7 @@ from events.errors import InputError, LogError
 from events.log import EventLog
 from events.tasks import being_cancelled
 from events.types import Envelope, Event, SchedulerConfigured, ShardingConfigured
+from shards import fastroute
 from shards.bus import open_bus
 from shards.control import ControlWorker
 from shards.kube.binder import KubeBinder
@@ -422,6 +423,7 @@ class Service:
         if recorded is None:
             return
         sharding = Sharding.from_json(recorded.config)  # checked at start: ours
+        fastroute.warm_up()  # loaded once per process, before the pods come
         every = self.options.snapshot_every
         worker = self.coordinator = ControlWorker(Control(sharding), bus, snapshot_every=every)
         self._lag_gauge("coordinator", self.control_partition)
