@@ -24,6 +24,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -222,7 +223,12 @@ async def _measure(
     total = sum(1 for b in batches for e in b if isinstance(e, PodSubmitted))
     positions = [0] * shards
     bound = 0
-    cpu_before = [cpu_seconds(None), *(cpu_seconds(pid) for pid in pids)]
+    cpu_before: list[float | None] = [cpu_seconds(None), *(cpu_seconds(pid) for pid in pids)]
+    cpu_after: list[float | None] = []
+
+    def when_counted() -> None:  # all may be decided: the CPU before reading them back
+        cpu_after[:] = [cpu_seconds(None), *(cpu_seconds(pid) for pid in pids)]
+
     started = time.perf_counter()
     for chunk in batches:
         now = time.perf_counter()
@@ -230,8 +236,7 @@ async def _measure(
             if isinstance(event, PodSubmitted):
                 submitted_at[event.pod.key] = now
         await log.append([_envelope(e) for e in chunk], shards)
-    bound = await _collect(log, positions, decided_at, total, started, progress)
-    cpu_after = [cpu_seconds(None), *(cpu_seconds(pid) for pid in pids)]
+    bound = await _collect(log, positions, decided_at, total, started, progress, when_counted)
     wall = max(decided_at.values()) - started
     ms = np.array([(decided_at[k] - submitted_at[k]) * 1000 for k in decided_at])
     result: dict[str, Any] = {
@@ -243,14 +248,17 @@ async def _measure(
         "processes": {"shards": shards, "router_and_coordinator": "parent"},
         "handbacks": control_worker.control.counters["handbacks"],
     }
+    if not cpu_after:
+        when_counted()
     spent = [
         round(b - a, 3)
         for a, b in zip(cpu_before, cpu_after, strict=True)
         if a is not None and b is not None
     ]
     if len(spent) == len(cpu_before):
-        # what each process burnt while the pods were decided (it includes the harness:
-        # submitting, and reading decisions back, in the parent)
+        # what each process burnt until every pod had its decision (the parent's
+        # includes the harness: submitting pods and counting decisions, not reading
+        # them back afterwards)
         result["cpu_seconds"] = {"parent": spent[0], "shards": spent[1:]}
         result["cpu_microseconds_per_pod"] = round(sum(spent) * 1e6 / max(total, 1), 1)
     if wide:
@@ -329,8 +337,10 @@ async def _collect(
     total: int,
     started: float,
     progress: Progress | None,
+    when_counted: Callable[[], None] | None = None,
 ) -> int:
-    """Wait until ``total`` pods have a decision; return how many were bound."""
+    """Wait until ``total`` pods have a decision; return how many were bound. Calls
+    ``when_counted`` once, when the counts first say every pod may have one."""
     shards = [_Decisions(log, shard, offset) for shard, offset in enumerate(positions)]
     bound = 0
     counted = 0
@@ -343,6 +353,8 @@ async def _collect(
             moved += await shard.poll(now)
         counted += moved
         if counted >= total and counted != checked:
+            if checked < 0 and when_counted is not None:
+                when_counted()
             checked = counted  # every pod may have its decision: look
             for shard in shards:
                 for at, env in await shard.new():
