@@ -61,6 +61,7 @@ from events.types import (
     PodGroupSubmitted,
     PodHandedBack,
     PodPreempted,
+    PodRecalled,
     PodRejected,
     PodRouted,
     PodSpec,
@@ -434,6 +435,21 @@ class Engine:
             self.returnable[key] = None
         self.submit(event.pod)
 
+    def _recalled(self, event: PodRecalled) -> None:
+        """Another shard has room for a pod this shard kept after every shard refused it:
+        try it again now, and hand it back if it still does not fit (a pod placed, or
+        one of a gang, stays)."""
+        key = event.pod
+        pod = self.pods.get(key)
+        if pod is None or key not in self.answers or pod.spec.group:
+            return
+        if key in self.state.pods or key in self.bindings:
+            return
+        del self.answers[key]
+        self.returnable[key] = None
+        if key in self.queue:
+            self.queue.add(key, pod.priority, pod.seq, self.queue_of(pod.spec.namespace))
+
     def submit(self, spec: PodSpec) -> None:
         key = spec.key
         if key in self.pods or key in self.outcomes:
@@ -742,6 +758,7 @@ _HANDLERS: dict[type, Callable[[Engine, Any], None]] = {
     PodFailed: lambda e, ev: e.finish(ev.pod, FAILED),
     PodRejected: lambda e, ev: e.finish(ev.pod, FAILED),
     PodRouted: Engine._routed,
+    PodRecalled: Engine._recalled,
     PoolReleased: Engine._pool_released,
     PoolHandedOver: Engine.handed_over,
     PodAdopted: Engine._adopted,

@@ -262,6 +262,14 @@ class PodRouted(_Fact, frozen=True, kw_only=True, tag="route"):
     answers: tuple[str, ...] = ()
 
 
+class PodRecalled(_Fact, frozen=True, kw_only=True, tag="recall"):
+    """The router asks the shard keeping ``pod`` (every shard had refused it) to try it
+    again and, if it still does not fit there, to hand it back: another shard reported
+    room for it since."""
+
+    pod: str
+
+
 class PoolReassigned(_Fact, frozen=True, kw_only=True, tag="pool~"):
     """An operator moves node pool ``pool`` to shard ``shard`` (control partition)."""
 
@@ -483,6 +491,7 @@ Event = (
     | PodRejected
     | ShardingConfigured
     | PodRouted
+    | PodRecalled
     | PoolReassigned
     | PoolReleased
     | PodAdopted

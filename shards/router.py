@@ -83,6 +83,7 @@ from events.types import (
     PodGroupSubmitted,
     PodHandedBack,
     PodPreempted,
+    PodRecalled,
     PodRejected,
     PodRouted,
     PodSpec,
@@ -296,6 +297,14 @@ class Control:
         self.tried: dict[str, dict[int, str]] = {}
         self.resolvable: dict[str, dict[int, None]] = {}
         """Pod or gang → shards that refused it only for want of free capacity now."""
+        self.kept: dict[str, int] = {}
+        """Pods every shard refused → the shard keeping them (pending there); recalled
+        when another shard reports room for them."""
+        self.recall_after: dict[str, tuple[int, int]] = {}
+        """Pod → (the time before which it is not recalled again, the back-off that
+        follows): each recall of a pod waits twice as long as the one before, up to
+        ``max_retry_backoff``, so that a pod the roomy shard still cannot place (its
+        room is an estimate) does not go back and forth on every summary."""
         self.gangs: dict[str, _Gang] = {}
         self.spanning: dict[str, _Gang] = {}
         """Gangs placed (or to be placed) across shards by the coordinator."""
@@ -315,7 +324,13 @@ class Control:
         """The spanning gang being prepared or aborted (one at a time), or empty."""
         self.summaries = 0
         """Summaries folded so far: a failed gang is retried only after a new one."""
-        self.counters = {"prepared": 0, "committed": 0, "aborted": 0, "handbacks": 0}
+        self.counters = {
+            "prepared": 0,
+            "committed": 0,
+            "aborted": 0,
+            "handbacks": 0,
+            "recalls": 0,
+        }
         self._seq = 0
         self._out: list[Output] = []
 
@@ -807,6 +822,8 @@ class Control:
         shard = self.pod_shard.pop(key, None)
         spec = self.pods.pop(key, None)
         self.tried.pop(key, None)
+        self.kept.pop(key, None)
+        self.recall_after.pop(key, None)
         self.resolvable.pop(key, None)
         if shard is not None:
             self._send(shard, event)
@@ -838,6 +855,8 @@ class Control:
             case ShardSummary():
                 self.shards[shard].summary(event)
                 self.summaries += 1
+                if self.kept:
+                    self._recall_for(shard)
             case PodHandedBack(group="", pod=key):
                 if event.resolvable:
                     self.resolvable.setdefault(key, {})[shard] = None
@@ -859,11 +878,45 @@ class Control:
             case _:
                 pass
 
+    def _recall_for(self, shard: int) -> None:
+        """``shard`` reported its room: ask the keepers of pods every shard had refused
+        to hand back those that fit it by the estimate (in the order they were kept, as
+        many as the room holds); each is recalled once per keeping, and not before its
+        back-off has passed (see ``recall_after``)."""
+        room = self.shards[shard]
+        budget = {name: room.free(name) for name in room.alloc}
+        largest = room.largest
+        for key, keeper in list(self.kept.items()):
+            spec = self.pods.get(key)
+            if spec is None or self.pod_shard.get(key) != keeper:
+                del self.kept[key]
+                continue
+            if keeper == shard or shard not in self.allowed(spec):
+                continue
+            not_before, backoff = self.recall_after.get(key, (0, 0))
+            if self.now < not_before:
+                continue
+            request = _request(spec)
+            if any(
+                budget.get(name, 0) < amount or largest.get(name, 0) < amount
+                for name, amount in request.items()
+            ):
+                continue
+            for name, amount in request.items():
+                budget[name] -= amount
+            del self.kept[key]
+            sharding = self.sharding
+            backoff = min(max(backoff * 2, sharding.retry_backoff), sharding.max_retry_backoff)
+            self.recall_after[key] = (self.now + backoff, backoff)
+            self.counters["recalls"] += 1
+            self._send(keeper, PodRecalled(pod=key))
+
     def _pod_handed_back(self, key: str, shard: int, reason: str, offset: int) -> None:
         spec = self.pods.get(key)
         if spec is None or self.pod_shard.get(key) != shard:
             return  # stale: it was routed elsewhere since
         self.counters["handbacks"] += 1
+        self.kept.pop(key, None)
         tried = self.tried.setdefault(key, {})
         tried[shard] = reason
         candidates = self.allowed(spec)
@@ -876,6 +929,10 @@ class Control:
             keepers = self._keepers(key, candidates)
             first = self.choose(keepers, _request(spec))
             self._route(spec, offset, [first], final=True, answers=answers)
+        if len(candidates) > 1 and len(left) <= 1:
+            # the shard it went to keeps it (every other one refused it): recall it
+            # from there when another reports room
+            self.kept[key] = self.pod_shard[key]
 
     # ------------------------------------------------------------------ gangs
 

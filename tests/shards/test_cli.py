@@ -279,7 +279,8 @@ def test_batch_example_keeps_its_guarantees_over_shards(
 ) -> None:
     """Sharded, research's gang still gets its guaranteed GPUs back from vision's
     borrowers (its quota's ``min`` is not split where a gang cannot use it), vision keeps
-    its own guaranteed four, and the log replays."""
+    its own guaranteed four, no pod stays pending on a full shard once another has room,
+    and the log replays."""
     batch = str(ROOT / "examples" / "batch.yaml")
     log = str(tmp_path / "batch.events")
     data = run_json(capsys, "simulate", batch, "--shards", shards, "--log", log)
@@ -288,8 +289,10 @@ def test_batch_example_keeps_its_guarantees_over_shards(
     assert pods["research/evaluate"]["phase"] == "Succeeded"
     assert groups["data/etl-a"]["phase"] == groups["data/etl-b"]["phase"] == "Succeeded"
     assert data["preemptions"] and all(p["pod"].startswith("vision/") for p in data["preemptions"])
-    running = [k for k, v in pods.items() if k.startswith("vision/") and v["phase"] == "Bound"]
-    assert len(running) == 4, pods
+    vision = {k: v["phase"] for k, v in pods.items() if k.startswith("vision/")}
+    assert sum(phase == "Bound" for phase in vision.values()) >= 4, vision
+    # a pod every shard refused is recalled once another shard has room for it
+    assert "Pending" not in vision.values(), vision
     code, _, err = run(capsys, "replay", log, "--verify")
     assert code == 0, err
 

@@ -5,6 +5,7 @@ reservations (grant, deny, expiry, commit, break) and gang rollback after a fail
 from __future__ import annotations
 
 import asyncio
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,8 @@ from events.types import (
     PodBound,
     PodGroupSubmitted,
     PodHandedBack,
+    PodRecalled,
+    PodRouted,
     PodSubmitted,
     PodUnbound,
     QuotaDefined,
@@ -45,7 +48,7 @@ from shards.replay import replay_routed
 from shards.router import POOL_LABEL, RELAY, Control, Sharding
 from shards.scenario import load_scenario
 from shards.simulate import simulate
-from tests.builders import make_node, make_pod
+from tests.builders import env, make_node, make_pod
 from tests.shards.test_batch import group, node, pod
 
 
@@ -459,6 +462,126 @@ def test_routed_replay_needs_the_sharding_record() -> None:
     bad = [[], [], [Envelope(event=ShardingConfigured(config="{nope"), partition=2, offset=0)]]
     with pytest.raises(LogCorruptedError, match="invalid"):
         replay_routed(bad, verify=True)
+
+
+class _Feed:
+    """Control records one after another, at the time given (relayed when from a shard)."""
+
+    def __init__(self, control: Control) -> None:
+        self.control = control
+        self.offset = 0
+
+    def __call__(self, event: Event, relay: int | None = None, at: int = 0) -> list[Any]:
+        self.offset += 1
+        if relay is None:
+            return self.control.apply(Envelope(event=event, offset=self.offset, time=at))
+        return self.control.apply(
+            Envelope(
+                event=event,
+                offset=self.offset,
+                time=at,
+                stream=RELAY,
+                producer=f"relay-{relay}",
+                causation=self.offset,
+            )
+        )
+
+    def room(self, shard: int, free_cpu: int) -> ShardSummary:
+        return ShardSummary(
+            shard=shard,
+            seen=self.offset,
+            nodes=1,
+            allocatable={"cpu": 8000, "memory": 8 << 30, "pods": 110},
+            used={"cpu": 8000 - free_cpu},
+            largest={"cpu": free_cpu, "memory": 8 << 30, "pods": 110},
+        )
+
+
+def _kept_big_pod(feed: _Feed) -> tuple[int, int]:
+    """Two shards of one 8-cpu node; a 6-cpu pod refused by the first shard it went to
+    and kept by the other: (the first, the keeper)."""
+    for i in range(2):
+        feed(make_node(f"n{i}").cpu("8").memory("8Gi").label(POOL_LABEL, f"p{i}").added())
+    out = feed(PodSubmitted(pod=make_pod("big").cpu("6").spec()))
+    first = next(s for s, e in out if isinstance(e, PodRouted))
+    other = 1 - first
+    out = feed(PodHandedBack(pod="default/big", reason="full", shard=first, resolvable=True), first)
+    assert [(s, e.final) for s, e in out if isinstance(e, PodRouted)] == [(other, True)]
+    assert feed.control.kept == {"default/big": other}
+    return first, other
+
+
+def test_a_pod_every_shard_refused_is_recalled_when_another_has_room() -> None:
+    """Refused by both shards, the pod stays with the last; a summary from the other
+    shard showing room for it recalls it (once), the keeper hands it back, and it goes
+    there. A summary without room, or from the keeper itself, recalls nothing."""
+    control = Control(Sharding(shards=2))
+    feed = _Feed(control)
+    first, other = _kept_big_pod(feed)
+    assert not feed(feed.room(first, 2000), relay=first), "no room for 6 cpu: nothing recalled"
+    assert not feed(feed.room(other, 8000), relay=other), "its keeper's own room: nothing"
+    out = feed(feed.room(first, 8000), relay=first)
+    assert out == [(other, PodRecalled(pod="default/big"))]
+    assert control.kept == {} and control.counters["recalls"] == 1
+    assert not feed(feed.room(first, 8000), relay=first), "recalled once per keeping"
+    out = feed(PodHandedBack(pod="default/big", reason="still full", shard=other), other)
+    assert [s for s, e in out if isinstance(e, PodRouted)] == [first]
+
+
+def test_recalls_of_one_pod_back_off() -> None:
+    """The roomy shard's room is an estimate: it may refuse the pod again, and its next
+    summary shows the same room. The pod is then recalled again only after a back-off
+    that doubles each time (1 s, 2 s, 4 s... up to ``max_retry_backoff``), not on every
+    summary: it cannot go back and forth between the shards for ever."""
+    sharding = Sharding(shards=2, retry_backoff=SECOND, max_retry_backoff=4 * SECOND)
+    control = Control(sharding)
+    feed = _Feed(control)
+    _kept_big_pod(feed)
+    recalled_at = []
+    now = 0
+    while now <= 20 * SECOND:
+        keeper = control.kept.get("default/big")
+        if keeper is not None:
+            roomy = 1 - keeper
+            out = feed(feed.room(roomy, 8000), relay=roomy, at=now)
+            if out:
+                assert out == [(keeper, PodRecalled(pod="default/big"))]
+                recalled_at.append(now)
+                # the keeper hands it back; the roomy shard refuses it too, and so the
+                # pod is kept again (by the roomy shard: it is the last one untried)
+                out = feed(PodHandedBack(pod="default/big", reason="full", shard=keeper), keeper)
+                (shard,) = [s for s, e in out if isinstance(e, PodRouted)]
+                refusal = PodHandedBack(pod="default/big", reason="no node fits", shard=shard)
+                feed(refusal, shard, at=now)
+        now += SECOND // 2
+    gaps = [b - a for a, b in itertools.pairwise(recalled_at)]
+    assert recalled_at[0] == 0, "the first recall comes with the first roomy summary"
+    assert gaps == [1 * SECOND, 2 * SECOND] + [4 * SECOND] * 4, recalled_at
+    assert control.counters["recalls"] == len(recalled_at) == 7
+
+
+def test_a_recalled_pod_is_handed_back_only_if_it_still_does_not_fit() -> None:
+    engine = Engine(shard=0)
+    engine.apply(env(make_node("n").cpu("4").added(), 0))
+    spec = make_pod("big").cpu("6").spec()
+    engine.apply(env(PodRouted(pod=spec, final=True, answers=("shard 1: full",)), 1))
+    out = engine.schedule()
+    assert [type(e).__name__ for e in out if not isinstance(e, ShardSummary)] == [
+        "PodUnschedulable"
+    ]
+    engine.apply(env(PodRecalled(pod="default/big"), 2))
+    out = engine.schedule()
+    assert [e for e in out if isinstance(e, PodHandedBack)] == [
+        PodHandedBack(pod="default/big", reason=out[0].reason, shard=0, resolvable=True)
+    ]
+    assert "default/big" not in engine.pods
+    # one that fits now is placed, not handed back; one placed already ignores it
+    engine.apply(env(PodRouted(pod=make_pod("small").cpu("1").spec(), final=True), 3))
+    engine.apply(env(PodRecalled(pod="default/small"), 4))
+    out = engine.schedule()
+    assert [type(e).__name__ for e in out if not isinstance(e, ShardSummary)] == ["PodBound"]
+    engine.apply(env(PodRecalled(pod="default/small"), 5))
+    assert [e for e in engine.schedule() if isinstance(e, PodHandedBack)] == []
 
 
 def test_abort_reaches_every_open_part() -> None:

@@ -9,14 +9,23 @@ its max, and a log that replays exactly.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from events.types import SECOND, GroupSpec, PodGroupSubmitted, PodSpec, PodSubmitted
+from events.types import (
+    SECOND,
+    Envelope,
+    GroupSpec,
+    PodGroupSubmitted,
+    PodRecalled,
+    PodSpec,
+    PodSubmitted,
+)
 from shards.replay import replay_routed
-from shards.router import Sharding
+from shards.router import ROUTER, Sharding
 from shards.scenario import Scenario, TimedEvent
 from tests.builders import make_node
 from tests.shards.chaos import describe, leaked_reservations, run_chaos
@@ -124,6 +133,29 @@ async def test_coordinator_protocol_under_faults(
     verified = replay_routed(parts, verify=True)
     assert verified.mismatch is None, (str(verified.mismatch), context)
     assert verified.unforwarded == 0, context
+    assert _recalls_back_off(parts, sharding) == [], context
+
+
+def _recalls_back_off(parts: list[list[Envelope]], sharding: Sharding) -> list[str]:
+    """Pods recalled sooner than the back-off allows: each recall of a pod comes at
+    least twice as long after the one before as that one after its own predecessor
+    (from ``retry_backoff``, up to ``max_retry_backoff``), so no pod goes back and
+    forth between shards on every summary."""
+    times: dict[str, list[int]] = {}
+    for records in parts:
+        for env in records:
+            if isinstance(env.event, PodRecalled) and env.producer == ROUTER:
+                times.setdefault(env.event.pod, []).append(env.time)
+    event("some pod recalled" if times else "no pod recalled")
+    early = []
+    for pod, at in times.items():
+        at.sort()
+        wait = sharding.retry_backoff
+        for before, after in itertools.pairwise(at):
+            if after - before < wait:
+                early.append(f"{pod} recalled {after - before} ns after its last recall")
+            wait = min(wait * 2, sharding.max_retry_backoff)
+    return early
 
 
 async def test_snapshots_do_not_depend_on_when_the_driver_asked_for_a_wake_up() -> None:
