@@ -219,6 +219,8 @@ async def _loadtest(args: argparse.Namespace) -> int:
     _sharding(args.shards)
     if args.recovery:
         return await _recovery(args)
+    if args.scaling:
+        return await _scaling(args)
     if args.spanning_gangs and args.shards < 2:
         raise InputError("gangs across shards need --shards 2 or more", location="--spanning-gangs")
     if args.gang_size and args.gang_size > args.pods:
@@ -250,6 +252,41 @@ async def _loadtest(args: argparse.Namespace) -> int:
         _emit_json(result)
     else:
         render.loadtest_table(result)
+    return 0
+
+
+async def _scaling(args: argparse.Namespace) -> int:
+    from loadtest.driver import LoadShape
+    from loadtest.scaling import run_scaling
+
+    for given, flag in (
+        (args.routed, "--routed"),
+        (args.spanning_gangs, "--spanning-gangs"),
+        (args.bus != "memory", "--bus"),
+    ):
+        if given:
+            raise InputError(
+                f"--scaling runs its own configurations on the memory log: drop {flag}",
+                location="--scaling",
+            )
+    if args.gang_size and args.gang_size > args.pods:
+        raise InputError(
+            f"a gang of {args.gang_size} needs at least that many pods", location="--gang-size"
+        )
+    shards = args.shards if args.shards > 1 else 2
+    shape = LoadShape(
+        nodes=args.nodes, pods=args.pods, seed=args.seed, batch=args.batch, gang_size=args.gang_size
+    )
+
+    def report(line: str) -> None:
+        if not args.json:
+            print(line, file=sys.stderr)
+
+    result = await run_scaling(shape, shards, args.rounds, report)
+    if args.json:
+        _emit_json(result)
+    else:
+        render.scaling_table(result)
     return 0
 
 
@@ -371,6 +408,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure how long a restarted shard takes to recover, from its newest "
         "snapshot and from the start (a churn workload on one shard)",
     )
+    load.add_argument(
+        "--scaling",
+        action="store_true",
+        help="compare one shard, one shard behind the router (--routed) and --shards N "
+        "(N at least 2; 2 unless given) in turn, --rounds times, and report medians and "
+        "ratios (on a noisy machine, only runs made together compare)",
+    )
+    load.add_argument("--rounds", type=_positive, default=3, help="rounds of --scaling (default 3)")
     _snapshot_option(load)
     load.add_argument("--json", action="store_true")
 

@@ -203,6 +203,27 @@ def loadtest_progress(done: int, total: int, elapsed: float) -> None:
         print(file=sys.stderr)
 
 
+def scaling_table(result: dict[str, Any]) -> None:
+    console = _console()
+    shape = result["shape"]
+    console.print(
+        f"[bold]scaling[/] — {shape['pods']} pods on {shape['nodes']} nodes, "
+        f"{result['rounds']} round(s), medians (range)"
+    )
+    for name, summary in result["configurations"].items():
+        speed = summary["pods_per_second"]
+        cpu = summary.get("cpu_microseconds_per_pod")
+        per_pod = f", {cpu:.0f} µs CPU per pod" if cpu is not None else ""
+        console.print(
+            f"  {name:>10}: {speed['median']:>9,.0f} pods/s "
+            f"({speed['min']:,.0f} to {speed['max']:,.0f}), "
+            f"p50 {summary['latency_p50_ms']:.0f} ms{per_pod}"
+        )
+    for name, ratio in result["ratios"].items():
+        rounds = ", ".join(f"{r:.2f}" for r in ratio["per_round"])
+        console.print(f"  {name}: {ratio['of_medians']:.2f} (per round: {rounds})")
+
+
 def loadtest_table(result: dict[str, Any]) -> None:
     console = _console()
     shape = result["shape"]

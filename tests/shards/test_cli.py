@@ -262,6 +262,48 @@ def test_sharded_loadtest_in_processes(capsys: pytest.CaptureFixture[str]) -> No
     assert "1 shard(s)" in out and "bound 100, hand-backs 0" in out and "CPU: parent" in out
 
 
+def test_loadtest_scaling_compares_in_turn(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--scaling``: one shard, routed and N shards, each run every round, with
+    medians, ranges and ratios that follow from the runs; the table and progress say
+    the same; options it cannot honour are refused with the reason."""
+    data = run_json(
+        capsys,
+        "loadtest",
+        "--scaling",
+        "--rounds",
+        "2",
+        "--shards",
+        "3",
+        "--nodes",
+        "30",
+        "--pods",
+        "200",
+        "--batch",
+        "50",
+    )
+    configs = data["configurations"]
+    assert list(configs) == ["one shard", "routed", "3 shards"] and data["rounds"] == 2
+    for summary in configs.values():
+        speed = summary["pods_per_second"]
+        assert len(speed["runs"]) == 2 and summary["bound"] == [200, 200]
+        assert speed["min"] <= speed["median"] <= speed["max"]
+        assert speed["median"] == sum(speed["runs"]) / 2
+    assert "cpu_microseconds_per_pod" in configs["3 shards"]
+    ratio = data["ratios"]["3 shards / routed"]
+    medians = {k: v["pods_per_second"]["median"] for k, v in configs.items()}
+    assert ratio["of_medians"] == pytest.approx(medians["3 shards"] / medians["routed"])
+    runs = [configs[k]["pods_per_second"]["runs"] for k in ("3 shards", "routed")]
+    assert ratio["per_round"] == pytest.approx([a / b for a, b in zip(*runs, strict=True)])
+    code, out, err = run(
+        capsys, "loadtest", "--scaling", "--rounds", "1", "--nodes", "20", "--pods", "60"
+    )
+    assert code == 0, err
+    assert "2 shards / one shard" in out and "round 1/1: routed" in err
+    for extra in (["--routed"], ["--spanning-gangs", "1"], ["--bus", "file:x.log"]):
+        code, _, err = run(capsys, "loadtest", "--scaling", *extra)
+        assert code == 2 and "--scaling runs its own configurations" in err, err
+
+
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     for argv in (
         ["simulate"],

@@ -1,0 +1,91 @@
+"""How throughput scales with shards, measured in one run (``loadtest --scaling``).
+
+On a shared, noisy machine, throughput measured minutes apart is not comparable: the
+host's speed drifts by half or more. So the comparison runs its configurations in turn,
+round after round, and reports each one's median and range and the ratios of medians
+(and, per round, the ratios of neighbouring runs):
+
+- ``one shard``: the engine in this process, on the in-memory log (``--shards 1``);
+- ``routed``: the harness of ``--shards N`` with one shard process behind the router
+  (``--routed``): the same costs as N shards, one shard doing the work;
+- ``N shards``: ``--shards N``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from events.memory import MemoryLog
+from loadtest.driver import LoadShape, run_loadtest
+from loadtest.sharded import run_sharded_loadtest
+
+Report = Callable[[str], None]
+
+
+async def run_scaling(
+    shape: LoadShape, shards: int, rounds: int, report: Report | None = None
+) -> dict[str, Any]:
+    """``rounds`` rounds of one shard, routed and ``shards`` shards on ``shape``."""
+    one = "one shard"
+    routed = "routed"
+    many = f"{shards} shards"
+    runs: dict[str, list[dict[str, Any]]] = {one: [], routed: [], many: []}
+    for round_ in range(1, rounds + 1):
+        for name, results in runs.items():
+            if name == one:
+                log = MemoryLog()
+                try:
+                    result = await run_loadtest(dataclasses.replace(shape, shards=1), log)
+                finally:
+                    await log.close()
+            else:
+                count = 1 if name == routed else shards
+                result = await run_sharded_loadtest(dataclasses.replace(shape, shards=count))
+            results.append(result)
+            if report is not None:
+                report(f"round {round_}/{rounds}: {name}: {result['pods_per_second']:,.0f} pods/s")
+    speeds = {name: [r["pods_per_second"] for r in results] for name, results in runs.items()}
+    configurations = {name: _summary(results, speeds[name]) for name, results in runs.items()}
+    median = {name: c["pods_per_second"]["median"] for name, c in configurations.items()}
+    return {
+        "shape": {**dataclasses.asdict(shape), "shards": shards, "pods": shape.pods},
+        "rounds": rounds,
+        "configurations": configurations,
+        "ratios": {
+            f"{many} / {one}": _ratio(median[many], median[one], speeds[many], speeds[one]),
+            f"{many} / {routed}": _ratio(
+                median[many], median[routed], speeds[many], speeds[routed]
+            ),
+        },
+    }
+
+
+def _summary(results: list[dict[str, Any]], speeds: list[float]) -> dict[str, Any]:
+    summary: dict[str, Any] = {
+        "pods_per_second": {
+            "median": statistics.median(speeds),
+            "min": min(speeds),
+            "max": max(speeds),
+            "runs": speeds,
+        },
+        "latency_p50_ms": statistics.median(r["latency_ms"]["p50"] for r in results),
+        "bound": [r["bound"] for r in results],
+    }
+    per_pod = [r["cpu_microseconds_per_pod"] for r in results if "cpu_microseconds_per_pod" in r]
+    if per_pod:
+        summary["cpu_microseconds_per_pod"] = statistics.median(per_pod)
+    return summary
+
+
+def _ratio(top: float, bottom: float, tops: list[float], bottoms: list[float]) -> dict[str, Any]:
+    """The ratio of the medians, and each round's ratio (the two runs of a round ran
+    within seconds of each other: the host's speed changed least between them)."""
+    rounds = [t / b for t, b in zip(tops, bottoms, strict=True) if b > 0]
+    return {
+        "of_medians": top / bottom if bottom > 0 else 0.0,
+        "per_round": rounds,
+        "per_round_median": statistics.median(rounds) if rounds else 0.0,
+    }
