@@ -33,7 +33,7 @@ import numpy as np
 
 from engine.plugins.fit import NodeResourcesBalancedAllocation, NodeResourcesFit
 from engine.plugins.normalize import MAX_NODE_SCORE
-from engine.state import Bools, ClusterState, Ints, Request
+from engine.state import Bools, ClusterState, Ints, Request, use_compiled_columns
 
 NONE, LEAST, MOST = 0, 1, 2
 """``fit_mode``: no Fit score (the plugin does not score, or scores no resource here)."""
@@ -145,7 +145,26 @@ def refresh_kernel() -> Refresh | None:
         flags = np.zeros(0, dtype=bool)
         params = np.zeros(6, dtype=np.int64)
         refresh(_EMPTY, flags, np.zeros((4, 1, 0), dtype=np.int64), params, flags, _EMPTY, _EMPTY)
+        add = jit(_add_column)
+        add(
+            np.zeros((4, 1, 1), dtype=np.int64),
+            np.zeros((1, 1), dtype=np.int64),
+            0,
+            np.zeros((4, 1), dtype=np.int64),
+            1,
+        )
+        use_compiled_columns(add)
     return refresh
+
+
+def _add_column(
+    columns: Ints, by_priority: Ints, slot: int, delta: Ints, sign: int
+) -> None:  # pragma: no cover - compiled; its twin is ClusterState.assume's numpy
+    for k in range(delta.shape[0]):
+        for r in range(delta.shape[1]):
+            columns[k, r, slot] += sign * delta[k, r]
+    for r in range(delta.shape[1]):
+        by_priority[r, slot] += sign * delta[1, r]
 
 
 Params = Ints

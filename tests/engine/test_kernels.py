@@ -16,8 +16,10 @@ from hypothesis import strategies as st
 from engine.config import parse_config
 from engine.framework.cycle import CycleState
 from engine.kernels import ResourceKernel, refresh_kernel
-from engine.pod import pod_info
+from engine.pod import make_request, pod_info
 from engine.scheduler import Engine
+from engine.state import ClusterState
+from events.types import PodSpec
 from tests.builders import env, make_node, make_pod
 from tests.engine.test_properties import events, run
 
@@ -218,3 +220,47 @@ def test_a_small_run_never_loads_numba() -> None:
         "print(result.engine.stats()['attempts'] > 0, 'numba' in sys.modules)\n"
     )
     assert _probe(probe).split() == ["True", "False"]
+
+
+def _placements(add: Any) -> tuple[Any, dict[int, Any]]:
+    """A state after placing and releasing pods, resources registered in between, with
+    ``add`` as the column update (None: numpy)."""
+    from engine import state as state_module
+
+    saved = state_module._compiled_add
+    state_module.use_compiled_columns(add)
+    try:
+        state = ClusterState()
+        for i in range(4):
+            state.add_node(make_node(f"n{i}").cpu("8").memory("16Gi").gpu(2).spec())
+        for i in range(12):
+            spec = make_pod(f"p{i}").cpu(f"{i % 3 + 1}").memory("1Gi").spec()
+            state.assume(f"p{i}", i % 4, make_request(spec, state.resources), i % 2 * 100)
+        # a resource registered after some placements: their deltas are padded
+        fpga = PodSpec(namespace="default", name="f", requests={"example.com/fpga": 1})
+        fpga_request = make_request(fpga, state.resources)
+        state.ensure_rows()
+        for i in range(0, 12, 3):
+            state.forget(f"p{i}")
+        state.assume("f", 3, fpga_request)
+        state.assume("p0", 2, make_request(make_pod("p0").gpu(1).spec(), state.resources))
+        state.check_invariants()
+        return state._columns.copy(), {p: u.copy() for p, u in state.used_by_priority.items()}
+    finally:
+        state_module.use_compiled_columns(saved)
+
+
+def test_compiled_column_updates_leave_the_state_numpy_leaves() -> None:
+    """``assume`` and ``forget`` with the compiled column update end in the same arrays,
+    element for element, as with numpy's."""
+    if refresh_kernel() is None:
+        pytest.skip("numba is not available")
+    from engine import state as state_module
+
+    compiled = state_module._compiled_add
+    assert compiled is not None, "loading the kernels installs the compiled update"
+    columns, by_priority = _placements(compiled)
+    numpy_columns, numpy_by_priority = _placements(None)
+    assert np.array_equal(columns, numpy_columns)
+    assert by_priority.keys() == numpy_by_priority.keys()
+    assert all(np.array_equal(by_priority[p], numpy_by_priority[p]) for p in by_priority)
