@@ -61,6 +61,10 @@ COORDINATOR: Final = "coordinator"
 """The producer of the coordinator's snapshots."""
 ALLOWED: Final = Allowed.of(Control, _Shard, _Gang, Sharding, PoolRule)
 
+FOLD_LIMIT: Final = 1000
+"""Control records folded per poll at most: a burst of pods reaches the shards in
+slices they start on while the router folds the next, not all at once after it."""
+
 REPORT_KINDS = tuple(str(kind.__struct_config__.tag) for kind in REPORTS)
 
 
@@ -70,6 +74,9 @@ class ControlWorker:
         self.log = log
         self.router = RunRouter()
         """Folds control records like ``control.apply``, runs of plain pods at once."""
+        self.fold_limit = FOLD_LIMIT
+        self._full = False
+        """The last fold stopped at ``fold_limit``: more may be there."""
         self.partition = control.control
         self.position = 0
         self.written = [-1] * (control.n + 1)
@@ -163,15 +170,21 @@ class ControlWorker:
         self.written, self.last_own, self.relay_from = (list(v) for v in lists)
 
     async def poll(self) -> int:
-        """Fold what is new, relay what shards reported, fold again; return appended."""
+        """Fold what is new (up to ``fold_limit`` records), relay what shards reported,
+        fold again; return what moved: the records appended, or, when a fold stopped at
+        its limit having appended nothing, the records it folded (poll again: there is
+        more). Zero means the worker is caught up."""
         if not self._recovered:
             await self.recover()
+        self._full = False
         appended = await self._fold()
         appended += await self._relay()
         if appended:
             appended += await self._fold()
         if self.snapshot_every and self.position - self.snapshot_at >= self.snapshot_every:
             await self._snapshot()
+        if not appended and self._full:
+            return self.fold_limit
         return appended
 
     async def _snapshot(self) -> None:
@@ -225,9 +238,10 @@ class ControlWorker:
         return len(copies)
 
     async def _fold(self) -> int:
-        records = await self.log.read(self.partition, self.position)
+        records = await self.log.read(self.partition, self.position, self.fold_limit)
         if not records:
             return 0
+        self._full = len(records) >= self.fold_limit
         control = self.control
         written = self.written
         outputs: dict[int, list[Envelope]] = {}

@@ -44,6 +44,7 @@ from events.types import (
     ShardingConfigured,
     ShardSummary,
 )
+from shards.control import ControlWorker
 from shards.replay import replay_routed
 from shards.router import POOL_LABEL, RELAY, Control, Sharding
 from shards.scenario import load_scenario
@@ -698,3 +699,28 @@ spec: {pool: pa, shard: 1}
     assert pods["default/later"]["shard"] == 1
     over = [env.event for env in data["parts"][0] if type(env.event).__name__ == "PoolHandedOver"]
     assert [p.pod.key for p in over[0].placements] == ["default/running"]
+
+
+async def test_a_fold_that_stops_at_its_limit_says_there_is_more() -> None:
+    """The coordinator folds at most ``fold_limit`` control records a poll, so a burst
+    reaches the shards in slices. A slice that yields nothing to append must still count
+    as movement, or a driver polling until nothing moves would stop with records left."""
+    log = MemoryLog(3)
+    events: list[Event] = [ClockTicked() for _ in range(7)]
+    events += [make_node(f"n{i}").cpu("8").label(POOL_LABEL, f"p{i}").added() for i in range(2)]
+    events.append(PodSubmitted(pod=make_pod("late").cpu("1").spec()))
+    await log.append([Envelope(event=e, time=i) for i, e in enumerate(events)], 2)
+    worker = ControlWorker(Control(Sharding(shards=2)), log)
+    worker.fold_limit = 3
+    moves = []
+    while moved := await worker.poll():
+        moves.append(moved)
+    assert moves[:2] == [3, 3], "two slices of clock ticks: nothing appended, more to fold"
+    assert worker.position == len(events)
+    routed = [
+        env.event.pod.name
+        for shard in range(2)
+        for env in await log.read(shard, 0)
+        if isinstance(env.event, PodRouted)
+    ]
+    assert routed == ["late"]
