@@ -9,11 +9,12 @@ Each ``poll``:
    sees, so the fold stays a function of the control partition alone;
 2. *folds* the control partition (:class:`shards.router.Control`; runs of plain pods
    through :class:`shards.fastroute.RunRouter`, to the same effect) and appends each
-   record's outputs, with ``causation`` = that record's offset and producer ``router``.
+   record's outputs, with ``causation`` = that record's offset and producer ``router``,
+   a slice of records at a time.
 
 Crash safety. The fold's outputs for control record ``k`` depend only on records
 ``0..k``, and outputs are appended per partition in causation order, one atomic append
-per partition and poll. So a restarted worker scans each partition once for the
+per partition and slice of records. So a restarted worker scans each partition once for the
 highest ``causation`` of a ``router`` record it holds, folds the control partition from
 the start, and appends only outputs caused by later records: nothing is lost and
 nothing is sent twice. Relaying resumes after the last copy the fold has seen (and a
@@ -61,9 +62,11 @@ COORDINATOR: Final = "coordinator"
 """The producer of the coordinator's snapshots."""
 ALLOWED: Final = Allowed.of(Control, _Shard, _Gang, Sharding, PoolRule)
 
-FOLD_LIMIT: Final = 1000
-"""Control records folded per poll at most: a burst of pods reaches the shards in
-slices they start on while the router folds the next, not all at once after it."""
+FOLD_SLICE: Final = 1000
+"""Control records folded before their outputs are appended: a burst of pods reaches
+the shards in slices they start on while the router folds the next, not all at once
+after it. (The worker still reads all that is new at once: on Kafka, every read seeks
+and fetches again.)"""
 
 REPORT_KINDS = tuple(str(kind.__struct_config__.tag) for kind in REPORTS)
 
@@ -74,9 +77,7 @@ class ControlWorker:
         self.log = log
         self.router = RunRouter()
         """Folds control records like ``control.apply``, runs of plain pods at once."""
-        self.fold_limit = FOLD_LIMIT
-        self._full = False
-        """The last fold stopped at ``fold_limit``: more may be there."""
+        self.fold_slice = FOLD_SLICE
         self.partition = control.control
         self.position = 0
         self.written = [-1] * (control.n + 1)
@@ -170,21 +171,15 @@ class ControlWorker:
         self.written, self.last_own, self.relay_from = (list(v) for v in lists)
 
     async def poll(self) -> int:
-        """Fold what is new (up to ``fold_limit`` records), relay what shards reported,
-        fold again; return what moved: the records appended, or, when a fold stopped at
-        its limit having appended nothing, the records it folded (poll again: there is
-        more). Zero means the worker is caught up."""
+        """Fold what is new, relay what shards reported, fold again; return appended."""
         if not self._recovered:
             await self.recover()
-        self._full = False
         appended = await self._fold()
         appended += await self._relay()
         if appended:
             appended += await self._fold()
         if self.snapshot_every and self.position - self.snapshot_at >= self.snapshot_every:
             await self._snapshot()
-        if not appended and self._full:
-            return self.fold_limit
         return appended
 
     async def _snapshot(self) -> None:
@@ -238,10 +233,16 @@ class ControlWorker:
         return len(copies)
 
     async def _fold(self) -> int:
-        records = await self.log.read(self.partition, self.position, self.fold_limit)
-        if not records:
-            return 0
-        self._full = len(records) >= self.fold_limit
+        """Fold the new control records, ``fold_slice`` at a time, appending each
+        slice's outputs before folding the next: a burst of pods reaches the shards in
+        slices they start on while the router folds the rest."""
+        records = await self.log.read(self.partition, self.position)
+        appended = 0
+        for start in range(0, len(records), self.fold_slice):
+            appended += await self._fold_slice(records[start : start + self.fold_slice])
+        return appended
+
+    async def _fold_slice(self, records: list[Envelope]) -> int:
         control = self.control
         written = self.written
         outputs: dict[int, list[Envelope]] = {}

@@ -701,26 +701,39 @@ spec: {pool: pa, shard: 1}
     assert [p.pod.key for p in over[0].placements] == ["default/running"]
 
 
-async def test_a_fold_that_stops_at_its_limit_says_there_is_more() -> None:
-    """The coordinator folds at most ``fold_limit`` control records a poll, so a burst
-    reaches the shards in slices. A slice that yields nothing to append must still count
-    as movement, or a driver polling until nothing moves would stop with records left."""
-    log = MemoryLog(3)
-    events: list[Event] = [ClockTicked() for _ in range(7)]
-    events += [make_node(f"n{i}").cpu("8").label(POOL_LABEL, f"p{i}").added() for i in range(2)]
-    events.append(PodSubmitted(pod=make_pod("late").cpu("1").spec()))
-    await log.append([Envelope(event=e, time=i) for i, e in enumerate(events)], 2)
-    worker = ControlWorker(Control(Sharding(shards=2)), log)
-    worker.fold_limit = 3
-    moves = []
-    while moved := await worker.poll():
-        moves.append(moved)
-    assert moves[:2] == [3, 3], "two slices of clock ticks: nothing appended, more to fold"
-    assert worker.position == len(events)
-    routed = [
-        env.event.pod.name
-        for shard in range(2)
-        for env in await log.read(shard, 0)
-        if isinstance(env.event, PodRouted)
-    ]
-    assert routed == ["late"]
+async def test_the_coordinator_forwards_a_burst_in_slices() -> None:
+    """A burst of control records is folded ``fold_slice`` at a time, each slice's
+    outputs appended before the next is folded (shards start on the first while the
+    router folds the rest); one poll folds them all, and what reaches the shards is
+    what one big slice would have sent."""
+
+    async def forwarded(fold_slice: int) -> tuple[list[Any], list[int]]:
+        log = MemoryLog(3)
+        events: list[Event] = [
+            make_node(f"n{i}").cpu("8").label(POOL_LABEL, f"p{i}").added() for i in range(2)
+        ]
+        events += [PodSubmitted(pod=make_pod(f"pod{i}").cpu("1").spec()) for i in range(7)]
+        await log.append([Envelope(event=e, time=i) for i, e in enumerate(events)], 2)
+        sizes: list[int] = []
+        append = log.append
+
+        async def counted(envelopes: Any, partition: int = 0) -> list[int]:
+            sizes.append(len(envelopes))
+            return await append(envelopes, partition)
+
+        log.append = counted  # type: ignore[method-assign]
+        worker = ControlWorker(Control(Sharding(shards=2)), log)
+        worker.fold_slice = fold_slice
+        await worker.poll()
+        assert worker.position == len(events), "one poll folds the whole burst"
+        sent = [
+            (shard, env.causation, env.event)
+            for shard in range(2)
+            for env in await log.read(shard, 0)
+        ]
+        return sent, sizes
+
+    sliced, appends = await forwarded(3)
+    whole, whole_appends = await forwarded(1000)
+    assert sliced == whole
+    assert len(appends) > len(whole_appends) and max(appends) <= 3
