@@ -146,13 +146,10 @@ def refresh_kernel() -> Refresh | None:
         params = np.zeros(6, dtype=np.int64)
         refresh(_EMPTY, flags, np.zeros((4, 1, 0), dtype=np.int64), params, flags, _EMPTY, _EMPTY)
         add = jit(_add_column)
-        add(
-            np.zeros((4, 1, 1), dtype=np.int64),
-            np.zeros((1, 1), dtype=np.int64),
-            0,
-            np.zeros((4, 1), dtype=np.int64),
-            1,
-        )
+        delta = np.zeros((4, 1), dtype=np.int64)
+        for writeable in (True, False):  # placed pods' deltas are read-only; padded not
+            delta.flags.writeable = writeable
+            add(np.zeros((4, 1, 1), dtype=np.int64), np.zeros((1, 1), dtype=np.int64), 0, delta, 1)
         use_compiled_columns(add)
     return refresh
 

@@ -37,15 +37,6 @@ from events.types import NodeSpec, Taint
 
 Ints = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
-
-
-def any_set(mask: Bools) -> bool:
-    """Whether any element of ``mask`` is set: ``mask.any()`` at a third of the cost on
-    the small arrays of the hot path (argmax stops at the first set element and skips
-    the reduction machinery)."""
-    return mask.size > 0 and bool(mask[mask.argmax()])
-
-
 Codes = npt.NDArray[np.int32]
 Floats = npt.NDArray[np.float64]
 
@@ -70,6 +61,14 @@ class PlacedPod:
 
 
 _DELTAS: dict[tuple[Request, int], npt.NDArray[np.int64]] = {}
+
+
+def any_set(mask: Bools) -> bool:
+    """Whether any element of ``mask`` is set: ``mask.any()`` at a third of the cost on
+    the small arrays of the hot path (argmax stops at the first set element and skips
+    the reduction machinery)."""
+    return mask.size > 0 and bool(mask[mask.argmax()])
+
 
 ColumnAdd = Callable[
     [npt.NDArray[np.int64], npt.NDArray[np.int64], int, npt.NDArray[np.int64], int], None
