@@ -15,10 +15,11 @@ decision.
 Any other plugin, strategy or resource count keeps the numpy path. So does everything
 when numba is missing or ``SHOAL_NO_JIT`` is set.
 
-Loading numba and the compiled code costs about half a second, so it happens only when
-a refresh first needs it (more nodes changed than the plain-Python path handles well),
-or at start in processes that schedule for long (:func:`warm_up`): a small simulation
-never pays for it.
+Loading numba and the compiled code costs about 0.7 s (from numba's cache), so it
+happens only when a refresh first needs it (more nodes changed than the plain-Python
+path handles well), or at start in processes that schedule for long (:func:`warm_up`):
+a small simulation never pays for it. Loading it also installs the compiled column
+update of ``ClusterState.assume`` and ``forget`` (:func:`engine.state.use_compiled_columns`).
 """
 
 from __future__ import annotations
