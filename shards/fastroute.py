@@ -129,66 +129,39 @@ class RunRouter:
 
     def fold(self, control: Control, records: Sequence[Envelope]) -> list[Folded]:
         out: list[Folded] = []
-        run: list[tuple[Envelope, PodSpec]] = []
+        run: list[tuple[Envelope, PodSpec, str]] = []
         keys: set[str] = set()
+        open_ = _open(control)
         for env in records:
-            spec = self._plain(control, env, keys)
-            if spec is not None:
-                run.append((env, spec))
-                keys.add(spec.key)
+            plain = _plain(control, env, keys) if open_ else None
+            if plain is not None:
+                run.append((env, *plain))
+                keys.add(plain[1])
                 continue
             if run:
                 self._flush(control, run, out)
                 run, keys = [], set()
             out.append((env.offset, *_apply(control, env)))
+            open_ = _open(control)  # the record may have changed what a run needs
         if run:
             self._flush(control, run, out)
         return out
 
-    @staticmethod
-    def _plain(control: Control, env: Envelope, keys: set[str]) -> PodSpec | None:
-        """The pod, if ``env`` submits one the fold would route on its first hop to any
-        shard, by capacity alone, with nothing else to do."""
-        event = env.event
-        if type(event) is not PodSubmitted or env.producer == ROUTER or env.stream == RELAY:
-            return None
-        spec = event.pod
-        if (
-            spec.group
-            or spec.node_name
-            or spec.node_selector
-            or spec.required_affinity
-            or spec.depends_on
-            or control._exclusive
-            or control.inflight
-            or control._capacity_changed
-            or (control.spanning and control._spanning_pending)
-        ):
-            return None
-        key = spec.key
-        if key in keys or key in control.pods or key in control.outcomes or key in control.tried:
-            return None
-        namespace = spec.namespace
-        if namespace in control.quotas and namespace not in control.quota_slices:
-            return None  # its first pod slices the quota: left to the fold
-        return spec
-
     def _flush(
-        self, control: Control, run: list[tuple[Envelope, PodSpec]], out: list[Folded]
+        self, control: Control, run: list[tuple[Envelope, PodSpec, str]], out: list[Folded]
     ) -> None:
         kernel = route_kernel() if len(run) >= self.min_run else None
         chosen = self._choose(control, run, kernel) if kernel is not None else None
         if chosen is None:
-            for env, _ in run:
+            for env, _, _ in run:
                 out.append((env.offset, *_apply(control, env)))
             return
         requests, shards_of, names, inflight = chosen
         final = control.n <= 1
         now = control.now
         pods, pod_shard, states = control.pods, control.pod_shard, control.shards
-        for (env, spec), request, shard in zip(run, requests, shards_of, strict=True):
+        for (env, spec, key), request, shard in zip(run, requests, shards_of, strict=True):
             now = max(now, env.time)
-            key = spec.key
             pods[key] = spec
             pod_shard[key] = shard
             state = states[shard]
@@ -208,7 +181,7 @@ class RunRouter:
         self.routed_in_runs += len(run)
 
     def _choose(
-        self, control: Control, run: list[tuple[Envelope, PodSpec]], kernel: RouteRun
+        self, control: Control, run: list[tuple[Envelope, PodSpec, str]], kernel: RouteRun
     ) -> tuple[list[dict[str, int]], list[int], dict[str, int], np.ndarray] | None:
         """Each pod's request and shard, the resources' rows and the shards' in-flight
         totals after the run; None if a value is too large for the loop to be exact."""
@@ -225,7 +198,7 @@ class RunRouter:
             self._totals = []
         ids = []
         requests = []
-        for _, spec in run:
+        for _, spec, _ in run:
             shape = shapes.get(tuple(spec.requests.items()))
             if shape is None:
                 shape = self._shape(spec)
@@ -299,6 +272,39 @@ class _Shape:
     request: dict[str, int]
     rows: tuple[int, ...]
     amounts: tuple[int, ...]
+
+
+def _open(control: Control) -> bool:
+    """Whether the router is in a state where a plain pod needs nothing but a shard:
+    no tenant pools, no cross-shard gang being prepared or waiting, no capacity change
+    to slice quotas for first."""
+    return not (
+        control._exclusive
+        or control.inflight
+        or control._capacity_changed
+        or (control.spanning and control._spanning_pending)
+    )
+
+
+def _plain(control: Control, env: Envelope, keys: set[str]) -> tuple[PodSpec, str] | None:
+    """The pod and its key, if ``env`` submits one the fold would route on its first
+    hop to any shard, by capacity alone, with nothing else to do (the router being
+    :func:`_open`); ``keys``: those of the run so far."""
+    event = env.event
+    if type(event) is not PodSubmitted or env.producer == ROUTER or env.stream == RELAY:
+        return None
+    spec = event.pod
+    if spec.group or spec.node_name or spec.node_selector or spec.required_affinity:
+        return None
+    if spec.depends_on:
+        return None
+    key = spec.key
+    if key in keys or key in control.pods or key in control.outcomes or key in control.tried:
+        return None
+    namespace = spec.namespace
+    if namespace in control.quotas and namespace not in control.quota_slices:
+        return None  # its first pod slices the quota: left to the fold
+    return spec, key
 
 
 def _apply(control: Control, env: Envelope) -> tuple[int, list[Output]]:
