@@ -156,7 +156,7 @@ class RunRouter:
             for env, _, _ in run:
                 out.append((env.offset, *_apply(control, env)))
             return
-        requests, shards_of, names, inflight = chosen
+        requests, shards_of = chosen
         final = control.n <= 1
         now = control.now
         pods, pod_shard, states = control.pods, control.pod_shard, control.shards
@@ -164,27 +164,18 @@ class RunRouter:
             now = max(now, env.time)
             pods[key] = spec
             pod_shard[key] = shard
-            state = states[shard]
-            state.routed.append((env.offset, request))
-            table = state.inflight
-            if not table.keys() >= request.keys():
-                for name in request:  # first charged here: added in the fold's order
-                    table.setdefault(name, 0)
+            states[shard].charge(env.offset, request)  # the totals the loop arrived at
             routed = PodRouted(pod=spec, hops=0, final=final, answers=())
             out.append((env.offset, now, [(shard, routed)]))
-        for s, state in enumerate(states):
-            table = state.inflight
-            for name in table:
-                table[name] = int(inflight[s, names[name]])
         control.now = now
         control._out = out[-1][2]  # as the fold leaves it: the last record's outputs
         self.routed_in_runs += len(run)
 
     def _choose(
         self, control: Control, run: list[tuple[Envelope, PodSpec, str]], kernel: RouteRun
-    ) -> tuple[list[dict[str, int]], list[int], dict[str, int], np.ndarray] | None:
-        """Each pod's request and shard, the resources' rows and the shards' in-flight
-        totals after the run; None if a value is too large for the loop to be exact."""
+    ) -> tuple[list[dict[str, int]], list[int]] | None:
+        """Each pod's request and shard; None if a value is too large for the loop to be
+        exact."""
         names = self._names
         states = control.shards
         for state in states:
@@ -226,7 +217,7 @@ class RunRouter:
         chosen = np.zeros(len(run), dtype=np.int64)
         alloc, used, inflight, largest = tables
         kernel(alloc, used, inflight, largest, summarized, rows, amounts, lengths, chosen)
-        return requests, chosen.tolist(), names, inflight
+        return requests, chosen.tolist()
 
     def _shape(self, spec: PodSpec) -> _Shape:
         """A new shape of request: its dict as ``_request`` builds it, its resources'
