@@ -131,9 +131,9 @@ class RunRouter:
         out: list[Folded] = []
         run: list[tuple[Envelope, PodSpec, str]] = []
         keys: set[str] = set()
-        open_ = _open(control)
+        ready = control.routes_by_capacity()
         for env in records:
-            plain = _plain(control, env, keys) if open_ else None
+            plain = _plain(control, env, keys) if ready else None
             if plain is not None:
                 run.append((env, *plain))
                 keys.add(plain[1])
@@ -142,7 +142,7 @@ class RunRouter:
                 self._flush(control, run, out)
                 run, keys = [], set()
             out.append((env.offset, *_apply(control, env)))
-            open_ = _open(control)  # the record may have changed what a run needs
+            ready = control.routes_by_capacity()  # the record may have changed it
         if run:
             self._flush(control, run, out)
         return out
@@ -265,22 +265,10 @@ class _Shape:
     amounts: tuple[int, ...]
 
 
-def _open(control: Control) -> bool:
-    """Whether the router is in a state where a plain pod needs nothing but a shard:
-    no tenant pools, no cross-shard gang being prepared or waiting, no capacity change
-    to slice quotas for first."""
-    return not (
-        control._exclusive
-        or control.inflight
-        or control._capacity_changed
-        or (control.spanning and control._spanning_pending)
-    )
-
-
 def _plain(control: Control, env: Envelope, keys: set[str]) -> tuple[PodSpec, str] | None:
     """The pod and its key, if ``env`` submits one the fold would route on its first
-    hop to any shard, by capacity alone, with nothing else to do (the router being
-    :func:`_open`); ``keys``: those of the run so far."""
+    hop to any shard, by capacity alone, with nothing else to do (when the router
+    :meth:`~shards.router.Control.routes_by_capacity`); ``keys``: the run's so far."""
     event = env.event
     if type(event) is not PodSubmitted or env.producer == ROUTER or env.stream == RELAY:
         return None

@@ -1074,7 +1074,7 @@ class Control:
 
     def _drive(self) -> None:
         """Coordinator step: the prepare time-out, then the next spanning gang."""
-        if not self.inflight and (not self.spanning or not self._spanning_pending):
+        if not self._coordinating:
             return  # nothing to coordinate: the common case, on every record
         if self.inflight:
             gang = self.gangs[self.inflight]
@@ -1094,6 +1094,18 @@ class Control:
 
     def _may_retry(self, gang: _Gang) -> bool:
         return gang.retry_at <= self.now and self.summaries > gang.retry_after
+
+    @property
+    def _coordinating(self) -> bool:
+        """A cross-shard gang is being prepared or aborted, or waits to be."""
+        return bool(self.inflight) or (bool(self.spanning) and self._spanning_pending)
+
+    def routes_by_capacity(self) -> bool:
+        """Whether a pod without constraints (no gang, node name, selector, affinity or
+        dependency) goes to the roomiest shard with nothing else for the fold to do: no
+        tenant pools, no cross-shard gang being coordinated, no capacity change to slice
+        quotas for first (see :mod:`shards.fastroute`)."""
+        return not (self._exclusive or self._coordinating or self._capacity_changed)
 
     @property
     def _spanning_pending(self) -> bool:
