@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import orjson
 
@@ -30,6 +30,9 @@ from shards.router import MAX_SHARDS, Sharding
 from shards.scenario import ShardingSpec, load_config, load_scenario, load_sharding
 from shards.simulate import simulate
 from shards.worker import SNAPSHOT_EVERY
+
+if TYPE_CHECKING:
+    from loadtest.driver import LoadShape
 
 EXIT_MISMATCH = 1
 EXIT_INPUT = 2
@@ -219,10 +222,6 @@ async def _loadtest(args: argparse.Namespace) -> int:
     _sharding(args.shards)
     if args.recovery:
         return await _recovery(args)
-    if args.scaling:
-        return await _scaling(args)
-    if args.spanning_gangs and args.shards < 2:
-        raise InputError("gangs across shards need --shards 2 or more", location="--spanning-gangs")
     if args.gang_size and args.gang_size > args.pods:
         raise InputError(
             f"a gang of {args.gang_size} needs at least that many pods", location="--gang-size"
@@ -234,6 +233,10 @@ async def _loadtest(args: argparse.Namespace) -> int:
         batch=args.batch,
         gang_size=args.gang_size,
     )
+    if args.scaling:
+        return await _scaling(args, shape)
+    if args.spanning_gangs and args.shards < 2:
+        raise InputError("gangs across shards need --shards 2 or more", location="--spanning-gangs")
     shape = dataclasses.replace(shape, shards=args.shards)
     progress = None if args.json else render.loadtest_progress
     if args.shards > 1 or args.routed:
@@ -255,8 +258,7 @@ async def _loadtest(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _scaling(args: argparse.Namespace) -> int:
-    from loadtest.driver import LoadShape
+async def _scaling(args: argparse.Namespace, shape: LoadShape) -> int:
     from loadtest.scaling import run_scaling
 
     for given, flag in (
@@ -269,14 +271,7 @@ async def _scaling(args: argparse.Namespace) -> int:
                 f"--scaling runs its own configurations on the memory log: drop {flag}",
                 location="--scaling",
             )
-    if args.gang_size and args.gang_size > args.pods:
-        raise InputError(
-            f"a gang of {args.gang_size} needs at least that many pods", location="--gang-size"
-        )
     shards = args.shards if args.shards > 1 else 2
-    shape = LoadShape(
-        nodes=args.nodes, pods=args.pods, seed=args.seed, batch=args.batch, gang_size=args.gang_size
-    )
 
     def report(line: str) -> None:
         if not args.json:
