@@ -19,6 +19,7 @@ from events.types import (
     Taint,
     Toleration,
 )
+from shards.router import RELAY
 
 
 class NodeBuilder:
@@ -159,3 +160,16 @@ def make_pod(name: str, namespace: str = "default") -> PodBuilder:
 
 def env(event: Event, time: float = 0, producer: str = "test", offset: int = -1) -> Envelope:
     return Envelope(event=event, time=round(time * SECOND), producer=producer, offset=offset)
+
+
+def relayed(event: Event, shard: int, offset: int, *, time: int = 0) -> Envelope:
+    """A shard's report as the coordinator copies it into the control partition (at
+    ``offset``, caused by the shard's record of the same offset)."""
+    return Envelope(
+        event=event,
+        offset=offset,
+        time=time,
+        stream=RELAY,
+        producer=f"relay-{shard}",
+        causation=offset,
+    )

@@ -149,9 +149,8 @@ async def test_close_twice_is_safe(make_log: Factory) -> None:
     await log.close()
 
 
-async def test_read_kinds_keeps_the_kinds_asked_for_and_says_where_it_stopped(
-    make_log: Factory,
-) -> None:
+async def _of_three_kinds(make_log: Factory) -> EventLog:
+    """A log whose partition holds pod-, node-, pod- and a clock tick, in that order."""
     log = await make_log(1)
     await log.append(
         [
@@ -161,21 +160,20 @@ async def test_read_kinds_keeps_the_kinds_asked_for_and_says_where_it_stopped(
             Envelope(event=ClockTicked()),
         ]
     )
+    return log
+
+
+async def test_read_kinds_keeps_the_kinds_asked_for_and_says_where_it_stopped(
+    make_log: Factory,
+) -> None:
+    log = await _of_three_kinds(make_log)
     stop, kept = await read_kinds(log, 0, 1, ["pod-"])
     assert stop == 4 and [(e.offset, e.event) for e in kept] == [(2, PodDeleted(pod="ns/b"))]
     assert await read_kinds(log, 0, 4, ["pod-"]) == (4, [])
 
 
 async def test_count_kinds_counts_what_read_kinds_would_keep(make_log: Factory) -> None:
-    log = await make_log(1)
-    await log.append(
-        [
-            Envelope(event=PodDeleted(pod="ns/a")),
-            Envelope(event=NodeRemoved(name="n")),
-            Envelope(event=PodDeleted(pod="ns/b")),
-            Envelope(event=ClockTicked()),
-        ]
-    )
+    log = await _of_three_kinds(make_log)
     assert await count_kinds(log, 0, 0, ["pod-"]) == (4, 2)
     assert await count_kinds(log, 0, 1, ["pod-", "node-"]) == (4, 2)
     assert await count_kinds(log, 0, 3, ["pod-"]) == (4, 0)

@@ -24,8 +24,8 @@ from events.types import (
 from shards import fastroute
 from shards.control import control_state
 from shards.fastroute import EXACT, RunRouter, route_kernel
-from shards.router import POOL_LABEL, RELAY, Control, Sharding
-from tests.builders import make_node, make_pod
+from shards.router import POOL_LABEL, Control, Sharding
+from tests.builders import make_node, make_pod, relayed
 
 pytestmark = pytest.mark.skipif(route_kernel() is None, reason="numba is not available")
 
@@ -52,7 +52,6 @@ def control_records(draw: st.DrawFn) -> list[Any]:
             .gpu(draw(st.sampled_from([0, 4])))
         )
         events.append(("in", node.label(POOL_LABEL, f"p{i % shards}").added()))
-    relayed = 0
     for _ in range(draw(st.integers(1, 120))):
         kind = draw(
             st.sampled_from(
@@ -76,7 +75,6 @@ def control_records(draw: st.DrawFn) -> list[Any]:
             events.append(("in", PodSubmitted(pod=make_pod(name).cpu("1").member("ns/g").spec())))
         elif kind == "summary":
             shard = draw(st.integers(0, shards - 1))
-            relayed += 1
             summary = ShardSummary(
                 shard=shard,
                 seen=draw(st.integers(-1, len(events))),
@@ -85,7 +83,7 @@ def control_records(draw: st.DrawFn) -> list[Any]:
                 used={"cpu": draw(amounts), "nvidia.com/gpu": draw(st.integers(0, 8))},
                 largest={"cpu": draw(amounts), "memory": draw(amounts)},
             )
-            events.append(("relay", shard, relayed, summary))
+            events.append(("relay", shard, summary))
         elif kind == "delete":
             events.append(("in", PodDeleted(pod=f"a/{name}")))
         elif kind == "quota":
@@ -103,17 +101,8 @@ def _envelopes(events: list[Any]) -> list[Envelope]:
         if item[0] == "in":
             out.append(Envelope(event=item[1], time=time, offset=offset))
         else:
-            _, shard, causation, event = item
-            out.append(
-                Envelope(
-                    event=event,
-                    time=time,
-                    offset=offset,
-                    stream=RELAY,
-                    producer=f"relay-{shard}",
-                    causation=causation,
-                )
-            )
+            _, shard, event = item
+            out.append(relayed(event, shard, offset, time=time))
     return out
 
 

@@ -49,7 +49,7 @@ from shards.replay import replay_routed
 from shards.router import POOL_LABEL, RELAY, Control, Sharding
 from shards.scenario import load_scenario
 from shards.simulate import simulate
-from tests.builders import env, make_node, make_pod
+from tests.builders import env, make_node, make_pod, relayed
 from tests.shards.test_batch import group, node, pod
 
 
@@ -472,20 +472,11 @@ class _Feed:
         self.control = control
         self.offset = 0
 
-    def __call__(self, event: Event, relay: int | None = None, at: int = 0) -> list[Any]:
+    def __call__(self, event: Event, relay: int | None = None, time: int = 0) -> list[Any]:
         self.offset += 1
         if relay is None:
-            return self.control.apply(Envelope(event=event, offset=self.offset, time=at))
-        return self.control.apply(
-            Envelope(
-                event=event,
-                offset=self.offset,
-                time=at,
-                stream=RELAY,
-                producer=f"relay-{relay}",
-                causation=self.offset,
-            )
-        )
+            return self.control.apply(Envelope(event=event, offset=self.offset, time=time))
+        return self.control.apply(relayed(event, relay, self.offset, time=time))
 
     def room(self, shard: int, free_cpu: int) -> ShardSummary:
         return ShardSummary(
@@ -544,7 +535,7 @@ def test_recalls_of_one_pod_back_off() -> None:
         keeper = control.kept.get("default/big")
         if keeper is not None:
             roomy = 1 - keeper
-            out = feed(feed.room(roomy, 8000), relay=roomy, at=now)
+            out = feed(feed.room(roomy, 8000), relay=roomy, time=now)
             if out:
                 assert out == [(keeper, PodRecalled(pod="default/big"))]
                 recalled_at.append(now)
@@ -553,7 +544,7 @@ def test_recalls_of_one_pod_back_off() -> None:
                 out = feed(PodHandedBack(pod="default/big", reason="full", shard=keeper), keeper)
                 (shard,) = [s for s, e in out if isinstance(e, PodRouted)]
                 refusal = PodHandedBack(pod="default/big", reason="no node fits", shard=shard)
-                feed(refusal, shard, at=now)
+                feed(refusal, shard, time=now)
         now += SECOND // 2
     gaps = [b - a for a, b in itertools.pairwise(recalled_at)]
     assert recalled_at[0] == 0, "the first recall comes with the first roomy summary"
@@ -588,22 +579,7 @@ def test_a_recalled_pod_is_handed_back_only_if_it_still_does_not_fit() -> None:
 def test_abort_reaches_every_open_part() -> None:
     sharding = Sharding(shards=2, reservation_timeout=5 * SECOND)
     control = Control(sharding)
-    offset = 0
-
-    def feed(event: Event, *, relay: int | None = None, time: int = 0) -> list[Any]:
-        nonlocal offset
-        offset += 1
-        env = Envelope(event=event, offset=offset, time=time)
-        if relay is not None:
-            env = Envelope(
-                event=event,
-                offset=offset,
-                time=time,
-                stream=RELAY,
-                producer=f"relay-{relay}",
-                causation=offset,
-            )
-        return control.apply(env)
+    feed = _Feed(control)
 
     for i in range(4):
         feed(make_node(f"g{i}").gpu(2).label(POOL_LABEL, f"p{i % 2}").added())
@@ -615,7 +591,9 @@ def test_abort_reaches_every_open_part() -> None:
     out = []
     for shard in (0, 1):
         out += feed(
-            ShardSummary(shard=shard, seen=offset, nodes=2, allocatable={}, used={}, largest={}),
+            ShardSummary(
+                shard=shard, seen=feed.offset, nodes=2, allocatable={}, used={}, largest={}
+            ),
             relay=shard,
         )
     # the first plan ran before shard 1 had summarised: it waits out its back-off
