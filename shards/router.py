@@ -887,14 +887,16 @@ class Control:
         budget = {name: room.free(name) for name in room.alloc}
         largest = room.largest
         for key, keeper in list(self.kept.items()):
+            if budget.get("pods", 0) < 1:
+                break  # no room for another pod: nothing more can be recalled here
             spec = self.pods.get(key)
             if spec is None or self.pod_shard.get(key) != keeper:
                 del self.kept[key]
                 continue
-            if keeper == shard or shard not in self.allowed(spec):
+            if keeper == shard:
                 continue
             not_before, backoff = self.recall_after.get(key, (0, 0))
-            if self.now < not_before:
+            if self.now < not_before or shard not in self.allowed(spec):
                 continue
             request = _request(spec)
             if any(
