@@ -47,23 +47,20 @@ async def run_scaling(
             results.append(result)
             if report is not None:
                 report(f"round {round_}/{rounds}: {name}: {result['pods_per_second']:,.0f} pods/s")
-    speeds = {name: [r["pods_per_second"] for r in results] for name, results in runs.items()}
-    configurations = {name: _summary(results, speeds[name]) for name, results in runs.items()}
-    median = {name: c["pods_per_second"]["median"] for name, c in configurations.items()}
+    configurations = {name: _summary(results) for name, results in runs.items()}
     return {
-        "shape": {**dataclasses.asdict(shape), "shards": shards, "pods": shape.pods},
+        "shape": {**dataclasses.asdict(shape), "shards": shards},
         "rounds": rounds,
         "configurations": configurations,
         "ratios": {
-            f"{many} / {one}": _ratio(median[many], median[one], speeds[many], speeds[one]),
-            f"{many} / {routed}": _ratio(
-                median[many], median[routed], speeds[many], speeds[routed]
-            ),
+            f"{many} / {base}": _ratio(configurations[many], configurations[base])
+            for base in (one, routed)
         },
     }
 
 
-def _summary(results: list[dict[str, Any]], speeds: list[float]) -> dict[str, Any]:
+def _summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    speeds = [r["pods_per_second"] for r in results]
     summary: dict[str, Any] = {
         "pods_per_second": {
             "median": statistics.median(speeds),
@@ -80,12 +77,15 @@ def _summary(results: list[dict[str, Any]], speeds: list[float]) -> dict[str, An
     return summary
 
 
-def _ratio(top: float, bottom: float, tops: list[float], bottoms: list[float]) -> dict[str, Any]:
-    """The ratio of the medians, and each round's ratio (the two runs of a round ran
-    within seconds of each other: the host's speed changed least between them)."""
+def _ratio(top: dict[str, Any], bottom: dict[str, Any]) -> dict[str, Any]:
+    """Of two configurations' summaries: the ratio of the medians, and each round's
+    ratio (the two runs of a round ran within seconds of each other: the host's speed
+    changed least between them)."""
+    tops, bottoms = top["pods_per_second"]["runs"], bottom["pods_per_second"]["runs"]
     rounds = [t / b for t, b in zip(tops, bottoms, strict=True) if b > 0]
+    high, low = top["pods_per_second"]["median"], bottom["pods_per_second"]["median"]
     return {
-        "of_medians": top / bottom if bottom > 0 else 0.0,
+        "of_medians": high / low if low > 0 else 0.0,
         "per_round": rounds,
         "per_round_median": statistics.median(rounds) if rounds else 0.0,
     }
