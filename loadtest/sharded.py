@@ -286,7 +286,7 @@ class _Decisions:
     def __init__(self, log: EventLog, shard: int, offset: int) -> None:
         self.log = log
         self.shard = shard
-        self.counts = getattr(log, "count_kinds", None) is not None
+        self.can_count = getattr(log, "count_kinds", None) is not None
         self.counted_to = offset
         self.read_to = offset
         self.count = 0
@@ -298,7 +298,7 @@ class _Decisions:
 
     async def poll(self, now: float) -> int:
         """Count what is new; return how many."""
-        if self.counts:
+        if self.can_count:
             stop, count = await count_kinds(self.log, self.shard, self.counted_to, DECIDED)
         else:
             stop, records = await read_kinds(self.log, self.shard, self.counted_to, DECIDED)
