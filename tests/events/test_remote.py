@@ -37,6 +37,12 @@ def _frame(message: object) -> bytes:
         _frame({"op": "append"}),  # not an array
         _frame(["append", 0, "records"]),
         _frame(["append", 0, [["pod-", "not bytes"]]]),
+        _frame(["append", 0, [["pod-", "aGVsbG8="]]]),  # a string, even one that is base64
+        _frame(["append", 0, [[7, b"\x80"]]]),  # a kind that is not a string
+        _frame(["append", 0, [["pod-", b"\x80"], ["no-such-kind", b"\x80"]]]),  # none lands
+        _frame(["append", 0, [["pod-", b"\x80", "extra"]]]),
+        _frame(["read", 0, 0, None, 0, "bind"]),  # kinds not a list
+        _frame(["read", 0, 0, None, 0, [3]]),
         _frame(["read", 9, 0, None, 0, None]),  # no such partition
         _frame(["read", 0, -1, None, 0, None]),
         _frame(["count", 0, 0, "pod-"]),  # kinds not a list
@@ -90,3 +96,35 @@ async def test_long_poll_returns_when_a_record_arrives() -> None:
 def test_bad_urls(url: str) -> None:
     with pytest.raises(InputError, match="tcp://HOST:PORT"):
         parse_tcp_url(url)
+
+
+async def test_counts_and_filters_by_kind_over_mixed_records() -> None:
+    """Kinds interleaved at random: the server's count and filtered read agree with a
+    plain scan, from any offset, for any set of kinds (known, unknown or none)."""
+    from random import Random
+
+    from events.types import NodeRemoved, PodBound, PodUnschedulable
+
+    rng = Random(7)
+    makers = [
+        lambda i: PodDeleted(pod=f"ns/p{i}"),
+        lambda i: PodBound(pod=f"ns/p{i}", node="n", decision_id=f"d{i}", attempt=1),
+        lambda i: PodUnschedulable(pod=f"ns/p{i}", attempt=1, reason="full"),
+        lambda i: NodeRemoved(name=f"n{i}"),
+    ]
+    events = [rng.choice(makers)(i) for i in range(300)]
+    async with LogServer(2) as server:
+        log = await RemoteLog.connect(server.url)
+        for start in range(0, 300, 37):
+            await log.append([Envelope(event=e) for e in events[start : start + 37]], 1)
+        kinds_of = [str(type(e).__struct_config__.tag) for e in events]
+        for wanted in (["bind"], ["unsched", "bind"], ["pod-", "node-", "bind"], ["nope"], []):
+            for offset in (0, 1, 150, 299, 300, 400):
+                expected = [i for i in range(offset, 300) if kinds_of[i] in wanted]
+                assert await log.count_kinds(1, offset, wanted) == (max(300, offset), len(expected))
+                stop, records = await log.fetch(1, offset, kinds=wanted)
+                assert stop == max(300, offset)
+                assert [r.offset for r in records] == expected
+                assert [r.event for r in records] == [events[i] for i in expected]
+        assert await log.count_kinds(0, 0, ["bind"]) == (0, 0)
+        await log.close()
