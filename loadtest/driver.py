@@ -61,6 +61,7 @@ async def run_loadtest(
     total = sum(sum(1 for e in b if isinstance(e, PodSubmitted)) for b in batches)
     latencies = np.zeros(total)
     done = 0
+    cpu_before = time.process_time()
     started = time.perf_counter()
     for chunk in batches:
         pods_in_chunk = sum(1 for e in chunk if isinstance(e, PodSubmitted))
@@ -72,6 +73,7 @@ async def run_loadtest(
         if progress is not None:
             progress(done, total, time.perf_counter() - started)
     wall = time.perf_counter() - started
+    cpu = time.process_time() - cpu_before
     records = await log.read(0, 0)
     bound = sum(1 for env in records if isinstance(env.event, PodBound))
     stats = engine.stats()
@@ -91,6 +93,8 @@ async def run_loadtest(
         "attempts": stats["attempts"],
         "wall_seconds": wall,
         "engine_seconds": worker.pass_seconds,
+        "cpu_seconds": {"process": round(cpu, 3)},
+        "cpu_microseconds_per_pod": round(cpu * 1e6 / max(total, 1), 1),
         "events": len(records),
     }
 

@@ -8,7 +8,10 @@ round after round, and reports each one's median and range and the ratios of med
 - ``one shard``: the engine in this process, on the in-memory log (``--shards 1``);
 - ``routed``: the harness of ``--shards N`` with one shard process behind the router
   (``--routed``): the same costs as N shards, one shard doing the work;
-- ``N shards``: ``--shards N``.
+- ``N shards``: ``--shards N``;
+- ``N shards direct``: ``--shards N --direct``, the pods given to the shards without the
+  router: the most the shards and the log give, so ``N shards direct / one shard`` is
+  the ceiling of ``N shards / one shard`` that no router could beat.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ async def run_scaling(
     one = "one shard"
     routed = "routed"
     many = f"{shards} shards"
-    runs: dict[str, list[dict[str, Any]]] = {one: [], routed: [], many: []}
+    direct = f"{shards} shards direct"
+    runs: dict[str, list[dict[str, Any]]] = {one: [], routed: [], many: [], direct: []}
     for round_ in range(1, rounds + 1):
         for name, results in runs.items():
             if name == one:
@@ -43,7 +47,9 @@ async def run_scaling(
                     await log.close()
             else:
                 count = 1 if name == routed else shards
-                result = await run_sharded_loadtest(dataclasses.replace(shape, shards=count))
+                result = await run_sharded_loadtest(
+                    dataclasses.replace(shape, shards=count), direct=name == direct
+                )
             results.append(result)
             if report is not None:
                 report(f"round {round_}/{rounds}: {name}: {result['pods_per_second']:,.0f} pods/s")
@@ -53,8 +59,8 @@ async def run_scaling(
         "rounds": rounds,
         "configurations": configurations,
         "ratios": {
-            f"{many} / {base}": _ratio(configurations[many], configurations[base])
-            for base in (one, routed)
+            f"{top} / {base}": _ratio(configurations[top], configurations[base])
+            for top, base in ((many, one), (many, routed), (direct, one), (many, direct))
         },
     }
 

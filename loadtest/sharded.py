@@ -9,6 +9,13 @@ a decision in some shard's partition. Latency is per pod, from the append of its
 submission to the moment the parent reads its decision (so it includes the router's
 hop and the parent's polling).
 
+With ``direct`` the pods skip the router: once the shards are ready they are appended
+straight to the shards' partitions, dealt out in turn (as ``PodRouted`` records the
+shards keep even if they cannot place them). Nothing else changes, the coordinator
+included, so the difference between the two runs is what routing costs, and the direct
+run is the most the shards and the log give on this machine, whatever the router does:
+a measuring aid, not a way to run shoal.
+
 With ``spanning_gangs`` the workload also holds that many gangs too large for any one
 shard (their members ask for GPUs and the nodes of each shard hold fewer than a gang
 needs): the coordinator places them across shards, and the report gives the wall time
@@ -41,6 +48,7 @@ from events.types import (
     PodBound,
     PodDeleted,
     PodGroupSubmitted,
+    PodRouted,
     PodSpec,
     PodSubmitted,
     PodUnschedulable,
@@ -101,20 +109,25 @@ async def run_sharded_loadtest(
     spanning_gangs: int = 0,
     progress: Progress | None = None,
     bus: str = "memory",
+    direct: bool = False,
 ) -> dict[str, Any]:
     """Run the load with ``shape.shards`` shard processes over ``bus``: ``memory`` (a log
     server this process starts) or ``kafka://...`` (a fresh topic with shards + 1
-    partitions, from ``shoal kafka init``)."""
+    partitions, from ``shoal kafka init``); ``direct``: the pods skip the router."""
+    if direct and (shape.gang_size or spanning_gangs):
+        raise InputError(
+            "pods given to the shards directly are plain pods: no gangs", location="--direct"
+        )
     if bus == "memory":
         async with LogServer(shape.shards + 1) as server:
             return await _run(
-                shape, server.url, "tcp (in-memory log server)", spanning_gangs, progress
+                shape, server.url, "tcp (in-memory log server)", spanning_gangs, progress, direct
             )
     if not bus.startswith("kafka://"):
         raise InputError("the sharded load test runs on memory or kafka://", location="--bus")
     if "partitions=" not in bus:
         bus += ("&" if "?" in bus else "?") + f"partitions={shape.shards + 1}"
-    return await _run(shape, bus, bus, spanning_gangs, progress)
+    return await _run(shape, bus, bus, spanning_gangs, progress, direct)
 
 
 async def _run(
@@ -123,11 +136,12 @@ async def _run(
     label: str,
     spanning_gangs: int,
     progress: Progress | None,
+    direct: bool = False,
 ) -> dict[str, Any]:
     n = shape.shards
     rng = random.Random(shape.seed)
     nodes = basic_nodes(shape.nodes, rng)
-    batches = _batches(shape, rng)
+    batches = _dealt(_batches(shape, rng), n) if direct else [(n, b) for b in _batches(shape, rng)]
     gpu_nodes, wide = _spanning(shape, spanning_gangs, n) if spanning_gangs else ([], [])
     sharding = Sharding(shards=n, pools=tuple((f"gpu-{i}", i) for i in range(n)))
     log = await open_bus(url, partitions=n + 1)
@@ -174,6 +188,9 @@ async def _run(
         pids = [child.pid for child in children]
         result = await _measure(log, shape, batches, wide, holder[0], progress, n, pids)
         result["shape"]["bus"] = label
+        if direct:
+            result["shape"]["direct"] = True
+            result["processes"]["router_and_coordinator"] = "parent (no pods routed)"
         return result
     finally:
         stop.set()
@@ -185,6 +202,23 @@ async def _run(
         await coordinator
         await control_log.close()
         await log.close()
+
+
+def _dealt(batches: list[list[Any]], shards: int) -> list[tuple[int, list[Any]]]:
+    """Each ingest batch of plain pods as one batch per shard, pods dealt out in turn,
+    as records the shard keeps (``final``: never handed back to a router that did not
+    route them)."""
+    dealt: list[tuple[int, list[Any]]] = []
+    dealt_so_far = 0
+    for batch in batches:
+        per: list[list[Any]] = [[] for _ in range(shards)]
+        for event in batch:
+            if not isinstance(event, PodSubmitted):
+                raise InputError("only plain pods can skip the router", location="--direct")
+            per[dealt_so_far % shards].append(PodRouted(pod=event.pod, final=True))
+            dealt_so_far += 1
+        dealt.extend((shard, part) for shard, part in enumerate(per) if part)
+    return dealt
 
 
 async def _wait_ready(
@@ -211,7 +245,7 @@ async def _wait_ready(
 async def _measure(
     log: EventLog,
     shape: LoadShape,
-    batches: list[list[Any]],
+    batches: list[tuple[int, list[Any]]],
     wide: list[list[Any]],
     control_worker: ControlWorker,
     progress: Progress | None,
@@ -220,7 +254,7 @@ async def _measure(
 ) -> dict[str, Any]:
     submitted_at: dict[str, float] = {}
     decided_at: dict[str, float] = {}
-    total = sum(1 for b in batches for e in b if isinstance(e, PodSubmitted))
+    total = sum(1 for _, b in batches for e in b if isinstance(e, PodSubmitted | PodRouted))
     positions = [0] * shards
     bound = 0
     cpu_before: list[float | None] = [cpu_seconds(None), *(cpu_seconds(pid) for pid in pids)]
@@ -230,12 +264,13 @@ async def _measure(
         cpu_after[:] = [cpu_seconds(None), *(cpu_seconds(pid) for pid in pids)]
 
     started = time.perf_counter()
-    for chunk in batches:
+    for partition, chunk in batches:
         now = time.perf_counter()
         for event in chunk:
-            if isinstance(event, PodSubmitted):
+            if isinstance(event, PodSubmitted | PodRouted):
                 submitted_at[event.pod.key] = now
-        await log.append([_envelope(e) for e in chunk], shards)
+        producer = "ingest" if partition == shards else "loadtest"  # else skips the router
+        await log.append([_envelope(e, producer) for e in chunk], partition)
     bound = await _collect(log, positions, decided_at, total, started, progress, when_counted)
     wall = max(decided_at.values()) - started
     ms = np.array([(decided_at[k] - submitted_at[k]) * 1000 for k in decided_at])
@@ -247,6 +282,7 @@ async def _measure(
         "wall_seconds": wall,
         "processes": {"shards": shards, "router_and_coordinator": "parent"},
         "handbacks": control_worker.control.counters["handbacks"],
+        "routed_by_router": len(control_worker.control.pod_shard),
     }
     if not cpu_after:
         when_counted()

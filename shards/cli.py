@@ -239,11 +239,15 @@ async def _loadtest(args: argparse.Namespace) -> int:
         raise InputError("gangs across shards need --shards 2 or more", location="--spanning-gangs")
     shape = dataclasses.replace(shape, shards=args.shards)
     progress = None if args.json else render.loadtest_progress
-    if args.shards > 1 or args.routed:
+    if args.shards > 1 or args.routed or args.direct:
         from loadtest.sharded import run_sharded_loadtest
 
         result = await run_sharded_loadtest(
-            shape, spanning_gangs=args.spanning_gangs, progress=progress, bus=args.bus
+            shape,
+            spanning_gangs=args.spanning_gangs,
+            progress=progress,
+            bus=args.bus,
+            direct=args.direct,
         )
     else:
         log = await open_bus(args.bus, overwrite=args.overwrite)
@@ -263,6 +267,7 @@ async def _scaling(args: argparse.Namespace, shape: LoadShape) -> int:
 
     for given, flag in (
         (args.routed, "--routed"),
+        (args.direct, "--direct"),
         (args.spanning_gangs, "--spanning-gangs"),
         (args.bus != "memory", "--bus"),
     ):
@@ -391,6 +396,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--shards N), for comparisons at equal cost",
     )
     load.add_argument(
+        "--direct",
+        action="store_true",
+        help="with --shards N (or 1), append the pods straight to the shards' partitions, "
+        "dealt out in turn, instead of through the router: what the shards and the log "
+        "give without routing, the ceiling the router's cost lowers (plain pods only)",
+    )
+    load.add_argument(
         "--spanning-gangs",
         type=_non_negative,
         default=0,
@@ -406,9 +418,10 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument(
         "--scaling",
         action="store_true",
-        help="compare one shard, one shard behind the router (--routed) and --shards N "
-        "(N at least 2; 2 unless given) in turn, --rounds times, and report medians and "
-        "ratios (on a noisy machine, only runs made together compare)",
+        help="compare one shard, one shard behind the router (--routed), --shards N "
+        "(N at least 2; 2 unless given) and --shards N --direct in turn, --rounds times, "
+        "and report medians and ratios (on a noisy machine, only runs made together "
+        "compare)",
     )
     load.add_argument("--rounds", type=_positive, default=3, help="rounds of --scaling (default 3)")
     _snapshot_option(load)

@@ -215,7 +215,7 @@ def scaling_table(result: dict[str, Any]) -> None:
         cpu = summary.get("cpu_microseconds_per_pod")
         per_pod = f", {cpu:.0f} µs CPU per pod" if cpu is not None else ""
         console.print(
-            f"  {name:>10}: {speed['median']:>9,.0f} pods/s "
+            f"  {name:>16}: {speed['median']:>9,.0f} pods/s "
             f"({speed['min']:,.0f} to {speed['max']:,.0f}), "
             f"p50 {summary['latency_p50_ms']:.0f} ms{per_pod}"
         )
@@ -242,6 +242,8 @@ def loadtest_table(result: dict[str, Any]) -> None:
             f"wall {result['wall_seconds']:.2f}s (engine {result['engine_seconds']:.2f}s)"
         )
         return
+    if shape.get("direct"):
+        console.print("pods given to the shards directly, dealt out in turn: no routing")
     console.print(
         f"bound {result['bound']}, hand-backs {result['handbacks']}, "
         f"wall {result['wall_seconds']:.2f}s"

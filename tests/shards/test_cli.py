@@ -237,6 +237,7 @@ def test_loadtest_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert data["pods_per_second"] > 0
     assert set(data["latency_ms"]) >= {"p50", "p90", "p99"}
     assert data["bound"] == 300 and data["unschedulable"] == 0
+    assert data["cpu_seconds"]["process"] > 0 and data["cpu_microseconds_per_pod"] > 0
 
 
 def test_sharded_loadtest_in_processes(capsys: pytest.CaptureFixture[str]) -> None:
@@ -262,8 +263,30 @@ def test_sharded_loadtest_in_processes(capsys: pytest.CaptureFixture[str]) -> No
     assert "1 shard(s)" in out and "bound 100, hand-backs 0" in out and "CPU: parent" in out
 
 
+def test_direct_loadtest_skips_the_router(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--direct``: the same harness, the pods appended to the shards' partitions
+    instead of through the router (which routes none of them), every one still decided;
+    with one shard too; refused, with the reason, for gangs and where it cannot apply."""
+    routed = run_json(capsys, "loadtest", "--shards", "2", "--nodes", "40", "--pods", "300")
+    assert routed["bound"] == 300 and routed["routed_by_router"] == 300
+    assert "direct" not in routed["shape"]
+    direct = run_json(
+        capsys, "loadtest", "--shards", "2", "--direct", "--nodes", "40", "--pods", "300"
+    )
+    assert direct["bound"] == 300 and direct["routed_by_router"] == 0
+    assert direct["shape"]["direct"] is True and direct["handbacks"] == 0
+    assert len(direct["cpu_seconds"]["shards"]) == 2
+    code, out, err = run(capsys, "loadtest", "--direct", "--nodes", "20", "--pods", "100")
+    assert code == 0, err
+    assert "1 shard(s)" in out and "no routing" in out and "bound 100" in out
+    for extra in (["--gang-size", "4"], ["--spanning-gangs", "1", "--shards", "2"]):
+        code, _, err = run(capsys, "loadtest", "--direct", "--nodes", "20", "--pods", "40", *extra)
+        assert code == 2 and "--direct" in err and "no gangs" in err, err
+
+
 def test_loadtest_scaling_compares_in_turn(capsys: pytest.CaptureFixture[str]) -> None:
-    """``--scaling``: one shard, routed and N shards, each run every round, with
+    """``--scaling``: one shard, routed, N shards and N shards given their pods
+    directly, each run every round, with
     medians, ranges and ratios that follow from the runs; the table and progress say
     the same; options it cannot honour are refused with the reason."""
     data = run_json(
@@ -282,24 +305,34 @@ def test_loadtest_scaling_compares_in_turn(capsys: pytest.CaptureFixture[str]) -
         "50",
     )
     configs = data["configurations"]
-    assert list(configs) == ["one shard", "routed", "3 shards"] and data["rounds"] == 2
+    assert list(configs) == ["one shard", "routed", "3 shards", "3 shards direct"]
+    assert data["rounds"] == 2
     for summary in configs.values():
         speed = summary["pods_per_second"]
         assert len(speed["runs"]) == 2 and summary["bound"] == [200, 200]
         assert speed["min"] <= speed["median"] <= speed["max"]
         assert speed["median"] == sum(speed["runs"]) / 2
-    assert "cpu_microseconds_per_pod" in configs["3 shards"]
+    assert all("cpu_microseconds_per_pod" in summary for summary in configs.values())
     ratio = data["ratios"]["3 shards / routed"]
     medians = {k: v["pods_per_second"]["median"] for k, v in configs.items()}
     assert ratio["of_medians"] == pytest.approx(medians["3 shards"] / medians["routed"])
     runs = [configs[k]["pods_per_second"]["runs"] for k in ("3 shards", "routed")]
     assert ratio["per_round"] == pytest.approx([a / b for a, b in zip(*runs, strict=True)])
+    ceiling = data["ratios"]["3 shards direct / one shard"]
+    assert ceiling["of_medians"] == pytest.approx(medians["3 shards direct"] / medians["one shard"])
+    assert set(data["ratios"]) == {
+        "3 shards / one shard",
+        "3 shards / routed",
+        "3 shards direct / one shard",
+        "3 shards / 3 shards direct",
+    }
     code, out, err = run(
         capsys, "loadtest", "--scaling", "--rounds", "1", "--nodes", "20", "--pods", "60"
     )
     assert code == 0, err
     assert "2 shards / one shard" in out and "round 1/1: routed" in err
-    for extra in (["--routed"], ["--spanning-gangs", "1"], ["--bus", "file:x.log"]):
+    assert "2 shards direct / one shard" in out and "round 1/1: 2 shards direct" in err
+    for extra in (["--routed"], ["--direct"], ["--spanning-gangs", "1"], ["--bus", "file:x.log"]):
         code, _, err = run(capsys, "loadtest", "--scaling", *extra)
         assert code == 2 and "--scaling runs its own configurations" in err, err
 
