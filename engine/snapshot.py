@@ -121,6 +121,8 @@ class _Encoder:
         self.allowed = allowed
         self.memo: dict[int, int] = {}
         self.keep: list[object] = []  # ids stay unique while the walk runs
+        self.constants: dict[int, list[Any]] = {}
+        """Constant arrays written so far, by id, with their nodes."""
         self.layouts: dict[type, _Layout | None] = {}
         """Per type met: how its objects are written as ``O`` nodes, or None for a type
         some other branch handles (a snapshot holds a hundred thousand pods: looking
@@ -149,7 +151,22 @@ class _Encoder:
         if kind is tuple:
             if _SCALAR_TYPES.issuperset(map(type, obj)):
                 return ["T", list(obj)]
-            return ["T", [self.encode(v) for v in obj]]
+            encode = self.encode
+            return ["T", [v if type(v) in _SCALAR_TYPES else encode(v) for v in obj]]
+        if kind is np.ndarray and _is_constant(obj):
+            # a constant (shared by pods of one shape, never written): a value, so that
+            # equal states give equal bytes however their constants came to be shared;
+            # written once per object and the same node reused (a pod each holds one)
+            node = self.constants.get(id(obj))
+            if node is None:
+                node = self.constants[id(obj)] = [
+                    "C",
+                    obj.dtype.str,
+                    list(obj.shape),
+                    obj.tobytes(),
+                ]
+                self.keep.append(obj)
+            return node
         if kind is dict:
             ref = self._ref(obj)
             if ref is not None:
@@ -178,16 +195,8 @@ class _Encoder:
             if self.allowed.enums.get(type(obj).__qualname__) is not type(obj):
                 raise TypeError(f"not a snapshot enum: {type(obj)!r}")
             return ["V", type(obj).__qualname__, obj.value]
-        if (
-            isinstance(obj, np.ndarray)
-            and not obj.flags.writeable
-            and obj.base is None
-            and obj.flags.c_contiguous
-            and obj.dtype.str in DTYPES
-        ):
-            # a constant (shared by pods of one shape, never written): a value, so that
-            # equal states give equal bytes however their constants came to be shared
-            return ["C", obj.dtype.str, list(obj.shape), obj.tobytes()]
+        if isinstance(obj, np.ndarray) and _is_constant(obj):
+            return ["C", obj.dtype.str, list(obj.shape), obj.tobytes()]  # as above
         ref = self._ref(obj)
         if ref is not None:
             return ["R", ref]
@@ -269,6 +278,16 @@ class _Encoder:
     def _sorted(self, items: Any) -> list[Any]:
         encoded = [self.encode(v) for v in items]
         return sorted(encoded, key=msgspec.msgpack.encode)
+
+
+def _is_constant(array: np.ndarray[Any, Any]) -> bool:
+    """A read-only array that owns its C-contiguous data of a plain dtype."""
+    return (
+        not array.flags.writeable
+        and array.base is None
+        and array.flags.c_contiguous
+        and array.dtype.str in DTYPES
+    )
 
 
 def _own_slots(cls: type) -> tuple[str, ...]:

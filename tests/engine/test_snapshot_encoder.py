@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import msgspec
+import numpy as np
 import pytest
 
 from engine.snapshot import Allowed, decode_tree, encode_tree
@@ -96,3 +97,18 @@ def test_a_paused_collector_stays_paused() -> None:
     gc.disable()
     encode_tree({}, [("v", _Base(1))], Allowed.of(_Base))
     assert not gc.isenabled()
+
+
+def test_a_constant_is_a_value_each_time_and_a_writable_array_is_shared() -> None:
+    """A read-only array (the delta pods of one shape share) is written in full wherever
+    it stands, so equal states give equal bytes however their constants came to be
+    shared; a writable one is written once and referred to, so that it stays shared."""
+    constant = np.arange(3, dtype=np.int64)
+    constant.flags.writeable = False
+    writable = np.arange(2, dtype=np.int32)
+    node = _state([constant, constant, writable, writable], Allowed.of())
+    value = ["C", constant.dtype.str, [3], constant.tobytes()]
+    assert node == [
+        "L",
+        [value, value, ["N", writable.dtype.str, [2], writable.tobytes()], ["R", 1]],
+    ]
