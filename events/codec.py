@@ -5,12 +5,12 @@ Encoders and decoders are built once and reused: they are on every hot path.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final, get_args
 
 import msgspec
 
 from events.errors import ShoalError
-from events.types import Envelope
+from events.types import Envelope, Event
 
 _MSGPACK_ENC = msgspec.msgpack.Encoder()
 _MSGPACK_DEC = msgspec.msgpack.Decoder(Envelope)
@@ -25,8 +25,11 @@ class DecodeError(ShoalError):
 def kind_of(envelope: Envelope) -> str:
     """The tag of the envelope's event (``"pod+"``, ``"bind"``...): what log backends
     keep beside a record so that readers can skip the kinds they do not want."""
-    tag = type(envelope.event).__struct_config__.tag
-    return str(tag)
+    return TAGS[type(envelope.event)]
+
+
+TAGS: Final = {kind: str(kind.__struct_config__.tag) for kind in get_args(Event)}
+"""Each event type's tag, looked up once (every append asks for one per record)."""
 
 
 def encode(envelope: Envelope) -> bytes:

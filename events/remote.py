@@ -39,14 +39,14 @@ import contextlib
 import logging
 import struct
 from collections.abc import Sequence
-from typing import Any, Final, get_args
+from typing import Any, Final
 
 import msgspec
 
-from events.codec import DecodeError, decode, encode, kind_of
+from events.codec import TAGS, DecodeError, decode, encode, kind_of
 from events.errors import InputError, LogCorruptedError, LogError
 from events.log import check_partition
-from events.types import Envelope, Event
+from events.types import Envelope
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +55,7 @@ MAX_FRAME = 256 << 20
 _ENC = msgspec.msgpack.Encoder()
 _DEC = msgspec.msgpack.Decoder()
 _APPEND_ITEMS = list[tuple[str, bytes]]
-KIND_CODES: Final = {
-    tag: code
-    for code, tag in enumerate(sorted(str(t.__struct_config__.tag) for t in get_args(Event)))
-}
+KIND_CODES: Final = {tag: code for code, tag in enumerate(sorted(TAGS.values()))}
 """A byte for each kind of record: the tags of the event union (a few dozen). A record
 of any other kind is refused on append."""
 

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+from typing import get_args
+
 import pytest
 
-from events.codec import DecodeError, decode, decode_json, encode, encode_json
+from events.codec import TAGS, DecodeError, decode, decode_json, encode, encode_json, kind_of
+from events.remote import KIND_CODES
 from events.types import (
     BindFailed,
     ClockTicked,
@@ -118,3 +121,15 @@ def test_unknown_tag_is_a_decode_error() -> None:
 def test_decisions_are_the_shard_kinds() -> None:
     kinds = {type(e).__name__ for e in one_of_each() if is_decision(e)}
     assert kinds == {"PodBound", "PodUnschedulable", "PodEvicted", "PodPreempted"}
+
+
+def test_every_event_kind_has_its_tag_and_one_byte_of_the_log_server() -> None:
+    """``kind_of`` answers each type's own tag (looked up once), and the log server has
+    a distinct byte for every one of them."""
+    kinds = get_args(Event)
+    assert set(TAGS) == set(kinds)
+    for kind in kinds:
+        assert TAGS[kind] == kind.__struct_config__.tag
+    assert kind_of(Envelope(event=PodDeleted(pod="ns/a"))) == "pod-"
+    assert sorted(KIND_CODES) == sorted(TAGS.values())
+    assert sorted(KIND_CODES.values()) == list(range(len(kinds))) and len(kinds) <= 256
