@@ -203,8 +203,10 @@ class LogServer:
             raise ValueError(f"unknown kind of record {kind!r:.40}")
         return code
 
-    def _wanted(self, kinds: Any) -> list[int]:
-        """The codes of ``kinds`` (a list of strings) that have been appended at all."""
+    @staticmethod
+    def _wanted(kinds: Any) -> list[int]:
+        """The codes of ``kinds`` (a list of strings); a kind outside the event union
+        matches no record."""
         if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
             raise ValueError("kinds must be a list of strings")
         return sorted({KIND_CODES[k] for k in kinds if k in KIND_CODES})
