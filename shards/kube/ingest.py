@@ -15,8 +15,9 @@ already moved on, so the caller starts a fresh ingest, which lists everything ag
 the repeated events are absorbed by the shards' idempotent handlers.
 
 Kinds: Nodes; Pods (unbound ones whose ``schedulerName`` one of the profiles serves,
-and bound ones of any scheduler, for accounting); PriorityClasses (listed first, since
-pods need them); the pod-group kinds of scheduler-plugins; ElasticQuotas. An object the
+and bound ones of any scheduler, for accounting; listed once nodes are, so that the
+first pods find them); PriorityClasses (listed first, since pods need them); the
+pod-group kinds of scheduler-plugins; ElasticQuotas. An object the
 scheduler cannot accept is skipped with a warning naming it and the field, and counted
 (``stats()["rejected"]``); nothing else is lost.
 """
@@ -30,7 +31,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 import msgspec
@@ -377,18 +378,33 @@ class KubeIngest:
     # ------------------------------------------------------------------ running
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Run every reflector until ``stop``; pods wait for priority classes."""
-        first, *rest = self.reflectors
+        """Run every reflector until ``stop``, each started once the kinds it waits for
+        (:data:`STARTS_AFTER`) have been listed: every other kind after priority classes
+        (a pod needs its class), pods after nodes too, so that the first pods a shard
+        sees find the cluster's nodes there, as kube-scheduler waits for its caches to
+        sync. (Listed concurrently, pods could come first: each then failed for want of
+        nodes and waited out its back-off.) The pod-group and quota kinds are waited for
+        by nobody: their CRDs may not be installed, and their lists never succeed."""
+        by_name = {reflector.name: reflector for reflector in self.reflectors}
         async with asyncio.TaskGroup() as tasks:
-            tasks.create_task(_watched(first, stop))
-            await _wait_any(first.synced, stop)
-            for reflector in rest:
+            for reflector in self.reflectors:
+                for name in STARTS_AFTER.get(reflector.name, ()):
+                    await _wait_any(by_name[name].synced, stop)
                 tasks.create_task(_watched(reflector, stop))
 
     async def synced(self) -> None:
         """Wait until every kind has been listed once."""
         for reflector in self.reflectors:
             await reflector.synced.wait()
+
+
+STARTS_AFTER: Final = {
+    "nodes": ("priorityclasses",),
+    "podgroups": ("priorityclasses",),
+    "elasticquotas": ("priorityclasses",),
+    "pods": ("priorityclasses", "nodes"),
+}
+"""The kinds each kind's reflector waits to see listed before it starts."""
 
 
 async def _watched(reflector: Reflector, stop: asyncio.Event) -> None:

@@ -246,3 +246,44 @@ async def test_a_watch_that_ends_in_silence_fails_the_ingest(
     with pytest.raises(ExceptionGroup) as failed:
         await asyncio.wait_for(ingest.run(asyncio.Event()), 10)
     assert f"{victim.name}: the watch ended unexpectedly" in str(failed.value.exceptions[0])
+
+
+async def test_pods_are_listed_after_the_nodes_even_when_the_node_list_is_slow(
+    apiserver: FakeApiServer, api: Any
+) -> None:
+    """The first pods a shard sees find the nodes in the log before them (listed
+    concurrently, pods came first whenever the node list was slower, and each failed
+    for want of nodes); a CRD that is not installed holds nobody up."""
+    for name in ("n1", "n2"):
+        apiserver.put("Node", node(name))
+    for i in range(3):
+        apiserver.put("Pod", pod(f"p{i}"))
+    log = MemoryLog()
+    ingest = KubeIngest(api, log, watch_seconds=1)
+    nodes = next(r for r in ingest.reflectors if r.name == "nodes")
+    groups = next(r for r in ingest.reflectors if r.name == "podgroups")
+    list_nodes = nodes.call
+
+    async def slow_nodes(**kwargs: Any) -> Any:
+        if not nodes.synced.is_set():
+            await asyncio.sleep(0.3)
+        return await list_nodes(**kwargs)
+
+    async def not_installed(**kwargs: Any) -> Any:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        raise ApiException(status=404, reason="Not Found")
+
+    nodes.call = slow_nodes
+    groups.call = not_installed
+    groups.initial_backoff = 0.05
+    stop = asyncio.Event()
+    task = asyncio.create_task(ingest.run(stop))
+    await eventually(lambda: sum(k == "PodSubmitted" for k, _ in kinds(log)) == 3, timeout=10)
+    got = kinds(log)
+    first_pod = next(i for i, (k, _) in enumerate(got) if k == "PodSubmitted")
+    assert {name for k, name in got[:first_pod] if k == "NodeAdded"} == {"n1", "n2"}
+    assert groups.counters["errors"] >= 1 and not groups.synced.is_set()
+    stop.set()
+    apiserver.drop_watches()
+    await asyncio.wait_for(task, 10)
