@@ -29,7 +29,7 @@ from shards.report import merge
 from shards.router import MAX_SHARDS, Sharding
 from shards.scenario import ShardingSpec, load_config, load_scenario, load_sharding
 from shards.simulate import simulate
-from shards.worker import SNAPSHOT_EVERY
+from shards.worker import SNAPSHOT_EVERY, SNAPSHOT_PER_POD
 
 if TYPE_CHECKING:
     from loadtest.driver import LoadShape
@@ -295,13 +295,14 @@ async def _recovery(args: argparse.Namespace) -> int:
 
     if args.shards != 1 or args.bus != "memory":
         raise InputError("measures one shard on the memory log", location="--recovery")
-    if args.snapshot_every < 1:
+    every, _ = _snapshots(args)  # a churn run: a snapshot every so many records
+    if every < 1:
         raise InputError("needs snapshots: --snapshot-every N, N > 0", location="--recovery")
     progress = None if args.json else (lambda step: print(f"... {step}", file=sys.stderr))
     result = await run_recovery(
         args.nodes,
         args.pods,
-        snapshot_every=args.snapshot_every,
+        snapshot_every=every,
         seed=args.seed + 1,
         progress=progress,
     )
@@ -327,12 +328,22 @@ def _snapshot_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--snapshot-every",
         type=_non_negative,
-        default=SNAPSHOT_EVERY,
+        default=None,
         metavar="RECORDS",
         help="shards and the coordinator write their state into the log every RECORDS "
-        f"records (default {SNAPSHOT_EVERY}; 0: never); a restart restores the newest "
-        "and replays only what follows",
+        f"records (0: never); by default every {SNAPSHOT_EVERY:,}, and no more often "
+        f"than every {SNAPSHOT_PER_POD} records per pod held, so that a large state "
+        "costs a bounded share of the time; a restart restores the newest and replays "
+        "only what follows",
     )
+
+
+def _snapshots(args: argparse.Namespace) -> tuple[int, int]:
+    """Records between snapshots, and the floor per pod held: the defaults, or exactly
+    what ``--snapshot-every`` asks for."""
+    if args.snapshot_every is None:
+        return SNAPSHOT_EVERY, SNAPSHOT_PER_POD
+    return int(args.snapshot_every), 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -505,6 +516,7 @@ async def _serve(args: argparse.Namespace) -> int:
     from shards.serve import ServeOptions, serve
 
     shards = args.shards if args.shards is not None else _env_int("SHOAL_SHARDS", 1)
+    every, per_pod = _snapshots(args)
     options = ServeOptions(
         role=args.role,
         bus=args.bus,
@@ -514,7 +526,8 @@ async def _serve(args: argparse.Namespace) -> int:
         shard_id=args.shard_id,
         shards=shards,
         sharding=_serve_sharding(shards, args.sharding),
-        snapshot_every=args.snapshot_every,
+        snapshot_every=every,
+        snapshot_per_pod=per_pod,
         config=_config(args.config),
         listen=args.listen,
         namespace=args.namespace,
@@ -528,6 +541,7 @@ async def _serve(args: argparse.Namespace) -> int:
 async def _worker(args: argparse.Namespace) -> int:
     from shards.processes import install_stop_signals, run_binder, run_coordinator, run_shard
 
+    every, per_pod = _snapshots(args)
     bus = await open_bus(args.bus, partitions=2)
     stop = asyncio.Event()
     install_stop_signals(stop)
@@ -544,12 +558,13 @@ async def _worker(args: argparse.Namespace) -> int:
                 args.shard_id,
                 config=_config(args.config),
                 stop=stop,
-                snapshot_every=args.snapshot_every,
+                snapshot_every=every,
+                snapshot_per_pod=per_pod,
             )
         elif args.role == "binder":
             await run_binder(bus, stop=stop)
         else:
-            await run_coordinator(bus, stop=stop, snapshot_every=args.snapshot_every)
+            await run_coordinator(bus, stop=stop, snapshot_every=every, snapshot_per_pod=per_pod)
     finally:
         await bus.close()
     return 0

@@ -22,7 +22,8 @@ copy of a copy is ignored by the fold in any case).
 
 Snapshots. With ``snapshot_every`` set, the worker appends its state to the control
 partition (``SnapshotTaken`` parts, producer ``coordinator``) every that many folded
-records: the fold, its position, and per partition the offset of the last record it
+records (with ``snapshot_per_pod``, at least that many per pod the router holds, as a
+shard does): the fold, its position, and per partition the offset of the last record it
 appended. A restarted worker restores the newest one and scans each partition only
 after that offset; one that cannot be restored is reported and the scan starts from
 the beginning, as without snapshots.
@@ -55,7 +56,7 @@ from events.types import (
 )
 from shards.fastroute import RunRouter
 from shards.router import RELAY, ROUTER, Control, PoolRule, Sharding, _Gang, _Shard
-from shards.worker import append_snapshot, newest_snapshot
+from shards.worker import append_snapshot, newest_snapshot, snapshot_due
 
 logger = logging.getLogger(__name__)
 COORDINATOR: Final = "coordinator"
@@ -72,7 +73,14 @@ REPORT_KINDS = tuple(str(kind.__struct_config__.tag) for kind in REPORTS)
 
 
 class ControlWorker:
-    def __init__(self, control: Control, log: EventLog, *, snapshot_every: int = 0) -> None:
+    def __init__(
+        self,
+        control: Control,
+        log: EventLog,
+        *,
+        snapshot_every: int = 0,
+        snapshot_per_pod: int = 0,
+    ) -> None:
         self.control = control
         self.log = log
         self.router = RunRouter()
@@ -86,6 +94,7 @@ class ControlWorker:
         """Per partition: the offset of the last record this worker (or a predecessor)
         appended there; a restart from a snapshot scans only after it."""
         self.snapshot_every = snapshot_every
+        self.snapshot_per_pod = snapshot_per_pod
         self.snapshot_at = 0
         self.snapshots = 0
         self.restored_from = -1
@@ -178,7 +187,12 @@ class ControlWorker:
         appended += await self._relay()
         if appended:
             appended += await self._fold()
-        if self.snapshot_every and self.position - self.snapshot_at >= self.snapshot_every:
+        if snapshot_due(
+            self.position - self.snapshot_at,
+            len(self.control.pods),
+            self.snapshot_every,
+            self.snapshot_per_pod,
+        ):
             await self._snapshot()
         return appended
 

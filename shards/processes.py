@@ -99,15 +99,19 @@ async def run_shard(
     clock: Clock = wall_clock,
     idle_wait: float = 0.2,
     snapshot_every: int = 0,
+    snapshot_per_pod: int = 0,
 ) -> ShardWorker:
     """Rebuild shard ``shard`` from its partition (its newest snapshot and what follows),
-    then schedule until ``stop``, writing a snapshot every ``snapshot_every`` records."""
+    then schedule until ``stop``, writing a snapshot every ``snapshot_every`` records
+    (and at least ``snapshot_per_pod`` records per pod held)."""
     profile_to = os.environ.get("SHOAL_PROFILE_SHARD")
     profiler = cProfile.Profile() if profile_to else None
     if profiler is not None:
         profiler.enable()
     try:
-        return await _run_shard(bus, shard, config, stop, clock, idle_wait, snapshot_every)
+        return await _run_shard(
+            bus, shard, config, stop, clock, idle_wait, snapshot_every, snapshot_per_pod
+        )
     finally:
         if profiler is not None and profile_to:
             profiler.disable()
@@ -122,10 +126,16 @@ async def _run_shard(
     clock: Clock,
     idle_wait: float,
     snapshot_every: int,
+    snapshot_per_pod: int,
 ) -> ShardWorker:
     kernels.warm_up()  # a long-running shard: load the compiled refresh before the pods
     worker = await ShardWorker.recover(
-        bus, config, shard=shard, partition=shard, snapshot_every=snapshot_every
+        bus,
+        config,
+        shard=shard,
+        partition=shard,
+        snapshot_every=snapshot_every,
+        snapshot_per_pod=snapshot_per_pod,
     )
     log.info(
         "shard %d recovered at offset %d (from the snapshot at %d)",
@@ -154,12 +164,18 @@ async def run_coordinator(
     idle_wait: float = 0.005,
     on_poll: Callable[[ControlWorker], None] | None = None,
     snapshot_every: int = 0,
+    snapshot_per_pod: int = 0,
 ) -> ControlWorker:
     """The router and coordinator: fold the control partition, relay shards' reports,
     forward, until ``stop``. Restarted, it appends only what its predecessor had not."""
     fastroute.warm_up()  # a long-running coordinator: load the compiled routing first
     sharding = await sharding_from_log(bus)
-    worker = ControlWorker(Control(sharding), bus, snapshot_every=snapshot_every)
+    worker = ControlWorker(
+        Control(sharding),
+        bus,
+        snapshot_every=snapshot_every,
+        snapshot_per_pod=snapshot_per_pod,
+    )
     control = sharding.shards
     while not stop.is_set():
         moved = await worker.poll()

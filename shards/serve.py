@@ -84,6 +84,8 @@ class ServeOptions:
     config: SchedulerConfig | None = None
     snapshot_every: int = 0
     """Records between a shard's snapshots (0: never)."""
+    snapshot_per_pod: int = 0
+    """And at least this many between them per pod held (0: no such floor)."""
     listen: str = "127.0.0.1:9090"
     namespace: str = "shoal"
     identity: str = field(default_factory=socket.gethostname)
@@ -424,8 +426,10 @@ class Service:
             return
         sharding = Sharding.from_json(recorded.config)  # checked at start: ours
         fastroute.warm_up()  # loaded once per process, before the pods come
-        every = self.options.snapshot_every
-        worker = self.coordinator = ControlWorker(Control(sharding), bus, snapshot_every=every)
+        every, per_pod = self.options.snapshot_every, self.options.snapshot_per_pod
+        worker = self.coordinator = ControlWorker(
+            Control(sharding), bus, snapshot_every=every, snapshot_per_pod=per_pod
+        )
         self._lag_gauge("coordinator", self.control_partition)
         self.metrics.gauge(
             "coordinator_inflight",
@@ -438,7 +442,7 @@ class Service:
             except LogError as exc:
                 backoff = await self._bus_failed("coordinator", exc, backoff)
                 worker = self.coordinator = ControlWorker(
-                    Control(sharding), bus, snapshot_every=every
+                    Control(sharding), bus, snapshot_every=every, snapshot_per_pod=per_pod
                 )
                 continue
             backoff = self.options.poll_interval
@@ -512,6 +516,7 @@ class Service:
                         shard=shard,
                         partition=partition,
                         snapshot_every=options.snapshot_every,
+                        snapshot_per_pod=options.snapshot_per_pod,
                     )
                     if self.sharding is None and shard not in self.workers:
                         # one shard: it records its own configuration (several: ingest)

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.scheduler import Engine
 from engine.snapshot import (
     FORMAT,
     SnapshotError,
@@ -24,13 +25,20 @@ from engine.snapshot import (
     snapshot_parts,
 )
 from events.memory import MemoryLog
-from events.types import Envelope, SnapshotTaken, is_decision
+from events.types import Envelope, SchedulerConfigured, SnapshotTaken, is_decision
 from shards.control import COORDINATOR, ControlWorker, control_state
 from shards.replay import Resume, replay, replay_routed
 from shards.router import Control, Sharding
 from shards.scenario import Scenario, load_scenario
 from shards.simulate import simulate
-from shards.worker import ShardWorker, newest_snapshot
+from shards.worker import (
+    SNAPSHOT_EVERY,
+    SNAPSHOT_PER_POD,
+    ShardWorker,
+    newest_snapshot,
+    snapshot_due,
+)
+from tests.builders import make_node, make_pod
 from tests.shards.test_batch_properties import batch_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -276,3 +284,60 @@ def test_the_coordinator_restores_its_snapshot_and_replay_checks_it() -> None:
         assert bad.mismatch is not None and "coordinator snapshot differs" in str(bad.mismatch)
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize(
+    ("since", "pods", "every", "per_pod", "due"),
+    [
+        (49_999, 0, 50_000, 4, False),
+        (50_000, 0, 50_000, 4, True),
+        (50_000, 12_500, 50_000, 4, True),  # 4 * 12,500 = 50,000: the count decides
+        (50_000, 12_501, 50_000, 4, False),  # a larger state: wait for 4 records a pod
+        (200_000, 50_000, 50_000, 4, True),
+        (199_999, 50_000, 50_000, 4, False),
+        (5, 1_000, 5, 0, True),  # no floor per pod: the count alone
+        (10**9, 0, 0, 4, False),  # never
+    ],
+)
+def test_when_a_snapshot_is_due(since: int, pods: int, every: int, per_pod: int, due: bool) -> None:
+    assert snapshot_due(since, pods, every, per_pod) is due
+
+
+def test_a_worker_holding_many_pods_waits_for_records_in_proportion() -> None:
+    """With a floor per pod, a shard holding many pods writes its snapshot only once
+    that many records per pod have passed; without it, at the count given."""
+    nodes = [make_node(f"n{i}").cpu("64").added() for i in range(2)]
+    pods = [make_pod(f"p{i}").cpu("100m").submitted() for i in range(30)]
+
+    async def snapshots_after(per_pod: int, batches: int) -> int:
+        log = MemoryLog()
+        worker = ShardWorker(Engine(), log, snapshot_every=10, snapshot_per_pod=per_pod)
+        await log.append([Envelope(event=SchedulerConfigured()), *map(_ingested, nodes)])
+        await worker.poll()
+        for batch in range(batches):
+            await log.append([_ingested(p) for p in pods[batch * 10 : batch * 10 + 10]])
+            await worker.poll()
+        return sum(1 for e in await log.read(0, 0) if isinstance(e.event, SnapshotTaken))
+
+    # A batch is 10 pods in and 10 decisions out; the check follows each pass, counting
+    # the records read since the last snapshot (3 setup records and the first batch's
+    # pods: 13; then each batch's pods, the previous decisions and snapshot part: 21),
+    # against 10 and the floor per pod held (10, 20, 30 pods).
+    assert asyncio.run(snapshots_after(0, 3)) == 3  # 13, 21, 21 >= 10
+    assert asyncio.run(snapshots_after(1, 3)) == 2  # 13 >= 10, 21 >= 20, 21 < 30
+    assert asyncio.run(snapshots_after(4, 3)) == 0  # 13 < 40, 33 < 80, 53 < 120
+
+
+def _ingested(event: Any) -> Envelope:
+    return Envelope(event=event, producer="ingest")
+
+
+def test_the_service_default_has_the_floor_and_a_number_given_is_kept() -> None:
+    from shards.cli import _snapshots, build_parser
+
+    parse = build_parser().parse_args
+    default = parse(["worker", "shard", "--bus", "memory", "--shard-id", "0"])
+    assert _snapshots(default) == (SNAPSHOT_EVERY, SNAPSHOT_PER_POD)
+    given = parse(["worker", "shard", "--bus", "memory", "--snapshot-every", "40"])
+    assert _snapshots(given) == (40, 0)
+    assert _snapshots(parse(["serve", "--snapshot-every", "0"])) == (0, 0)
