@@ -122,6 +122,9 @@ class Engine:
         self.groups: dict[str, GroupInfo] = {}
         self.outcomes: dict[str, str] = {}
         """Finished pods: ``Succeeded`` or ``Failed`` (dependencies read it)."""
+        self.finished_uids: dict[str, str] = {}
+        """Finished pods of this shard → the uid of the pod that finished under that name
+        (see :meth:`reincarnated`)."""
         self.bindings: dict[str, str] = {}
         """Pod → decision id of its current placement."""
         self.started: dict[str, int] = {}
@@ -427,7 +430,7 @@ class Engine:
 
     def _routed(self, event: PodRouted) -> None:
         key = event.pod.key
-        if key in self.pods or key in self.outcomes:
+        if key in self.pods or (key in self.outcomes and not self.reincarnated(event.pod)):
             return
         if event.final:
             self.answers[key] = event.answers
@@ -450,9 +453,25 @@ class Engine:
         if key in self.queue:
             self.queue.add(key, pod.priority, pod.seq, self.queue_of(pod.spec.namespace))
 
+    def reincarnated(self, spec: PodSpec) -> bool:
+        """Whether ``spec``, named like a pod that finished, is another pod: Kubernetes
+        lets a name be used again once its pod is gone (a StatefulSet's pods always
+        are; so is a pod deleted and applied again). It is when it has a uid and the
+        pod that finished had another (or finished on another shard). Its name's old
+        outcome is forgotten: from now on it is this pod's. A pod without a uid (a
+        scenario's) is the same pod, told twice."""
+        key = spec.key
+        if not spec.uid or key not in self.outcomes or spec.group:
+            return False
+        if self.finished_uids.get(key) == spec.uid:
+            return False
+        del self.outcomes[key]
+        self.finished_uids.pop(key, None)
+        return True
+
     def submit(self, spec: PodSpec) -> None:
         key = spec.key
-        if key in self.pods or key in self.outcomes:
+        if key in self.pods or (key in self.outcomes and not self.reincarnated(spec)):
             return
         info = pod_info(spec, self.state.resources, self._submissions)
         self._submissions += 1
@@ -623,6 +642,8 @@ class Engine:
         slot = self.release(key)
         pod = self.pods.pop(key)
         self.outcomes[key] = outcome
+        if pod.spec.uid:
+            self.finished_uids[key] = pod.spec.uid
         self.queue.remove(key)
         self.waiting.pop(key, None)
         self.said.pop(key, None)

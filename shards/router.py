@@ -309,6 +309,9 @@ class Control:
         self.spanning: dict[str, _Gang] = {}
         """Gangs placed (or to be placed) across shards by the coordinator."""
         self.outcomes: dict[str, str] = {}
+        self.finished_uids: dict[str, str] = {}
+        """Finished pods → the uid of the pod that finished under that name: a pod of
+        the same name and another uid is another pod (``Engine.reincarnated``)."""
         self.dependents: dict[str, dict[int, None]] = {}
         """Pod or gang → shards holding units that depend on it."""
         self.quotas: dict[str, QuotaSpec] = {}
@@ -725,7 +728,7 @@ class Control:
 
     def _submitted(self, spec: PodSpec, offset: int) -> None:
         key = spec.key
-        if key in self.pods or key in self.outcomes:
+        if key in self.pods or (key in self.outcomes and not self._reincarnated(spec)):
             return
         self.pods[key] = spec
         if spec.group:
@@ -742,6 +745,16 @@ class Control:
             self._assign_gang(gang, offset)
             return
         self._route(spec, offset, self.allowed(spec))
+
+    def _reincarnated(self, spec: PodSpec) -> bool:
+        """A pod named like one that finished, with another uid: another pod, whose
+        name's old outcome is forgotten (the rule of ``Engine.reincarnated``)."""
+        key = spec.key
+        if not spec.uid or spec.group or self.finished_uids.get(key) == spec.uid:
+            return False
+        del self.outcomes[key]
+        self.finished_uids.pop(key, None)
+        return True
 
     def _route(
         self,
@@ -834,6 +847,8 @@ class Control:
         if key in self.outcomes:
             return
         self.outcomes[key] = outcome
+        if spec is not None and spec.uid:
+            self.finished_uids[key] = spec.uid
         for shard in self.dependents.get(key, {}):
             if shard != skip:
                 self._tell_outcome(key, outcome, only=shard)

@@ -95,6 +95,10 @@ class PodBuilder:
         self.fields["priority"] = value
         return self
 
+    def uid(self, uid: str) -> PodBuilder:
+        self.fields["uid"] = uid
+        return self
+
     def runtime(self, seconds: float) -> PodBuilder:
         self.fields["runtime"] = round(seconds * SECOND)
         return self

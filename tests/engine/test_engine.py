@@ -13,6 +13,7 @@ from events.types import (
     NodeUpdated,
     PodBound,
     PodDeleted,
+    PodRouted,
     PodSucceeded,
     PodUnschedulable,
 )
@@ -230,3 +231,38 @@ def test_a_pod_that_arrives_before_any_node_waits_for_one() -> None:
     assert isinstance(failure, PodUnschedulable)
     assert failure.reason == "0/0 nodes are available."
     assert bound(feed(engine, make_node("late").added(), at=2)) == {"default/early": "late"}
+
+
+def test_a_name_used_again_by_another_pod_is_scheduled_again() -> None:
+    """Kubernetes lets a pod's name be used again once the pod is gone (a StatefulSet's
+    pods always are; so is a pod deleted and applied again): another uid is another
+    pod, scheduled like any; the same pod told twice (same uid, or none) is not."""
+    engine = Engine()
+    first = make_pod("web-0").cpu("1").uid("u1")
+    assert bound(feed(engine, make_node("a").cpu("4").added(), first.submitted())) == {
+        "default/web-0": "a"
+    }
+    feed(engine, PodDeleted(pod="default/web-0"))
+    assert feed(engine, first.submitted()) == []  # a relist telling the old one again
+    assert engine.outcomes == {"default/web-0": "Failed"}
+    again = make_pod("web-0").cpu("1").uid("u2")
+    assert bound(feed(engine, again.submitted())) == {"default/web-0": "a"}
+    assert engine.outcomes == {} and engine.pods["default/web-0"].spec.uid == "u2"
+    feed(engine, PodSucceeded(pod="default/web-0"))
+    assert engine.outcomes == {"default/web-0": "Succeeded"}
+    assert feed(engine, again.submitted()) == []  # the second one, told twice
+    nameless = Engine()
+    feed(nameless, make_node("a").cpu("4").added(), make_pod("p").cpu("1").submitted())
+    feed(nameless, PodDeleted(pod="default/p"))
+    assert feed(nameless, make_pod("p").cpu("1").submitted()) == []  # no uid: the same
+
+
+def test_a_pod_named_like_one_that_finished_elsewhere_is_taken() -> None:
+    """A shard that knows a name's outcome only as another shard's fact (a dependency)
+    takes a pod of that name routed to it: the router sends only new pods."""
+    engine = Engine()
+    feed(engine, make_node("a").cpu("4").added(), PodSucceeded(pod="default/dep"))
+    assert engine.outcomes == {"default/dep": "Succeeded"}
+    routed = PodRouted(pod=make_pod("dep").cpu("1").uid("u9").spec())
+    assert bound(feed(engine, routed)) == {"default/dep": "a"}
+    assert feed(engine, PodRouted(pod=make_pod("dep").cpu("1").spec())) == []

@@ -242,3 +242,50 @@ async def test_a_restarted_binder_resumes_where_it_left_off(
     )
     assert await restarted.poll() == 0
     assert len(apiserver.all("Event")) == events_before + 1
+
+
+async def test_a_pod_deleted_and_created_again_under_its_name_is_bound_again(
+    apiserver: FakeApiServer, api: Any
+) -> None:
+    """A StatefulSet's pod, or one deleted and applied again, comes back under the same
+    name as another object (another uid): it is scheduled and bound like any new pod,
+    and the run replays."""
+    apiserver.put("Node", node("n1"))
+    apiserver.put("Pod", pod("web-0"))
+    log = MemoryLog()
+    stop = asyncio.Event()
+    ingest = KubeIngest(api, log, watch_seconds=1)
+    worker = ShardWorker(Engine(), log)
+    binder = KubeBinder(api, log, initial_backoff=0.01)
+    task = asyncio.create_task(ingest.run(stop))
+
+    async def loop() -> None:
+        while not stop.is_set():
+            await worker.poll()
+            await binder.poll()
+            await asyncio.sleep(0.02)
+
+    def bound_to() -> str | None:
+        found = apiserver.get("Pod", "web-0", "default")
+        return found["spec"].get("nodeName") if found else None
+
+    driver = asyncio.create_task(loop())
+    try:
+        await eventually(lambda: bound_to() == "n1")
+        first_uid = apiserver.get("Pod", "web-0", "default")["metadata"]["uid"]
+        assert apiserver.remove("Pod", "web-0", "default") is not None
+        await eventually(lambda: "default/web-0" in worker.engine.outcomes)
+        apiserver.put("Pod", pod("web-0"))  # the API server gives it a new uid
+        assert apiserver.get("Pod", "web-0", "default")["metadata"]["uid"] != first_uid
+        await eventually(lambda: bound_to() == "n1")
+        assert worker.engine.pods["default/web-0"].spec.uid != first_uid
+    finally:
+        stop.set()
+        apiserver.drop_watches()
+        await asyncio.wait_for(task, 10)
+        await driver
+    records = await log.read(0, 0)
+    assert replay(records, verify=True).mismatch is None
+    decided = [e.event for e in records if isinstance(e.event, PodBound) and e.event.attempt]
+    assert [b.pod for b in decided] == ["default/web-0", "default/web-0"]
+    assert decided[0].decision_id != decided[1].decision_id

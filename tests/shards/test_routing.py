@@ -27,6 +27,7 @@ from events.types import (
     NodeUpdated,
     PodAdopted,
     PodBound,
+    PodDeleted,
     PodGroupSubmitted,
     PodHandedBack,
     PodRecalled,
@@ -715,3 +716,28 @@ async def test_the_coordinator_forwards_a_burst_in_slices() -> None:
     whole, whole_appends = await forwarded(1000)
     assert sliced == whole
     assert len(appends) > len(whole_appends) and max(appends) <= 3
+
+
+def test_a_name_used_again_by_another_pod_is_routed_again() -> None:
+    """The router, like a shard, takes a pod named like one that finished when its uid
+    is another (Kubernetes reuses names); the same pod told again is not routed twice.
+    The run router folds such records as the fold does."""
+    from shards.fastroute import RunRouter
+
+    records = [
+        Envelope(event=make_node("a").cpu("4").label(POOL_LABEL, "pa").added(), offset=0),
+        Envelope(event=make_node("b").cpu("4").label(POOL_LABEL, "pb").added(), offset=1),
+        Envelope(event=make_pod("web-0").cpu("1").uid("u1").submitted(), offset=2),
+        Envelope(event=PodDeleted(pod="default/web-0"), offset=3),
+        Envelope(event=make_pod("web-0").cpu("1").uid("u1").submitted(), offset=4),
+        Envelope(event=make_pod("web-0").cpu("1").uid("u2").submitted(), offset=5),
+        Envelope(event=make_pod("web-0").cpu("1").uid("u2").submitted(), offset=6),
+    ]
+    control = Control(Sharding(shards=2))
+    outputs = [control.apply(env) for env in records]
+    routed = [[e.pod.uid for _, e in out if isinstance(e, PodRouted)] for out in outputs]
+    assert routed == [[], [], ["u1"], [], [], ["u2"], []]
+    assert "default/web-0" not in control.outcomes and control.pods["default/web-0"].uid == "u2"
+    folded = Control(Sharding(shards=2))
+    runs = RunRouter(min_run=1).fold(folded, records)
+    assert [out for _, _, out in runs] == outputs
