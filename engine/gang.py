@@ -20,6 +20,7 @@ dependencies succeeded, fails when one failed, and waits otherwise.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -38,6 +39,21 @@ def group_unit(key: str) -> str:
 
 def is_group_unit(unit: str) -> bool:
     return unit.startswith(GROUP_PREFIX)
+
+
+def group_is_over(group: GroupInfo, live: Mapping[str, object]) -> bool:
+    """Whether a group that a PodGroup object declared (it has a uid) is over: it had
+    pods and none of them is ``live`` any more (they finished or were deleted), so its
+    name may now be another group's (a job deleted and applied again). A group of no
+    object (the older labels, a scenario's) is never over: nothing would tell another
+    one apart. A part of a cross-shard gang whose pods are all gone is over too: its
+    reservation was committed, and its pods ran."""
+    return (
+        group.spec is not None
+        and bool(group.spec.uid)
+        and bool(group.members)
+        and not any(member in live for member in group.members)
+    )
 
 
 @dataclass(slots=True)

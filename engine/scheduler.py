@@ -28,6 +28,7 @@ from engine.gang import (
     SUCCEEDED,
     DependencyState,
     GroupInfo,
+    group_is_over,
     group_unit,
     is_group_unit,
 )
@@ -337,11 +338,22 @@ class Engine:
     # ------------------------------------------------------------------ reservations
 
     def _reservation_requested(self, event: ReservationRequested) -> None:
-        if event.rid in self.reservations or event.group.key in self.groups:
+        if event.rid in self.reservations:
             return
+        old = self.groups.get(event.group.key)
+        if old is not None:
+            if not group_is_over(old, self.pods):
+                return
+            # every pod of the group held here before is gone: the name is the new gang's
+            self.reservations.pop(old.reservation, None)
+            self.drop_group(old.key)
         keys = tuple(spec.key for spec in event.pods)
-        if any(k in self.pods or k in self.outcomes for k in keys):
+        if any(k in self.pods for k in keys) or not all(
+            self.another_pod(spec) for spec in event.pods if spec.key in self.outcomes
+        ):
             return
+        for spec in event.pods:
+            self.reincarnated(spec)
         self.reservations[event.rid] = Reservation(
             event.rid, event.group.key, keys, event.expires_at
         )
@@ -460,19 +472,25 @@ class Engine:
         pod that finished had another (or finished on another shard). Its name's old
         outcome is forgotten: from now on it is this pod's. A pod without a uid (a
         scenario's) is the same pod, told twice."""
-        key = spec.key
-        if not spec.uid or key not in self.outcomes or spec.group:
+        if not self.another_pod(spec):
             return False
-        if self.finished_uids.get(key) == spec.uid:
-            return False
-        del self.outcomes[key]
-        self.finished_uids.pop(key, None)
+        del self.outcomes[spec.key]
+        self.finished_uids.pop(spec.key, None)
         return True
+
+    def another_pod(self, spec: PodSpec) -> bool:
+        """Whether ``spec`` is another pod than the one that finished under its name
+        (the test of :meth:`reincarnated`, which changes nothing)."""
+        key = spec.key
+        return bool(spec.uid) and key in self.outcomes and self.finished_uids.get(key) != spec.uid
 
     def submit(self, spec: PodSpec) -> None:
         key = spec.key
         if key in self.pods or (key in self.outcomes and not self.reincarnated(spec)):
             return
+        over = self.groups.get(spec.group) if spec.group else None
+        if over is not None and group_is_over(over, self.pods):
+            self.renew_group(over, inherit=True)  # before this pod counts as live
         info = pod_info(spec, self.state.resources, self._submissions)
         self._submissions += 1
         self.state.ensure_rows()
@@ -488,6 +506,25 @@ class Engine:
         else:
             self.queue.add(key, info.priority, info.seq, self.queue_of(info.spec.namespace))
 
+    def renew_group(self, old: GroupInfo, *, inherit: bool) -> GroupInfo:
+        """A fresh group under ``old``'s name, which is over (:func:`group_is_over`):
+        another PodGroup, or new pods, use the name now. ``inherit``: keep ``old``'s spec
+        (new pods may come before their PodGroup, or the same PodGroup may still be
+        there) until a PodGroup of another uid replaces it."""
+        key = old.key
+        self.reservations.pop(old.reservation, None)  # a part's, done: its pods ran
+        unit = group_unit(key)
+        self.queue.remove(unit)
+        self.waiting.pop(unit, None)
+        self.broken.pop(key, None)
+        self.outcomes.pop(key, None)
+        group = self.groups[key] = GroupInfo(key, seq=self._submissions)
+        self._submissions += 1
+        if inherit and old.spec is not None:
+            group.spec, group.created_at = old.spec, self.now
+        self.group_changes[key] = None
+        return group
+
     def _group_submitted(self, event: PodGroupSubmitted) -> None:
         key = event.group.key
         group = self.groups.get(key)
@@ -495,7 +532,14 @@ class Engine:
             group = self.groups[key] = GroupInfo(key, seq=self._submissions)
             self._submissions += 1
         if group.spec is not None:
-            return
+            uid = event.group.uid
+            if not uid or uid == group.spec.uid:
+                return  # the same group told again (or one without an object)
+            if group_is_over(group, self.pods):
+                group = self.renew_group(group, inherit=False)
+            elif group.phase != PENDING or group.reservation:
+                return  # placed under the spec it has: it keeps it
+            # else another PodGroup for pods that still wait: its spec is the one now
         group.spec = event.group
         group.created_at = event.created_at if event.created_at >= 0 else self.now
         self.dirty[group_unit(key)] = None

@@ -122,6 +122,9 @@ class GroupSpec(msgspec.Struct, frozen=True, kw_only=True):
     source: str = ""
     """Which convention declared it: ``scheduler-plugins``, ``volcano``, ``tencent``,
     ``labels`` (no object: the older pod-group labels)."""
+    uid: str = ""
+    """The PodGroup object's uid (empty without one): a group deleted and created
+    again under its name is another object, with another uid."""
 
     @property
     def key(self) -> str:

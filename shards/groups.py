@@ -127,7 +127,15 @@ def pod_group(obj: Mapping[str, Any], classes: Mapping[str, int]) -> GroupSpec:
         queue=queue,
         depends_on=dependencies(annotations, namespace),
         source=source,
+        uid=_uid(meta),
     )
+
+
+def _uid(meta: Mapping[str, Any]) -> str:
+    uid = meta.get("uid", "")
+    if not isinstance(uid, str):
+        raise InputError("must be a string", location="metadata.uid")
+    return uid
 
 
 def group_membership(obj: Mapping[str, Any]) -> tuple[str, int | None]:

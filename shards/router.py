@@ -730,6 +730,9 @@ class Control:
         key = spec.key
         if key in self.pods or (key in self.outcomes and not self._reincarnated(spec)):
             return
+        over = self.gangs.get(spec.group) if spec.group else None
+        if over is not None and self._gang_over(over):
+            self._renew_gang(over, inherit=True)  # before this pod counts as live
         self.pods[key] = spec
         if spec.group:
             gang = self._gang(spec.group)
@@ -750,7 +753,7 @@ class Control:
         """A pod named like one that finished, with another uid: another pod, whose
         name's old outcome is forgotten (the rule of ``Engine.reincarnated``)."""
         key = spec.key
-        if not spec.uid or spec.group or self.finished_uids.get(key) == spec.uid:
+        if not spec.uid or self.finished_uids.get(key) == spec.uid:
             return False
         del self.outcomes[key]
         self.finished_uids.pop(key, None)
@@ -960,10 +963,48 @@ class Control:
             self._seq += 1
         return gang
 
+    def _gang_over(self, gang: _Gang) -> bool:
+        """A gang a PodGroup object declared (it has a uid) that had pods, none of them
+        live any more, and no reservation under way: its name may be another group's
+        (the rule of ``engine.gang.group_is_over``)."""
+        return (
+            gang.spec is not None
+            and bool(gang.spec.uid)
+            and bool(gang.members)
+            and gang.stage not in (PREPARING, ABORTING)
+            and self.inflight != gang.key
+            and not any(member in self.pods for member in gang.members)
+        )
+
+    def _renew_gang(self, old: _Gang, *, inherit: bool) -> _Gang:
+        """A fresh gang under ``old``'s name (see ``Engine.renew_group``); it counts its
+        attempts on from ``old``'s, so that reservation ids stay unique."""
+        key = old.key
+        gang = self.gangs[key] = _Gang(key, seq=self._seq, created_at=self.now)
+        self._seq += 1
+        gang.attempts = old.attempts
+        if inherit:
+            gang.spec = old.spec
+        self.spanning.pop(key, None)
+        self.outcomes.pop(key, None)
+        return gang
+
     def _group_submitted(self, spec: GroupSpec, offset: int) -> None:
         gang = self._gang(spec.key)
         if gang.spec is not None:
-            return
+            if not spec.uid or spec.uid == gang.spec.uid:
+                return  # the same group told again (or one without an object)
+            if self._gang_over(gang):
+                gang = self._renew_gang(gang, inherit=False)
+            elif gang.phase != PENDING or gang.stage:
+                return  # placed, or being placed, under the spec it has
+            else:  # another PodGroup for pods that still wait: its spec is the one now
+                gang.spec = spec
+                if gang.shard is not None:
+                    self._send(
+                        gang.shard, PodGroupSubmitted(group=spec, created_at=gang.created_at)
+                    )
+                return
         gang.spec = spec
         gang.created_at = self.now
         if gang.spanning:
@@ -1208,6 +1249,7 @@ class Control:
                 priority_class=spec.priority_class,
                 queue=spec.queue,
                 source=spec.source,
+                uid=spec.uid,
             )
             for member in part:
                 self.pod_shard[member] = shard

@@ -95,6 +95,11 @@ class PodBuilder:
         self.fields["priority"] = value
         return self
 
+    def group(self, group: str) -> PodBuilder:
+        """Member of the pod group ``group`` (``namespace/name``)."""
+        self.fields["group"] = group
+        return self
+
     def uid(self, uid: str) -> PodBuilder:
         self.fields["uid"] = uid
         return self

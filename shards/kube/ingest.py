@@ -305,7 +305,10 @@ class KubeIngest:
     def _pod_group(self, kind: str, obj: JSON) -> list[Event]:
         meta = obj.get("metadata") or {}
         key = f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
-        if kind == "DELETED" or key in self.groups:
+        if kind == "DELETED":
+            self.groups.discard(key)  # one created again under its name is told anew
+            return []
+        if key in self.groups:
             return []
         try:
             group = pod_group({**obj, "apiVersion": "scheduling.x-k8s.io/v1alpha1"}, self.classes)

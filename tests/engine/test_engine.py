@@ -9,10 +9,12 @@ from events.types import (
     BindFailed,
     ClockTicked,
     Event,
+    GroupSpec,
     NodeRemoved,
     NodeUpdated,
     PodBound,
     PodDeleted,
+    PodGroupSubmitted,
     PodRouted,
     PodSucceeded,
     PodUnschedulable,
@@ -266,3 +268,56 @@ def test_a_pod_named_like_one_that_finished_elsewhere_is_taken() -> None:
     routed = PodRouted(pod=make_pod("dep").cpu("1").uid("u9").spec())
     assert bound(feed(engine, routed)) == {"default/dep": "a"}
     assert feed(engine, PodRouted(pod=make_pod("dep").cpu("1").spec())) == []
+
+
+def _gang(uid: str, *members: str) -> list[Event]:
+    spec = GroupSpec(namespace="default", name="job", min_member=len(members), uid=uid)
+    return [
+        PodGroupSubmitted(group=spec),
+        *(make_pod(m).cpu("1").uid(f"{uid}-{m}").group("default/job").submitted() for m in members),
+    ]
+
+
+def test_a_gang_deleted_and_created_again_under_its_name_runs_again() -> None:
+    """A job deleted and applied again: its PodGroup and pods come back under the same
+    names as other objects. Once every pod of the first is gone, the name is the new
+    group's, whichever comes first, the group or its pods; its pods still go all or
+    nothing."""
+    for group_first in (True, False):
+        engine = Engine()
+        feed(engine, make_node("a").cpu("4").added())
+        assert bound(feed(engine, *_gang("g1", "w0", "w1"))) == {
+            "default/w0": "a",
+            "default/w1": "a",
+        }
+        feed(engine, PodDeleted(pod="default/w0"), PodDeleted(pod="default/w1"))
+        group, *pods = _gang("g2", "w0", "w1", "w2")
+        if group_first:
+            waiting = feed(engine, group, *pods[:2])  # two of minMember 3: nothing placed
+            assert bound(waiting) == {}
+            assert "2 of minMember 3 present" in waiting[0].reason  # type: ignore[attr-defined]
+            out = feed(engine, pods[2])
+        else:
+            # the pods first: they wait under the old group's spec (minMember 2)...
+            out = feed(engine, pods[0])
+            assert bound(out) == {}
+            out = feed(engine, group, *pods[1:])  # ...until their own group comes
+        assert bound(out) == {"default/w0": "a", "default/w1": "a", "default/w2": "a"}
+        live = engine.groups["default/job"]
+        assert live.spec is not None and live.spec.uid == "g2" and live.phase == "Scheduled"
+
+
+def test_a_gang_whose_pods_still_run_keeps_its_name() -> None:
+    """A PodGroup of another uid while the first group's pods still run is not taken
+    (they are that group's), nor is a group without an object ever renewed."""
+    engine = Engine()
+    feed(engine, make_node("a").cpu("4").added())
+    assert len(bound(feed(engine, *_gang("g1", "w0", "w1")))) == 2
+    group, *_ = _gang("g2", "w0", "w1")
+    feed(engine, group)
+    assert engine.groups["default/job"].spec.uid == "g1"  # type: ignore[union-attr]
+    plain = Engine()
+    feed(plain, make_node("a").cpu("4").added())
+    assert len(bound(feed(plain, *_gang("", "w0", "w1")))) == 2
+    feed(plain, PodDeleted(pod="default/w0"), PodDeleted(pod="default/w1"))
+    assert feed(plain, *_gang("", "w0", "w1")) == []  # no uid: the same group and pods

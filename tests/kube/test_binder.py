@@ -289,3 +289,62 @@ async def test_a_pod_deleted_and_created_again_under_its_name_is_bound_again(
     decided = [e.event for e in records if isinstance(e.event, PodBound) and e.event.attempt]
     assert [b.pod for b in decided] == ["default/web-0", "default/web-0"]
     assert decided[0].decision_id != decided[1].decision_id
+
+
+async def test_a_gang_deleted_and_applied_again_is_bound_again(
+    apiserver: FakeApiServer, api: Any
+) -> None:
+    """A job of a PodGroup and its pods, deleted and applied again (the same names,
+    new uids): the new gang is scheduled all together, as the first was."""
+
+    def apply_job() -> None:
+        apiserver.put(
+            "PodGroup",
+            {
+                "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+                "metadata": {"name": "job", "namespace": "default"},
+                "spec": {"minMember": 2},
+            },
+        )
+        for name in ("w0", "w1"):
+            apiserver.put("Pod", pod(name, labels={"scheduling.x-k8s.io/pod-group": "job"}))
+
+    apiserver.put("Node", node("n1"))
+    apply_job()
+    log = MemoryLog()
+    stop = asyncio.Event()
+    ingest = KubeIngest(api, log, watch_seconds=1)
+    worker = ShardWorker(Engine(), log)
+    binder = KubeBinder(api, log, initial_backoff=0.01)
+    task = asyncio.create_task(ingest.run(stop))
+
+    async def loop() -> None:
+        while not stop.is_set():
+            await worker.poll()
+            await binder.poll()
+            await asyncio.sleep(0.02)
+
+    def all_bound() -> bool:
+        pods = [apiserver.get("Pod", name, "default") for name in ("w0", "w1")]
+        return all(p and p["spec"].get("nodeName") == "n1" for p in pods)
+
+    driver = asyncio.create_task(loop())
+    try:
+        await eventually(all_bound)
+        old = apiserver.get("PodGroup", "job", "default")["metadata"]["uid"]
+        for name in ("w0", "w1"):
+            assert apiserver.remove("Pod", name, "default") is not None
+        assert apiserver.remove("PodGroup", "job", "default") is not None
+        await eventually(lambda: not worker.engine.pods)
+        apply_job()
+        await eventually(all_bound)
+        group = worker.engine.groups["default/job"]
+        assert group.spec is not None and group.spec.uid not in ("", old)
+        assert group.phase == "Scheduled"
+    finally:
+        stop.set()
+        apiserver.drop_watches()
+        await asyncio.wait_for(task, 10)
+        await driver
+    records = await log.read(0, 0)
+    assert replay(records, verify=True).mismatch is None

@@ -563,3 +563,19 @@ def test_batch_bad_input(tmp_path: Path, text: str, message: str) -> None:
         load_scenario([str(path)])
     assert message in str(info.value)
     assert str(path) in str(info.value)
+
+
+def test_a_pod_group_keeps_its_object_uid_and_refuses_one_that_is_not_a_string() -> None:
+    """The uid tells a PodGroup created again under its name from the one before."""
+    from events.errors import InputError
+    from shards.groups import pod_group
+
+    obj = {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+        "metadata": {"name": "job", "namespace": "ml", "uid": "6c1f"},
+        "spec": {"minMember": 2},
+    }
+    assert pod_group(obj, {}).uid == "6c1f"
+    assert pod_group({**obj, "metadata": {"name": "job"}}, {}).uid == ""
+    with pytest.raises(InputError, match=r"metadata\.uid"):
+        pod_group({**obj, "metadata": {"name": "job", "uid": 7}}, {})

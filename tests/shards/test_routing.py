@@ -48,7 +48,7 @@ from events.types import (
 from shards.control import ControlWorker
 from shards.replay import replay_routed
 from shards.router import POOL_LABEL, RELAY, Control, Sharding
-from shards.scenario import load_scenario
+from shards.scenario import Scenario, TimedEvent, load_scenario
 from shards.simulate import simulate
 from tests.builders import env, make_node, make_pod, relayed
 from tests.shards.test_batch import group, node, pod
@@ -741,3 +741,47 @@ def test_a_name_used_again_by_another_pod_is_routed_again() -> None:
     folded = Control(Sharding(shards=2))
     runs = RunRouter(min_run=1).fold(folded, records)
     assert [out for _, _, out in runs] == outputs
+
+
+def _job(uid: str, name: str, size: int, gpu: int, runtime: int, at: int) -> list[TimedEvent]:
+    """A gang of ``size`` pods of ``gpu`` cards each under PodGroup ``name`` (object
+    ``uid``), arriving at ``at`` seconds and running ``runtime``."""
+    group = GroupSpec(namespace="ml", name=name, min_member=size, uid=uid)
+    events: list[Event] = [PodGroupSubmitted(group=group)]
+    for m in range(size):
+        pod = make_pod(f"{name}-{m}", "ml").cpu("1").gpu(gpu).group(group.key).uid(f"{uid}-{m}")
+        events.append(PodSubmitted(pod=msgspec.structs.replace(pod.spec(), runtime=runtime)))
+    return [TimedEvent(at * SECOND, at * 100 + i, e) for i, e in enumerate(events)]
+
+
+def test_gangs_run_again_under_their_names_over_several_shards() -> None:
+    """A job that finished and is applied again (its PodGroup and pods under the same
+    names, other uids) runs again with several shards: a gang one shard holds, and one
+    too big for any shard, placed across shards again with fresh reservation ids."""
+    nodes = [
+        make_node(f"n{i}").cpu("32").gpu(4).label(POOL_LABEL, f"p{i % 2}").added() for i in range(4)
+    ]
+    events = [TimedEvent(0, i, e) for i, e in enumerate(nodes)]
+    for uid, at in (("a", 0), ("b", 20)):  # each run lasts 10 s: the second finds it over
+        events += _job(f"small-{uid}", "small", 2, 1, 10 * SECOND, at)
+        events += _job(f"wide-{uid}", "wide", 12, 1, 10 * SECOND, at + 1)  # > 8 cards a shard
+
+    async def go() -> list[list[Envelope]]:
+        log = MemoryLog(3)
+        await simulate(Scenario(events=events), log, sharding=Sharding(shards=2))
+        return [await log.read(p, 0) for p in range(3)]
+
+    parts = asyncio.run(go())
+    verified = replay_routed(parts, verify=True)
+    assert verified.mismatch is None, verified.mismatch
+    decided = [e.event for part in parts[:2] for e in part if isinstance(e.event, PodBound)]
+    runs: dict[str, int] = {}
+    for event in decided:
+        runs[event.pod] = runs.get(event.pod, 0) + 1
+    assert runs == {
+        f"ml/{name}-{m}": 2 for name, size in (("small", 2), ("wide", 12)) for m in range(size)
+    }
+    committed = {
+        e.event.rid for part in parts[:2] for e in part if isinstance(e.event, ReservationCommitted)
+    }
+    assert len(committed) == 2  # one reservation committed per run, each its own id
