@@ -56,6 +56,14 @@ def group_is_over(group: GroupInfo, live: Mapping[str, object]) -> bool:
     )
 
 
+def next_run_reason(key: str) -> str:
+    """Why a pod of a group's next run waits (see ``Engine.next_runs``)."""
+    return (
+        f"waiting for the pods of the run of pod group {key} before this one to finish "
+        "(a PodGroup of that name was created again)"
+    )
+
+
 @dataclass(slots=True)
 class GroupInfo:
     key: str

@@ -28,6 +28,7 @@ from engine.gang import (
     GroupInfo,
     group_unit,
     is_group_unit,
+    next_run_reason,
 )
 from engine.gang_attempt import NO_PROFILE, attempt_group
 from engine.pod import PodInfo
@@ -79,6 +80,8 @@ class SchedulingPass:
             if e.dirty:
                 self._settle()
         self._report_groups()
+        if e.next_runs:
+            self._explain_next_runs()
         if e.seen >= 0:
             current = summary(e)
             if current != e.last_summary:
@@ -250,6 +253,18 @@ class SchedulingPass:
                 self.out.append(
                     PodUnschedulable(pod=pod.key, attempt=0, reason=reason, shard=e.shard)
                 )
+
+    def _explain_next_runs(self) -> None:
+        """Say why the pods held for a group's next run wait (once per reason)."""
+        e = self.e
+        for key, (_, waiting) in sorted(e.next_runs.items()):
+            reason = next_run_reason(key)
+            for pod in waiting:
+                if e.said.get(pod.key) != reason:
+                    e.said[pod.key] = reason
+                    self.out.append(
+                        PodUnschedulable(pod=pod.key, attempt=0, reason=reason, shard=e.shard)
+                    )
 
     def _ready(self, unit: str, priority: int, seq: int, namespace: str) -> None:
         e = self.e

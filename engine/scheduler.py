@@ -50,6 +50,7 @@ from events.types import (
     BindFailed,
     Envelope,
     Event,
+    GroupSpec,
     NodeAdded,
     NodeRemoved,
     NodeUpdated,
@@ -123,6 +124,10 @@ class Engine:
         self.groups: dict[str, GroupInfo] = {}
         self.outcomes: dict[str, str] = {}
         """Finished pods: ``Succeeded`` or ``Failed`` (dependencies read it)."""
+        self.next_runs: dict[str, tuple[GroupSpec, list[PodSpec]]] = {}
+        """Groups whose name a PodGroup of another uid claimed while pods of theirs were
+        live → that PodGroup and the pods that came for it since: they start once the
+        group is over (:func:`group_is_over`), not as members of the run before."""
         self.finished_uids: dict[str, str] = {}
         """Finished pods of this shard → the uid of the pod that finished under that name
         (see :meth:`reincarnated`)."""
@@ -215,12 +220,16 @@ class Engine:
         handler = _HANDLERS.get(type(event))
         if handler is not None:
             handler(self, event)
+            if self.next_runs:
+                self._start_next_runs()
 
     def apply_decision(self, event: Event) -> None:
         """Fold a decision the current pass has just made (as its replay will)."""
         handler = _HANDLERS.get(type(event))
         if handler is not None:
             handler(self, event)
+            if self.next_runs:
+                self._start_next_runs()
 
     def _configured(self, event: SchedulerConfigured) -> None:
         """A configuration recorded in the log (a service restarted with a new one):
@@ -476,6 +485,7 @@ class Engine:
             return False
         del self.outcomes[spec.key]
         self.finished_uids.pop(spec.key, None)
+        self.reserved.pop(spec.key, None)  # the reservation the finished one ran under
         return True
 
     def another_pod(self, spec: PodSpec) -> bool:
@@ -486,11 +496,17 @@ class Engine:
 
     def submit(self, spec: PodSpec) -> None:
         key = spec.key
-        if key in self.pods or (key in self.outcomes and not self.reincarnated(spec)):
+        if key in self.pods or (key in self.outcomes and not self.another_pod(spec)):
             return
+        if spec.group in self.next_runs:
+            waiting = self.next_runs[spec.group][1]
+            if all(p.key != key for p in waiting):
+                waiting.append(spec)  # for the group's next run, once this one is over
+            return
+        self.reincarnated(spec)
         over = self.groups.get(spec.group) if spec.group else None
         if over is not None and group_is_over(over, self.pods):
-            self.renew_group(over, inherit=True)  # before this pod counts as live
+            self.renew_group(over)  # before this pod counts as live
         info = pod_info(spec, self.state.resources, self._submissions)
         self._submissions += 1
         self.state.ensure_rows()
@@ -506,11 +522,10 @@ class Engine:
         else:
             self.queue.add(key, info.priority, info.seq, self.queue_of(info.spec.namespace))
 
-    def renew_group(self, old: GroupInfo, *, inherit: bool) -> GroupInfo:
+    def renew_group(self, old: GroupInfo) -> GroupInfo:
         """A fresh group under ``old``'s name, which is over (:func:`group_is_over`):
-        another PodGroup, or new pods, use the name now. ``inherit``: keep ``old``'s spec
-        (new pods may come before their PodGroup, or the same PodGroup may still be
-        there) until a PodGroup of another uid replaces it."""
+        another PodGroup, or new pods, use the name now; the group waits for its
+        PodGroup, as any group whose pods come first."""
         key = old.key
         self.reservations.pop(old.reservation, None)  # a part's, done: its pods ran
         unit = group_unit(key)
@@ -520,8 +535,6 @@ class Engine:
         self.outcomes.pop(key, None)
         group = self.groups[key] = GroupInfo(key, seq=self._submissions)
         self._submissions += 1
-        if inherit and old.spec is not None:
-            group.spec, group.created_at = old.spec, self.now
         self.group_changes[key] = None
         return group
 
@@ -535,18 +548,21 @@ class Engine:
             uid = event.group.uid
             if not uid or uid == group.spec.uid:
                 return  # the same group told again (or one without an object)
-            if group_is_over(group, self.pods):
-                group = self.renew_group(group, inherit=False)
-            elif group.phase != PENDING or group.reservation:
-                return  # placed under the spec it has: it keeps it
-            # else another PodGroup for pods that still wait: its spec is the one now
+            if not group_is_over(group, self.pods):
+                # pods of the group's run still live (or wait): the new PodGroup, and the
+                # pods that come for it, wait for that run to be over
+                _, waiting = self.next_runs.get(key, (event.group, []))
+                self.next_runs[key] = (event.group, waiting)
+                return
+            group = self.renew_group(group)
         group.spec = event.group
         group.created_at = event.created_at if event.created_at >= 0 else self.now
         self.dirty[group_unit(key)] = None
         self.group_changes[key] = None
         self.wake(key)
         for member in group.members:
-            self.dirty[self.unit_of(member)] = None
+            if member in self.pods:  # (a member may be gone: another spec, for those left)
+                self.dirty[self.unit_of(member)] = None
 
     def _bound(self, event: PodBound) -> None:
         pod = self.pods.get(event.pod)
@@ -679,6 +695,8 @@ class Engine:
 
     def finish(self, key: str, outcome: str) -> None:
         if key not in self.pods:
+            for _, waiting in self.next_runs.values():  # gone before its run started
+                waiting[:] = [p for p in waiting if p.key != key]
             if key not in self.outcomes:
                 self.outcomes[key] = outcome  # it ran on another shard: a dependency's fate
                 self.wake(key)
@@ -696,6 +714,20 @@ class Engine:
         self.wake(key)
         if slot is not None:
             self.fire(ClusterEvent.POD_FREED, slot)
+
+    def _start_next_runs(self) -> None:
+        """Start the runs waiting for groups that are over now: a fresh group under the
+        waiting PodGroup, with the pods that came for it, in their order."""
+        for key in sorted(self.next_runs):
+            group = self.groups.get(key)
+            if group is not None and not group_is_over(group, self.pods):
+                continue
+            spec, waiting = self.next_runs.pop(key)
+            if group is not None:
+                self.renew_group(group)
+            self._group_submitted(PodGroupSubmitted(group=spec))
+            for pod in waiting:
+                self.submit(pod)
 
     def _member_finished(self, group: GroupInfo, outcome: str) -> None:
         if outcome == SUCCEEDED:

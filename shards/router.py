@@ -60,7 +60,7 @@ from typing import Final
 
 import msgspec
 
-from engine.gang import FAILED, PENDING, SCHEDULED, SUCCEEDED
+from engine.gang import FAILED, PENDING, SCHEDULED, SUCCEEDED, next_run_reason
 from events.types import (
     SECOND,
     ClockTicked,
@@ -312,6 +312,10 @@ class Control:
         self.finished_uids: dict[str, str] = {}
         """Finished pods → the uid of the pod that finished under that name: a pod of
         the same name and another uid is another pod (``Engine.reincarnated``)."""
+        self.next_runs: dict[str, tuple[GroupSpec, list[PodSpec]]] = {}
+        """Gangs whose name a PodGroup of another uid claimed while pods of theirs were
+        live → that PodGroup and the pods that came for it: routed once the gang is over
+        (``Engine.next_runs``), so that no shard sees them before."""
         self.dependents: dict[str, dict[int, None]] = {}
         """Pod or gang → shards holding units that depend on it."""
         self.quotas: dict[str, QuotaSpec] = {}
@@ -359,8 +363,24 @@ class Control:
             self._report(event, source, env.offset)
         else:
             self._input(event, env.offset)
+        if self.next_runs:
+            self._start_next_runs(env.offset)
         self._drive()
         return out
+
+    def _start_next_runs(self, offset: int) -> None:
+        """Route the runs waiting for gangs that are over now: a fresh gang under the
+        waiting PodGroup, with the pods that came for it, in their order."""
+        for key in sorted(self.next_runs):
+            gang = self.gangs.get(key)
+            if gang is not None and not self._gang_over(gang):
+                continue
+            spec, waiting = self.next_runs.pop(key)
+            if gang is not None:
+                self._renew_gang(gang)
+            self._group_submitted(spec, offset)
+            for pod in waiting:
+                self._submitted(pod, offset)
 
     def _send(self, shard: int, event: Event) -> None:
         self._out.append((shard, event))
@@ -728,11 +748,21 @@ class Control:
 
     def _submitted(self, spec: PodSpec, offset: int) -> None:
         key = spec.key
-        if key in self.pods or (key in self.outcomes and not self._reincarnated(spec)):
+        if key in self.pods or (key in self.outcomes and not self._another_pod(spec)):
             return
+        if spec.group in self.next_runs:
+            waiting = self.next_runs[spec.group][1]
+            if all(p.key != key for p in waiting):
+                waiting.append(spec)  # for the gang's next run, once this one is over
+                reason = next_run_reason(spec.group)
+                self._decide(PodUnschedulable(pod=key, attempt=0, reason=reason, shard=COORDINATOR))
+            return
+        if key in self.outcomes:
+            del self.outcomes[key]  # another pod under the name: the outcome was the other's
+            self.finished_uids.pop(key, None)
         over = self.gangs.get(spec.group) if spec.group else None
         if over is not None and self._gang_over(over):
-            self._renew_gang(over, inherit=True)  # before this pod counts as live
+            self._renew_gang(over)  # before this pod counts as live
         self.pods[key] = spec
         if spec.group:
             gang = self._gang(spec.group)
@@ -749,15 +779,10 @@ class Control:
             return
         self._route(spec, offset, self.allowed(spec))
 
-    def _reincarnated(self, spec: PodSpec) -> bool:
-        """A pod named like one that finished, with another uid: another pod, whose
-        name's old outcome is forgotten (the rule of ``Engine.reincarnated``)."""
-        key = spec.key
-        if not spec.uid or self.finished_uids.get(key) == spec.uid:
-            return False
-        del self.outcomes[key]
-        self.finished_uids.pop(key, None)
-        return True
+    def _another_pod(self, spec: PodSpec) -> bool:
+        """A pod named like one that finished, with another uid: another pod (the rule
+        of ``Engine.another_pod``)."""
+        return bool(spec.uid) and self.finished_uids.get(spec.key) != spec.uid
 
     def _route(
         self,
@@ -844,6 +869,9 @@ class Control:
         if shard is not None:
             self._send(shard, event)
         outcome = SUCCEEDED if isinstance(event, PodSucceeded) else FAILED
+        if spec is None:
+            for _, waiting in self.next_runs.values():  # gone before its run started
+                waiting[:] = [p for p in waiting if p.key != key]
         self._outcome(key, outcome, spec, skip=shard)
 
     def _outcome(self, key: str, outcome: str, spec: PodSpec | None, skip: int | None) -> None:
@@ -976,15 +1004,13 @@ class Control:
             and not any(member in self.pods for member in gang.members)
         )
 
-    def _renew_gang(self, old: _Gang, *, inherit: bool) -> _Gang:
+    def _renew_gang(self, old: _Gang) -> _Gang:
         """A fresh gang under ``old``'s name (see ``Engine.renew_group``); it counts its
         attempts on from ``old``'s, so that reservation ids stay unique."""
         key = old.key
         gang = self.gangs[key] = _Gang(key, seq=self._seq, created_at=self.now)
         self._seq += 1
         gang.attempts = old.attempts
-        if inherit:
-            gang.spec = old.spec
         self.spanning.pop(key, None)
         self.outcomes.pop(key, None)
         return gang
@@ -994,17 +1020,13 @@ class Control:
         if gang.spec is not None:
             if not spec.uid or spec.uid == gang.spec.uid:
                 return  # the same group told again (or one without an object)
-            if self._gang_over(gang):
-                gang = self._renew_gang(gang, inherit=False)
-            elif gang.phase != PENDING or gang.stage:
-                return  # placed, or being placed, under the spec it has
-            else:  # another PodGroup for pods that still wait: its spec is the one now
-                gang.spec = spec
-                if gang.shard is not None:
-                    self._send(
-                        gang.shard, PodGroupSubmitted(group=spec, created_at=gang.created_at)
-                    )
+            if not self._gang_over(gang):
+                # pods of the gang's run still live (or wait): the new PodGroup, and the
+                # pods that come for it, wait for that run to be over
+                _, waiting = self.next_runs.get(spec.key, (spec, []))
+                self.next_runs[spec.key] = (spec, waiting)
                 return
+            gang = self._renew_gang(gang)
         gang.spec = spec
         gang.created_at = self.now
         if gang.spanning:

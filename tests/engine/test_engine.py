@@ -298,10 +298,11 @@ def test_a_gang_deleted_and_created_again_under_its_name_runs_again() -> None:
             assert "2 of minMember 3 present" in waiting[0].reason  # type: ignore[attr-defined]
             out = feed(engine, pods[2])
         else:
-            # the pods first: they wait under the old group's spec (minMember 2)...
+            # the pods first: they wait for their group, as any pods that come first
             out = feed(engine, pods[0])
             assert bound(out) == {}
-            out = feed(engine, group, *pods[1:])  # ...until their own group comes
+            assert engine.groups["default/job"].spec is None
+            out = feed(engine, group, *pods[1:])
         assert bound(out) == {"default/w0": "a", "default/w1": "a", "default/w2": "a"}
         live = engine.groups["default/job"]
         assert live.spec is not None and live.spec.uid == "g2" and live.phase == "Scheduled"
@@ -321,3 +322,30 @@ def test_a_gang_whose_pods_still_run_keeps_its_name() -> None:
     assert len(bound(feed(plain, *_gang("", "w0", "w1")))) == 2
     feed(plain, PodDeleted(pod="default/w0"), PodDeleted(pod="default/w1"))
     assert feed(plain, *_gang("", "w0", "w1")) == []  # no uid: the same group and pods
+
+
+def test_a_gang_created_again_while_its_first_run_runs_waits_for_it() -> None:
+    """A PodGroup of another uid while the first run's pods still run: it and the pods
+    that come for it wait, with the reason, and start as a run of their own (all or
+    nothing) once the first run is over."""
+    engine = Engine()
+    feed(engine, make_node("a").cpu("4").added())
+    first = [
+        make_pod(f"w{i}").cpu("1").uid(f"a{i}").group("default/job").runtime(10) for i in (0, 1)
+    ]
+    spec = GroupSpec(namespace="default", name="job", min_member=2, uid="g1")
+    assert (
+        len(bound(feed(engine, PodGroupSubmitted(group=spec), *(p.submitted() for p in first))))
+        == 2
+    )
+    again = GroupSpec(namespace="default", name="job", min_member=2, uid="g2")
+    new = [make_pod(f"v{i}").cpu("1").uid(f"b{i}").group("default/job") for i in (0, 1)]
+    out = feed(engine, PodGroupSubmitted(group=again), *(p.submitted() for p in new), at=1)
+    waiting = [d for d in out if isinstance(d, PodUnschedulable)]
+    assert bound(out) == {} and {d.pod for d in waiting} == {"default/v0", "default/v1"}
+    assert "run of pod group default/job" in waiting[0].reason
+    feed(engine, PodSucceeded(pod="default/w0"), at=10)
+    out = feed(engine, PodSucceeded(pod="default/w1"), at=10)
+    assert bound(out) == {"default/v0": "a", "default/v1": "a"}
+    group = engine.groups["default/job"]
+    assert group.spec is not None and group.spec.uid == "g2" and engine.next_runs == {}

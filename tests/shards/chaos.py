@@ -124,7 +124,11 @@ async def run_chaos(
     refuse: float = 0.05,
     min_members: dict[str, int] | None = None,
     snapshot_every: int = 0,
+    runs: dict[str, str] | None = None,
 ) -> ChaosResult:
+    """``min_members`` by gang, checked at quiet points; ``runs`` names, per pod, the
+    gang it is checked under where that is not its group (a group's name run again:
+    each run is checked on its own)."""
     rng = random.Random(seed)
     n = sharding.shards
     memory = MemoryLog(n + 1)
@@ -198,7 +202,7 @@ async def run_chaos(
         while i < len(feed) and feed[i].time <= now:
             event = feed[i].event
             if isinstance(event, PodSubmitted) and event.pod.group:
-                member_of[event.pod.key] = event.pod.group
+                member_of[event.pod.key] = (runs or {}).get(event.pod.key, event.pod.group)
             batch.append(Envelope(event=event, time=now, producer="ingest"))
             i += 1
         batch.extend(Envelope(event=e, time=now, producer="cluster") for e in cluster.due(now))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import msgspec
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
@@ -23,6 +24,7 @@ from events.types import (
     PodRecalled,
     PodSpec,
     PodSubmitted,
+    PodUnschedulable,
 )
 from shards.replay import replay_routed
 from shards.router import ROUTER, Sharding
@@ -34,13 +36,17 @@ GPU_POD = {"cpu": 1000, "nvidia.com/gpu": 1}
 
 
 @st.composite
-def spanning_scenario(draw: Any) -> tuple[Scenario, dict[str, int]]:
-    """Small GPU nodes, gangs that often need several shards, ordinary pods between."""
+def spanning_scenario(draw: Any) -> tuple[Scenario, dict[str, int], dict[str, str]]:
+    """Small GPU nodes, gangs that often need several shards, ordinary pods between;
+    some jobs applied again under their group's name (another PodGroup uid, new pods),
+    sometimes while the first run still runs. Returns the scenario, minMember by gang
+    (a second run as ``ml/gN#2``) and the pods of second runs → that name."""
     items: list[tuple[int, Any]] = []
     for i in range(draw(st.integers(2, 6))):
         node = make_node(f"n{i}").cpu("16").gpu(draw(st.sampled_from([1, 2, 4])))
         items.append((draw(st.integers(0, 3)), node.added()))
     minimum: dict[str, int] = {}
+    runs_of: dict[str, str] = {}
     for g in range(draw(st.integers(1, 3))):
         size = draw(st.integers(2, 12))
         need = draw(st.integers(1, size))
@@ -55,17 +61,30 @@ def spanning_scenario(draw: Any) -> tuple[Scenario, dict[str, int]]:
             priority=draw(st.sampled_from([0, 100])),
         )
         at = draw(st.integers(0, 10))
-        items.append((at, PodGroupSubmitted(group=spec)))
         runtime = draw(st.integers(5, 60)) * SECOND
-        for m in range(size):
-            pod = PodSpec(
-                namespace="ml",
-                name=f"g{g}-{m}",
-                requests={"cpu": 1000, "nvidia.com/gpu": 1},
-                group=key,
-                runtime=runtime,
-            )
-            items.append((at + draw(st.integers(0, 2)), PodSubmitted(pod=pod)))
+        runs = [(1, at)]
+        if draw(st.booleans()):
+            # after the first run's last pod came (a pod created after the PodGroup was
+            # created again is the new run's: pods join a group by its name)
+            runs.append((2, at + 3 + draw(st.integers(0, 80))))
+        for run, start in runs:
+            label = key if run == 1 else f"{key}#{run}"
+            minimum[label] = need
+            uid = f"g{g}-{run}" if len(runs) > 1 else ""
+            items.append((start, PodGroupSubmitted(group=msgspec.structs.replace(spec, uid=uid))))
+            for m in range(size):
+                name = f"g{g}-{m}" if run == 1 else f"g{g}-r{run}-{m}"
+                pod = PodSpec(
+                    namespace="ml",
+                    name=name,
+                    uid=f"{name}-{run}" if uid else "",
+                    requests={"cpu": 1000, "nvidia.com/gpu": 1},
+                    group=key,
+                    runtime=runtime,
+                )
+                if run > 1:
+                    runs_of[pod.key] = label
+                items.append((start + draw(st.integers(0, 2)), PodSubmitted(pod=pod)))
     for p in range(draw(st.integers(0, 8))):
         pod = PodSpec(
             namespace="web",
@@ -77,7 +96,7 @@ def spanning_scenario(draw: Any) -> tuple[Scenario, dict[str, int]]:
         items.append((draw(st.integers(0, 30)), PodSubmitted(pod=pod)))
     events = [TimedEvent(t * SECOND, i, e) for i, (t, e) in enumerate(items)]
     events.sort(key=lambda e: (e.time, e.order, not isinstance(e.event, PodGroupSubmitted)))
-    return Scenario(events=events), minimum
+    return Scenario(events=events), minimum, runs_of
 
 
 @settings(deadline=None)
@@ -89,7 +108,7 @@ def spanning_scenario(draw: Any) -> tuple[Scenario, dict[str, int]]:
     st.sampled_from([0, 4, 25]),
 )
 async def test_coordinator_protocol_under_faults(
-    case: tuple[Scenario, dict[str, int]],
+    case: tuple[Scenario, dict[str, int], dict[str, str]],
     shards: int,
     seed: int,
     faults: tuple[float, ...],
@@ -98,7 +117,7 @@ async def test_coordinator_protocol_under_faults(
     """The protocol's invariants under faults, with shards writing snapshots in some
     runs: a restarted shard then restores the newest one, and replay checks each
     against the state it re-derives."""
-    scenario, minimum = case
+    scenario, minimum, runs = case
     loss, restart, refuse = faults
     sharding = Sharding(shards=shards, reservation_timeout=10 * SECOND)
     result = await run_chaos(
@@ -110,6 +129,7 @@ async def test_coordinator_protocol_under_faults(
         refuse=refuse,
         min_members=minimum,
         snapshot_every=snapshot_every,
+        runs=runs,
     )
     context = describe(result)
     assert result.partial_gangs == [], context
@@ -125,8 +145,14 @@ async def test_coordinator_protocol_under_faults(
         assert view.phase in {"Bound", "Pending", "Succeeded", "Failed"}, (key, context)
         assert view.phase != "Pending" or view.reason, (key, context)
         if view.phase == "Pending":
-            held = any(key in e.pods for e in result.engines) or any(
-                key in g.members for g in result.control.gangs.values() if g.spanning
+            held = (
+                any(key in e.pods for e in result.engines)
+                or any(key in g.members for g in result.control.gangs.values() if g.spanning)
+                or any(
+                    key in {p.key for p in waiting}
+                    for holder in (*result.engines, result.control)
+                    for _, waiting in holder.next_runs.values()
+                )
             )
             assert held, f"{key} is pending but nobody holds it; {context}"
     parts = [await result.log.read(p, 0) for p in range(shards + 1)]
@@ -134,6 +160,12 @@ async def test_coordinator_protocol_under_faults(
     assert verified.mismatch is None, (str(verified.mismatch), context)
     assert verified.unforwarded == 0, context
     assert _recalls_back_off(parts, sharding) == [], context
+    held_back = any(
+        isinstance(env.event, PodUnschedulable) and "run of pod group" in env.event.reason
+        for records in parts
+        for env in records
+    )
+    event("a run waited for the one before it" if held_back else "no run waited")
 
 
 def _recalls_back_off(parts: list[list[Envelope]], sharding: Sharding) -> list[str]:
