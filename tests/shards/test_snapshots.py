@@ -341,3 +341,36 @@ def test_the_service_default_has_the_floor_and_a_number_given_is_kept() -> None:
     given = parse(["worker", "shard", "--bus", "memory", "--snapshot-every", "40"])
     assert _snapshots(given) == (40, 0)
     assert _snapshots(parse(["serve", "--snapshot-every", "0"])) == (0, 0)
+
+
+def test_a_run_held_for_its_group_is_in_the_snapshot() -> None:
+    """A shard holding a gang's next run (its PodGroup created again while the first
+    run runs) restores it from a snapshot and starts it as the one never stopped."""
+    from engine.snapshot import restore
+    from events.types import GroupSpec, PodGroupSubmitted, PodSucceeded
+    from tests.engine.test_engine import bound, feed
+
+    def run(engine: Engine, spec: GroupSpec, prefix: str) -> list[Any]:
+        pods = [
+            make_pod(f"{prefix}{i}").cpu("1").uid(f"{prefix}{i}").group("default/job")
+            for i in (0, 1)
+        ]
+        return feed(engine, PodGroupSubmitted(group=spec), *(p.submitted() for p in pods))
+
+    engine = Engine()
+    feed(engine, make_node("a").cpu("4").added())
+    spec = GroupSpec(namespace="default", name="job", min_member=2)
+    run(engine, msgspec.structs.replace(spec, uid="g1"), "w")
+    run(engine, msgspec.structs.replace(spec, uid="g2"), "v")
+    assert list(engine.next_runs) == ["default/job"]
+    copy = restore(encode_state(engine))
+    assert encode_state(copy) == encode_state(engine)
+    finished = [PodSucceeded(pod="default/w0"), PodSucceeded(pod="default/w1")]
+    assert (
+        bound(feed(copy, *finished))
+        == bound(feed(engine, *finished))
+        == {
+            "default/v0": "a",
+            "default/v1": "a",
+        }
+    )
