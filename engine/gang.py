@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from events.types import GroupSpec
+from events.types import GroupSpec, PodSpec
 
 GROUP_PREFIX: Final = "@"
 PENDING: Final = "Pending"
@@ -54,6 +54,31 @@ def group_is_over(group: GroupInfo, live: Mapping[str, object]) -> bool:
         and bool(group.members)
         and not any(member in live for member in group.members)
     )
+
+
+NextRuns = dict[str, tuple[GroupSpec, list[PodSpec]]]
+"""Group → the PodGroup of another uid that claimed its name while pods of the run
+before were live, and the pods that came for it since (``Engine.next_runs``)."""
+
+
+def claim_next_run(next_runs: NextRuns, spec: GroupSpec) -> None:
+    """``spec`` waits for the run under its name to be over (the latest claim wins,
+    with the pods that came for the claims before)."""
+    _, waiting = next_runs.get(spec.key, (spec, []))
+    next_runs[spec.key] = (spec, waiting)
+
+
+def hold_for_next_run(next_runs: NextRuns, spec: PodSpec) -> bool | None:
+    """Keep pod ``spec`` for its group's next run, if one waits: None if none does,
+    else whether it is new there (a pod told twice is kept once)."""
+    run = next_runs.get(spec.group) if spec.group else None
+    if run is None:
+        return None
+    waiting = run[1]
+    if any(pod.key == spec.key for pod in waiting):
+        return False
+    waiting.append(spec)
+    return True
 
 
 def next_run_reason(key: str) -> str:

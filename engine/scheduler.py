@@ -28,8 +28,11 @@ from engine.gang import (
     SUCCEEDED,
     DependencyState,
     GroupInfo,
+    NextRuns,
+    claim_next_run,
     group_is_over,
     group_unit,
+    hold_for_next_run,
     is_group_unit,
 )
 from engine.pod import PodInfo, pod_info
@@ -50,7 +53,6 @@ from events.types import (
     BindFailed,
     Envelope,
     Event,
-    GroupSpec,
     NodeAdded,
     NodeRemoved,
     NodeUpdated,
@@ -124,7 +126,7 @@ class Engine:
         self.groups: dict[str, GroupInfo] = {}
         self.outcomes: dict[str, str] = {}
         """Finished pods: ``Succeeded`` or ``Failed`` (dependencies read it)."""
-        self.next_runs: dict[str, tuple[GroupSpec, list[PodSpec]]] = {}
+        self.next_runs: NextRuns = {}
         """Groups whose name a PodGroup of another uid claimed while pods of theirs were
         live → that PodGroup and the pods that came for it since: they start once the
         group is over (:func:`group_is_over`), not as members of the run before."""
@@ -498,11 +500,8 @@ class Engine:
         key = spec.key
         if key in self.pods or (key in self.outcomes and not self.another_pod(spec)):
             return
-        if spec.group in self.next_runs:
-            waiting = self.next_runs[spec.group][1]
-            if all(p.key != key for p in waiting):
-                waiting.append(spec)  # for the group's next run, once this one is over
-            return
+        if hold_for_next_run(self.next_runs, spec) is not None:
+            return  # for the group's next run, once this one is over
         self.reincarnated(spec)
         over = self.groups.get(spec.group) if spec.group else None
         if over is not None and group_is_over(over, self.pods):
@@ -551,8 +550,7 @@ class Engine:
             if not group_is_over(group, self.pods):
                 # pods of the group's run still live (or wait): the new PodGroup, and the
                 # pods that come for it, wait for that run to be over
-                _, waiting = self.next_runs.get(key, (event.group, []))
-                self.next_runs[key] = (event.group, waiting)
+                claim_next_run(self.next_runs, event.group)
                 return
             group = self.renew_group(group)
         group.spec = event.group

@@ -60,7 +60,16 @@ from typing import Final
 
 import msgspec
 
-from engine.gang import FAILED, PENDING, SCHEDULED, SUCCEEDED, next_run_reason
+from engine.gang import (
+    FAILED,
+    PENDING,
+    SCHEDULED,
+    SUCCEEDED,
+    NextRuns,
+    claim_next_run,
+    hold_for_next_run,
+    next_run_reason,
+)
 from events.types import (
     SECOND,
     ClockTicked,
@@ -312,7 +321,7 @@ class Control:
         self.finished_uids: dict[str, str] = {}
         """Finished pods → the uid of the pod that finished under that name: a pod of
         the same name and another uid is another pod (``Engine.reincarnated``)."""
-        self.next_runs: dict[str, tuple[GroupSpec, list[PodSpec]]] = {}
+        self.next_runs: NextRuns = {}
         """Gangs whose name a PodGroup of another uid claimed while pods of theirs were
         live → that PodGroup and the pods that came for it: routed once the gang is over
         (``Engine.next_runs``), so that no shard sees them before."""
@@ -750,10 +759,9 @@ class Control:
         key = spec.key
         if key in self.pods or (key in self.outcomes and not self._another_pod(spec)):
             return
-        if spec.group in self.next_runs:
-            waiting = self.next_runs[spec.group][1]
-            if all(p.key != key for p in waiting):
-                waiting.append(spec)  # for the gang's next run, once this one is over
+        held = hold_for_next_run(self.next_runs, spec)
+        if held is not None:  # for the gang's next run, once this one is over
+            if held:
                 reason = next_run_reason(spec.group)
                 self._decide(PodUnschedulable(pod=key, attempt=0, reason=reason, shard=COORDINATOR))
             return
@@ -1023,8 +1031,7 @@ class Control:
             if not self._gang_over(gang):
                 # pods of the gang's run still live (or wait): the new PodGroup, and the
                 # pods that come for it, wait for that run to be over
-                _, waiting = self.next_runs.get(spec.key, (spec, []))
-                self.next_runs[spec.key] = (spec, waiting)
+                claim_next_run(self.next_runs, spec)
                 return
             gang = self._renew_gang(gang)
         gang.spec = spec

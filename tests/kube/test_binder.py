@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from engine.scheduler import Engine
@@ -166,6 +169,54 @@ async def test_stale_lease_write_loses(apiserver: FakeApiServer, api: Any) -> No
     assert apiserver.get("Lease", "coord", "shoal")["spec"]["holderIdentity"] == "intruder"
 
 
+@dataclass
+class _Run:
+    log: MemoryLog
+    ingest: KubeIngest
+    worker: ShardWorker
+    binder: KubeBinder
+    tasks: tuple[asyncio.Task[None], ...]
+
+    async def until(self, check: Callable[[], bool], what: str) -> None:
+        """Wait for ``check``; else say which part died, or where each part stands."""
+        try:
+            await eventually(check)
+        except AssertionError:
+            for part in self.tasks:  # a part that died says why
+                if part.done():
+                    raise AssertionError(f"{part.get_name()} ended: {part.exception()!r}") from None
+            raise AssertionError(
+                f"{what} not in time: ingest={self.ingest.stats()} worker={self.worker.stats()} "
+                f"engine={self.worker.engine.stats()} binder={self.binder.stats()}"
+            ) from None
+
+
+@contextlib.asynccontextmanager
+async def _scheduling(api: Any, apiserver: FakeApiServer) -> AsyncIterator[_Run]:
+    """Ingest, one shard and the binder against the API server until the block ends
+    (then the log replays)."""
+    log = MemoryLog()
+    stop = asyncio.Event()
+    ingest = KubeIngest(api, log, watch_seconds=1)
+    worker = ShardWorker(Engine(), log)
+    binder = KubeBinder(api, log, initial_backoff=0.01)
+
+    async def loop() -> None:
+        while not stop.is_set():
+            await worker.poll()
+            await binder.poll()
+            await asyncio.sleep(0.02)
+
+    tasks = (asyncio.create_task(ingest.run(stop)), asyncio.create_task(loop()))
+    try:
+        yield _Run(log, ingest, worker, binder, tasks)
+    finally:
+        stop.set()
+        apiserver.drop_watches()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    assert replay(await log.read(0, 0), verify=True).mismatch is None
+
+
 async def test_end_to_end_pods_get_bound(apiserver: FakeApiServer, api: Any) -> None:
     for name in ("n1", "n2"):
         apiserver.put("Node", node(name))
@@ -175,44 +226,18 @@ async def test_end_to_end_pods_get_bound(apiserver: FakeApiServer, api: Any) -> 
     big = apiserver.get("Pod", "too-big", "default")
     big["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "64"
     apiserver.put("Pod", big)
-    log = MemoryLog()
-    stop = asyncio.Event()
-    ingest = KubeIngest(api, log, watch_seconds=1)
-    worker = ShardWorker(Engine(), log)
-    binder = KubeBinder(api, log, initial_backoff=0.01)
-    task = asyncio.create_task(ingest.run(stop))
-
-    async def loop() -> None:
-        while not stop.is_set():
-            await worker.poll()
-            await binder.poll()
-            await asyncio.sleep(0.02)
-
-    driver = asyncio.create_task(loop())
-    try:
-        await eventually(
+    async with _scheduling(api, apiserver) as run:
+        await run.until(
             lambda: all(
                 apiserver.get("Pod", f"p{i}", "default")["spec"].get("nodeName") for i in range(6)
-            )
+            ),
+            "bound",
         )
-    except AssertionError:
-        for part in (driver, task):  # a part that died says why
-            if part.done():
-                raise AssertionError(f"{part.get_name()} ended: {part.exception()!r}") from None
-        raise AssertionError(
-            f"not bound in time: ingest={ingest.stats()} worker={worker.stats()} "
-            f"engine={worker.engine.stats()} binder={binder.stats()}"
-        ) from None
-    await eventually(
-        lambda: any(e["involvedObject"]["name"] == "too-big" for e in apiserver.all("Event"))
-    )
-    nodes = {apiserver.get("Pod", f"p{i}", "default")["spec"]["nodeName"] for i in range(6)}
-    assert nodes == {"n1", "n2"}
-    stop.set()
-    apiserver.drop_watches()
-    await asyncio.wait_for(asyncio.gather(task, driver), 10)
-    records = await log.read(0, 0)
-    assert replay(records, verify=True).mismatch is None
+        await eventually(
+            lambda: any(e["involvedObject"]["name"] == "too-big" for e in apiserver.all("Event"))
+        )
+        nodes = {apiserver.get("Pod", f"p{i}", "default")["spec"]["nodeName"] for i in range(6)}
+        assert nodes == {"n1", "n2"}
 
 
 async def test_a_restarted_binder_resumes_where_it_left_off(
@@ -252,26 +277,14 @@ async def test_a_pod_deleted_and_created_again_under_its_name_is_bound_again(
     and the run replays."""
     apiserver.put("Node", node("n1"))
     apiserver.put("Pod", pod("web-0"))
-    log = MemoryLog()
-    stop = asyncio.Event()
-    ingest = KubeIngest(api, log, watch_seconds=1)
-    worker = ShardWorker(Engine(), log)
-    binder = KubeBinder(api, log, initial_backoff=0.01)
-    task = asyncio.create_task(ingest.run(stop))
-
-    async def loop() -> None:
-        while not stop.is_set():
-            await worker.poll()
-            await binder.poll()
-            await asyncio.sleep(0.02)
 
     def bound_to() -> str | None:
         found = apiserver.get("Pod", "web-0", "default")
         return found["spec"].get("nodeName") if found else None
 
-    driver = asyncio.create_task(loop())
-    try:
-        await eventually(lambda: bound_to() == "n1")
+    async with _scheduling(api, apiserver) as run:
+        worker = run.worker
+        await run.until(lambda: bound_to() == "n1", "bound")
         first_uid = apiserver.get("Pod", "web-0", "default")["metadata"]["uid"]
         assert apiserver.remove("Pod", "web-0", "default") is not None
         await eventually(lambda: "default/web-0" in worker.engine.outcomes)
@@ -279,13 +292,7 @@ async def test_a_pod_deleted_and_created_again_under_its_name_is_bound_again(
         assert apiserver.get("Pod", "web-0", "default")["metadata"]["uid"] != first_uid
         await eventually(lambda: bound_to() == "n1")
         assert worker.engine.pods["default/web-0"].spec.uid != first_uid
-    finally:
-        stop.set()
-        apiserver.drop_watches()
-        await asyncio.wait_for(task, 10)
-        await driver
-    records = await log.read(0, 0)
-    assert replay(records, verify=True).mismatch is None
+    records = await run.log.read(0, 0)
     decided = [e.event for e in records if isinstance(e.event, PodBound) and e.event.attempt]
     assert [b.pod for b in decided] == ["default/web-0", "default/web-0"]
     assert decided[0].decision_id != decided[1].decision_id
@@ -309,28 +316,15 @@ async def test_a_gang_deleted_and_applied_again_is_bound_again(
         for name in ("w0", "w1"):
             apiserver.put("Pod", pod(name, labels={"scheduling.x-k8s.io/pod-group": "job"}))
 
-    apiserver.put("Node", node("n1"))
-    apply_job()
-    log = MemoryLog()
-    stop = asyncio.Event()
-    ingest = KubeIngest(api, log, watch_seconds=1)
-    worker = ShardWorker(Engine(), log)
-    binder = KubeBinder(api, log, initial_backoff=0.01)
-    task = asyncio.create_task(ingest.run(stop))
-
-    async def loop() -> None:
-        while not stop.is_set():
-            await worker.poll()
-            await binder.poll()
-            await asyncio.sleep(0.02)
-
     def all_bound() -> bool:
         pods = [apiserver.get("Pod", name, "default") for name in ("w0", "w1")]
         return all(p and p["spec"].get("nodeName") == "n1" for p in pods)
 
-    driver = asyncio.create_task(loop())
-    try:
-        await eventually(all_bound)
+    apiserver.put("Node", node("n1"))
+    apply_job()
+    async with _scheduling(api, apiserver) as run:
+        worker = run.worker
+        await run.until(all_bound, "bound")
         old = apiserver.get("PodGroup", "job", "default")["metadata"]["uid"]
         for name in ("w0", "w1"):
             assert apiserver.remove("Pod", name, "default") is not None
@@ -341,10 +335,3 @@ async def test_a_gang_deleted_and_applied_again_is_bound_again(
         group = worker.engine.groups["default/job"]
         assert group.spec is not None and group.spec.uid not in ("", old)
         assert group.phase == "Scheduled"
-    finally:
-        stop.set()
-        apiserver.drop_watches()
-        await asyncio.wait_for(task, 10)
-        await driver
-    records = await log.read(0, 0)
-    assert replay(records, verify=True).mismatch is None
