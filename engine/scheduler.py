@@ -498,14 +498,19 @@ class Engine:
 
     def submit(self, spec: PodSpec) -> None:
         key = spec.key
-        if key in self.pods or (key in self.outcomes and not self.another_pod(spec)):
+        if key in self.pods:
             return
-        if hold_for_next_run(self.next_runs, spec) is not None:
-            return  # for the group's next run, once this one is over
-        self.reincarnated(spec)
-        over = self.groups.get(spec.group) if spec.group else None
-        if over is not None and group_is_over(over, self.pods):
-            self.renew_group(over)  # before this pod counts as live
+        if key in self.outcomes:  # (the hot path, a new pod, checks two dicts, no more)
+            if not self.another_pod(spec):
+                return
+            if not (self.next_runs and spec.group in self.next_runs):
+                self.reincarnated(spec)
+        if spec.group:
+            if self.next_runs and hold_for_next_run(self.next_runs, spec) is not None:
+                return  # for the group's next run, once this one is over
+            over = self.groups.get(spec.group)
+            if over is not None and group_is_over(over, self.pods):
+                self.renew_group(over)  # before this pod counts as live
         info = pod_info(spec, self.state.resources, self._submissions)
         self._submissions += 1
         self.state.ensure_rows()
