@@ -13,7 +13,8 @@ slice faithfully to the API conventions:
   (``Expired``), as the real server does; ``timeoutSeconds`` ends the stream, after a
   bookmark;
 - ``metadata.generateName`` on create;
-- ``pods/binding`` (201; 409 if the pod is already bound; 404 if it does not exist),
+- ``pods/binding`` (201; 409 if the pod is already bound, or is not the one whose
+  ``metadata.uid`` the Binding names; 404 if it does not exist),
   ``pods/eviction`` (policy/v1; the pod is deleted), core/v1 ``events``, the
   ``podgroups/status`` subresource (merge patch), ``coordination.k8s.io/v1`` Leases
   with optimistic concurrency (409 on a stale ``resourceVersion``), and create, replace
@@ -406,8 +407,17 @@ class FakeApiServer:
         try:
             body = await request.json()
             target = body["target"]["name"]
-        except (json.JSONDecodeError, KeyError, TypeError):
+            wanted_uid = (body.get("metadata") or {}).get("uid")
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
             return status(400, "BadRequest", "a Binding needs target.name")
+        uid = pod["metadata"].get("uid")
+        if wanted_uid and wanted_uid != uid:
+            return status(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on pods/binding "{name}": Precondition failed: '
+                f"UID in precondition: {wanted_uid}, UID in object meta: {uid}",
+            )
         bound = (pod.get("spec") or {}).get("nodeName")
         if bound:
             return status(

@@ -1,8 +1,9 @@
 """The Kubernetes binder: decisions from the log → the API, optimistically.
 
-- ``PodBound`` (from a shard) → ``pods/binding``. A refusal (409 already bound
-  elsewhere, 404 the pod is gone, 4xx) becomes ``BindFailed`` and the shard un-assumes
-  and requeues the pod. Binding the same decision twice is harmless: a 409 that says
+- ``PodBound`` (from a shard) → ``pods/binding``, naming the pod's uid as a
+  precondition. A refusal (409 already bound elsewhere, or the name now another pod's;
+  404 the pod is gone; 4xx) becomes ``BindFailed`` and the shard un-assumes and
+  requeues the pod. Binding the same decision twice is harmless: a 409 that says
   the pod is on the decided node is success.
 - ``PodPreempted`` / ``PodEvicted`` → the Eviction API (a pod already gone is fine).
 - ``PodUnschedulable`` and ``PodRejected`` → a core/v1 ``Event`` (``FailedScheduling``,
@@ -35,13 +36,19 @@ from events.types import (
     Envelope,
     Event,
     PodBound,
+    PodDeleted,
     PodEvicted,
+    PodFailed,
     PodGroupStatusChanged,
     PodGroupSubmitted,
     PodPreempted,
     PodRejected,
+    PodRouted,
+    PodSubmitted,
+    PodSucceeded,
     PodUnschedulable,
     PositionRecorded,
+    ReservationRequested,
 )
 from shards.kube.client import checked
 
@@ -74,6 +81,9 @@ class KubeBinder:
         self.initial_backoff = initial_backoff
         self.clock = clock
         self.group_sources: dict[str, str] = {}
+        self.uids: dict[str, str] = {}
+        """Live pods → their uid, from the records that brought them: a Binding names it,
+        so that a decision made for a pod never binds another that took its name."""
         self.counters = {"bound": 0, "bind_failed": 0, "evicted": 0, "events": 0, "group_status": 0}
 
     def __repr__(self) -> str:
@@ -91,10 +101,26 @@ class KubeBinder:
             event = env.event
             if isinstance(event, PositionRecorded) and event.component == "binder":
                 self.position = max(self.position, event.position)
-            elif isinstance(event, PodGroupSubmitted):
-                self.group_sources[event.group.key] = event.group.source
+            else:
+                self._learn(event)
         self.resumed = True
         return self.position
+
+    def _learn(self, event: Event) -> None:
+        """Keep what later decisions need from a record that is not one: a group's
+        convention, a pod's uid (forgotten when the pod is gone)."""
+        match event:
+            case PodGroupSubmitted(group=spec):
+                self.group_sources[spec.key] = spec.source
+            case PodSubmitted(pod=spec) | PodRouted(pod=spec):
+                if spec.uid:
+                    self.uids[spec.key] = spec.uid
+            case ReservationRequested(pods=specs):
+                self.uids.update((spec.key, spec.uid) for spec in specs if spec.uid)
+            case PodDeleted(pod=key) | PodSucceeded(pod=key) | PodFailed(pod=key):
+                self.uids.pop(key, None)
+            case _:
+                pass
 
     async def poll(self) -> int:
         """Apply what is new in the log; return the events appended (bind failures)."""
@@ -141,18 +167,20 @@ class KubeBinder:
         from_shard = env.producer.startswith("shard-")
         try:
             match event:
-                case PodGroupSubmitted(group=spec):
-                    self.group_sources[spec.key] = spec.source
                 case PodBound() if from_shard:
                     return await self._bind(event)
                 case PodPreempted() | PodEvicted() if from_shard:
+                    self.uids.pop(event.pod, None)
                     await self._evict(event.pod)
                 case PodUnschedulable() if from_shard and event.attempt > 0:
                     await self._warn(event.pod, "FailedScheduling", event.reason)
                 case PodRejected() if from_shard:
+                    self.uids.pop(event.pod, None)
                     await self._warn(event.pod, "FailedScheduling", event.reason)
                 case PodGroupStatusChanged() if from_shard:
                     await self._group_status(event)
+                case _ if not from_shard:
+                    self._learn(event)
         except _Unavailable as exc:
             if isinstance(event, PodBound):
                 self.counters["bind_failed"] += 1
@@ -197,7 +225,11 @@ class KubeBinder:
     async def _bind(self, event: PodBound) -> list[Event]:
         namespace, name = self._split(event.pod)
         body = client.V1Binding(
-            metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+            # the uid is a precondition: the API server refuses to bind another pod
+            # that has taken the name since (409)
+            metadata=client.V1ObjectMeta(
+                name=name, namespace=namespace, uid=self.uids.get(event.pod)
+            ),
             target=client.V1ObjectReference(api_version="v1", kind="Node", name=event.node),
         )
         try:

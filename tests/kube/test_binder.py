@@ -16,9 +16,12 @@ from events.types import (
     Envelope,
     GroupSpec,
     PodBound,
+    PodDeleted,
     PodGroupStatusChanged,
     PodGroupSubmitted,
     PodPreempted,
+    PodSpec,
+    PodSubmitted,
     PodUnschedulable,
 )
 from loadtest.apiserver import FakeApiServer
@@ -58,6 +61,40 @@ async def test_binding_and_conflicts(apiserver: FakeApiServer, api: Any) -> None
     assert "already assigned" in failed["default/taken"].reason
     assert failed["default/ghost"].reason.startswith("404")
     assert binder.counters["bound"] == 2  # the repeated decision was recognised, not re-bound
+
+
+async def test_a_decision_never_binds_another_pod_that_took_the_name(
+    apiserver: FakeApiServer, api: Any
+) -> None:
+    """A decision made for a pod that was deleted and created again (same name, new
+    uid) before the binder applied it is refused by the API server (the Binding names
+    the uid it was made for) and becomes BindFailed; the new pod stays unbound. A
+    decision for the pod it was made for binds, also after a restart of the binder."""
+    first = apiserver.put("Pod", pod("web-0"))
+    log = MemoryLog()
+    spec = PodSpec(namespace="default", name="web-0", uid=first["metadata"]["uid"])
+    await log.append([Envelope(event=PodSubmitted(pod=spec), producer="ingest")])
+    apiserver.remove("Pod", "web-0", "default")
+    second = apiserver.put("Pod", pod("web-0"))
+    await log.append(
+        [decision(PodBound(pod="default/web-0", node="n1", decision_id="old", attempt=1))]
+    )
+    binder = KubeBinder(api, log, initial_backoff=0.01)
+    assert await binder.poll() == 1
+    (failed,) = [e.event for e in await log.read(0, 0) if isinstance(e.event, BindFailed)]
+    assert failed.reason.startswith("409") and "Precondition failed: UID" in failed.reason
+    assert not apiserver.get("Pod", "web-0", "default")["spec"].get("nodeName")
+    new = PodSpec(namespace="default", name="web-0", uid=second["metadata"]["uid"])
+    await log.append(
+        [
+            Envelope(event=PodDeleted(pod="default/web-0"), producer="ingest"),
+            Envelope(event=PodSubmitted(pod=new), producer="ingest"),
+            decision(PodBound(pod="default/web-0", node="n1", decision_id="new", attempt=1)),
+        ]
+    )
+    restarted = KubeBinder(api, log, initial_backoff=0.01)  # learns the uids again
+    assert await restarted.poll() == 0
+    assert apiserver.get("Pod", "web-0", "default")["spec"]["nodeName"] == "n1"
 
 
 async def test_evictions_events_and_group_status(apiserver: FakeApiServer, api: Any) -> None:
