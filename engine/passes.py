@@ -247,24 +247,20 @@ class SchedulingPass:
             if group.reason != reason:
                 group.reason = reason
                 e.group_changes[group.key] = None
-        for pod in pods:
-            if e.said.get(pod.key) != reason:
-                e.said[pod.key] = reason
-                self.out.append(
-                    PodUnschedulable(pod=pod.key, attempt=0, reason=reason, shard=e.shard)
-                )
+        self._say([pod.key for pod in pods], reason)
+
+    def _say(self, keys: list[str], reason: str) -> None:
+        """Tell why pods wait, once per pod and reason."""
+        e = self.e
+        for key in keys:
+            if e.said.get(key) != reason:
+                e.said[key] = reason
+                self.out.append(PodUnschedulable(pod=key, attempt=0, reason=reason, shard=e.shard))
 
     def _explain_next_runs(self) -> None:
-        """Say why the pods held for a group's next run wait (once per reason)."""
-        e = self.e
-        for key, (_, waiting) in sorted(e.next_runs.items()):
-            reason = next_run_reason(key)
-            for pod in waiting:
-                if e.said.get(pod.key) != reason:
-                    e.said[pod.key] = reason
-                    self.out.append(
-                        PodUnschedulable(pod=pod.key, attempt=0, reason=reason, shard=e.shard)
-                    )
+        """Say why the pods held for a group's next run wait."""
+        for key, (_, waiting) in sorted(self.e.next_runs.items()):
+            self._say([pod.key for pod in waiting], next_run_reason(key))
 
     def _ready(self, unit: str, priority: int, seq: int, namespace: str) -> None:
         e = self.e

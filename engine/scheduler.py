@@ -363,8 +363,6 @@ class Engine:
             self.another_pod(spec) for spec in event.pods if spec.key in self.outcomes
         ):
             return
-        for spec in event.pods:
-            self.reincarnated(spec)
         self.reservations[event.rid] = Reservation(
             event.rid, event.group.key, keys, event.expires_at
         )
@@ -453,7 +451,7 @@ class Engine:
 
     def _routed(self, event: PodRouted) -> None:
         key = event.pod.key
-        if key in self.pods or (key in self.outcomes and not self.reincarnated(event.pod)):
+        if key in self.pods or (key in self.outcomes and not self.another_pod(event.pod)):
             return
         if event.final:
             self.answers[key] = event.answers
@@ -487,7 +485,6 @@ class Engine:
             return False
         del self.outcomes[spec.key]
         self.finished_uids.pop(spec.key, None)
-        self.reserved.pop(spec.key, None)  # the reservation the finished one ran under
         return True
 
     def another_pod(self, spec: PodSpec) -> bool:
@@ -706,6 +703,7 @@ class Engine:
             return
         slot = self.release(key)
         pod = self.pods.pop(key)
+        self.reserved.pop(key, None)  # a finished pod holds no part of any reservation
         self.outcomes[key] = outcome
         if pod.spec.uid:
             self.finished_uids[key] = pod.spec.uid

@@ -154,19 +154,7 @@ class _Encoder:
             encode = self.encode
             return ["T", [v if type(v) in _SCALAR_TYPES else encode(v) for v in obj]]
         if kind is np.ndarray and _is_constant(obj):
-            # a constant (shared by pods of one shape, never written): a value, so that
-            # equal states give equal bytes however their constants came to be shared;
-            # written once per object and the same node reused (a pod each holds one)
-            node = self.constants.get(id(obj))
-            if node is None:
-                node = self.constants[id(obj)] = [
-                    "C",
-                    obj.dtype.str,
-                    list(obj.shape),
-                    obj.tobytes(),
-                ]
-                self.keep.append(obj)
-            return node
+            return self._constant(obj)
         if kind is dict:
             ref = self._ref(obj)
             if ref is not None:
@@ -196,7 +184,7 @@ class _Encoder:
                 raise TypeError(f"not a snapshot enum: {type(obj)!r}")
             return ["V", type(obj).__qualname__, obj.value]
         if isinstance(obj, np.ndarray) and _is_constant(obj):
-            return ["C", obj.dtype.str, list(obj.shape), obj.tobytes()]  # as above
+            return self._constant(obj)  # of a subclass of ndarray
         ref = self._ref(obj)
         if ref is not None:
             return ["R", ref]
@@ -218,6 +206,17 @@ class _Encoder:
                 raise TypeError("not a snapshot array: not C-contiguous")
             return ["N", obj.dtype.str, list(obj.shape), obj.tobytes()]
         raise TypeError(f"not a snapshot class: {kind.__module__}.{kind.__qualname__}")
+
+    def _constant(self, array: np.ndarray[Any, Any]) -> list[Any]:
+        """A constant (shared by pods of one shape, never written) as a value, so that
+        equal states give equal bytes however their constants came to be shared; built
+        once per object and the node reused (a pod each holds one)."""
+        node = self.constants.get(id(array))
+        if node is None:
+            node = ["C", array.dtype.str, list(array.shape), array.tobytes()]
+            self.constants[id(array)] = node
+            self.keep.append(array)
+        return node
 
     def _layout(self, kind: type) -> _Layout | None:
         """How objects of ``kind`` are written, if they are state objects (an allowed
