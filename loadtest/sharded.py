@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.pools import Sharding
 from events.errors import InputError
 from events.log import EventLog, count_kinds, read_kinds
 from events.remote import LogServer
@@ -62,7 +63,6 @@ from loadtest.synthetic import basic_nodes
 from shards.bus import open_bus
 from shards.control import ControlWorker
 from shards.processes import run_coordinator
-from shards.router import Sharding
 
 DECIDED = ("bind", "unsched")
 

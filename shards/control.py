@@ -35,6 +35,7 @@ import logging
 import time
 from typing import Any, Final
 
+from engine.pools import PoolRule, Sharding
 from engine.snapshot import (
     Allowed,
     SnapshotError,
@@ -55,7 +56,7 @@ from events.types import (
     SnapshotTaken,
 )
 from shards.fastroute import RunRouter
-from shards.router import RELAY, ROUTER, Control, PoolRule, Sharding, _Gang, _Shard
+from shards.router import RELAY, ROUTER, Control, _Gang, _Shard
 from shards.worker import append_snapshot, newest_snapshot, snapshot_due
 
 logger = logging.getLogger(__name__)

@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 from engine import kernels
 from engine.config import SchedulerConfig
+from engine.pools import Sharding
 from events.errors import LogError
 from events.log import EventLog
 from events.types import BindFailed, ClockTicked, Envelope, ShardingConfigured
@@ -35,7 +36,7 @@ from shards import fastroute
 from shards.binder import Binder
 from shards.cluster import SimulatedCluster
 from shards.control import ControlWorker
-from shards.router import Control, Sharding
+from shards.router import Control
 from shards.worker import ShardWorker
 
 log = logging.getLogger(__name__)

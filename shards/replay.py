@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import msgspec
 
 from engine.config import SchedulerConfig, parse_config
+from engine.pools import Sharding
 from engine.scheduler import Engine
 from engine.snapshot import SnapshotError, digest, encode_state
 from events.errors import InputError, LogCorruptedError, ReplayMismatchError
@@ -33,7 +34,7 @@ from events.types import (
 )
 from shards.control import COORDINATOR, control_state, snapshot_control_digest
 from shards.report import RunReport, merge
-from shards.router import ROUTER, Control, Sharding
+from shards.router import ROUTER, Control
 
 
 @dataclass

@@ -52,7 +52,6 @@ namespace's next pod is routed. Borrowing therefore happens within a shard's sli
 
 from __future__ import annotations
 
-import json
 import zlib
 from collections import deque
 from dataclasses import dataclass, field
@@ -70,6 +69,7 @@ from engine.gang import (
     hold_for_next_run,
     next_run_reason,
 )
+from engine.pools import POOL_LABEL, Sharding
 from events.types import (
     SECOND,
     ClockTicked,
@@ -115,9 +115,6 @@ from events.types import (
     SnapshotTaken,
 )
 
-POOL_LABEL: Final = "shoal.io/pool"
-MAX_SHARDS: Final = 64
-"""More shards than this is surely a typo (each is a process and a partition)."""
 ROUTER: Final = "router"
 RELAY: Final = "relay"
 PREPARING: Final = "preparing"
@@ -128,67 +125,6 @@ COORDINATOR: Final = -1
 
 Output = tuple[int, Event]
 """(partition, event) for the worker to append, caused by the record just folded."""
-
-
-@dataclass(frozen=True, slots=True)
-class PoolRule:
-    """Nodes whose labels include every pair of ``match`` belong to ``pool``."""
-
-    match: tuple[tuple[str, str], ...]
-    pool: str
-
-
-@dataclass(frozen=True, slots=True)
-class Sharding:
-    """How nodes fall into pools and pools onto shards; the coordinator's timing."""
-
-    shards: int
-    pools: tuple[tuple[str, int], ...] = ()
-    """Pool → shard, as configured; other pools are spread by first appearance."""
-    rules: tuple[PoolRule, ...] = ()
-    tenants: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    """Namespace → the pools it owns exclusively."""
-    reservation_timeout: int = 30 * SECOND
-    retry_backoff: int = 1 * SECOND
-    max_retry_backoff: int = 30 * SECOND
-
-    def __post_init__(self) -> None:
-        if self.shards < 1:
-            raise ValueError("at least one shard")
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "shards": self.shards,
-                "pools": [list(p) for p in self.pools],
-                "rules": [
-                    {"match": [list(m) for m in r.match], "pool": r.pool} for r in self.rules
-                ],
-                "tenants": [[ns, list(pools)] for ns, pools in self.tenants],
-                "reservation_timeout": self.reservation_timeout,
-                "retry_backoff": self.retry_backoff,
-                "max_retry_backoff": self.max_retry_backoff,
-            },
-            sort_keys=True,
-        )
-
-    @classmethod
-    def from_json(cls, text: str) -> Sharding:
-        raw = json.loads(text)
-        return cls(
-            shards=int(raw["shards"]),
-            pools=tuple((str(p), int(s)) for p, s in raw.get("pools", ())),
-            rules=tuple(
-                PoolRule(tuple((str(k), str(v)) for k, v in r["match"]), str(r["pool"]))
-                for r in raw.get("rules", ())
-            ),
-            tenants=tuple(
-                (str(ns), tuple(map(str, pools))) for ns, pools in raw.get("tenants", ())
-            ),
-            reservation_timeout=int(raw.get("reservation_timeout", 30 * SECOND)),
-            retry_backoff=int(raw.get("retry_backoff", SECOND)),
-            max_retry_backoff=int(raw.get("max_retry_backoff", 30 * SECOND)),
-        )
 
 
 @dataclass(slots=True)

@@ -19,6 +19,7 @@ import yaml
 from engine.config import API_VERSIONS as CONFIG_VERSIONS
 from engine.config import KIND as CONFIG_KIND
 from engine.config import SchedulerConfig, parse_config
+from engine.pools import PoolRule, Sharding
 from events.errors import InputError
 from events.types import (
     SECOND,
@@ -41,7 +42,6 @@ from shards.groups import (
     pod_group,
 )
 from shards.objects import arrival, node_spec, pod_spec, priority_class
-from shards.router import PoolRule, Sharding
 
 SHARDING_VERSION: Final = "shoal.io/v1alpha1"
 SHARDING_KIND: Final = "ShardingConfiguration"

@@ -48,6 +48,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from engine import kernels
 from engine.config import SchedulerConfig, default_config
+from engine.pools import MAX_SHARDS, Sharding
 from engine.scheduler import Engine
 from events.errors import InputError, LogError
 from events.log import EventLog
@@ -62,7 +63,7 @@ from shards.kube.ingest import KubeIngest
 from shards.kube.lease import LeaderElector
 from shards.metrics import Metrics
 from shards.processes import recorded_sharding, tick_if_due
-from shards.router import MAX_SHARDS, Control, Sharding
+from shards.router import Control
 from shards.worker import ShardWorker
 
 log = logging.getLogger(__name__)

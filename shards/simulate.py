@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.config import SchedulerConfig
+from engine.pools import Sharding
 from engine.scheduler import Engine
 from events.log import EventLog
 from events.types import ClockTicked, Envelope, Event, SchedulerConfigured, ShardingConfigured
@@ -34,7 +35,7 @@ from shards.cluster import SimulatedCluster
 from shards.control import ControlWorker
 from shards.processes import tick_if_due
 from shards.report import RunReport, merge
-from shards.router import Control, Sharding
+from shards.router import Control
 from shards.scenario import Scenario
 from shards.worker import ShardWorker
 

@@ -15,12 +15,12 @@ from typing import Any
 import aiohttp
 import pytest
 
+from engine.pools import POOL_LABEL, Sharding
 from events.errors import InputError, LogError
 from events.remote import LogServer, RemoteLog
 from events.types import Envelope, PodBound, ShardingConfigured
 from loadtest.apiserver import FakeApiServer
 from shards.replay import replay_routed
-from shards.router import POOL_LABEL, Sharding
 from shards.serve import ServeOptions, Service, serve, shard_ordinal
 from tests.kube.test_ingest import eventually, node, pod
 

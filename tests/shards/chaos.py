@@ -18,6 +18,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from engine.pools import Sharding
 from engine.reservations import HELD, STAGING
 from engine.scheduler import Engine
 from events.errors import LogError
@@ -37,7 +38,7 @@ from shards.binder import Binder
 from shards.cluster import SimulatedCluster
 from shards.control import ControlWorker
 from shards.report import RunReport, merge
-from shards.router import Control, Sharding
+from shards.router import Control
 from shards.scenario import Scenario
 from shards.worker import ShardWorker
 

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from engine.pools import POOL_LABEL, Sharding
 from events.types import (
     ClockTicked,
     Envelope,
@@ -24,7 +25,7 @@ from events.types import (
 from shards import fastroute
 from shards.control import control_state
 from shards.fastroute import EXACT, RunRouter, route_kernel
-from shards.router import POOL_LABEL, Control, Sharding
+from shards.router import Control
 from tests.builders import make_node, make_pod, relayed
 
 pytestmark = pytest.mark.skipif(route_kernel() is None, reason="numba is not available")

@@ -22,6 +22,7 @@ from collections import Counter
 
 import pytest
 
+from engine.pools import Sharding
 from engine.reservations import HELD, STAGING
 from events.remote import LogServer, RemoteLog
 from events.types import (
@@ -42,7 +43,7 @@ from events.types import (
 )
 from shards.replay import replay, replay_routed
 from shards.report import RunReport, merge
-from shards.router import Control, Sharding
+from shards.router import Control
 
 SHARDS = 2
 NODES_PER_SHARD = 6

@@ -7,10 +7,10 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from engine.pools import Sharding
 from events.memory import MemoryLog
 from events.types import QuotaDefined
 from shards.replay import replay_routed
-from shards.router import Sharding
 from shards.scenario import Scenario
 from shards.simulate import simulate
 from tests.shards.test_batch_properties import batch_scenario

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from engine.pools import POOL_LABEL, Sharding
 from engine.reservations import COMMITTED, HELD
 from engine.scheduler import Engine
 from events.errors import InputError, LogCorruptedError
@@ -47,7 +48,7 @@ from events.types import (
 )
 from shards.control import ControlWorker
 from shards.replay import replay_routed
-from shards.router import POOL_LABEL, RELAY, Control, Sharding
+from shards.router import RELAY, Control
 from shards.scenario import Scenario, TimedEvent, load_scenario
 from shards.simulate import simulate
 from tests.builders import env, make_node, make_pod, relayed

@@ -16,6 +16,7 @@ import msgspec
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from engine.pools import Sharding
 from events.types import (
     SECOND,
     Envelope,
@@ -27,7 +28,7 @@ from events.types import (
     PodUnschedulable,
 )
 from shards.replay import replay_routed
-from shards.router import ROUTER, Sharding
+from shards.router import ROUTER
 from shards.scenario import Scenario, TimedEvent
 from tests.builders import make_node
 from tests.shards.chaos import describe, leaked_reservations, run_chaos

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.pools import Sharding
 from engine.scheduler import Engine
 from engine.snapshot import (
     FORMAT,
@@ -28,7 +29,7 @@ from events.memory import MemoryLog
 from events.types import Envelope, SchedulerConfigured, SnapshotTaken, is_decision
 from shards.control import COORDINATOR, ControlWorker, control_state
 from shards.replay import Resume, replay, replay_routed
-from shards.router import Control, Sharding
+from shards.router import Control
 from shards.scenario import Scenario, load_scenario
 from shards.simulate import simulate
 from shards.worker import (
