@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.framework.interfaces import ClusterEvent
-from engine.gang import SCHEDULED, GroupInfo, group_unit
-from engine.pod import PodInfo
+from engine.model.changes import ClusterEvent
+from engine.model.groups import SCHEDULED, GroupInfo, group_unit
+from engine.model.pods import PodInfo
+from engine.model.statement import Statement
 from engine.reservations import hand_back
-from engine.statement import Statement
 from events.types import ReservationDenied, ReservationGranted
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ Loading numba and the compiled code costs about 0.7 s (from numba's cache), so i
 happens only when a refresh first needs it (more nodes changed than the plain-Python
 path handles well), or at start in processes that schedule for long (:func:`warm_up`):
 a small simulation never pays for it. Loading it also installs the compiled column
-update of ``ClusterState.assume`` and ``forget`` (:func:`engine.state.use_compiled_columns`).
+update of ``ClusterState.assume`` and ``forget`` (:func:`engine.model.state.use_compiled_columns`).
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
+from engine.model.state import Bools, ClusterState, Ints, Request, use_compiled_columns
 from engine.plugins.fit import NodeResourcesBalancedAllocation, NodeResourcesFit
 from engine.plugins.normalize import MAX_NODE_SCORE
-from engine.state import Bools, ClusterState, Ints, Request, use_compiled_columns
 
 NONE, LEAST, MOST = 0, 1, 2
 """``fit_mode``: no Fit score (the plugin does not score, or scores no resource here)."""

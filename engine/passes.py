@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.framework.interfaces import ClusterEvent
 from engine.framework.results import Attempt
 from engine.framework.runtime import Framework
 from engine.framework.status import Code, Status
-from engine.gang import (
+from engine.gang_attempt import NO_PROFILE, attempt_group
+from engine.model.changes import ClusterEvent
+from engine.model.groups import (
     FAILED,
     PENDING,
     SCHEDULED,
@@ -30,11 +31,10 @@ from engine.gang import (
     is_group_unit,
     next_run_reason,
 )
-from engine.gang_attempt import NO_PROFILE, attempt_group
-from engine.pod import PodInfo
+from engine.model.pods import PodInfo
+from engine.model.statement import Statement
 from engine.preemption import Plan, VictimInfo, plan
 from engine.reservations import COMMITTED, hand_back, settle_reservations, summary
-from engine.statement import Statement
 from events.types import (
     SECOND,
     Event,

@@ -32,10 +32,10 @@ from typing import Final
 
 import numpy as np
 
-from engine.pod import PodInfo
-from engine.quota import QuotaTable
-from engine.resources import PODS
-from engine.state import Bools, ClusterState, Ints
+from engine.model.pods import PodInfo
+from engine.model.quota import QuotaTable
+from engine.model.resources import PODS
+from engine.model.state import Bools, ClusterState, Ints
 
 MAX_CANDIDATES: Final = 64
 

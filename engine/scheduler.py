@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.config import SchedulerConfig, default_config, parse_config
-from engine.framework.interfaces import ClusterEvent
 from engine.framework.registry import Registry, builtin_registry
 from engine.framework.results import Diagnosis
 from engine.framework.runtime import Framework
 from engine.framework.status import Status
-from engine.gang import (
+from engine.model.changes import ClusterEvent
+from engine.model.groups import (
     FAILED,
     PENDING,
     SCHEDULED,
@@ -35,9 +35,10 @@ from engine.gang import (
     hold_for_next_run,
     is_group_unit,
 )
-from engine.pod import PodInfo, pod_info
-from engine.queue import SchedulingQueue
-from engine.quota import QuotaTable
+from engine.model.pods import PodInfo, pod_info
+from engine.model.queue import SchedulingQueue
+from engine.model.quota import QuotaTable
+from engine.model.state import ClusterState
 from engine.reservations import (
     COMMITTED,
     COMMITTING,
@@ -46,7 +47,6 @@ from engine.reservations import (
     Reservation,
     decision_id,
 )
-from engine.state import ClusterState
 from events.errors import InputError
 from events.types import (
     SECOND,

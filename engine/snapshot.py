@@ -36,16 +36,16 @@ import numpy as np
 
 import events.types as event_types
 from engine.config import SchedulerConfig, parse_config
-from engine.framework.interfaces import ClusterEvent
 from engine.framework.registry import Registry
-from engine.gang import GroupInfo
-from engine.pod import PodInfo, pod_info
-from engine.queue import SchedulingQueue, _Entry
-from engine.quota import Quota, QuotaTable
+from engine.model.changes import ClusterEvent
+from engine.model.groups import GroupInfo
+from engine.model.pods import PodInfo, pod_info
+from engine.model.queue import SchedulingQueue, _Entry
+from engine.model.quota import Quota, QuotaTable
+from engine.model.resources import ResourceIndex
+from engine.model.state import ClusterState, PlacedPod
 from engine.reservations import Reservation
-from engine.resources import ResourceIndex
 from engine.scheduler import Engine
-from engine.state import ClusterState, PlacedPod
 from events.errors import InputError
 from events.types import SnapshotTaken
 

@@ -59,7 +59,7 @@ from typing import Final
 
 import msgspec
 
-from engine.gang import (
+from engine.model.groups import (
     FAILED,
     PENDING,
     SCHEDULED,
@@ -938,7 +938,7 @@ class Control:
     def _gang_over(self, gang: _Gang) -> bool:
         """A gang a PodGroup object declared (it has a uid) that had pods, none of them
         live any more, and no reservation under way: its name may be another group's
-        (the rule of ``engine.gang.group_is_over``)."""
+        (the rule of ``engine.model.groups.group_is_over``)."""
         return (
             gang.spec is not None
             and bool(gang.spec.uid)

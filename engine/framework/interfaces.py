@@ -1,30 +1,20 @@
 """One small Protocol per extension point; a plugin implements only the phases it needs.
 
 Filters and scores work on *all node slots of the shard at once*: they receive the
-columnar :class:`~engine.state.ClusterState` and return numpy arrays indexed by slot.
+columnar :class:`~engine.model.state.ClusterState` and return numpy arrays indexed by slot.
 Values at slots that are not valid nodes are ignored by the framework.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 from typing import Protocol, runtime_checkable
 
 from engine.framework.cycle import CycleState
 from engine.framework.status import Status
-from engine.pod import PodInfo
-from engine.state import Bools, ClusterState, Ints
-
-
-class ClusterEvent(Enum):
-    """Kinds of change that may make a rejected pod schedulable again."""
-
-    NODE_ADDED = "NodeAdded"
-    NODE_UPDATED = "NodeUpdated"
-    POD_FREED = "PodFreed"
-    """A pod released its resources on a node (deleted, finished, bind failed, evicted)."""
-
+from engine.model.changes import ClusterEvent
+from engine.model.pods import PodInfo
+from engine.model.state import Bools, ClusterState, Ints
 
 ALL_EVENTS = frozenset(ClusterEvent)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.framework.status import Status
-from engine.state import Ints
+from engine.model.state import Ints
 
 
 @dataclass(frozen=True, slots=True)

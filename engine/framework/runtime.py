@@ -18,7 +18,6 @@ import numpy as np
 from engine.config import ProfileConfig
 from engine.framework.cycle import CycleState
 from engine.framework.interfaces import (
-    ClusterEvent,
     FilterPlugin,
     NormalizeScorePlugin,
     PermitPlugin,
@@ -33,8 +32,9 @@ from engine.framework.interfaces import (
 from engine.framework.registry import Registry
 from engine.framework.results import Attempt, Diagnosis, NodeScore, full_scores, select
 from engine.framework.status import SUCCESS, Code, Status
-from engine.pod import PodInfo
-from engine.state import Bools, ClusterState, Ints, any_set
+from engine.model.changes import ClusterEvent
+from engine.model.pods import PodInfo
+from engine.model.state import Bools, ClusterState, Ints, any_set
 from events.errors import InputError
 
 _PROTOCOLS: Mapping[str, type] = {

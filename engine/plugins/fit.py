@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 
 from engine.framework.cycle import CycleState
-from engine.framework.interfaces import ClusterEvent
+from engine.model.changes import ClusterEvent
+from engine.model.pods import PodInfo
+from engine.model.resources import PODS
+from engine.model.state import Bools, ClusterState, Ints, Request, scored_request
 from engine.plugins.normalize import MAX_NODE_SCORE
-from engine.pod import PodInfo
-from engine.resources import PODS
-from engine.state import Bools, ClusterState, Ints, Request, scored_request
 from events.errors import InputError
 
 STRATEGIES = ("LeastAllocated", "MostAllocated", "RequestedToCapacityRatio")

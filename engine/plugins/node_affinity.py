@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from engine.framework.cycle import CycleState
-from engine.framework.interfaces import ALL_EVENTS, ClusterEvent
+from engine.framework.interfaces import ALL_EVENTS
+from engine.model.changes import ClusterEvent
+from engine.model.pods import PodInfo
+from engine.model.state import Bools, ClusterState, Ints
 from engine.plugins.normalize import default_normalize
 from engine.plugins.selector import match_labels, match_term, match_terms
-from engine.pod import PodInfo
-from engine.state import Bools, ClusterState, Ints
 
 REASON = "node(s) didn't match Pod's node affinity/selector"
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from engine.framework.cycle import CycleState
-from engine.framework.interfaces import ALL_EVENTS, ClusterEvent
-from engine.pod import PodInfo
-from engine.state import Bools, ClusterState
+from engine.framework.interfaces import ALL_EVENTS
+from engine.model.changes import ClusterEvent
+from engine.model.pods import PodInfo
+from engine.model.state import Bools, ClusterState
 
 REASON = "node(s) didn't match the requested node name"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.state import Bools, Ints
+from engine.model.state import Bools, Ints
 
 MAX_NODE_SCORE = 100
 

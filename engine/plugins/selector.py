@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.state import Bools, ClusterState
+from engine.model.state import Bools, ClusterState
 from events.types import NodeSelectorRequirement, NodeSelectorTerm
 
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 
 from engine.framework.cycle import CycleState
-from engine.framework.interfaces import ALL_EVENTS, ClusterEvent
+from engine.framework.interfaces import ALL_EVENTS
+from engine.model.changes import ClusterEvent
+from engine.model.pods import PodInfo
+from engine.model.state import Bools, ClusterState
 from engine.plugins.taints import tolerates
-from engine.pod import PodInfo
-from engine.state import Bools, ClusterState
 from events.types import Taint
 
 UNSCHEDULABLE_TAINT = Taint(key="node.kubernetes.io/unschedulable", effect="NoSchedule")

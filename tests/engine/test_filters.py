@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from engine.framework.cycle import CycleState
+from engine.model.pods import PodInfo, pod_info
+from engine.model.state import ClusterState
 from engine.plugins.fit import NodeResourcesFit
 from engine.plugins.node_affinity import NodeAffinity
 from engine.plugins.node_name import NodeName
 from engine.plugins.taints import TaintToleration, tolerates_one
 from engine.plugins.unschedulable import NodeUnschedulable
-from engine.pod import PodInfo, pod_info
-from engine.state import ClusterState
 from events.types import Taint, Toleration
 from tests.builders import PodBuilder, make_node, make_pod
 

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from engine.config import parse_config
 from engine.framework.cycle import CycleState
 from engine.kernels import ResourceKernel, refresh_kernel
-from engine.pod import make_request, pod_info
+from engine.model.pods import make_request, pod_info
+from engine.model.state import ClusterState
 from engine.scheduler import Engine
-from engine.state import ClusterState
 from events.types import PodSpec
 from tests.builders import env, make_node, make_pod
 from tests.engine.test_properties import events, run
@@ -225,7 +225,7 @@ def test_a_small_run_never_loads_numba() -> None:
 def _placements(add: Any) -> tuple[Any, dict[int, Any]]:
     """A state after placing and releasing pods, resources registered in between, with
     ``add`` as the column update (None: numpy)."""
-    from engine import state as state_module
+    from engine.model import state as state_module
 
     saved = state_module._compiled_add
     state_module.use_compiled_columns(add)
@@ -255,7 +255,7 @@ def test_compiled_column_updates_leave_the_state_numpy_leaves() -> None:
     element for element, as with numpy's."""
     if refresh_kernel() is None:
         pytest.skip("numba is not available")
-    from engine import state as state_module
+    from engine.model import state as state_module
 
     compiled = state_module._compiled_add
     assert compiled is not None, "loading the kernels installs the compiled update"

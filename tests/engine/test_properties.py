@@ -124,7 +124,7 @@ def test_view_scores_equal_full_scores() -> None:
     engine.schedule()
     framework = engine.frameworks["default-scheduler"]
     from engine.framework.cycle import CycleState
-    from engine.pod import pod_info
+    from engine.model.pods import pod_info
 
     pod = pod_info(make_pod("x").cpu("1").memory("1Gi").spec(), engine.state.resources, 999)
     slots = np.array([3, 17, 42, 5])
@@ -149,8 +149,8 @@ def test_one_slot_forms_equal_the_vectorised_plugins(
     nodes: list[tuple[int, int, int]], pods: list[tuple[int, int, int]], strategy: str
 ) -> None:
     from engine.framework.cycle import CycleState
+    from engine.model.pods import pod_info
     from engine.plugins.fit import NodeResourcesBalancedAllocation, NodeResourcesFit
-    from engine.pod import pod_info
 
     engine = Engine()
     for i, (cpu, mem, gpu) in enumerate(nodes):

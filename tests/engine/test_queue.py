@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from engine.framework.interfaces import ClusterEvent
-from engine.queue import SchedulingQueue
+from engine.model.changes import ClusterEvent
+from engine.model.queue import SchedulingQueue
 from events.types import SECOND
 
 FIT = frozenset({ClusterEvent.POD_FREED, ClusterEvent.NODE_ADDED})

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from engine.framework.cycle import CycleState
+from engine.model.pods import pod_info
+from engine.model.state import ClusterState
 from engine.plugins.fit import NodeResourcesBalancedAllocation, NodeResourcesFit
-from engine.pod import pod_info
-from engine.state import ClusterState
 from events.errors import InputError
 from tests.builders import make_node, make_pod
 

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.pod import make_request
-from engine.resources import CPU, MEMORY, PODS
-from engine.state import ClusterState
+from engine.model.pods import make_request
+from engine.model.resources import CPU, MEMORY, PODS
+from engine.model.state import ClusterState
 from tests.builders import make_node, make_pod
 
 
@@ -99,7 +99,7 @@ def test_journal_and_view() -> None:
 
 
 def test_any_set_agrees_with_numpy() -> None:
-    from engine.state import any_set
+    from engine.model.state import any_set
 
     assert not any_set(np.zeros(0, bool))
     assert not any_set(np.zeros(7, bool))

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import islice
 
-from engine.framework.interfaces import ClusterEvent
+from engine.model.changes import ClusterEvent
 from events.types import SECOND
 
 

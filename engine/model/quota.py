@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from engine.resources import ResourceIndex
-from engine.state import Request
+from engine.model.resources import ResourceIndex
+from engine.model.state import Request
 from events.types import QuotaSpec
 
 

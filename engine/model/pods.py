@@ -6,8 +6,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.resources import PODS, ResourceIndex
-from engine.state import Request
+from engine.model.resources import PODS, ResourceIndex
+from engine.model.state import Request
 from events.types import PodSpec
 
 

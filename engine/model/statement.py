@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.quota import QuotaTable
-from engine.state import ClusterState, Request
+from engine.model.quota import QuotaTable
+from engine.model.state import ClusterState, Request
 
 
 @dataclass(slots=True)

@@ -1,0 +1,14 @@
+"""The kinds of cluster change the queue and the plugins speak of."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class ClusterEvent(Enum):
+    """Kinds of change that may make a rejected pod schedulable again."""
+
+    NODE_ADDED = "NodeAdded"
+    NODE_UPDATED = "NodeUpdated"
+    POD_FREED = "PodFreed"
+    """A pod released its resources on a node (deleted, finished, bind failed, evicted)."""
