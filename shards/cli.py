@@ -25,9 +25,9 @@ from events.errors import InputError, LogError, ShoalError
 from events.filelog import FileLog
 from shards import render
 from shards.bus import check_new_log, open_bus
+from shards.inputs.scenario import ShardingSpec, load_config, load_scenario, load_sharding
 from shards.replay import replay, replay_routed
 from shards.report import merge
-from shards.scenario import ShardingSpec, load_config, load_scenario, load_sharding
 from shards.simulate import simulate
 from shards.worker import SNAPSHOT_EVERY, SNAPSHOT_PER_POD
 

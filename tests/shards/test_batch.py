@@ -10,8 +10,8 @@ import pytest
 
 from events.errors import InputError
 from events.memory import MemoryLog
+from shards.inputs.scenario import load_scenario
 from shards.replay import replay
-from shards.scenario import load_scenario
 from shards.simulate import simulate
 
 
@@ -568,7 +568,7 @@ def test_batch_bad_input(tmp_path: Path, text: str, message: str) -> None:
 def test_a_pod_group_keeps_its_object_uid_and_refuses_one_that_is_not_a_string() -> None:
     """The uid tells a PodGroup created again under its name from the one before."""
     from events.errors import InputError
-    from shards.groups import pod_group
+    from shards.inputs.groups import pod_group
 
     obj = {
         "apiVersion": "scheduling.x-k8s.io/v1alpha1",

@@ -28,9 +28,9 @@ from engine.snapshot import (
 from events.memory import MemoryLog
 from events.types import Envelope, SchedulerConfigured, SnapshotTaken, is_decision
 from shards.control import COORDINATOR, ControlWorker, control_state
+from shards.inputs.scenario import Scenario, load_scenario
 from shards.replay import Resume, replay, replay_routed
 from shards.router import Control
-from shards.scenario import Scenario, load_scenario
 from shards.simulate import simulate
 from shards.worker import (
     SNAPSHOT_EVERY,
