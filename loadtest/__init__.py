@@ -1,1 +1,1 @@
-"""Load-test harness: synthetic workload shapes, drivers and reports."""
+"""Load-test harness: synthetic workload shapes, drivers, reports and ``shoal loadtest``."""

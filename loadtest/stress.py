@@ -22,7 +22,7 @@ import orjson
 from events.memory import MemoryLog
 from events.types import SECOND, NodeAdded, PodSubmitted
 from loadtest.synthetic import basic_nodes, basic_pods
-from shards.scenario import Scenario, TimedEvent
+from shards.inputs.scenario import Scenario, TimedEvent
 from shards.simulate import simulate
 
 

@@ -1,4 +1,18 @@
-"""The ``shoal`` command line: ``simulate``, ``replay``, ``loadtest``.
+"""The ``shoal`` command line: its own commands (``simulate``, ``replay``, ``serve``,
+``worker``, ``kafka init``) and those that other packages add.
+
+Adding a command: a distribution names a :class:`shards.commands.Command` (its name, a
+line of help, a function that adds its arguments to the parser ``shoal`` makes for it,
+and its async runner) in the entry-point group ``shoal.commands``, as ``pyproject.toml``
+does for ``shoal loadtest``::
+
+    [project.entry-points."shoal.commands"]
+    loadtest = "loadtest.command:COMMAND"
+
+``shoal`` reads the group when it builds its parser (once per process; an entry point is
+registered when its distribution is installed, ``pip install -e .`` here), lists those
+commands after ``replay`` and runs them as its own: in its event loop, a ``ShoalError``
+becoming one line and exit status 2. Nothing under ``shards/`` imports them.
 
 Exit status: 0 success; 1 ``replay --verify`` found a difference; 2 bad input (one line
 naming file, document and field, or the log offset; never a traceback).
@@ -8,31 +22,36 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
+import functools
 import gc
 import logging
 import os
 import sys
 from collections.abc import Sequence
+from importlib.metadata import entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
-
-import orjson
+from typing import Any, NoReturn
 
 from engine.config import SchedulerConfig
-from engine.pools import MAX_SHARDS, Sharding
+from engine.pools import Sharding
 from events.errors import InputError, LogError, ShoalError
 from events.filelog import FileLog
 from shards import render
 from shards.bus import check_new_log, open_bus
+from shards.commands import (
+    GROUP,
+    Command,
+    emit_json,
+    non_negative,
+    positive,
+    sharding_for,
+    snapshot_option,
+    snapshots,
+)
+from shards.inputs.scenario import load_config, load_scenario, load_sharding
 from shards.replay import replay, replay_routed
 from shards.report import merge
-from shards.scenario import ShardingSpec, load_config, load_scenario, load_sharding
 from shards.simulate import simulate
-from shards.worker import SNAPSHOT_EVERY, SNAPSHOT_PER_POD
-
-if TYPE_CHECKING:
-    from loadtest.driver import LoadShape
 
 EXIT_MISMATCH = 1
 EXIT_INPUT = 2
@@ -52,52 +71,19 @@ def _fail(message: str) -> NoReturn:
     raise SystemExit(EXIT_INPUT)
 
 
-def _emit_json(data: Any) -> None:
-    sys.stdout.buffer.write(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
-    sys.stdout.flush()
-
-
 def _config(path: str | None) -> SchedulerConfig | None:
     if path is None:
         return None
     return load_config(path)
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
-    return value
-
-
 # --------------------------------------------------------------------------- simulate
-
-
-def _sharding(shards: int, spec: ShardingSpec | None = None) -> Sharding | None:
-    if shards > MAX_SHARDS:
-        raise InputError(f"at most {MAX_SHARDS} shards, got {shards}", location="--shards")
-    if shards == 1:
-        return None
-    return spec.sharding(shards) if spec is not None else Sharding(shards=shards)
 
 
 async def _simulate(args: argparse.Namespace) -> int:
     config = _config(args.config)
     scenario = load_scenario(args.scenario)
-    sharding = _sharding(args.shards, scenario.sharding)
+    sharding = sharding_for(args.shards, scenario.sharding)
     partitions = args.shards + 1 if sharding is not None else 1
     bus = args.bus
     copy_to: str | None = None
@@ -127,7 +113,7 @@ async def _simulate(args: argparse.Namespace) -> int:
         await log.close()
     summary = {"wall_seconds": round(result.wall_seconds, 6), "attempts": result.stats["attempts"]}
     if args.json:
-        _emit_json(result.report.to_json(**summary))
+        emit_json(result.report.to_json(**summary))
     else:
         render.report_table(result.report, summary)
     return 0
@@ -190,7 +176,7 @@ async def _replay(args: argparse.Namespace) -> int:
                 "mismatch": str(result.mismatch) if result.mismatch else None,
                 "unforwarded": result.unforwarded,
             }
-        _emit_json(data)
+        emit_json(data)
     elif args.explain is not None:
         render.explanation_text(args.explain, result)
     else:
@@ -213,137 +199,7 @@ async def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
-# --------------------------------------------------------------------------- loadtest
-
-
-async def _loadtest(args: argparse.Namespace) -> int:
-    from loadtest.driver import LoadShape, run_loadtest
-
-    _sharding(args.shards)
-    if args.recovery:
-        return await _recovery(args)
-    if args.gang_size and args.gang_size > args.pods:
-        raise InputError(
-            f"a gang of {args.gang_size} needs at least that many pods", location="--gang-size"
-        )
-    shape = LoadShape(
-        nodes=args.nodes,
-        pods=args.pods,
-        seed=args.seed,
-        batch=args.batch,
-        gang_size=args.gang_size,
-    )
-    if args.scaling:
-        return await _scaling(args, shape)
-    if args.spanning_gangs and args.shards < 2:
-        raise InputError("gangs across shards need --shards 2 or more", location="--spanning-gangs")
-    shape = dataclasses.replace(shape, shards=args.shards)
-    progress = None if args.json else render.loadtest_progress
-    if args.shards > 1 or args.routed or args.direct:
-        from loadtest.sharded import run_sharded_loadtest
-
-        result = await run_sharded_loadtest(
-            shape,
-            spanning_gangs=args.spanning_gangs,
-            progress=progress,
-            bus=args.bus,
-            direct=args.direct,
-        )
-    else:
-        log = await open_bus(args.bus, overwrite=args.overwrite)
-        try:
-            result = await run_loadtest(shape, log, progress=progress, bus=args.bus)
-        finally:
-            await log.close()
-    if args.json:
-        _emit_json(result)
-    else:
-        render.loadtest_table(result)
-    return 0
-
-
-async def _scaling(args: argparse.Namespace, shape: LoadShape) -> int:
-    from loadtest.scaling import run_scaling
-
-    for given, flag in (
-        (args.routed, "--routed"),
-        (args.direct, "--direct"),
-        (args.spanning_gangs, "--spanning-gangs"),
-        (args.bus != "memory", "--bus"),
-    ):
-        if given:
-            raise InputError(
-                f"--scaling runs its own configurations on the memory log: drop {flag}",
-                location="--scaling",
-            )
-    shards = args.shards if args.shards > 1 else 2
-
-    def report(line: str) -> None:
-        if not args.json:
-            print(line, file=sys.stderr)
-
-    result = await run_scaling(shape, shards, args.rounds, report)
-    if args.json:
-        _emit_json(result)
-    else:
-        render.scaling_table(result)
-    return 0
-
-
-async def _recovery(args: argparse.Namespace) -> int:
-    from loadtest.recovery import run_recovery
-
-    if args.shards != 1 or args.bus != "memory":
-        raise InputError("measures one shard on the memory log", location="--recovery")
-    every, _ = _snapshots(args)  # a churn run: a snapshot every so many records
-    if every < 1:
-        raise InputError("needs snapshots: --snapshot-every N, N > 0", location="--recovery")
-    progress = None if args.json else (lambda step: print(f"... {step}", file=sys.stderr))
-    result = await run_recovery(
-        args.nodes,
-        args.pods,
-        snapshot_every=every,
-        seed=args.seed + 1,
-        progress=progress,
-    )
-    if args.json:
-        _emit_json(result)
-    else:
-        seconds = result["recover_seconds"]
-        print(
-            f"{result['records']} records, {result['snapshots']} snapshots of "
-            f"{result['snapshot_bytes'] / 1e6:.2f} MB "
-            f"(written in {result['snapshot_write_seconds']:.2f} s on average)\n"
-            f"recovery: {seconds['from_snapshot']:.2f} s from the newest snapshot "
-            f"({result['records_replayed_after_snapshot']} records after it), "
-            f"{seconds['from_start']:.2f} s from the start: {result['speedup']:.1f}x"
-        )
-    return 0
-
-
 # --------------------------------------------------------------------------- main
-
-
-def _snapshot_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--snapshot-every",
-        type=_non_negative,
-        default=None,
-        metavar="RECORDS",
-        help="shards and the coordinator write their state into the log every RECORDS "
-        f"records (0: never); by default every {SNAPSHOT_EVERY:,}, and no more often "
-        f"than every {SNAPSHOT_PER_POD} records per pod held, so that a large state "
-        "costs a bounded share of the time; a restart restores the newest and replays "
-        "only what follows",
-    )
-
-
-def _snapshots(args: argparse.Namespace) -> tuple[int, int]:
-    """Records between snapshots, and the floor per pod held: the defaults, or exactly
-    what ``--snapshot-every`` asks for."""
-    if args.snapshot_every is None:
-        return SNAPSHOT_EVERY, SNAPSHOT_PER_POD
-    return int(args.snapshot_every), 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -362,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim = sub.add_parser("simulate", help="run scenarios on a simulated cluster and clock")
     sim.add_argument("scenario", nargs="+", metavar="SCENARIO.yaml")
     sim.add_argument("--config", help="KubeSchedulerConfiguration file")
-    sim.add_argument("--shards", type=_positive, default=1)
+    sim.add_argument("--shards", type=positive, default=1)
     sim.add_argument("--bus", default="memory", help="memory (default) or file:PATH")
     sim.add_argument("--log", help="record the run in this file (for shoal replay)")
     sim.add_argument("--overwrite", action="store_true", help="replace an existing log file")
@@ -370,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--quiet", action="store_true", help="no progress on stderr")
     sim.add_argument(
         "--snapshot-every",
-        type=_non_negative,
+        type=non_negative,
         default=0,
         metavar="RECORDS",
         help="write each shard's state into the log every RECORDS records (0: never); "
@@ -381,62 +237,12 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("log", metavar="LOG", help="a log file, or kafka://HOST:PORT?topic=...")
     rep.add_argument("--verify", action="store_true", help="re-derive every decision and compare")
     rep.add_argument("--explain", metavar="NAMESPACE/NAME", help="why a pod went where it went")
-    rep.add_argument("--until", type=_non_negative, metavar="OFFSET", help="stop after this offset")
+    rep.add_argument("--until", type=non_negative, metavar="OFFSET", help="stop after this offset")
     rep.add_argument("--config", help="replay with this configuration instead of the recorded one")
     rep.add_argument("--json", action="store_true", help="print one JSON object")
 
-    load = sub.add_parser("loadtest", help="measure scheduling throughput on a synthetic cluster")
-    load.add_argument("--nodes", type=_positive, default=5000)
-    load.add_argument("--pods", type=_positive, default=20000)
-    load.add_argument("--shards", type=_positive, default=1)
-    load.add_argument("--bus", default="memory")
-    load.add_argument("--overwrite", action="store_true")
-    load.add_argument("--seed", type=_non_negative, default=0)
-    load.add_argument("--batch", type=_positive, default=1000, help="pods per ingest batch")
-    load.add_argument(
-        "--gang-size",
-        type=_non_negative,
-        default=0,
-        metavar="N",
-        help="put the pods in gangs of N (minMember N); 0 for independent pods",
-    )
-    load.add_argument(
-        "--routed",
-        action="store_true",
-        help="with one shard too, run the router and a shard process (the harness of "
-        "--shards N), for comparisons at equal cost",
-    )
-    load.add_argument(
-        "--direct",
-        action="store_true",
-        help="with --shards N (or 1), append the pods straight to the shards' partitions, "
-        "dealt out in turn, instead of through the router: what the shards and the log "
-        "give without routing, the ceiling the router's cost lowers (plain pods only)",
-    )
-    load.add_argument(
-        "--spanning-gangs",
-        type=_non_negative,
-        default=0,
-        help="add this many gangs too big for one shard (placed across shards by the "
-        "coordinator; reports commit latency)",
-    )
-    load.add_argument(
-        "--recovery",
-        action="store_true",
-        help="measure how long a restarted shard takes to recover, from its newest "
-        "snapshot and from the start (a churn workload on one shard)",
-    )
-    load.add_argument(
-        "--scaling",
-        action="store_true",
-        help="compare one shard, one shard behind the router (--routed), --shards N "
-        "(N at least 2; 2 unless given) and --shards N --direct in turn, --rounds times, "
-        "and report medians and ratios (on a noisy machine, only runs made together "
-        "compare)",
-    )
-    load.add_argument("--rounds", type=_positive, default=3, help="rounds of --scaling (default 3)")
-    _snapshot_option(load)
-    load.add_argument("--json", action="store_true")
+    for command in added_commands().values():  # after replay, where loadtest always was
+        command.add_arguments(sub.add_parser(command.name, help=command.help))
 
     srv = sub.add_parser("serve", help="run shoal against a Kubernetes cluster")
     srv.add_argument(
@@ -448,10 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else in-cluster)")
     srv.add_argument("--host", help="API server URL (instead of a kubeconfig)")
     srv.add_argument("--token", help="bearer token for --host (or $SHOAL_KUBE_TOKEN)")
-    srv.add_argument("--shard-id", type=_non_negative, help="default: the StatefulSet ordinal")
+    srv.add_argument("--shard-id", type=non_negative, help="default: the StatefulSet ordinal")
     srv.add_argument(
         "--shards",
-        type=_positive,
+        type=positive,
         help="shards in the deployment (default: $SHOAL_SHARDS, else 1); with N > 1 the "
         "log has N + 1 partitions and a coordinator routes between the shards",
     )
@@ -462,9 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--listen", default="127.0.0.1:9090", help="health and metrics address")
     srv.add_argument("--namespace", default="shoal", help="namespace of the leader-election Leases")
     srv.add_argument("--identity", help="leader-election identity (default: the host name)")
-    _snapshot_option(srv)
-    srv.add_argument("--watch-seconds", type=_positive, default=30)
-    srv.add_argument("--lease-seconds", type=_positive, default=15)
+    snapshot_option(srv)
+    srv.add_argument("--watch-seconds", type=positive, default=30)
+    srv.add_argument("--lease-seconds", type=positive, default=15)
 
     work = sub.add_parser(
         "worker",
@@ -479,18 +285,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="binder: applies decisions to the simulated cluster, in wall time",
     )
     work.add_argument("--bus", required=True, help="tcp://HOST:PORT or kafka://HOST:PORT")
-    work.add_argument("--shard-id", type=_non_negative)
+    work.add_argument("--shard-id", type=non_negative)
     work.add_argument("--config", help="KubeSchedulerConfiguration YAML (shards)")
-    _snapshot_option(work)
+    snapshot_option(work)
     kafka = sub.add_parser("kafka", help="manage the Kafka topics shoal uses")
     kafka_sub = kafka.add_subparsers(dest="kafka_command", required=True, metavar="ACTION")
     init = kafka_sub.add_parser("init", help="create the event topic")
     init.add_argument("--bus", required=True, metavar="kafka://HOST:PORT[?topic=...]")
     init.add_argument(
-        "--partitions", type=_positive, help="partitions (default: from the URL, or 1)"
+        "--partitions", type=positive, help="partitions (default: from the URL, or 1)"
     )
     init.add_argument(
-        "--retention-ms", type=_positive, help="topic retention (default: the broker's)"
+        "--retention-ms", type=positive, help="topic retention (default: the broker's)"
     )
     return parser
 
@@ -509,14 +315,14 @@ def _serve_sharding(shards: int, path: str | None) -> Sharding | None:
         return None
     if shards == 1:
         raise InputError("a sharding configuration needs --shards N (N > 1)", location="--sharding")
-    return _sharding(shards, load_sharding(path))
+    return sharding_for(shards, load_sharding(path))
 
 
 async def _serve(args: argparse.Namespace) -> int:
     from shards.serve import ServeOptions, serve
 
     shards = args.shards if args.shards is not None else _env_int("SHOAL_SHARDS", 1)
-    every, per_pod = _snapshots(args)
+    every, per_pod = snapshots(args)
     options = ServeOptions(
         role=args.role,
         bus=args.bus,
@@ -541,7 +347,7 @@ async def _serve(args: argparse.Namespace) -> int:
 async def _worker(args: argparse.Namespace) -> int:
     from shards.processes import install_stop_signals, run_binder, run_coordinator, run_shard
 
-    every, per_pod = _snapshots(args)
+    every, per_pod = snapshots(args)
     bus = await open_bus(args.bus, partitions=2)
     stop = asyncio.Event()
     install_stop_signals(stop)
@@ -587,11 +393,30 @@ async def _kafka_init(args: argparse.Namespace) -> int:
 _COMMANDS = {
     "simulate": _simulate,
     "replay": _replay,
-    "loadtest": _loadtest,
     "kafka-init": _kafka_init,
     "serve": _serve,
     "worker": _worker,
 }
+BUILT_IN = ("simulate", "replay", "serve", "worker", "kafka")
+
+
+@functools.cache
+def added_commands() -> dict[str, Command]:
+    """The commands that installed distributions add (entry-point group
+    ``shoal.commands``), by name in order; an entry point that is not a ``Command`` of
+    its own name, or that takes a name already taken, is an error."""
+    found: dict[str, Command] = {}
+    for entry in entry_points(group=GROUP):
+        command = entry.load()
+        if not isinstance(command, Command) or command.name != entry.name:
+            raise TypeError(
+                f"entry point {entry.name} = {entry.value} in {GROUP}: expected a "
+                f"shards.commands.Command named {entry.name!r}, got {command!r}"
+            )
+        if entry.name in BUILT_IN or found.get(entry.name, command) is not command:
+            raise ValueError(f"entry point {entry.name} = {entry.value} in {GROUP}: name taken")
+        found[entry.name] = command
+    return dict(sorted(found.items()))
 
 
 GC_THRESHOLDS = (50_000, 10, 10)
@@ -615,7 +440,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _configure_logging(args.verbose)
     command = args.command + ("-" + args.kafka_command if args.command == "kafka" else "")
-    runner = _COMMANDS[command]
+    added = added_commands()
+    runner = added[command].run if command in added else _COMMANDS[command]
     try:
         try:
             import uvloop

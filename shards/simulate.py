@@ -33,10 +33,10 @@ from events.types import ClockTicked, Envelope, Event, SchedulerConfigured, Shar
 from shards.binder import Binder
 from shards.cluster import SimulatedCluster
 from shards.control import ControlWorker
+from shards.inputs.scenario import Scenario
 from shards.processes import tick_if_due
 from shards.report import RunReport, merge
 from shards.router import Control
-from shards.scenario import Scenario
 from shards.worker import ShardWorker
 
 Progress = Callable[[int, int, int], None]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.quantity import canonical
 from events.types import (
     SECOND,
     Envelope,
@@ -19,6 +18,7 @@ from events.types import (
     Taint,
     Toleration,
 )
+from shards.inputs.quantity import canonical
 from shards.router import RELAY
 
 

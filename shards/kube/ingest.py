@@ -58,9 +58,9 @@ from events.types import (
     PodSucceeded,
     QuotaDefined,
 )
-from shards.groups import dependencies, elastic_quota, group_membership, pod_group
+from shards.inputs.groups import dependencies, elastic_quota, group_membership, pod_group
+from shards.inputs.objects import node_spec, pod_spec, priority_class
 from shards.kube.client import KubeError, checked
-from shards.objects import node_spec, pod_spec, priority_class
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from shards.cli import build_parser
-from shards.scenario import load_sharding
+from shards.inputs.scenario import load_sharding
 from shards.serve import ROLES, ServeOptions
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -213,7 +213,7 @@ def test_a_small_run_never_loads_numba() -> None:
     probe = (
         "import asyncio, sys\n"
         "from events.memory import MemoryLog\n"
-        "from shards.scenario import load_scenario\n"
+        "from shards.inputs.scenario import load_scenario\n"
         "from shards.simulate import simulate\n"
         "scenario = load_scenario(['examples/quickstart.yaml'])\n"
         "result = asyncio.run(simulate(scenario, MemoryLog()))\n"

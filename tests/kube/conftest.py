@@ -4,8 +4,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from loadtest.apiserver import FakeApiServer
 from shards.kube.client import api_client
+from tests.kube.apiserver import FakeApiServer
 
 
 @pytest.fixture

@@ -24,12 +24,12 @@ from events.types import (
     PodSubmitted,
     PodUnschedulable,
 )
-from loadtest.apiserver import FakeApiServer
 from shards.kube.binder import KubeBinder
 from shards.kube.ingest import KubeIngest
 from shards.kube.lease import LeaderElector
 from shards.replay import replay
 from shards.worker import ShardWorker
+from tests.kube.apiserver import FakeApiServer
 from tests.kube.test_ingest import eventually, node, pod
 
 

@@ -22,10 +22,10 @@ import pytest
 
 from events.kafka import KafkaLog, KafkaSettings, create_topic
 from events.types import PodBound
-from loadtest.apiserver import FakeApiServer
 from shards.replay import replay_routed
 from shards.serve import ServeOptions, Service, serve
 from tests.broker import Broker, _stop, _wait_port, free_port, tansu_binary
+from tests.kube.apiserver import FakeApiServer
 from tests.kube.test_ingest import eventually, node, pod
 from tests.kube.test_serve import get
 

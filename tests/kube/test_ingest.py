@@ -20,8 +20,8 @@ from events.types import (
     PodSucceeded,
     QuotaDefined,
 )
-from loadtest.apiserver import FakeApiServer
 from shards.kube.ingest import KubeIngest
+from tests.kube.apiserver import FakeApiServer
 
 
 def node(name: str, cpu: str = "4") -> dict[str, Any]:

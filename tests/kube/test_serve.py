@@ -19,9 +19,9 @@ from engine.pools import POOL_LABEL, Sharding
 from events.errors import InputError, LogError
 from events.remote import LogServer, RemoteLog
 from events.types import Envelope, PodBound, ShardingConfigured
-from loadtest.apiserver import FakeApiServer
 from shards.replay import replay_routed
 from shards.serve import ServeOptions, Service, serve, shard_ordinal
+from tests.kube.apiserver import FakeApiServer
 from tests.kube.test_ingest import eventually, node, pod
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -37,9 +37,9 @@ from events.types import (
 from shards.binder import Binder
 from shards.cluster import SimulatedCluster
 from shards.control import ControlWorker
+from shards.inputs.scenario import Scenario
 from shards.report import RunReport, merge
 from shards.router import Control
-from shards.scenario import Scenario
 from shards.worker import ShardWorker
 
 DEBUG = bool(os.environ.get("SHOAL_CHAOS_DEBUG"))

@@ -20,8 +20,8 @@ from events.types import (
     QuotaSpec,
     is_decision,
 )
+from shards.inputs.scenario import Scenario, TimedEvent
 from shards.replay import replay
-from shards.scenario import Scenario, TimedEvent
 from shards.simulate import simulate
 from tests.builders import make_node
 

@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+import argparse
+import ast
 import asyncio
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
+import loadtest.command
+from events.errors import InputError
 from events.filelog import RECORD_HEADER, FileLog
 from events.types import PodBound
+from shards import cli
 from shards.cli import main
+from shards.commands import GROUP, Command
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "examples" / "quickstart.yaml")
@@ -478,3 +487,83 @@ def test_the_program_collects_cycles_less_often() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
     )
     assert out.stdout.split() == ["(50000,", "10,", "10)", "True"]
+
+
+# --------------------------------------------------------------------------- added commands
+
+
+async def _hello(args: argparse.Namespace) -> int:
+    if args.who == "nobody":
+        raise InputError("nobody to greet", location="--who")
+    print(f"hello {args.who}")
+    return 3
+
+
+HELLO = Command(
+    name="hello",
+    help="greet someone",
+    add_arguments=lambda parser: parser.add_argument("--who", default="world"),
+    run=_hello,
+)
+
+
+REPLAY = dataclasses.replace(HELLO, name="replay")
+
+
+@pytest.fixture
+def added(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
+    """Stands in for the installed entry points of ``shoal.commands``."""
+
+    def install(**entries: str) -> None:
+        found = [EntryPoint(name, value, GROUP) for name, value in entries.items()]
+        monkeypatch.setattr(cli, "entry_points", lambda group: found if group == GROUP else [])
+        cli.added_commands.cache_clear()
+
+    yield install
+    cli.added_commands.cache_clear()
+
+
+def test_loadtest_is_added_through_its_entry_point_and_shards_never_imports_it() -> None:
+    assert cli.added_commands() == {"loadtest": loadtest.command.COMMAND}
+    for path in (ROOT / "shards").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            assert not [n for n in names if n.split(".")[0] == "loadtest"], path
+
+
+def test_an_added_command_runs_as_a_built_in_one(
+    added: Callable[..., None], capsys: pytest.CaptureFixture[str]
+) -> None:
+    added(hello="tests.shards.test_cli:HELLO")
+    code, out, _ = run(capsys, "--help")
+    assert code == 0 and "hello" in out and "greet someone" in out and "loadtest" not in out
+    assert run(capsys, "hello", "--who", "you") == (3, "hello you\n", "")
+    assert run(capsys, "hello", "--who", "nobody") == (
+        2,
+        "",
+        "shoal: error: --who: nobody to greet\n",
+    )
+    code, _, err = run(capsys, "loadtest")
+    assert code == 2 and "invalid choice: 'loadtest'" in err
+
+
+@pytest.mark.parametrize(
+    ("entries", "error"),
+    [
+        ({"hello": "tests.shards.test_cli:QUICKSTART"}, TypeError),
+        ({"bye": "tests.shards.test_cli:HELLO"}, TypeError),
+        ({"replay": "tests.shards.test_cli:REPLAY"}, ValueError),
+    ],
+)
+def test_an_entry_point_that_is_not_a_command_of_its_name_is_refused(
+    added: Callable[..., None], entries: dict[str, str], error: type[Exception]
+) -> None:
+    added(**entries)
+    with pytest.raises(error, match=r"in shoal\.commands"):
+        cli.build_parser()

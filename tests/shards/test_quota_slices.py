@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from engine.pools import Sharding
 from events.memory import MemoryLog
 from events.types import QuotaDefined
+from shards.inputs.scenario import Scenario
 from shards.replay import replay_routed
-from shards.scenario import Scenario
 from shards.simulate import simulate
 from tests.shards.test_batch_properties import batch_scenario
 

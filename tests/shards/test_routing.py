@@ -47,9 +47,9 @@ from events.types import (
     ShardSummary,
 )
 from shards.control import ControlWorker
+from shards.inputs.scenario import Scenario, TimedEvent, load_scenario
 from shards.replay import replay_routed
 from shards.router import RELAY, Control
-from shards.scenario import Scenario, TimedEvent, load_scenario
 from shards.simulate import simulate
 from tests.builders import env, make_node, make_pod, relayed
 from tests.shards.test_batch import group, node, pod

@@ -27,9 +27,9 @@ from events.types import (
     PodSubmitted,
     PodUnschedulable,
 )
+from shards.inputs.scenario import Scenario, TimedEvent
 from shards.replay import replay_routed
 from shards.router import ROUTER
-from shards.scenario import Scenario, TimedEvent
 from tests.builders import make_node
 from tests.shards.chaos import describe, leaked_reservations, run_chaos
 

@@ -21,8 +21,8 @@ from events.types import (
 )
 from shards.binder import Binder
 from shards.cluster import SimulatedCluster
+from shards.inputs.scenario import Scenario, TimedEvent
 from shards.replay import replay
-from shards.scenario import Scenario, TimedEvent
 from shards.simulate import simulate
 from shards.worker import ShardWorker
 from tests.builders import make_node, make_pod

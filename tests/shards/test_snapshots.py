@@ -28,9 +28,9 @@ from engine.snapshot import (
 from events.memory import MemoryLog
 from events.types import Envelope, SchedulerConfigured, SnapshotTaken, is_decision
 from shards.control import COORDINATOR, ControlWorker, control_state
+from shards.inputs.scenario import Scenario, load_scenario
 from shards.replay import Resume, replay, replay_routed
 from shards.router import Control
-from shards.scenario import Scenario, load_scenario
 from shards.simulate import simulate
 from shards.worker import (
     SNAPSHOT_EVERY,
@@ -334,14 +334,15 @@ def _ingested(event: Any) -> Envelope:
 
 
 def test_the_service_default_has_the_floor_and_a_number_given_is_kept() -> None:
-    from shards.cli import _snapshots, build_parser
+    from shards.cli import build_parser
+    from shards.commands import snapshots
 
     parse = build_parser().parse_args
     default = parse(["worker", "shard", "--bus", "memory", "--shard-id", "0"])
-    assert _snapshots(default) == (SNAPSHOT_EVERY, SNAPSHOT_PER_POD)
+    assert snapshots(default) == (SNAPSHOT_EVERY, SNAPSHOT_PER_POD)
     given = parse(["worker", "shard", "--bus", "memory", "--snapshot-every", "40"])
-    assert _snapshots(given) == (40, 0)
-    assert _snapshots(parse(["serve", "--snapshot-every", "0"])) == (0, 0)
+    assert snapshots(given) == (40, 0)
+    assert snapshots(parse(["serve", "--snapshot-every", "0"])) == (0, 0)
 
 
 def test_a_run_held_for_its_group_is_in_the_snapshot() -> None:

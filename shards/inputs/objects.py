@@ -1,8 +1,8 @@
 """Kubernetes objects (plain data from YAML or the API) → validated event specs.
 
 Every error names the field (``spec.containers[0].resources.requests.cpu``); the caller
-prefixes file and document. Used by the scenario loader and, later, the Kubernetes
-adapter, so the rules are those of the API server where they matter to scheduling.
+prefixes file and document. Used by the scenario loader and the Kubernetes adapter, so
+the rules are those of the API server where they matter to scheduling.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import math
 from collections.abc import Mapping
 from typing import Any, Final
 
-from engine.quantity import canonical
 from events.errors import InputError
 from events.types import (
     SECOND,
@@ -23,6 +22,7 @@ from events.types import (
     Taint,
     Toleration,
 )
+from shards.inputs.quantity import canonical
 
 ARRIVE_AT: Final = "shoal.io/arrive-at"
 RUNTIME: Final = "shoal.io/runtime"

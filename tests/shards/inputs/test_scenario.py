@@ -8,7 +8,7 @@ import pytest
 
 from events.errors import InputError
 from events.types import SECOND, NodeAdded, PodSubmitted
-from shards.scenario import load_config, load_scenario
+from shards.inputs.scenario import load_config, load_scenario
 
 NODE = """
 apiVersion: v1

@@ -25,7 +25,7 @@ from typing import Any, Final
 
 from events.errors import InputError
 from events.types import SECOND, GroupSpec, QuotaSpec
-from shards.objects import BUILTIN_PRIORITY_CLASSES, _map, _name, _string_map, quantities
+from shards.inputs.objects import BUILTIN_PRIORITY_CLASSES, _map, _name, _string_map, quantities
 
 DEPENDS_ON: Final = "shoal.io/depends-on"
 GROUP_KINDS: Final = {

@@ -31,7 +31,7 @@ from events.types import (
     PoolReassigned,
     QuotaDefined,
 )
-from shards.groups import (
+from shards.inputs.groups import (
     DEPENDS_ON,
     GROUP_KINDS,
     QUOTA_VERSIONS,
@@ -41,7 +41,7 @@ from shards.groups import (
     group_membership,
     pod_group,
 )
-from shards.objects import arrival, node_spec, pod_spec, priority_class
+from shards.inputs.objects import arrival, node_spec, pod_spec, priority_class
 
 SHARDING_VERSION: Final = "shoal.io/v1alpha1"
 SHARDING_KIND: Final = "ShardingConfiguration"

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.quantity import canonical, format_quantity, parse_quantity
 from events.errors import InputError
+from shards.inputs.quantity import canonical, format_quantity, parse_quantity
 
 
 @pytest.mark.parametrize(

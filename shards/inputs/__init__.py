@@ -1,0 +1,7 @@
+"""Kubernetes objects in: everything that parses what users write into event specs.
+
+Resource quantities (``quantity.py``), Nodes, Pods and PriorityClasses (``objects.py``),
+PodGroups, ElasticQuotas and dependency annotations (``groups.py``) and scenario files
+(``scenario.py``). Both the scenario loader and the Kubernetes adapter (``shards/kube/``)
+read objects through these modules, so the rules are the same on both paths.
+"""
