@@ -1,6 +1,6 @@
 """The scheduling core, sans-I/O: no asyncio, no clock, no randomness, no network."""
 
 from engine.config import SchedulerConfig, default_config, parse_config
-from engine.scheduler import Engine
+from engine.engine import Engine
 
 __all__ = ["Engine", "SchedulerConfig", "default_config", "parse_config"]

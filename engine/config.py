@@ -20,7 +20,7 @@ DEFAULT_SCHEDULER: Final = "default-scheduler"
 POINTS: Final = ("preFilter", "filter", "postFilter", "preScore", "score", "reserve", "permit")
 
 DEFAULT_PLUGINS: Final[dict[str, tuple[tuple[str, int], ...]]] = {
-    "preFilter": (),
+    "preFilter": (("ElasticQuota", 0), ("Coscheduling", 0)),
     "filter": (
         ("NodeUnschedulable", 0),
         ("NodeName", 0),
@@ -28,7 +28,7 @@ DEFAULT_PLUGINS: Final[dict[str, tuple[tuple[str, int], ...]]] = {
         ("NodeAffinity", 0),
         ("NodeResourcesFit", 0),
     ),
-    "postFilter": (),
+    "postFilter": (("DefaultPreemption", 0),),
     "preScore": (),
     "score": (
         ("TaintToleration", 3),
@@ -39,7 +39,10 @@ DEFAULT_PLUGINS: Final[dict[str, tuple[tuple[str, int], ...]]] = {
     "reserve": (),
     "permit": (),
 }
-"""kube-scheduler's default plugins and score weights, for the plugins shoal has."""
+"""kube-scheduler's default plugins and score weights, for the plugins shoal has; with
+scheduler-plugins' ElasticQuota (CapacityScheduling's admission) and Coscheduling
+(a gang's minResources) before the filters, and DefaultPreemption (with
+CapacityScheduling's reclaim) after them. A profile may disable any of them."""
 
 _TOP_LEVEL: Final = {
     "apiVersion",

@@ -36,20 +36,23 @@ import numpy as np
 
 import events.types as event_types
 from engine.config import SchedulerConfig, parse_config
+from engine.engine import Engine
 from engine.framework.registry import Registry
 from engine.model.changes import ClusterEvent
-from engine.model.groups import GroupInfo
+from engine.model.groups import GroupInfo, GroupPhase
 from engine.model.pods import PodInfo, pod_info
+from engine.model.pools import PoolRule, Pools
 from engine.model.queue import SchedulingQueue, _Entry
 from engine.model.quota import Quota, QuotaTable
+from engine.model.reservations import Reservation, ReservationState
 from engine.model.resources import ResourceIndex
 from engine.model.state import ClusterState, PlacedPod
-from engine.reservations import Reservation
-from engine.scheduler import Engine
 from events.errors import InputError
 from events.types import SnapshotTaken
 
-FORMAT: Final = 1
+FORMAT: Final = 2
+"""Bumped whenever the state classes change shape: a snapshot of another format is
+refused (and its component folds its partition from the start instead)."""
 CHUNK_BYTES: Final = 256 * 1024
 MAX_STATE_BYTES: Final = 1 << 31
 STATE_CLASSES: Final[dict[str, type]] = {
@@ -65,10 +68,14 @@ STATE_CLASSES: Final[dict[str, type]] = {
         PodInfo,
         GroupInfo,
         Reservation,
+        Pools,
+        PoolRule,
     )
 }
 """The only classes a snapshot may build (besides event structs and containers)."""
-ENUMS: Final[dict[str, type[enum.Enum]]] = {cls.__qualname__: cls for cls in (ClusterEvent,)}
+ENUMS: Final[dict[str, type[enum.Enum]]] = {
+    cls.__qualname__: cls for cls in (ClusterEvent, GroupPhase, ReservationState)
+}
 STRUCTS: Final[dict[str, type[msgspec.Struct]]] = {
     name: obj
     for name, obj in vars(event_types).items()
@@ -83,9 +90,10 @@ DERIVED: Final[dict[type, frozenset[str]]] = {
 """Attributes left out of a snapshot and derived again on restore (from the pod's spec:
 cheaper than writing thousands of nested tuples)."""
 NOT_STATE: Final = frozenset(
-    {"config", "frameworks", "_default", "_registry", "explain", "explanations"}
+    {"config", "profiles", "hints", "_registry", "dispatch", "explain", "explanations"}
 )
-"""Engine attributes rebuilt from the configuration, or diagnostics of one replay."""
+"""Engine attributes rebuilt from the configuration (and the component that runs the
+engine), or diagnostics of one replay."""
 MAX_DEPTH: Final = 64
 
 

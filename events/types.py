@@ -255,20 +255,21 @@ class SnapshotTaken(_Fact, frozen=True, kw_only=True, tag="snapshot"):
 
 
 class PodRouted(_Fact, frozen=True, kw_only=True, tag="route"):
-    """The router gave ``pod`` to this shard. ``final``: every shard that could take it
-    has answered, so the shard keeps it (pending with ``answers``) instead of handing it
-    back."""
+    """The coordinator hands ``pod`` to this shard to place: the shard places it at once,
+    on the node its profile chooses, with ``decision_id``, or hands it back (it never
+    keeps it waiting). (``hops``, ``final`` and ``answers`` are what the router of
+    earlier versions sent; they are read, and mean nothing now.)"""
 
     pod: PodSpec
+    decision_id: str = ""
     hops: int = 0
     final: bool = False
     answers: tuple[str, ...] = ()
 
 
 class PodRecalled(_Fact, frozen=True, kw_only=True, tag="recall"):
-    """The router asks the shard keeping ``pod`` (every shard had refused it) to try it
-    again and, if it still does not fit there, to hand it back: another shard reported
-    room for it since."""
+    """Written by the router of earlier versions (shards no longer keep pods they cannot
+    place); kept so that their logs still decode."""
 
     pod: str
 
@@ -303,13 +304,27 @@ class PodAdopted(_Fact, frozen=True, kw_only=True, tag="adopt"):
 
 
 class ReservationRequested(_Fact, frozen=True, kw_only=True, tag="rsv?"):
-    """Prepare: stage ``pods`` (part of the cross-shard gang ``group``) all together
-    and hold them under reservation ``rid`` until committed, aborted, or ``expires_at``."""
+    """Prepare: stage ``pods`` (part ``rid`` of gang ``group``) all together and hold them
+    until committed, aborted, or ``expires_at``. ``placements``: the node of each pod,
+    as the coordinator chose it (empty: the shard chooses, as for a gang it is handed
+    whole); ``victims``: pods to evict first → the pod they make room for. ``at_once``:
+    the part is the whole reservation, so commit as soon as it is staged."""
 
     rid: str
     group: GroupSpec
     pods: tuple[PodSpec, ...]
     expires_at: int
+    placements: dict[str, str] = {}
+    victims: dict[str, str] = {}
+    at_once: bool = False
+
+
+class PreemptionRequested(_Fact, frozen=True, kw_only=True, tag="preempt?"):
+    """The coordinator's preemption plan for the pods on this shard: evict ``victims``
+    (pod → the pod or gang they make room for). The preemptor is placed once the
+    coordinator has heard they are gone."""
+
+    victims: dict[str, str]
 
 
 class ReservationCommitted(_Fact, frozen=True, kw_only=True, tag="rsv.commit"):
@@ -434,15 +449,18 @@ class PodHandedBack(_Fact, frozen=True, kw_only=True, tag="handback"):
 
 
 class ShardSummary(_Fact, frozen=True, kw_only=True, tag="summary"):
-    """A shard's capacity as of the router records it had folded (``seen``: the
-    control offset of the last one): totals and the largest free amount on one node."""
+    """What a shard tells the coordinator after a pass: ``placed``, the pods it was handed
+    and placed since its last summary (pod → node); ``seen``, the control offset of the
+    last record the coordinator forwarded that it had folded. (The capacity totals are
+    what shards of earlier versions sent; the coordinator now keeps every node itself.)"""
 
     shard: int
     seen: int
-    nodes: int
-    allocatable: dict[str, int]
-    used: dict[str, int]
-    largest: dict[str, int]
+    placed: dict[str, str] = {}
+    nodes: int = 0
+    allocatable: dict[str, int] = {}
+    used: dict[str, int] = {}
+    largest: dict[str, int] = {}
     pending: int = 0
 
 
@@ -500,6 +518,7 @@ Event = (
     | PodAdopted
     | PoolHandedOver
     | ReservationRequested
+    | PreemptionRequested
     | ReservationCommitted
     | ReservationAborted
     | PodUnbound

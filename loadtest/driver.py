@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from engine import kernels
-from engine.scheduler import Engine
+from engine.engine import Engine
 from events.log import EventLog
 from events.types import (
     Envelope,

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.pools import Sharding
+from engine.model.pools import Sharding
 from events.errors import InputError
 from events.log import EventLog, count_kinds, read_kinds
 from events.remote import LogServer

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from engine.config import SchedulerConfig
-from engine.pools import Sharding
+from engine.model.pools import Sharding
 from events.errors import InputError, LogError, ShoalError
 from events.filelog import FileLog
 from shards import render

@@ -16,7 +16,7 @@ from typing import Any, Final
 
 import orjson
 
-from engine.pools import MAX_SHARDS, Sharding
+from engine.model.pools import MAX_SHARDS, Sharding
 from events.errors import InputError
 from shards.inputs.scenario import ShardingSpec
 from shards.worker import SNAPSHOT_EVERY, SNAPSHOT_PER_POD
@@ -68,13 +68,14 @@ def non_negative(text: str) -> int:
 
 
 def sharding_for(shards: int, spec: ShardingSpec | None = None) -> Sharding | None:
-    """The sharding ``--shards`` asks for (``None`` for one shard); ``InputError`` past
-    :data:`~engine.pools.MAX_SHARDS`."""
+    """The sharding ``--shards`` asks for, with the pools and tenants of ``spec`` (``None``
+    for one shard without them); ``InputError`` past :data:`~engine.model.pools.MAX_SHARDS`
+    or for a pool pinned to a shard that does not exist."""
     if shards > MAX_SHARDS:
         raise InputError(f"at most {MAX_SHARDS} shards, got {shards}", location="--shards")
-    if shards == 1:
-        return None
-    return spec.sharding(shards) if spec is not None else Sharding(shards=shards)
+    if spec is not None:
+        return spec.sharding(shards)  # pools and tenants hold at one shard too
+    return None if shards == 1 else Sharding(shards=shards)
 
 
 def snapshot_option(parser: argparse.ArgumentParser) -> None:

@@ -35,7 +35,7 @@ import logging
 import time
 from typing import Any, Final
 
-from engine.pools import PoolRule, Sharding
+from engine.model.pools import PoolRule, Sharding
 from engine.snapshot import (
     Allowed,
     SnapshotError,

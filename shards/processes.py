@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from engine import kernels
 from engine.config import SchedulerConfig
-from engine.pools import Sharding
+from engine.model.pools import Sharding
 from events.errors import LogError
 from events.log import EventLog
 from events.types import BindFailed, ClockTicked, Envelope, ShardingConfigured

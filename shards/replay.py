@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import msgspec
 
 from engine.config import SchedulerConfig, parse_config
-from engine.pools import Sharding
-from engine.scheduler import Engine
+from engine.engine import Engine
+from engine.model.pools import Sharding
 from engine.snapshot import SnapshotError, digest, encode_state
 from events.errors import InputError, LogCorruptedError, ReplayMismatchError
 from events.types import (

@@ -69,7 +69,7 @@ from engine.model.groups import (
     hold_for_next_run,
     next_run_reason,
 )
-from engine.pools import POOL_LABEL, Sharding
+from engine.model.pools import POOL_LABEL, Sharding
 from events.types import (
     SECOND,
     ClockTicked,

@@ -48,8 +48,8 @@ from kubernetes_asyncio.client import ApiClient
 
 from engine import kernels
 from engine.config import SchedulerConfig, default_config
-from engine.pools import MAX_SHARDS, Sharding
-from engine.scheduler import Engine
+from engine.engine import Engine
+from engine.model.pools import MAX_SHARDS, Sharding
 from events.errors import InputError, LogError
 from events.log import EventLog
 from events.tasks import being_cancelled

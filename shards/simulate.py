@@ -26,8 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.config import SchedulerConfig
-from engine.pools import Sharding
-from engine.scheduler import Engine
+from engine.engine import Engine
+from engine.model.pools import Sharding
 from events.log import EventLog
 from events.types import ClockTicked, Envelope, Event, SchedulerConfigured, ShardingConfigured
 from shards.binder import Binder
@@ -81,7 +81,7 @@ async def simulate(
     source = config.source if config is not None else None
     recorded = json.dumps(source, sort_keys=True) if source is not None else ""
     head = [Envelope(event=SchedulerConfigured(config=recorded), producer="ingest")]
-    if sharding is not None and routed:
+    if sharding is not None:
         head.insert(
             0, Envelope(event=ShardingConfigured(config=sharding.to_json()), producer="ingest")
         )

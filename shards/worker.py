@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 
 from engine.config import SchedulerConfig
-from engine.scheduler import Engine
+from engine.engine import Engine
 from engine.snapshot import SnapshotError, assemble, restore, snapshot_events
 from events.errors import LogCorruptedError
 from events.log import EventLog

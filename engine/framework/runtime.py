@@ -17,12 +17,14 @@ import numpy as np
 
 from engine.config import ProfileConfig
 from engine.framework.cycle import CycleState
+from engine.framework.handle import Handle
 from engine.framework.interfaces import (
     FilterPlugin,
     NormalizeScorePlugin,
     PermitPlugin,
     Plugin,
     PostFilterPlugin,
+    PostFilterResult,
     PreFilterPlugin,
     PreScorePlugin,
     QueueingHintPlugin,
@@ -82,7 +84,7 @@ class _ScoreEntry:
 class Framework:
     """A profile's plugins, instantiated once and run for each attempt."""
 
-    def __init__(self, profile: ProfileConfig, registry: Registry) -> None:
+    def __init__(self, profile: ProfileConfig, registry: Registry, handle: Handle) -> None:
         self.profile = profile
         where = f"profile {profile.scheduler_name!r}"
         instances: dict[str, Plugin] = {}
@@ -90,7 +92,7 @@ class Framework:
         def get(name: str) -> Plugin:
             if name not in instances:
                 instances[name] = registry.create(
-                    name, profile.args.get(name, {}), f"{where}: plugin {name}"
+                    name, profile.args.get(name, {}), f"{where}: plugin {name}", handle
                 )
             return instances[name]
 
@@ -128,9 +130,11 @@ class Framework:
         self._static_version = -1
         self._requeue = [
             (f.name, f.events(), f if isinstance(f, QueueingHintPlugin) else None)
-            for f in self.filters
+            for f in [*self.pre_filters, *self.filters]
+            if hasattr(f, "events")
         ]
-        """Per filter: the events that may help a pod it rejected, and its hint."""
+        """Per filter (and pre-filter that says): the events that may help a pod it
+        rejected, and its hint."""
         self.incremental = all(getattr(f, "local", False) for f in self.dynamic_filters)
         """Keep per-shape results between attempts (all dynamic filters are local)."""
         self._local_scores = [e for e in self.scores if e.plugin.local]
@@ -380,6 +384,19 @@ class Framework:
         diagnosis.feasible = int(alive.sum())
         return diagnosis
 
+    def run_post_filters(
+        self, cycle: CycleState, pod: PodInfo, state: ClusterState
+    ) -> PostFilterResult:
+        """After an attempt found no node: the post-filters in turn (preemption lives
+        here) until one nominates a node; they stage what they change in the cycle's
+        statement (see :mod:`engine.framework.handle`)."""
+        allowed = self.static_feasible(pod, state)
+        for post in self.post_filters:
+            result = post.post_filter(cycle, pod, state, allowed)
+            if result.status.code == Code.SUCCESS and result.nominated_slot >= 0:
+                return PostFilterResult(result.status.with_plugin(post.name), result.nominated_slot)
+        return PostFilterResult(Status(Code.UNSCHEDULABLE, ("no post-filter nominated a node",)))
+
     def run_pre_filters(self, cycle: CycleState, pod: PodInfo, state: ClusterState) -> Status:
         for plugin in self.pre_filters:
             status = plugin.pre_filter(cycle, pod, state)
@@ -403,10 +420,6 @@ class Framework:
             code = Code.UNSCHEDULABLE
             if plugins and all(self.plugins[n].unresolvable for n in plugins):  # type: ignore[attr-defined]
                 code = Code.UNSCHEDULABLE_AND_UNRESOLVABLE
-            for post in self.post_filters:
-                result = post.post_filter(cycle, pod, state, feasible)
-                if result.status.code == Code.SUCCESS and result.nominated_slot >= 0:
-                    break
             status = Status(code, (failure.message(),), ",".join(plugins))
             failure.status = status
             return Attempt(-1, status, diagnosis=failure)

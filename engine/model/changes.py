@@ -12,3 +12,5 @@ class ClusterEvent(Enum):
     NODE_UPDATED = "NodeUpdated"
     POD_FREED = "PodFreed"
     """A pod released its resources on a node (deleted, finished, bind failed, evicted)."""
+    QUOTA_CHANGED = "QuotaChanged"
+    """An elastic quota was defined or changed (no node in particular)."""

@@ -1,13 +1,15 @@
 """Pod groups (gangs) and job dependencies: the bookkeeping the engine keeps.
 
-Group phases, as a transition table (tie-break: a timeout is checked at the start of a
-pass, before any attempt at that instant)::
+Group phases (:class:`GroupPhase`), as a transition table; :data:`TRANSITIONS` is the
+same table in code and :func:`advance` refuses any other move (tie-break: a timeout is
+checked at the start of a pass, before any attempt at that instant)::
 
     Pending ── minMember members placed in one atomic step ─────────► Scheduled
     Pending ── scheduleTimeoutSeconds passed ───────────────────────► Failed
     Pending ── a dependency failed ─────────────────────────────────► Failed
     Scheduled ── every member finished and none failed ─────────────► Succeeded
     Scheduled ── a member failed, was preempted or rejected ────────► Failed
+    Scheduled ── a failed bind left fewer than minMember placed ────► Pending
 
 A Pending group is one queue entry (``@namespace/name``); its members are not queued
 on their own. Once Scheduled, members that did not fit (beyond ``minMember``) queue as
@@ -22,15 +24,49 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Final
 
 from events.types import GroupSpec, PodSpec
 
 GROUP_PREFIX: Final = "@"
-PENDING: Final = "Pending"
-SCHEDULED: Final = "Scheduled"
-SUCCEEDED: Final = "Succeeded"
-FAILED: Final = "Failed"
+
+
+class GroupPhase(StrEnum):
+    """A pod group's phase; its value is what events and reports show."""
+
+    PENDING = "Pending"
+    SCHEDULED = "Scheduled"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+PENDING: Final = GroupPhase.PENDING
+SCHEDULED: Final = GroupPhase.SCHEDULED
+SUCCEEDED: Final = GroupPhase.SUCCEEDED
+FAILED: Final = GroupPhase.FAILED
+
+TRANSITIONS: Final[frozenset[tuple[GroupPhase, GroupPhase]]] = frozenset(
+    {
+        (PENDING, SCHEDULED),
+        (PENDING, FAILED),
+        (SCHEDULED, SUCCEEDED),
+        (SCHEDULED, FAILED),
+        (SCHEDULED, PENDING),
+    }
+)
+"""The moves a group may make (see the table above); staying put is always allowed."""
+
+
+class TransitionError(AssertionError):
+    """A state machine was asked for a move its table does not have: a bug, not input."""
+
+
+def advance(group: GroupInfo, phase: GroupPhase, reason: str = "") -> None:
+    """Move ``group`` to ``phase`` (with ``reason``), as :data:`TRANSITIONS` allows."""
+    if phase != group.phase and (group.phase, phase) not in TRANSITIONS:
+        raise TransitionError(f"pod group {group.key}: {group.phase.value} -> {phase.value}")
+    group.phase, group.reason = phase, reason
 
 
 def group_unit(key: str) -> str:
@@ -96,7 +132,7 @@ class GroupInfo:
     """None while pods name the group but no PodGroup (or labels) declared it."""
     seq: int = 0
     members: dict[str, None] = field(default_factory=dict)
-    phase: str = PENDING
+    phase: GroupPhase = PENDING
     reason: str = ""
     created_at: int = 0
     succeeded: int = 0

@@ -1,15 +1,21 @@
-"""Elastic quotas (``ElasticQuota``: guaranteed ``min``, borrowable up to ``max``).
+"""Elastic quotas (scheduler-plugins' ``ElasticQuota``), as CapacityScheduling reads them.
 
-The rules of kube scheduler-plugins' CapacityScheduling, per resource:
+A namespace with a quota is guaranteed its ``min`` and may use up to its ``max``, but
+quota'd namespaces together never use more of a resource than their ``min``s add up to:
+a namespace goes beyond its own ``min`` only by borrowing what others leave idle. So a
+pod is admitted when, for each resource it asks for that its quota names:
 
-- a namespace never uses more than its ``max``;
-- it may use more than its ``min`` only by borrowing what other quotas' ``min`` leaves
-  idle: the quotas' total use stays within the sum of their ``min``;
-- what is lent can be taken back: a pod within its namespace's ``min`` may preempt
-  pods of namespaces above theirs (see ``engine.preemption``).
+- its namespace stays within its ``max``, and
+- every quota naming the resource together stays within the sum of their ``min``.
 
-Namespaces without a quota are not limited. Amounts are canonical integers per resource
-name; a request counts ``pods`` too, but quotas only constrain the resources they name.
+A quota constrains only the resources it names (in ``min`` or ``max``); ``pods`` counts
+only when ``max`` names it. When the sum is exceeded and the pod's namespace is still
+within its own ``min`` (with the pod), the pod may take back what others borrow beyond
+theirs (the reclaim, in ``engine.plugins.preemption``); otherwise only the namespace's
+own lower-priority pods can make room.
+
+Usage is kept for every namespace, quota or not, so that a quota defined late starts
+from the truth.
 """
 
 from __future__ import annotations
@@ -31,9 +37,8 @@ class Quota:
     def namespace(self) -> str:
         return self.spec.namespace
 
-    def borrowing(self) -> bool:
-        """Uses more than its ``min`` of some resource."""
-        return any(self.used.get(r, 0) > self.spec.min.get(r, 0) for r in self.used if self.used[r])
+    def names(self, resource: str) -> bool:
+        return resource in self.spec.min or resource in self.spec.max
 
     def over_max_with(self, wanted: Mapping[str, int]) -> str | None:
         for resource, amount in wanted.items():
@@ -43,11 +48,29 @@ class Quota:
         return None
 
     def within_min_with(self, wanted: Mapping[str, int]) -> bool:
+        """With ``wanted`` on top, still within ``min`` in every resource it names."""
         return all(
             self.used.get(r, 0) + amount <= self.spec.min.get(r, 0)
             for r, amount in wanted.items()
-            if r in self.spec.min or r in self.spec.max
+            if self.names(r)
         )
+
+    def borrowing(self, resources: Iterable[str] | None = None) -> bool:
+        """Uses more than its ``min`` of some resource (of ``resources``, if given)."""
+        names = self.used if resources is None else resources
+        return any(self.used.get(r, 0) > self.spec.min.get(r, 0) for r in names if self.names(r))
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a quota refuses a pod now."""
+
+    reason: str
+    resources: tuple[str, ...]
+    """The resources short (over the namespace's max, or over the sum of the mins)."""
+    reclaim: bool
+    """The pod's namespace is within its own ``min`` with the pod: it may take back what
+    others borrow. Otherwise only its own lower-priority pods can make room."""
 
 
 class QuotaTable:
@@ -72,7 +95,7 @@ class QuotaTable:
     def get(self, namespace: str) -> Quota | None:
         return self.quotas.get(namespace)
 
-    def _named(self, request: Request) -> dict[str, int]:
+    def named(self, request: Request) -> dict[str, int]:
         return {self.resources.name(row): amount for row, amount in request}
 
     def add(self, namespace: str, request: Request) -> None:
@@ -87,36 +110,70 @@ class QuotaTable:
             name = self.resources.name(row)
             used[name] = used.get(name, 0) - amount
 
-    def admit(self, namespace: str, request: Request) -> tuple[str, bool] | None:
-        """Why the quota refuses ``request`` now, and whether taking back lent capacity
-        could change that (the pod is within its own ``min``); None if admitted."""
+    def wanted(self, quota: Quota, request: Request) -> dict[str, int]:
+        """What of ``request`` ``quota`` counts: the resources it names (``pods`` only
+        when its ``max`` names it)."""
+        return {
+            r: a
+            for r, a in self.named(request).items()
+            if quota.names(r) and (r != "pods" or r in quota.spec.max)
+        }
+
+    def aggregate(self, resource: str) -> tuple[int, int]:
+        """(used, min) summed over the quotas that name ``resource``."""
+        used = guaranteed = 0
+        for quota in self.quotas.values():
+            if quota.names(resource):
+                used += quota.used.get(resource, 0)
+                guaranteed += quota.spec.min.get(resource, 0)
+        return used, guaranteed
+
+    def short(self, wanted: Mapping[str, int]) -> dict[str, int]:
+        """How far ``wanted`` on top would take each resource beyond the sum of mins."""
+        out = {}
+        for resource, amount in wanted.items():
+            used, guaranteed = self.aggregate(resource)
+            if used + amount > guaranteed:
+                out[resource] = used + amount - guaranteed
+        return out
+
+    def admit(self, namespace: str, request: Request) -> Refusal | None:
+        """Why the quota refuses ``request`` now (None: admitted)."""
         quota = self.quotas.get(namespace)
         if quota is None:
             return None
-        wanted = {
-            r: a for r, a in self._named(request).items() if r != "pods" or r in quota.spec.max
-        }
+        wanted = self.wanted(quota, request)
         over = quota.over_max_with(wanted)
         if over is not None:
             limit = quota.spec.max[over]
-            return (f"elastic quota {namespace}: {over} would exceed its max ({limit})", False)
-        for resource, amount in wanted.items():
-            if resource not in quota.spec.min and resource not in quota.spec.max:
-                continue
-            total_min = sum(q.spec.min.get(resource, 0) for q in self.quotas.values())
-            total_used = sum(q.used.get(resource, 0) for q in self.quotas.values())
-            if total_used + amount > total_min and not quota.within_min_with({resource: amount}):
-                return (
-                    f"elastic quota {namespace}: no idle guaranteed {resource} to borrow "
-                    f"(quotas use {total_used} of {total_min} guaranteed)",
-                    False,
-                )
-            if total_used + amount > total_min:
-                return (
-                    f"elastic quota {namespace}: its guaranteed {resource} is lent out",
-                    True,
-                )
-        return None
+            return Refusal(
+                f"elastic quota {namespace}: {over} would exceed its max ({limit})",
+                (over,),
+                False,
+            )
+        short = self.short(wanted)
+        if not short:
+            return None
+        resource = next(iter(short))
+        if quota.within_min_with(wanted):
+            return Refusal(
+                f"elastic quota {namespace}: its guaranteed {resource} is lent out",
+                tuple(short),
+                True,
+            )
+        used, guaranteed = self.aggregate(resource)
+        return Refusal(
+            f"elastic quota {namespace}: no idle guaranteed {resource} to borrow "
+            f"(quotas use {used} of {guaranteed} guaranteed)",
+            tuple(short),
+            False,
+        )
+
+    def within_min(self, namespace: str, request: Request) -> bool:
+        """Whether ``namespace`` has a quota and stays within its ``min`` with ``request``
+        (such a pod may reclaim what others borrow)."""
+        quota = self.quotas.get(namespace)
+        return quota is not None and quota.within_min_with(self.wanted(quota, request))
 
     def dominant_share(self, namespace: str, capacity: Mapping[str, int]) -> float:
         """The namespace's largest share of any cluster resource (DRF)."""
@@ -127,11 +184,6 @@ class QuotaTable:
             if total > 0 and amount > 0:
                 share = max(share, amount / total)
         return share
-
-    def reclaimable(self, namespace: str) -> bool:
-        """Pods of ``namespace`` hold lent capacity that may be taken back."""
-        quota = self.quotas.get(namespace)
-        return quota is not None and quota.borrowing()
 
     def check(self) -> Iterable[str]:
         """Quotas above their max (never expected; used by invariant checks)."""

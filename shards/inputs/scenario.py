@@ -9,7 +9,7 @@ given. Every error names the file, the document and the field.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -19,7 +19,7 @@ import yaml
 from engine.config import API_VERSIONS as CONFIG_VERSIONS
 from engine.config import KIND as CONFIG_KIND
 from engine.config import SchedulerConfig, parse_config
-from engine.pools import PoolRule, Sharding
+from engine.model.pools import PoolRule, Sharding
 from events.errors import InputError
 from events.types import (
     SECOND,
@@ -178,7 +178,7 @@ def load_scenario(paths: list[str]) -> Scenario:
             elif kind == SHARDING_KIND:
                 if scenario.sharding is not None:
                     raise InputError(f"only one {SHARDING_KIND} is allowed")
-                scenario.sharding = parse_sharding(doc.obj)
+                scenario.sharding = replace(parse_sharding(doc.obj), where=doc.where())
             elif kind == CONFIG_KIND:
                 if scenario.config is not None:
                     raise InputError("only one KubeSchedulerConfiguration is allowed")
@@ -306,6 +306,8 @@ class ShardingSpec:
     """(pool, shard or None for "spread", node labels that put a node in it)."""
     tenants: tuple[tuple[str, tuple[str, ...]], ...] = ()
     reservation_timeout: int | None = None
+    where: str = SHARDING_KIND
+    """Where it was read (file and document), to name in errors."""
 
     def sharding(self, shards: int) -> Sharding:
         """The router's configuration for ``shards`` shards; a pool pinned to a shard
@@ -315,7 +317,7 @@ class ShardingSpec:
                 raise InputError(
                     f"pool {name!r} is assigned to shard {shard}, but there are {shards} "
                     f"(shards 0..{shards - 1})",
-                    location=f"{SHARDING_KIND}: pools[{i}].shard",
+                    location=f"{self.where}: pools[{i}].shard",
                 )
         extra = (
             {}
@@ -453,6 +455,6 @@ def load_config(path: str) -> SchedulerConfig:
 
 def validate_plugins(config: SchedulerConfig) -> None:
     """Instantiate every profile's plugins: unknown names and bad args fail here."""
-    from engine.scheduler import Engine
+    from engine.engine import Engine
 
     Engine(config)

@@ -5,9 +5,9 @@ from typing import Any
 import pytest
 
 from engine.config import PluginRef, default_config, parse_config
+from engine.engine import Engine
 from engine.framework.registry import builtin_registry
 from engine.framework.runtime import Framework
-from engine.scheduler import Engine
 from events.errors import InputError
 
 BASE = {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration"}
@@ -54,8 +54,10 @@ def test_disable_and_reweight_like_kube_scheduler() -> None:
         ("NodeResourcesFit", 5),
     ]
     engine = Engine(cfg)
-    assert set(engine.frameworks) == {"packer", "spreader"}
-    assert engine.frameworks["packer"].plugins["NodeResourcesFit"].strategy == "MostAllocated"  # type: ignore[attr-defined]
+    assert set(engine.profiles.frameworks) == {"packer", "spreader"}
+    assert (
+        engine.profiles.frameworks["packer"].plugins["NodeResourcesFit"].strategy == "MostAllocated"
+    )  # type: ignore[attr-defined]
 
 
 def test_disable_everything_then_enable() -> None:
@@ -91,7 +93,7 @@ def test_multipoint_enables_where_implemented() -> None:
             ]
         )
     )
-    framework = Framework(cfg.profiles[0], builtin_registry())
+    framework = Framework(cfg.profiles[0], builtin_registry(), Engine())
     assert [f.name for f in framework.filters] == ["TaintToleration"]
     assert [s.plugin.name for s in framework.scores] == ["TaintToleration"]
 

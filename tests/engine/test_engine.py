@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine.config import parse_config
-from engine.scheduler import Engine
+from engine.engine import Engine
 from events.types import (
     SECOND,
     BindFailed,
@@ -157,12 +157,17 @@ def test_profiles_by_scheduler_name() -> None:
     out = feed(
         engine,
         make_pod("packed").cpu("1").scheduler("pack").submitted(),
-        make_pod("spread").cpu("1").submitted(),
+        make_pod("spread").cpu("1").scheduler("spread").submitted(),
         make_pod("stray").scheduler("nobody").submitted(),
+        make_pod("unnamed").submitted(),
     )
     assert bound(out) == {"default/packed": "a", "default/spread": "b"}
-    (stray,) = [d for d in out if isinstance(d, PodUnschedulable)]
-    assert stray.reason == "no scheduling profile serves schedulerName 'nobody'"
+    reasons = {d.pod: d.reason for d in out if isinstance(d, PodUnschedulable)}
+    assert reasons == {
+        "default/stray": "no scheduling profile serves schedulerName 'nobody'",
+        # the API server names the default scheduler on a pod that names none
+        "default/unnamed": "no scheduling profile serves schedulerName 'default-scheduler'",
+    }
 
 
 def test_ties_are_spread_deterministically() -> None:

@@ -14,11 +14,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.config import parse_config
+from engine.engine import Engine
 from engine.framework.cycle import CycleState
 from engine.kernels import ResourceKernel, refresh_kernel
 from engine.model.pods import make_request, pod_info
 from engine.model.state import ClusterState
-from engine.scheduler import Engine
 from events.types import PodSpec
 from tests.builders import env, make_node, make_pod
 from tests.engine.test_properties import events, run
@@ -118,7 +118,7 @@ def test_the_kernel_equals_the_plugins_slot_by_slot(
         info = pod_info(spec, state.resources, i)
         state.ensure_rows()
         state.assume(info.key, i % len(nodes), info.request)
-    framework = engine.frameworks["default-scheduler"]
+    framework = engine.profiles.frameworks["default-scheduler"]
     kernel = framework.kernel
     assert isinstance(kernel, ResourceKernel)
     cpu, memory, gpus = asked
@@ -181,8 +181,8 @@ def test_profiles_the_kernel_does_not_cover_keep_numpy() -> None:
             }
         ],
     }
-    assert Engine(parse_config(raw, "test")).frameworks["default-scheduler"].kernel is None
-    assert Engine().frameworks["default-scheduler"].kernel is not None
+    assert Engine(parse_config(raw, "test")).profiles.frameworks["default-scheduler"].kernel is None
+    assert Engine().profiles.frameworks["default-scheduler"].kernel is not None
 
 
 def _probe(code: str, **env: str) -> str:
@@ -200,10 +200,7 @@ def _probe(code: str, **env: str) -> str:
 
 
 def test_shoal_no_jit_keeps_numpy() -> None:
-    probe = (
-        "from engine.scheduler import Engine\n"
-        "print(Engine().frameworks['default-scheduler'].kernel)\n"
-    )
+    probe = "from engine.engine import Engine\nprint(Engine().profiles.frameworks['default-scheduler'].kernel)\n"
     assert _probe(probe, SHOAL_NO_JIT="1").strip() == "None"
 
 

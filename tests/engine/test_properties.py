@@ -13,8 +13,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
+from engine.engine import Engine
 from engine.framework import runtime
-from engine.scheduler import Engine
 from events.types import (
     ClockTicked,
     Event,
@@ -80,7 +80,7 @@ events = st.lists(st.one_of(node_event(), pod_event(), st.just(ClockTicked())), 
 
 def run(sequence: list[Event], *, incremental: bool, kernel: bool = True) -> list[Event]:
     engine = Engine()
-    for framework in engine.frameworks.values():
+    for framework in engine.profiles.frameworks.values():
         framework.incremental = incremental
         if not kernel:
             framework.kernel = None
@@ -122,7 +122,7 @@ def test_view_scores_equal_full_scores() -> None:
     for i in range(40):
         engine.apply(env(make_pod(f"p{i}").cpu("300m").memory("300Mi").submitted()))
     engine.schedule()
-    framework = engine.frameworks["default-scheduler"]
+    framework = engine.profiles.frameworks["default-scheduler"]
     from engine.framework.cycle import CycleState
     from engine.model.pods import pod_info
 

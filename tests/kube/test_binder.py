@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.scheduler import Engine
+from engine.engine import Engine
 from events.memory import MemoryLog
 from events.types import (
     BindFailed,

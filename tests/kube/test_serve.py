@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from engine.pools import POOL_LABEL, Sharding
+from engine.model.pools import POOL_LABEL, Sharding
 from events.errors import InputError, LogError
 from events.remote import LogServer, RemoteLog
 from events.types import Envelope, PodBound, ShardingConfigured

@@ -18,9 +18,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engine.pools import Sharding
-from engine.reservations import HELD, STAGING
-from engine.scheduler import Engine
+from engine.engine import Engine
+from engine.model.pools import Sharding
+from engine.model.reservations import HELD, STAGING
 from events.errors import LogError
 from events.log import EventLog
 from events.memory import MemoryLog

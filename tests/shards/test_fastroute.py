@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.pools import POOL_LABEL, Sharding
+from engine.model.pools import POOL_LABEL, Sharding
 from events.types import (
     ClockTicked,
     Envelope,

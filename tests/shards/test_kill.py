@@ -22,8 +22,8 @@ from collections import Counter
 
 import pytest
 
-from engine.pools import Sharding
-from engine.reservations import HELD, STAGING
+from engine.model.pools import Sharding
+from engine.model.reservations import HELD, STAGING
 from events.remote import LogServer, RemoteLog
 from events.types import (
     SECOND,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.pools import Sharding
+from engine.model.pools import Sharding
 from events.memory import MemoryLog
 from events.types import QuotaDefined
 from shards.inputs.scenario import Scenario

@@ -12,9 +12,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from engine.pools import POOL_LABEL, Sharding
-from engine.reservations import COMMITTED, HELD
-from engine.scheduler import Engine
+from engine.engine import Engine
+from engine.model.pools import POOL_LABEL, Sharding
+from engine.model.reservations import COMMITTED, HELD
 from events.errors import InputError, LogCorruptedError
 from events.memory import MemoryLog
 from events.types import (

@@ -16,7 +16,7 @@ import msgspec
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from engine.pools import Sharding
+from engine.model.pools import Sharding
 from events.types import (
     SECOND,
     Envelope,

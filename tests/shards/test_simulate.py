@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.scheduler import Engine
+from engine.engine import Engine
 from events.memory import MemoryLog
 from events.types import (
     SECOND,

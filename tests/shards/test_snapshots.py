@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.pools import Sharding
-from engine.scheduler import Engine
+from engine.engine import Engine
+from engine.model.pools import Sharding
 from engine.snapshot import (
     FORMAT,
     SnapshotError,

@@ -9,10 +9,12 @@ its own whether they are spread over four shards or all on one.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
-from events.types import SECOND
+import msgspec
+
+from events.types import SECOND, NodeSelectorRequirement, NodeSelectorTerm, NodeSpec, PodSpec
 
 POOL_LABEL: Final = "shoal.io/pool"
 MAX_SHARDS: Final = 64
@@ -78,3 +80,60 @@ class Sharding:
             retry_backoff=int(raw.get("retry_backoff", SECOND)),
             max_retry_backoff=int(raw.get("max_retry_backoff", 30 * SECOND)),
         )
+
+
+@dataclass(slots=True)
+class Pools:
+    """The rules of a sharding that hold on every shard, one included: which pool a node
+    is in (its ``shoal.io/pool`` label, else the first rule that matches its labels), and
+    the pools tenants own. A node is told with its pool as a label; a pod is held to its
+    tenant's pools, or kept off every tenant's pools, by a required node-affinity term on
+    that label, so every filter, score and explanation sees the rule as it sees any
+    other affinity."""
+
+    rules: tuple[PoolRule, ...] = ()
+    tenants: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    exclusive: tuple[str, ...] = ()
+    """Every pool some tenant owns, sorted."""
+
+    @classmethod
+    def of(cls, sharding: Sharding) -> Pools:
+        tenants = dict(sharding.tenants)
+        owned = sorted({pool for pools in tenants.values() for pool in pools})
+        return cls(sharding.rules, tenants, tuple(owned))
+
+    def pool_of(self, spec: NodeSpec) -> str:
+        pool = spec.labels.get(POOL_LABEL)
+        if pool:
+            return pool
+        for rule in self.rules:
+            if all(spec.labels.get(k) == v for k, v in rule.match):
+                return rule.pool
+        return ""
+
+    def labelled(self, spec: NodeSpec) -> NodeSpec:
+        """``spec`` with its pool as the ``shoal.io/pool`` label (if a rule gives one)."""
+        if not self.rules:
+            return spec
+        pool = self.pool_of(spec)
+        if not pool or spec.labels.get(POOL_LABEL) == pool:
+            return spec
+        return msgspec.structs.replace(spec, labels={**spec.labels, POOL_LABEL: pool})
+
+    def fenced(self, spec: PodSpec) -> PodSpec:
+        """``spec`` held to its tenant's pools, or kept off every tenant's pools."""
+        if not self.exclusive:
+            return spec
+        owned = self.tenants.get(spec.namespace)
+        if owned is not None:
+            requirement = NodeSelectorRequirement(key=POOL_LABEL, operator="In", values=owned)
+        else:
+            requirement = NodeSelectorRequirement(
+                key=POOL_LABEL, operator="NotIn", values=self.exclusive
+            )
+        terms = spec.required_affinity or (NodeSelectorTerm(),)
+        fenced_terms = tuple(
+            msgspec.structs.replace(t, match_expressions=(*t.match_expressions, requirement))
+            for t in terms
+        )
+        return msgspec.structs.replace(spec, required_affinity=fenced_terms)

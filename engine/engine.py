@@ -1,0 +1,144 @@
+"""The engine of one shard: a pure fold of events plus scheduling passes.
+
+``apply(envelope)`` folds any event (inputs and decisions alike; decisions are applied
+idempotently, so replaying its own output changes nothing). ``schedule()`` runs one pass
+at the time of the latest event (:mod:`engine.passes`): it settles what waits (groups
+short of members, dependencies, timeouts), drains the queue, and returns the decisions
+as events for the caller to append. No clock, no I/O, no randomness: the same events
+give the same decisions.
+
+Layers, each importing only those below it: the data layer (:mod:`engine.model`: what a
+shard knows), the framework and its plugins (:mod:`engine.framework`,
+:mod:`engine.plugins`), the fold (:mod:`engine.fold`), the pass steps
+(:mod:`engine.passes`), and this facade, which ties a configuration's profiles to the
+data and runs the fold and the passes.
+"""
+
+from __future__ import annotations
+
+import json
+
+from engine.config import SchedulerConfig, default_config, parse_config
+from engine.fold import HANDLERS
+from engine.framework.profiles import Profiles
+from engine.framework.registry import Registry, builtin_registry
+from engine.framework.runtime import Framework
+from engine.model.groups import PENDING
+from engine.model.pods import PodInfo
+from engine.model.pools import Pools, Sharding
+from engine.model.reservations import HELD, STAGING
+from engine.model.shard import ShardModel
+from engine.passes.dispatch import Dispatch, Local
+from engine.passes.explain import Explanation
+from engine.passes.run import SchedulingPass
+from events.errors import InputError
+from events.types import SECOND, Envelope, Event, SchedulerConfigured, ShardingConfigured
+
+
+class Engine(ShardModel):
+    """Scheduling state and logic of one shard (or of the coordinator's view of all)."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig | None = None,
+        *,
+        shard: int = 0,
+        registry: Registry | None = None,
+        dispatch: Dispatch | None = None,
+    ) -> None:
+        config = config or default_config()
+        super().__init__(
+            shard=shard,
+            initial_backoff_seconds=config.initial_backoff_seconds,
+            max_backoff_seconds=config.max_backoff_seconds,
+        )
+        self.config = config
+        self._registry = registry or builtin_registry()
+        self.profiles = Profiles(config, self._registry, self)
+        self.hints = self.profiles
+        self.dispatch: Dispatch = dispatch or Local()
+        self.explain: str | None = None
+        self.explanations: list[Explanation] = []
+
+    def __repr__(self) -> str:
+        return f"Engine(shard={self.shard}, now={self.now}, {self.state!r}, {self.queue!r})"
+
+    def stats(self) -> dict[str, int]:
+        return {
+            **self.counters,
+            **self.queue.stats(),
+            **self.state.stats(),
+            "groups": len(self.groups),
+        }
+
+    def framework_for(self, pod: PodInfo) -> Framework | None:
+        return self.profiles.framework_for(pod)
+
+    # ------------------------------------------------------------------ fold
+
+    def apply(self, envelope: Envelope) -> None:
+        """Fold one event. Idempotent for decisions and duplicate submissions."""
+        self.counters["events"] += 1
+        if envelope.time > self.now:  # noqa: PLR1730 - hot path: no call
+            self.now = envelope.time
+        if envelope.causation > self.seen and envelope.producer == "router":
+            self.seen = envelope.causation
+        self.apply_decision(envelope.event)
+
+    def apply_decision(self, event: Event) -> None:
+        """Fold a decision the current pass has just made (as its replay will)."""
+        handler = HANDLERS.get(type(event))
+        if handler is not None:
+            handler(self, event)
+            if self.next_runs:
+                self.start_next_runs()
+        elif isinstance(event, SchedulerConfigured):
+            self.configured(event)
+        elif isinstance(event, ShardingConfigured):
+            self.sharded(event)
+
+    def configured(self, event: SchedulerConfigured) -> None:
+        """A configuration recorded in the log (a service restarted with a new one):
+        profiles and back-off follow it; the cluster state stays."""
+        if not event.config:
+            config = default_config()
+        else:
+            try:
+                config = parse_config(json.loads(event.config), "recorded configuration")
+            except (ValueError, InputError):
+                return  # replay reports it (``recorded_config``); the fold keeps going
+        if config == self.config:
+            return
+        self.config = config
+        self.profiles = self.hints = Profiles(config, self._registry, self)
+        self.queue.initial_backoff = config.initial_backoff_seconds * SECOND
+        self.queue.max_backoff = config.max_backoff_seconds * SECOND
+
+    def sharded(self, event: ShardingConfigured) -> None:
+        """The pool rules and tenants of the run: they hold on every shard, one
+        included (nodes are labelled with their pool, pods fenced to their pools)."""
+        try:
+            sharding = Sharding.from_json(event.config)
+        except (ValueError, KeyError, TypeError):
+            return  # replay reports it (``sharding_of``); the fold keeps going
+        self.pools = Pools.of(sharding)
+
+    # ------------------------------------------------------------------ decide
+
+    def next_wakeup(self) -> int | None:
+        """Simulated time at which a pass would do something new without new events."""
+        times = [t for t in (self.queue.next_wakeup(),) if t is not None]
+        for res in self.reservations.values():
+            if res.state in (STAGING, HELD):
+                times.append(max(res.expires_at, self.now))
+        for group in self.groups.values():
+            deadline = group.deadline
+            if group.phase == PENDING and deadline is not None and deadline > self.now:
+                times.append(deadline)
+        return min(times) if times else None
+
+    def schedule(self) -> list[Event]:
+        """Run one pass at ``self.now``; return the decisions (already applied)."""
+        return SchedulingPass(
+            self, self.profiles, self.dispatch, self.explain, self.explanations
+        ).run()

@@ -1,0 +1,364 @@
+"""The event fold: each event kind changes the data layer (:class:`ShardModel`) one way.
+
+Inputs (nodes, pods, groups, quotas, what the coordinator hands a shard) and decisions
+(this engine's own, folded again on replay) go through the same handlers, so that a
+decision made and the same decision replayed leave the same state. Handlers are
+idempotent: a decision applied twice, or a pod told twice, changes nothing the second
+time. Kinds without a handler (ticks, snapshots) only advance time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+from engine.model.changes import ClusterEvent
+from engine.model.groups import (
+    FAILED,
+    PENDING,
+    SCHEDULED,
+    SUCCEEDED,
+    GroupInfo,
+    advance,
+    group_is_over,
+    group_unit,
+)
+from engine.model.reservations import COMMITTING, HELD, STAGING, Reservation, decision_id
+from engine.model.shard import ShardModel
+from events.types import (
+    BindFailed,
+    NodeAdded,
+    NodeRemoved,
+    NodeUpdated,
+    PodAdopted,
+    PodBound,
+    PodDeleted,
+    PodEvicted,
+    PodFailed,
+    PodGroupStatusChanged,
+    PodGroupSubmitted,
+    PodHandedBack,
+    PodPreempted,
+    PodRejected,
+    PodRouted,
+    PodSubmitted,
+    PodSucceeded,
+    PodUnbound,
+    PodUnschedulable,
+    PoolHandedOver,
+    PoolReleased,
+    PreemptionRequested,
+    QuotaDefined,
+    ReservationAborted,
+    ReservationCommitted,
+    ReservationDenied,
+    ReservationGranted,
+    ReservationReleased,
+    ReservationRequested,
+)
+
+
+def submitted(m: ShardModel, event: PodSubmitted) -> None:
+    m.submit(m.pools.fenced(event.pod))
+
+
+def routed(m: ShardModel, event: PodRouted) -> None:
+    """The coordinator hands this shard a pod to place: at once, or handed back."""
+    spec = event.pod
+    key = spec.key
+    if key in m.pods or (key in m.outcomes and not m.another_pod(spec)):
+        return
+    m.delegated[key] = event.decision_id
+    m.submit(spec)
+
+
+def quota_defined(m: ShardModel, event: QuotaDefined) -> None:
+    m.quotas.define(event.quota)
+    m.fire(ClusterEvent.QUOTA_CHANGED, -1)
+
+
+def bound(m: ShardModel, event: PodBound) -> None:
+    pod = m.pods.get(event.pod)
+    slot = m.state.index.get(event.node)
+    if pod is None or slot is None or m.bindings.get(event.pod) == event.decision_id:
+        return
+    m.queue.remove(event.pod)
+    pod.attempts = max(pod.attempts, event.attempt)
+    m.place(event.pod, slot, event.decision_id)
+
+
+def bound_seen(m: ShardModel, event: PodBound) -> None:
+    rid = m.reserved.get(event.pod)
+    if rid is None:
+        bound(m, event)
+        return
+    res = m.reservations.get(rid)
+    if res is not None and m.bindings.get(event.pod) == event.decision_id:
+        res.bound.add(event.pod)
+
+
+def unschedulable(m: ShardModel, event: PodUnschedulable) -> None:
+    pod = m.pods.get(event.pod)
+    if pod is None or event.attempt == 0 or pod.attempts >= event.attempt:
+        return
+    pod.attempts = event.attempt
+    unit = m.unit_of(event.pod)
+    m.park(unit, pod, event.plugins, None if unit != event.pod else pod.shape_key)
+
+
+def bind_failed(m: ShardModel, event: BindFailed) -> None:
+    pod = m.pods.get(event.pod)
+    if pod is None or m.bindings.get(event.pod) != event.decision_id:
+        return
+    rid = m.reserved.get(event.pod)
+    if rid is not None:
+        res = m.reservations[rid]
+        res.bound.discard(event.pod)
+        m.release(event.pod)
+        if not res.ending:
+            res.ending = f"broken: {event.pod} failed to bind to {event.node}: {event.reason}"
+        return
+    slot = m.release(event.pod)
+    if event.pod in m.delegated:
+        # the coordinator placed it here: it decides again (the pass hands it back)
+        m.dirty[event.pod] = None
+        if slot is not None:
+            m.fire(ClusterEvent.POD_FREED, slot)
+        return
+    group = m.groups.get(pod.spec.group) if pod.spec.group else None
+    if group is not None and group.phase == SCHEDULED:
+        placed = len(m.placed_members(group))
+        if placed < group.min_member:
+            m.broken[group.key] = (
+                f"{event.pod} failed to bind to {event.node} ({event.reason}), leaving "
+                f"{placed} of minMember {group.min_member} placed"
+            )
+    if group is not None and group.key in m.broken:
+        # the gang goes back to the queue whole at the next pass, this pod with it
+        if slot is not None:
+            m.fire(ClusterEvent.POD_FREED, slot)
+        return
+    unit = m.unit_of(event.pod)
+    m.queue.back_off(
+        unit, pod.priority, pod.seq, pod.attempts, m.now, m.queue_of(pod.spec.namespace)
+    )
+    if slot is not None:
+        m.fire(ClusterEvent.POD_FREED, slot)
+
+
+def finished(outcome: str) -> Callable[[ShardModel, Any], None]:
+    def handler(m: ShardModel, event: Any) -> None:
+        m.finish(event.pod, outcome)
+
+    return handler
+
+
+def status_seen(m: ShardModel, event: PodGroupStatusChanged) -> None:
+    group = m.groups.get(event.group)
+    if group is None:
+        if event.phase in (SUCCEEDED, FAILED):
+            m.outcomes[event.group] = event.phase  # a dependency on another shard
+            m.wake(event.group)
+        return
+    if group.reported is None:
+        group.reported = (event.phase, event.scheduled, event.reason)
+
+
+def handed_back(m: ShardModel, event: PodHandedBack) -> None:
+    if event.group:
+        m.drop_group(event.group)
+    else:
+        m.drop(event.pod)
+
+
+# ---------------------------------------------------------------------- pool hand-over
+
+
+def pool_released(m: ShardModel, event: PoolReleased) -> None:
+    m.releasing[event.pool] = event
+
+
+def handed_over(m: ShardModel, event: PoolHandedOver) -> None:
+    """Forget the pool's nodes and the pods on them (they live on elsewhere)."""
+    m.releasing.pop(event.pool, None)
+    for placement in event.placements:
+        key = placement.pod.key
+        pod = m.pods.get(key)
+        if pod is not None:
+            group = m.groups.get(pod.spec.group) if pod.spec.group else None
+            m.drop(key)
+            if group is not None:
+                m.group_changes[group.key] = None
+    for name in event.nodes:
+        if name in m.state.index:
+            for key in m.state.remove_node(name):
+                m.drop(key)
+
+
+def adopted(m: ShardModel, event: PodAdopted) -> None:
+    """A pod bound on a node this shard has just taken over: placed, as it is."""
+    placement = event.placement
+    key = placement.pod.key
+    slot = m.state.index.get(placement.node)
+    if slot is None or key in m.outcomes:
+        return
+    if key not in m.pods:
+        m.submit(placement.pod)
+    m.queue.remove(key)
+    m.waiting.pop(key, None)
+    if m.bindings.get(key) != placement.decision_id:
+        m.place(key, slot, placement.decision_id)
+
+
+# ---------------------------------------------------------------------- reservations
+
+
+def reservation_requested(m: ShardModel, event: ReservationRequested) -> None:
+    if event.rid in m.reservations:
+        return
+    old = m.groups.get(event.group.key)
+    if old is not None:
+        if not group_is_over(old, m.pods):
+            return
+        # every pod of the group held here before is gone: the name is the new gang's
+        m.reservations.pop(old.reservation, None)
+        m.drop_group(old.key)
+    keys = tuple(spec.key for spec in event.pods)
+    if any(k in m.pods for k in keys) or not all(
+        m.another_pod(spec) for spec in event.pods if spec.key in m.outcomes
+    ):
+        return
+    m.reservations[event.rid] = Reservation(
+        event.rid,
+        event.group.key,
+        keys,
+        event.expires_at,
+        placements=dict(event.placements),
+        victims=tuple(event.victims),
+        at_once=event.at_once,
+    )
+    group = m.groups[event.group.key] = GroupInfo(
+        event.group.key, seq=m.submissions, reservation=event.rid
+    )
+    m.submissions += 1
+    group.spec = event.group
+    group.created_at = m.now
+    for spec in event.pods:
+        m.reserved[spec.key] = event.rid
+        m.submit(spec)
+    m.dirty[group_unit(event.group.key)] = None
+
+
+def preemption_requested(m: ShardModel, event: PreemptionRequested) -> None:
+    m.evicting.update(event.victims)
+
+
+def granted(m: ShardModel, event: ReservationGranted) -> None:
+    res = m.reservations.get(event.rid)
+    if res is None or res.state != STAGING:
+        return
+    for key, node in event.placements.items():
+        slot = m.state.index.get(node)
+        if key in m.pods and slot is not None:
+            m.queue.remove(key)
+            m.place(key, slot, decision_id(key, event.rid))
+    group = m.groups[res.group]
+    advance(group, SCHEDULED)
+    m.queue.remove(group_unit(res.group))
+    res.advance(HELD)
+    if res.at_once:
+        res.advance(COMMITTING)
+
+
+def committed(m: ShardModel, event: ReservationCommitted) -> None:
+    res = m.reservations.get(event.rid)
+    if res is not None and res.state == HELD:
+        res.advance(COMMITTING)
+
+
+def aborted(m: ShardModel, event: ReservationAborted) -> None:
+    res = m.reservations.get(event.rid)
+    if res is not None and not res.ending:
+        res.ending = f"aborted: {event.reason}" if event.reason else "aborted"
+
+
+def part_closed(m: ShardModel, event: ReservationDenied | ReservationReleased) -> None:
+    res = m.reservations.pop(event.rid, None)
+    if res is None:
+        return
+    freed = [slot for key in res.pods if (slot := m.release_if_placed(key)) is not None]
+    m.drop_group(res.group)
+    for slot in freed:
+        m.fire(ClusterEvent.POD_FREED, slot)
+
+
+def unbound(m: ShardModel, event: PodUnbound) -> None:
+    pod = m.pods.get(event.pod)
+    if pod is None or m.bindings.get(event.pod) != event.decision_id:
+        return
+    slot = m.release(event.pod)
+    rid = m.reserved.get(event.pod)
+    if rid is not None and rid in m.reservations:
+        m.reservations[rid].bound.discard(event.pod)
+    elif pod.spec.group in m.groups:
+        group = m.groups[pod.spec.group]
+        placed = len(m.placed_members(group))
+        if group.phase == SCHEDULED and placed < group.min_member:
+            advance(group, PENDING, group.reason)
+        m.dirty[m.unit_of(event.pod)] = None
+    else:
+        m.dirty[event.pod] = None
+    if slot is not None:
+        m.fire(ClusterEvent.POD_FREED, slot)
+
+
+# ---------------------------------------------------------------------- nodes
+
+
+def node_added(m: ShardModel, event: NodeAdded | NodeUpdated) -> None:
+    spec = m.pools.labelled(event.node)
+    kind = ClusterEvent.NODE_ADDED if isinstance(event, NodeAdded) else ClusterEvent.NODE_UPDATED
+    m.fire(kind, m.state.add_node(spec))
+
+
+def node_removed(m: ShardModel, event: NodeRemoved) -> None:
+    slot = m.state.index.get(event.name)
+    lost = list(m.state.node_pods[slot]) if slot is not None else []
+    for key in lost:
+        m.release(key)
+    m.state.remove_node(event.name)
+
+
+HANDLERS: Final[dict[type, Callable[[ShardModel, Any], None]]] = {
+    PodSubmitted: submitted,
+    PodGroupSubmitted: ShardModel.group_submitted,
+    QuotaDefined: quota_defined,
+    PodBound: bound_seen,
+    PodUnschedulable: unschedulable,
+    BindFailed: bind_failed,
+    PodSucceeded: finished(SUCCEEDED),
+    PodDeleted: finished(FAILED),
+    PodFailed: finished(FAILED),
+    PodRejected: finished(FAILED),
+    PodEvicted: finished(FAILED),
+    PodPreempted: finished(FAILED),
+    PodRouted: routed,
+    PoolReleased: pool_released,
+    PoolHandedOver: handed_over,
+    PodAdopted: adopted,
+    PodHandedBack: handed_back,
+    PodUnbound: unbound,
+    ReservationRequested: reservation_requested,
+    PreemptionRequested: preemption_requested,
+    ReservationGranted: granted,
+    ReservationDenied: part_closed,
+    ReservationCommitted: committed,
+    ReservationAborted: aborted,
+    ReservationReleased: part_closed,
+    PodGroupStatusChanged: status_seen,
+    NodeAdded: node_added,
+    NodeUpdated: node_added,
+    NodeRemoved: node_removed,
+}
+"""Event kind → fold. Kinds not listed (ticks, snapshots, configuration: the engine's
+own) only advance time."""

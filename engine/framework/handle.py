@@ -1,0 +1,48 @@
+"""What a plugin may read of the engine it runs in (kube-scheduler's ``framework.Handle``).
+
+A plugin that needs more than the pod and the nodes' columns (a quota, the pods running
+on a node, a gang) takes the handle when it is built. It reads; it never changes the
+state except through the attempt's :class:`~engine.model.statement.Statement`, which
+the framework gives it in the cycle (``cycle.read("", STATEMENT)``) and commits or
+discards whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final, Protocol
+
+from engine.model.groups import GroupInfo
+from engine.model.pods import PodInfo
+from engine.model.quota import QuotaTable
+from engine.model.state import ClusterState
+
+STATEMENT: Final = "statement"
+"""Cycle key (under the empty plugin name) of the attempt's statement."""
+
+
+class Handle(Protocol):
+    """The engine's state, as plugins see it."""
+
+    @property
+    def state(self) -> ClusterState:
+        """The cluster columns (staged changes included)."""
+        ...
+
+    @property
+    def quotas(self) -> QuotaTable:
+        """Elastic quotas and every namespace's usage (staged changes included)."""
+        ...
+
+    @property
+    def pods(self) -> Mapping[str, PodInfo]:
+        """Live pods: pending, assumed or bound."""
+        ...
+
+    @property
+    def groups(self) -> Mapping[str, GroupInfo]: ...
+
+    @property
+    def started(self) -> Mapping[str, int]:
+        """Placed pod → when it was placed."""
+        ...

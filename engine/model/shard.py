@@ -1,0 +1,483 @@
+"""What a shard knows, and the operations that keep it consistent.
+
+:class:`ShardModel` is the data layer of one engine: the cluster columns, the queue,
+the quotas, every live pod and group, finished pods' outcomes, reservations and the
+bookkeeping that ties them together. Its methods change that state and keep its
+invariants (a placed pod is in the columns, in its quota and in ``bindings``; a
+finished pod is in none of them); they decide nothing. The fold (:mod:`engine.fold`)
+calls them for each event and the pass steps (:mod:`engine.passes`) for each decision,
+so that a decision made and the same decision replayed change the state alike.
+
+The one thing this layer asks of the layers above is :class:`Hints`: which parked pods
+a cluster change may help (the plugins know; the model only asks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final, Protocol
+
+from engine.model.changes import ClusterEvent
+from engine.model.groups import (
+    FAILED,
+    PENDING,
+    SCHEDULED,
+    SUCCEEDED,
+    DependencyState,
+    GroupInfo,
+    NextRuns,
+    advance,
+    group_is_over,
+    group_unit,
+    hold_for_next_run,
+    is_group_unit,
+)
+from engine.model.pods import PodInfo, pod_info
+from engine.model.pools import Pools
+from engine.model.queue import SchedulingQueue
+from engine.model.quota import QuotaTable
+from engine.model.reservations import Reservation
+from engine.model.state import ClusterState
+from events.types import PodGroupSubmitted, PodSpec, PoolReleased, ShardSummary
+
+QUOTA_PLUGIN: Final = "ElasticQuota"
+"""The plugin that admits pods by their namespace's elastic quota: a pod it rejected may
+fit once any pod anywhere frees capacity, on no particular node."""
+
+
+class Hints(Protocol):
+    """What the plugins say about a parked pod (implemented by the profiles)."""
+
+    def events_for(self, pod: PodInfo, plugins: tuple[str, ...]) -> frozenset[ClusterEvent]:
+        """The cluster changes that may help ``pod``, which ``plugins`` rejected."""
+        ...
+
+    def worth_retrying(
+        self,
+        pod: PodInfo,
+        plugins: tuple[str, ...],
+        event: ClusterEvent,
+        slot: int,
+        state: ClusterState,
+    ) -> bool:
+        """Whether ``event`` on node ``slot`` may let ``pod`` pass ``plugins``."""
+        ...
+
+
+class ShardModel:
+    """The state of one engine (a shard, or the coordinator's view of every shard)."""
+
+    def __init__(
+        self, *, shard: int = 0, initial_backoff_seconds: int = 1, max_backoff_seconds: int = 10
+    ) -> None:
+        self.shard = shard
+        self.state = ClusterState()
+        self.queue = SchedulingQueue(initial_backoff_seconds, max_backoff_seconds)
+        self.quotas = QuotaTable(self.state.resources)
+        self.pools = Pools()
+        """Pool rules and tenants' exclusive pools (``ShardingConfigured``)."""
+        self.pods: dict[str, PodInfo] = {}
+        """Live pods: pending, assumed or bound. Finished and deleted pods are dropped."""
+        self.groups: dict[str, GroupInfo] = {}
+        self.outcomes: dict[str, str] = {}
+        """Finished pods: ``Succeeded`` or ``Failed`` (dependencies read it)."""
+        self.next_runs: NextRuns = {}
+        """Groups whose name a PodGroup of another uid claimed while pods of theirs were
+        live → that PodGroup and the pods that came for it since: they start once the
+        group is over (:func:`group_is_over`), not as members of the run before."""
+        self.finished_uids: dict[str, str] = {}
+        """Finished pods → the uid of the pod that finished under that name (see
+        :meth:`reincarnated`)."""
+        self.bindings: dict[str, str] = {}
+        """Pod → decision id of its current placement."""
+        self.started: dict[str, int] = {}
+        """Pod → time it was placed (victims are chosen most recently started first)."""
+        self.waiting: dict[str, str] = {}
+        """Units held out of the queue (group short of members, dependencies) → why."""
+        self.said: dict[str, str] = {}
+        """Pod → the waiting reason last emitted for it (emitted once per change)."""
+        self.dirty: dict[str, None] = {}
+        """Units whose readiness must be settled at the next pass."""
+        self.group_changes: dict[str, None] = {}
+        """Groups whose status may have changed since it was last reported."""
+        self.dependents: dict[str, dict[str, None]] = {}
+        """Pod or group → units waiting on it (woken when it changes)."""
+        self.placed_priorities: dict[int, int] = {}
+        """How many placed pods have each priority (is anything preemptible?)."""
+        self.dispatched: dict[str, str] = {}
+        """Units handed to another component to place (the coordinator's delegations)
+        → where: neither queued nor placed here until it answers."""
+        self.now = 0
+        self.seen = -1
+        """Control offset of the last record the coordinator forwarded here (-1: none; a
+        single-shard log has no coordinator)."""
+        self.delegated: dict[str, str] = {}
+        """Pods the coordinator handed this shard to place → the decision id to use:
+        placed at once or handed back, never kept waiting here."""
+        self.placed_here: dict[str, str] = {}
+        """Delegated pods placed since the last summary → node (what the summary says)."""
+        self.evicting: dict[str, str] = {}
+        """Pods the coordinator chose to evict here → the pod they make room for: the
+        next pass evicts them."""
+        self.reservations: dict[str, Reservation] = {}
+        self.reserved: dict[str, str] = {}
+        """Pod → the reservation holding it."""
+        self.broken: dict[str, str] = {}
+        """Scheduled gangs that fell below minMember after a failed bind → why; the
+        next pass takes back the rest of the gang."""
+        self.last_summary: ShardSummary | None = None
+        self.releasing: dict[str, PoolReleased] = {}
+        """Pools to hand over at the next pass (their nodes and what runs there)."""
+        self.submissions = 0
+        self.counters = {"attempts": 0, "bound": 0, "unschedulable": 0, "events": 0, "preempted": 0}
+        self.hints: Hints | None = None
+        """Set by the engine from its profiles; not state (a snapshot leaves it out)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(shard={self.shard}, now={self.now}, {self.state!r})"
+
+    def count(self, counter: str, n: int = 1) -> None:
+        self.counters[counter] += n
+
+    # ------------------------------------------------------------------ lookups
+
+    def queue_of(self, namespace: str) -> str:
+        """The fair-share queue of a namespace: its own if it has a quota."""
+        return namespace if self.quotas.get(namespace) is not None else ""
+
+    def unit_of(self, key: str) -> str:
+        """The queue unit of pod ``key``: its group while the group is Pending."""
+        pod = self.pods[key]
+        group = self.groups.get(pod.spec.group) if pod.spec.group else None
+        if pod.spec.group and (group is None or group.phase == PENDING):
+            return group_unit(pod.spec.group)
+        return key
+
+    def preemptible_below(self, priority: int) -> bool:
+        """Is any placed pod of lower priority than ``priority``?"""
+        return any(p < priority for p in self.placed_priorities)
+
+    def placed_members(self, group: GroupInfo) -> list[str]:
+        return [m for m in group.members if m in self.state.pods]
+
+    def dependency_state(self, depends_on: tuple[str, ...]) -> DependencyState:
+        details = []
+        waiting = ""
+        for dep in depends_on:
+            group = self.groups.get(dep)
+            if group is not None and group.spec is not None:
+                state: str = group.phase.value
+                if group.phase == SCHEDULED:
+                    state = f"Running ({group.succeeded}/{len(group.members)} succeeded)"
+            elif dep in self.outcomes:
+                state = self.outcomes[dep]
+            elif dep in self.pods:
+                state = "Running" if dep in self.state.pods else "Pending"
+            else:
+                state = "not found"
+            details.append((dep, state))
+            if state == FAILED:
+                return DependencyState(False, failed=dep, details=tuple(details))
+            if state != SUCCEEDED and not waiting:
+                waiting = f"waiting for {dep} to succeed ({state})"
+        return DependencyState(not waiting, waiting=waiting, details=tuple(details))
+
+    def depends_on(self, unit: str) -> tuple[str, ...]:
+        if is_group_unit(unit):
+            group = self.groups[unit[1:]]
+            deps = list(group.spec.depends_on if group.spec else ())
+            for member in group.members:
+                if member in self.pods:
+                    deps.extend(self.pods[member].spec.depends_on)
+            return tuple(dict.fromkeys(deps))
+        pod = self.pods[unit]
+        owner = self.groups.get(pod.spec.group)
+        extra = owner.spec.depends_on if owner is not None and owner.spec is not None else ()
+        return tuple(dict.fromkeys((*extra, *pod.spec.depends_on)))
+
+    # ------------------------------------------------------------------ names used again
+
+    def reincarnated(self, spec: PodSpec) -> bool:
+        """Whether ``spec``, named like a pod that finished, is another pod: Kubernetes
+        lets a name be used again once its pod is gone (a StatefulSet's pods always
+        are; so is a pod deleted and applied again). It is when it has a uid and the
+        pod that finished had another (or finished on another shard). Its name's old
+        outcome is forgotten: from now on it is this pod's. A pod without a uid (a
+        scenario's) is the same pod, told twice."""
+        if not self.another_pod(spec):
+            return False
+        del self.outcomes[spec.key]
+        self.finished_uids.pop(spec.key, None)
+        return True
+
+    def another_pod(self, spec: PodSpec) -> bool:
+        """Whether ``spec`` is another pod than the one that finished under its name
+        (the test of :meth:`reincarnated`, which changes nothing)."""
+        key = spec.key
+        return bool(spec.uid) and key in self.outcomes and self.finished_uids.get(key) != spec.uid
+
+    def renew_group(self, old: GroupInfo) -> GroupInfo:
+        """A fresh group under ``old``'s name, which is over (:func:`group_is_over`):
+        another PodGroup, or new pods, use the name now; the group waits for its
+        PodGroup, as any group whose pods come first."""
+        key = old.key
+        self.reservations.pop(old.reservation, None)  # a part's, done: its pods ran
+        unit = group_unit(key)
+        self.queue.remove(unit)
+        self.waiting.pop(unit, None)
+        self.broken.pop(key, None)
+        self.outcomes.pop(key, None)
+        group = self.groups[key] = GroupInfo(key, seq=self.submissions)
+        self.submissions += 1
+        self.group_changes[key] = None
+        return group
+
+    def start_next_runs(self) -> None:
+        """Start the runs waiting for groups that are over now: a fresh group under the
+        waiting PodGroup, with the pods that came for it, in their order."""
+        for key in sorted(self.next_runs):
+            group = self.groups.get(key)
+            if group is not None and not group_is_over(group, self.pods):
+                continue
+            spec, waiting = self.next_runs.pop(key)
+            if group is not None:
+                self.renew_group(group)
+            self.group_submitted(PodGroupSubmitted(group=spec))
+            for pod in waiting:
+                self.submit(pod)
+
+    # ------------------------------------------------------------------ pods and groups
+
+    def submit(self, spec: PodSpec) -> None:
+        key = spec.key
+        if key in self.pods:
+            return
+        if key in self.outcomes:  # (the hot path, a new pod, checks two dicts, no more)
+            if not self.another_pod(spec):
+                return
+            if not (self.next_runs and spec.group in self.next_runs):
+                self.reincarnated(spec)
+        if spec.group:
+            if self.next_runs and hold_for_next_run(self.next_runs, spec) is not None:
+                return  # for the group's next run, once this one is over
+            over = self.groups.get(spec.group)
+            if over is not None and group_is_over(over, self.pods):
+                self.renew_group(over)  # before this pod counts as live
+        info = pod_info(spec, self.state.resources, self.submissions)
+        self.submissions += 1
+        self.state.ensure_rows()
+        self.pods[key] = info
+        if info.spec.group:
+            group = self.groups.get(info.spec.group)
+            if group is None:
+                group = self.groups[info.spec.group] = GroupInfo(info.spec.group, seq=info.seq)
+            group.members[key] = None
+            self.dirty[self.unit_of(key)] = None
+        elif info.spec.depends_on:
+            self.dirty[key] = None
+        else:
+            self.queue.add(key, info.priority, info.seq, self.queue_of(info.spec.namespace))
+
+    def group_submitted(self, event: PodGroupSubmitted) -> None:
+        from engine.model.groups import claim_next_run
+
+        key = event.group.key
+        group = self.groups.get(key)
+        if group is None:
+            group = self.groups[key] = GroupInfo(key, seq=self.submissions)
+            self.submissions += 1
+        if group.spec is not None:
+            uid = event.group.uid
+            if not uid or uid == group.spec.uid:
+                return  # the same group told again (or one without an object)
+            if not group_is_over(group, self.pods):
+                # pods of the group's run still live (or wait): the new PodGroup, and the
+                # pods that come for it, wait for that run to be over
+                claim_next_run(self.next_runs, event.group)
+                return
+            group = self.renew_group(group)
+        group.spec = event.group
+        group.created_at = event.created_at if event.created_at >= 0 else self.now
+        self.dirty[group_unit(key)] = None
+        self.group_changes[key] = None
+        self.wake(key)
+        for member in group.members:
+            if member in self.pods:  # (a member may be gone: another spec, for those left)
+                self.dirty[self.unit_of(member)] = None
+
+    def place(self, key: str, slot: int, decision_id: str) -> None:
+        """Assume ``key`` on ``slot`` in state and quota (already staged is fine)."""
+        pod = self.pods[key]
+        if key not in self.state.pods:
+            self.state.assume(key, slot, pod.request, pod.priority)
+            self.quotas.add(pod.spec.namespace, pod.request)
+        if key not in self.bindings:
+            self.placed_priorities[pod.priority] = self.placed_priorities.get(pod.priority, 0) + 1
+        self.bindings[key] = decision_id
+        self.started[key] = self.now
+        self.dispatched.pop(key, None)
+        self.wake(key)
+        if pod.spec.group:
+            self.group_changes[pod.spec.group] = None
+            self.wake(pod.spec.group)
+
+    def release(self, key: str) -> int | None:
+        """Forget ``key``'s placement in state and quota; return the slot freed."""
+        pod = self.pods[key]
+        if self.bindings.pop(pod.key, None) is not None:
+            left = self.placed_priorities[pod.priority] - 1
+            if left:
+                self.placed_priorities[pod.priority] = left
+            else:
+                del self.placed_priorities[pod.priority]
+        self.started.pop(pod.key, None)
+        if pod.spec.group:
+            self.group_changes[pod.spec.group] = None
+        placed = self.state.pods.get(key)
+        if placed is None:
+            return None
+        self.quotas.remove(pod.spec.namespace, placed.request)
+        return self.state.forget(key)
+
+    def release_if_placed(self, key: str) -> int | None:
+        return self.release(key) if key in self.pods else None
+
+    def wake(self, key: str) -> None:
+        """``key`` changed: settle again whatever waits on it."""
+        waiting = self.dependents.pop(key, None)
+        if waiting:
+            self.dirty.update(waiting)
+
+    def finish(self, key: str, outcome: str) -> None:
+        """Pod ``key`` is over (succeeded, failed, deleted, preempted, rejected)."""
+        if key not in self.pods:
+            for _, waiting in self.next_runs.values():  # gone before its run started
+                waiting[:] = [p for p in waiting if p.key != key]
+            if key not in self.outcomes:
+                self.outcomes[key] = outcome  # it ran on another shard: a dependency's fate
+                self.wake(key)
+            return
+        slot = self.release(key)
+        pod = self.pods.pop(key)
+        self.reserved.pop(key, None)  # a finished pod holds no part of any reservation
+        self.dispatched.pop(key, None)
+        self.delegated.pop(key, None)
+        self.outcomes[key] = outcome
+        if pod.spec.uid:
+            self.finished_uids[key] = pod.spec.uid
+        self.queue.remove(key)
+        self.waiting.pop(key, None)
+        self.said.pop(key, None)
+        if pod.spec.group in self.groups:
+            self.member_finished(self.groups[pod.spec.group], outcome)
+        self.wake(key)
+        if slot is not None:
+            self.fire(ClusterEvent.POD_FREED, slot)
+
+    def member_finished(self, group: GroupInfo, outcome: str) -> None:
+        if outcome == SUCCEEDED:
+            group.succeeded += 1
+        else:
+            group.failed += 1
+        if group.phase == SCHEDULED and outcome == FAILED:
+            advance(group, FAILED, "a member failed")
+        live = [m for m in group.members if m in self.pods]
+        if group.phase == SCHEDULED and not live and group.failed == 0:
+            advance(group, SUCCEEDED)
+        self.dirty[group_unit(group.key)] = None
+        self.group_changes[group.key] = None
+        self.wake(group.key)
+
+    def drop(self, key: str) -> None:
+        """Forget pending pod ``key`` entirely: another shard has it now."""
+        pod = self.pods.get(key)
+        if pod is None:
+            return
+        self.release(key)
+        del self.pods[key]
+        self.queue.remove(key)
+        self.waiting.pop(key, None)
+        self.said.pop(key, None)
+        self.delegated.pop(key, None)
+        self.dispatched.pop(key, None)
+        self.reserved.pop(key, None)
+        group = self.groups.get(pod.spec.group) if pod.spec.group else None
+        if group is not None:
+            group.members.pop(key, None)
+
+    def drop_group(self, key: str) -> None:
+        group = self.groups.pop(key, None)
+        if group is None:
+            return
+        for member in list(group.members):
+            self.drop(member)
+        unit = group_unit(key)
+        self.queue.remove(unit)
+        self.waiting.pop(unit, None)
+        self.group_changes.pop(key, None)
+        self.broken.pop(key, None)
+
+    # ------------------------------------------------------------------ requeue
+
+    def fire(self, event: ClusterEvent, slot: int) -> None:
+        """Requeue parked units that ``event`` on ``slot`` may help (hints per shape)."""
+        hints = self.hints
+        verdicts: dict[tuple[object, ...], bool] = {}
+
+        def helps(unit: str, plugins: tuple[str, ...]) -> bool:
+            if is_group_unit(unit) or QUOTA_PLUGIN in plugins or slot < 0:
+                return True
+            pod = self.pods[unit]
+            if hints is None:
+                return True
+            cache_key = (pod.spec.scheduler_name, pod.shape_key, plugins)
+            verdict = verdicts.get(cache_key)
+            if verdict is None:
+                verdict = hints.worth_retrying(pod, plugins, event, slot, self.state)
+                verdicts[cache_key] = verdict
+            return verdict
+
+        limit = (
+            self._capacity_limit(slot) if event == ClusterEvent.POD_FREED and slot >= 0 else None
+        )
+        self.queue.on_event(event, self.now, helps, limit)
+
+    def _capacity_limit(self, slot: int) -> Callable[[str, int], int]:
+        """How many parked pods of a bucket the freed node ``slot`` can hold: only that
+        node changed, so pods beyond its free capacity would fail again."""
+        budget: dict[int, int] = {}
+        free = self.state.free
+
+        def limit(unit: str, waiting: int) -> int:
+            plugins = self.queue.reason_plugins(unit)
+            if is_group_unit(unit) or QUOTA_PLUGIN in plugins or not plugins:
+                return waiting
+            pod = self.pods[unit]
+            count = waiting
+            for row, amount in pod.request:
+                left = budget.setdefault(row, int(free[row, slot]))
+                count = min(count, left // amount)
+            for row, amount in pod.request:
+                budget[row] -= count * amount
+            return count
+
+        return limit
+
+    def events_for(self, pod: PodInfo, plugins: tuple[str, ...]) -> frozenset[ClusterEvent]:
+        if self.hints is None:
+            return frozenset(ClusterEvent)
+        return self.hints.events_for(pod, plugins)
+
+    def park(self, unit: str, pod: PodInfo, plugins: tuple[str, ...], shape: object) -> None:
+        """Park ``unit`` (``pod``, or a group led by it) until a change may help."""
+        self.queue.park(
+            unit,
+            pod.priority,
+            pod.seq,
+            pod.attempts,
+            self.now,
+            plugins,
+            self.events_for(pod, plugins),
+            self.queue_of(pod.spec.namespace),
+            shape,
+        )

@@ -1,0 +1,112 @@
+"""Where a pass's decisions go: the one port between the pass and the engine's place.
+
+A pass decides the same way wherever its engine runs; what differs is what a decision
+becomes. An engine that owns its nodes (one shard, or a shard of many) binds and evicts
+itself (:class:`Local`). The coordinator of several shards runs the same pass over its
+view of every shard: it may hand a unit to a shard that will certainly hold it instead
+of deciding the node itself, and what it decides becomes requests to the shards that
+own the nodes (``shards.coordinator``). Both sides implement :class:`Dispatch`.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import TYPE_CHECKING, Protocol
+
+from engine.model.changes import ClusterEvent
+from engine.model.pods import PodInfo
+from engine.model.statement import Statement
+from events.types import PodBound, PodPreempted
+
+if TYPE_CHECKING:
+    from engine.passes.run import SchedulingPass
+
+
+Placed = list[tuple[PodInfo, int, int]]
+"""(pod, slot, score) of each pod an attempt placed."""
+
+
+class Route(Enum):
+    """What becomes of a unit the queue hands the pass."""
+
+    ATTEMPT = "attempt"
+    """Decide it here: filter, score, preempt if need be."""
+    HANDED = "handed"
+    """Handed to someone who will place it (it left the queue)."""
+    WAIT = "wait"
+    """Not now: back to the head of the queue, and the pass stops there."""
+
+
+class Dispatch(Protocol):
+    def route(self, p: SchedulingPass, unit: str) -> Route:
+        """Before unit ``unit`` (a pod key, or ``@group``) is attempted. May hand it on
+        (then it must take it out of the queue and mark it dispatched in the model)."""
+        ...
+
+    def commit(self, p: SchedulingPass, statement: Statement | None, placed: Placed) -> bool:
+        """Make a successful attempt (a pod, or a whole gang) happen: the evictions
+        ``statement`` staged, then ``placed`` (pod, slot, score). With a statement, the
+        placements are already assumed in the state by it; without one (a pod that
+        simply fits), nothing is staged yet. True: placed; False: only the evictions
+        are under way, and the unit waits for them (it must not be queued meanwhile)."""
+        ...
+
+
+class Local:
+    """An engine that owns its nodes: evictions and bindings are its own decisions."""
+
+    def route(self, p: SchedulingPass, unit: str) -> Route:
+        return Route.ATTEMPT
+
+    def commit(self, p: SchedulingPass, statement: Statement | None, placed: Placed) -> bool:
+        if statement is None:
+            for pod, slot, score in placed:
+                bind(p, pod, slot, score)
+            return True
+        e = p.e
+        freed: list[int] = []
+        for op in statement.ops:
+            if op.kind != "evict":
+                continue
+            by = op.by or placed[0][0].key
+            node = e.state.names[op.slot] or ""
+            p.out.append(PodPreempted(pod=op.key, node=node, by=by, shard=e.shard))
+            e.count("preempted")
+            victim = e.pods.get(op.key)
+            group = e.groups.get(victim.spec.group) if victim else None
+            e.finish(op.key, "Failed")
+            if group is not None:
+                group.reason = f"preempted by {by}"
+            freed.append(op.slot)
+        statement.commit()
+        for pod, slot, score in placed:
+            bind(p, pod, slot, score)
+        if freed:
+            p.failed.clear()
+            for slot in freed:
+                e.fire(ClusterEvent.POD_FREED, slot)
+        return True
+
+
+def bind(p: SchedulingPass, pod: PodInfo, slot: int, score: int) -> None:
+    """Place ``pod`` on ``slot`` here and say so (``PodBound``)."""
+    e = p.e
+    decision_id = e.delegated.get(pod.key) or f"{pod.key}@{pod.seq}#{pod.attempts}"
+    e.place(pod.key, slot, decision_id)
+    node = e.state.names[slot]
+    assert node is not None
+    if pod.key in e.delegated:
+        e.placed_here[pod.key] = node
+    p.out.append(
+        PodBound(
+            pod=pod.key,
+            node=node,
+            decision_id=decision_id,
+            attempt=pod.attempts,
+            shard=e.shard,
+            score=score,
+        )
+    )
+    e.count("bound")
+    if pod.spec.group in e.groups:
+        e.group_changes[pod.spec.group] = None

@@ -1,0 +1,178 @@
+"""A gang's attempt: all pending members against staged state, committed or undone whole.
+
+Members are tried in arrival order, each through its profile (pre-filters, among them
+ElasticQuota and Coscheduling's minResources; filters; scores); if fewer than minMember
+can be placed, members that failed may preempt (the profile's post-filters), still
+staged. Only when minMember is reached does anything leave the statement, through the
+dispatch: evictions first, then the bindings. Members beyond minMember that did not fit
+become ordinary pods, retried on their own.
+
+A part of a gang the coordinator asked this shard to hold (a reservation) is a gang of
+its own whose every pod must be placed, never by preemption: on the nodes the
+coordinator chose for them, checked against this shard's own state, or (a gang handed
+over whole) where the profile puts them. It is granted or denied at once.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from engine.framework.cycle import CycleState
+from engine.framework.runtime import Framework
+from engine.model.changes import ClusterEvent
+from engine.model.groups import SCHEDULED, advance, group_unit
+from engine.model.pods import PodInfo
+from engine.model.statement import Statement
+from engine.passes.dispatch import Placed
+from engine.passes.pods import may_preempt, no_profile, preempt_into
+from events.types import ReservationDenied, ReservationGranted
+
+if TYPE_CHECKING:
+    from engine.passes.run import SchedulingPass
+
+Failure = tuple[str, tuple[str, ...], dict[str, int]]
+"""Why a member found no node: the message, the rejecting plugins, nodes by reason."""
+
+
+def attempt_group(p: SchedulingPass, key: str) -> None:
+    """Place a Pending gang: every pending member against staged state, preempting
+    if that can reach minMember; commit all or undo all."""
+    from engine.fold import granted, part_closed
+
+    e = p.e
+    group = e.groups[key]
+    assert group.spec is not None
+    group.attempts += 1
+    members = [e.pods[m] for m in group.members if m in e.pods]
+    pending = [m for m in members if m.key not in e.state.pods]
+    need = group.min_member - (len(members) - len(pending))
+    statement = Statement(e.state, e.quotas)
+    placed: Placed = []
+    failures: dict[str, Failure] = {}
+    directed = e.reservations[group.reservation].placements if group.reservation else {}
+    for pod in pending:
+        pod.attempts += 1
+        e.count("attempts")
+        framework = p.profiles.framework_for(pod)
+        if framework is None:
+            failures[pod.key] = (no_profile(pod), (), {})
+            continue
+        if pod.key in directed:
+            failure = _directed(p, statement, pod, framework, directed[pod.key])
+            if failure is None:
+                placed.append((pod, e.state.pods[pod.key].slot, 0))
+            else:
+                failures[pod.key] = failure
+            continue
+        attempt = framework.schedule(pod, e.state, explain=pod.key == p.explain)
+        p.record(pod, attempt)
+        if attempt.slot >= 0:
+            statement.assume(pod.key, pod.spec.namespace, attempt.slot, pod.request, pod.priority)
+            placed.append((pod, attempt.slot, 0))
+        else:
+            d = attempt.diagnosis
+            plugins = tuple(d.plugins) if d and d.plugins else ()
+            if not plugins and attempt.status.plugin:
+                plugins = (attempt.status.plugin,)
+            failures[pod.key] = (attempt.status.message(), plugins, d.rejections() if d else {})
+    if len(placed) < need and not group.reservation:
+        _preempt_for(p, statement, pending, placed, failures, need, key)
+    if placed and len(placed) >= need and group.reservation:
+        statement.commit()
+        grant = ReservationGranted(
+            rid=group.reservation,
+            group=key,
+            placements={pod.key: e.state.names[slot] or "" for pod, slot, _ in placed},
+            shard=e.shard,
+        )
+        granted(e, grant)  # already staged in state: records them as held
+        p.out.append(grant)
+        return
+    if placed and len(placed) >= need:
+        if not p.dispatch.commit(p, statement, placed):
+            return  # evictions under way: the gang waits for them, whole
+        advance(group, SCHEDULED)
+        e.group_changes[key] = None
+        e.wake(key)
+        for pod in pending:
+            if pod.key in failures:  # beyond minMember: an ordinary pod from now on
+                reason, plugins, rejections = failures[pod.key]
+                p.unschedulable(pod, reason, plugins, rejections)
+        return
+    statement.discard()
+    first = next(iter(failures.values()), ("", (), {}))
+    reason = (
+        f"pod group {key}: {len(placed)} of the {need} members still needed fit; {first[0]}"
+    ).rstrip("; ")
+    plugins = tuple(dict.fromkeys(name for f in failures.values() for name in f[1]))
+    if group.reservation:
+        denial = ReservationDenied(rid=group.reservation, group=key, reason=reason, shard=e.shard)
+        part_closed(e, denial)
+        p.out.append(denial)
+        return
+    for pod in pending:
+        _, _, rejections = failures.get(pod.key, ("", (), {}))
+        p.unschedulable(pod, reason, plugins, rejections, unit=group_unit(key))
+    group.reason = reason
+    e.group_changes[key] = None
+    framework = p.profiles.framework_for(pending[0]) if pending else None
+    events = framework.events_for(plugins) if framework and plugins else frozenset(ClusterEvent)
+    e.queue.park(
+        group_unit(key),
+        p.group_priority(group),
+        group.seq,
+        group.attempts,
+        e.now,
+        plugins,
+        events,
+        e.queue_of(group.namespace),
+    )
+
+
+def _directed(
+    p: SchedulingPass, statement: Statement, pod: PodInfo, framework: Framework, node: str
+) -> Failure | None:
+    """Stage ``pod`` on ``node`` (the coordinator's choice) if this shard's own state
+    agrees it fits there: the profile's pre-filters, and its filters on that node."""
+    e = p.e
+    slot = e.state.index.get(node)
+    if slot is None:
+        return (f"node {node} is not on this shard", (), {})
+    cycle = CycleState()
+    status = framework.run_pre_filters(cycle, pod, e.state)
+    if not status.ok:
+        return (status.message(), (status.plugin,) if status.plugin else (), {})
+    if not framework.feasible(cycle, pod, e.state)[slot]:
+        return (f"{pod.key} no longer fits node {node}", ("NodeResourcesFit",), {})
+    statement.assume(pod.key, pod.spec.namespace, slot, pod.request, pod.priority)
+    return None
+
+
+def _preempt_for(
+    p: SchedulingPass,
+    statement: Statement,
+    pending: list[PodInfo],
+    placed: Placed,
+    failures: dict[str, Failure],
+    need: int,
+    key: str,
+) -> None:
+    """Members that failed may preempt (staged), in order, until minMember is reached."""
+    for pod in pending:
+        if len(placed) >= need:
+            break
+        framework = p.profiles.framework_for(pod)
+        if pod.key not in failures or framework is None:
+            continue
+        if not failures[pod.key][1] and not statement.evicted():
+            continue  # no plugin to blame: nothing preemption could change
+        from engine.framework.results import Attempt
+        from engine.framework.status import Status
+
+        refused = Attempt(-1, Status(plugin=",".join(failures[pod.key][1])))
+        if not may_preempt(p, pod, refused):
+            continue
+        slot = preempt_into(p, statement, pod, framework, exclude_group=key)
+        if slot is not None:
+            placed.append((pod, slot, 0))
+            del failures[pod.key]

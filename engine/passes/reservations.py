@@ -1,0 +1,118 @@
+"""The shard's side of the coordinator's requests, at the start of each pass.
+
+Parts held for the coordinator (:mod:`engine.model.reservations`) are committed (a
+``PodBound`` for each pod), released (aborted, broken by a failed bind, or expired:
+``PodUnbound`` for what was bound, then ``ReservationReleased``), and what the
+coordinator asked to evict is evicted (``PodPreempted``). A pod or gang the coordinator
+handed over and this shard cannot place is handed back (``PodHandedBack``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+from engine.fold import handed_back, part_closed
+from engine.model.reservations import COMMITTED, COMMITTING, HELD, STAGING, Reservation, decision_id
+from events.types import (
+    PodBound,
+    PodHandedBack,
+    PodPreempted,
+    PodUnbound,
+    ReservationReleased,
+)
+
+if TYPE_CHECKING:
+    from engine.passes.run import SchedulingPass
+
+
+def settle_reservations(p: SchedulingPass) -> None:
+    """Commit what was committed, let go of what was aborted, broken or expired."""
+    e = p.e
+    for rid in sorted(e.reservations):
+        res = e.reservations[rid]
+        if res.state == COMMITTING:
+            commit(p, res)
+        if res.ending:
+            release(p, res, res.ending)
+        elif res.state in (STAGING, HELD) and res.expires_at <= e.now:
+            release(p, res, "expired: no commit before the reservation's time-out")
+
+
+def commit(p: SchedulingPass, res: Reservation) -> None:
+    e = p.e
+    for key in res.pods:
+        slot = e.state.pods[key].slot if key in e.state.pods else None
+        if key in res.bound or slot is None:
+            continue
+        node = e.state.names[slot] or ""
+        pod = e.pods[key]
+        res.bound.add(key)
+        p.out.append(
+            PodBound(
+                pod=key,
+                node=node,
+                decision_id=decision_id(key, res.rid),
+                attempt=pod.attempts,
+                shard=e.shard,
+            )
+        )
+        e.count("bound")
+    res.advance(COMMITTED)
+
+
+def release(p: SchedulingPass, res: Reservation, reason: str) -> None:
+    """Let ``res`` go: unbind what was bound, then forget the part."""
+    e = p.e
+    for key in res.pods:
+        if key in res.bound and key in e.state.pods:
+            slot = e.state.pods[key].slot
+            p.out.append(
+                PodUnbound(
+                    pod=key,
+                    node=e.state.names[slot] or "",
+                    decision_id=decision_id(key, res.rid),
+                    reason=f"reservation {res.rid} {reason}",
+                    shard=e.shard,
+                )
+            )
+    event = ReservationReleased(rid=res.rid, group=res.group, reason=reason, shard=e.shard)
+    part_closed(e, event)
+    p.out.append(event)
+
+
+def evict(p: SchedulingPass, victims: dict[str, str]) -> None:
+    """Evict what the coordinator chose to evict (``victims``: pod → the pod it makes
+    room for), those still placed here."""
+    e = p.e
+    for key, by in sorted(victims.items()):
+        placed = e.state.pods.get(key)
+        if placed is None or key not in e.pods:
+            continue
+        node = e.state.names[placed.slot] or ""
+        p.out.append(PodPreempted(pod=key, node=node, by=by, shard=e.shard))
+        e.count("preempted")
+        e.finish(key, "Failed")
+    p.failed.clear()
+
+
+RESOLVABLE: Final = frozenset({"NodeResourcesFit", "ElasticQuota", "Coscheduling"})
+"""Rejecting plugins whose verdict changes when capacity frees up."""
+
+
+def hand_back(
+    p: SchedulingPass,
+    *,
+    pod: str = "",
+    group: str = "",
+    reason: str,
+    plugins: tuple[str, ...] = (),
+) -> None:
+    event = PodHandedBack(
+        pod=pod,
+        group=group,
+        reason=reason,
+        shard=p.e.shard,
+        resolvable=bool(RESOLVABLE.intersection(plugins)),
+    )
+    handed_back(p.e, event)
+    p.out.append(event)

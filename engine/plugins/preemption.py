@@ -1,0 +1,353 @@
+"""DefaultPreemption: make room for a pod that fits nowhere by evicting others (PostFilter).
+
+Who may be evicted is CapacityScheduling's rule (scheduler-plugins), which is
+kube-scheduler's priority preemption wherever no elastic quota is involved:
+
+- a pod whose namespace has no quota evicts pods of strictly lower priority from
+  namespaces without a quota;
+- a pod within its namespace's ``min`` (with itself) *reclaims*: it evicts pods of other
+  namespaces that use more than their ``min`` (any priority), never taking one below
+  its ``min`` in the resources being reclaimed (those over the sum of the ``min``s, or
+  short on the node);
+- a pod beyond its namespace's ``min`` evicts only lower-priority pods of its own
+  namespace;
+- a pod with ``preemptionPolicy: Never`` evicts nothing.
+
+Which: per candidate node (one that only resources keep the pod from), every eligible
+pod there is removed; if the quota still refuses (the cluster is larger than the quotas'
+``min``, so room on a node is not what is missing), eligible pods elsewhere are added,
+least valuable first; then victims are reprieved one by one, most valuable first
+(highest priority, earliest start), while the pod still fits the node and its quota: what
+remains is a minimal set biased to the least valuable pods. A victim whose gang would
+drop below ``minMember`` takes its whole gang, and that counts in the cost. The node
+chosen minimises, in order: the number of victims (gangs expanded), the highest victim
+priority, the sum of their priorities; then it prefers victims that started last
+(kube-scheduler's "latest start time" rule), then the lowest slot. The per-node work
+runs on at most ``MAX_CANDIDATES`` nodes, those with the fewest eligible pods first.
+
+The victims and the pod are staged in the attempt's statement; the pass commits them
+(evictions first) or discards them whole, so nothing half-done is ever visible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Final
+
+import numpy as np
+
+from engine.framework.cycle import CycleState
+from engine.framework.handle import STATEMENT, Handle
+from engine.framework.interfaces import PostFilterResult
+from engine.framework.status import SUCCESS, unschedulable
+from engine.model.groups import SCHEDULED
+from engine.model.pods import PodInfo
+from engine.model.quota import QuotaTable
+from engine.model.resources import PODS
+from engine.model.state import Bools, ClusterState
+from engine.model.statement import Statement
+
+NAME: Final = "DefaultPreemption"
+MAX_CANDIDATES: Final = 64
+EXCLUDE: Final = "exclude_group"
+"""Cycle key: a gang whose members are never victims of its own attempt."""
+NOTHING = PostFilterResult(unschedulable("no victims make room"))
+
+
+class Mode(Enum):
+    """Whose pods a preemptor may evict (see the module docstring)."""
+
+    PRIORITY = "priority"
+    RECLAIM = "reclaim"
+    OWN = "own"
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    slot: int
+    victims: tuple[str, ...]
+    cost: tuple[int, int, int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class _Victim:
+    key: str
+    priority: int
+    started: int
+    namespace: str
+    slot: int
+    request: dict[str, int]
+
+    def rank(self) -> tuple[int, int, str]:
+        """Most valuable first: higher priority, then earlier start."""
+        return (-self.priority, self.started, self.key)
+
+
+class DefaultPreemption:
+    name = NAME
+
+    def __init__(self, handle: Handle) -> None:
+        self.handle = handle
+
+    def __repr__(self) -> str:
+        return "DefaultPreemption()"
+
+    def post_filter(
+        self, cycle: CycleState, pod: PodInfo, state: ClusterState, feasible: Bools
+    ) -> PostFilterResult:
+        """Stage the cheapest set of evictions that lets ``pod`` fit (``feasible``: the
+        nodes only resources keep it from) in the cycle's statement; the node they free
+        is nominated. Nothing staged when no plan exists."""
+        statement = cycle.read("", STATEMENT)
+        if not isinstance(statement, Statement) or pod.spec.preemption_policy == "Never":
+            return NOTHING
+        chosen = plan(pod, state, feasible, self.handle, cycle.read(NAME, EXCLUDE, ""))
+        if chosen is None:
+            return NOTHING
+        pods = self.handle.pods
+        for victim in chosen.victims:
+            if victim in state.pods:
+                statement.evict(victim, pods[victim].spec.namespace, by=pod.key)
+        return PostFilterResult(SUCCESS, chosen.slot)
+
+    def worth_trying(self, pod: PodInfo, refused_by_quota: bool) -> bool:
+        """Could any pod be a victim of ``pod`` at all (a cheap test before planning)?"""
+        if pod.spec.preemption_policy == "Never":
+            return False
+        quotas = self.handle.quotas
+        if refused_by_quota or quotas.get(pod.spec.namespace) is not None:
+            return True
+        return any(p < pod.priority for p in _priorities(self.handle))
+
+
+def _priorities(handle: Handle) -> list[int]:
+    return list(handle.state.used_by_priority)
+
+
+def mode_of(pod: PodInfo, quotas: QuotaTable) -> Mode:
+    quota = quotas.get(pod.spec.namespace)
+    if quota is None:
+        return Mode.PRIORITY
+    if quotas.within_min(pod.spec.namespace, pod.request):
+        return Mode.RECLAIM
+    return Mode.OWN
+
+
+def plan(
+    pod: PodInfo, state: ClusterState, allowed: Bools, handle: Handle, exclude_group: str = ""
+) -> Plan | None:
+    """The cheapest way to make room for ``pod``, or None (see the module docstring)."""
+    quotas = handle.quotas
+    mode = mode_of(pod, quotas)
+    exclude = exclude_group or pod.spec.group
+    wanted = quotas.named(pod.request)
+    quota = quotas.get(pod.spec.namespace)
+    agg_short: dict[str, int] = {}
+    max_short: dict[str, int] = {}
+    if quota is not None:
+        counted = quotas.wanted(quota, pod.request)
+        agg_short = quotas.short(counted)
+        for resource, amount in counted.items():
+            limit = quota.spec.max.get(resource)
+            if limit is not None and quota.used.get(resource, 0) + amount > limit:
+                max_short[resource] = quota.used.get(resource, 0) + amount - limit
+
+    def eligible(key: str) -> _Victim | None:
+        victim = handle.pods.get(key)
+        placed = state.pods.get(key)
+        if victim is None or placed is None or (exclude and victim.spec.group == exclude):
+            return None
+        namespace = victim.spec.namespace
+        theirs = quotas.get(namespace)
+        if mode == Mode.PRIORITY:
+            ok = theirs is None and victim.priority < pod.priority
+        elif mode == Mode.OWN:
+            ok = namespace == pod.spec.namespace and victim.priority < pod.priority
+        else:
+            ok = namespace != pod.spec.namespace and theirs is not None and theirs.borrowing()
+        if not ok:
+            return None
+        return _Victim(
+            key,
+            victim.priority,
+            handle.started.get(key, 0),
+            namespace,
+            placed.slot,
+            quotas.named(placed.request),
+        )
+
+    everyone = [v for key in state.pods if (v := eligible(key)) is not None]
+    if not everyone:
+        return None
+    by_slot: dict[int, list[_Victim]] = {}
+    extra = np.zeros_like(state.free)
+    for victim in everyone:
+        by_slot.setdefault(victim.slot, []).append(victim)
+        for row, amount in state.pods[victim.key].request:
+            extra[row, victim.slot] += amount
+    potential = state.free + extra
+    fits = allowed.copy()
+    for row, amount in pod.request:
+        fits &= potential[row] >= amount
+    if not (agg_short or max_short):
+        fits &= extra[PODS] > 0  # room on a node is all that is missing: need victims there
+    slots = np.flatnonzero(fits)
+    if slots.size == 0:
+        return None
+    order = np.lexsort((slots, extra[PODS][slots]))
+    least_first = sorted(everyone, key=lambda v: v.rank(), reverse=True)
+    best: Plan | None = None
+    for slot in (int(s) for s in slots[order][:MAX_CANDIDATES]):
+        chosen = _victims_for(
+            pod,
+            state,
+            slot,
+            by_slot.get(slot, []),
+            least_first,
+            wanted,
+            agg_short,
+            max_short,
+            quotas,
+            mode,
+        )
+        if chosen is None:
+            continue
+        expanded = dict.fromkeys(v.key for v in chosen)
+        for victim in chosen:
+            expanded.update(dict.fromkeys(_gang_of(handle, state, victim.key)))
+        infos = [_describe(handle, key) for key in expanded]
+        if not infos:
+            return Plan(slot, (), (0, 0, 0, 0, slot))  # fits already (staged room)
+        cost = (
+            len(infos),
+            max(p for p, _ in infos),
+            sum(p for p, _ in infos),
+            -max(s for _, s in infos),
+            slot,
+        )
+        if best is None or cost < best.cost:
+            best = Plan(slot, tuple(expanded), cost)
+    return best
+
+
+def _describe(handle: Handle, key: str) -> tuple[int, int]:
+    pod = handle.pods[key]
+    return pod.priority, handle.started.get(key, 0)
+
+
+def _victims_for(
+    pod: PodInfo,
+    state: ClusterState,
+    slot: int,
+    here: list[_Victim],
+    least_first: list[_Victim],
+    wanted: dict[str, int],
+    agg_short: dict[str, int],
+    max_short: dict[str, int],
+    quotas: QuotaTable,
+    mode: Mode,
+) -> list[_Victim] | None:
+    """A minimal set of victims that lets ``pod`` fit ``slot`` and its quota, or None."""
+    names = state.resources
+    free = {names.name(row): int(state.free[row, slot]) for row, _ in pod.request}
+    node_short = {r for r, amount in wanted.items() if free.get(r, 0) < amount}
+    reclaimed = set(agg_short) | node_short
+    taken: dict[str, dict[str, int]] = {}
+
+    def floor_ok(victim: _Victim) -> bool:
+        """Taking ``victim`` too keeps its namespace at or above its ``min`` in every
+        resource being reclaimed (reclaim only)."""
+        if mode != Mode.RECLAIM:
+            return True
+        quota = quotas.get(victim.namespace)
+        if quota is None:
+            return False
+        took = taken.get(victim.namespace, {})
+        for resource in reclaimed:
+            floor = quota.spec.min.get(resource)
+            if floor is None or not quota.names(resource):
+                continue
+            after = quota.used.get(resource, 0) - took.get(resource, 0)
+            if after - victim.request.get(resource, 0) < floor:
+                return False
+        return True
+
+    def take(victim: _Victim, chosen: list[_Victim]) -> None:
+        chosen.append(victim)
+        took = taken.setdefault(victim.namespace, {})
+        for resource, amount in victim.request.items():
+            took[resource] = took.get(resource, 0) + amount
+
+    chosen: list[_Victim] = []
+    for victim in sorted(here, key=lambda v: v.rank(), reverse=True):
+        if floor_ok(victim):
+            take(victim, chosen)
+    covers = _coverage(pod, wanted, free, agg_short, max_short, quotas, slot)
+    if not covers(chosen):
+        if mode == Mode.PRIORITY or not (agg_short or max_short):
+            return None
+        for victim in least_first:  # the quota is what is short: victims anywhere
+            if victim.slot == slot or not floor_ok(victim):
+                continue
+            if not any(victim.request.get(r, 0) > 0 for r in (*agg_short, *max_short)):
+                continue
+            take(victim, chosen)
+            if covers(chosen):
+                break
+        else:
+            return None
+    # reprieve the most valuable first; whoever cannot be spared stays a victim
+    kept = list(chosen)
+    for victim in sorted(chosen, key=lambda v: v.rank()):
+        trial = [v for v in kept if v is not victim]
+        if covers(trial):
+            kept = trial
+    return kept
+
+
+def _coverage(
+    pod: PodInfo,
+    wanted: dict[str, int],
+    free: dict[str, int],
+    agg_short: dict[str, int],
+    max_short: dict[str, int],
+    quotas: QuotaTable,
+    slot: int,
+) -> Callable[[list[_Victim]], bool]:
+    """Whether a set of victims makes room for ``pod`` on ``slot`` and in its quota."""
+
+    def covers(victims: list[_Victim]) -> bool:
+        room = dict(free)
+        agg = dict.fromkeys(agg_short, 0)
+        own = dict.fromkeys(max_short, 0)
+        for victim in victims:
+            if victim.slot == slot:
+                for resource in room:
+                    room[resource] += victim.request.get(resource, 0)
+            theirs = quotas.get(victim.namespace)
+            for resource in agg:
+                if theirs is not None and theirs.names(resource):
+                    agg[resource] += victim.request.get(resource, 0)
+            if victim.namespace == pod.spec.namespace:
+                for resource in own:
+                    own[resource] += victim.request.get(resource, 0)
+        return (
+            all(room.get(r, 0) >= amount for r, amount in wanted.items())
+            and all(agg[r] >= need for r, need in agg_short.items())
+            and all(own[r] >= need for r, need in max_short.items())
+        )
+
+    return covers
+
+
+def _gang_of(handle: Handle, state: ClusterState, key: str) -> tuple[str, ...]:
+    """The placed members that go down with ``key`` (its gang, if it would drop below
+    ``minMember``)."""
+    pod = handle.pods.get(key)
+    group = handle.groups.get(pod.spec.group) if pod is not None and pod.spec.group else None
+    if group is None or group.phase != SCHEDULED:
+        return ()
+    placed = [m for m in group.members if m in state.pods]
+    return tuple(placed) if len(placed) - 1 < group.min_member else ()
