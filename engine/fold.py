@@ -110,18 +110,16 @@ def bind_failed(m: ShardModel, event: BindFailed) -> None:
     pod = m.pods.get(event.pod)
     if pod is None or m.bindings.get(event.pod) != event.decision_id:
         return
-    rid = m.reserved.get(event.pod)
-    if rid is not None:
-        res = m.reservations[rid]
-        res.bound.discard(event.pod)
-        m.release(event.pod)
-        if not res.ending:
-            res.ending = f"broken: {event.pod} failed to bind to {event.node}: {event.reason}"
-        return
     slot = m.release(event.pod)
-    if event.pod in m.delegated:
-        # the coordinator placed it here: it decides again (the pass hands it back)
-        m.dirty[event.pod] = None
+    rid = m.reserved.get(event.pod)
+    if rid is not None or event.pod in m.delegated:
+        # the coordinator asked for it: it decides again, as one scheduler folds a failed
+        # bind (the pass hands the pod back; a part of a gang keeps its other pods)
+        res = m.reservations.get(rid) if rid is not None else None
+        if res is not None:
+            res.pods = tuple(k for k in res.pods if k != event.pod)
+            res.bound.discard(event.pod)
+        m.returning[event.pod] = f"{event.pod} failed to bind to {event.node}: {event.reason}"
         if slot is not None:
             m.fire(ClusterEvent.POD_FREED, slot)
         return

@@ -331,7 +331,7 @@ _NOT_OBJECTS: Final = (
 """Types :meth:`_Encoder.encode` writes by their own rules, never as ``O`` nodes."""
 
 
-def _rederive(decoder: _Decoder, engine: Engine) -> None:
+def rederive(decoder: _Decoder, engine: Engine) -> None:
     """Fill in what :data:`DERIVED` left out, as the engine first derived it."""
     resources = engine.state.resources
     for obj in decoder.created:
@@ -352,7 +352,7 @@ def encode_state(engine: Engine) -> bytes:
     """The engine's state as bytes; equal states give equal bytes."""
     engine.queue.compact()
     state = [(k, v) for k, v in vars(engine).items() if k not in NOT_STATE]
-    header = {"shard": engine.shard, "config": _config_source(engine.config)}
+    header = {"shard": engine.shard, "config": config_source(engine.config)}
     return encode_tree(header, state, ENGINE)
 
 
@@ -470,7 +470,7 @@ def assemble(parts: Sequence[SnapshotTaken]) -> bytes:
     return raw
 
 
-def _config_source(config: SchedulerConfig) -> str:
+def config_source(config: SchedulerConfig) -> str:
     source = config.source
     return json.dumps(source, sort_keys=True, default=str) if source else ""
 
@@ -703,7 +703,7 @@ def restore(
     ):
         raise SnapshotError("malformed cluster state")
     try:
-        _rederive(decoder, engine)
+        rederive(decoder, engine)
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         if isinstance(exc, SnapshotError):
             raise

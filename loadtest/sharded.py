@@ -232,11 +232,9 @@ async def _wait_ready(
         if holder:
             control = holder[0].control
             owned = [0] * shards
-            for shard in control.node_shard.values():
+            for shard in control.routing.node_shard.values():
                 owned[shard] += 1
-            if sum(owned) == nodes and all(
-                s.summarized and s.nodes == owned[i] for i, s in enumerate(control.shards)
-            ):
+            if sum(owned) == nodes and control.shard_nodes == owned:
                 return
         await asyncio.sleep(0.05)
     raise TimeoutError("shards did not fold their nodes within 300 s")
@@ -282,7 +280,7 @@ async def _measure(
         "wall_seconds": wall,
         "processes": {"shards": shards, "router_and_coordinator": "parent"},
         "handbacks": control_worker.control.counters["handbacks"],
-        "routed_by_router": len(control_worker.control.pod_shard),
+        "routed_by_router": control_worker.control.counters["handed"],
     }
     if not cpu_after:
         when_counted()

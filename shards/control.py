@@ -1,74 +1,63 @@
-"""The control worker: the router and coordinator's I/O around the pure fold.
+"""The control worker: the coordinator's I/O around its pure fold and passes.
 
 Each ``poll``:
 
-1. *relays* the reports shards appended to their partitions (hand-backs, summaries,
-   reservation answers, outcomes: ``events.types.REPORTS``) into the control partition,
-   as copies with ``stream="relay"``, ``producer="relay-<shard>"`` and ``causation`` =
-   the offset in the shard's partition. The order of the copies is the order the fold
-   sees, so the fold stays a function of the control partition alone;
-2. *folds* the control partition (:class:`shards.router.Control`; runs of plain pods
-   through :class:`shards.fastroute.RunRouter`, to the same effect) and appends each
-   record's outputs, with ``causation`` = that record's offset and producer ``router``,
-   a slice of records at a time.
+1. *relays* what shards reported in their partitions (placements, hand-backs,
+   reservation answers, evictions, outcomes: ``events.types.REPORTS``) into the control
+   partition, as copies with ``stream="relay"``, ``producer="relay-<shard>"`` and
+   ``causation`` = the offset in the shard's partition. The order of the copies is the
+   order the fold sees, so the coordinator stays a function of the control partition;
+2. *folds* the new control records (:class:`Coordinator`), a slice of at most
+   ``fold_slice`` at a time, and after each slice runs one pass and appends its outputs
+   (records for shard partitions and for the control partition), each with
+   ``causation`` = the offset of the last record folded and producer ``router``.
 
-Crash safety. The fold's outputs for control record ``k`` depend only on records
-``0..k``, and outputs are appended per partition in causation order, one atomic append
-per partition and slice of records. So a restarted worker scans each partition once for the
-highest ``causation`` of a ``router`` record it holds, folds the control partition from
-the start, and appends only outputs caused by later records: nothing is lost and
-nothing is sent twice. Relaying resumes after the last copy the fold has seen (and a
-copy of a copy is ignored by the fold in any case).
+Crash safety is a shard's (``shards.worker``): a pass ran right after the record its
+outputs name, and they are appended partition by partition, each append atomic, in
+causation order. A restarted worker folds the control partition from the start (or
+from its newest snapshot), re-running each recorded pass where it ran (the pass points
+are the causations of router records in any partition), and appends what a pass had
+not got into some partition yet; an input folded after the last recorded pass is
+owed a pass, which the first poll runs.
 
-Snapshots. With ``snapshot_every`` set, the worker appends its state to the control
-partition (``SnapshotTaken`` parts, producer ``coordinator``) every that many folded
-records (with ``snapshot_per_pod``, at least that many per pod the router holds, as a
-shard does): the fold, its position, and per partition the offset of the last record it
-appended. A restarted worker restores the newest one and scans each partition only
-after that offset; one that cannot be restored is reported and the scan starts from
-the beginning, as without snapshots.
+Snapshots: with ``snapshot_every`` set, the worker appends its state to the control
+partition (``SnapshotTaken`` parts, producer ``coordinator``) after a pass, every that
+many folded records (and, with ``snapshot_per_pod``, at least that many per pod the
+coordinator holds, as a shard does): the coordinator, where the fold stands and, per
+partition, the offset of the last record it appended. A restarted worker restores the
+newest one and scans each partition only after that offset; one that cannot be
+restored is reported and the partition is folded from the start.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Final
+from collections.abc import Sequence
+from typing import Final
 
-from engine.model.pools import PoolRule, Sharding
-from engine.snapshot import (
-    Allowed,
-    SnapshotError,
-    assemble,
-    decode_state,
-    decode_tree,
-    digest,
-    encode_tree,
-    snapshot_parts,
-)
+from engine.config import SchedulerConfig
 from events.log import EventLog, read_kinds
 from events.types import (
     REPORTS,
     Envelope,
     ReservationCommitted,
     ReservationRequested,
-    ShardSummary,
     SnapshotTaken,
 )
-from shards.fastroute import RunRouter
-from shards.router import RELAY, ROUTER, Control, _Gang, _Shard
+from shards.coordinator.coordinator import RELAY, ROUTER, Coordinator, Output
+from shards.coordinator.snapshot import (
+    COORDINATOR,
+    restore_coordinator,
+    snapshot_coordinator,
+)
 from shards.worker import append_snapshot, newest_snapshot, snapshot_due
 
 logger = logging.getLogger(__name__)
-COORDINATOR: Final = "coordinator"
-"""The producer of the coordinator's snapshots."""
-ALLOWED: Final = Allowed.of(Control, _Shard, _Gang, Sharding, PoolRule)
 
 FOLD_SLICE: Final = 1000
-"""Control records folded before their outputs are appended: a burst of pods reaches
-the shards in slices they start on while the router folds the next, not all at once
-after it. (The worker still reads all that is new at once: on Kafka, every read seeks
-and fetches again.)"""
+"""Control records folded before a pass and its outputs: a burst of pods reaches the
+shards in slices they start on while the coordinator folds the next."""
 
 REPORT_KINDS = tuple(str(kind.__struct_config__.tag) for kind in REPORTS)
 
@@ -76,22 +65,25 @@ REPORT_KINDS = tuple(str(kind.__struct_config__.tag) for kind in REPORTS)
 class ControlWorker:
     def __init__(
         self,
-        control: Control,
+        coordinator: Coordinator,
         log: EventLog,
         *,
         snapshot_every: int = 0,
         snapshot_per_pod: int = 0,
+        config: SchedulerConfig | None = None,
     ) -> None:
-        self.control = control
+        self.coordinator = coordinator
         self.log = log
-        self.router = RunRouter()
-        """Folds control records like ``control.apply``, runs of plain pods at once."""
+        self.config = config
+        """The configuration a snapshot's coordinator is restored with when the log
+        recorded none (the defaults, or one given in code)."""
         self.fold_slice = FOLD_SLICE
-        self.partition = control.control
+        n = coordinator.n
+        self.partition = coordinator.control
         self.position = 0
-        self.written = [-1] * (control.n + 1)
+        self.written = [-1] * (n + 1)
         """Per partition: the causation of the last router record it holds."""
-        self.last_own = [-1] * (control.n + 1)
+        self.last_own = [-1] * (n + 1)
         """Per partition: the offset of the last record this worker (or a predecessor)
         appended there; a restart from a snapshot scans only after it."""
         self.snapshot_every = snapshot_every
@@ -99,10 +91,13 @@ class ControlWorker:
         self.snapshot_at = 0
         self.snapshots = 0
         self.restored_from = -1
-        self.relay_from = [0] * control.n
+        self.relay_from = [0] * n
         self._recovered = False
+        self._owed = -1
+        """An input after the last recorded pass: the next poll runs that pass."""
         self.folded = 0
         self.relayed = 0
+        self.passes = 0
         self.prepared_at: dict[str, float] = {}
         """Reservation → wall time its requests were appended (for commit latency)."""
         self.commit_seconds: list[float] = []
@@ -111,86 +106,79 @@ class ControlWorker:
     def __repr__(self) -> str:
         return f"ControlWorker(position={self.position}, relay_from={self.relay_from})"
 
+    @property
+    def control(self) -> Coordinator:
+        return self.coordinator
+
     async def recover(self, *, use_snapshots: bool = True) -> None:
-        """Find what a previous incarnation already appended (a fresh log: nothing):
-        from its newest snapshot on, if there is one, else from the start."""
-        start = [0] * (self.control.n + 1)
-        found = None
+        """Rebuild the coordinator from its partition (its newest snapshot, if any, and
+        what follows), re-running each recorded pass where it ran; append what the
+        last of them had not got into every partition."""
+        n = self.coordinator.n
+        start = [0] * (n + 1)
         if use_snapshots:
             found = await newest_snapshot(self.log, self.partition, COORDINATOR)
-        if found is not None:
-            try:
-                self._restore([e.event for e in found if isinstance(e.event, SnapshotTaken)])
-                self.restored_from = found[0].offset
-                start = [offset + 1 for offset in self.last_own]
-            except SnapshotError as exc:
-                logger.warning(
-                    "coordinator snapshot not restored; folding from the start offset=%d error=%s",
-                    found[0].offset,
-                    exc,
-                )
-        for partition in range(self.control.n + 1):
+            if found is not None:
+                try:
+                    restored = restore_coordinator(
+                        [e.event for e in found if isinstance(e.event, SnapshotTaken)],
+                        self.coordinator.sharding,
+                        self.config,
+                    )
+                    (
+                        self.coordinator,
+                        self.position,
+                        self.written,
+                        self.last_own,
+                        self.relay_from,
+                    ) = restored
+                    self.snapshot_at = self.position
+                    self.restored_from = found[0].offset
+                    start = [offset + 1 for offset in self.last_own]
+                except ValueError as exc:
+                    logger.warning(
+                        "coordinator snapshot not restored; folding from the start "
+                        "offset=%d error=%s",
+                        found[0].offset,
+                        exc,
+                    )
+        passes: set[int] = set()
+        for partition in range(n + 1):
             offset = start[partition]
             while records := await self.log.read(partition, offset, 10_000):
                 for env in records:
-                    if env.producer == ROUTER and env.causation > self.written[partition]:
-                        self.written[partition] = env.causation
+                    if env.producer == ROUTER:
+                        passes.add(env.causation)
+                        self.written[partition] = max(self.written[partition], env.causation)
                     if env.producer in (ROUTER, COORDINATOR) or (
                         partition == self.partition and env.stream == RELAY
                     ):
                         self.last_own[partition] = env.offset
                 offset = records[-1].offset + 1
+        coordinator = self.coordinator
+        last_input = -1
+        while records := await self.log.read(self.partition, self.position, 10_000):
+            for env in records:
+                coordinator.apply(env)
+                if env.producer not in (ROUTER, COORDINATOR):
+                    last_input = env.offset
+                if env.offset in passes:
+                    await self._append(coordinator.schedule(), env.offset, env.time)
+            self.position = records[-1].offset + 1
+        if last_input > max(passes, default=-1):
+            self._owed = last_input
         self._recovered = True
 
-    def state(self) -> bytes:
-        """The worker's state as snapshot bytes (the fold and where it stands)."""
-        control = self.control
-        header = {
-            "component": COORDINATOR,
-            "shards": control.n,
-            "control": digest(control_state(control)),
-        }
-        pairs = [
-            ("control", control),
-            ("position", self.position),
-            ("written", self.written),
-            ("last_own", self.last_own),
-            ("relay_from", self.relay_from),
-        ]
-        return encode_tree(header, pairs, ALLOWED)
-
-    def _restore(self, parts: list[SnapshotTaken]) -> None:
-        tree = decode_tree(assemble(parts))
-        if tree.get("component") != COORDINATOR or tree.get("shards") != self.control.n:
-            raise SnapshotError("not a snapshot of this coordinator")
-        like = _Saved(self.control, self.position, self.written, self.last_own, self.relay_from)
-        restored, _ = decode_state(tree, ALLOWED, like, frozenset())
-        control = restored["control"]
-        if not isinstance(control, Control) or control.sharding != self.control.sharding:
-            raise SnapshotError("a snapshot of another sharding")
-        n = self.control.n
-        lists = (restored["written"], restored["last_own"], restored["relay_from"])
-        if [len(v) for v in lists] != [n + 1, n + 1, n] or not all(
-            isinstance(x, int) for v in lists for x in v
-        ):
-            raise SnapshotError("malformed positions")
-        if not isinstance(restored["position"], int) or restored["position"] < 0:
-            raise SnapshotError("malformed position")
-        self.control = control
-        self.position = self.snapshot_at = restored["position"]
-        self.written, self.last_own, self.relay_from = (list(v) for v in lists)
-
     async def poll(self) -> int:
-        """Fold what is new, relay what shards reported, fold again; return appended."""
+        """Relay what shards reported, fold what is new (a pass after each slice);
+        return how many records were appended."""
         if not self._recovered:
             await self.recover()
-        appended = await self._fold()
-        appended += await self._relay()
-        if appended:
-            appended += await self._fold()
+        appended = await self._relay()
+        appended += await self._fold()
         if snapshot_due(
             self.position - self.snapshot_at,
-            len(self.control.pods),
+            len(self.coordinator.engine.pods),
             self.snapshot_every,
             self.snapshot_per_pod,
         ):
@@ -198,12 +186,14 @@ class ControlWorker:
         return appended
 
     async def _snapshot(self) -> None:
-        parts = snapshot_parts(self.state(), self.position, component=COORDINATOR)
+        parts = snapshot_coordinator(
+            self.coordinator, self.position, self.written, self.last_own, self.relay_from
+        )
         offsets = await append_snapshot(
             self.log,
             self.partition,
             parts,
-            at=self.control.now,
+            at=self.coordinator.now,
             causation=self.position - 1,
             producer=COORDINATOR,
         )
@@ -212,34 +202,24 @@ class ControlWorker:
         self.snapshots += 1
 
     async def _relay(self) -> int:
-        control = self.control
+        n = self.coordinator.n
         copies: list[Envelope] = []
-        for shard in range(control.n):
-            start = max(self.relay_from[shard], control.relayed[shard] + 1)
+        for shard in range(n):
+            start = max(self.relay_from[shard], self.coordinator.relayed[shard] + 1)
             stop, records = await read_kinds(self.log, shard, start, REPORT_KINDS)
             self.relay_from[shard] = max(stop, start)
-            if not records:
-                continue
             producer = f"{RELAY}-{shard}"
-            last_summary = -1
-            for env in records:
-                if isinstance(env.event, ShardSummary):
-                    last_summary = env.offset
-            for env in records:
-                event = env.event
-                if not isinstance(event, REPORTS):
-                    continue
-                if isinstance(event, ShardSummary) and env.offset != last_summary:
-                    continue  # only the newest summary of a read matters
-                copies.append(
-                    Envelope(
-                        event=event,
-                        time=env.time,
-                        stream=RELAY,
-                        causation=env.offset,
-                        producer=producer,
-                    )
+            copies.extend(
+                Envelope(
+                    event=env.event,
+                    time=env.time,
+                    stream=RELAY,
+                    causation=env.offset,
+                    producer=producer,
                 )
+                for env in records
+                if isinstance(env.event, REPORTS)
+            )
         if not copies:
             return 0
         offsets = await self.log.append(copies, self.partition)
@@ -248,33 +228,45 @@ class ControlWorker:
         return len(copies)
 
     async def _fold(self) -> int:
-        """Fold the new control records, ``fold_slice`` at a time, appending each
-        slice's outputs before folding the next: a burst of pods reaches the shards in
-        slices they start on while the router folds the rest."""
+        """Fold the new control records, ``fold_slice`` at a time, each slice followed
+        by a pass whose outputs are appended before the next slice is folded."""
         records = await self.log.read(self.partition, self.position)
+        coordinator = self.coordinator
         appended = 0
+        owed, self._owed = self._owed, -1
+        if not records and owed >= 0:
+            return await self._append(coordinator.schedule(), owed, coordinator.now)
         for start in range(0, len(records), self.fold_slice):
-            appended += await self._fold_slice(records[start : start + self.fold_slice])
+            last_input = owed
+            last_time = coordinator.now
+            for env in records[start : start + self.fold_slice]:
+                coordinator.apply(env)
+                if env.producer not in (ROUTER, COORDINATOR):
+                    last_input, last_time = env.offset, env.time
+            owed = -1
+            self.position = records[min(start + self.fold_slice, len(records)) - 1].offset + 1
+            self.folded += min(self.fold_slice, len(records) - start)
+            if last_input >= 0:
+                appended += await self._append(coordinator.schedule(), last_input, last_time)
         return appended
 
-    async def _fold_slice(self, records: list[Envelope]) -> int:
-        control = self.control
-        written = self.written
-        outputs: dict[int, list[Envelope]] = {}
-        for offset, now, events in self.router.fold(control, records):
-            for partition, event in events:
-                if offset <= written[partition]:
-                    continue  # appended before a restart
-                outputs.setdefault(partition, []).append(
-                    Envelope(event=event, time=now, causation=offset, producer=ROUTER)
-                )
-        self.position = records[-1].offset + 1
-        self.folded += len(records)
+    async def _append(self, outputs: Sequence[Output], cause: int, at: int) -> int:
+        """Append a pass's outputs, caused by record ``cause``, to each partition that
+        does not hold them yet."""
+        self.passes += 1
+        batches: dict[int, list[Envelope]] = {}
+        now = self.coordinator.now
+        for partition, event in outputs:
+            if cause <= self.written[partition]:
+                continue  # appended before a restart
+            batches.setdefault(partition, []).append(
+                Envelope(event=event, time=max(now, at), causation=cause, producer=ROUTER)
+            )
         appended = 0
-        for partition in sorted(outputs):
-            batch = outputs[partition]
+        for partition in sorted(batches):
+            batch = batches[partition]
             offsets = await self.log.append(batch, partition)
-            written[partition] = batch[-1].causation
+            self.written[partition] = cause
             self.last_own[partition] = offsets[-1]
             appended += len(batch)
             self._timestamps(batch)
@@ -284,41 +276,9 @@ class ControlWorker:
         now = time.perf_counter()
         for env in batch:
             event = env.event
-            if isinstance(event, ReservationRequested):
+            if isinstance(event, ReservationRequested) and not event.at_once:
                 self.prepared_at.setdefault(event.rid, now)
             elif isinstance(event, ReservationCommitted):
                 started = self.prepared_at.pop(event.rid, None)
                 if started is not None:
                     self.commit_seconds.append(now - started)
-
-
-class _Saved:
-    """The shape of a coordinator snapshot's state (what :func:`decode_state` checks)."""
-
-    def __init__(
-        self,
-        control: Control,
-        position: int,
-        written: list[int],
-        last_own: list[int],
-        relay_from: list[int],
-    ) -> None:
-        self.control = control
-        self.position = position
-        self.written = written
-        self.last_own = last_own
-        self.relay_from = relay_from
-
-
-def control_state(control: Control) -> bytes:
-    """The fold's state alone, as bytes (what replay compares with a snapshot)."""
-    return encode_tree({}, [("control", control)], ALLOWED)
-
-
-def snapshot_control_digest(parts: list[SnapshotTaken]) -> str:
-    """The digest of the fold's state recorded in a coordinator snapshot."""
-    tree: dict[str, Any] = decode_tree(assemble(parts))
-    recorded = tree.get("control")
-    if not isinstance(recorded, str):
-        raise SnapshotError("no digest of the fold's state")
-    return recorded

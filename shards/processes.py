@@ -32,11 +32,10 @@ from engine.model.pools import Sharding
 from events.errors import LogError
 from events.log import EventLog
 from events.types import BindFailed, ClockTicked, Envelope, ShardingConfigured
-from shards import fastroute
 from shards.binder import Binder
 from shards.cluster import SimulatedCluster
 from shards.control import ControlWorker
-from shards.router import Control
+from shards.coordinator.coordinator import Coordinator
 from shards.worker import ShardWorker
 
 log = logging.getLogger(__name__)
@@ -169,10 +168,10 @@ async def run_coordinator(
 ) -> ControlWorker:
     """The router and coordinator: fold the control partition, relay shards' reports,
     forward, until ``stop``. Restarted, it appends only what its predecessor had not."""
-    fastroute.warm_up()  # a long-running coordinator: load the compiled routing first
+    kernels.warm_up()  # a long-running coordinator: load the compiled refresh first
     sharding = await sharding_from_log(bus)
     worker = ControlWorker(
-        Control(sharding),
+        Coordinator(sharding),
         bus,
         snapshot_every=snapshot_every,
         snapshot_per_pod=snapshot_per_pod,

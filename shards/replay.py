@@ -32,9 +32,9 @@ from events.types import (
     is_decision,
     is_output_of,
 )
-from shards.control import COORDINATOR, control_state, snapshot_control_digest
+from shards.coordinator.coordinator import ROUTER, Coordinator
+from shards.coordinator.snapshot import COORDINATOR, coordinator_state, snapshot_digest
 from shards.report import RunReport, merge
-from shards.router import ROUTER, Control
 
 
 @dataclass
@@ -249,73 +249,90 @@ def sharding_of(control: Sequence[Envelope]) -> Sharding:
 
 
 def verify_control(
-    parts: Sequence[Sequence[Envelope]],
+    parts: Sequence[Sequence[Envelope]], config: SchedulerConfig | None = None
 ) -> tuple[int, int, ReplayMismatchError | None]:
-    """Fold the control partition again and compare every output the router appended,
-    partition by partition, with what the fold derives. Returns (outputs checked,
-    outputs not appended yet, the first difference).
+    """Fold the control partition again, re-run the coordinator's passes where they ran
+    (the causations of its records), and compare what each derives with what it
+    appended, partition by partition. Returns (records checked, records not appended
+    yet, the first difference).
 
-    The router appends each partition's outputs in the order of their causes, so what a
-    stopped coordinator had not forwarded yet is a tail of each partition: derived
-    outputs past the last recorded one are counted, not a mismatch."""
+    The coordinator appends each partition's records in the order of their causes, so
+    what a stopped coordinator had not appended yet is a tail of each partition: derived
+    records past the last recorded one are counted, not a mismatch."""
     control_records = parts[-1]
-    control = Control(sharding_of(control_records))
-    recorded = [[env for env in records if env.producer == ROUTER] for records in parts]
-    cursor = [0] * len(parts)
+    coordinator = Coordinator(sharding_of(control_records), config)
+    recorded: list[dict[int, list[Envelope]]] = []
+    last: list[int] = []
+    for records in parts:
+        by_cause: dict[int, list[Envelope]] = {}
+        for env in records:
+            if env.producer == ROUTER:
+                by_cause.setdefault(env.causation, []).append(env)
+        recorded.append(by_cause)
+        last.append(max(by_cause, default=-1))
+    points = {cause for by_cause in recorded for cause in by_cause}
     checked = pending = 0
     snapshots = snapshots_in(control_records, COORDINATOR)
+    last_input = -1
     for env in control_records:
-        snapshot = snapshots.get(env.offset - 1)
+        coordinator.apply(env)
+        if env.producer not in (ROUTER, COORDINATOR):
+            last_input = env.offset
+        if env.offset in points:
+            derived: dict[int, list[Event]] = {}
+            for partition, event in coordinator.schedule():
+                derived.setdefault(partition, []).append(event)
+            for partition in range(len(parts)):
+                got = derived.get(partition, [])
+                had = recorded[partition].get(env.offset, [])
+                for i in range(max(len(got), len(had))):
+                    if i >= len(had):
+                        if last[partition] > env.offset:
+                            return checked, pending, _gap(partition, got[i], env.offset)
+                        pending += len(got) - i
+                        break
+                    if i >= len(got) or had[i].event != got[i]:
+                        return (
+                            checked,
+                            pending,
+                            ReplayMismatchError(
+                                f"partition {partition}: recorded {_describe(had[i].event)} "
+                                f"(caused by {env.offset}), but the coordinator derives "
+                                f"{_describe(got[i] if i < len(got) else None)}",
+                                offset=had[i].offset,
+                            ),
+                        )
+                    checked += 1
+        snapshot = snapshots.get(env.offset)
         if snapshot is not None:
-            mismatch = _check_coordinator_snapshot(control, snapshot)
+            mismatch = _check_coordinator_snapshot(coordinator, snapshot)
             if mismatch is not None:
                 return checked, pending, mismatch
-        for partition, event in control.apply(env):
-            i = cursor[partition]
-            cursor[partition] += 1
-            if i >= len(recorded[partition]):
-                pending += 1
-                continue
-            rec = recorded[partition][i]
-            if rec.event != event or rec.causation != env.offset:
-                return (
-                    checked,
-                    pending,
-                    ReplayMismatchError(
-                        f"partition {partition}: recorded {_describe(rec.event)} "
-                        f"(caused by {rec.causation}), but the router derives {_describe(event)} "
-                        f"(caused by {env.offset})",
-                        offset=rec.offset,
-                    ),
-                )
-            checked += 1
-    for partition, records in enumerate(recorded):
-        if cursor[partition] < len(records):
-            extra = records[cursor[partition]]
-            return (
-                checked,
-                pending,
-                ReplayMismatchError(
-                    f"partition {partition}: recorded {_describe(extra.event)} from the router, "
-                    "which no control record derives",
-                    offset=extra.offset,
-                ),
-            )
+    if last_input > max(points, default=-1):
+        pending += len(coordinator.schedule())  # the pass it was owed: not run yet
     return checked, pending, None
 
 
+def _gap(partition: int, event: Event, cause: int) -> ReplayMismatchError:
+    return ReplayMismatchError(
+        f"partition {partition}: the coordinator derives {_describe(event)} (caused by "
+        f"{cause}), which was never appended though later records were",
+        offset=cause,
+    )
+
+
 def _check_coordinator_snapshot(
-    control: Control, snapshot: list[Envelope]
+    coordinator: Coordinator, snapshot: list[Envelope]
 ) -> ReplayMismatchError | None:
     """Compare a coordinator snapshot with the fold of the records before it."""
     parts = [e.event for e in snapshot if isinstance(e.event, SnapshotTaken)]
     try:
-        recorded = snapshot_control_digest(parts)
+        recorded = snapshot_digest(parts)
     except SnapshotError as exc:
         return ReplayMismatchError(
             f"the coordinator snapshot cannot be read: {exc}", offset=snapshot[0].offset
         )
-    if digest(control_state(control)) != recorded:
+    if digest(coordinator_state(coordinator)) != recorded:
         return ReplayMismatchError(
             "the coordinator snapshot differs from the fold of the records before it",
             offset=snapshot[0].offset,
@@ -339,7 +356,7 @@ def replay_routed(
         report.apply(env)
     result = ReplayResult(report=report, engine=Engine(config))
     if verify:
-        checked, result.unforwarded, mismatch = verify_control(parts)
+        checked, result.unforwarded, mismatch = verify_control(parts, config)
         result.verified += checked
         if mismatch is not None:
             result.mismatch = mismatch

@@ -54,16 +54,15 @@ from events.errors import InputError, LogError
 from events.log import EventLog
 from events.tasks import being_cancelled
 from events.types import Envelope, Event, SchedulerConfigured, ShardingConfigured
-from shards import fastroute
 from shards.bus import open_bus
 from shards.control import ControlWorker
+from shards.coordinator.coordinator import Coordinator
 from shards.kube.binder import KubeBinder
 from shards.kube.client import api_client
 from shards.kube.ingest import KubeIngest
 from shards.kube.lease import LeaderElector
 from shards.metrics import Metrics
 from shards.processes import recorded_sharding, tick_if_due
-from shards.router import Control
 from shards.worker import ShardWorker
 
 log = logging.getLogger(__name__)
@@ -426,25 +425,20 @@ class Service:
         if recorded is None:
             return
         sharding = Sharding.from_json(recorded.config)  # checked at start: ours
-        fastroute.warm_up()  # loaded once per process, before the pods come
-        every, per_pod = self.options.snapshot_every, self.options.snapshot_per_pod
-        worker = self.coordinator = ControlWorker(
-            Control(sharding), bus, snapshot_every=every, snapshot_per_pod=per_pod
-        )
+        kernels.warm_up()  # loaded once per process, before the pods come
+        worker = self.coordinator = self._control_worker(sharding, bus)
         self._lag_gauge("coordinator", self.control_partition)
         self.metrics.gauge(
             "coordinator_inflight",
-            "Cross-shard gangs being prepared or aborted (0 or 1).",
-            lambda: float(bool(self.coordinator and self.coordinator.control.inflight)),
+            "Units the coordinator handed to shards and has not heard back about.",
+            lambda: float(len(self.coordinator.control.flights) if self.coordinator else 0),
         )
         while not lost.is_set():
             try:
                 moved = await worker.poll()
             except LogError as exc:
                 backoff = await self._bus_failed("coordinator", exc, backoff)
-                worker = self.coordinator = ControlWorker(
-                    Control(sharding), bus, snapshot_every=every, snapshot_per_pod=per_pod
-                )
+                worker = self.coordinator = self._control_worker(sharding, bus)
                 continue
             backoff = self.options.poll_interval
             self.last_poll = time.monotonic()
@@ -455,6 +449,16 @@ class Service:
                     continue
             if not moved:
                 await self._sleep(self.options.poll_interval)
+
+    def _control_worker(self, sharding: Sharding, bus: EventLog) -> ControlWorker:
+        every, per_pod = self.options.snapshot_every, self.options.snapshot_per_pod
+        return ControlWorker(
+            Coordinator(sharding, self.options.config),
+            bus,
+            snapshot_every=every,
+            snapshot_per_pod=per_pod,
+            config=self.options.config,
+        )
 
     def _coordinator_metrics(self, worker: ControlWorker) -> None:
         """Counters from the fold's totals: a rebuilt fold counts from zero again, so

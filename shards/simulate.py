@@ -33,10 +33,10 @@ from events.types import ClockTicked, Envelope, Event, SchedulerConfigured, Shar
 from shards.binder import Binder
 from shards.cluster import SimulatedCluster
 from shards.control import ControlWorker
+from shards.coordinator.coordinator import Coordinator
 from shards.inputs.scenario import Scenario
 from shards.processes import tick_if_due
 from shards.report import RunReport, merge
-from shards.router import Control
 from shards.worker import ShardWorker
 
 Progress = Callable[[int, int, int], None]
@@ -52,7 +52,7 @@ class SimulationResult:
     records: int
     stats: dict[str, float] = field(default_factory=dict)
     engines: list[Engine] = field(default_factory=list)
-    control: Control | None = None
+    control: Coordinator | None = None
 
 
 async def read_all(log: EventLog) -> list[Envelope]:
@@ -92,7 +92,9 @@ async def simulate(
         for i, engine in enumerate(engines)
     ]
     router = (
-        ControlWorker(Control(sharding), log, snapshot_every=snapshot_every)
+        ControlWorker(
+            Coordinator(sharding, config), log, snapshot_every=snapshot_every, config=config
+        )
         if sharding is not None and routed
         else None
     )

@@ -18,8 +18,8 @@ from events.types import (
     Taint,
     Toleration,
 )
+from shards.coordinator.coordinator import RELAY
 from shards.inputs.quantity import canonical
-from shards.router import RELAY
 
 
 class NodeBuilder:

@@ -139,6 +139,19 @@ class SchedulingQueue:
     def pop(self, rank: Rank | None = None) -> str | None:
         """The next active pod by ``rank`` (default: priority, then arrival), removed
         from the queue; None if nothing is active."""
+        best_heap = self._best(rank)
+        if best_heap is None:
+            return None
+        _, _, name, _ = heapq.heappop(best_heap)
+        del self._entries[name]
+        return name
+
+    def peek(self, rank: Rank | None = None) -> str | None:
+        """The unit :meth:`pop` would return, left in the queue."""
+        best_heap = self._best(rank)
+        return None if best_heap is None else best_heap[0][2]
+
+    def _best(self, rank: Rank | None) -> list[tuple[int, int, str, int]] | None:
         best_heap: list[tuple[int, int, str, int]] | None = None
         best_key: tuple[object, ...] | None = None
         for queue, heap in self._active.items():
@@ -151,11 +164,7 @@ class SchedulingQueue:
             key = rank(queue, head[2], -head[0], head[1]) if rank else (head[0], head[1], head[2])
             if best_key is None or key < best_key:
                 best_heap, best_key = heap, key
-        if best_heap is None:
-            return None
-        _, _, name, _ = heapq.heappop(best_heap)
-        del self._entries[name]
-        return name
+        return best_heap
 
     def park(
         self,

@@ -116,6 +116,11 @@ class ShardModel:
         placed at once or handed back, never kept waiting here."""
         self.placed_here: dict[str, str] = {}
         """Delegated pods placed since the last summary → node (what the summary says)."""
+        self.reported_nodes = 0
+        """The number of nodes the last summary said this shard had."""
+        self.returning: dict[str, str] = {}
+        """Pods the coordinator placed here whose bind failed → why: the next pass hands
+        them back (the coordinator folds the failed bind as one scheduler would)."""
         self.evicting: dict[str, str] = {}
         """Pods the coordinator chose to evict here → the pod they make room for: the
         next pass evicts them."""
@@ -359,9 +364,10 @@ class ShardModel:
             return
         slot = self.release(key)
         pod = self.pods.pop(key)
-        self.reserved.pop(key, None)  # a finished pod holds no part of any reservation
+        rid = self.reserved.pop(key, None)  # a finished pod holds no part of a reservation
         self.dispatched.pop(key, None)
         self.delegated.pop(key, None)
+        self.returning.pop(key, None)
         self.outcomes[key] = outcome
         if pod.spec.uid:
             self.finished_uids[key] = pod.spec.uid
@@ -370,6 +376,11 @@ class ShardModel:
         self.said.pop(key, None)
         if pod.spec.group in self.groups:
             self.member_finished(self.groups[pod.spec.group], outcome)
+        res = self.reservations.get(rid) if rid is not None else None
+        if res is not None and not any(k in self.pods for k in res.pods):
+            # every pod of the part is over: so is the part (and the group it was held as)
+            del self.reservations[res.rid]
+            self.drop_group(res.group)
         self.wake(key)
         if slot is not None:
             self.fire(ClusterEvent.POD_FREED, slot)

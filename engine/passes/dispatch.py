@@ -38,6 +38,10 @@ class Route(Enum):
 
 
 class Dispatch(Protocol):
+    waits: bool
+    """Whether :meth:`route` may answer :attr:`Route.WAIT` (the pass then looks at the
+    head of the queue before taking it)."""
+
     def route(self, p: SchedulingPass, unit: str) -> Route:
         """Before unit ``unit`` (a pod key, or ``@group``) is attempted. May hand it on
         (then it must take it out of the queue and mark it dispatched in the model)."""
@@ -54,6 +58,8 @@ class Dispatch(Protocol):
 
 class Local:
     """An engine that owns its nodes: evictions and bindings are its own decisions."""
+
+    waits = False
 
     def route(self, p: SchedulingPass, unit: str) -> Route:
         return Route.ATTEMPT

@@ -25,6 +25,7 @@ from engine.model.pods import PodInfo
 from engine.model.statement import Statement
 from engine.passes.dispatch import Placed
 from engine.passes.pods import may_preempt, no_profile, preempt_into
+from engine.passes.reservations import commit
 from events.types import ReservationDenied, ReservationGranted
 
 if TYPE_CHECKING:
@@ -87,6 +88,9 @@ def attempt_group(p: SchedulingPass, key: str) -> None:
         )
         granted(e, grant)  # already staged in state: records them as held
         p.out.append(grant)
+        res = e.reservations[group.reservation]
+        if res.at_once:
+            commit(p, res)  # the whole reservation: bound at once
         return
     if placed and len(placed) >= need:
         if not p.dispatch.commit(p, statement, placed):

@@ -66,12 +66,18 @@ class SchedulingPass:
         """Failures of non-gang attempts by pod shape: within a pass capacity only
         shrinks (until something is evicted), so a shape that failed fails again."""
         self._capacity: dict[str, int] | None = None
+        self.unit = ""
+        """The unit being attempted."""
 
     def run(self) -> list[Event]:
         from engine.passes.gangs import attempt_group
         from engine.passes.pods import attempt_pod
 
         e = self.e
+        if e.returning:
+            for key, reason in sorted(e.returning.items()):
+                hand_back(self, pod=key, reason=reason)
+            e.returning = {}
         if e.evicting:
             evict(self, e.evicting)
             e.evicting = {}
@@ -85,11 +91,14 @@ class SchedulingPass:
         self._settle()
         e.queue.flush_backoff(e.now)
         dispatch = self.dispatch
-        while (unit := e.queue.pop(self._rank if e.quotas else None)) is not None:
+        take = e.queue.peek if dispatch.waits else e.queue.pop
+        while (unit := take(self._rank if e.quotas else None)) is not None:
             route = dispatch.route(self, unit)
             if route is Route.WAIT:
-                self.requeue(unit)
-                break
+                break  # left at the head of the queue: nothing changed
+            if dispatch.waits:
+                e.queue.remove(unit)
+            self.unit = unit
             if route is Route.ATTEMPT:
                 if is_group_unit(unit):
                     attempt_group(self, unit[1:])
@@ -100,20 +109,14 @@ class SchedulingPass:
         self._report_groups()
         if e.next_runs:
             self._explain_next_runs()
-        if e.placed_here:
-            self.out.append(ShardSummary(shard=e.shard, seen=e.seen, placed=e.placed_here))
+        nodes = len(e.state.index)
+        if e.placed_here or (e.seen >= 0 and nodes != e.reported_nodes):
+            self.out.append(
+                ShardSummary(shard=e.shard, seen=e.seen, placed=e.placed_here, nodes=nodes)
+            )
             e.placed_here = {}
+            e.reported_nodes = nodes
         return self.out
-
-    def requeue(self, unit: str) -> None:
-        """Put ``unit`` back in the queue, as it was before it was popped."""
-        e = self.e
-        if is_group_unit(unit):
-            group = e.groups[unit[1:]]
-            e.queue.add(unit, self.group_priority(group), group.seq, e.queue_of(group.namespace))
-        else:
-            pod = e.pods[unit]
-            e.queue.add(unit, pod.priority, pod.seq, e.queue_of(pod.spec.namespace))
 
     def _hand_over_pools(self) -> None:
         """Pools moving to another shard: report what runs on their nodes, forget it."""

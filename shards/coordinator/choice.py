@@ -1,0 +1,142 @@
+"""Which shard a pod goes to: the profile's own scores, with each shard seen as one node.
+
+The coordinator keeps every node in its view, so it knows, for a pod, which nodes of
+each shard pass the profile's filters. To choose between shards it scores each shard as
+one node whose capacity and use are the sums over the nodes there that the pod may use,
+the pods handed to that shard but not yet reported placed included, with the profile's
+own score plugins: ``LeastAllocated`` prefers the emptiest shard, ``MostAllocated`` and
+``RequestedToCapacityRatio`` the fullest (so bin-packing packs across shards as it
+packs across nodes), ``BalancedAllocation`` the one whose use stays most even. Scores
+that depend on node labels or taints (preferred affinity, ``PreferNoSchedule``) count
+as the best node of the shard has them. The shard then places the pod on its own best
+node with the same profile.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.framework.cycle import CycleState
+from engine.framework.runtime import Framework
+from engine.model.pods import PodInfo
+from engine.model.state import Bools, ClusterState, Ints, scored_request
+
+NEVER: Final = np.iinfo(np.int64).min // 4
+
+
+class ShardNodes(ClusterState):
+    """Each shard as one node: the resource columns of a cluster of ``n`` slots (what
+    local score plugins read), built from sums."""
+
+    def __init__(self, state: ClusterState, columns: npt.NDArray[np.int64]) -> None:
+        self.resources = state.resources
+        self._columns = columns
+        self._bind_columns()
+        n = columns.shape[2]
+        self.valid = np.ones(n, dtype=np.bool_)
+        self.unschedulable = np.zeros(n, dtype=np.bool_)
+
+    def __repr__(self) -> str:
+        return f"ShardNodes(shards={self._columns.shape[2]})"
+
+    @property
+    def capacity(self) -> int:
+        return int(self._columns.shape[2])
+
+
+def shard_columns(
+    state: ClusterState, usable: Bools, slot_shard: Ints, shards: int
+) -> npt.NDArray[np.int64]:
+    """(4, rows, shards): alloc, used, free and non-zero used summed over each shard's
+    ``usable`` slots."""
+    top = state.high_water
+    owner = slot_shard[:top]
+    mask = usable[:top] & (owner >= 0)
+    columns = state._columns[:, :, :top]
+    out = np.zeros((4, columns.shape[1], shards), dtype=np.int64)
+    for shard in range(shards):
+        picked = mask & (owner == shard)
+        if picked.any():
+            out[:, :, shard] = columns[:, :, picked].sum(axis=2)
+    return out
+
+
+def with_pending(
+    columns: npt.NDArray[np.int64], pending: npt.NDArray[np.int64], scored: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
+    """``columns`` with the requests handed to each shard and not yet placed counted as
+    used (``pending``: rows by shards; ``scored``: the same with kube-scheduler's
+    non-zero cpu and memory)."""
+    out = columns.copy()
+    rows = min(pending.shape[0], out.shape[1])
+    out[1, :rows] += pending[:rows]
+    out[2, :rows] -= pending[:rows]
+    out[3, :rows] += scored[:rows]
+    return out
+
+
+def scores(
+    framework: Framework, pod: PodInfo, nodes: ShardNodes, label_scores: Ints | None
+) -> Ints:
+    """Each shard's score for ``pod`` by the profile's score plugins (weighted)."""
+    feasible = np.ones(nodes.capacity, dtype=np.bool_)
+    cycle = CycleState()
+    total = np.zeros(nodes.capacity, dtype=np.int64)
+    for entry in framework.scores:
+        if not entry.plugin.local:
+            continue
+        raw = entry.plugin.score(cycle, pod, nodes, feasible)
+        total += np.asarray(raw, dtype=np.int64) * entry.weight
+    if label_scores is not None:
+        total += label_scores
+    return total
+
+
+def label_scores(
+    framework: Framework,
+    pod: PodInfo,
+    state: ClusterState,
+    feasible: Bools,
+    slot_shard: Ints,
+    shards: int,
+) -> Ints | None:
+    """Per shard, the best weighted score of the plugins that read labels and taints
+    (not resources) over its nodes ``feasible`` for the pod; None when they give every
+    node the same score (nothing to tell shards apart)."""
+    cycle = CycleState()
+    total: Ints | None = None
+    for entry in framework.scores:
+        if entry.plugin.local:
+            continue
+        raw = entry.plugin.score(cycle, pod, state, feasible)
+        if entry.normalize:
+            raw = entry.plugin.normalize(raw, feasible)  # type: ignore[attr-defined]
+        if isinstance(raw, int):
+            continue
+        weighted = raw * entry.weight
+        total = weighted if total is None else total + weighted
+    if total is None:
+        return None
+    top = state.high_water
+    owner = slot_shard[:top]
+    usable = feasible[:top] & (owner >= 0)
+    best = np.full(shards, NEVER, dtype=np.int64)
+    np.maximum.at(best, owner[usable], total[:top][usable])
+    best[best == NEVER] = 0
+    return best
+
+
+def scored_amounts(pod: PodInfo, rows: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The pod's request as a column (rows), plain and as scorers count it."""
+    plain = np.zeros(rows, dtype=np.int64)
+    scored = np.zeros(rows, dtype=np.int64)
+    for row, amount in pod.request:
+        if row < rows:
+            plain[row] += amount
+    for row, amount in scored_request(pod.request):
+        if row < rows:
+            scored[row] += amount
+    return plain, scored

@@ -1,0 +1,596 @@
+"""The coordinator of several shards: one fold of the control partition, and passes.
+
+With N shards the log has N + 1 partitions: partition ``i`` is shard ``i``'s own, the
+last one is the *control* partition. Ingest (and the cluster's own voice: pods that
+finished, nodes lost) appends there, and so do the relayed copies of what shards report
+(see :mod:`shards.control`). The coordinator folds the control partition into one
+engine over the whole cluster (its *view*: every node, every pod, every placement,
+quotas counted across all shards), and runs that engine's passes, with the same
+profiles, plugins and queue as one shard. Its dispatch (:mod:`shards.coordinator.dispatch`)
+hands each unit to a shard that certainly holds it, or decides it here and asks the
+shards that own the nodes to carry it out. So what one shard guarantees, N shards
+guarantee: one queue orders the cluster, quotas are global, preemption and reclaim
+choose among every node, and a gang is placed whole across shards or not at all.
+
+Like a shard, the coordinator is a pure function of its partition: ``apply`` folds a
+record (an input: forwarded to the shard that owns it, and folded into the view; or a
+shard's report), ``schedule`` runs a pass and returns the records to append (to shard
+partitions and to the control partition). A restarted coordinator folds its partition
+again, re-running each recorded pass where it ran, and appends only what is missing;
+``replay --verify`` does the same and compares.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.config import SchedulerConfig
+from engine.engine import Engine
+from engine.model.changes import ClusterEvent
+from engine.model.groups import FAILED, PENDING, SCHEDULED, advance, group_unit, is_group_unit
+from engine.model.pods import PodInfo
+from engine.model.pools import Sharding
+from engine.model.reservations import decision_id
+from engine.model.state import Bools, scored_request
+from events.types import (
+    BindFailed,
+    ClockTicked,
+    Envelope,
+    Event,
+    NodeAdded,
+    NodeRemoved,
+    NodeSpec,
+    NodeUpdated,
+    Placement,
+    PodAdopted,
+    PodBound,
+    PodDeleted,
+    PodEvicted,
+    PodFailed,
+    PodHandedBack,
+    PodPreempted,
+    PodRejected,
+    PodSucceeded,
+    PodUnbound,
+    PoolHandedOver,
+    PoolReassigned,
+    PoolReleased,
+    ReservationAborted,
+    ReservationCommitted,
+    ReservationDenied,
+    ReservationGranted,
+    ReservationReleased,
+    SchedulerConfigured,
+    ShardingConfigured,
+    ShardSummary,
+    SnapshotTaken,
+)
+from shards.coordinator.dispatch import ShardDispatch
+from shards.coordinator.flights import ABORTING, COMMITTED, PREPARING, Claim, Flight
+from shards.coordinator.routing import NONE, Routing
+
+ROUTER: Final = "router"
+"""The producer of the coordinator's records (in every partition)."""
+RELAY: Final = "relay"
+COORDINATOR: Final = -1
+"""``shard`` of the decisions the coordinator makes itself."""
+
+Output = tuple[int, Event]
+"""(partition, event) for the worker to append after a pass."""
+T = TypeVar("T")
+
+
+def relay_source(producer: str, shards: int) -> int | None:
+    """The shard partition a relayed copy came from (None: not a valid relay)."""
+    text = producer.removeprefix(f"{RELAY}-")
+    if text == producer or not text.isdigit():
+        return None
+    source = int(text)
+    return source if source < shards else None
+
+
+class Coordinator:
+    """One engine over every shard's nodes; ``apply`` a control record, ``schedule`` a
+    pass."""
+
+    def __init__(self, sharding: Sharding, config: SchedulerConfig | None = None) -> None:
+        self.sharding = sharding
+        self.n = sharding.shards
+        self.control = sharding.shards
+        """The control partition's number."""
+        self.engine = Engine(config, shard=COORDINATOR, dispatch=ShardDispatch(self))
+        self.engine.sharded(ShardingConfigured(config=sharding.to_json()))
+        self.routing = Routing(sharding)
+        self.flights: dict[str, Flight] = {}
+        """Units handed to a shard, not answered yet (by unit)."""
+        self.inflight = [0] * self.n
+        """Pods handed to each shard and not answered yet."""
+        rows = len(self.engine.state.resources)
+        self.pending: npt.NDArray[np.int64] = np.zeros((rows, self.n), dtype=np.int64)
+        """Requests handed to each shard and not answered yet (rows by shards)."""
+        self.pending_scored: npt.NDArray[np.int64] = np.zeros((rows, self.n), dtype=np.int64)
+        self.decisions: dict[str, str] = {}
+        """Pods handed over → the decision id the shard places them under."""
+        self.claims: dict[str, Claim] = {}
+        self.claim_of: dict[str, str] = {}
+        """Pod → the claim (reservation) it was placed under."""
+        self.nominated: dict[str, tuple[int, dict[str, None]]] = {}
+        """Units whose preemption is under way → (since, victims not yet gone)."""
+        self.evicting: dict[str, str] = {}
+        """Victim → the unit it makes room for."""
+        self.hard: dict[str, None] = {}
+        """Units a shard handed back: decided here next time, not handed over again."""
+        self.relayed = [-1] * self.n
+        """Per shard partition: the offset of the last record relayed into control."""
+        self.shard_nodes = [0] * self.n
+        """The nodes each shard said it had, in its last summary."""
+        self.now = 0
+        self.seq = 0
+        self.counters = {
+            "handed": 0,
+            "decided": 0,
+            "handbacks": 0,
+            "prepared": 0,
+            "committed": 0,
+            "aborted": 0,
+            "evictions": 0,
+        }
+        self._out: list[Output] = []
+        self._cache: dict[tuple[object, ...], Any] = {}
+        self._cache_at = (-1, -1)
+
+    def __repr__(self) -> str:
+        return (
+            f"Coordinator(shards={self.n}, pods={len(self.engine.pods)}, "
+            f"flights={len(self.flights)}, claims={len(self.claims)})"
+        )
+
+    def stats(self) -> dict[str, int]:
+        return {**self.counters, "flights": len(self.flights), "claims": len(self.claims)}
+
+    # ------------------------------------------------------------------ helpers
+
+    def send(self, partition: int, event: Event) -> None:
+        self._out.append((partition, event))
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def expiry(self) -> int:
+        return self.now + self.sharding.reservation_timeout
+
+    def _fresh(self, since: int) -> bool:
+        return self.now < since + self.sharding.reservation_timeout
+
+    def flights_under_way(self) -> bool:
+        """Handed units not answered (and not so old that their shard is presumed
+        gone): the view is short of where they went."""
+        return any(self._fresh(f.since) for f in self.flights.values())
+
+    def nominations_under_way(self) -> bool:
+        return any(self._fresh(since) for since, _ in self.nominated.values())
+
+    def cached(self, key: tuple[object, ...], compute: Callable[[], T]) -> T:
+        """``compute()``, remembered until the view's nodes or placements change."""
+        state = self.engine.state
+        at = (state.journal_end, state.static_version)
+        if at != self._cache_at:
+            self._cache.clear()
+            self._cache_at = at
+        if key not in self._cache:
+            self._cache[key] = compute()
+        value: T = self._cache[key]
+        return value
+
+    def feasible_counts(self, feasible: Bools) -> list[int]:
+        """How many of each shard's nodes ``feasible`` marks."""
+        top = self.engine.state.high_water
+        owner = self.routing.slot_shard[:top]
+        picked = owner[feasible[:top] & (owner >= 0)]
+        return [int(c) for c in np.bincount(picked, minlength=self.n)[: self.n]]
+
+    def fly(self, unit: str, shard: int, pods: list[PodInfo], rid: str = "") -> None:
+        """``pods`` (unit ``unit``) were handed to ``shard``; their quota is charged in
+        the view until the shard answers."""
+        flight = Flight(
+            unit,
+            shard,
+            self.now,
+            tuple(pod.key for pod in pods),
+            tuple(pod.request for pod in pods),
+            tuple(pod.spec.namespace for pod in pods),
+            rid,
+        )
+        self.flights[unit] = flight
+        self.engine.dispatched[unit] = str(shard)
+        self._pending(flight, +1)
+
+    def _pending(self, flight: Flight, sign: int) -> None:
+        rows = len(self.engine.state.resources)
+        if self.pending.shape[0] < rows:
+            grow = rows - self.pending.shape[0]
+            self.pending = np.vstack([self.pending, np.zeros((grow, self.n), dtype=np.int64)])
+            self.pending_scored = np.vstack(
+                [self.pending_scored, np.zeros((grow, self.n), dtype=np.int64)]
+            )
+        shard = flight.shard
+        quotas = self.engine.quotas
+        for request, namespace in zip(flight.requests, flight.namespaces, strict=True):
+            for row, amount in request:
+                self.pending[row, shard] += sign * amount
+            for row, amount in scored_request(request):
+                self.pending_scored[row, shard] += sign * amount
+            if sign > 0:
+                quotas.add(namespace, request)
+            else:
+                quotas.remove(namespace, request)
+        self.inflight[shard] += sign * len(flight.pods)
+
+    def land(self, unit: str) -> Flight | None:
+        """The shard answered about ``unit`` (or its pods are gone): it is no longer under
+        way, and its quota no longer charged (a placement charges it again)."""
+        flight = self.flights.pop(unit, None)
+        if flight is None:
+            return None
+        self.engine.dispatched.pop(unit, None)
+        self._pending(flight, -1)
+        return flight
+
+    def nominate(self, unit: str, victims: list[str]) -> None:
+        self.nominated[unit] = (self.now, dict.fromkeys(victims))
+        for victim in victims:
+            self.evicting[victim] = unit
+        self.engine.dispatched[unit] = "evicting"
+        self.counters["evictions"] += len(victims)
+
+    def _victim_gone(self, victim: str) -> None:
+        unit = self.evicting.pop(victim, None)
+        if unit is None or unit not in self.nominated:
+            return
+        _, waiting = self.nominated[unit]
+        waiting.pop(victim, None)
+        if not waiting:
+            del self.nominated[unit]
+            self._requeue(unit)
+
+    def _requeue(self, unit: str, *, hard: bool = False) -> None:
+        """``unit`` is the queue's again (settled at the next pass)."""
+        e = self.engine
+        e.dispatched.pop(unit, None)
+        if hard:
+            self.hard[unit] = None
+        if is_group_unit(unit) or unit in e.pods:
+            e.dirty[unit] = None
+
+    # ------------------------------------------------------------------ fold
+
+    def apply(self, env: Envelope) -> None:
+        """Fold one control record."""
+        event = env.event
+        if isinstance(event, SnapshotTaken) or env.producer == ROUTER:
+            return  # its own records: folded when they were made
+        self.now = max(self.now, env.time)
+        engine = self.engine
+        engine.now = max(engine.now, env.time)
+        if env.stream == RELAY:
+            source = relay_source(env.producer, self.n)
+            if source is None or env.causation <= self.relayed[source]:
+                return  # not a copy this coordinator made (or one it has seen)
+            self.relayed[source] = env.causation
+            self._report(event, source)
+        else:
+            self._input(env)
+
+    def _input(self, env: Envelope) -> None:
+        engine = self.engine
+        event = env.event
+        match event:
+            case NodeAdded(node=spec) | NodeUpdated(node=spec):
+                self._node(engine.pools.labelled(spec), env)
+            case NodeRemoved(name=name):
+                slot = engine.state.index.get(name)
+                shard = self.routing.forget(name, slot)
+                engine.apply(env)
+                if shard is not None:
+                    self.send(shard, event)
+            case PodSucceeded(pod=key) | PodFailed(pod=key) | PodDeleted(pod=key):
+                holder = self._holder(key)
+                self._gone(key)
+                engine.apply(env)
+                if holder is not None:
+                    self.send(holder, event)
+            case PodBound():
+                self._observed_bound(env, event)
+            case PoolReassigned(pool=pool, shard=shard):
+                moved = self.routing.reassign(pool, shard)
+                if moved is not None:
+                    old, nodes = moved
+                    for name in nodes:
+                        slot = engine.state.index.get(name)
+                        if slot is not None:
+                            self.routing._set_slot(slot, NONE)
+                    self.send(old, PoolReleased(pool=pool, nodes=nodes, to=shard))
+            case SchedulerConfigured():
+                engine.apply(env)
+                for shard in range(self.n):
+                    self.send(shard, event)
+            case ShardingConfigured() | ClockTicked():
+                pass
+            case _:
+                engine.apply(env)  # pods, pod groups, quotas: the queue's and the view's
+
+    def _node(self, spec: NodeSpec, env: Envelope) -> None:
+        engine = self.engine
+        shard = self.routing.shard_for(spec)
+        old = self.routing.node_shard.get(spec.name)
+        added = isinstance(env.event, NodeAdded) or old is None
+        if old is not None and old != shard:
+            # moved to another pool: the old owner loses it, the new one gains it
+            self.send(old, NodeRemoved(name=spec.name))
+            added = True
+        slot = engine.state.add_node(spec)
+        engine.fire(ClusterEvent.NODE_ADDED if added else ClusterEvent.NODE_UPDATED, slot)
+        self.routing.own(spec, shard, slot)
+        self.send(shard, NodeAdded(node=spec) if added else NodeUpdated(node=spec))
+
+    def _holder(self, key: str) -> int | None:
+        """The shard that holds pod ``key`` now (placed, handed, or reserved there)."""
+        engine = self.engine
+        placed = engine.state.pods.get(key)
+        if placed is not None:
+            shard = int(self.routing.slot_shard[placed.slot])
+            return shard if shard >= 0 else None
+        pod = engine.pods.get(key)
+        unit = engine.unit_of(key) if pod is not None else key
+        flight = self.flights.get(key) or self.flights.get(unit)
+        return flight.shard if flight is not None else None
+
+    def _gone(self, key: str) -> None:
+        """Pod ``key`` is finishing (or was deleted): forget what was under way for it.
+        (Its claim is forgotten with the last of its pods.)"""
+        if key in self.flights:
+            self.land(key)
+        self.decisions.pop(key, None)
+        self.hard.pop(key, None)
+        rid = self.claim_of.pop(key, None)
+        claim = self.claims.get(rid) if rid is not None else None
+        if (
+            claim is not None
+            and claim.stage == COMMITTED
+            and not any(self.claim_of.get(pod) == rid for pod in claim.pods)
+        ):
+            del self.claims[claim.rid]
+        if key in self.evicting:
+            self._victim_gone(key)
+
+    def _observed_bound(self, env: Envelope, event: PodBound) -> None:
+        """A binding seen in the cluster (ours, or another scheduler's): the view places
+        the pod there, and the shard that owns the node adopts it as it is."""
+        engine = self.engine
+        spec = engine.pods[event.pod].spec if event.pod in engine.pods else None
+        owner = self.routing.node_shard.get(event.node)
+        if spec is None or owner is None or engine.bindings.get(event.pod) == event.decision_id:
+            return
+        holder = self._holder(event.pod)
+        if holder is not None and holder != owner:
+            self.send(holder, PodDeleted(pod=event.pod))
+        self._gone(event.pod)
+        engine.queue.remove(event.pod)
+        engine.apply(env)
+        placement = Placement(pod=spec, node=event.node, decision_id=event.decision_id)
+        self.send(owner, PodAdopted(placement=placement))
+
+    # ------------------------------------------------------------------ reports
+
+    def _report(self, event: Event, shard: int) -> None:
+        match event:
+            case ShardSummary(placed=placed, nodes=nodes):
+                self.shard_nodes[shard] = nodes
+                self._placed(placed, shard)
+            case PodHandedBack(pod=key, group=""):
+                self._handed_back(key, shard, event.reason)
+            case ReservationGranted():
+                self._granted(event, shard)
+            case ReservationDenied() | ReservationReleased():
+                self._closed(event, shard)
+            case PodPreempted(pod=key) | PodEvicted(pod=key) | PodRejected(pod=key):
+                if key in self.engine.pods:
+                    self.engine.finish(key, FAILED)
+                self._gone(key)
+            case PodUnbound(pod=key):
+                self._unbound(event)
+            case PoolHandedOver():
+                self._take_over(event)
+            case _:
+                pass
+
+    def _placed(self, placed: dict[str, str], shard: int) -> None:
+        engine = self.engine
+        for key, node in placed.items():
+            flight = self.flights.get(key)
+            if flight is None or flight.shard != shard:
+                continue  # not handed there (any more)
+            self.land(key)
+            slot = engine.state.index.get(node)
+            if slot is not None and key in engine.pods:
+                engine.place(key, slot, self.decisions.get(key, key))
+
+    def _handed_back(self, key: str, shard: int, reason: str) -> None:
+        engine = self.engine
+        self.counters["handbacks"] += 1
+        flight = self.flights.get(key)
+        if flight is not None and flight.shard == shard:
+            self.land(key)
+            if key in engine.pods:
+                self._requeue(key, hard=True)
+            return
+        # a placed pod whose bind failed: as one shard folds a failed bind
+        decision = engine.bindings.get(key)
+        placed = engine.state.pods.get(key)
+        if decision is None or placed is None:
+            return
+        node = engine.state.names[placed.slot] or ""
+        self.claim_of.pop(key, None)
+        engine.apply_decision(BindFailed(pod=key, node=node, decision_id=decision, reason=reason))
+
+    def _granted(self, event: ReservationGranted, shard: int) -> None:
+        claim = self.claims.get(event.rid)
+        if claim is None or shard not in claim.open or claim.stage != PREPARING:
+            return
+        engine = self.engine
+        claim.granted[shard] = None
+        if not claim.directed:
+            # a gang handed over whole: where the shard put it
+            self.land(claim.unit)
+            for key, node in event.placements.items():
+                slot = engine.state.index.get(node)
+                if slot is not None and key in engine.pods:
+                    engine.place(key, slot, decision_id(key, event.rid))
+                    self.claim_of[key] = event.rid
+            group = engine.groups.get(claim.unit[1:]) if is_group_unit(claim.unit) else None
+            if group is not None and group.phase == PENDING:
+                advance(group, SCHEDULED)
+                engine.group_changes[group.key] = None
+                engine.wake(group.key)
+        if len(claim.granted) == len(claim.parts):
+            if len(claim.parts) > 1:
+                for part in sorted(claim.parts):
+                    self.send(part, ReservationCommitted(rid=claim.rid))
+            claim.advance(COMMITTED)
+            self.counters["committed"] += 1
+
+    def _closed(self, event: ReservationDenied | ReservationReleased, shard: int) -> None:
+        claim = self.claims.get(event.rid)
+        if claim is None or shard not in claim.open:
+            return
+        del claim.open[shard]
+        claim.granted.pop(shard, None)
+        if claim.stage in (PREPARING, COMMITTED):
+            self._abort(claim, f"shard {shard}: {event.reason}")
+        if not claim.open:
+            del self.claims[claim.rid]
+
+    def _abort(self, claim: Claim, reason: str) -> None:
+        """Abort every open part; take back what the view placed; queue the unit again."""
+        engine = self.engine
+        claim.advance(ABORTING)
+        self.counters["aborted"] += 1
+        for shard in sorted(claim.open):
+            self.send(shard, ReservationAborted(rid=claim.rid, reason=reason))
+        if not claim.directed:
+            flight = self.land(claim.unit)
+            if flight is not None:
+                for key in flight.pods:
+                    pod = engine.pods.get(key)
+                    if pod is not None and key not in engine.state.pods:
+                        engine.quotas.remove(pod.spec.namespace, pod.request)
+        for key in claim.pods:
+            if self.claim_of.get(key) == claim.rid and key in engine.pods:
+                del self.claim_of[key]
+                slot = engine.release(key)
+                if slot is not None:
+                    engine.fire(ClusterEvent.POD_FREED, slot)
+        group = engine.groups.get(claim.unit[1:]) if is_group_unit(claim.unit) else None
+        if group is not None and group.phase == SCHEDULED:
+            advance(group, PENDING, f"pod group {group.key}: {reason}")
+            engine.group_changes[group.key] = None
+        unit = claim.unit
+        if group is None and unit in engine.pods:
+            unit = engine.unit_of(unit)
+        self._requeue(unit, hard=True)
+
+    def _unbound(self, event: PodUnbound) -> None:
+        engine = self.engine
+        if engine.bindings.get(event.pod) == event.decision_id:
+            self.claim_of.pop(event.pod, None)
+            engine.apply_decision(event)
+
+    def _take_over(self, event: PoolHandedOver) -> None:
+        engine = self.engine
+        nodes = self.routing.moving.pop(event.pool, None)
+        if nodes is None:
+            return
+        shard = event.to
+        for name in nodes:
+            slot = engine.state.index.get(name)
+            if slot is None:
+                continue
+            spec = engine.pools.labelled(_spec_of(engine, slot))
+            self.routing.own(spec, shard, slot)
+            self.send(shard, NodeAdded(node=spec))
+        for placement in event.placements:
+            self.send(shard, PodAdopted(placement=placement))
+
+    # ------------------------------------------------------------------ decide
+
+    def schedule(self) -> list[Output]:
+        """Run a pass of the view; return what to append (forwarded inputs first, in the
+        order they were folded, then the pass's requests and decisions)."""
+        self._timeouts()
+        decisions = self.engine.schedule()
+        for decision in decisions:
+            if isinstance(decision, PodUnbound):
+                self._take_back(decision.pod)  # a broken gang: its shards release it
+            elif not isinstance(decision, ShardSummary):
+                self.send(self.control, decision)
+        out, self._out = self._out, []
+        return out
+
+    def _take_back(self, key: str) -> None:
+        rid = self.claim_of.pop(key, None)
+        claim = self.claims.get(rid) if rid is not None else None
+        if claim is not None and claim.stage != ABORTING:
+            claim.advance(ABORTING)
+            for shard in sorted(claim.open):
+                self.send(shard, ReservationAborted(rid=claim.rid, reason="gang rolled back"))
+
+    def _timeouts(self) -> None:
+        """Claims not granted within the reservation time-out are aborted; a preemption
+        whose victims were not all reported gone lets its unit try again."""
+        for claim in list(self.claims.values()):
+            if claim.stage == PREPARING and not self._fresh(claim.since):
+                self._abort(claim, "not every part answered within the reservation time-out")
+        for unit, (since, victims) in list(self.nominated.items()):
+            if not self._fresh(since):
+                del self.nominated[unit]
+                for victim in victims:
+                    self.evicting.pop(victim, None)
+                self._requeue(unit)
+
+    def next_wakeup(self) -> int | None:
+        """When a pass would act without new records: the view's next back-off or
+        group time-out, or a time-out of what the shards were asked."""
+        timeout = self.sharding.reservation_timeout
+        times = [c.since + timeout for c in self.claims.values() if c.stage == PREPARING]
+        times.extend(f.since + timeout for f in self.flights.values())
+        times.extend(since + timeout for since, _ in self.nominated.values())
+        wakeups = [t for t in times if t > self.now]
+        view = self.engine.next_wakeup()
+        if view is not None:
+            wakeups.append(view)
+        return min(wakeups) if wakeups else None
+
+
+def _spec_of(engine: Engine, slot: int) -> NodeSpec:
+    """The node in ``slot`` of the view, as a spec (its pool moved to another shard)."""
+    state = engine.state
+    names = state.resources.names
+    return NodeSpec(
+        name=state.names[slot] or "",
+        allocatable={
+            names[row]: int(state.alloc[row, slot])
+            for row in range(state.alloc.shape[0])
+            if state.alloc[row, slot]
+        },
+        labels=dict(state.node_labels[slot]),
+        taints=state.node_taints[slot],
+        unschedulable=bool(state.unschedulable[slot]),
+    )
+
+
+__all__ = ["COORDINATOR", "RELAY", "ROUTER", "Coordinator", "Output", "group_unit"]

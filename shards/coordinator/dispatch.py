@@ -1,0 +1,256 @@
+"""The coordinator's dispatch: where each unit of its one queue goes.
+
+The coordinator runs one engine over its view of the whole cluster, with the same
+profiles, plugins and queue as one shard; what differs is what becomes of a unit
+(:class:`engine.passes.dispatch.Dispatch`):
+
+- **handed to a shard** when one certainly holds it: the shard the profile's scores
+  prefer (:mod:`shards.coordinator.choice`), if more of its nodes pass every filter for
+  the unit (quota admission included, on the coordinator's view) than there are pods
+  handed to it and not yet placed. Each such pod can take at most one of those nodes,
+  so one is left for the unit whatever the shard does meanwhile: the shard places it
+  with its own engine, on its best node, and reports where. Only profiles whose
+  filters look at one node at a time are handed over (all built-in filters do);
+- **decided here** otherwise (the unit does not certainly fit, needs preemption or
+  reclaim, or a shard handed it back), exactly as one shard would decide it, on an
+  exact view: the pass waits until every handed unit is answered, so the view holds
+  every placement, then attempts the unit. What it decides becomes requests to the
+  shards that own the nodes: a reservation part per shard, on the nodes chosen
+  (prepared and committed whole), or, for a preemption, the evictions first; the unit
+  is attempted again once the victims are gone, as kube-scheduler does;
+- **waits** at the head of the queue while evictions it asked for are under way, or
+  (for a unit to decide here) while handed units are unanswered.
+
+So the order of the queue is one order for the whole cluster, and whatever a shard is
+asked to do fits there when it does it. Only what is handed over is placed concurrently.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import msgspec
+import numpy as np
+
+from engine.framework.cycle import CycleState
+from engine.framework.runtime import Framework
+from engine.model.groups import is_group_unit
+from engine.model.pods import PodInfo
+from engine.model.statement import Statement
+from engine.passes.dispatch import Placed, Route
+from events.types import (
+    GroupSpec,
+    PodRouted,
+    PodSpec,
+    PreemptionRequested,
+    ReservationRequested,
+)
+from shards.coordinator.choice import ShardNodes, label_scores, scores, shard_columns, with_pending
+from shards.coordinator.flights import Claim
+
+if TYPE_CHECKING:
+    from engine.passes.run import SchedulingPass
+    from shards.coordinator.coordinator import Coordinator
+
+
+class ShardDispatch:
+    waits = True
+
+    def __init__(self, coordinator: Coordinator) -> None:
+        self.c = coordinator
+
+    def __repr__(self) -> str:
+        return "ShardDispatch()"
+
+    # ------------------------------------------------------------------ route
+
+    def route(self, p: SchedulingPass, unit: str) -> Route:
+        c = self.c
+        if c.nominations_under_way():
+            return Route.WAIT
+        if unit not in c.hard and self._hand_over(p, unit):
+            return Route.HANDED
+        if c.flights_under_way():
+            return Route.WAIT
+        c.hard.pop(unit, None)
+        c.counters["decided"] += 1
+        return Route.ATTEMPT
+
+    def _hand_over(self, p: SchedulingPass, unit: str) -> bool:
+        c = self.c
+        e = c.engine
+        pods = p.unit_pods(unit)
+        if not pods:
+            return False
+        frameworks = [e.profiles.framework_for(pod) for pod in pods]
+        if any(f is None or not f.incremental for f in frameworks):
+            return False
+        feasible: np.ndarray | None = None
+        for pod, framework in zip(pods, frameworks, strict=True):
+            assert framework is not None
+            mask, _ = framework._shape_feasible(CycleState(), pod, e.state)
+            feasible = mask.copy() if feasible is None else feasible & mask
+        assert feasible is not None
+        counts = c.feasible_counts(feasible)
+        lead = pods[0]
+        framework = frameworks[0]
+        assert framework is not None
+        shard = self._choose(framework, lead, feasible, counts)
+        if shard is None or counts[shard] < c.inflight[shard] + len(pods):
+            return False
+        if not self._admitted(pods, frameworks):
+            return False
+        if is_group_unit(unit):
+            self._hand_gang(unit, pods, shard)
+        else:
+            self._hand_pod(lead, shard)
+        return True
+
+    def _admitted(self, pods: list[PodInfo], frameworks: list[Framework | None]) -> bool:
+        """Every pod passes its profile's pre-filters (quota, minResources) on the
+        coordinator's view, counted together (the quota is charged when it is handed
+        over, until the shard answers)."""
+        e = self.c.engine
+        charged: list[PodInfo] = []
+        try:
+            for pod, framework in zip(pods, frameworks, strict=True):
+                assert framework is not None
+                if not framework.run_pre_filters(CycleState(), pod, e.state).ok:
+                    return False
+                e.quotas.add(pod.spec.namespace, pod.request)
+                charged.append(pod)
+            return True
+        finally:
+            for done in charged:
+                e.quotas.remove(done.spec.namespace, done.request)
+
+    def _choose(
+        self, framework: Framework, pod: PodInfo, feasible: np.ndarray, counts: list[int]
+    ) -> int | None:
+        c = self.c
+        candidates = [s for s in range(c.n) if counts[s] > 0]
+        if not candidates:
+            return None
+        if len(candidates) == 1:
+            return candidates[0]
+        e = c.engine
+        static = framework.static_feasible(pod, e.state)
+        columns = c.cached(
+            ("columns", pod.static_key),
+            lambda: shard_columns(e.state, static, c.routing.slot_shard, c.n),
+        )
+        labels = c.cached(
+            ("labels", pod.static_key),
+            lambda: label_scores(framework, pod, e.state, static, c.routing.slot_shard, c.n),
+        )
+        nodes = ShardNodes(e.state, with_pending(columns, c.pending, c.pending_scored))
+        total = scores(framework, pod, nodes, labels)
+        start = pod.tiebreak % len(candidates)
+        order = candidates[start:] + candidates[:start]
+        return max(order, key=lambda s: int(total[s]))
+
+    def _hand_pod(self, pod: PodInfo, shard: int) -> None:
+        c = self.c
+        decision = f"{pod.key}#{c.next_seq()}"
+        spec = msgspec.structs.replace(pod.spec, group="", depends_on=())
+        c.send(shard, PodRouted(pod=spec, decision_id=decision))
+        c.fly(pod.key, shard, [pod])
+        c.decisions[pod.key] = decision
+        c.counters["handed"] += 1
+
+    def _hand_gang(self, unit: str, pods: list[PodInfo], shard: int) -> None:
+        c = self.c
+        key = unit[1:]
+        group = c.engine.groups[key]
+        assert group.spec is not None
+        rid = f"{key}#{c.next_seq()}"
+        part = _part_spec(group.spec, rid, len(pods))
+        specs = tuple(_member_spec(pod.spec, part) for pod in pods)
+        keys = tuple(pod.key for pod in pods)
+        c.send(
+            shard,
+            ReservationRequested(
+                rid=rid, group=part, pods=specs, expires_at=c.expiry(), at_once=True
+            ),
+        )
+        c.claims[rid] = Claim(rid, unit, {shard: keys}, c.now, directed=False, open={shard: None})
+        c.fly(unit, shard, pods, rid)
+        c.counters["handed"] += 1
+
+    # ------------------------------------------------------------------ commit
+
+    def commit(self, p: SchedulingPass, statement: Statement | None, placed: Placed) -> bool:
+        c = self.c
+        e = c.engine
+        unit = p.unit
+        if statement is not None and statement.evicted():
+            victims: dict[int, dict[str, str]] = {}
+            for op in statement.ops:
+                if op.kind == "evict":
+                    shard = int(c.routing.slot_shard[op.slot])
+                    victims.setdefault(shard, {})[op.key] = op.by or unit.lstrip("@")
+            statement.discard()  # the view keeps the victims until their shards evict them
+            for shard in sorted(victims):
+                c.send(shard, PreemptionRequested(victims=victims[shard]))
+            c.nominate(unit, [v for part in victims.values() for v in part])
+            return False
+        if statement is not None:
+            statement.commit()
+        rid = f"{unit.lstrip('@')}#{c.next_seq()}"
+        parts: dict[int, list[tuple[PodInfo, str]]] = {}
+        for pod, slot, _ in placed:
+            shard = int(c.routing.slot_shard[slot])
+            node = e.state.names[slot] or ""
+            parts.setdefault(shard, []).append((pod, node))
+            e.place(pod.key, slot, f"{pod.key}@{rid}")
+            c.claim_of[pod.key] = rid
+        lead = placed[0][0]
+        group = e.groups.get(lead.spec.group) if is_group_unit(unit) else None
+        base = (
+            group.spec
+            if group is not None and group.spec is not None
+            else GroupSpec(namespace=lead.spec.namespace, name=lead.spec.name, min_member=1)
+        )
+        at_once = len(parts) == 1
+        for shard, members in sorted(parts.items()):
+            part = _part_spec(base, rid, len(members))
+            c.send(
+                shard,
+                ReservationRequested(
+                    rid=rid,
+                    group=part,
+                    pods=tuple(_member_spec(pod.spec, part) for pod, _ in members),
+                    expires_at=c.expiry(),
+                    placements={pod.key: node for pod, node in members},
+                    at_once=at_once,
+                ),
+            )
+        c.claims[rid] = Claim(
+            rid,
+            unit,
+            {shard: tuple(pod.key for pod, _ in members) for shard, members in parts.items()},
+            c.now,
+            directed=True,
+            open=dict.fromkeys(sorted(parts)),
+        )
+        c.counters["prepared"] += 1
+        return True
+
+
+def _part_spec(spec: GroupSpec, rid: str, members: int) -> GroupSpec:
+    """The group a shard holds a part under: named after the reservation (a part is a
+    gang of its own there; every one of its pods must be placed)."""
+    return GroupSpec(
+        namespace=spec.namespace,
+        name=rid.split("/", 1)[-1],
+        min_member=members,
+        priority=spec.priority,
+        priority_class=spec.priority_class,
+        queue=spec.queue,
+        source=spec.source,
+        uid=rid,
+    )
+
+
+def _member_spec(spec: PodSpec, part: GroupSpec) -> PodSpec:
+    return msgspec.structs.replace(spec, group=part.key, depends_on=())

@@ -1,0 +1,88 @@
+"""What the coordinator has asked of shards and not yet heard back about.
+
+*Flights* are units handed to a shard to place (a pod, or a gang as one reservation):
+until the shard answers, the coordinator does not know which nodes they took, so its
+view of that shard is short of them. *Claims* are reservations the coordinator made
+itself, on nodes it chose (its view already has them): one part per shard, prepared,
+then committed or aborted whole. *Evictions* are the victims of a preemption it planned:
+the preemptor waits until every one is reported gone.
+
+A claim's stages (:class:`Stage`), as a transition table; :data:`TRANSITIONS` is the
+same table in code and :meth:`Claim.advance` refuses any other move::
+
+    preparing ── every part granted ─────────────────────────────► committed
+    preparing ── a part denied or released, or the time-out ──────► aborting
+    committed ── a part released (aborted, or broken) ────────────► aborting
+    aborting ── every part closed ────────────────────────────────► (forgotten)
+    committed ── every pod of the claim finished ─────────────────► (forgotten)
+
+A part that is the whole reservation (``at_once``) commits itself when granted: the
+claim goes from preparing to committed without a ``ReservationCommitted``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Final
+
+from engine.model.groups import TransitionError
+from engine.model.state import Request
+
+
+class Stage(StrEnum):
+    PREPARING = "preparing"
+    COMMITTED = "committed"
+    ABORTING = "aborting"
+
+
+PREPARING: Final = Stage.PREPARING
+COMMITTED: Final = Stage.COMMITTED
+ABORTING: Final = Stage.ABORTING
+
+TRANSITIONS: Final[frozenset[tuple[Stage, Stage]]] = frozenset(
+    {(PREPARING, COMMITTED), (PREPARING, ABORTING), (COMMITTED, ABORTING)}
+)
+
+
+@dataclass(slots=True)
+class Flight:
+    """A unit handed to ``shard`` to place (``rid``: a gang, as a reservation)."""
+
+    unit: str
+    shard: int
+    since: int
+    pods: tuple[str, ...]
+    requests: tuple[Request, ...]
+    """What each pod asked for (what the shard's view of its use is short of)."""
+    namespaces: tuple[str, ...]
+    rid: str = ""
+
+
+@dataclass(slots=True)
+class Claim:
+    """A reservation over one or more shards (a gang's, or a pod's)."""
+
+    rid: str
+    unit: str
+    parts: dict[int, tuple[str, ...]]
+    """Shard → the pods of its part."""
+    since: int
+    directed: bool
+    """The coordinator chose the nodes (else: a gang handed to a shard whole)."""
+    stage: Stage = PREPARING
+    open: dict[int, None] = field(default_factory=dict)
+    """Shards whose part is not closed yet."""
+    granted: dict[int, None] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"Claim({self.rid!r}, {self.stage.value}, parts={sorted(self.parts)})"
+
+    def advance(self, stage: Stage) -> None:
+        if stage != self.stage and (self.stage, stage) not in TRANSITIONS:
+            raise TransitionError(f"claim {self.rid}: {self.stage.value} -> {stage.value}")
+        self.stage = stage
+
+    @property
+    def pods(self) -> tuple[str, ...]:
+        return tuple(pod for part in self.parts.values() for pod in part)
