@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
+import msgspec
+
 from engine.model.changes import ClusterEvent
 from engine.model.groups import (
     FAILED,
@@ -212,27 +214,36 @@ def adopted(m: ShardModel, event: PodAdopted) -> None:
 
 
 def reservation_requested(m: ShardModel, event: ReservationRequested) -> None:
-    if event.rid in m.reservations:
-        return
+    """Kept for the next pass, which lets go of what it was told to release first (an
+    aborted part may hold the same pods) and then takes this on or refuses it."""
+    if event.rid not in m.reservations:
+        m.requests.setdefault(event.rid, event)
+
+
+def take_on(m: ShardModel, event: ReservationRequested) -> str:
+    """Hold part ``event.rid`` as a gang of its own (its pods submitted, the group due to
+    be tried); why not, if it cannot be taken on (empty: taken on)."""
     old = m.groups.get(event.group.key)
     if old is not None:
         if not group_is_over(old, m.pods):
-            return
+            return f"pod group {event.group.key} is still held here"
         # every pod of the group held here before is gone: the name is the new gang's
         m.reservations.pop(old.reservation, None)
         m.drop_group(old.key)
     keys = tuple(spec.key for spec in event.pods)
-    if any(k in m.pods for k in keys) or not all(
-        m.another_pod(spec) for spec in event.pods if spec.key in m.outcomes
-    ):
-        return
+    if event.rid in m.refused:
+        return m.refused.pop(event.rid)
+    held = [k for k in keys if k in m.pods]
+    if held:
+        return f"{held[0]} is still held here"
+    if not all(m.another_pod(spec) for spec in event.pods if spec.key in m.outcomes):
+        return "a pod of the part has already finished here"
     m.reservations[event.rid] = Reservation(
         event.rid,
         event.group.key,
         keys,
         event.expires_at,
         placements=dict(event.placements),
-        victims=tuple(event.victims),
         at_once=event.at_once,
     )
     group = m.groups[event.group.key] = GroupInfo(
@@ -245,6 +256,7 @@ def reservation_requested(m: ShardModel, event: ReservationRequested) -> None:
         m.reserved[spec.key] = event.rid
         m.submit(spec)
     m.dirty[group_unit(event.group.key)] = None
+    return ""
 
 
 def preemption_requested(m: ShardModel, event: PreemptionRequested) -> None:
@@ -275,9 +287,17 @@ def committed(m: ShardModel, event: ReservationCommitted) -> None:
 
 
 def aborted(m: ShardModel, event: ReservationAborted) -> None:
+    reason = f"aborted: {event.reason}" if event.reason else "aborted"
+    request = m.requests.get(event.rid)
+    if request is not None:
+        # not taken on yet: the next pass refuses it instead (the coordinator waits for
+        # every part to answer)
+        m.requests[event.rid] = msgspec.structs.replace(request, pods=(), placements={})
+        m.refused[event.rid] = reason
+        return
     res = m.reservations.get(event.rid)
     if res is not None and not res.ending:
-        res.ending = f"aborted: {event.reason}" if event.reason else "aborted"
+        res.ending = reason
 
 
 def part_closed(m: ShardModel, event: ReservationDenied | ReservationReleased) -> None:

@@ -95,6 +95,10 @@ class ControlWorker:
         self._recovered = False
         self._owed = -1
         """An input after the last recorded pass: the next poll runs that pass."""
+        self._outputs = 0
+        """Outputs of the last pass: a snapshot follows only a pass that left a record
+        (replay re-runs recorded passes only; the state after one that left none may
+        differ in what a pass clears)."""
         self.folded = 0
         self.relayed = 0
         self.passes = 0
@@ -176,7 +180,7 @@ class ControlWorker:
             await self.recover()
         appended = await self._relay()
         appended += await self._fold()
-        if snapshot_due(
+        if self._outputs and snapshot_due(
             self.position - self.snapshot_at,
             len(self.coordinator.engine.pods),
             self.snapshot_every,
@@ -237,6 +241,7 @@ class ControlWorker:
         if not records and owed >= 0:
             return await self._append(coordinator.schedule(), owed, coordinator.now)
         for start in range(0, len(records), self.fold_slice):
+            self._outputs = 0
             last_input = owed
             last_time = coordinator.now
             for env in records[start : start + self.fold_slice]:
@@ -254,6 +259,7 @@ class ControlWorker:
         """Append a pass's outputs, caused by record ``cause``, to each partition that
         does not hold them yet."""
         self.passes += 1
+        self._outputs = len(outputs)
         batches: dict[int, list[Envelope]] = {}
         now = self.coordinator.now
         for partition, event in outputs:

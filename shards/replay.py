@@ -250,11 +250,12 @@ def sharding_of(control: Sequence[Envelope]) -> Sharding:
 
 def verify_control(
     parts: Sequence[Sequence[Envelope]], config: SchedulerConfig | None = None
-) -> tuple[int, int, ReplayMismatchError | None]:
+) -> tuple[int, int, int, ReplayMismatchError | None]:
     """Fold the control partition again, re-run the coordinator's passes where they ran
     (the causations of its records), and compare what each derives with what it
-    appended, partition by partition. Returns (records checked, records not appended
-    yet, the first difference).
+    appended, partition by partition, and each of its snapshots with the state it
+    re-derives. Returns (records checked, records not appended yet, snapshots checked,
+    the first difference).
 
     The coordinator appends each partition's records in the order of their causes, so
     what a stopped coordinator had not appended yet is a tail of each partition: derived
@@ -271,7 +272,7 @@ def verify_control(
         recorded.append(by_cause)
         last.append(max(by_cause, default=-1))
     points = {cause for by_cause in recorded for cause in by_cause}
-    checked = pending = 0
+    checked = pending = verified = 0
     snapshots = snapshots_in(control_records, COORDINATOR)
     last_input = -1
     for env in control_records:
@@ -288,13 +289,14 @@ def verify_control(
                 for i in range(max(len(got), len(had))):
                     if i >= len(had):
                         if last[partition] > env.offset:
-                            return checked, pending, _gap(partition, got[i], env.offset)
+                            return checked, pending, verified, _gap(partition, got[i], env.offset)
                         pending += len(got) - i
                         break
                     if i >= len(got) or had[i].event != got[i]:
                         return (
                             checked,
                             pending,
+                            verified,
                             ReplayMismatchError(
                                 f"partition {partition}: recorded {_describe(had[i].event)} "
                                 f"(caused by {env.offset}), but the coordinator derives "
@@ -307,10 +309,11 @@ def verify_control(
         if snapshot is not None:
             mismatch = _check_coordinator_snapshot(coordinator, snapshot)
             if mismatch is not None:
-                return checked, pending, mismatch
+                return checked, pending, verified, mismatch
+            verified += 1
     if last_input > max(points, default=-1):
         pending += len(coordinator.schedule())  # the pass it was owed: not run yet
-    return checked, pending, None
+    return checked, pending, verified, None
 
 
 def _gap(partition: int, event: Event, cause: int) -> ReplayMismatchError:
@@ -356,8 +359,9 @@ def replay_routed(
         report.apply(env)
     result = ReplayResult(report=report, engine=Engine(config))
     if verify:
-        checked, result.unforwarded, mismatch = verify_control(parts, config)
+        checked, result.unforwarded, snapshots, mismatch = verify_control(parts, config)
         result.verified += checked
+        result.snapshots += snapshots
         if mismatch is not None:
             result.mismatch = mismatch
             return result

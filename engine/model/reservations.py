@@ -57,8 +57,6 @@ class Reservation:
     """Why it must be let go at the next pass (aborted, a bind failed); empty: it need not."""
     placements: dict[str, str] = field(default_factory=dict)
     """Pod → the node the coordinator chose for it (empty: the shard chooses)."""
-    victims: tuple[str, ...] = ()
-    """Pods to evict before placing the part (the coordinator's preemption plan)."""
     at_once: bool = False
     """Commit as soon as it is staged (a part that is the whole reservation)."""
 

@@ -38,7 +38,13 @@ from engine.model.queue import SchedulingQueue
 from engine.model.quota import QuotaTable
 from engine.model.reservations import Reservation
 from engine.model.state import ClusterState
-from events.types import PodGroupSubmitted, PodSpec, PoolReleased, ShardSummary
+from events.types import (
+    PodGroupSubmitted,
+    PodSpec,
+    PoolReleased,
+    ReservationRequested,
+    ShardSummary,
+)
 
 QUOTA_PLUGIN: Final = "ElasticQuota"
 """The plugin that admits pods by their namespace's elastic quota: a pod it rejected may
@@ -124,6 +130,11 @@ class ShardModel:
         self.evicting: dict[str, str] = {}
         """Pods the coordinator chose to evict here → the pod they make room for: the
         next pass evicts them."""
+        self.requests: dict[str, ReservationRequested] = {}
+        """Parts the coordinator asked this shard to hold, taken on (or refused) by the
+        next pass once it has let go of what it was told to release."""
+        self.refused: dict[str, str] = {}
+        """Requested parts aborted before they were taken on → why: refused instead."""
         self.reservations: dict[str, Reservation] = {}
         self.reserved: dict[str, str] = {}
         """Pod → the reservation holding it."""

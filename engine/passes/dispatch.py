@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 from engine.model.changes import ClusterEvent
 from engine.model.pods import PodInfo
 from engine.model.statement import Statement
-from events.types import PodBound, PodPreempted
+from events.types import PodBound, PodPreempted, PodUnbound
 
 if TYPE_CHECKING:
     from engine.passes.run import SchedulingPass
@@ -55,11 +55,19 @@ class Dispatch(Protocol):
         are under way, and the unit waits for them (it must not be queued meanwhile)."""
         ...
 
+    def unbound(self, p: SchedulingPass, event: PodUnbound) -> None:
+        """A placement this engine made is taken back (a gang rolled back after a failed
+        bind); the state already forgot it."""
+        ...
+
 
 class Local:
     """An engine that owns its nodes: evictions and bindings are its own decisions."""
 
     waits = False
+
+    def unbound(self, p: SchedulingPass, event: PodUnbound) -> None:
+        p.out.append(event)
 
     def route(self, p: SchedulingPass, unit: str) -> Route:
         return Route.ATTEMPT

@@ -43,6 +43,7 @@ from events.types import (
     PodUnbound,
     PodUnschedulable,
     PoolHandedOver,
+    ReservationDenied,
     ShardSummary,
 )
 
@@ -83,6 +84,8 @@ class SchedulingPass:
             e.evicting = {}
         if e.reservations:
             settle_reservations(self)
+        if e.requests:
+            self._take_on_requests()
         if e.broken:
             self._take_back_broken()
         if e.releasing:
@@ -93,6 +96,9 @@ class SchedulingPass:
         dispatch = self.dispatch
         take = e.queue.peek if dispatch.waits else e.queue.pop
         while (unit := take(self._rank if e.quotas else None)) is not None:
+            if not is_group_unit(unit) and unit in e.state.pods:
+                e.queue.remove(unit)  # placed meanwhile (its gang went whole)
+                continue
             route = dispatch.route(self, unit)
             if route is Route.WAIT:
                 break  # left at the head of the queue: nothing changed
@@ -102,7 +108,7 @@ class SchedulingPass:
             if route is Route.ATTEMPT:
                 if is_group_unit(unit):
                     attempt_group(self, unit[1:])
-                elif unit not in e.state.pods:  # placed meanwhile (its gang went whole)
+                else:
                     attempt_pod(self, e.pods[unit])
             if e.dirty:
                 self._settle()
@@ -117,6 +123,20 @@ class SchedulingPass:
             e.placed_here = {}
             e.reported_nodes = nodes
         return self.out
+
+    def _take_on_requests(self) -> None:
+        """Hold the parts the coordinator asked for (tried below, with the queue), or
+        say at once why not."""
+        from engine.fold import take_on
+
+        e = self.e
+        requests, e.requests = e.requests, {}
+        for rid, request in requests.items():
+            why = take_on(e, request)
+            if why:
+                self.out.append(
+                    ReservationDenied(rid=rid, group=request.group.key, reason=why, shard=e.shard)
+                )
 
     def _hand_over_pools(self) -> None:
         """Pools moving to another shard: report what runs on their nodes, forget it."""
@@ -174,7 +194,7 @@ class SchedulingPass:
                     shard=e.shard,
                 )
                 unbound(e, event)
-                self.out.append(event)
+                self.dispatch.unbound(self, event)
             advance(group, PENDING, f"rolled back: {reason}")
             e.group_changes[key] = None
             e.dirty[group_unit(key)] = None

@@ -258,13 +258,41 @@ class Coordinator:
             del self.nominated[unit]
             self._requeue(unit)
 
-    def _requeue(self, unit: str, *, hard: bool = False) -> None:
-        """``unit`` is the queue's again (settled at the next pass)."""
+    def _requeue(self, unit: str, *, hard: bool = False, backoff: bool = False) -> None:
+        """``unit`` is the queue's again: settled at the next pass, or (``backoff``:
+        what was asked of a shard failed) after its back-off, as a failed bind is."""
         e = self.engine
         e.dispatched.pop(unit, None)
         if hard:
             self.hard[unit] = None
-        if is_group_unit(unit) or unit in e.pods:
+        if is_group_unit(unit):
+            group = e.groups.get(unit[1:])
+            pods = [e.pods[m] for m in group.members if m in e.pods] if group else []
+            if backoff and group is not None and pods and group.phase == PENDING:
+                lead = pods[0]
+                group.attempts += 1
+                e.queue.back_off(
+                    unit,
+                    lead.priority,
+                    group.seq,
+                    group.attempts,
+                    e.now,
+                    e.queue_of(group.namespace),
+                )
+                return
+            e.dirty[unit] = None
+        elif unit in e.pods:
+            pod = e.pods[unit]
+            if backoff and e.unit_of(unit) == unit and unit not in e.state.pods:
+                e.queue.back_off(
+                    unit,
+                    pod.priority,
+                    pod.seq,
+                    max(pod.attempts, 1),
+                    e.now,
+                    e.queue_of(pod.spec.namespace),
+                )
+                return
             e.dirty[unit] = None
 
     # ------------------------------------------------------------------ fold
@@ -502,7 +530,7 @@ class Coordinator:
         unit = claim.unit
         if group is None and unit in engine.pods:
             unit = engine.unit_of(unit)
-        self._requeue(unit, hard=True)
+        self._requeue(unit, hard=True, backoff=True)
 
     def _unbound(self, event: PodUnbound) -> None:
         engine = self.engine
@@ -532,22 +560,25 @@ class Coordinator:
         """Run a pass of the view; return what to append (forwarded inputs first, in the
         order they were folded, then the pass's requests and decisions)."""
         self._timeouts()
-        decisions = self.engine.schedule()
-        for decision in decisions:
-            if isinstance(decision, PodUnbound):
-                self._take_back(decision.pod)  # a broken gang: its shards release it
-            elif not isinstance(decision, ShardSummary):
+        for decision in self.engine.schedule():
+            if not isinstance(decision, ShardSummary):
                 self.send(self.control, decision)
         out, self._out = self._out, []
         return out
 
-    def _take_back(self, key: str) -> None:
-        rid = self.claim_of.pop(key, None)
-        claim = self.claims.get(rid) if rid is not None else None
+    def take_back(self, event: PodUnbound) -> None:
+        """The view took back ``event.pod`` (its gang rolled back): abort the claim it
+        was placed under (the rid is in its decision id), once."""
+        self.claim_of.pop(event.pod, None)
+        head = f"{event.pod}@"
+        if not event.decision_id.startswith(head):
+            return
+        claim = self.claims.get(event.decision_id[len(head) :])
         if claim is not None and claim.stage != ABORTING:
             claim.advance(ABORTING)
+            self.counters["aborted"] += 1
             for shard in sorted(claim.open):
-                self.send(shard, ReservationAborted(rid=claim.rid, reason="gang rolled back"))
+                self.send(shard, ReservationAborted(rid=claim.rid, reason=event.reason))
 
     def _timeouts(self) -> None:
         """Claims not granted within the reservation time-out are aborted; a preemption

@@ -42,6 +42,7 @@ from events.types import (
     GroupSpec,
     PodRouted,
     PodSpec,
+    PodUnbound,
     PreemptionRequested,
     ReservationRequested,
 )
@@ -176,6 +177,11 @@ class ShardDispatch:
         c.claims[rid] = Claim(rid, unit, {shard: keys}, c.now, directed=False, open={shard: None})
         c.fly(unit, shard, pods, rid)
         c.counters["handed"] += 1
+
+    def unbound(self, p: SchedulingPass, event: PodUnbound) -> None:
+        """The view rolled back a gang (a member's bind failed): the shards holding its
+        parts let them go (and unbind what they bound)."""
+        self.c.take_back(event)
 
     # ------------------------------------------------------------------ commit
 

@@ -81,7 +81,7 @@ def snapshot_coordinator(
         "component": COMPONENT,
         "shards": coordinator.n,
         "config": config_source(coordinator.engine.config),
-        "state": digest(coordinator_state(coordinator)),
+        "state_digest": digest(coordinator_state(coordinator)),
     }
     pairs = [
         *_pairs(coordinator),
@@ -96,7 +96,7 @@ def snapshot_coordinator(
 
 def snapshot_digest(parts: Sequence[SnapshotTaken]) -> str:
     """The digest of the coordinator's state recorded in a snapshot."""
-    recorded = decode_tree(assemble(parts)).get("state")
+    recorded = decode_tree(assemble(parts)).get("state_digest")
     if not isinstance(recorded, str):
         raise SnapshotError("no digest of the coordinator's state")
     return recorded

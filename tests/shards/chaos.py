@@ -37,9 +37,10 @@ from events.types import (
 from shards.binder import Binder
 from shards.cluster import SimulatedCluster
 from shards.control import ControlWorker
+from shards.coordinator.coordinator import Coordinator
+from shards.coordinator.flights import ABORTING, PREPARING
 from shards.inputs.scenario import Scenario
 from shards.report import RunReport, merge
-from shards.router import Control
 from shards.worker import ShardWorker
 
 DEBUG = bool(os.environ.get("SHOAL_CHAOS_DEBUG"))
@@ -106,7 +107,7 @@ class FlakyCluster(SimulatedCluster):
 class ChaosResult:
     log: MemoryLog
     engines: list[Engine]
-    control: Control
+    control: Coordinator
     cluster: FlakyCluster
     report: RunReport
     partial_gangs: list[str] = field(default_factory=list)
@@ -145,7 +146,7 @@ async def run_chaos(
         ShardWorker(Engine(shard=i), log, partition=i, snapshot_every=snapshot_every)
         for i in range(n)
     ]
-    router = ControlWorker(Control(sharding), log, snapshot_every=snapshot_every)
+    router = ControlWorker(Coordinator(sharding), log, snapshot_every=snapshot_every)
     cluster = FlakyCluster(rng, refuse)
     binder = Binder(cluster, memory, shards=n)  # the cluster side does not crash here
     member_of: dict[str, str] = {}
@@ -162,7 +163,7 @@ async def run_chaos(
     async def restart_router() -> None:
         nonlocal restarts, router
         restarts += 1
-        router = ControlWorker(Control(sharding), log, snapshot_every=snapshot_every)
+        router = ControlWorker(Coordinator(sharding), log, snapshot_every=snapshot_every)
 
     async def step(calm: bool) -> int:
         """One round of polls in random order; returns what was appended."""
@@ -287,9 +288,9 @@ def leaked_reservations(result: ChaosResult) -> list[str]:
         if res.state in (STAGING, HELD)
     ]
     leaks += [
-        f"coordinator: {g.key} {g.stage}"
-        for g in result.control.gangs.values()
-        if g.stage in ("preparing", "aborting")
+        f"coordinator: {c.rid} {c.stage}"
+        for c in result.control.claims.values()
+        if c.stage in (PREPARING, ABORTING)
     ]
     return leaks
 
