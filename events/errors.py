@@ -53,3 +53,8 @@ class ReplayMismatchError(ShoalError):
     def __init__(self, message: str, *, offset: int) -> None:
         self.offset = offset
         super().__init__(f"offset {offset}: {message}")
+
+
+class StuckError(ShoalError):
+    """A run stopped making progress (components kept exchanging records without the
+    system settling): a bug in a protocol, reported instead of looping for ever."""

@@ -14,7 +14,8 @@ registered when its distribution is installed, ``pip install -e .`` here), lists
 commands after ``replay`` and runs them as its own: in its event loop, a ``ShoalError``
 becoming one line and exit status 2. Nothing under ``shards/`` imports them.
 
-Exit status: 0 success; 1 ``replay --verify`` found a difference; 2 bad input (one line
+Exit status: 0 success; 1 ``replay --verify`` found a difference, or a run stopped making
+progress (a protocol loop that does not end: a bug, named); 2 bad input (one line
 naming file, document and field, or the log offset; never a traceback).
 """
 
@@ -34,7 +35,7 @@ from typing import Any, NoReturn
 
 from engine.config import SchedulerConfig
 from engine.model.pools import Sharding
-from events.errors import InputError, LogError, ShoalError
+from events.errors import InputError, LogError, ShoalError, StuckError
 from events.filelog import FileLog
 from shards import render
 from shards.bus import check_new_log, open_bus
@@ -453,6 +454,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail(str(exc))
     except LogError as exc:
         _fail(str(exc))
+    except StuckError as exc:
+        print(f"shoal: error: {exc}", file=sys.stderr)
+        return EXIT_MISMATCH
     except ShoalError as exc:
         _fail(str(exc))
     except KeyboardInterrupt:

@@ -114,10 +114,11 @@ class ControlWorker:
     def control(self) -> Coordinator:
         return self.coordinator
 
-    async def recover(self, *, use_snapshots: bool = True) -> None:
+    async def recover(self, *, use_snapshots: bool = True) -> int:
         """Rebuild the coordinator from its partition (its newest snapshot, if any, and
         what follows), re-running each recorded pass where it ran; append what the
-        last of them had not got into every partition."""
+        last of them had not got into every partition, and return how many records that
+        was."""
         n = self.coordinator.n
         start = [0] * (n + 1)
         if use_snapshots:
@@ -161,24 +162,25 @@ class ControlWorker:
                 offset = records[-1].offset + 1
         coordinator = self.coordinator
         last_input = -1
+        appended = 0
         while records := await self.log.read(self.partition, self.position, 10_000):
             for env in records:
                 coordinator.apply(env)
                 if env.producer not in (ROUTER, COORDINATOR):
                     last_input = env.offset
                 if env.offset in passes:
-                    await self._append(coordinator.schedule(), env.offset, env.time)
+                    appended += await self._append(coordinator.schedule(), env.offset, env.time)
             self.position = records[-1].offset + 1
         if last_input > max(passes, default=-1):
             self._owed = last_input
         self._recovered = True
+        return appended
 
     async def poll(self) -> int:
         """Relay what shards reported, fold what is new (a pass after each slice);
         return how many records were appended."""
-        if not self._recovered:
-            await self.recover()
-        appended = await self._relay()
+        appended = 0 if self._recovered else await self.recover()
+        appended += await self._relay()
         appended += await self._fold()
         if self._outputs and snapshot_due(
             self.position - self.snapshot_at,

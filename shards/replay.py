@@ -50,9 +50,11 @@ class ReplayResult:
     snapshots: int = 0
     """Snapshots checked against the state replay derives."""
     unforwarded: int = 0
-    """Router outputs derived from the end of the control partition but not in the log
-    (yet): the coordinator stopped before appending them. A restarted one appends them;
-    only a tail can be missing, a gap is a mismatch."""
+    """Coordinator outputs derived from the end of the control partition but not in the
+    log (yet): it stopped before appending them. A restarted one appends them; only a
+    tail can be missing, a gap is a mismatch."""
+    coordinator: Coordinator | None = None
+    """The coordinator as the control partition leaves it (several shards, verified)."""
 
     def dependencies(self) -> list[tuple[str, str]]:
         """(dependency, its state at the end of the replay) for the explained pod."""
@@ -249,7 +251,9 @@ def sharding_of(control: Sequence[Envelope]) -> Sharding:
 
 
 def verify_control(
-    parts: Sequence[Sequence[Envelope]], config: SchedulerConfig | None = None
+    parts: Sequence[Sequence[Envelope]],
+    config: SchedulerConfig | None = None,
+    into: ReplayResult | None = None,
 ) -> tuple[int, int, int, ReplayMismatchError | None]:
     """Fold the control partition again, re-run the coordinator's passes where they ran
     (the causations of its records), and compare what each derives with what it
@@ -262,6 +266,8 @@ def verify_control(
     records past the last recorded one are counted, not a mismatch."""
     control_records = parts[-1]
     coordinator = Coordinator(sharding_of(control_records), config)
+    if into is not None:
+        into.coordinator = coordinator
     recorded: list[dict[int, list[Envelope]]] = []
     last: list[int] = []
     for records in parts:
@@ -359,7 +365,7 @@ def replay_routed(
         report.apply(env)
     result = ReplayResult(report=report, engine=Engine(config))
     if verify:
-        checked, result.unforwarded, snapshots, mismatch = verify_control(parts, config)
+        checked, result.unforwarded, snapshots, mismatch = verify_control(parts, config, result)
         result.verified += checked
         result.snapshots += snapshots
         if mismatch is not None:

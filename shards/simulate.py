@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from engine.config import SchedulerConfig
 from engine.engine import Engine
 from engine.model.pools import Sharding
+from events.errors import StuckError
 from events.log import EventLog
 from events.types import ClockTicked, Envelope, Event, SchedulerConfigured, ShardingConfigured
 from shards.binder import Binder
@@ -38,6 +39,11 @@ from shards.inputs.scenario import Scenario
 from shards.processes import tick_if_due
 from shards.report import RunReport, merge
 from shards.worker import ShardWorker
+
+MAX_ROUNDS = 100_000
+"""Rounds of every component's poll at one simulated instant before the run is declared
+stuck: each round is a step of some protocol (a unit handed over and answered, a part
+prepared and granted), so even thousands of gangs at one instant need far fewer."""
 
 Progress = Callable[[int, int, int], None]
 """Called with (simulated ns, events ingested, events in scenario)."""
@@ -120,6 +126,7 @@ async def simulate(
         if routed:
             for shard, engine in enumerate(engines):
                 await tick_if_due(log, shard, engine.next_wakeup(), now, "clock")
+        rounds = 0
         while True:
             moved = await router.poll() if router is not None else 0
             for worker in workers:
@@ -127,6 +134,12 @@ async def simulate(
             moved += await binder.poll(now)
             if not moved:
                 break
+            rounds += 1
+            if rounds > MAX_ROUNDS:
+                raise StuckError(
+                    f"no quiet point at {now / 1e9:g}s after {MAX_ROUNDS} rounds of the "
+                    "components (a protocol loop that does not end)"
+                )
         if progress is not None:
             progress(now, i, len(feed))
         candidates = [cluster.next_time(), *(engine.next_wakeup() for engine in engines)]

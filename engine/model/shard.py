@@ -450,7 +450,7 @@ class ShardModel:
             if is_group_unit(unit) or QUOTA_PLUGIN in plugins or slot < 0:
                 return True
             pod = self.pods[unit]
-            if hints is None:
+            if hints is None or self.could_preempt(pod, slot):
                 return True
             cache_key = (pod.spec.scheduler_name, pod.shape_key, plugins)
             verdict = verdicts.get(cache_key)
@@ -475,6 +475,8 @@ class ShardModel:
             if is_group_unit(unit) or QUOTA_PLUGIN in plugins or not plugins:
                 return waiting
             pod = self.pods[unit]
+            if self.could_preempt(pod, slot):
+                return waiting
             count = waiting
             for row, amount in pod.request:
                 left = budget.setdefault(row, int(free[row, slot]))
@@ -484,6 +486,28 @@ class ShardModel:
             return count
 
         return limit
+
+    def could_preempt(self, pod: PodInfo, slot: int) -> bool:
+        """Whether ``pod`` might preempt a pod on node ``slot`` (one of lower priority
+        runs there): room freed there is worth a retry even if another pod took it."""
+        if pod.spec.preemption_policy == "Never":
+            return False
+        pods = self.pods
+        return any(
+            key in pods and pods[key].priority < pod.priority
+            for key in self.state.node_pods[slot]
+        )
+
+    def could_preempt(self, pod: PodInfo, slot: int) -> bool:
+        """Whether ``pod`` might preempt a pod on node ``slot`` (one of lower priority
+        runs there): room freed there is worth a retry even if another pod took it."""
+        if pod.spec.preemption_policy == "Never":
+            return False
+        pods = self.pods
+        return any(
+            key in pods and pods[key].priority < pod.priority
+            for key in self.state.node_pods[slot]
+        )
 
     def events_for(self, pod: PodInfo, plugins: tuple[str, ...]) -> frozenset[ClusterEvent]:
         if self.hints is None:

@@ -5,7 +5,8 @@ ElasticQuota and Coscheduling's minResources; filters; scores); if fewer than mi
 can be placed, members that failed may preempt (the profile's post-filters), still
 staged. Only when minMember is reached does anything leave the statement, through the
 dispatch: evictions first, then the bindings. Members beyond minMember that did not fit
-become ordinary pods, retried on their own.
+become ordinary pods, tried again at once on their own (where they may preempt, as any
+pod may).
 
 A part of a gang the coordinator asked this shard to hold (a reservation) is a gang of
 its own whose every pod must be placed, never by preemption: on the nodes the
@@ -99,9 +100,10 @@ def attempt_group(p: SchedulingPass, key: str) -> None:
         e.group_changes[key] = None
         e.wake(key)
         for pod in pending:
-            if pod.key in failures:  # beyond minMember: an ordinary pod from now on
-                reason, plugins, rejections = failures[pod.key]
-                p.unschedulable(pod, reason, plugins, rejections)
+            if pod.key in failures:
+                # beyond minMember: an ordinary pod from now on, tried again as one at
+                # once (it may preempt, as any pod may)
+                e.queue.add(pod.key, pod.priority, pod.seq, e.queue_of(pod.spec.namespace))
         return
     statement.discard()
     first = next(iter(failures.values()), ("", (), {}))

@@ -27,10 +27,11 @@ from engine.snapshot import (
 )
 from events.memory import MemoryLog
 from events.types import Envelope, SchedulerConfigured, SnapshotTaken, is_decision
-from shards.control import COORDINATOR, ControlWorker, control_state
+from shards.control import ControlWorker
+from shards.coordinator.coordinator import Coordinator
+from shards.coordinator.snapshot import COORDINATOR, coordinator_state
 from shards.inputs.scenario import Scenario, load_scenario
 from shards.replay import Resume, replay, replay_routed
-from shards.router import Control
 from shards.simulate import simulate
 from shards.worker import (
     SNAPSHOT_EVERY,
@@ -257,10 +258,10 @@ def test_the_coordinator_restores_its_snapshot_and_replay_checks_it() -> None:
         assert taken and all(e.producer == COORDINATOR for e in taken)
         assert replay_routed(parts, verify=True).mismatch is None
         sizes = [len(p) for p in parts]
-        restarted = ControlWorker(Control(sharding), log, snapshot_every=3)
+        restarted = ControlWorker(Coordinator(sharding), log, snapshot_every=3)
         await restarted.recover()
         assert restarted.restored_from == max(e.offset for e in taken) - taken[-1].event.part  # type: ignore[union-attr]
-        folded = ControlWorker(Control(sharding), log)
+        folded = ControlWorker(Coordinator(sharding), log)
         await folded.recover(use_snapshots=False)
         assert folded.restored_from == -1
         assert restarted.written == folded.written
@@ -268,11 +269,11 @@ def test_the_coordinator_restores_its_snapshot_and_replay_checks_it() -> None:
         assert await restarted.poll() == 0
         assert [len(await log.read(p, 0)) for p in range(4)] == sizes  # nothing appended
         assert restarted.position == folded.position
-        assert control_state(restarted.control) == control_state(folded.control)
+        assert coordinator_state(restarted.control) == coordinator_state(folded.control)
         # a forged digest of the fold's state is caught by replay
         first = taken[0]
         tree = msgspec.msgpack.decode(assemble([first.event]))  # type: ignore[list-item]
-        tree["control"] = "0" * 64
+        tree["state_digest"] = "0" * 64
         (forged,) = snapshot_parts(
             msgspec.msgpack.encode(tree),
             first.event.position,

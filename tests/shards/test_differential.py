@@ -1,0 +1,189 @@
+"""Shards are concurrency, not different semantics: one scheduler and 2 or 4 shards end
+the same.
+
+Hypothesis generates scenarios whose right outcome does not depend on which node is
+chosen: pools of identical nodes, every pod held to one pool and asking for one slot of
+its nodes (so any placement leaves the same room), with gangs, elastic quotas,
+priorities (all distinct, so no tie is broken by node order), dependencies, arrivals
+and completions over time. Each runs at 1, 2 and 4 shards; every run must end, keep
+the invariants (no node over-committed, no quota above its max, no gang short of
+minMember) and replay exactly, and the three must agree on every pod's end phase and
+on who was preempted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from engine.model.pools import Sharding
+from events.memory import MemoryLog
+from events.types import (
+    SECOND,
+    GroupSpec,
+    PodGroupSubmitted,
+    PodSpec,
+    PodSubmitted,
+    QuotaDefined,
+    QuotaSpec,
+)
+from shards.inputs.scenario import Scenario, TimedEvent
+from shards.replay import replay, replay_routed
+from shards.simulate import simulate
+from tests.builders import make_node
+
+GPU = "nvidia.com/gpu"
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    nodes: int
+    cards: int
+    """Cards per node."""
+    size: int
+    """Cards every pod of the pool asks for (a divisor of ``cards``: one slot)."""
+
+
+@st.composite
+def scenarios(draw: Any) -> Scenario:
+    pools = []
+    for p in range(draw(st.integers(1, 3))):
+        size = draw(st.sampled_from([1, 2, 4]))
+        cards = size * draw(st.integers(1, 3))
+        pools.append(Pool(f"p{p}", draw(st.integers(1, 4)), cards, size))
+    items: list[tuple[int, Any]] = []
+    for pool in pools:
+        for i in range(pool.nodes):
+            node = make_node(f"{pool.name}-{i}").cpu("64").memory("256Gi").gpu(pool.cards)
+            items.append((0, node.label("pool", pool.name).added()))
+    namespaces = ["a", "b", "c"]
+    for ns in namespaces[: draw(st.integers(0, 3))]:
+        minimum = draw(st.integers(0, 6))
+        maximum = minimum + draw(st.integers(0, 6))
+        quota = QuotaSpec(namespace=ns, name="q", min={GPU: minimum}, max={GPU: maximum})
+        items.append((0, QuotaDefined(quota=quota)))
+    priorities = draw(st.permutations(list(range(1, 200))))
+    next_priority = iter(priorities)
+    units = draw(st.integers(1, 10))
+    names: list[str] = []
+    for u in range(units):
+        pool = draw(st.sampled_from(pools))
+        ns = draw(st.sampled_from(namespaces))
+        at = draw(st.integers(0, 40))
+        runtime = draw(st.one_of(st.none(), st.integers(5, 60)))
+        priority = next(next_priority) * 10
+        depends = ()
+        if names and draw(st.integers(0, 4)) == 0:
+            dep = draw(st.sampled_from(names))
+            if dep.startswith(f"{ns}/"):
+                depends = (dep,)
+        base = {
+            "requests": {GPU: pool.size, "cpu": 100},
+            "node_selector": {"pool": pool.name},
+            "runtime": None if runtime is None else runtime * SECOND,
+            "depends_on": depends,
+        }
+        if draw(st.booleans()):
+            size = draw(st.integers(2, 5))
+            need = draw(st.integers(1, size))
+            timeout = draw(st.one_of(st.none(), st.integers(10, 60)))
+            group = GroupSpec(
+                namespace=ns,
+                name=f"g{u}",
+                min_member=need,
+                timeout=None if timeout is None else timeout * SECOND,
+                priority=priority,
+            )
+            items.append((at, PodGroupSubmitted(group=group)))
+            for m in range(size):
+                pod = PodSpec(
+                    namespace=ns,
+                    name=f"g{u}-{m}",
+                    group=group.key,
+                    priority=priority + m,
+                    **base,
+                )
+                items.append((at, PodSubmitted(pod=pod)))
+            names.append(group.key)
+        else:
+            pod = PodSpec(namespace=ns, name=f"p{u}", priority=priority, **base)
+            items.append((at, PodSubmitted(pod=pod)))
+            names.append(pod.key)
+    events = [TimedEvent(t * SECOND, i, e) for i, (t, e) in enumerate(items)]
+    events.sort(key=lambda e: (e.time, e.order))
+    return Scenario(events=events)
+
+
+async def _run(scenario: Scenario, shards: int) -> tuple[dict[str, str], set[str]]:
+    log = MemoryLog(shards + 1 if shards > 1 else 1)
+    sharding = Sharding(shards=shards) if shards > 1 else None
+    result = await simulate(scenario, log, sharding=sharding)
+    result.cluster.check_invariants()
+    for engine in result.engines:
+        engine.state.check_invariants()
+        assert list(engine.quotas.check()) == []
+    if result.control is not None:
+        assert list(result.control.engine.quotas.check()) == []
+    parts = [await log.read(p, 0) for p in range(log.partitions)]
+    verified = replay_routed(parts, verify=True) if shards > 1 else replay(parts[0], verify=True)
+    assert verified.mismatch is None, str(verified.mismatch)
+    assert verified.unforwarded == 0
+    report = result.report
+    for key, group in report.groups.items():
+        if group.phase == "Scheduled":
+            assert group.scheduled >= group.min_member, (key, group)
+    phases = {key: view.phase for key, view in report.pods.items()}
+    preempted = {p["pod"] for p in report.preemptions}
+    return phases, preempted
+
+
+@settings(deadline=None)
+@given(scenarios())
+def test_one_two_and_four_shards_end_the_same(scenario: Scenario) -> None:
+    outcomes = [asyncio.run(_run(scenario, shards)) for shards in (1, 2, 4)]
+    one, two, four = outcomes
+    assert two == one, (_diff(one, two), _compact(scenario))
+    assert four == one, (_diff(one, four), _compact(scenario))
+    phases, preempted = one
+    event(f"pods: {', '.join(sorted(set(phases.values())))}")
+    event("some preempted" if preempted else "none preempted")
+
+
+def _diff(a: tuple[dict[str, str], set[str]], b: tuple[dict[str, str], set[str]]) -> dict[str, Any]:
+    pods = {
+        k: (a[0].get(k), b[0].get(k)) for k in sorted({*a[0], *b[0]}) if a[0].get(k) != b[0].get(k)
+    }
+    return {"pods": pods, "preempted": sorted(a[1] ^ b[1])}
+
+
+def _compact(scenario: Scenario) -> list[str]:
+    """The scenario, a line per event (what a failure needs to be reproduced)."""
+    lines = []
+    for timed in scenario.events:
+        event = timed.event
+        if isinstance(event, PodSubmitted):
+            pod = event.pod
+            lines.append(
+                f"t={timed.time // SECOND} pod {pod.key} prio={pod.priority} "
+                f"gpu={pod.requests.get(GPU)} pool={pod.node_selector.get('pool')} "
+                f"group={pod.group} runtime={pod.runtime and pod.runtime // SECOND} "
+                f"deps={list(pod.depends_on)}"
+            )
+        elif isinstance(event, PodGroupSubmitted):
+            group = event.group
+            lines.append(
+                f"t={timed.time // SECOND} group {group.key} min={group.min_member} "
+                f"timeout={group.timeout and group.timeout // SECOND} prio={group.priority}"
+            )
+        elif isinstance(event, QuotaDefined):
+            lines.append(
+                f"quota {event.quota.namespace} min={event.quota.min} max={event.quota.max}"
+            )
+        else:
+            lines.append(str(event)[:120])
+    return lines
