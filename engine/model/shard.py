@@ -498,17 +498,6 @@ class ShardModel:
             for key in self.state.node_pods[slot]
         )
 
-    def could_preempt(self, pod: PodInfo, slot: int) -> bool:
-        """Whether ``pod`` might preempt a pod on node ``slot`` (one of lower priority
-        runs there): room freed there is worth a retry even if another pod took it."""
-        if pod.spec.preemption_policy == "Never":
-            return False
-        pods = self.pods
-        return any(
-            key in pods and pods[key].priority < pod.priority
-            for key in self.state.node_pods[slot]
-        )
-
     def events_for(self, pod: PodInfo, plugins: tuple[str, ...]) -> frozenset[ClusterEvent]:
         if self.hints is None:
             return frozenset(ClusterEvent)

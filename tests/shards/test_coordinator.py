@@ -76,7 +76,6 @@ from shards.replay import replay_routed
 from shards.simulate import simulate
 from tests.builders import make_node, make_pod, relayed
 
-
 SHARDS = (2, 4)
 
 E = TypeVar("E")
@@ -226,16 +225,9 @@ def at(seconds: float, events: Iterable[Event], order: int = 0) -> list[TimedEve
     return [TimedEvent(round(seconds * SECOND), order + i, e) for i, e in enumerate(events)]
 
 
-def records(parts: Parts, kind: type[E], *, partitions: Iterable[int] | None = None) -> list[E]:
-    """The events of ``kind`` in ``partitions`` (every shard partition by default; relayed
-    copies left out), in partition then offset order."""
-    wanted = range(len(parts) - 1) if partitions is None else partitions
-    return [
-        env.event
-        for p in wanted
-        for env in parts[p]
-        if isinstance(env.event, kind) and env.stream != RELAY
-    ]
+def records(parts: Parts, kind: type[E]) -> list[E]:
+    """The events of ``kind`` in every shard partition, in partition then offset order."""
+    return [env.event for part in parts[:-1] for env in part if isinstance(env.event, kind)]
 
 
 def found(parts: Parts, kind: type[E], partition: int) -> list[tuple[Envelope, E]]:
@@ -255,7 +247,6 @@ class Control:
 
     def __init__(self, sharding_: Sharding) -> None:
         self.coordinator = Coordinator(sharding_)
-        self.control = sharding_.shards
         self.offset = 0
         self.time = 0
 
@@ -287,16 +278,18 @@ def sent(out: Sequence[Output], kind: type[E]) -> list[tuple[int, E]]:
 
 
 def only(out: Sequence[Output], kind: type[E]) -> tuple[int, E]:
-    (found,) = sent(out, kind)
-    return found
+    """The one record of ``kind`` a pass made (there must be exactly one)."""
+    (one,) = sent(out, kind)
+    return one
 
 
 def pinned(shards: int, **pools: int) -> Sharding:
     return Sharding(shards=shards, pools=tuple(pools.items()))
 
 
-def in_pool(name: str, pool: str, cpu: str, *, ns: str = "default") -> PodSubmitted:
-    return make_pod(name, ns).cpu(cpu).selector(**{POOL_LABEL: pool}).submitted()
+def in_pool(name: str, pool: str, cpu: str) -> PodSubmitted:
+    """Pod ``name`` asking for ``cpu``, held to ``pool`` by a node selector."""
+    return make_pod(name).cpu(cpu).selector(**{POOL_LABEL: pool}).submitted()
 
 
 # -------------------------------------------------------------------- pools and tenants
