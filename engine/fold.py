@@ -121,6 +121,10 @@ def bind_failed(m: ShardModel, event: BindFailed) -> None:
         if res is not None:
             res.pods = tuple(k for k in res.pods if k != event.pod)
             res.bound.discard(event.pod)
+            m.reserved.pop(event.pod, None)
+            if not res.pods:  # its last pod: the part is over (and the group it was)
+                del m.reservations[res.rid]
+                m.groups.pop(res.group, None)
         m.returning[event.pod] = f"{event.pod} failed to bind to {event.node}: {event.reason}"
         if slot is not None:
             m.fire(ClusterEvent.POD_FREED, slot)

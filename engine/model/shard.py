@@ -494,8 +494,7 @@ class ShardModel:
             return False
         pods = self.pods
         return any(
-            key in pods and pods[key].priority < pod.priority
-            for key in self.state.node_pods[slot]
+            key in pods and pods[key].priority < pod.priority for key in self.state.node_pods[slot]
         )
 
     def events_for(self, pod: PodInfo, plugins: tuple[str, ...]) -> frozenset[ClusterEvent]:

@@ -60,6 +60,12 @@ class Dispatch(Protocol):
         bind); the state already forgot it."""
         ...
 
+    def first(self, p: SchedulingPass) -> list[str]:
+        """Units to attempt before the queue, in order (a preemptor whose victims are
+        gone: the room they left is its own, as when one scheduler evicts and places in
+        one step)."""
+        ...
+
 
 class Local:
     """An engine that owns its nodes: evictions and bindings are its own decisions."""
@@ -68,6 +74,9 @@ class Local:
 
     def unbound(self, p: SchedulingPass, event: PodUnbound) -> None:
         p.out.append(event)
+
+    def first(self, p: SchedulingPass) -> list[str]:
+        return []
 
     def route(self, p: SchedulingPass, unit: str) -> Route:
         return Route.ATTEMPT

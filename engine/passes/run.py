@@ -94,6 +94,13 @@ class SchedulingPass:
         self._settle()
         e.queue.flush_backoff(e.now)
         dispatch = self.dispatch
+        for ready in dispatch.first(self):
+            self.unit = ready
+            if is_group_unit(ready):
+                if ready[1:] in e.groups and e.groups[ready[1:]].phase == PENDING:
+                    attempt_group(self, ready[1:])
+            elif ready in e.pods and ready not in e.state.pods:
+                attempt_pod(self, e.pods[ready])
         take = e.queue.peek if dispatch.waits else e.queue.pop
         while (unit := take(self._rank if e.quotas else None)) is not None:
             if not is_group_unit(unit) and unit in e.state.pods:

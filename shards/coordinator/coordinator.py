@@ -87,7 +87,7 @@ T = TypeVar("T")
 def relay_source(producer: str, shards: int) -> int | None:
     """The shard partition a relayed copy came from (None: not a valid relay)."""
     text = producer.removeprefix(f"{RELAY}-")
-    if text == producer or not text.isdigit():
+    if text == producer or not (text.isascii() and text.isdigit()):
         return None
     source = int(text)
     return source if source < shards else None
@@ -124,6 +124,9 @@ class Coordinator:
         """Victim → the unit it makes room for."""
         self.hard: dict[str, None] = {}
         """Units a shard handed back: decided here next time, not handed over again."""
+        self.ready: list[str] = []
+        """Preemptors whose victims are all gone: attempted first at the next pass (the
+        room is theirs, as when one scheduler evicts and places in one step)."""
         self.relayed = [-1] * self.n
         """Per shard partition: the offset of the last record relayed into control."""
         self.shard_nodes = [0] * self.n
@@ -248,6 +251,11 @@ class Coordinator:
         self.engine.dispatched[unit] = "evicting"
         self.counters["evictions"] += len(victims)
 
+    def wait_for_owner(self, unit: str) -> None:
+        """``unit`` was decided onto a node no shard owns now (its pool is moving to
+        another shard): it tries again after its back-off."""
+        self._requeue(unit, backoff=True)
+
     def _victim_gone(self, victim: str) -> None:
         unit = self.evicting.pop(victim, None)
         if unit is None or unit not in self.nominated:
@@ -256,7 +264,8 @@ class Coordinator:
         waiting.pop(victim, None)
         if not waiting:
             del self.nominated[unit]
-            self._requeue(unit)
+            self.engine.dispatched.pop(unit, None)
+            self.ready.append(unit)
 
     def _requeue(self, unit: str, *, hard: bool = False, backoff: bool = False) -> None:
         """``unit`` is the queue's again: settled at the next pass, or (``backoff``:
@@ -378,13 +387,9 @@ class Coordinator:
         flight = self.flights.get(key) or self.flights.get(unit)
         return flight.shard if flight is not None else None
 
-    def _gone(self, key: str) -> None:
-        """Pod ``key`` is finishing (or was deleted): forget what was under way for it.
-        (Its claim is forgotten with the last of its pods.)"""
-        if key in self.flights:
-            self.land(key)
-        self.decisions.pop(key, None)
-        self.hard.pop(key, None)
+    def _unclaim(self, key: str) -> None:
+        """``key`` no longer holds its place under its claim; a committed claim none of
+        whose pods does is over."""
         rid = self.claim_of.pop(key, None)
         claim = self.claims.get(rid) if rid is not None else None
         if (
@@ -393,6 +398,15 @@ class Coordinator:
             and not any(self.claim_of.get(pod) == rid for pod in claim.pods)
         ):
             del self.claims[claim.rid]
+
+    def _gone(self, key: str) -> None:
+        """Pod ``key`` is finishing (or was deleted): forget what was under way for it.
+        (Its claim is forgotten with the last of its pods.)"""
+        if key in self.flights:
+            self.land(key)
+        self.decisions.pop(key, None)
+        self.hard.pop(key, None)
+        self._unclaim(key)
         if key in self.evicting:
             self._victim_gone(key)
 
@@ -463,7 +477,7 @@ class Coordinator:
         if decision is None or placed is None:
             return
         node = engine.state.names[placed.slot] or ""
-        self.claim_of.pop(key, None)
+        self._unclaim(key)
         engine.apply_decision(BindFailed(pod=key, node=node, decision_id=decision, reason=reason))
 
     def _granted(self, event: ReservationGranted, shard: int) -> None:
@@ -511,12 +525,7 @@ class Coordinator:
         for shard in sorted(claim.open):
             self.send(shard, ReservationAborted(rid=claim.rid, reason=reason))
         if not claim.directed:
-            flight = self.land(claim.unit)
-            if flight is not None:
-                for key in flight.pods:
-                    pod = engine.pods.get(key)
-                    if pod is not None and key not in engine.state.pods:
-                        engine.quotas.remove(pod.spec.namespace, pod.request)
+            self.land(claim.unit)  # its quota no longer charged
         for key in claim.pods:
             if self.claim_of.get(key) == claim.rid and key in engine.pods:
                 del self.claim_of[key]

@@ -178,6 +178,12 @@ class ShardDispatch:
         c.fly(unit, shard, pods, rid)
         c.counters["handed"] += 1
 
+    def first(self, p: SchedulingPass) -> list[str]:
+        ready, self.c.ready = self.c.ready, []
+        for unit in ready:
+            self.c.engine.queue.remove(unit)
+        return ready
+
     def unbound(self, p: SchedulingPass, event: PodUnbound) -> None:
         """The view rolled back a gang (a member's bind failed): the shards holding its
         parts let them go (and unbind what they bound)."""
@@ -189,6 +195,14 @@ class ShardDispatch:
         c = self.c
         e = c.engine
         unit = p.unit
+        slots = [op.slot for op in statement.ops] if statement is not None else []
+        slots += [slot for _, slot, _ in placed]
+        if any(c.routing.slot_shard[slot] < 0 for slot in slots):
+            # a node no shard owns now (its pool is moving): not this time
+            if statement is not None:
+                statement.discard()
+            c.wait_for_owner(unit)
+            return False
         if statement is not None and statement.evicted():
             victims: dict[int, dict[str, str]] = {}
             for op in statement.ops:

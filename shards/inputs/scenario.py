@@ -434,7 +434,7 @@ def load_sharding(path: str) -> ShardingSpec:
     if len(docs) != 1 or docs[0].obj.get("kind") != SHARDING_KIND:
         raise InputError(f"must hold exactly one {SHARDING_KIND} document", location=path)
     try:
-        return parse_sharding(docs[0].obj)
+        return replace(parse_sharding(docs[0].obj), where=docs[0].where())
     except InputError as exc:
         raise _located(docs[0], exc) from None
 

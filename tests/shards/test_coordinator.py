@@ -674,13 +674,6 @@ def test_a_denied_claim_backs_its_unit_off(shards: int) -> None:
     assert coordinator.claims == {} and coordinator.next_wakeup() == 45 * SECOND
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Coordinator._abort uncharges a handed gang's quota twice: land() already "
-    "removes every pod of the flight from the quota (_pending(flight, -1)), then _abort "
-    "removes the pods not placed again, so the namespace's use goes negative and it later "
-    "runs more than its max",
-)
 @pytest.mark.parametrize("shards", SHARDS)
 def test_a_handed_gang_whose_part_is_denied_leaves_its_quota_as_it_was(shards: int) -> None:
     """ElasticQuota ``ml`` guarantees and allows 3 cards. A 2-member gang is handed
@@ -974,13 +967,6 @@ def test_a_failed_bind_rolls_a_gang_back_whole_only_below_min_member(
         assert data["groups"]["ml/g"]["phase"] == "Scheduled"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a failed bind of the only pod of a part removes it from the shard's Reservation "
-    "(bind_failed: res.pods minus the pod) and from the coordinator's claim_of "
-    "(_handed_back), so neither ever closes: the shard keeps a committed reservation and "
-    "its group with no pods, the coordinator the claim, for ever",
-)
 def test_a_part_whose_only_pod_failed_to_bind_is_forgotten_once_the_pod_ran() -> None:
     """The coordinator places ``p`` itself (its shard handed it back once) under a
     one-pod claim; the bind fails, ``p`` is placed again (handed over, this time) and
@@ -1126,12 +1112,6 @@ def test_relays_this_coordinator_did_not_make_or_has_seen_are_ignored(shards: in
     assert coordinator.engine.bindings["default/p"] == "default/p#1"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="relay_source() accepts any str.isdigit() text after 'relay-': int() then raises "
-    "ValueError on '\\u00b2' (the coordinator's fold crashes) and reads '\\u0661' (an "
-    "Arabic-Indic one) as shard 1",
-)
 @pytest.mark.parametrize("producer", ["relay-\u00b2", "relay-\u0661"])
 def test_a_relay_named_with_other_digits_is_ignored(producer: str) -> None:
     control, _ = handed_to_shard(2)
@@ -1222,14 +1202,6 @@ def test_a_pool_moves_to_another_shard_with_what_runs_there(
     assert [e.node.name for _, e in found(parts, NodeAdded, last)] == ["b", "a"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="between PoolReassigned and PoolHandedOver the moving pool's nodes belong to no "
-    "shard (slot_shard -1), yet the coordinator decides units onto them on its view: "
-    "ShardDispatch.commit sends the ReservationRequested to partition -1 and the control "
-    "worker's append fails (ValueError: partition -1 out of range)",
-)
 @pytest.mark.parametrize("shards", SHARDS)
 def test_a_pod_that_arrives_as_its_pool_moves_is_placed_by_the_new_owner(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
@@ -1383,16 +1355,8 @@ def test_a_malformed_sharding_configuration_exits_2_naming_file_document_and_fie
     assert "Traceback" not in err
 
 
-SERVE_NAMES_NO_FILE = pytest.mark.xfail(
-    strict=True,
-    reason="load_sharding() (serve --sharding) keeps ShardingSpec.where at its default, so "
-    "ShardingSpec.sharding() names only 'ShardingConfiguration: pools[1].shard', not the "
-    "file and document (load_scenario sets where=doc.where(); load_sharding does not)",
-)
-
-
 @pytest.mark.parametrize(("shards", "pinned_to"), [(2, 2), (4, 7)])
-@pytest.mark.parametrize("command", ["simulate", pytest.param("serve", marks=SERVE_NAMES_NO_FILE)])
+@pytest.mark.parametrize("command", ["simulate", "serve"])
 def test_a_pool_pinned_to_a_shard_that_does_not_exist_exits_2(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
