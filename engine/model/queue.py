@@ -85,6 +85,11 @@ class SchedulingQueue:
             counts[entry.where] += 1
         return counts
 
+    @property
+    def generation(self) -> int:
+        """Bumped by every move: equal before and after, nothing moved."""
+        return self._generation
+
     def where(self, key: str) -> str | None:
         entry = self._entries.get(key)
         return None if entry is None else entry.where

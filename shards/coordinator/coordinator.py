@@ -569,9 +569,14 @@ class Coordinator:
         """Run a pass of the view; return what to append (forwarded inputs first, in the
         order they were folded, then the pass's requests and decisions)."""
         self._timeouts()
+        moves = self.engine.queue.generation
         for decision in self.engine.schedule():
             if not isinstance(decision, ShardSummary):
                 self.send(self.control, decision)
+        if not self._out and self.engine.queue.generation != moves:
+            # the queue moved (a back-off expired) though nothing was decided (the unit
+            # waits for the shards): record that the pass ran, so replay runs it here too
+            self.send(self.control, ClockTicked())
         out, self._out = self._out, []
         return out
 
