@@ -53,7 +53,7 @@ from engine.model.pools import MAX_SHARDS, Sharding
 from events.errors import InputError, LogError
 from events.log import EventLog
 from events.tasks import being_cancelled
-from events.types import Envelope, Event, SchedulerConfigured, ShardingConfigured
+from events.types import ClockTicked, Envelope, Event, SchedulerConfigured, ShardingConfigured
 from shards.bus import open_bus
 from shards.control import ControlWorker
 from shards.coordinator.coordinator import Coordinator
@@ -131,10 +131,11 @@ class ServeOptions:
         return self.shard_id if self.shard_id is not None else shard_ordinal(self.identity)
 
     def layout(self) -> Sharding | None:
-        """The sharding, or None for a single shard (a log with one partition)."""
-        if self.shards == 1:
-            return None
-        return self.sharding or Sharding(shards=self.shards)
+        """The sharding: ``--sharding``'s (its pools and tenants hold at one shard too),
+        else an even spread over several shards, else None (one shard, no pools)."""
+        if self.sharding is not None or self.shards == 1:
+            return self.sharding
+        return Sharding(shards=self.shards)
 
 
 def shard_ordinal(hostname: str) -> int:
@@ -161,7 +162,9 @@ class Service:
         self.bus: EventLog | None = None
         self.last_poll = 0.0
         self.sharding = options.layout()
-        self.partitions = options.shards + 1 if self.sharding is not None else 1
+        self.routed = options.shards > 1
+        """Several shards: one partition each and the control partition, a coordinator."""
+        self.partitions = options.shards + 1 if self.routed else 1
         self.control_partition = self.partitions - 1
         """Where cluster inputs go: the control partition, or the only one."""
         self.ingest: KubeIngest | None = None
@@ -232,7 +235,7 @@ class Service:
     def roles(self) -> tuple[str, ...]:
         if self.options.role != "all":
             return (self.options.role,)
-        if self.sharding is None:
+        if not self.routed:
             return ("ingest", "shard", "binder")
         return ("ingest", "shard", "coordinator", "binder")
 
@@ -250,7 +253,7 @@ class Service:
                 raise InputError(
                     f"the bus has {self.bus.partitions} partitions; {options.shards} "
                     f"shard(s) need {self.partitions}"
-                    + (" (one per shard and the control partition)" if self.sharding else ""),
+                    + (" (one per shard and the control partition)" if self.routed else ""),
                     location="--bus",
                 )
             roles = self.roles()
@@ -294,6 +297,14 @@ class Service:
         assert self.bus is not None
         recorded = await recorded_sharding(self.bus)
         if recorded is None:
+            head = await self.bus.read(self.control_partition, 0, 16)
+            if any(not isinstance(e.event, SchedulerConfigured | ClockTicked) for e in head):
+                raise InputError(
+                    "the log was set up without a sharding configuration (its pools and "
+                    "tenants would not hold for what it already holds): start without "
+                    "--sharding, or use a new topic",
+                    location="--sharding",
+                )
             return
         try:
             before = Sharding.from_json(recorded.config)
@@ -310,14 +321,18 @@ class Service:
             )
 
     async def _record_configuration(self) -> None:
-        """Before ingest's first event (several shards): the sharding, once, and the
-        scheduler configuration, which the router forwards to every shard (a shard
-        given the configuration it already has changes nothing)."""
+        """Before ingest's first event: the sharding, once, and with several shards the
+        scheduler configuration, which the coordinator forwards to every shard (a shard
+        given the configuration it already has changes nothing; one shard records its
+        own)."""
         assert self.bus is not None and self.sharding is not None
         head: list[Event] = []
         if await recorded_sharding(self.bus) is None:
             head.append(ShardingConfigured(config=self.sharding.to_json()))
-        head.append(_recorded_config(self.options.config or default_config()))
+        if self.routed:
+            head.append(_recorded_config(self.options.config or default_config()))
+        if not head:
+            return
         now = self.clock()
         await self.bus.append(
             [Envelope(event=e, time=now, producer="ingest") for e in head], self.control_partition
@@ -410,7 +425,7 @@ class Service:
         """The router and coordinator while this process leads: a fold of the control
         partition. After a bus failure it is rebuilt from the log (the fold's state may
         be ahead of what was appended), as a restarted coordinator would be."""
-        assert self.bus is not None and self.sharding is not None
+        assert self.bus is not None and self.sharding is not None and self.routed
         bus = self.bus
         backoff = self.options.poll_interval
         recorded = None
@@ -494,7 +509,7 @@ class Service:
         config = options.config or default_config()
         assert self.bus is not None
         bus = self.bus
-        partition = shard if self.sharding is not None else 0
+        partition = shard if self.routed else 0
         labels = {"shard": str(shard)}
         self.metrics.gauge(
             "queue_pods", "Pods in the scheduling queue.", self._queue(shard, "all"), labels
@@ -523,7 +538,7 @@ class Service:
                         snapshot_every=options.snapshot_every,
                         snapshot_per_pod=options.snapshot_per_pod,
                     )
-                    if self.sharding is None and shard not in self.workers:
+                    if not self.routed and shard not in self.workers:
                         # one shard: it records its own configuration (several: ingest)
                         await bus.append(
                             [

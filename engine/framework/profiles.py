@@ -49,3 +49,9 @@ class Profiles:
     ) -> bool:
         framework = self.framework_for(pod)
         return framework is not None and framework.worth_retrying(pod, plugins, event, slot, state)
+
+    def room_decides(
+        self, pod: PodInfo, plugins: tuple[str, ...], slot: int, state: ClusterState
+    ) -> bool | None:
+        framework = self.framework_for(pod)
+        return None if framework is None else framework.room_decides(pod, plugins, slot, state)

@@ -118,6 +118,8 @@ class Framework:
         self.filters: list[FilterPlugin] = [p for p, _ in chosen["filter"]]  # type: ignore[misc]
         self.static_filters = [f for f in self.filters if f.static]
         self.dynamic_filters = [f for f in self.filters if not f.static]
+        self._room_plugins = frozenset({f.name for f in self.static_filters} | {"NodeResourcesFit"})
+        """Plugins whose verdict on a node only its free room can change."""
         self.post_filters: list[PostFilterPlugin] = [p for p, _ in chosen["postFilter"]]  # type: ignore[misc]
         self.pre_scores: list[PreScorePlugin] = [p for p, _ in chosen["preScore"]]  # type: ignore[misc]
         self.scores = [
@@ -211,6 +213,14 @@ class Framework:
                 mask = mask & f.filter(cycle, pod, state)
             self._static_cache[pod.static_key] = mask
         return mask
+
+    def room_decides(
+        self, pod: PodInfo, plugins: tuple[str, ...], slot: int, state: ClusterState
+    ) -> bool | None:
+        """See :meth:`engine.model.shard.Hints.room_decides`."""
+        if not self.static_feasible(pod, state)[slot]:
+            return False
+        return all(name in self._room_plugins for name in plugins) or None
 
     def static_feasible(self, pod: PodInfo, state: ClusterState) -> Bools:
         """Nodes only free resources keep ``pod`` from (what preemption may change)."""

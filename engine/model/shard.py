@@ -69,6 +69,15 @@ class Hints(Protocol):
         """Whether ``event`` on node ``slot`` may let ``pod`` pass ``plugins``."""
         ...
 
+    def room_decides(
+        self, pod: PodInfo, plugins: tuple[str, ...], slot: int, state: ClusterState
+    ) -> bool | None:
+        """Whether free room on node ``slot`` is what decides for ``pod``, which
+        ``plugins`` rejected: True when the node passes its static filters and only
+        resource fit or static filters rejected it, False when the node fails its static
+        filters (room there cannot help), None when another plugin may reject it."""
+        ...
+
 
 class ShardModel:
     """The state of one engine (a shard, or the coordinator's view of every shard)."""
@@ -127,6 +136,10 @@ class ShardModel:
         self.returning: dict[str, str] = {}
         """Pods the coordinator placed here whose bind failed → why: the next pass hands
         them back (the coordinator folds the failed bind as one scheduler would)."""
+        self.held: dict[str, list[int]] = {}
+        """Units → nodes their victims left (the coordinator's view, which sees the
+        evictions one by one): parked pods hear of that room only once the unit was
+        attempted, as when one scheduler evicts and places in one step."""
         self.evicting: dict[str, str] = {}
         """Pods the coordinator chose to evict here → the pod they make room for: the
         next pass evicts them."""
@@ -364,8 +377,11 @@ class ShardModel:
         if waiting:
             self.dirty.update(waiting)
 
-    def finish(self, key: str, outcome: str) -> None:
-        """Pod ``key`` is over (succeeded, failed, deleted, preempted, rejected)."""
+    def finish(self, key: str, outcome: str, *, held_for: str = "") -> None:
+        """Pod ``key`` is over (succeeded, failed, deleted, preempted, rejected).
+        ``held_for``: it was evicted for that unit, whose room this is: parked pods
+        are told only once the unit was attempted (:attr:`freed_later`), as when one
+        scheduler evicts and places in one step."""
         if key not in self.pods:
             for _, waiting in self.next_runs.values():  # gone before its run started
                 waiting[:] = [p for p in waiting if p.key != key]
@@ -393,7 +409,9 @@ class ShardModel:
             del self.reservations[res.rid]
             self.drop_group(res.group)
         self.wake(key)
-        if slot is not None:
+        if slot is not None and held_for:
+            self.held.setdefault(held_for, []).append(slot)
+        elif slot is not None:
             self.fire(ClusterEvent.POD_FREED, slot)
 
     def member_finished(self, group: GroupInfo, outcome: str) -> None:
@@ -469,6 +487,7 @@ class ShardModel:
         node changed, so pods beyond its free capacity would fail again."""
         budget: dict[int, int] = {}
         free = self.state.free
+        hints = self.hints
 
         def limit(unit: str, waiting: int) -> int:
             plugins = self.queue.reason_plugins(unit)
@@ -477,6 +496,11 @@ class ShardModel:
             pod = self.pods[unit]
             if self.could_preempt(pod, slot):
                 return waiting
+            decides = True if hints is None else hints.room_decides(pod, plugins, slot, self.state)
+            if decides is None:
+                return waiting  # it may fail for other reasons: it takes none of the room
+            if not decides:
+                return 0  # the room is on a node it cannot use
             count = waiting
             for row, amount in pod.request:
                 left = budget.setdefault(row, int(free[row, slot]))

@@ -13,7 +13,6 @@ from __future__ import annotations
 from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
-from engine.model.changes import ClusterEvent
 from engine.model.pods import PodInfo
 from engine.model.statement import Statement
 from events.types import PodBound, PodPreempted, PodUnbound
@@ -104,10 +103,7 @@ class Local:
         statement.commit()
         for pod, slot, score in placed:
             bind(p, pod, slot, score)
-        if freed:
-            p.failed.clear()
-            for slot in freed:
-                e.fire(ClusterEvent.POD_FREED, slot)
+        p.freed(freed)
         return True
 
 

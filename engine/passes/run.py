@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from engine.framework.profiles import Profiles
 from engine.framework.results import Attempt
+from engine.model.changes import ClusterEvent
 from engine.model.groups import (
     FAILED,
     PENDING,
@@ -101,6 +102,7 @@ class SchedulingPass:
                     attempt_group(self, ready[1:])
             elif ready in e.pods and ready not in e.state.pods:
                 attempt_pod(self, e.pods[ready])
+            self.freed(e.held.pop(ready, []))
         take = e.queue.peek if dispatch.waits else e.queue.pop
         while (unit := take(self._rank if e.quotas else None)) is not None:
             if not is_group_unit(unit) and unit in e.state.pods:
@@ -130,6 +132,13 @@ class SchedulingPass:
             e.placed_here = {}
             e.reported_nodes = nodes
         return self.out
+
+    def freed(self, slots: list[int]) -> None:
+        """Room was freed on ``slots``: parked pods it may help go back to the queue."""
+        if slots:
+            self.failed.clear()
+            for slot in slots:
+                self.e.fire(ClusterEvent.POD_FREED, slot)
 
     def _take_on_requests(self) -> None:
         """Hold the parts the coordinator asked for (tried below, with the queue), or

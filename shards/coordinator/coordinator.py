@@ -387,14 +387,26 @@ class Coordinator:
         flight = self.flights.get(key) or self.flights.get(unit)
         return flight.shard if flight is not None else None
 
-    def _unclaim(self, key: str) -> None:
+    def _unclaim(self, key: str, *, part_over: bool = False) -> None:
         """``key`` no longer holds its place under its claim; a committed claim none of
-        whose pods does is over."""
+        whose pods does is over. With ``part_over`` the pod left its shard's part (it
+        finished, or failed to bind): as the shard folds it, a part none of whose pods
+        is left there is over on that shard, with nothing to abort or release."""
         rid = self.claim_of.pop(key, None)
         claim = self.claims.get(rid) if rid is not None else None
-        if (
-            claim is not None
-            and claim.stage == COMMITTED
+        if claim is None:
+            return
+        if part_over:
+            for shard, pods in claim.parts.items():
+                if (
+                    key in pods
+                    and shard in claim.open
+                    and not any(self.claim_of.get(pod) == rid for pod in pods)
+                ):
+                    del claim.open[shard]
+                    claim.granted.pop(shard, None)
+        if not claim.open or (
+            claim.stage == COMMITTED
             and not any(self.claim_of.get(pod) == rid for pod in claim.pods)
         ):
             del self.claims[claim.rid]
@@ -406,7 +418,7 @@ class Coordinator:
             self.land(key)
         self.decisions.pop(key, None)
         self.hard.pop(key, None)
-        self._unclaim(key)
+        self._unclaim(key, part_over=True)
         if key in self.evicting:
             self._victim_gone(key)
 
@@ -442,7 +454,7 @@ class Coordinator:
                 self._closed(event, shard)
             case PodPreempted(pod=key) | PodEvicted(pod=key) | PodRejected(pod=key):
                 if key in self.engine.pods:
-                    self.engine.finish(key, FAILED)
+                    self.engine.finish(key, FAILED, held_for=self.evicting.get(key, ""))
                 self._gone(key)
             case PodUnbound(pod=key):
                 self._unbound(event)
@@ -477,7 +489,7 @@ class Coordinator:
         if decision is None or placed is None:
             return
         node = engine.state.names[placed.slot] or ""
-        self._unclaim(key)
+        self._unclaim(key, part_over=True)
         engine.apply_decision(BindFailed(pod=key, node=node, decision_id=decision, reason=reason))
 
     def _granted(self, event: ReservationGranted, shard: int) -> None:
@@ -593,6 +605,8 @@ class Coordinator:
             self.counters["aborted"] += 1
             for shard in sorted(claim.open):
                 self.send(shard, ReservationAborted(rid=claim.rid, reason=event.reason))
+            if not claim.open:
+                del self.claims[claim.rid]
 
     def _timeouts(self) -> None:
         """Claims not granted within the reservation time-out are aborted; a preemption
@@ -603,6 +617,8 @@ class Coordinator:
         for unit, (since, victims) in list(self.nominated.items()):
             if not self._fresh(since):
                 del self.nominated[unit]
+                for slot in self.engine.held.pop(unit, []):
+                    self.engine.fire(ClusterEvent.POD_FREED, slot)
                 for victim in victims:
                     self.evicting.pop(victim, None)
                 self._requeue(unit)

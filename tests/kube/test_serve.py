@@ -18,7 +18,7 @@ import pytest
 from engine.model.pools import POOL_LABEL, Sharding
 from events.errors import InputError, LogError
 from events.remote import LogServer, RemoteLog
-from events.types import Envelope, PodBound, ShardingConfigured
+from events.types import Envelope, PodBound, PodDeleted, ShardingConfigured
 from shards.replay import replay_routed
 from shards.serve import ServeOptions, Service, serve, shard_ordinal
 from tests.kube.apiserver import FakeApiServer
@@ -33,10 +33,13 @@ async def get(url: str) -> tuple[int, str]:
 
 
 @contextlib.asynccontextmanager
-async def running(apiserver: FakeApiServer, shards: int = 1) -> AsyncIterator[Service]:
+async def running(
+    apiserver: FakeApiServer, shards: int = 1, sharding: Sharding | None = None
+) -> AsyncIterator[Service]:
     """``serve --role all`` in this process against ``apiserver``; stopped on exit."""
     services: list[Service] = []
     options = ServeOptions(
+        sharding=sharding,
         role="all",
         bus="memory",
         host=apiserver.url,
@@ -173,6 +176,55 @@ async def test_serve_two_shards_and_the_coordinator_in_one_process(
     assert (
         apiserver.get("Lease", "shoal-coordinator", "shoal")["spec"]["holderIdentity"] == "test-0"
     )
+
+
+async def test_serve_one_shard_honours_the_tenants_of_its_sharding(
+    apiserver: FakeApiServer,
+) -> None:
+    """--sharding at one shard: the log records it first and its tenants own their pools
+    (a tenant's pod lands only in its pool, everyone else's only outside it)."""
+    for i in range(4):
+        item = node(f"n{i}")
+        item["metadata"]["labels"][POOL_LABEL] = "gpu" if i == 3 else "cpu"
+        apiserver.put("Node", item)
+    names = {"team": [f"t{i}" for i in range(3)], "default": [f"o{i}" for i in range(5)]}
+    for ns, pods in names.items():
+        for name in pods:
+            apiserver.put("Pod", pod(name, ns=ns))
+    sharding = Sharding(shards=1, tenants=(("team", ("gpu",)),))
+    async with running(apiserver, sharding=sharding) as service:
+        for ns, pods in names.items():
+            await eventually(
+                lambda ns=ns, pods=pods: all(  # type: ignore[misc]
+                    apiserver.get("Pod", n, ns)["spec"].get("nodeName") for n in pods
+                ),
+                timeout=30,
+            )
+        assert service.bus is not None
+        head = await service.bus.read(0, 0, 4)
+    assert any(isinstance(e.event, ShardingConfigured) for e in head)
+    for name in names["team"]:
+        assert apiserver.get("Pod", name, "team")["spec"]["nodeName"] == "n3"
+    for name in names["default"]:
+        assert apiserver.get("Pod", name, "default")["spec"]["nodeName"] != "n3"
+
+
+async def test_serve_refuses_a_sharding_for_a_log_set_up_without_one(
+    apiserver: FakeApiServer,
+) -> None:
+    async with LogServer(1) as server:
+        log = await RemoteLog.connect(server.url)
+        await log.append([Envelope(event=PodDeleted(pod="default/p"))], 0)
+        await log.close()
+        options = ServeOptions(
+            role="ingest",
+            bus=server.url,
+            host=apiserver.url,
+            listen="127.0.0.1:0",
+            sharding=Sharding(shards=1, tenants=(("team", ("gpu",)),)),
+        )
+        with pytest.raises(InputError, match="without a sharding configuration"):
+            await serve(options)
 
 
 async def test_serve_roles_as_separate_services_over_a_log_server(
