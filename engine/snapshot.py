@@ -470,6 +470,16 @@ def assemble(parts: Sequence[SnapshotTaken]) -> bytes:
     return raw
 
 
+def format_of(parts: Sequence[SnapshotTaken]) -> int | None:
+    """The format a complete snapshot was written in (None: unreadable)."""
+    try:
+        tree = msgspec.msgpack.decode(assemble(parts))
+    except (SnapshotError, msgspec.DecodeError):
+        return None
+    fmt = tree.get("format") if isinstance(tree, dict) else None
+    return fmt if isinstance(fmt, int) else None
+
+
 def config_source(config: SchedulerConfig) -> str:
     source = config.source
     return json.dumps(source, sort_keys=True, default=str) if source else ""

@@ -55,6 +55,15 @@ class ReplayMismatchError(ShoalError):
         super().__init__(f"offset {offset}: {message}")
 
 
+class UnverifiableLogError(ReplayMismatchError):
+    """The log was recorded under rules this version does not re-derive (an earlier
+    coordinator protocol): it replays and reports, but its decisions cannot be checked."""
+
+    def __init__(self, message: str) -> None:
+        ShoalError.__init__(self, message)
+        self.offset = 0
+
+
 class StuckError(ShoalError):
     """A run stopped making progress (components kept exchanging records without the
     system settling): a bug in a protocol, reported instead of looping for ever."""

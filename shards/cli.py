@@ -35,7 +35,7 @@ from typing import Any, NoReturn
 
 from engine.config import SchedulerConfig
 from engine.model.pools import Sharding
-from events.errors import InputError, LogError, ShoalError, StuckError
+from events.errors import InputError, LogError, ShoalError, StuckError, UnverifiableLogError
 from events.filelog import FileLog
 from shards import render
 from shards.bus import check_new_log, open_bus
@@ -174,6 +174,7 @@ async def _replay(args: argparse.Namespace) -> int:
                 "decisions": result.verified,
                 "passes": result.passes,
                 "snapshots": result.snapshots,
+                "older_snapshots": result.older_snapshots,
                 "mismatch": str(result.mismatch) if result.mismatch else None,
                 "unforwarded": result.unforwarded,
             }
@@ -182,6 +183,9 @@ async def _replay(args: argparse.Namespace) -> int:
         render.explanation_text(args.explain, result)
     else:
         render.report_table(result.report, {})
+    if isinstance(result.mismatch, UnverifiableLogError):
+        print(f"shoal: cannot verify: {result.mismatch}", file=sys.stderr)
+        return EXIT_MISMATCH
     if result.mismatch is not None:
         print(f"shoal: replay differs at {result.mismatch}", file=sys.stderr)
         return EXIT_MISMATCH
@@ -191,6 +195,11 @@ async def _replay(args: argparse.Namespace) -> int:
             f"verified: {result.verified} decisions in {result.passes} passes{snapshots} "
             "match the log"
         )
+        if result.older_snapshots:
+            print(
+                f"note: {result.older_snapshots} snapshots written by an earlier version "
+                "(another snapshot format) were not compared"
+            )
         if result.unforwarded:
             print(
                 f"note: {result.unforwarded} router outputs at the end of the control "

@@ -18,9 +18,14 @@ import msgspec
 
 from engine.config import SchedulerConfig, parse_config
 from engine.engine import Engine
-from engine.model.pools import Sharding
-from engine.snapshot import SnapshotError, digest, encode_state
-from events.errors import InputError, LogCorruptedError, ReplayMismatchError
+from engine.model.pools import PROTOCOL, Sharding
+from engine.snapshot import FORMAT, SnapshotError, digest, encode_state, format_of
+from events.errors import (
+    InputError,
+    LogCorruptedError,
+    ReplayMismatchError,
+    UnverifiableLogError,
+)
 from events.types import (
     Envelope,
     Event,
@@ -49,6 +54,8 @@ class ReplayResult:
     """The submitted spec of the pod under ``--explain``."""
     snapshots: int = 0
     """Snapshots checked against the state replay derives."""
+    older_snapshots: int = 0
+    """Snapshots written in another format (by another version): not compared."""
     unforwarded: int = 0
     """Coordinator outputs derived from the end of the control partition but not in the
     log (yet): it stopped before appending them. A restarted one appends them; only a
@@ -218,7 +225,11 @@ def replay(
         if snapshot is not None:
             first = snapshot[0].event
             assert isinstance(first, SnapshotTaken)
-            if digest(encode_state(engine)) != first.digest:
+            same = digest(encode_state(engine)) == first.digest
+            if not same and _earlier_format(snapshot):
+                result.older_snapshots += 1
+                continue
+            if not same:
                 result.mismatch = ReplayMismatchError(
                     "the recorded snapshot differs from the state replay derives after the "
                     f"pass it follows (caused by {env.offset})",
@@ -265,7 +276,10 @@ def verify_control(
     what a stopped coordinator had not appended yet is a tail of each partition: derived
     records past the last recorded one are counted, not a mismatch."""
     control_records = parts[-1]
-    coordinator = Coordinator(sharding_of(control_records), config)
+    sharding = sharding_of(control_records)
+    if sharding.protocol != PROTOCOL:
+        return 0, 0, 0, _unverifiable(sharding.protocol)
+    coordinator = Coordinator(sharding, config)
     if into is not None:
         into.coordinator = coordinator
     recorded: list[dict[int, list[Envelope]]] = []
@@ -312,7 +326,7 @@ def verify_control(
                         )
                     checked += 1
         snapshot = snapshots.get(env.offset)
-        if snapshot is not None:
+        if snapshot is not None and not _earlier_format(snapshot):
             mismatch = _check_coordinator_snapshot(coordinator, snapshot)
             if mismatch is not None:
                 return checked, pending, verified, mismatch
@@ -320,6 +334,22 @@ def verify_control(
     if last_input > max(points, default=-1):
         pending += len(coordinator.schedule())  # the pass it was owed: not run yet
     return checked, pending, verified, None
+
+
+def _earlier_format(snapshot: list[Envelope]) -> bool:
+    """Whether a snapshot was written in another format than this version's (its state
+    cannot be compared, though the records around it can)."""
+    parts = [e.event for e in snapshot if isinstance(e.event, SnapshotTaken)]
+    fmt = format_of(parts)
+    return fmt is not None and fmt != FORMAT
+
+
+def _unverifiable(protocol: int) -> UnverifiableLogError:
+    return UnverifiableLogError(
+        f"the log was recorded under coordinator protocol {protocol} (an earlier version "
+        f"of shoal); this version re-derives protocol {PROTOCOL} only: the report is "
+        "complete, but its decisions cannot be checked"
+    )
 
 
 def _gap(partition: int, event: Event, cause: int) -> ReplayMismatchError:
@@ -382,6 +412,7 @@ def replay_routed(
         result.verified += part.verified
         result.passes += part.passes
         result.snapshots += part.snapshots
+        result.older_snapshots += part.older_snapshots
         if shard == owner:
             result.engine = part.engine
             result.explained = part.explained

@@ -312,6 +312,13 @@ class Service:
             raise InputError(
                 f"the log's sharding configuration is unreadable: {exc}", location="--bus"
             ) from None
+        if before.protocol != sharding.protocol:
+            raise InputError(
+                f"the log was recorded under coordinator protocol {before.protocol} by an "
+                f"earlier version (this one runs {sharding.protocol}): replay it with "
+                "shoal replay, and serve on a new topic",
+                location="--bus",
+            )
         if before != sharding:
             raise InputError(
                 f"the log was set up for another sharding ({before.shards} shards, "

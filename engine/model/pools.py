@@ -17,6 +17,13 @@ import msgspec
 from events.types import SECOND, NodeSelectorRequirement, NodeSelectorTerm, NodeSpec, PodSpec
 
 POOL_LABEL: Final = "shoal.io/pool"
+PROTOCOL: Final = 2
+"""The coordinator protocol a sharding runs (recorded with it). 1: the router of
+earlier versions, which forwarded pods to shards that scheduled on their own; 2: the
+coordinator, which decides on its view of every shard and hands over only what one
+shard certainly places as one scheduler would. A log of another protocol replays and
+reports, but its decisions cannot be re-derived, and no service continues it."""
+
 MAX_SHARDS: Final = 64
 """More shards than this is surely a typo (each is a process and a partition)."""
 
@@ -42,6 +49,7 @@ class Sharding:
     reservation_timeout: int = 30 * SECOND
     retry_backoff: int = 1 * SECOND
     max_retry_backoff: int = 30 * SECOND
+    protocol: int = PROTOCOL
 
     def __post_init__(self) -> None:
         if self.shards < 1:
@@ -59,6 +67,7 @@ class Sharding:
                 "reservation_timeout": self.reservation_timeout,
                 "retry_backoff": self.retry_backoff,
                 "max_retry_backoff": self.max_retry_backoff,
+                "protocol": self.protocol,
             },
             sort_keys=True,
         )
@@ -79,6 +88,7 @@ class Sharding:
             reservation_timeout=int(raw.get("reservation_timeout", 30 * SECOND)),
             retry_backoff=int(raw.get("retry_backoff", SECOND)),
             max_retry_backoff=int(raw.get("max_retry_backoff", 30 * SECOND)),
+            protocol=int(raw.get("protocol", 1)),  # recorded since protocol 2
         )
 
 
