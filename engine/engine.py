@@ -21,7 +21,7 @@ import json
 from engine.config import SchedulerConfig, default_config, parse_config
 from engine.fold import HANDLERS
 from engine.framework.profiles import Profiles
-from engine.framework.registry import Registry, builtin_registry
+from engine.framework.registry import Registry
 from engine.framework.runtime import Framework
 from engine.model.groups import PENDING
 from engine.model.pods import PodInfo
@@ -31,6 +31,7 @@ from engine.model.shard import ShardModel
 from engine.passes.dispatch import Dispatch, Local
 from engine.passes.explain import Explanation
 from engine.passes.run import SchedulingPass
+from engine.plugins.registry import builtin_registry
 from events.errors import InputError
 from events.types import SECOND, Envelope, Event, SchedulerConfigured, ShardingConfigured
 

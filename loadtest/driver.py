@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from engine import kernels
 from engine.engine import Engine
+from engine.plugins import kernels
 from events.log import EventLog
 from events.types import (
     Envelope,

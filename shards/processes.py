@@ -26,9 +26,9 @@ import signal
 import time
 from collections.abc import Callable
 
-from engine import kernels
 from engine.config import SchedulerConfig
 from engine.model.pools import Sharding
+from engine.plugins import kernels
 from events.errors import LogError
 from events.log import EventLog
 from events.types import BindFailed, ClockTicked, Envelope, ShardingConfigured

@@ -46,10 +46,10 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient
 
-from engine import kernels
 from engine.config import SchedulerConfig, default_config
 from engine.engine import Engine
 from engine.model.pools import MAX_SHARDS, Sharding
+from engine.plugins import kernels
 from events.errors import InputError, LogError
 from events.log import EventLog
 from events.tasks import being_cancelled

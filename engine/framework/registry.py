@@ -1,4 +1,5 @@
-"""The explicit registry: every built-in plugin, listed in one place.
+"""The explicit registry: plugin name → factory (the built-in plugins are listed in one
+place, :func:`engine.plugins.registry.builtin_registry`).
 
 A factory takes the plugin's ``args`` (from ``pluginConfig``), the location to name in
 errors and the engine's :class:`~engine.framework.handle.Handle` (what a plugin may read
@@ -9,53 +10,57 @@ of the state beyond the pod and the nodes). Out-of-tree plugins are added with
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from engine.framework.handle import Handle
 from engine.framework.interfaces import Plugin
-from engine.plugins.coscheduling import Coscheduling
-from engine.plugins.fit import NodeResourcesBalancedAllocation, NodeResourcesFit
-from engine.plugins.node_affinity import NodeAffinity
-from engine.plugins.node_name import NodeName
-from engine.plugins.preemption import DefaultPreemption
-from engine.plugins.quota import ElasticQuota
-from engine.plugins.taints import TaintToleration
-from engine.plugins.unschedulable import NodeUnschedulable
+from engine.model.state import Bools, ClusterState, Ints, Request
 from events.errors import InputError
 
 PluginFactory = Callable[[Mapping[str, Any], str, Handle], Plugin]
 
 
-def _no_args(cls: Callable[[], Plugin]) -> PluginFactory:
-    def factory(args: Mapping[str, Any], where: str, handle: Handle) -> Plugin:
-        if args:
-            raise InputError(f"takes no args, got {sorted(args)}", location=where)
-        return cls()
+class Kernel(Protocol):
+    """A compiled stand-in for a profile's resource plugins when a pod shape's cached
+    verdicts are refreshed on a few changed nodes; exactly the plugins' results."""
 
-    return factory
+    def worth(self, changed: int, scalar_limit: int) -> bool:
+        """Whether refreshing ``changed`` nodes is worth the kernel's call."""
+        ...
+
+    def params(self, request: Request, state: ClusterState) -> Any:
+        """The kernel's arguments for ``request`` (None: it does not stand in for it)."""
+        ...
+
+    def run(
+        self,
+        slots: list[int],
+        static: Bools,
+        state: ClusterState,
+        params: Any,
+        feasible: Bools,
+        local: Ints,
+        masked: Ints,
+    ) -> bool:
+        """Refresh ``feasible``, ``local`` and ``masked`` at ``slots``; False (nothing
+        done) if the kernel cannot run here."""
+        ...
 
 
-def _args(cls: Callable[[Mapping[str, Any], str], Plugin]) -> PluginFactory:
-    def factory(args: Mapping[str, Any], where: str, handle: Handle) -> Plugin:
-        return cls(args, where)
-
-    return factory
-
-
-def _handle(cls: Callable[[Handle], Plugin]) -> PluginFactory:
-    def factory(args: Mapping[str, Any], where: str, handle: Handle) -> Plugin:
-        if args:
-            raise InputError(f"takes no args, got {sorted(args)}", location=where)
-        return cls(handle)
-
-    return factory
+KernelFactory = Callable[[list[Any], list[tuple[Any, int]]], Kernel | None]
+"""A profile's dynamic filters and (local score, weight) pairs → its kernel, or None."""
 
 
 class Registry:
-    """Plugin name → factory."""
+    """Plugin name → factory, and what builds a profile's compiled kernel."""
 
-    def __init__(self, factories: Mapping[str, PluginFactory] | None = None) -> None:
+    def __init__(
+        self,
+        factories: Mapping[str, PluginFactory] | None = None,
+        kernel: KernelFactory | None = None,
+    ) -> None:
         self._factories: dict[str, PluginFactory] = dict(factories or {})
+        self.kernel = kernel
 
     def __repr__(self) -> str:
         return f"Registry({sorted(self._factories)})"
@@ -78,19 +83,3 @@ class Registry:
                 f"unknown plugin {name!r} (known: {', '.join(self.names())})", location=where
             )
         return factory(args, where, handle)
-
-
-def builtin_registry() -> Registry:
-    return Registry(
-        {
-            "NodeName": _no_args(NodeName),
-            "NodeUnschedulable": _no_args(NodeUnschedulable),
-            "TaintToleration": _no_args(TaintToleration),
-            "NodeAffinity": _no_args(NodeAffinity),
-            "NodeResourcesFit": _args(NodeResourcesFit),
-            "NodeResourcesBalancedAllocation": _args(NodeResourcesBalancedAllocation),
-            "ElasticQuota": _handle(ElasticQuota),
-            "Coscheduling": _handle(Coscheduling),
-            "DefaultPreemption": _handle(DefaultPreemption),
-        }
-    )

@@ -146,13 +146,11 @@ class Framework:
         """Every dynamic filter and local score has a one-slot form: a refresh of a few
         nodes runs them in plain Python (same results; numpy costs more per call)."""
         self._global_scores = [e for e in self.scores if not e.plugin.local]
-        from engine.kernels import ResourceKernel  # it imports plugins, which import us
-
         self.kernel = (
-            ResourceKernel.for_plugins(
-                self.dynamic_filters, [(e.plugin, e.weight) for e in self._local_scores]
+            registry.kernel(
+                list(self.dynamic_filters), [(e.plugin, e.weight) for e in self._local_scores]
             )
-            if self.incremental
+            if self.incremental and registry.kernel is not None
             else None
         )
         """The compiled refresh standing in for the resource plugins (None: numpy)."""

@@ -80,7 +80,7 @@ _compiled_add: ColumnAdd | None = None
 
 def use_compiled_columns(add: ColumnAdd | None) -> None:
     """Let ``assume`` and ``forget`` update a node's column with a compiled loop (a
-    fifth of numpy's cost for one column); :mod:`engine.kernels` installs it when it
+    fifth of numpy's cost for one column); :mod:`engine.plugins.kernels` installs it when it
     loads numba. None: numpy. Integer additions either way, so the same state."""
     global _compiled_add  # noqa: PLW0603 - one switch for the whole process
     _compiled_add = add

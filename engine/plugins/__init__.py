@@ -1,1 +1,1 @@
-"""Built-in plugins; ``engine.framework.registry`` lists them all in one place."""
+"""Built-in plugins; ``engine.plugins.registry`` lists them all in one place."""

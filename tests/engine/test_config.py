@@ -6,8 +6,8 @@ import pytest
 
 from engine.config import PluginRef, default_config, parse_config
 from engine.engine import Engine
-from engine.framework.registry import builtin_registry
 from engine.framework.runtime import Framework
+from engine.plugins.registry import builtin_registry
 from events.errors import InputError
 
 BASE = {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -16,9 +17,9 @@ from hypothesis import strategies as st
 from engine.config import parse_config
 from engine.engine import Engine
 from engine.framework.cycle import CycleState
-from engine.kernels import ResourceKernel, refresh_kernel
 from engine.model.pods import make_request, pod_info
 from engine.model.state import ClusterState
+from engine.plugins.kernels import ResourceKernel, refresh_kernel
 from events.types import PodSpec
 from tests.builders import env, make_node, make_pod
 from tests.engine.test_properties import events, run
@@ -200,8 +201,13 @@ def _probe(code: str, **env: str) -> str:
 
 
 def test_shoal_no_jit_keeps_numpy() -> None:
-    probe = "from engine.engine import Engine\nprint(Engine().profiles.frameworks['default-scheduler'].kernel)\n"
-    assert _probe(probe, SHOAL_NO_JIT="1").strip() == "None"
+    """The switch is read at the edge (``shards``), not by the engine."""
+    kernel = "print(Engine().profiles.frameworks['default-scheduler'].kernel is None)\n"
+    engine = "from engine.engine import Engine\n"
+    assert _probe("import shards\n" + engine + kernel, SHOAL_NO_JIT="1").strip() == "True"
+    if importlib.util.find_spec("numba") is not None:
+        assert _probe(engine + kernel, SHOAL_NO_JIT="1").strip() == "False"
+        assert _probe("import shards\n" + engine + kernel).strip() == "False"
 
 
 def test_a_small_run_never_loads_numba() -> None:

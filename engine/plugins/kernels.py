@@ -13,7 +13,8 @@ results are bit for bit the same. Property tests compare the two paths decision 
 decision.
 
 Any other plugin, strategy or resource count keeps the numpy path. So does everything
-when numba is missing or ``SHOAL_NO_JIT`` is set.
+when numba is missing or the edge turned it off (:func:`configure`; the command line
+reads ``SHOAL_NO_JIT``: the engine reads no environment).
 
 Loading numba and the compiled code costs about 0.7 s (from numba's cache), so it
 happens only when a refresh first needs it (more nodes changed than the plain-Python
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -43,9 +43,23 @@ Refresh = Callable[..., None]
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 
+_settings = {"jit": True}
+
+
+def configure(*, jit: bool = True, cache_dir: str | None = None) -> None:
+    """Set by the edge before the first engine is built: whether the compiled refresh
+    may be used, and where numba caches what it compiles (None: numba's default, beside
+    this module or in ``$NUMBA_CACHE_DIR``)."""
+    _settings["jit"] = jit
+    if cache_dir is not None and jit and importlib.util.find_spec("numba") is not None:
+        import numba
+
+        numba.config.CACHE_DIR = cache_dir  # type: ignore[attr-defined]
+
+
 def available() -> bool:
     """Whether the compiled refresh may be used (numba installed, not turned off)."""
-    return not os.environ.get("SHOAL_NO_JIT") and importlib.util.find_spec("numba") is not None
+    return _settings["jit"] and importlib.util.find_spec("numba") is not None
 
 
 def _compile() -> Refresh | None:
