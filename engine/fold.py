@@ -71,6 +71,7 @@ def routed(m: ShardModel, event: PodRouted) -> None:
     if key in m.pods or (key in m.outcomes and not m.another_pod(spec)):
         return
     m.delegated[key] = event.decision_id
+    m.arrived[key] = None
     m.submit(spec)
 
 
@@ -222,6 +223,7 @@ def reservation_requested(m: ShardModel, event: ReservationRequested) -> None:
     aborted part may hold the same pods) and then takes this on or refuses it."""
     if event.rid not in m.reservations:
         m.requests.setdefault(event.rid, event)
+        m.arrived[group_unit(event.group.key)] = None
 
 
 def take_on(m: ShardModel, event: ReservationRequested) -> str:

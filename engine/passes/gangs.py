@@ -48,6 +48,22 @@ def attempt_group(p: SchedulingPass, key: str) -> None:
     members = [e.pods[m] for m in group.members if m in e.pods]
     pending = [m for m in members if m.key not in e.state.pods]
     need = group.min_member - (len(members) - len(pending))
+    planned = e.planned.pop(group_unit(key), None)
+    later: list[PodInfo] = []
+    if planned is not None:
+        # after the evictions planned for it: the members they made room for, the
+        # others as ordinary pods (what one scheduler's evicting attempt commits)
+        later = [m for m in pending if m.key not in planned]
+        pending = [m for m in pending if m.key in planned]
+    if need <= 0 and not group.reservation:
+        # minMember already run (the coordinator's view, after an aborted claim left
+        # some placed): the gang is scheduled; the rest are ordinary pods
+        advance(group, SCHEDULED)
+        e.group_changes[key] = None
+        e.wake(key)
+        for pod in pending + later:
+            e.queue.add(pod.key, pod.priority, pod.seq, e.queue_of(pod.spec.namespace))
+        return
     statement = Statement(e.state, e.quotas)
     placed: Placed = []
     failures: dict[str, Failure] = {}
@@ -99,13 +115,14 @@ def attempt_group(p: SchedulingPass, key: str) -> None:
         advance(group, SCHEDULED)
         e.group_changes[key] = None
         e.wake(key)
-        for pod in pending:
-            if pod.key in failures:
+        for pod in pending + later:
+            if pod.key in failures or pod in later:
                 # beyond minMember: an ordinary pod from now on, tried again as one at
                 # once (it may preempt, as any pod may)
                 e.queue.add(pod.key, pod.priority, pod.seq, e.queue_of(pod.spec.namespace))
         return
     statement.discard()
+    pending += later
     first = next(iter(failures.values()), ("", (), {}))
     reason = (
         f"pod group {key}: {len(placed)} of the {need} members still needed fit; {first[0]}"

@@ -103,6 +103,8 @@ class SchedulingPass:
             elif ready in e.pods and ready not in e.state.pods:
                 attempt_pod(self, e.pods[ready])
             self.freed(e.held.pop(ready, []))
+        if e.arrived:
+            self._attempt_arrived()
         take = e.queue.peek if dispatch.waits else e.queue.pop
         while (unit := take(self._rank if e.quotas else None)) is not None:
             if not is_group_unit(unit) and unit in e.state.pods:
@@ -132,6 +134,26 @@ class SchedulingPass:
             e.placed_here = {}
             e.reported_nodes = nodes
         return self.out
+
+    def _attempt_arrived(self) -> None:
+        """What the coordinator handed over or asked to hold since the last pass, in the
+        order it decided it (not the queue's: it counted on that order)."""
+        from engine.passes.gangs import attempt_group
+        from engine.passes.pods import attempt_pod
+
+        e = self.e
+        arrived, e.arrived = e.arrived, {}
+        for unit in arrived:
+            if e.queue.where(unit) != "active":
+                continue  # refused, waiting, or placed meanwhile
+            e.queue.remove(unit)
+            self.unit = unit
+            if is_group_unit(unit):
+                attempt_group(self, unit[1:])
+            elif unit in e.pods and unit not in e.state.pods:
+                attempt_pod(self, e.pods[unit])
+            if e.dirty:
+                self._settle()
 
     def freed(self, slots: list[int]) -> None:
         """Room was freed on ``slots``: parked pods it may help go back to the queue."""

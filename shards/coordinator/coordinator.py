@@ -617,6 +617,7 @@ class Coordinator:
         for unit, (since, victims) in list(self.nominated.items()):
             if not self._fresh(since):
                 del self.nominated[unit]
+                self.engine.planned.pop(unit, None)
                 for slot in self.engine.held.pop(unit, []):
                     self.engine.fire(ClusterEvent.POD_FREED, slot)
                 for victim in victims:

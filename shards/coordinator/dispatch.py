@@ -213,6 +213,8 @@ class ShardDispatch:
             for shard in sorted(victims):
                 c.send(shard, PreemptionRequested(victims=victims[shard]))
             c.nominate(unit, [v for part in victims.values() for v in part])
+            if is_group_unit(unit):
+                e.planned[unit] = tuple(pod.key for pod, _, _ in placed)
             return False
         if statement is not None:
             statement.commit()
