@@ -126,7 +126,10 @@ def bind_failed(m: ShardModel, event: BindFailed) -> None:
             if not res.pods:  # its last pod: the part is over (and the group it was)
                 del m.reservations[res.rid]
                 m.groups.pop(res.group, None)
-        m.returning[event.pod] = f"{event.pod} failed to bind to {event.node}: {event.reason}"
+        m.returning[event.pod] = (
+            f"{event.pod} failed to bind to {event.node}: {event.reason}",
+            event.decision_id,
+        )
         if slot is not None:
             m.fire(ClusterEvent.POD_FREED, slot)
         return

@@ -436,8 +436,9 @@ class PoolHandedOver(_Fact, frozen=True, kw_only=True, tag="pool.over"):
 
 
 class PodHandedBack(_Fact, frozen=True, kw_only=True, tag="handback"):
-    """A shard could not place ``pod`` (or, with ``group``, that whole gang) and gives
-    it back to the router with the reason; it forgets it."""
+    """A shard could not place ``pod`` (or, with ``group``, that whole gang), or a pod
+    the coordinator placed there failed to bind, and gives it back to the coordinator
+    with the reason; it forgets it."""
 
     pod: str = ""
     group: str = ""
@@ -446,6 +447,9 @@ class PodHandedBack(_Fact, frozen=True, kw_only=True, tag="handback"):
     resolvable: bool = False
     """Some node failed only for want of free capacity (or quota): it may fit here
     later, so this shard is a good one to keep it if no other takes it."""
+    decision_id: str = ""
+    """A pod the coordinator had placed, whose bind failed: the decision that failed
+    (its reservation, if a part held it, is in it)."""
 
 
 class ShardSummary(_Fact, frozen=True, kw_only=True, tag="summary"):

@@ -133,9 +133,10 @@ class ShardModel:
         """Delegated pods placed since the last summary → node (what the summary says)."""
         self.reported_nodes = 0
         """The number of nodes the last summary said this shard had."""
-        self.returning: dict[str, str] = {}
-        """Pods the coordinator placed here whose bind failed → why: the next pass hands
-        them back (the coordinator folds the failed bind as one scheduler would)."""
+        self.returning: dict[str, tuple[str, str]] = {}
+        """Pods the coordinator placed here whose bind failed → (why, the decision that
+        failed): the next pass hands them back (the coordinator folds the failed bind
+        as one scheduler would)."""
         self.arrived: dict[str, None] = {}
         """Units the coordinator handed this shard or asked it to hold since the last
         pass, in the order it decided them: the pass attempts them first, in that order

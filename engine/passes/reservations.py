@@ -80,19 +80,26 @@ def release(p: SchedulingPass, res: Reservation, reason: str) -> None:
     p.out.append(event)
 
 
-def evict(p: SchedulingPass, victims: dict[str, str]) -> None:
+def evict(p: SchedulingPass, victims: dict[str, str]) -> dict[str, str]:
     """Evict what the coordinator chose to evict (``victims``: pod → the pod it makes
-    room for), those still placed here."""
+    room for), those still placed here. Returns the victims on their way here: pods of
+    a part the coordinator asked this shard to hold before it asked for the evictions,
+    not placed yet (the pass evicts them once it has placed that part)."""
     e = p.e
+    coming = {k for request in e.requests.values() for k in request.placements}
+    later: dict[str, str] = {}
     for key, by in sorted(victims.items()):
         placed = e.state.pods.get(key)
         if placed is None or key not in e.pods:
+            if key in coming or (key in e.pods and key in e.reserved):
+                later[key] = by
             continue
         node = e.state.names[placed.slot] or ""
         p.out.append(PodPreempted(pod=key, node=node, by=by, shard=e.shard))
         e.count("preempted")
         e.finish(key, "Failed")
     p.failed.clear()
+    return later
 
 
 RESOLVABLE: Final = frozenset({"NodeResourcesFit", "ElasticQuota", "Coscheduling"})
@@ -106,6 +113,7 @@ def hand_back(
     group: str = "",
     reason: str,
     plugins: tuple[str, ...] = (),
+    decision_id: str = "",
 ) -> None:
     event = PodHandedBack(
         pod=pod,
@@ -113,6 +121,7 @@ def hand_back(
         reason=reason,
         shard=p.e.shard,
         resolvable=bool(RESOLVABLE.intersection(plugins)),
+        decision_id=decision_id,
     )
     handed_back(p.e, event)
     p.out.append(event)

@@ -77,11 +77,12 @@ class SchedulingPass:
 
         e = self.e
         if e.returning:
-            for key, reason in sorted(e.returning.items()):
-                hand_back(self, pod=key, reason=reason)
+            for key, (reason, decision) in sorted(e.returning.items()):
+                hand_back(self, pod=key, reason=reason, decision_id=decision)
             e.returning = {}
+        later: dict[str, str] = {}
         if e.evicting:
-            evict(self, e.evicting)
+            later = evict(self, e.evicting)
             e.evicting = {}
         if e.reservations:
             settle_reservations(self)
@@ -105,6 +106,8 @@ class SchedulingPass:
             self.freed(e.held.pop(ready, []))
         if e.arrived:
             self._attempt_arrived()
+        if later:
+            evict(self, later)  # the parts asked for before the evictions are placed now
         take = e.queue.peek if dispatch.waits else e.queue.pop
         while (unit := take(self._rank if e.quotas else None)) is not None:
             if not is_group_unit(unit) and unit in e.state.pods:

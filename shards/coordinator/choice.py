@@ -22,7 +22,7 @@ import numpy.typing as npt
 from engine.framework.cycle import CycleState
 from engine.framework.runtime import Framework
 from engine.model.pods import PodInfo
-from engine.model.state import Bools, ClusterState, Ints, scored_request
+from engine.model.state import Bools, ClusterState, Ints
 
 NEVER: Final = np.iinfo(np.int64).min // 4
 
@@ -64,18 +64,30 @@ def shard_columns(
     return out
 
 
-def with_pending(
-    columns: npt.NDArray[np.int64], pending: npt.NDArray[np.int64], scored: npt.NDArray[np.int64]
-) -> npt.NDArray[np.int64]:
-    """``columns`` with the requests handed to each shard and not yet placed counted as
-    used (``pending``: rows by shards; ``scored``: the same with kube-scheduler's
-    non-zero cpu and memory)."""
-    out = columns.copy()
-    rows = min(pending.shape[0], out.shape[1])
-    out[1, :rows] += pending[:rows]
-    out[2, :rows] -= pending[:rows]
-    out[3, :rows] += scored[:rows]
-    return out
+class ShardView:
+    """For one kind of pod (its static filters' verdict, cached while the coordinator's
+    view of the nodes stands): each shard's sums over the nodes it may use, and the
+    shards as nodes with the requests handed to them and not yet placed counted as
+    used, refreshed before each choice (one array addition)."""
+
+    def __init__(
+        self, base: npt.NDArray[np.int64], state: ClusterState, labels: Ints | None
+    ) -> None:
+        self.base = base
+        self.nodes = ShardNodes(state, base.copy())
+        self.labels = labels
+        n = base.shape[2]
+        self.ones = np.ones(n, dtype=np.bool_)
+        self.local = np.zeros(n, dtype=np.int64)
+        self.masked = np.zeros(n, dtype=np.int64)
+        self.feasible = np.ones(n, dtype=np.bool_)
+
+    def refresh(self, pending: npt.NDArray[np.int64]) -> ShardNodes:
+        """The shards as nodes, with ``pending`` (4, rows, shards: what is handed over
+        and not placed, as alloc, used, free and non-zero used change by it) added."""
+        rows = min(pending.shape[1], self.base.shape[1])
+        np.add(self.base[:, :rows], pending[:, :rows], out=self.nodes._columns[:, :rows])
+        return self.nodes
 
 
 def scores(
@@ -127,16 +139,3 @@ def label_scores(
     np.maximum.at(best, owner[usable], total[:top][usable])
     best[best == NEVER] = 0
     return best
-
-
-def scored_amounts(pod: PodInfo, rows: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """The pod's request as a column (rows), plain and as scorers count it."""
-    plain = np.zeros(rows, dtype=np.int64)
-    scored = np.zeros(rows, dtype=np.int64)
-    for row, amount in pod.request:
-        if row < rows:
-            plain[row] += amount
-    for row, amount in scored_request(pod.request):
-        if row < rows:
-            scored[row] += amount
-    return plain, scored

@@ -35,7 +35,7 @@ from engine.model.groups import FAILED, PENDING, SCHEDULED, advance, group_unit,
 from engine.model.pods import PodInfo
 from engine.model.pools import Sharding
 from engine.model.reservations import decision_id
-from engine.model.state import Bools, scored_request
+from engine.model.state import Bools, Request, scored_request
 from events.types import (
     BindFailed,
     ClockTicked,
@@ -110,14 +110,17 @@ class Coordinator:
         self.inflight = [0] * self.n
         """Pods handed to each shard and not answered yet."""
         rows = len(self.engine.state.resources)
-        self.pending: npt.NDArray[np.int64] = np.zeros((rows, self.n), dtype=np.int64)
-        """Requests handed to each shard and not answered yet (rows by shards)."""
-        self.pending_scored: npt.NDArray[np.int64] = np.zeros((rows, self.n), dtype=np.int64)
+        self.pending: npt.NDArray[np.int64] = np.zeros((4, rows, self.n), dtype=np.int64)
+        """Requests handed to each shard and not answered yet, as the shard's columns
+        change by them (alloc, used, free and non-zero used; rows by shards)."""
         self.decisions: dict[str, str] = {}
         """Pods handed over → the decision id the shard places them under."""
         self.claims: dict[str, Claim] = {}
         self.claim_of: dict[str, str] = {}
         """Pod → the claim (reservation) it was placed under."""
+        self.held_by: dict[str, dict[str, None]] = {}
+        """Pod → the claims whose parts hold it on their shards (until it finishes, or
+        fails to bind there; an abort does not end it: the shard answers that)."""
         self.nominated: dict[str, tuple[int, dict[str, None]]] = {}
         """Units whose preemption is under way → (since, victims not yet gone)."""
         self.evicting: dict[str, str] = {}
@@ -142,6 +145,8 @@ class Coordinator:
             "aborted": 0,
             "evictions": 0,
         }
+        self._deltas: dict[Request, npt.NDArray[np.int64]] = {}
+        """Request → how it changes a shard's columns (a cache, not state)."""
         self._out: list[Output] = []
         self._cache: dict[tuple[object, ...], Any] = {}
         self._cache_at = (-1, -1)
@@ -197,6 +202,11 @@ class Coordinator:
         picked = owner[feasible[:top] & (owner >= 0)]
         return [int(c) for c in np.bincount(picked, minlength=self.n)[: self.n]]
 
+    def claim(self, claim: Claim) -> None:
+        self.claims[claim.rid] = claim
+        for pod in claim.pods:
+            self.held_by.setdefault(pod, {})[claim.rid] = None
+
     def fly(self, unit: str, shard: int, pods: list[PodInfo], rid: str = "") -> None:
         """``pods`` (unit ``unit``) were handed to ``shard``; their quota is charged in
         the view until the shard answers."""
@@ -215,22 +225,22 @@ class Coordinator:
 
     def _pending(self, flight: Flight, sign: int) -> None:
         rows = len(self.engine.state.resources)
-        if self.pending.shape[0] < rows:
-            grow = rows - self.pending.shape[0]
-            self.pending = np.vstack([self.pending, np.zeros((grow, self.n), dtype=np.int64)])
-            self.pending_scored = np.vstack(
-                [self.pending_scored, np.zeros((grow, self.n), dtype=np.int64)]
-            )
+        pending = self.pending
+        if pending.shape[1] < rows:
+            grown = np.zeros((4, rows, self.n), dtype=np.int64)
+            grown[:, : pending.shape[1]] = pending
+            self.pending = pending = grown
         shard = flight.shard
         quotas = self.engine.quotas
         for request, namespace in zip(flight.requests, flight.namespaces, strict=True):
-            for row, amount in request:
-                self.pending[row, shard] += sign * amount
-            for row, amount in scored_request(request):
-                self.pending_scored[row, shard] += sign * amount
+            delta = self._deltas.get(request)
+            if delta is None or delta.shape[1] != pending.shape[1]:
+                delta = self._deltas[request] = _delta(request, pending.shape[1])
             if sign > 0:
+                pending[:, :, shard] += delta
                 quotas.add(namespace, request)
             else:
+                pending[:, :, shard] -= delta
                 quotas.remove(namespace, request)
         self.inflight[shard] += sign * len(flight.pods)
 
@@ -387,29 +397,42 @@ class Coordinator:
         flight = self.flights.get(key) or self.flights.get(unit)
         return flight.shard if flight is not None else None
 
-    def _unclaim(self, key: str, *, part_over: bool = False) -> None:
+    def _unclaim(self, key: str) -> None:
         """``key`` no longer holds its place under its claim; a committed claim none of
-        whose pods does is over. With ``part_over`` the pod left its shard's part (it
-        finished, or failed to bind): as the shard folds it, a part none of whose pods
-        is left there is over on that shard, with nothing to abort or release."""
+        whose pods does is over."""
         rid = self.claim_of.pop(key, None)
         claim = self.claims.get(rid) if rid is not None else None
-        if claim is None:
-            return
-        if part_over:
-            for shard, pods in claim.parts.items():
-                if (
-                    key in pods
-                    and shard in claim.open
-                    and not any(self.claim_of.get(pod) == rid for pod in pods)
-                ):
-                    del claim.open[shard]
-                    claim.granted.pop(shard, None)
-        if not claim.open or (
-            claim.stage == COMMITTED
+        if (
+            claim is not None
+            and claim.stage == COMMITTED
             and not any(self.claim_of.get(pod) == rid for pod in claim.pods)
         ):
             del self.claims[claim.rid]
+
+    def _left_part(self, key: str, rid: str | None = None) -> None:
+        """Pod ``key`` left the part of claim ``rid`` (None: of every claim) on its
+        shard: it finished, or its bind failed. As the shard folds it, a part with no
+        pod left is over there (nothing to abort or release, no answer comes)."""
+        held = self.held_by.get(key)
+        if not held:
+            return
+        for claim_rid in [rid] if rid is not None else list(held):
+            if claim_rid not in held:
+                continue
+            del held[claim_rid]
+            claim = self.claims.get(claim_rid)
+            if claim is None:
+                continue
+            for shard, left in claim.left.items():
+                if key in left:
+                    del left[key]
+                    if not left and shard in claim.open:
+                        del claim.open[shard]
+                        claim.granted.pop(shard, None)
+            if not claim.open:
+                del self.claims[claim.rid]
+        if not held:
+            del self.held_by[key]
 
     def _gone(self, key: str) -> None:
         """Pod ``key`` is finishing (or was deleted): forget what was under way for it.
@@ -418,7 +441,8 @@ class Coordinator:
             self.land(key)
         self.decisions.pop(key, None)
         self.hard.pop(key, None)
-        self._unclaim(key, part_over=True)
+        self._left_part(key)
+        self._unclaim(key)
         if key in self.evicting:
             self._victim_gone(key)
 
@@ -447,7 +471,7 @@ class Coordinator:
                 self.shard_nodes[shard] = nodes
                 self._placed(placed, shard)
             case PodHandedBack(pod=key, group=""):
-                self._handed_back(key, shard, event.reason)
+                self._handed_back(key, shard, event.reason, event.decision_id)
             case ReservationGranted():
                 self._granted(event, shard)
             case ReservationDenied() | ReservationReleased():
@@ -474,9 +498,11 @@ class Coordinator:
             if slot is not None and key in engine.pods:
                 engine.place(key, slot, self.decisions.get(key, key))
 
-    def _handed_back(self, key: str, shard: int, reason: str) -> None:
+    def _handed_back(self, key: str, shard: int, reason: str, decision: str = "") -> None:
         engine = self.engine
         self.counters["handbacks"] += 1
+        if "@" in decision:  # a part held it there, and its bind failed
+            self._left_part(key, decision.split("@", 1)[1])
         flight = self.flights.get(key)
         if flight is not None and flight.shard == shard:
             self.land(key)
@@ -484,13 +510,15 @@ class Coordinator:
                 self._requeue(key, hard=True)
             return
         # a placed pod whose bind failed: as one shard folds a failed bind
-        decision = engine.bindings.get(key)
+        current = engine.bindings.get(key)
         placed = engine.state.pods.get(key)
-        if decision is None or placed is None:
+        if current is None or placed is None:
             return
         node = engine.state.names[placed.slot] or ""
-        self._unclaim(key, part_over=True)
-        engine.apply_decision(BindFailed(pod=key, node=node, decision_id=decision, reason=reason))
+        self._unclaim(key)
+        engine.apply_decision(
+            BindFailed(pod=key, node=node, decision_id=decision or current, reason=reason)
+        )
 
     def _granted(self, event: ReservationGranted, shard: int) -> None:
         claim = self.claims.get(event.rid)
@@ -636,6 +664,18 @@ class Coordinator:
         if view is not None:
             wakeups.append(view)
         return min(wakeups) if wakeups else None
+
+
+def _delta(request: Request, rows: int) -> npt.NDArray[np.int64]:
+    """(4, rows): how handing over ``request`` changes a shard's alloc, used, free and
+    non-zero used."""
+    delta = np.zeros((4, rows), dtype=np.int64)
+    for row, amount in request:
+        delta[1, row] += amount
+        delta[2, row] -= amount
+    for row, amount in scored_request(request):
+        delta[3, row] += amount
+    return delta
 
 
 def _spec_of(engine: Engine, slot: int) -> NodeSpec:

@@ -30,12 +30,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import msgspec
-import numpy as np
 
 from engine.framework.cycle import CycleState
 from engine.framework.runtime import Framework
 from engine.model.groups import is_group_unit
 from engine.model.pods import PodInfo
+from engine.model.state import Bools
 from engine.model.statement import Statement
 from engine.passes.dispatch import Placed, Route
 from events.types import (
@@ -46,7 +46,7 @@ from events.types import (
     PreemptionRequested,
     ReservationRequested,
 )
-from shards.coordinator.choice import ShardNodes, label_scores, scores, shard_columns, with_pending
+from shards.coordinator.choice import ShardView, label_scores, scores, shard_columns
 from shards.coordinator.flights import Claim
 
 if TYPE_CHECKING:
@@ -86,17 +86,16 @@ class ShardDispatch:
         frameworks = [e.profiles.framework_for(pod) for pod in pods]
         if any(f is None or not f.incremental for f in frameworks):
             return False
-        feasible: np.ndarray | None = None
-        for pod, framework in zip(pods, frameworks, strict=True):
-            assert framework is not None
-            mask, _ = framework._shape_feasible(CycleState(), pod, e.state)
-            feasible = mask.copy() if feasible is None else feasible & mask
-        assert feasible is not None
-        counts = c.feasible_counts(feasible)
+        # the nodes of each shard that pass every filter for the unit: the same while
+        # the view's nodes and placements stand (only what is handed over changes)
+        counts = c.cached(
+            ("counts", *(pod.shape_key for pod in pods), pods[0].spec.scheduler_name),
+            lambda: c.feasible_counts(self._feasible(pods, frameworks)),
+        )
         lead = pods[0]
         framework = frameworks[0]
         assert framework is not None
-        shard = self._choose(framework, lead, feasible, counts)
+        shard = self._choose(framework, lead, counts)
         if shard is None or counts[shard] < c.inflight[shard] + len(pods):
             return False
         if not self._admitted(pods, frameworks):
@@ -106,6 +105,16 @@ class ShardDispatch:
         else:
             self._hand_pod(lead, shard)
         return True
+
+    def _feasible(self, pods: list[PodInfo], frameworks: list[Framework | None]) -> Bools:
+        e = self.c.engine
+        feasible: Bools | None = None
+        for pod, framework in zip(pods, frameworks, strict=True):
+            assert framework is not None
+            mask, _ = framework._shape_feasible(CycleState(), pod, e.state)
+            feasible = mask.copy() if feasible is None else feasible & mask
+        assert feasible is not None
+        return feasible
 
     def _admitted(self, pods: list[PodInfo], frameworks: list[Framework | None]) -> bool:
         """Every pod passes its profile's pre-filters (quota, minResources) on the
@@ -118,16 +127,15 @@ class ShardDispatch:
                 assert framework is not None
                 if not framework.run_pre_filters(CycleState(), pod, e.state).ok:
                     return False
-                e.quotas.add(pod.spec.namespace, pod.request)
-                charged.append(pod)
+                if len(pods) > 1:
+                    e.quotas.add(pod.spec.namespace, pod.request)
+                    charged.append(pod)
             return True
         finally:
             for done in charged:
                 e.quotas.remove(done.spec.namespace, done.request)
 
-    def _choose(
-        self, framework: Framework, pod: PodInfo, feasible: np.ndarray, counts: list[int]
-    ) -> int | None:
+    def _choose(self, framework: Framework, pod: PodInfo, counts: list[int]) -> int | None:
         c = self.c
         candidates = [s for s in range(c.n) if counts[s] > 0]
         if not candidates:
@@ -135,17 +143,39 @@ class ShardDispatch:
         if len(candidates) == 1:
             return candidates[0]
         e = c.engine
-        static = framework.static_feasible(pod, e.state)
-        columns = c.cached(
-            ("columns", pod.static_key),
-            lambda: shard_columns(e.state, static, c.routing.slot_shard, c.n),
-        )
-        labels = c.cached(
-            ("labels", pod.static_key),
-            lambda: label_scores(framework, pod, e.state, static, c.routing.slot_shard, c.n),
-        )
-        nodes = ShardNodes(e.state, with_pending(columns, c.pending, c.pending_scored))
-        total = scores(framework, pod, nodes, labels)
+
+        def view() -> ShardView:
+            static = framework.static_feasible(pod, e.state)
+            return ShardView(
+                shard_columns(e.state, static, c.routing.slot_shard, c.n),
+                e.state,
+                label_scores(framework, pod, e.state, static, c.routing.slot_shard, c.n),
+            )
+
+        shards = c.cached(("shards", pod.static_key, pod.spec.scheduler_name), view)
+        nodes = shards.refresh(c.pending)
+        kernel = framework.kernel
+        params = kernel.params(pod.request, nodes) if kernel is not None else None
+        if (
+            kernel is not None
+            and params is not None
+            and kernel.worth(0, 0)  # loaded: no numba load for a small simulation
+            and kernel.run(
+                candidates,
+                shards.ones,
+                nodes,
+                params,
+                shards.feasible,
+                shards.local,
+                shards.masked,
+            )
+        ):
+            # the compiled twin of the local score plugins, on the shards as nodes
+            total = shards.local
+            if shards.labels is not None:
+                total = total + shards.labels
+        else:
+            total = scores(framework, pod, nodes, shards.labels)
         start = pod.tiebreak % len(candidates)
         order = candidates[start:] + candidates[:start]
         return max(order, key=lambda s: int(total[s]))
@@ -174,7 +204,7 @@ class ShardDispatch:
                 rid=rid, group=part, pods=specs, expires_at=c.expiry(), at_once=True
             ),
         )
-        c.claims[rid] = Claim(rid, unit, {shard: keys}, c.now, directed=False, open={shard: None})
+        c.claim(Claim(rid, unit, {shard: keys}, c.now, directed=False, open={shard: None}))
         c.fly(unit, shard, pods, rid)
         c.counters["handed"] += 1
 
@@ -247,13 +277,15 @@ class ShardDispatch:
                     at_once=at_once,
                 ),
             )
-        c.claims[rid] = Claim(
-            rid,
-            unit,
-            {shard: tuple(pod.key for pod, _ in members) for shard, members in parts.items()},
-            c.now,
-            directed=True,
-            open=dict.fromkeys(sorted(parts)),
+        c.claim(
+            Claim(
+                rid,
+                unit,
+                {shard: tuple(pod.key for pod, _ in members) for shard, members in parts.items()},
+                c.now,
+                directed=True,
+                open=dict.fromkeys(sorted(parts)),
+            )
         )
         c.counters["prepared"] += 1
         return True

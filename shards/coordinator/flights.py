@@ -74,6 +74,14 @@ class Claim:
     open: dict[int, None] = field(default_factory=dict)
     """Shards whose part is not closed yet."""
     granted: dict[int, None] = field(default_factory=dict)
+    left: dict[int, dict[str, None]] = field(default_factory=dict)
+    """Shard → the pods of its part still held there. A part none of whose pods is
+    left (they finished, or failed to bind) is over on its shard, as the shard folds
+    it: nothing there to abort or release, no answer to wait for."""
+
+    def __post_init__(self) -> None:
+        if not self.left:
+            self.left = {shard: dict.fromkeys(pods) for shard, pods in self.parts.items()}
 
     def __repr__(self) -> str:
         return f"Claim({self.rid!r}, {self.stage.value}, parts={sorted(self.parts)})"

@@ -879,7 +879,14 @@ def test_a_failed_bind_of_a_member_is_handed_back_and_the_part_keeps_the_rest() 
     failed = next(e for e in out if isinstance(e, PodBound) and e.pod == "ml/m1")
     refusal = BindFailed(pod="ml/m1", node="n1", decision_id=failed.decision_id, reason="409")
     out = shard(refusal, producer="binder")
-    assert out == [PodHandedBack(pod="ml/m1", reason="ml/m1 failed to bind to n1: 409", shard=0)]
+    assert out == [
+        PodHandedBack(
+            pod="ml/m1",
+            reason="ml/m1 failed to bind to n1: 409",
+            shard=0,
+            decision_id=failed.decision_id,  # the coordinator knows which part it left
+        )
+    ]
     engine = shard.engine
     assert sorted(engine.state.pods) == ["ml/m0", "ml/m2"]
     assert engine.reservations["ml/g#7"].state == COMMITTED
