@@ -39,6 +39,14 @@ def add_arguments(load: argparse.ArgumentParser) -> None:
     load.add_argument("--seed", type=non_negative, default=0)
     load.add_argument("--batch", type=positive, default=1000, help="pods per ingest batch")
     load.add_argument(
+        "--window",
+        type=non_negative,
+        default=1,
+        help="at most this many batches submitted and not yet decided (default 1: each "
+        "batch waits for the one before, so latency is a batch's time through the system; "
+        "0: every batch at once, as fast as the log takes them)",
+    )
+    load.add_argument(
         "--gang-size",
         type=non_negative,
         default=0,
@@ -48,15 +56,15 @@ def add_arguments(load: argparse.ArgumentParser) -> None:
     load.add_argument(
         "--routed",
         action="store_true",
-        help="with one shard too, run the router and a shard process (the harness of "
+        help="with one shard too, run the coordinator and a shard process (the harness of "
         "--shards N), for comparisons at equal cost",
     )
     load.add_argument(
         "--direct",
         action="store_true",
         help="with --shards N (or 1), append the pods straight to the shards' partitions, "
-        "dealt out in turn, instead of through the router: what the shards and the log "
-        "give without routing, the ceiling the router's cost lowers (plain pods only)",
+        "dealt out in turn, instead of through the coordinator: what the shards and the log "
+        "give without it, the ceiling the coordinator's cost lowers (plain pods only)",
     )
     load.add_argument(
         "--spanning-gangs",
@@ -74,7 +82,7 @@ def add_arguments(load: argparse.ArgumentParser) -> None:
     load.add_argument(
         "--scaling",
         action="store_true",
-        help="compare one shard, one shard behind the router (--routed), --shards N "
+        help="compare one shard, one shard behind the coordinator (--routed), --shards N "
         "(N at least 2; 2 unless given) and --shards N --direct in turn, --rounds times, "
         "and report medians and ratios (on a noisy machine, only runs made together "
         "compare)",
@@ -100,6 +108,7 @@ async def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         batch=args.batch,
         gang_size=args.gang_size,
+        window=args.window,
     )
     if args.scaling:
         return await _scaling(args, shape)

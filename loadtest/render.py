@@ -63,7 +63,7 @@ def loadtest_table(result: dict[str, Any]) -> None:
     if cpu is not None:
         shards = ", ".join(f"{s:.2f}s" for s in cpu["shards"])
         console.print(
-            f"CPU: parent {cpu['parent']:.2f}s (ingest, router, this harness; the log "
+            f"CPU: parent {cpu['parent']:.2f}s (ingest, coordinator, this harness; the log "
             f"server on memory), shards {shards}; "
             f"{result['cpu_microseconds_per_pod']:.0f} µs per pod in all"
         )

@@ -6,12 +6,12 @@ round after round, and reports each one's median and range and the ratios of med
 (and, per round, the ratios of neighbouring runs):
 
 - ``one shard``: the engine in this process, on the in-memory log (``--shards 1``);
-- ``routed``: the harness of ``--shards N`` with one shard process behind the router
-  (``--routed``): the same costs as N shards, one shard doing the work;
+- ``routed``: the harness of ``--shards N`` with one shard process behind the
+  coordinator (``--routed``): the same costs as N shards, one shard doing the work;
 - ``N shards``: ``--shards N``;
 - ``N shards direct``: ``--shards N --direct``, the pods given to the shards without the
-  router: the most the shards and the log give, so ``N shards direct / one shard`` is
-  the ceiling of ``N shards / one shard`` that no router could beat.
+  coordinator: the most the shards and the log give, so ``N shards direct / one shard`` is
+  the ceiling of ``N shards / one shard`` that no coordinator could beat.
 """
 
 from __future__ import annotations

@@ -1,19 +1,21 @@
 """The load test with several shards: one OS process per shard, through a shared log.
 
 The parent process serves the in-memory log (:class:`~events.remote.LogServer`), runs
-ingest and the router/coordinator, and starts ``shoal worker shard`` once per shard.
+ingest and the coordinator, and starts ``shoal worker shard`` once per shard.
 Nodes are spread over the shards by the default pool rule (a stable hash of the name).
 Once every shard has folded its nodes, pods are appended to the control partition in
-batches of ``batch`` as fast as the log takes them; the clock stops when every pod has
+batches of ``batch``, at most ``window`` batches undecided (0: as fast as the log takes
+them); the clock stops when every pod has
 a decision in some shard's partition. Latency is per pod, from the append of its
-submission to the moment the parent reads its decision (so it includes the router's
+submission to the moment the parent reads its decision (so it includes the coordinator's
 hop and the parent's polling).
 
-With ``direct`` the pods skip the router: once the shards are ready they are appended
+With ``direct`` the pods skip the coordinator's choice: once the shards are ready they are appended
 straight to the shards' partitions, dealt out in turn (as ``PodRouted`` records the
 shards keep even if they cannot place them). Nothing else changes, the coordinator
-included, so the difference between the two runs is what routing costs, and the direct
-run is the most the shards and the log give on this machine, whatever the router does:
+included, so the difference between the two runs is what choosing costs, and the direct
+run is the most the shards and the log give on this machine, whatever the coordinator
+does:
 a measuring aid, not a way to run shoal.
 
 With ``spanning_gangs`` the workload also holds that many gangs too large for any one
@@ -113,7 +115,7 @@ async def run_sharded_loadtest(
 ) -> dict[str, Any]:
     """Run the load with ``shape.shards`` shard processes over ``bus``: ``memory`` (a log
     server this process starts) or ``kafka://...`` (a fresh topic with shards + 1
-    partitions, from ``shoal kafka init``); ``direct``: the pods skip the router."""
+    partitions, from ``shoal kafka init``); ``direct``: the pods skip the coordinator."""
     if direct and (shape.gang_size or spanning_gangs):
         raise InputError(
             "pods given to the shards directly are plain pods: no gangs", location="--direct"
@@ -206,15 +208,15 @@ async def _run(
 
 def _dealt(batches: list[list[Any]], shards: int) -> list[tuple[int, list[Any]]]:
     """Each ingest batch of plain pods as one batch per shard, pods dealt out in turn,
-    as records the shard keeps (``final``: never handed back to a router that did not
-    route them)."""
+    as records the shard keeps (``final``: never handed back to a coordinator that did
+    not hand them out)."""
     dealt: list[tuple[int, list[Any]]] = []
     dealt_so_far = 0
     for batch in batches:
         per: list[list[Any]] = [[] for _ in range(shards)]
         for event in batch:
             if not isinstance(event, PodSubmitted):
-                raise InputError("only plain pods can skip the router", location="--direct")
+                raise InputError("only plain pods can skip the coordinator", location="--direct")
             per[dealt_so_far % shards].append(PodRouted(pod=event.pod, final=True))
             dealt_so_far += 1
         dealt.extend((shard, part) for shard, part in enumerate(per) if part)
@@ -261,15 +263,23 @@ async def _measure(
     def when_counted() -> None:  # all may be decided: the CPU before reading them back
         cpu_after[:] = [cpu_seconds(None), *(cpu_seconds(pid) for pid in pids)]
 
-    started = time.perf_counter()
+    collector = _Collector(log, positions, decided_at, total, progress, when_counted)
+    started = collector.started = time.perf_counter()
+    appended: list[int] = []  # pods appended, after each batch
     for partition, chunk in batches:
+        if shape.window and len(appended) >= shape.window:
+            # at most ``window`` batches undecided: wait for the oldest (a closed loop,
+            # so latency is a batch's time through the system, not a queue's length)
+            await collector.until(appended[-shape.window])
         now = time.perf_counter()
         for event in chunk:
             if isinstance(event, PodSubmitted | PodRouted):
                 submitted_at[event.pod.key] = now
-        producer = "ingest" if partition == shards else "loadtest"  # else skips the router
+        producer = "ingest" if partition == shards else "loadtest"  # else skips the coordinator
         await log.append([_envelope(e, producer) for e in chunk], partition)
-    bound = await _collect(log, positions, decided_at, total, started, progress, when_counted)
+        pods = sum(1 for e in chunk if isinstance(e, PodSubmitted | PodRouted))
+        appended.append((appended[-1] if appended else 0) + pods)
+    bound = await collector.finish()
     wall = max(decided_at.values()) - started
     ms = np.array([(decided_at[k] - submitted_at[k]) * 1000 for k in decided_at])
     result: dict[str, Any] = {
@@ -364,6 +374,79 @@ class _Decisions:
         return out
 
 
+class _Collector:
+    """Waits for decisions in every shard's partition and notes when each pod got its
+    first (see :class:`_Decisions`)."""
+
+    def __init__(
+        self,
+        log: EventLog,
+        positions: list[int],
+        decided_at: dict[str, float],
+        total: int,
+        progress: Progress | None,
+        when_counted: Callable[[], None] | None = None,
+    ) -> None:
+        self.shards = [_Decisions(log, shard, offset) for shard, offset in enumerate(positions)]
+        self.positions = positions
+        self.decided_at = decided_at
+        self.total = total
+        self.progress = progress
+        self.when_counted = when_counted
+        self.counted = 0
+        self.checked = -1
+        self.bound = 0
+        self.started = time.perf_counter()
+        self.last_progress = self.started
+
+    async def _poll(self) -> int:
+        now = time.perf_counter()
+        moved = 0
+        for shard in self.shards:
+            moved += await shard.poll(now)
+        self.counted += moved
+        if self.progress is not None:
+            done = len(self.decided_at) if self.checked >= 0 else min(self.counted, self.total)
+            self.progress(done, self.total, time.perf_counter() - self.started)
+        if moved:
+            self.last_progress = time.perf_counter()
+        elif time.perf_counter() - self.last_progress > 60:
+            raise TimeoutError(f"{self.total - self.counted} pods got no decision for 60 s")
+        return moved
+
+    async def until(self, count: int) -> None:
+        """Until ``count`` decisions were counted (a pod tried again may count twice:
+        enough to pace submissions, not to time them)."""
+        while self.counted < count:
+            if not await self._poll():
+                await asyncio.sleep(0.001)
+
+    async def finish(self) -> int:
+        """Until every pod has a decision; return how many were bound. Calls
+        ``when_counted`` once, when the counts first say every pod may have one."""
+        decided_at = self.decided_at
+        while len(decided_at) < self.total:
+            moved = await self._poll()
+            if self.counted >= self.total and self.counted != self.checked:
+                if self.checked < 0 and self.when_counted is not None:
+                    self.when_counted()
+                self.checked = self.counted  # every pod may have its decision: look
+                for shard in self.shards:
+                    for at, env in await shard.new():
+                        event = env.event
+                        if isinstance(event, PodBound):
+                            if event.pod not in decided_at:
+                                self.bound += 1
+                            decided_at.setdefault(event.pod, at)
+                        elif isinstance(event, PodUnschedulable) and event.attempt > 0:
+                            decided_at.setdefault(event.pod, at)
+            if not moved and len(decided_at) < self.total:
+                await asyncio.sleep(0.01)  # the harness must not take the shards' CPU
+        for index, shard in enumerate(self.shards):
+            self.positions[index] = shard.read_to
+        return self.bound
+
+
 async def _collect(
     log: EventLog,
     positions: list[int],
@@ -371,46 +454,11 @@ async def _collect(
     total: int,
     started: float,
     progress: Progress | None,
-    when_counted: Callable[[], None] | None = None,
 ) -> int:
-    """Wait until ``total`` pods have a decision; return how many were bound. Calls
-    ``when_counted`` once, when the counts first say every pod may have one."""
-    shards = [_Decisions(log, shard, offset) for shard, offset in enumerate(positions)]
-    bound = 0
-    counted = 0
-    checked = -1
-    last_progress = time.perf_counter()
-    while len(decided_at) < total:
-        now = time.perf_counter()
-        moved = 0
-        for shard in shards:
-            moved += await shard.poll(now)
-        counted += moved
-        if counted >= total and counted != checked:
-            if checked < 0 and when_counted is not None:
-                when_counted()
-            checked = counted  # every pod may have its decision: look
-            for shard in shards:
-                for at, env in await shard.new():
-                    event = env.event
-                    if isinstance(event, PodBound):
-                        if event.pod not in decided_at:
-                            bound += 1
-                        decided_at.setdefault(event.pod, at)
-                    elif isinstance(event, PodUnschedulable) and event.attempt > 0:
-                        decided_at.setdefault(event.pod, at)
-        if progress is not None:
-            done = len(decided_at) if checked >= 0 else min(counted, total)
-            progress(done, total, time.perf_counter() - started)
-        if moved:
-            last_progress = time.perf_counter()
-        elif time.perf_counter() - last_progress > 60:
-            raise TimeoutError(f"{total - len(decided_at)} pods got no decision for 60 s")
-        elif len(decided_at) < total:
-            await asyncio.sleep(0.01)  # the harness must not take the shards' CPU
-    for index, shard in enumerate(shards):
-        positions[index] = shard.read_to
-    return bound
+    """Wait until ``total`` pods have a decision; return how many were bound."""
+    collector = _Collector(log, positions, decided_at, total, progress)
+    collector.started = started
+    return await collector.finish()
 
 
 async def _one_gang_at_a_time(

@@ -202,7 +202,7 @@ async def _replay(args: argparse.Namespace) -> int:
             )
         if result.unforwarded:
             print(
-                f"note: {result.unforwarded} router outputs at the end of the control "
+                f"note: {result.unforwarded} coordinator outputs at the end of the control "
                 "partition were not forwarded yet (the coordinator stopped before; a "
                 "restarted one appends them)"
             )
@@ -284,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     work = sub.add_parser(
         "worker",
-        help="run one shard, the router and coordinator, or the simulated binder as a process",
+        help="run one shard, the coordinator, or the simulated binder as a process",
         description="One component of a run with several shards, over a shared bus "
         "(tcp://HOST:PORT of a log server, or kafka://). It rebuilds its state from the "
         "log when it starts, so it can be killed and started again at any time.",

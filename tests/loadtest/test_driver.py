@@ -33,6 +33,20 @@ async def test_small_run_reports_and_replays() -> None:
     assert verified.mismatch is None and verified.verified == 500
 
 
+async def test_window_sets_how_many_batches_wait_for_one_pass() -> None:
+    """``window`` N: the shard polls once every N batches (and after the last), so
+    progress comes in steps of N batches; 0: one pass after everything is appended.
+    Every pod is decided whatever the window, and the log replays."""
+    for window, steps in ((2, [200, 400, 500]), (0, [500]), (5, [500]), (7, [500])):
+        log = MemoryLog()
+        seen: list[int] = []
+        shape = LoadShape(nodes=40, pods=500, batch=100, window=window)
+        result = await run_loadtest(shape, log, progress=lambda d, t, e: seen.append(d))
+        assert seen == steps, (window, seen)
+        assert result["bound"] == 500 and result["shape"]["window"] == window
+        assert replay(await log.read(0, 0), verify=True).mismatch is None
+
+
 async def test_file_bus(tmp_path: Path) -> None:
     log = FileLog(tmp_path / "load.events")
     result = await run_loadtest(LoadShape(nodes=10, pods=50, batch=25), log, bus="file")
