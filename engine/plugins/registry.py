@@ -1,0 +1,63 @@
+"""Every built-in plugin, listed in one place, and the compiled kernel that stands in
+for the resource plugins (:mod:`engine.plugins.kernels`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from engine.framework.handle import Handle
+from engine.framework.interfaces import Plugin
+from engine.framework.registry import PluginFactory, Registry
+from engine.plugins.coscheduling import Coscheduling
+from engine.plugins.fit import NodeResourcesBalancedAllocation, NodeResourcesFit
+from engine.plugins.kernels import ResourceKernel
+from engine.plugins.node_affinity import NodeAffinity
+from engine.plugins.node_name import NodeName
+from engine.plugins.preemption import DefaultPreemption
+from engine.plugins.quota import ElasticQuota
+from engine.plugins.taints import TaintToleration
+from engine.plugins.unschedulable import NodeUnschedulable
+from events.errors import InputError
+
+
+def _no_args(cls: Callable[[], Plugin]) -> PluginFactory:
+    def factory(args: Mapping[str, Any], where: str, handle: Handle) -> Plugin:
+        if args:
+            raise InputError(f"takes no args, got {sorted(args)}", location=where)
+        return cls()
+
+    return factory
+
+
+def _args(cls: Callable[[Mapping[str, Any], str], Plugin]) -> PluginFactory:
+    def factory(args: Mapping[str, Any], where: str, handle: Handle) -> Plugin:
+        return cls(args, where)
+
+    return factory
+
+
+def _handle(cls: Callable[[Handle], Plugin]) -> PluginFactory:
+    def factory(args: Mapping[str, Any], where: str, handle: Handle) -> Plugin:
+        if args:
+            raise InputError(f"takes no args, got {sorted(args)}", location=where)
+        return cls(handle)
+
+    return factory
+
+
+def builtin_registry() -> Registry:
+    return Registry(
+        {
+            "NodeName": _no_args(NodeName),
+            "NodeUnschedulable": _no_args(NodeUnschedulable),
+            "TaintToleration": _no_args(TaintToleration),
+            "NodeAffinity": _no_args(NodeAffinity),
+            "NodeResourcesFit": _args(NodeResourcesFit),
+            "NodeResourcesBalancedAllocation": _args(NodeResourcesBalancedAllocation),
+            "ElasticQuota": _handle(ElasticQuota),
+            "Coscheduling": _handle(Coscheduling),
+            "DefaultPreemption": _handle(DefaultPreemption),
+        },
+        kernel=ResourceKernel.for_plugins,
+    )
