@@ -19,7 +19,8 @@ pod there is removed; if the quota still refuses (the cluster is larger than the
 least valuable first; then victims are reprieved one by one, most valuable first
 (highest priority, earliest start), while the pod still fits the node and its quota: what
 remains is a minimal set biased to the least valuable pods. A victim whose gang would
-drop below ``minMember`` takes its whole gang, and that counts in the cost. The node
+drop below ``minMember`` takes its whole gang: the gang is one unit in the choice on a
+node, in the namespaces' floors and in the cost. The node
 chosen minimises, in order: the number of victims (gangs expanded), the highest victim
 priority, the sum of their priorities; then it prefers victims that started last
 (kube-scheduler's "latest start time" rule), then the lowest slot. The per-node work
@@ -181,6 +182,7 @@ def plan(
     everyone = [v for key in state.pods if (v := eligible(key)) is not None]
     if not everyone:
         return None
+    units = _units(everyone, state, handle)
     by_slot: dict[int, list[_Victim]] = {}
     extra = np.zeros_like(state.free)
     for victim in everyone:
@@ -211,6 +213,7 @@ def plan(
             max_short,
             quotas,
             mode,
+            units,
         )
         if chosen is None:
             continue
@@ -248,8 +251,11 @@ def _victims_for(
     max_short: dict[str, int],
     quotas: QuotaTable,
     mode: Mode,
+    units: dict[str, tuple[_Victim, ...]],
 ) -> list[_Victim] | None:
-    """A minimal set of victims that lets ``pod`` fit ``slot`` and its quota, or None."""
+    """A minimal set of victims that lets ``pod`` fit ``slot`` and its quota, or None.
+    A victim is taken with its unit (the gang that would fall with it), so the floor of
+    its namespace and the room it frees count every pod that goes."""
     names = state.resources
     free = {names.name(row): int(state.free[row, slot]) for row, _ in pod.request}
     node_short = {r for r, amount in wanted.items() if free.get(r, 0) < amount}
@@ -257,39 +263,51 @@ def _victims_for(
     taken: dict[str, dict[str, int]] = {}
 
     def floor_ok(victim: _Victim) -> bool:
-        """Taking ``victim`` too keeps its namespace at or above its ``min`` in every
-        resource being reclaimed (reclaim only)."""
+        """Taking ``victim``'s unit too keeps every namespace at or above its ``min`` in
+        every resource being reclaimed (reclaim only)."""
         if mode != Mode.RECLAIM:
             return True
-        quota = quotas.get(victim.namespace)
-        if quota is None:
-            return False
-        took = taken.get(victim.namespace, {})
-        for resource in reclaimed:
-            floor = quota.spec.min.get(resource)
-            if floor is None or not quota.names(resource):
+        after: dict[str, dict[str, int]] = {}
+        for member in units[victim.key]:
+            if member.key in chosen_keys:
                 continue
-            after = quota.used.get(resource, 0) - took.get(resource, 0)
-            if after - victim.request.get(resource, 0) < floor:
+            quota = quotas.get(member.namespace)
+            if quota is None:
                 return False
+            took = taken.get(member.namespace, {})
+            left = after.setdefault(member.namespace, {})
+            for resource in reclaimed:
+                floor = quota.spec.min.get(resource)
+                if floor is None or not quota.names(resource):
+                    continue
+                if resource not in left:
+                    left[resource] = quota.used.get(resource, 0) - took.get(resource, 0)
+                left[resource] -= member.request.get(resource, 0)
+                if left[resource] < floor:
+                    return False
         return True
 
     def take(victim: _Victim, chosen: list[_Victim]) -> None:
-        chosen.append(victim)
-        took = taken.setdefault(victim.namespace, {})
-        for resource, amount in victim.request.items():
-            took[resource] = took.get(resource, 0) + amount
+        for member in units[victim.key]:
+            if member.key in chosen_keys:
+                continue
+            chosen.append(member)
+            chosen_keys.add(member.key)
+            took = taken.setdefault(member.namespace, {})
+            for resource, amount in member.request.items():
+                took[resource] = took.get(resource, 0) + amount
 
     chosen: list[_Victim] = []
+    chosen_keys: set[str] = set()
     for victim in sorted(here, key=lambda v: v.rank(), reverse=True):
-        if floor_ok(victim):
+        if victim.key not in chosen_keys and floor_ok(victim):
             take(victim, chosen)
     covers = _coverage(pod, wanted, free, agg_short, max_short, quotas, slot)
     if not covers(chosen):
         if mode == Mode.PRIORITY or not (agg_short or max_short):
             return None
         for victim in least_first:  # the quota is what is short: victims anywhere
-            if victim.slot == slot or not floor_ok(victim):
+            if victim.slot == slot or victim.key in chosen_keys or not floor_ok(victim):
                 continue
             if not any(victim.request.get(r, 0) > 0 for r in (*agg_short, *max_short)):
                 continue
@@ -298,13 +316,49 @@ def _victims_for(
                 break
         else:
             return None
-    # reprieve the most valuable first; whoever cannot be spared stays a victim
+    # reprieve the most valuable first, a unit at a time; whoever cannot be spared stays
     kept = list(chosen)
     for victim in sorted(chosen, key=lambda v: v.rank()):
-        trial = [v for v in kept if v is not victim]
+        unit = {m.key for m in units.get(victim.key, (victim,))}
+        if victim.key not in {v.key for v in kept}:
+            continue
+        trial = [v for v in kept if v.key not in unit]
         if covers(trial):
             kept = trial
     return kept
+
+
+def _units(
+    everyone: list[_Victim], state: ClusterState, handle: Handle
+) -> dict[str, tuple[_Victim, ...]]:
+    """Each eligible victim's unit: itself, or every placed member of the gang that would
+    drop below ``minMember`` without it (members that are not eligible themselves
+    included: they go down with it all the same)."""
+    by_key = {v.key: v for v in everyone}
+    units: dict[str, tuple[_Victim, ...]] = {}
+    for victim in everyone:
+        gang = _gang_of(handle, state, victim.key)
+        if not gang:
+            units[victim.key] = (victim,)
+            continue
+        members = []
+        for key in gang:
+            member = by_key.get(key)
+            if member is None:
+                placed = state.pods[key]
+                member = _Victim(
+                    key,
+                    handle.pods[key].priority,
+                    handle.started.get(key, 0),
+                    handle.pods[key].spec.namespace,
+                    placed.slot,
+                    handle.quotas.named(placed.request),
+                )
+                by_key[key] = member
+            members.append(member)
+        for member in members:  # the same unit for every member, eligible or not
+            units[member.key] = tuple(members)
+    return units
 
 
 def _coverage(

@@ -276,6 +276,44 @@ def test_reclaim_when_the_quota_admits_but_no_node_has_room(
     assert preempted(data) == {"borrower/b6", "borrower/b7"}
 
 
+@pytest.mark.parametrize("shards", SHARDS)
+@pytest.mark.parametrize(("gang", "cards", "spare"), [(2, 2, 1), (3, 1, 2), (2, 1, 0)])
+def test_reclaim_counts_a_gang_whole_against_the_borrowers_min(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    shards: int,
+    gang: int,
+    cards: int,
+    spare: int,
+) -> None:
+    """The borrower runs a gang (low priority, ``gang`` members of ``cards`` cards) and,
+    later, single pods of higher priority; it borrows exactly one pod's cards. Taking
+    one gang member would take the whole gang and the borrower below its min: reclaim
+    takes the newest single pod instead, however the members are spread."""
+    per_node = gang * cards
+    nodes = 2
+    text = "".join(node(f"n{i}", gpu=per_node) for i in range(nodes))
+    singles = (nodes * per_node - gang * cards) // cards
+    used = gang * cards + singles * cards
+    minimum = used - cards  # borrows exactly one pod's cards
+    text += quota("borrower", {"nvidia.com/gpu": str(minimum)}, {"nvidia.com/gpu": str(used)})
+    text += quota("owner", {"nvidia.com/gpu": str(cards + spare)}, {"nvidia.com/gpu": "99"})
+    text += podgroup("g", gang, ns="borrower")
+    text += "".join(
+        pod(f"g{i}", ns="borrower", gpu=cards, group="g", priority=10) for i in range(gang)
+    )
+    text += "".join(
+        pod(f"s{i}", ns="borrower", gpu=cards, priority=50, at=1 + i) for i in range(singles)
+    )
+    text += pod("o0", ns="owner", gpu=cards, at=100)
+    data = simulate(tmp_path, capsys, text, shards)
+    assert bound(data, ["owner/o0"]) == ["owner/o0"]
+    assert preempted(data) == {f"borrower/s{singles - 1}"}
+    assert bound(data, [f"borrower/g{i}" for i in range(gang)]) == [
+        f"borrower/g{i}" for i in range(gang)
+    ]
+
+
 # ------------------------------------------------------ 3. the profile's scores across shards
 
 
