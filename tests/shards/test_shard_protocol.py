@@ -1,0 +1,308 @@
+"""A shard's side of the coordinator's protocol: reservation parts granted, held,
+committed, expiring and aborted on a shard's engine fed record by record, and binds that
+fail (a member handed back, a gang rolled back whole only below ``minMember``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pytest
+
+import shards.simulate as simulate_module
+from engine.engine import Engine
+from engine.model.pools import POOL_LABEL, Sharding
+from engine.model.reservations import COMMITTED, HELD, ReservationState
+from events.types import (
+    SECOND,
+    BindFailed,
+    ClockTicked,
+    Envelope,
+    Event,
+    GroupSpec,
+    PodBound,
+    PodGroupSubmitted,
+    PodHandedBack,
+    PodRouted,
+    PodSucceeded,
+    PodUnbound,
+    ReservationAborted,
+    ReservationCommitted,
+    ReservationDenied,
+    ReservationGranted,
+    ReservationReleased,
+    ReservationRequested,
+)
+from shards.cluster import SimulatedCluster
+from tests.builders import make_node, make_pod
+from tests.shards.coordinator_kit import (
+    SHARDS,
+    Shard,
+    at,
+    bound,
+    handed_to_shard,
+    live_bindings,
+    only,
+    records,
+    simulated,
+)
+
+# ------------------------------------------------------- a shard's side of reservations
+
+
+def part(
+    rid: str,
+    count: int,
+    *,
+    expires: float = 10,
+    placements: dict[str, str] | None = None,
+    at_once: bool = False,
+) -> ReservationRequested:
+    """Part ``rid`` of a gang in ``ml``: ``count`` one-card pods (``ml/m0``...)."""
+    group = GroupSpec(namespace="ml", name=rid.split("/", 1)[1], min_member=count, uid=rid)
+    pods = tuple(
+        make_pod(f"m{i}", "ml").cpu("1").gpu(1).member(group.key).spec() for i in range(count)
+    )
+    return ReservationRequested(
+        rid=rid,
+        group=group,
+        pods=pods,
+        expires_at=round(expires * SECOND),
+        placements=placements or {},
+        at_once=at_once,
+    )
+
+
+def state_of(engine: Engine, rid: str) -> ReservationState:
+    return engine.reservations[rid].state
+
+
+def two_nodes() -> Shard:
+    return Shard(make_node("n0").cpu("8").gpu(2).added(), make_node("n1").cpu("8").gpu(3).added())
+
+
+def test_a_part_is_granted_and_held_on_the_chosen_nodes_until_committed() -> None:
+    shard = two_nodes()
+    chosen = {"ml/m0": "n1", "ml/m1": "n0", "ml/m2": "n1"}
+    (grant,) = shard(part("ml/g#5", 3, placements=chosen))
+    assert grant == ReservationGranted(
+        rid="ml/g#5", group="ml/g#5", placements=chosen, shard=0
+    )  # nothing bound yet
+    engine = shard.engine
+    assert state_of(engine, "ml/g#5") == HELD
+    held = {key: engine.state.names[p.slot] for key, p in engine.state.pods.items()}
+    assert held == chosen
+    out = shard(ReservationCommitted(rid="ml/g#5"))
+    assert out == [
+        PodBound(pod=key, node=node_name, decision_id=f"{key}@ml/g#5", attempt=1)
+        for key, node_name in chosen.items()
+    ]
+    assert state_of(engine, "ml/g#5") == COMMITTED
+    assert shard(ReservationCommitted(rid="ml/g#5")) == []  # told twice: bound once
+
+
+@pytest.mark.parametrize(
+    ("request_", "reason"),
+    [
+        (part("ml/g#2", 6), "5 of the 6 members still needed fit"),
+        (
+            part("ml/g#2", 3, placements={"ml/m0": "n0", "ml/m1": "n0", "ml/m2": "n0"}),
+            "ml/m2 no longer fits node n0",
+        ),
+        (
+            part("ml/g#2", 2, placements={"ml/m0": "n1", "ml/m1": "elsewhere"}),
+            "node elsewhere is not on this shard",
+        ),
+    ],
+    ids=["too-big", "chosen-node-full", "node-not-here"],
+)
+def test_a_part_that_does_not_fit_is_denied_and_holds_nothing(
+    request_: ReservationRequested, reason: str
+) -> None:
+    shard = two_nodes()
+    (denial,) = shard(request_)
+    assert isinstance(denial, ReservationDenied) and denial.rid == "ml/g#2"
+    assert reason in denial.reason
+    engine = shard.engine
+    assert not engine.pods and not engine.state.pods and not engine.groups
+    assert not engine.reservations and len(engine.queue) == 0
+
+
+def test_a_held_part_expires_by_itself() -> None:
+    shard = two_nodes()
+    (grant,) = shard(part("ml/g#3", 4, expires=6))
+    assert isinstance(grant, ReservationGranted)
+    assert shard.engine.next_wakeup() == 6 * SECOND
+    assert shard(ClockTicked(), time=5.9) == []
+    (released,) = shard(ClockTicked(), time=6)
+    assert released == ReservationReleased(
+        rid="ml/g#3",
+        group="ml/g#3",
+        reason="expired: no commit before the reservation's time-out",
+    )
+    assert not shard.engine.state.pods and not shard.engine.pods
+    assert shard(ReservationCommitted(rid="ml/g#3"), time=7) == []  # too late: nothing bound
+
+
+def test_an_abort_after_the_commit_unbinds_the_part() -> None:
+    shard = two_nodes()
+    out = shard(part("ml/g#4", 2, placements={"ml/m0": "n0", "ml/m1": "n1"}, at_once=True))
+    assert [type(e) for e in out] == [ReservationGranted, PodBound, PodBound]  # at once
+    out = shard(ReservationAborted(rid="ml/g#4", reason="shard 3: no room"))
+    assert out == [
+        PodUnbound(
+            pod=key,
+            node=node_name,
+            decision_id=f"{key}@ml/g#4",
+            reason="reservation ml/g#4 aborted: shard 3: no room",
+        )
+        for key, node_name in (("ml/m0", "n0"), ("ml/m1", "n1"))
+    ] + [ReservationReleased(rid="ml/g#4", group="ml/g#4", reason="aborted: shard 3: no room")]
+    assert not shard.engine.state.pods and not shard.engine.reservations
+
+
+def test_an_abort_that_comes_before_the_part_is_taken_on_refuses_it() -> None:
+    """The request and its abort are folded before the shard's next pass: the part is
+    refused (the coordinator waits for every part's answer), and nothing is held."""
+    shard = two_nodes()
+    shard.engine.apply(Envelope(event=part("ml/g#6", 2), producer="router", causation=1))
+    out = shard(ReservationAborted(rid="ml/g#6", reason="not every part answered"))
+    assert out == [
+        ReservationDenied(rid="ml/g#6", group="ml/g#6", reason="aborted: not every part answered")
+    ]
+    assert not shard.engine.pods and not shard.engine.state.pods
+
+
+# ------------------------------------------------------------------------- failed binds
+
+
+def test_a_failed_bind_of_a_member_is_handed_back_and_the_part_keeps_the_rest() -> None:
+    """The coordinator folds the failed bind as one scheduler does (it knows the gang's
+    minMember, the shard does not): the shard unbinds nothing else."""
+    shard = two_nodes()
+    chosen = {"ml/m0": "n1", "ml/m1": "n1", "ml/m2": "n0"}
+    out = shard(part("ml/g#7", 3, placements=chosen, at_once=True))
+    failed = next(e for e in out if isinstance(e, PodBound) and e.pod == "ml/m1")
+    refusal = BindFailed(pod="ml/m1", node="n1", decision_id=failed.decision_id, reason="409")
+    out = shard(refusal, producer="binder")
+    assert out == [
+        PodHandedBack(
+            pod="ml/m1",
+            reason="ml/m1 failed to bind to n1: 409",
+            shard=0,
+            decision_id=failed.decision_id,  # the coordinator knows which part it left
+        )
+    ]
+    engine = shard.engine
+    assert sorted(engine.state.pods) == ["ml/m0", "ml/m2"]
+    assert engine.reservations["ml/g#7"].state == COMMITTED
+    assert engine.reservations["ml/g#7"].pods == ("ml/m0", "ml/m2")
+    assert "ml/m1" not in engine.pods
+
+
+def test_a_local_gang_is_rolled_back_whole_after_a_failed_bind() -> None:
+    """One shard, a gang of exactly minMember: a failed bind leaves it short, so the
+    others are unbound and the gang is placed again whole, under new decisions."""
+    shard = Shard(make_node("n").cpu("6").added())
+    spec = GroupSpec(namespace="ml", name="g", min_member=4)
+    members = [make_pod(f"m{i}", "ml").cpu("1").member("ml/g").submitted() for i in range(4)]
+    out = shard(PodGroupSubmitted(group=spec), *members, producer="ingest")
+    first = [e for e in out if isinstance(e, PodBound)]
+    assert len(first) == 4
+    refusal = BindFailed(
+        pod=first[2].pod, node="n", decision_id=first[2].decision_id, reason="conflict"
+    )
+    out = shard(refusal, producer="binder")
+    unbound_ = {e.pod for e in out if isinstance(e, PodUnbound)}
+    assert unbound_ == {b.pod for b in first} - {first[2].pod}
+    again = [e for e in out if isinstance(e, PodBound)]
+    assert sorted(e.pod for e in again) == sorted(b.pod for b in first)
+    assert not {e.decision_id for e in again} & {b.decision_id for b in first}
+
+
+class RefusingCluster(SimulatedCluster):
+    """Refuses the first bind of each pod named, as an API server does when someone
+    else has taken the room meanwhile."""
+
+    def __init__(self, refuse: Iterable[str]) -> None:
+        super().__init__()
+        self.refuse = set(refuse)
+
+    def bind(self, decision: PodBound, now: int) -> list[Event]:
+        if decision.pod in self.refuse:
+            self.refuse.discard(decision.pod)
+            return [self._fail(decision, "conflict (test)")]
+        return super().bind(decision, now)
+
+
+@pytest.mark.parametrize("shards", SHARDS)
+@pytest.mark.parametrize("below", [True, False], ids=["below-min-member", "min-member-kept"])
+def test_a_failed_bind_rolls_a_gang_back_whole_only_below_min_member(
+    monkeypatch: pytest.MonkeyPatch, shards: int, below: bool
+) -> None:
+    """A gang over every shard (3 cards a shard, one card a member, one card left over);
+    the first bind of ``ml/w0`` is refused. Its shard hands it back and keeps the rest of
+    its part; the coordinator folds the failed bind as one scheduler would: below
+    minMember, every part is aborted and the gang placed again whole; else ``w0`` alone
+    is placed again and the others keep their bindings."""
+    monkeypatch.setattr(simulate_module, "SimulatedCluster", lambda: RefusingCluster({"ml/w0"}))
+    members = 3 * shards - 1
+    min_member = members if below else members - 1
+    nodes = [
+        make_node(f"n{i}").cpu("16").gpu(3).label(POOL_LABEL, f"p{i}").added()
+        for i in range(shards)
+    ]
+    gang = GroupSpec(namespace="ml", name="g", min_member=min_member)
+    pods = [
+        make_pod(f"w{i}", "ml").cpu("1").gpu(1).member("ml/g").submitted() for i in range(members)
+    ]
+    data, parts = simulated(
+        at(0, [*nodes, PodGroupSubmitted(group=gang), *pods]), Sharding(shards=shards)
+    )
+    keys = [f"ml/w{i}" for i in range(members)]
+    assert bound(data, keys) == keys
+    (handback,) = records(parts, PodHandedBack)
+    assert handback.pod == "ml/w0" and "conflict (test)" in handback.reason
+    first = records(parts, ReservationRequested)[0].rid
+    aborted = records(parts, ReservationAborted)
+    final = live_bindings(parts)
+    if below:
+        assert {a.rid for a in aborted} == {first}
+        assert len(aborted) == shards  # every part, each once
+        rids = {r.rid for r in records(parts, ReservationRequested)}
+        (second,) = rids - {first}
+        assert final == {k: f"{k}@{second}" for k in keys}
+    else:
+        assert aborted == [] and records(parts, PodUnbound) == []
+        assert {r.rid for r in records(parts, ReservationRequested)} == {first}
+        assert final == {k: f"{k}@{first}" for k in keys[1:]} | {"ml/w0": final["ml/w0"]}
+        assert final["ml/w0"] != f"ml/w0@{first}"
+        assert data["groups"]["ml/g"]["phase"] == "Scheduled"
+
+
+def test_a_part_whose_only_pod_failed_to_bind_is_forgotten_once_the_pod_ran() -> None:
+    """The coordinator places ``p`` itself (its shard handed it back once) under a
+    one-pod claim; the bind fails, ``p`` is placed again (handed over, this time) and
+    runs to the end: nothing of the first claim may be left on either side."""
+    control, last = handed_to_shard(2)
+    out = control.report(last, PodHandedBack(pod="default/p", reason="no node", shard=last))
+    _, request = only(out, ReservationRequested)
+    shard = Shard(make_node("a").cpu("6").label(POOL_LABEL, "pa").added())
+    answer = shard(request)
+    assert [type(e) for e in answer] == [ReservationGranted, PodBound]
+    grant, first = answer
+    assert isinstance(grant, ReservationGranted) and isinstance(first, PodBound)
+    control.report(last, grant)
+    failed = BindFailed(pod="default/p", node="a", decision_id=first.decision_id, reason="409")
+    (handback,) = shard(failed, producer="binder")
+    out = control.report(last, handback, time=0)
+    out += control.input(ClockTicked(), time=1)
+    _, routed = only(out, PodRouted)
+    (again,) = shard(routed, time=1)
+    assert isinstance(again, PodBound) and again.decision_id == routed.decision_id
+    control.placed(last, {"default/p": "a"}, 1)
+    done = PodSucceeded(pod="default/p", node="a")
+    out = control.input(done, time=9)
+    assert out == [(last, done)]
+    shard(done, time=9)
+    assert shard.engine.reservations == {} and shard.engine.groups == {}
+    assert control.coordinator.claims == {}
