@@ -17,6 +17,9 @@ recorded snapshot with the state it re-derives.
 Decoding trusts nothing: only the engine's own state classes and the event structs can
 be built, numpy arrays only of plain numeric dtypes and of consistent size, and any
 inconsistency is a :class:`SnapshotError` (the caller then folds the log from the start).
+
+Why one module of over 500 lines: the encoder and the decoder are two halves of one
+format (the tagged tree); kept together, a change to one is seen beside the other.
 """
 
 from __future__ import annotations

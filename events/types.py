@@ -14,6 +14,10 @@ Compatibility rules (append-only schema):
 Quantities are canonical integers: cpu in millicores, memory and storage in bytes,
 ``pods`` and extended resources (``nvidia.com/gpu``) in units. Times are integer
 nanoseconds of simulated (or, in service, wall) time.
+
+Why one module of over 500 lines: the closed tagged union is the log's schema; every
+event kind is declared here, beside its tag, so that a tag is never reused and a
+reader sees the whole schema in one place.
 """
 
 from __future__ import annotations

@@ -27,6 +27,10 @@ Each process serves ``/healthz`` (alive), ``/readyz`` (its roles are serving: th
 answered recently, ingest has listed everything) and ``/metrics`` (Prometheus) on
 ``--listen``, 127.0.0.1:9090 by default. SIGTERM or SIGINT stops it cleanly: in-flight
 work finishes, the bus is closed.
+
+Why one module of over 500 lines: the roles share one service object (its options,
+its bus, its health and its metrics), and the metrics read the roles' state directly;
+the Kubernetes I/O itself lives in ``shards/kube/``.
 """
 
 from __future__ import annotations

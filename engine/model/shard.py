@@ -10,6 +10,10 @@ so that a decision made and the same decision replayed change the state alike.
 
 The one thing this layer asks of the layers above is :class:`Hints`: which parked pods
 a cluster change may help (the plugins know; the model only asks).
+
+Why one module of over 500 lines: it is the one place that keeps a shard's
+invariants, and each operation touches several of its parts (columns, queue, quotas,
+groups, reservations); split by part, an operation would be cut in two.
 """
 
 from __future__ import annotations

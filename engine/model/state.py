@@ -13,6 +13,10 @@ function of the event sequence alone.
 Room for later: per-device accounting (the GPU cards of a node, each shareable by
 milli-fractions, with a model label) will be a second table keyed by slot, kept beside
 ``alloc``/``used`` and copied with them by :meth:`ClusterState.copy`.
+
+Why one module of over 500 lines: the columns and every operation that writes them
+keep ``free = alloc - used`` and the label and taint codes in step; split, an
+operation could change one column without the other.
 """
 
 from __future__ import annotations

@@ -18,6 +18,10 @@ shard's report), ``schedule`` runs a pass and returns the records to append (to 
 partitions and to the control partition). A restarted coordinator folds its partition
 again, re-running each recorded pass where it ran, and appends only what is missing;
 ``replay --verify`` does the same and compares.
+
+Why one module of about 700 lines: the fold of every record kind and the pass are one
+state machine over the same state (view, flights, claims, evictions); where a concern
+stands alone it has its module (dispatch, choice, flights, routing, snapshot).
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ async def test_window_sets_how_many_batches_wait_for_one_pass() -> None:
         log = MemoryLog()
         seen: list[int] = []
         shape = LoadShape(nodes=40, pods=500, batch=100, window=window)
-        result = await run_loadtest(shape, log, progress=lambda d, t, e: seen.append(d))
+        result = await run_loadtest(shape, log, progress=lambda d, t, e, s=seen: s.append(d))
         assert seen == steps, (window, seen)
         assert result["bound"] == 500 and result["shape"]["window"] == window
         assert replay(await log.read(0, 0), verify=True).mismatch is None

@@ -1,4 +1,8 @@
-"""The command-line contract of DESIGN.md: output schemas and exit statuses."""
+"""The command-line contract of DESIGN.md: output schemas and exit statuses.
+
+Why one module of over 500 lines: the command-line contract is one document
+(DESIGN.md's), and its tests follow it command by command.
+"""
 
 from __future__ import annotations
 

@@ -10,6 +10,10 @@ a shard only while that shard certainly has a node for it, anything else is deci
 the coordinator's view and carried out by the shards that own the nodes (reservation
 parts, prepared and committed whole, or aborted everywhere; evictions first, then the
 preemptor); what a shard hands back is decided by the coordinator; what fails backs off.
+
+Why one module of over 500 lines: the coordinator's dispatch is one rule (hand over
+what certainly fits, decide the rest on the view) and these are its cases; the
+shard's side and the coordinator's lifetime have their own modules.
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ others borrow, however large the cluster; the profile's scores choose between sh
 between nodes; preemption chooses the fewest victims across the whole cluster and lets a
 gang of any size preempt; quotas are global; tenants' pools are theirs at one shard too;
 a pod waits in one queue, so room freed anywhere reaches it.
+
+Why one module of over 500 lines: one scenario per symptom of the issue it closes,
+with the scenario text they share; each test is short.
 """
 
 from __future__ import annotations
