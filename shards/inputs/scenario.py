@@ -348,6 +348,9 @@ def parse_sharding(raw: Mapping[str, Any]) -> ShardingSpec:
       pools: [a100]         # else's pods run there
     reservationTimeoutSeconds: 30
     """
+    _only(
+        raw, ("apiVersion", "kind", "metadata", "pools", "tenants", "reservationTimeoutSeconds"), ""
+    )
     pools: list[tuple[str, int | None, tuple[tuple[str, str], ...]]] = []
     names: set[str] = set()
     raw_pools = raw.get("pools", [])
@@ -357,6 +360,7 @@ def parse_sharding(raw: Mapping[str, Any]) -> ShardingSpec:
         where = f"pools[{i}]"
         if not isinstance(item, Mapping):
             raise InputError("must be a mapping", location=where)
+        _only(item, ("name", "shard", "nodeSelector"), where)
         name = item.get("name")
         if not isinstance(name, str) or not name:
             raise InputError("needs a name", location=f"{where}.name")
@@ -383,6 +387,7 @@ def parse_sharding(raw: Mapping[str, Any]) -> ShardingSpec:
         where = f"tenants[{i}]"
         if not isinstance(item, Mapping):
             raise InputError("must be a mapping", location=where)
+        _only(item, ("namespace", "pools"), where)
         namespace = item.get("namespace")
         wanted = item.get("pools")
         if not isinstance(namespace, str) or not namespace:
@@ -414,12 +419,21 @@ def parse_sharding(raw: Mapping[str, Any]) -> ShardingSpec:
     )
 
 
+def _only(raw: Mapping[str, Any], known: tuple[str, ...], where: str) -> None:
+    """Refuse a field shoal would otherwise ignore (a typo must not pass silently)."""
+    for key in raw:
+        if key not in known:
+            location = f"{where}.{key}" if where else str(key)
+            raise InputError(f"unknown field (known: {', '.join(known)})", location=location)
+
+
 def pool_reassignment(raw: Mapping[str, Any]) -> PoolReassigned:
     """``kind: PoolReassignment`` (``spec: {pool: a100, shard: 1}``; the
     ``shoal.io/arrive-at`` annotation says when): move a node pool to another shard."""
     spec = raw.get("spec")
     if not isinstance(spec, Mapping):
         raise InputError("must be a mapping", location="spec")
+    _only(spec, ("pool", "shard"), "spec")
     pool, shard = spec.get("pool"), spec.get("shard")
     if not isinstance(pool, str) or not pool:
         raise InputError("needs a pool name", location="spec.pool")

@@ -309,6 +309,9 @@ def test_gangs_run_again_under_their_names_over_several_shards(shards: int) -> N
         ("tenants: [{namespace: t, pools: [a]}, {namespace: u, pools: [a]}]", "tenants[1].pools"),
         ("reservationTimeoutSeconds: 0", "reservationTimeoutSeconds"),
         ("reservationTimeoutSeconds: lots", "reservationTimeoutSeconds"),
+        ("reservationTimeoutSecond: 30", "reservationTimeoutSecond"),  # a typo, not ignored
+        ("pools: [{name: a, weight: 3}]", "pools[0].weight"),
+        ("tenants: [{namespace: t, pools: [a], quota: 1}]", "tenants[0].quota"),
     ],
 )
 def test_a_malformed_sharding_configuration_exits_2_naming_file_document_and_field(
@@ -350,3 +353,27 @@ def test_a_pool_pinned_to_a_shard_that_does_not_exist_exits_2(
     err = capsys.readouterr().err
     assert f"{path}: document 1 (ShardingConfiguration): pools[1].shard: " in err, err
     assert f"assigned to shard {pinned_to}, but there are {shards}" in err, err
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ("{shard: 1}", "spec.pool"),
+        ("{pool: a, shard: -1}", "spec.shard"),
+        ("{pool: a, shard: 1, drain: true}", "spec.drain"),
+        ("[a, 1]", "spec"),
+    ],
+)
+def test_a_malformed_pool_reassignment_exits_2_naming_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: str, field: str
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        node("n0") + f"\napiVersion: shoal.io/v1alpha1\nkind: PoolReassignment\nspec: {spec}\n"
+    )
+    with pytest.raises(SystemExit) as exit_:
+        main(["simulate", str(path), "--shards", "2", "--json"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{path}: document 2 (PoolReassignment): {field}: " in err, err
+    assert "Traceback" not in err
