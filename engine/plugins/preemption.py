@@ -16,15 +16,16 @@ kube-scheduler's priority preemption wherever no elastic quota is involved:
 Which: per candidate node (one that only resources keep the pod from), every eligible
 pod there is removed; if the quota still refuses (the cluster is larger than the quotas'
 ``min``, so room on a node is not what is missing), eligible pods elsewhere are added,
-least valuable first; then victims are reprieved one by one, most valuable first
-(highest priority, earliest start), while the pod still fits the node and its quota: what
-remains is a minimal set biased to the least valuable pods. A victim whose gang would
-drop below ``minMember`` takes its whole gang: the gang is one unit in the choice on a
-node, in the namespaces' floors and in the cost. The node
-chosen minimises, in order: the number of victims (gangs expanded), the highest victim
-priority, the sum of their priorities; then it prefers victims that started last
-(kube-scheduler's "latest start time" rule), then the lowest slot. The per-node work
-runs on at most ``MAX_CANDIDATES`` nodes, those with the fewest eligible pods first.
+least valuable first; then victims are reprieved one by one, the largest units first,
+then the most valuable (highest priority, earliest start), while the pod still fits the
+node and its quota: what remains is a minimal set biased to the fewest pods, then to
+the least valuable ones. A victim whose gang would drop below ``minMember`` takes its
+whole gang: the gang is one unit in the choice on a node, in the namespaces' floors and
+in the cost. The node chosen minimises, in order: the number of victims (gangs
+expanded), the highest victim priority, the sum of their priorities; then it prefers
+victims that started last (kube-scheduler's "latest start time" rule), then the lowest
+slot. The per-node work runs on at most ``MAX_CANDIDATES`` nodes, those with the fewest
+eligible pods first.
 
 The victims and the pod are staged in the attempt's statement; the pass commits them
 (evictions first) or discards them whole, so nothing half-done is ever visible.
@@ -316,9 +317,14 @@ def _victims_for(
                 break
         else:
             return None
-    # reprieve the most valuable first, a unit at a time; whoever cannot be spared stays
+    # reprieve a unit at a time, the largest first (fewest pods go, as nodes are
+    # compared), then the most valuable; whoever cannot be spared stays a victim
     kept = list(chosen)
-    for victim in sorted(chosen, key=lambda v: v.rank()):
+
+    def order(victim: _Victim) -> tuple[int, tuple[int, int, str]]:
+        return (-len(units.get(victim.key, (victim,))), victim.rank())
+
+    for victim in sorted(chosen, key=order):
         unit = {m.key for m in units.get(victim.key, (victim,))}
         if victim.key not in {v.key for v in kept}:
             continue

@@ -392,6 +392,27 @@ def test_preemption_takes_the_fewest_victims_in_the_whole_cluster(
 
 
 @pytest.mark.parametrize("shards", SHARDS)
+@pytest.mark.parametrize(("size", "single_priority"), [(2, 20), (3, 50), (2, 5)])
+def test_on_one_node_a_single_pod_goes_before_a_gang_that_would_fall_whole(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int, size: int, single_priority: int
+) -> None:
+    """One node holds a gang of ``size`` one-card pods and a single pod of ``size``
+    cards; the urgent pod needs ``size`` cards. Evicting one member takes the whole gang
+    (``size`` pods); the single pod is one victim, whatever its priority below the
+    urgent pod's: it goes, the gang stays."""
+    text = node("n0", gpu=2 * size)
+    text += podgroup("g", size)
+    text += "".join(pod(f"g-{i}", gpu=1, group="g", priority=10) for i in range(size))
+    text += pod("single", gpu=size, priority=single_priority)
+    text += pod("urgent", gpu=size, priority=100, at=10)
+    data = simulate(tmp_path, capsys, text, shards)
+    assert phase(data, "default/urgent") == "Bound"
+    assert preempted(data) == {"default/single"}
+    members = [f"default/g-{i}" for i in range(size)]
+    assert bound(data, members) == members
+
+
+@pytest.mark.parametrize("shards", SHARDS)
 @pytest.mark.parametrize(("nodes", "wide", "narrow"), [(4, 4, 2), (6, 5, 3)])
 def test_a_gang_across_shards_preempts_like_any_gang(
     tmp_path: Path,
