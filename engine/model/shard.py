@@ -347,12 +347,14 @@ class ShardModel:
             if member in self.pods:  # (a member may be gone: another spec, for those left)
                 self.dirty[self.unit_of(member)] = None
 
-    def place(self, key: str, slot: int, decision_id: str) -> None:
-        """Assume ``key`` on ``slot`` in state and quota (already staged is fine)."""
+    def place(self, key: str, slot: int, decision_id: str, charged: bool = False) -> None:
+        """Assume ``key`` on ``slot`` in state and quota (already staged is fine;
+        ``charged``: its quota already counts it)."""
         pod = self.pods[key]
         if key not in self.state.pods:
             self.state.assume(key, slot, pod.request, pod.priority)
-            self.quotas.add(pod.spec.namespace, pod.request)
+            if not charged:
+                self.quotas.add(pod.spec.namespace, pod.request)
         if key not in self.bindings:
             self.placed_priorities[pod.priority] = self.placed_priorities.get(pod.priority, 0) + 1
         self.bindings[key] = decision_id

@@ -83,10 +83,14 @@ class ShardView:
         self.feasible = np.ones(n, dtype=np.bool_)
 
     def refresh(self, pending: npt.NDArray[np.int64]) -> ShardNodes:
-        """The shards as nodes, with ``pending`` (4, rows, shards: what is handed over
+        """The shards as nodes, with ``pending`` (shards, 4, rows: what is handed over
         and not placed, as alloc, used, free and non-zero used change by it) added."""
-        rows = min(pending.shape[1], self.base.shape[1])
-        np.add(self.base[:, :rows], pending[:, :rows], out=self.nodes._columns[:, :rows])
+        rows = min(pending.shape[2], self.base.shape[1])
+        np.add(
+            self.base[:, :rows],
+            pending[:, :, :rows].transpose(1, 2, 0),
+            out=self.nodes._columns[:, :rows],
+        )
         return self.nodes
 
 

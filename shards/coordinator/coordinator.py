@@ -114,7 +114,7 @@ class Coordinator:
         self.inflight = [0] * self.n
         """Pods handed to each shard and not answered yet."""
         rows = len(self.engine.state.resources)
-        self.pending: npt.NDArray[np.int64] = np.zeros((4, rows, self.n), dtype=np.int64)
+        self.pending: npt.NDArray[np.int64] = np.zeros((self.n, 4, rows), dtype=np.int64)
         """Requests handed to each shard and not answered yet, as the shard's columns
         change by them (alloc, used, free and non-zero used; rows by shards)."""
         self.decisions: dict[str, str] = {}
@@ -227,35 +227,40 @@ class Coordinator:
         self.engine.dispatched[unit] = str(shard)
         self._pending(flight, +1)
 
-    def _pending(self, flight: Flight, sign: int) -> None:
+    def _pending(self, flight: Flight, sign: int, quota: bool = True) -> None:
+        """Count ``flight`` in (``sign`` +1) or out of (-1) what its shard has pending,
+        and its quota charged (``quota`` False: the charge stays, for a placement)."""
         rows = len(self.engine.state.resources)
         pending = self.pending
-        if pending.shape[1] < rows:
-            grown = np.zeros((4, rows, self.n), dtype=np.int64)
-            grown[:, : pending.shape[1]] = pending
+        if pending.shape[2] < rows:
+            grown = np.zeros((self.n, 4, rows), dtype=np.int64)
+            grown[:, :, : pending.shape[2]] = pending
             self.pending = pending = grown
-        shard = flight.shard
+        here = pending[flight.shard]  # (4, rows), contiguous
         quotas = self.engine.quotas
+        deltas = self._deltas
         for request, namespace in zip(flight.requests, flight.namespaces, strict=True):
-            delta = self._deltas.get(request)
-            if delta is None or delta.shape[1] != pending.shape[1]:
-                delta = self._deltas[request] = _delta(request, pending.shape[1])
+            delta = deltas.get(request)
+            if delta is None or delta.shape[1] != here.shape[1]:
+                delta = deltas[request] = _delta(request, here.shape[1])
             if sign > 0:
-                pending[:, :, shard] += delta
+                here += delta
                 quotas.add(namespace, request)
             else:
-                pending[:, :, shard] -= delta
-                quotas.remove(namespace, request)
-        self.inflight[shard] += sign * len(flight.pods)
+                here -= delta
+                if quota:
+                    quotas.remove(namespace, request)
+        self.inflight[flight.shard] += sign * len(flight.pods)
 
-    def land(self, unit: str) -> Flight | None:
+    def land(self, unit: str, placed: bool = False) -> Flight | None:
         """The shard answered about ``unit`` (or its pods are gone): it is no longer under
-        way, and its quota no longer charged (a placement charges it again)."""
+        way, and its quota no longer charged (a placement charges it again), unless
+        ``placed``: the caller places every pod of it at once and keeps the charge."""
         flight = self.flights.pop(unit, None)
         if flight is None:
             return None
         self.engine.dispatched.pop(unit, None)
-        self._pending(flight, -1)
+        self._pending(flight, -1, quota=not placed)
         return flight
 
     def nominate(self, unit: str, victims: list[str]) -> None:
@@ -497,8 +502,13 @@ class Coordinator:
             flight = self.flights.get(key)
             if flight is None or flight.shard != shard:
                 continue  # not handed there (any more)
-            self.land(key)
             slot = engine.state.index.get(node)
+            if slot is not None and key in engine.pods and key not in engine.state.pods:
+                # the quota charged while it flew is its placement's charge
+                self.land(key, placed=True)
+                engine.place(key, slot, self.decisions.get(key, key), charged=True)
+                continue
+            self.land(key)
             if slot is not None and key in engine.pods:
                 engine.place(key, slot, self.decisions.get(key, key))
 

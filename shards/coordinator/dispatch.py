@@ -183,7 +183,9 @@ class ShardDispatch:
     def _hand_pod(self, pod: PodInfo, shard: int) -> None:
         c = self.c
         decision = f"{pod.key}#{c.next_seq()}"
-        spec = msgspec.structs.replace(pod.spec, group="", depends_on=())
+        spec = pod.spec
+        if spec.group or spec.depends_on:  # the shard places it as a pod of its own
+            spec = msgspec.structs.replace(spec, group="", depends_on=())
         c.send(shard, PodRouted(pod=spec, decision_id=decision))
         c.fly(pod.key, shard, [pod])
         c.decisions[pod.key] = decision
