@@ -408,7 +408,7 @@ class Framework:
     def run_pre_filters(self, cycle: CycleState, pod: PodInfo, state: ClusterState) -> Status:
         for plugin in self.pre_filters:
             status = plugin.pre_filter(cycle, pod, state)
-            if not status.ok:
+            if status is not SUCCESS and not status.ok:  # (SUCCESS: most pods, at once)
                 return status.with_plugin(plugin.name)
         return SUCCESS
 

@@ -157,15 +157,15 @@ class SchedulingQueue:
         return None if best_heap is None else best_heap[0][2]
 
     def _best(self, rank: Rank | None) -> list[tuple[int, int, str, int]] | None:
+        if len(self._active) == 1:  # one queue (the usual case): its head, if any
+            heap = next(iter(self._active.values()))
+            return heap if self._head(heap) is not None else None
         best_heap: list[tuple[int, int, str, int]] | None = None
         best_key: tuple[object, ...] | None = None
         for queue, heap in self._active.items():
             head = self._head(heap)
             if head is None:
                 continue
-            if len(self._active) == 1:
-                best_heap = heap
-                break
             key = rank(queue, head[2], -head[0], head[1]) if rank else (head[0], head[1], head[2])
             if best_key is None or key < best_key:
                 best_heap, best_key = heap, key

@@ -38,8 +38,9 @@ class Route(Enum):
 
 class Dispatch(Protocol):
     waits: bool
-    """Whether :meth:`route` may answer :attr:`Route.WAIT` (the pass then looks at the
-    head of the queue before taking it)."""
+    """Whether units are routed: :meth:`route` is asked before each one and may answer
+    :attr:`Route.WAIT` (the pass then looks at the head of the queue before taking it).
+    False: the pass attempts every unit itself, and :meth:`route` is never asked."""
 
     def route(self, p: SchedulingPass, unit: str) -> Route:
         """Before unit ``unit`` (a pod key, or ``@group``) is attempted. May hand it on

@@ -108,22 +108,26 @@ class SchedulingPass:
             self._attempt_arrived()
         if later:
             evict(self, later)  # the parts asked for before the evictions are placed now
-        take = e.queue.peek if dispatch.waits else e.queue.pop
+        waits = dispatch.waits
+        take = e.queue.peek if waits else e.queue.pop
+        placed = e.state.pods
         while (unit := take(self._rank if e.quotas else None)) is not None:
-            if not is_group_unit(unit) and unit in e.state.pods:
+            group = is_group_unit(unit)
+            if not group and unit in placed:
                 e.queue.remove(unit)  # placed meanwhile (its gang went whole)
                 continue
-            route = dispatch.route(self, unit)
-            if route is Route.WAIT:
-                break  # left at the head of the queue: nothing changed
-            if dispatch.waits:
+            if waits:  # (an engine that owns its nodes attempts every unit itself)
+                route = dispatch.route(self, unit)
+                if route is Route.WAIT:
+                    break  # left at the head of the queue: nothing changed
                 e.queue.remove(unit)
+                if route is not Route.ATTEMPT:
+                    continue
             self.unit = unit
-            if route is Route.ATTEMPT:
-                if is_group_unit(unit):
-                    attempt_group(self, unit[1:])
-                else:
-                    attempt_pod(self, e.pods[unit])
+            if group:
+                attempt_group(self, unit[1:])
+            else:
+                attempt_pod(self, e.pods[unit])
             if e.dirty:
                 self._settle()
         self._report_groups()
