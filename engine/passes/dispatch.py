@@ -111,11 +111,12 @@ class Local:
 def bind(p: SchedulingPass, pod: PodInfo, slot: int, score: int) -> None:
     """Place ``pod`` on ``slot`` here and say so (``PodBound``)."""
     e = p.e
-    decision_id = e.delegated.get(pod.key) or f"{pod.key}@{pod.seq}#{pod.attempts}"
+    delegated = e.delegated.get(pod.key)
+    decision_id = delegated or f"{pod.key}@{pod.seq}#{pod.attempts}"
     e.place(pod.key, slot, decision_id)
     node = e.state.names[slot]
     assert node is not None
-    if pod.key in e.delegated:
+    if delegated is not None:
         e.placed_here[pod.key] = node
     p.out.append(
         PodBound(
