@@ -115,7 +115,7 @@ async def run(args: argparse.Namespace) -> int:
     if args.spanning_gangs and args.shards < 2:
         raise InputError("gangs across shards need --shards 2 or more", location="--spanning-gangs")
     shape = dataclasses.replace(shape, shards=args.shards)
-    progress = None if args.json else render.loadtest_progress
+    progress = None if args.json else render.LoadtestProgress()
     if args.shards > 1 or args.routed or args.direct:
         from loadtest.sharded import run_sharded_loadtest
 

@@ -8,10 +8,31 @@ from typing import Any
 from shards.render import make_console
 
 
-def loadtest_progress(done: int, total: int, elapsed: float) -> None:
-    print(f"\rscheduled {done}/{total} pods in {elapsed:.1f}s", end="", file=sys.stderr)
-    if done >= total:
-        print(file=sys.stderr)
+class LoadtestProgress:
+    """``scheduled N/M pods`` on stderr: on a terminal one line rewritten at most five
+    times a second; into a file or pipe a line per tenth of the pods, so a log of a
+    long run stays readable. The last count is always shown."""
+
+    def __init__(self, interactive: bool | None = None) -> None:
+        self.interactive = sys.stderr.isatty() if interactive is None else interactive
+        self.shown = -1
+        self.at = float("-inf")
+
+    def __call__(self, done: int, total: int, elapsed: float) -> None:
+        final = done >= total
+        if done == self.shown:
+            return
+        line = f"scheduled {done}/{total} pods in {elapsed:.1f}s"
+        if self.interactive:
+            if not final and elapsed - self.at < 0.2:
+                return
+            print("\r" + line, end="\n" if final else "", file=sys.stderr)
+        else:
+            step = max(total // 10, 1)
+            if not final and done // step <= self.shown // step:
+                return
+            print(line, file=sys.stderr)
+        self.shown, self.at = done, elapsed
 
 
 def scaling_table(result: dict[str, Any]) -> None:

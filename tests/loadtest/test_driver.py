@@ -3,6 +3,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
+
 from events.filelog import FileLog
 from events.memory import MemoryLog
 from loadtest.driver import LoadShape, run_loadtest
@@ -136,3 +138,23 @@ async def test_sharded_harness_dates_each_decision_by_the_count_that_first_held_
         remote = await RemoteLog.connect(server.url)
         await check(remote)
         await remote.close()
+
+
+def test_progress_is_a_line_per_tenth_into_a_pipe_and_throttled_on_a_terminal(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from loadtest.render import LoadtestProgress
+
+    piped = LoadtestProgress(interactive=False)
+    for done in [0, 0, 5, 10, 10, 11, 55, 99, 100, 100]:
+        piped(done, 100, done / 10)
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split()[1] for line in lines] == ["0/100", "10/100", "55/100", "99/100", "100/100"]
+
+    terminal = LoadtestProgress(interactive=True)
+    for done, elapsed in [(1, 0.0), (2, 0.1), (3, 0.3), (4, 0.35), (100, 0.36), (100, 0.5)]:
+        terminal(done, 100, elapsed)
+    err = capsys.readouterr().err
+    shown = [part.split()[1] for part in err.strip("\n").split("\r") if part]
+    assert shown == ["1/100", "3/100", "100/100"]  # 2 and 4 within 0.2 s; 100 once
+    assert err.endswith("\n")
