@@ -452,8 +452,12 @@ class SchedulingPass:
     # ------------------------------------------------------------------ status
 
     def _report_groups(self) -> None:
+        """Report each changed group's status, in the order of their keys: a pass that
+        reports nothing (every status as last reported) leaves nothing in the log, so
+        replay cannot know it ran, and what the next report says, in what order, must
+        not depend on it."""
         e = self.e
-        for key in list(e.group_changes):
+        for key in sorted(e.group_changes):
             group = e.groups.get(key)
             if group is None or group.spec is None or group.reservation:
                 continue

@@ -194,3 +194,73 @@ async def test_snapshots_do_not_depend_on_when_the_driver_asked_for_a_wake_up() 
     verified = replay_routed(parts, verify=True)
     assert verified.mismatch is None, str(verified.mismatch)
     assert verified.snapshots >= 2
+
+
+async def test_a_pass_that_reports_nothing_does_not_change_what_later_passes_report() -> None:
+    """A case the search above found: the coordinator folds a placement of gang g1 and
+    its failed bind, runs a pass that reports nothing (g1's status is as last reported,
+    so nothing reaches the log and replay cannot know the pass ran), then a summary that
+    changes g0 and g1. The report must name them in the same order with or without the
+    silent pass (groups are reported in the order of their keys)."""
+
+    def gpu(namespace: str, name: str, group: str, runtime: int) -> PodSubmitted:
+        spec = PodSpec(
+            namespace=namespace, name=name, requests=GPU_POD, group=group, runtime=runtime
+        )
+        return PodSubmitted(pod=spec)
+
+    web = {"cpu": 4000, "nvidia.com/gpu": 1}
+    g0 = GroupSpec(namespace="ml", name="g0", min_member=4)
+    g1 = GroupSpec(namespace="ml", name="g1", min_member=1)
+    # (second, order, event): the order the search drew them in, which the run follows
+    items: list[tuple[int, int, Any]] = [
+        (0, 0, make_node("n0").cpu("16").gpu(1).added()),
+        (0, 2, make_node("n2").cpu("16").gpu(2).added()),
+        (0, 5, PodGroupSubmitted(group=g0)),
+        *((0, o, gpu("ml", f"g0-{m}", "ml/g0", 5 * SECOND)) for m, o in _G0_AT_0),
+        (
+            0,
+            27,
+            PodSubmitted(pod=PodSpec(namespace="web", name="p0", requests=web, runtime=8 * SECOND)),
+        ),
+        (
+            0,
+            28,
+            PodSubmitted(
+                pod=PodSpec(
+                    namespace="web", name="p1", requests=web, priority=10, runtime=7 * SECOND
+                )
+            ),
+        ),
+        (1, 3, make_node("n3").cpu("16").gpu(1).added()),
+        (1, 4, make_node("n4").cpu("16").gpu(4).added()),
+        *((1, 6 + m, gpu("ml", f"g0-{m}", "ml/g0", 5 * SECOND)) for m in (4, 6, 7, 8)),
+        (2, 1, make_node("n1").cpu("16").gpu(4).added()),
+        (2, 9, gpu("ml", "g0-3", "ml/g0", 5 * SECOND)),
+        (6, 17, PodGroupSubmitted(group=g1)),
+        (6, 25, gpu("ml", "g1-7", "ml/g1", 47 * SECOND)),
+        *(
+            (7, o, gpu("ml", f"g1-{m}", "ml/g1", 47 * SECOND))
+            for m, o in ((2, 20), (3, 21), (6, 24))
+        ),
+        *((8, o, gpu("ml", f"g1-{m}", "ml/g1", 47 * SECOND)) for m, o in _G1_AT_8),
+    ]
+    timed = [TimedEvent(t * SECOND, order, e) for t, order, e in items]
+    result = await run_chaos(
+        Scenario(events=timed),
+        Sharding(shards=2, reservation_timeout=10 * SECOND),
+        seed=6,
+        loss=0.05,
+        restart=0.05,
+        refuse=0.05,
+        min_members={"ml/g0": 4, "ml/g1": 1},
+        snapshot_every=0,
+    )
+    parts = [await result.log.read(p, 0) for p in range(3)]
+    verified = replay_routed(parts, verify=True)
+    assert verified.mismatch is None, str(verified.mismatch)
+    assert result.partial_gangs == [] and leaked_reservations(result) == []
+
+
+_G0_AT_0 = ((0, 6), (1, 7), (2, 8), (5, 11), (9, 15), (10, 16))
+_G1_AT_8 = ((0, 18), (1, 19), (4, 22), (5, 23), (8, 26))
