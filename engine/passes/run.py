@@ -116,6 +116,13 @@ class SchedulingPass:
             if not group and unit in placed:
                 e.queue.remove(unit)  # placed meanwhile (its gang went whole)
                 continue
+            if not group and unit in e.pods and (owner := e.unit_of(unit)) != unit:
+                # queued as a pod while its gang ran; the gang is Pending again, so the
+                # gang is the unit: a member alone would run the gang in part
+                e.queue.remove(unit)
+                e.dirty[owner] = None
+                self._settle()
+                continue
             if waits:  # (an engine that owns its nodes attempts every unit itself)
                 route = dispatch.route(self, unit)
                 if route is Route.WAIT:
@@ -290,7 +297,12 @@ class SchedulingPass:
                 self._settle_group(unit)
                 continue
             pod = e.pods.get(unit)
-            if pod is None or unit in e.state.pods or e.unit_of(unit) != unit:
+            if pod is None or unit in e.state.pods:
+                continue
+            if (owner := e.unit_of(unit)) != unit:  # its gang is Pending: the gang's turn
+                if e.queue.where(unit) is not None:
+                    e.queue.remove(unit)
+                    e.dirty[owner] = None
                 continue
             group = e.groups.get(pod.spec.group) if pod.spec.group else None
             if group is not None and group.phase in (FAILED, SUCCEEDED):
