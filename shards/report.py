@@ -107,6 +107,13 @@ class RunReport:
         current = self.current.get(key)
         return current is not None and shard >= 0 and shard != current[1]
 
+    def _over(self, key: str) -> bool:
+        """Has pod ``key`` ended (rejected, finished, deleted, evicted)? Several
+        partitions merged by time may put a shard's record of an earlier decision after
+        the control partition's end of the pod; only a new submission starts it again."""
+        view = self.pods.get(key)
+        return view is not None and view.phase in ("Failed", "Succeeded", "Deleted")
+
     def apply(self, env: Envelope) -> None:
         if env.stream == "relay" or isinstance(env.event, SnapshotTaken):
             return  # a copy of a shard's record, for the router; a shard's saved state
@@ -120,6 +127,13 @@ class RunReport:
         if is_decision(event):
             self.decisions += 1
         match event:
+            case (
+                PodUnbound(pod=key)
+                | PodUnschedulable(pod=key)
+                | PodBound(pod=key)
+                | BindFailed(pod=key)
+            ) if self._over(key):
+                pass  # an earlier decision's record, merged after the pod's end
             case PodUnbound(pod=key):
                 view = self._view(key)
                 if view.phase == "Bound" and view.decision == event.decision_id:

@@ -274,9 +274,12 @@ FOUND = Path(__file__).parent.parent / "fixtures" / "chaos"
 @pytest.mark.parametrize("name", sorted(p.name for p in FOUND.glob("*.json")))
 async def test_cases_the_search_found_keep_the_invariants(name: str) -> None:
     """Cases the search above found (a deeper search than the suite's), kept as they
-    were drawn: ``gang-member-alone``: a gang placed across shards is aborted (a part
+    were drawn. ``gang-member-alone``: a gang placed across shards is aborted (a part
     denied) while a member beyond minMember waits in the queue as a pod of its own; the
-    gang is Pending again, so that member must wait with it, not run alone."""
+    gang is Pending again, so that member must wait with it, not run alone.
+    ``rejected-after-a-failed-bind``: a member's bind fails and its gang times out in
+    the same pass; the report, merging the partitions by time, must still end the pod
+    Failed (the shard's record of the failed bind comes after the rejection)."""
     raw = msgspec.json.decode((FOUND / name).read_bytes())
     events = msgspec.convert(raw["events"], list[TimedEvent])
     loss, restart, refuse = raw["faults"]
@@ -295,6 +298,13 @@ async def test_cases_the_search_found_keep_the_invariants(name: str) -> None:
     assert result.partial_gangs == [], context
     assert result.cluster.double_binds == 0, context
     assert leaked_reservations(result) == [], context
+    view = result.control.engine
+    for key, pod in result.report.pods.items():
+        if pod.phase == "Pending":
+            held = key in view.pods or any(
+                key in {p.key for p in waiting} for _, waiting in view.next_runs.values()
+            )
+            assert held, f"{key} is reported pending but nobody holds it; {context}"
     parts = [await result.log.read(p, 0) for p in range(raw["shards"] + 1)]
     verified = replay_routed(parts, verify=True)
     assert verified.mismatch is None, (str(verified.mismatch), context)
