@@ -100,7 +100,10 @@ class ShardDispatch:
             return False
         if not self._admitted(pods, frameworks):
             return False
-        if is_group_unit(unit):
+        running = c.engine.groups.get(lead.spec.group) if lead.spec.group else None
+        if is_group_unit(unit) or (running is not None and running.spec is not None):
+            # a gang, or a member of one that runs (beyond minMember): held under a
+            # reservation, so that if the gang is rolled back the shard lets it go too
             self._hand_gang(unit, pods, shard)
         else:
             self._hand_pod(lead, shard)
@@ -193,7 +196,7 @@ class ShardDispatch:
 
     def _hand_gang(self, unit: str, pods: list[PodInfo], shard: int) -> None:
         c = self.c
-        key = unit[1:]
+        key = unit[1:] if is_group_unit(unit) else pods[0].spec.group
         group = c.engine.groups[key]
         assert group.spec is not None
         rid = f"{key}#{c.next_seq()}"

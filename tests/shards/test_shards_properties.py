@@ -279,7 +279,10 @@ async def test_cases_the_search_found_keep_the_invariants(name: str) -> None:
     gang is Pending again, so that member must wait with it, not run alone.
     ``rejected-after-a-failed-bind``: a member's bind fails and its gang times out in
     the same pass; the report, merging the partitions by time, must still end the pod
-    Failed (the shard's record of the failed bind comes after the rejection)."""
+    Failed (the shard's record of the failed bind comes after the rejection). In both,
+    a member handed to a shard alone once its gang ran, then rolled back with the gang,
+    must be let go by its shard too (it was held there, unknown to the coordinator,
+    which planned that node again and again)."""
     raw = msgspec.json.decode((FOUND / name).read_bytes())
     events = msgspec.convert(raw["events"], list[TimedEvent])
     loss, restart, refuse = raw["faults"]
@@ -299,6 +302,11 @@ async def test_cases_the_search_found_keep_the_invariants(name: str) -> None:
     assert result.cluster.double_binds == 0, context
     assert leaked_reservations(result) == [], context
     view = result.control.engine
+    for engine in result.engines:  # what a shard runs, the coordinator knows runs there
+        for key, placed in engine.state.pods.items():
+            node = engine.state.names[placed.slot]
+            seen = view.state.pods.get(key)
+            assert seen is not None and view.state.names[seen.slot] == node, (key, context)
     for key, pod in result.report.pods.items():
         if pod.phase == "Pending":
             held = key in view.pods or any(
