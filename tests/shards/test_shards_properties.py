@@ -139,6 +139,10 @@ async def test_coordinator_protocol_under_faults(
     for engine in result.engines:
         engine.state.check_invariants()
         assert list(engine.quotas.check()) == []
+        for key, placed in engine.state.pods.items():  # the coordinator knows it runs there
+            seen = result.control.engine.state.pods.get(key)
+            where = result.control.engine.state.names[seen.slot] if seen else None
+            assert where == engine.state.names[placed.slot], (key, context)
     submitted = [e.event.pod.key for e in scenario.events if isinstance(e.event, PodSubmitted)]
     for key in submitted:
         view = result.report.pods[key]
