@@ -33,6 +33,7 @@ from shards.inputs.scenario import Scenario, TimedEvent
 from shards.replay import replay_routed
 from shards.simulate import simulate
 from tests.builders import make_node, make_pod, relayed
+from tests.shards.scenario_text import node
 
 SHARDS = (2, 4)
 
@@ -42,61 +43,8 @@ E = TypeVar("E")
 # ------------------------------------------------------------------------ scenario text
 
 
-def node(name: str, *, cpu: int = 16, gpu: int = 0, labels: dict[str, str] | None = None) -> str:
-    gpus = f', nvidia.com/gpu: "{gpu}"' if gpu else ""
-    label_text = ", ".join(f"{k}: {v}" for k, v in (labels or {}).items())
-    return f"""
-apiVersion: v1
-kind: Node
-metadata: {{name: {name}, labels: {{{label_text}}}}}
-status: {{allocatable: {{cpu: "{cpu}", memory: 64Gi{gpus}}}}}
----"""
-
-
 def pool_node(name: str, pool: str, *, cpu: int = 16, gpu: int = 0) -> str:
     return node(name, cpu=cpu, gpu=gpu, labels={POOL_LABEL: pool})
-
-
-def pod(
-    name: str,
-    *,
-    ns: str = "default",
-    cpu: str = "1",
-    gpu: int = 0,
-    at: float = 0,
-    runtime: float | None = None,
-    priority: int | None = None,
-    group: str = "",
-    pool: str = "",
-    depends_on: str = "",
-) -> str:
-    gpus = f', nvidia.com/gpu: "{gpu}"' if gpu else ""
-    annotations = [f'shoal.io/arrive-at: "{at:g}"']
-    if runtime is not None:
-        annotations.append(f'shoal.io/runtime: "{runtime:g}"')
-    if depends_on:
-        annotations.append(f'shoal.io/depends-on: "{depends_on}"')
-    labels = f"scheduling.x-k8s.io/pod-group: {group}" if group else ""
-    spec = []
-    if priority is not None:
-        spec.append(f"  priority: {priority}")
-    if pool:
-        spec.append(f"  nodeSelector: {{{POOL_LABEL}: {pool}}}")
-    extra = "\n".join(spec)
-    return f"""
-apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-  namespace: {ns}
-  labels: {{{labels}}}
-  annotations: {{{", ".join(annotations)}}}
-spec:
-{extra}
-  containers:
-  - name: c
-    resources: {{requests: {{cpu: "{cpu}", memory: 1Gi{gpus}}}}}
----"""
 
 
 def podgroup(name: str, min_member: int, *, timeout: int | None = None, at: float = 0) -> str:

@@ -62,10 +62,8 @@ from tests.shards.coordinator_kit import (
     found,
     handed_to_shard,
     in_pool,
-    node,
     only,
     pinned,
-    pod,
     podgroup,
     pool_node,
     records,
@@ -73,6 +71,7 @@ from tests.shards.coordinator_kit import (
     sharding,
     shoal,
 )
+from tests.shards.scenario_text import node, pod
 
 # -------------------------------------------------------------------- pools and tenants
 

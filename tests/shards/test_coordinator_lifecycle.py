@@ -42,8 +42,6 @@ from tests.shards.coordinator_kit import (
     at,
     found,
     handed_to_shard,
-    node,
-    pod,
     pool_move,
     pool_node,
     records,
@@ -51,6 +49,7 @@ from tests.shards.coordinator_kit import (
     shoal,
     simulated,
 )
+from tests.shards.scenario_text import node, pod
 
 # -------------------------------------------------------------------- relays and replay
 
