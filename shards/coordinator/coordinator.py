@@ -176,16 +176,16 @@ class Coordinator:
     def expiry(self) -> int:
         return self.now + self.sharding.reservation_timeout
 
-    def _fresh(self, since: int) -> bool:
+    def fresh(self, since: int) -> bool:
         return self.now < since + self.sharding.reservation_timeout
 
     def flights_under_way(self) -> bool:
         """Handed units not answered (and not so old that their shard is presumed
         gone): the view is short of where they went."""
-        return any(self._fresh(f.since) for f in self.flights.values())
+        return any(self.fresh(f.since) for f in self.flights.values())
 
     def nominations_under_way(self) -> bool:
-        return any(self._fresh(since) for since, _ in self.nominated.values())
+        return any(self.fresh(since) for since, _ in self.nominated.values())
 
     def cached(self, key: tuple[object, ...], compute: Callable[[], T]) -> T:
         """``compute()``, remembered until the view's nodes or placements change."""
@@ -654,10 +654,10 @@ class Coordinator:
         """Claims not granted within the reservation time-out are aborted; a preemption
         whose victims were not all reported gone lets its unit try again."""
         for claim in list(self.claims.values()):
-            if claim.stage == PREPARING and not self._fresh(claim.since):
+            if claim.stage == PREPARING and not self.fresh(claim.since):
                 self._abort(claim, "not every part answered within the reservation time-out")
         for unit, (since, victims) in list(self.nominated.items()):
-            if not self._fresh(since):
+            if not self.fresh(since):
                 del self.nominated[unit]
                 self.engine.planned.pop(unit, None)
                 for slot in self.engine.held.pop(unit, []):

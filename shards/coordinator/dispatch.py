@@ -18,8 +18,10 @@ profiles, plugins and queue as one shard; what differs is what becomes of a unit
   shards that own the nodes: a reservation part per shard, on the nodes chosen
   (prepared and committed whole), or, for a preemption, the evictions first; the unit
   is attempted again once the victims are gone, as kube-scheduler does;
-- **waits** at the head of the queue while evictions it asked for are under way, or
-  (for a unit to decide here) while handed units are unanswered.
+- **waits** at the head of the queue while evictions it asked for are under way, while
+  a pod of it is still held on a shard under a claim being aborted (a gang rolled back:
+  placed elsewhere first, it would run twice), or (for a unit to decide here) while
+  handed units are unanswered.
 
 So the order of the queue is one order for the whole cluster, and whatever a shard is
 asked to do fits there when it does it. Only what is handed over is placed concurrently.
@@ -47,7 +49,7 @@ from events.types import (
     ReservationRequested,
 )
 from shards.coordinator.choice import ShardView, label_scores, scores, shard_columns
-from shards.coordinator.flights import Claim
+from shards.coordinator.flights import ABORTING, Claim
 
 if TYPE_CHECKING:
     from engine.passes.run import SchedulingPass
@@ -67,7 +69,7 @@ class ShardDispatch:
 
     def route(self, p: SchedulingPass, unit: str) -> Route:
         c = self.c
-        if c.nominations_under_way():
+        if c.nominations_under_way() or self._still_held(p, unit):
             return Route.WAIT
         if unit not in c.hard and self._hand_over(p, unit):
             return Route.HANDED
@@ -76,6 +78,25 @@ class ShardDispatch:
         c.hard.pop(unit, None)
         c.counters["decided"] += 1
         return Route.ATTEMPT
+
+    def _still_held(self, p: SchedulingPass, unit: str) -> bool:
+        """Is a pod of ``unit`` still held on a shard under a claim being aborted (a
+        gang rolled back)? Placed again elsewhere before that shard lets it go, it
+        would run twice; the shard's answer comes with the next relays. Bounded: not
+        past the reservation time-out from the claim's start (a shard that never
+        answers does not stop the queue for good)."""
+        c = self.c
+        for pod in p.unit_pods(unit):
+            for rid in c.held_by.get(pod.key, ()):
+                claim = c.claims.get(rid)
+                if (
+                    claim is not None
+                    and claim.stage == ABORTING
+                    and claim.open
+                    and c.fresh(claim.since)
+                ):
+                    return True
+        return False
 
     def _hand_over(self, p: SchedulingPass, unit: str) -> bool:
         c = self.c

@@ -286,7 +286,9 @@ async def test_cases_the_search_found_keep_the_invariants(name: str) -> None:
     Failed (the shard's record of the failed bind comes after the rejection). In both,
     a member handed to a shard alone once its gang ran, then rolled back with the gang,
     must be let go by its shard too (it was held there, unknown to the coordinator,
-    which planned that node again and again)."""
+    which planned that node again and again). ``placed-again-before-let-go``: such a
+    member, rolled back with its gang, must not be placed on another shard before its
+    shard has let it go (the cluster would run it twice)."""
     raw = msgspec.json.decode((FOUND / name).read_bytes())
     events = msgspec.convert(raw["events"], list[TimedEvent])
     loss, restart, refuse = raw["faults"]
