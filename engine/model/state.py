@@ -90,7 +90,7 @@ def use_compiled_columns(add: ColumnAdd | None) -> None:
     _compiled_add = add
 
 
-def _delta(request: Request, rows: int) -> npt.NDArray[np.int64]:
+def request_delta(request: Request, rows: int) -> npt.NDArray[np.int64]:
     """The (4, rows) change a pod makes to alloc/used/free/nonzero_used, cached per
     request shape (pods of one shape share it)."""
     key = (request, rows)
@@ -331,7 +331,7 @@ class ClusterState:
             if placed.slot == slot:
                 return
             self.forget(key)
-        delta = _delta(request, self._columns.shape[1])
+        delta = request_delta(request, self._columns.shape[1])
         self.pods[key] = PlacedPod(slot, request, delta, priority)
         self.node_pods[slot][key] = None
         self._touch(slot)

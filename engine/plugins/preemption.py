@@ -171,14 +171,7 @@ def plan(
             ok = namespace != pod.spec.namespace and theirs is not None and theirs.borrowing()
         if not ok:
             return None
-        return _Victim(
-            key,
-            victim.priority,
-            handle.started.get(key, 0),
-            namespace,
-            placed.slot,
-            quotas.named(placed.request),
-        )
+        return _victim(handle, state, key)
 
     everyone = [v for key in state.pods if (v := eligible(key)) is not None]
     if not everyone:
@@ -322,12 +315,12 @@ def _victims_for(
     kept = list(chosen)
 
     def order(victim: _Victim) -> tuple[int, tuple[int, int, str]]:
-        return (-len(units.get(victim.key, (victim,))), victim.rank())
+        return (-len(units[victim.key]), victim.rank())
 
     for victim in sorted(chosen, key=order):
-        unit = {m.key for m in units.get(victim.key, (victim,))}
+        unit = {m.key for m in units[victim.key]}
         if victim.key not in {v.key for v in kept}:
-            continue
+            continue  # reprieved with its gang already
         trial = [v for v in kept if v.key not in unit]
         if covers(trial):
             kept = trial
@@ -343,28 +336,29 @@ def _units(
     by_key = {v.key: v for v in everyone}
     units: dict[str, tuple[_Victim, ...]] = {}
     for victim in everyone:
+        if victim.key in units:
+            continue  # a member of a gang already seen
         gang = _gang_of(handle, state, victim.key)
         if not gang:
             units[victim.key] = (victim,)
             continue
-        members = []
-        for key in gang:
-            member = by_key.get(key)
-            if member is None:
-                placed = state.pods[key]
-                member = _Victim(
-                    key,
-                    handle.pods[key].priority,
-                    handle.started.get(key, 0),
-                    handle.pods[key].spec.namespace,
-                    placed.slot,
-                    handle.quotas.named(placed.request),
-                )
-                by_key[key] = member
-            members.append(member)
+        members = tuple(by_key.get(key) or _victim(handle, state, key) for key in gang)
         for member in members:  # the same unit for every member, eligible or not
-            units[member.key] = tuple(members)
+            units[member.key] = members
     return units
+
+
+def _victim(handle: Handle, state: ClusterState, key: str) -> _Victim:
+    pod = handle.pods[key]
+    placed = state.pods[key]
+    return _Victim(
+        key,
+        pod.priority,
+        handle.started.get(key, 0),
+        pod.spec.namespace,
+        placed.slot,
+        handle.quotas.named(placed.request),
+    )
 
 
 def _coverage(

@@ -39,7 +39,7 @@ from engine.model.groups import FAILED, PENDING, SCHEDULED, advance, group_unit,
 from engine.model.pods import PodInfo
 from engine.model.pools import Sharding
 from engine.model.reservations import decision_id
-from engine.model.state import Bools, Request, scored_request
+from engine.model.state import Bools, request_delta
 from events.types import (
     BindFailed,
     ClockTicked,
@@ -149,7 +149,6 @@ class Coordinator:
             "aborted": 0,
             "evictions": 0,
         }
-        self._deltas: dict[Request, npt.NDArray[np.int64]] = {}
         """Request → how it changes a shard's columns (a cache, not state)."""
         self._out: list[Output] = []
         self._cache: dict[tuple[object, ...], Any] = {}
@@ -238,11 +237,8 @@ class Coordinator:
             self.pending = pending = grown
         here = pending[flight.shard]  # (4, rows), contiguous
         quotas = self.engine.quotas
-        deltas = self._deltas
         for request, namespace in zip(flight.requests, flight.namespaces, strict=True):
-            delta = deltas.get(request)
-            if delta is None or delta.shape[1] != here.shape[1]:
-                delta = deltas[request] = _delta(request, here.shape[1])
+            delta = request_delta(request, here.shape[1])  # (shared with the columns)
             if sign > 0:
                 here += delta
                 quotas.add(namespace, request)
@@ -678,18 +674,6 @@ class Coordinator:
         if view is not None:
             wakeups.append(view)
         return min(wakeups) if wakeups else None
-
-
-def _delta(request: Request, rows: int) -> npt.NDArray[np.int64]:
-    """(4, rows): how handing over ``request`` changes a shard's alloc, used, free and
-    non-zero used."""
-    delta = np.zeros((4, rows), dtype=np.int64)
-    for row, amount in request:
-        delta[1, row] += amount
-        delta[2, row] -= amount
-    for row, amount in scored_request(request):
-        delta[3, row] += amount
-    return delta
 
 
 def _spec_of(engine: Engine, slot: int) -> NodeSpec:

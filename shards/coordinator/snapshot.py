@@ -44,7 +44,7 @@ from shards.coordinator.routing import Routing
 COMPONENT: Final = "coordinator"
 COORDINATOR: Final = COMPONENT
 """The producer of the coordinator's snapshots."""
-TRANSIENT: Final = frozenset({"engine", "_out", "_cache", "_cache_at", "_deltas"})
+TRANSIENT: Final = frozenset({"engine", "_out", "_cache", "_cache_at"})
 """Coordinator attributes that are not state (the engine is written on its own; the
 rest is empty or rebuilt between passes)."""
 ALLOWED: Final = Allowed(

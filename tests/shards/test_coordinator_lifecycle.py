@@ -316,13 +316,19 @@ def test_gangs_run_again_under_their_names_over_several_shards(shards: int) -> N
 def test_a_malformed_sharding_configuration_exits_2_naming_file_document_and_field(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str, field: str
 ) -> None:
+    refused(tmp_path, capsys, node("n0") + sharding(body), f"ShardingConfiguration): {field}")
+
+
+def refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, where: str) -> None:
+    """``shoal simulate`` of ``text`` exits 2 with one line naming the file, the second
+    document and ``where`` in it (``Kind): field``)."""
     path = tmp_path / "bad.yaml"
-    path.write_text(node("n0") + sharding(body))
+    path.write_text(text)
     with pytest.raises(SystemExit) as exit_:
         main(["simulate", str(path), "--shards", "3", "--json"])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert f"{path}: document 2 (ShardingConfiguration): {field}: " in err, err
+    assert f"{path}: document 2 ({where}: " in err, err
     assert "Traceback" not in err
 
 
@@ -366,13 +372,5 @@ def test_a_pool_pinned_to_a_shard_that_does_not_exist_exits_2(
 def test_a_malformed_pool_reassignment_exits_2_naming_the_field(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: str, field: str
 ) -> None:
-    path = tmp_path / "bad.yaml"
-    path.write_text(
-        node("n0") + f"\napiVersion: shoal.io/v1alpha1\nkind: PoolReassignment\nspec: {spec}\n"
-    )
-    with pytest.raises(SystemExit) as exit_:
-        main(["simulate", str(path), "--shards", "2", "--json"])
-    assert exit_.value.code == 2
-    err = capsys.readouterr().err
-    assert f"{path}: document 2 (PoolReassignment): {field}: " in err, err
-    assert "Traceback" not in err
+    move = f"\napiVersion: shoal.io/v1alpha1\nkind: PoolReassignment\nspec: {spec}\n"
+    refused(tmp_path, capsys, node("n0") + move, f"PoolReassignment): {field}")

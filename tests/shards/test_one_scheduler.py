@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from shards.cli import main
+from tests.shards.coordinator_kit import shoal
 from tests.shards.scenario_text import node, pod
 
 SHARDS = (1, 2, 4)
@@ -73,16 +74,7 @@ def simulate(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, shards: int
 ) -> dict[str, Any]:
     """``shoal simulate --shards N --json``, then ``shoal replay --verify`` of its log."""
-    scenario = tmp_path / f"scenario-{shards}.yaml"
-    scenario.write_text(text)
-    log = tmp_path / f"run-{shards}.log"
-    code = main(["simulate", str(scenario), "--shards", str(shards), "--json", "--log", str(log)])
-    out = capsys.readouterr().out
-    assert code == 0, out
-    data: dict[str, Any] = json.loads(out)
-    assert main(["replay", str(log), "--verify", "--json"]) == 0, capsys.readouterr().err
-    verified = json.loads(capsys.readouterr().out)["verify"]
-    assert verified["ok"], verified
+    data, _ = shoal(tmp_path, capsys, text, shards)
     return data
 
 
