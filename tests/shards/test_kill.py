@@ -5,9 +5,11 @@ The test serves the log itself (the in-memory log server, on 127.0.0.1, stopped 
 end), writes a cluster of GPU nodes in two pools (one per shard) and a workload whose
 big gangs no single shard can hold, starts ``shoal worker`` for each component, and
 kills one of them with SIGKILL every few hundred milliseconds while more work arrives.
-Once everything has been quiet for a while it checks, from the log alone: no pod bound
-twice, no node over-committed, no gang bound with fewer than minMember members, no
-reservation left open, no pod lost, and ``replay --verify`` passing on the whole log.
+Once every piece of work is decided (conditions read from the log, never a time of
+silence: a restarted component on a busy machine may say nothing for many seconds) it
+checks, from the log alone: no pod bound twice, no node over-committed, no gang bound
+with fewer than minMember members, no reservation left open, no pod lost, and
+``replay --verify`` passing on the whole log.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from events.types import (
 )
 from shards.coordinator.flights import ABORTING, COMMITTED, PREPARING
 from shards.replay import replay, replay_routed
-from shards.report import RunReport, merge
+from shards.report import WAITING, RunReport, merge
 
 SHARDS = 2
 NODES_PER_SHARD = 6
@@ -121,41 +123,56 @@ class Fleet:
 
 
 async def _settled(log: RemoteLog, limit: float) -> None:
-    """Wait until the log has gone quiet with nothing left to do: the coordinator owes no
-    record and has nothing under way (on a busy machine a restarted component may take
-    seconds to catch up, so quiet alone proves nothing)."""
+    """Wait until every piece of work is decided, whatever the time it takes: the
+    coordinator has forwarded every record and has no claim or flight under way, no shard
+    holds an open reservation, and every pod is bound or has been tried (pending with the
+    reason of an attempt). A restarted component on a busy machine may be silent for many
+    seconds, so silence proves nothing; only these conditions do. ``limit`` is a deadline
+    for a run that never gets there, which fails with what is still open."""
     deadline = time.monotonic() + limit
-    while True:
-        await _quiet(log, 1.0, max(deadline - time.monotonic(), 1.0))
-        parts = [await log.read(p, 0) for p in range(log.partitions)]
-        result = replay_routed(parts, verify=True)
-        coordinator = result.coordinator
-        if (
-            result.mismatch is not None
-            or time.monotonic() > deadline
-            or (
-                coordinator is not None
-                and result.unforwarded == 0
-                and not coordinator.flights
-                and not [c for c in coordinator.claims.values() if c.stage != COMMITTED]
-            )
-        ):
-            return
-
-
-async def _quiet(log: RemoteLog, seconds: float, limit: float) -> None:
-    """Wait until no partition grows for ``seconds`` (at most ``limit``)."""
-    deadline = time.monotonic() + limit
-    last: list[int] = []
-    since = time.monotonic()
+    left: list[str] = ["nothing read yet"]
     while time.monotonic() < deadline:
-        ends = [await log.end_offset(p) for p in range(log.partitions)]
-        if ends != last:
-            last, since = ends, time.monotonic()
-        elif time.monotonic() - since >= seconds:
+        parts = [await log.read(p, 0) for p in range(log.partitions)]
+        left = _undecided(parts)
+        if not left:
             return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"the run never went quiet; ends {last}")
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"the run never settled in {limit:.0f} s: {'; '.join(left[:5])}")
+
+
+def _undecided(parts: list[list[Envelope]]) -> list[str]:
+    """What is still under way in ``parts`` (empty: everything is decided)."""
+    result = replay_routed(parts, verify=True)
+    if result.mismatch is not None:
+        return []  # the check that follows reports it
+    left: list[str] = []
+    coordinator = result.coordinator
+    if coordinator is None:
+        return ["the coordinator has not started"]
+    if result.unforwarded:
+        left.append(f"{result.unforwarded} records not forwarded")
+    if coordinator.flights:
+        left.append(f"flights under way: {sorted(coordinator.flights)}")
+    left += [
+        f"claim {c.rid} {c.stage}" for c in coordinator.claims.values() if c.stage != COMMITTED
+    ]
+    for shard in range(SHARDS):
+        engine = replay(parts[shard], verify=True, shard=shard).engine
+        left += [
+            f"shard {shard} reservation {r}"
+            for r in engine.reservations.values()
+            if r.state in (STAGING, HELD)
+        ]
+    report = RunReport(control=SHARDS)
+    for env in merge(parts):
+        report.apply(env)
+    submitted = [e.event.pod.key for e in parts[-1] if isinstance(e.event, PodSubmitted)]
+    left += [
+        f"{key} not tried yet"
+        for key in submitted
+        if report.pods[key].phase == "Pending" and report.pods[key].reason == WAITING
+    ]
+    return left
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -199,7 +216,7 @@ async def test_sigkill_anywhere_loses_nothing(seed: int) -> None:
                 await fleet.start(victim)
             for wave in waves:
                 await ingest(wave)
-            await _settled(log, 180.0)
+            await _settled(log, 300.0)
         finally:
             await fleet.stop()
         parts = [await log.read(p, 0) for p in range(SHARDS + 1)]
