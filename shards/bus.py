@@ -22,15 +22,23 @@ def check_new_log(path: Path, *, overwrite: bool) -> None:
         )
 
 
-async def open_bus(url: str, *, partitions: int = 1, overwrite: bool = False) -> EventLog:
-    """The log named by ``url``, ready to use; a new file log refuses to overwrite an
-    existing one unless told to. A Kafka topic must exist (``shoal kafka init``)."""
+async def open_bus(
+    url: str, *, partitions: int = 1, overwrite: bool = False, resume: bool = False
+) -> EventLog:
+    """The log named by ``url``, ready to use. A file log that exists is continued when
+    ``resume`` (a long-running service started again on its own log), replaced when
+    ``overwrite``, and refused otherwise (a new run never writes over an old one). A
+    Kafka topic must exist (``shoal kafka init``)."""
     if url == "memory":
         return MemoryLog(partitions)
     if url.startswith("file:"):
         path = Path(url.removeprefix("file:"))
         if not url.removeprefix("file:"):
             raise InputError("file: needs a path", location="--bus")
+        if resume and not overwrite:
+            if path.is_dir():
+                raise InputError(f"{path} is a directory", location="--bus")
+            return FileLog(path, partitions=partitions)
         check_new_log(path, overwrite=overwrite)
         if path.exists():
             path.unlink()

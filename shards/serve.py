@@ -247,7 +247,7 @@ class Service:
         options = self.options
         runner = await self._http()
         try:
-            self.bus = await open_bus(options.bus, partitions=self.partitions)
+            self.bus = await open_bus(options.bus, partitions=self.partitions, resume=True)
         except BaseException:
             await runner.cleanup()
             raise

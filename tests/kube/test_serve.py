@@ -325,7 +325,7 @@ def test_shard_ordinal() -> None:
     assert shard_ordinal("laptop") == 0
 
 
-async def test_sigterm_stops_cleanly_and_the_log_replays(
+async def test_sigterm_stops_cleanly_and_a_second_start_continues_the_log(
     apiserver: FakeApiServer, tmp_path: Path
 ) -> None:
     apiserver.put("Node", node("n1"))
@@ -333,38 +333,51 @@ async def test_sigterm_stops_cleanly_and_the_log_replays(
         apiserver.put("Pod", pod(f"p{i}"))
     log = tmp_path / "serve.events"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "shards.cli",
-        "-v",
-        "serve",
-        "--bus",
-        f"file:{log}",
-        "--host",
-        apiserver.url,
-        "--listen",
-        "127.0.0.1:0",
-        "--watch-seconds",
-        "1",
-        "--lease-seconds",
-        "3",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-        cwd=ROOT,
-    )
-    try:
-        await eventually(
-            lambda: all(
-                apiserver.get("Pod", f"p{i}", "default")["spec"].get("nodeName") for i in range(3)
-            ),
-            timeout=20,
+
+    async def serve_until_bound(names: list[str]) -> None:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "shards.cli",
+            "-v",
+            "serve",
+            "--bus",
+            f"file:{log}",
+            "--host",
+            apiserver.url,
+            "--listen",
+            "127.0.0.1:0",
+            "--watch-seconds",
+            "1",
+            "--lease-seconds",
+            "3",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            cwd=ROOT,
         )
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        _, err = await asyncio.wait_for(proc.communicate(), 20)
-    assert proc.returncode == 0, err.decode()[-2000:]
+        try:
+            await eventually(
+                lambda: (
+                    proc.returncode is not None
+                    or all(
+                        apiserver.get("Pod", n, "default")["spec"].get("nodeName") for n in names
+                    )
+                ),
+                timeout=60,
+            )
+        finally:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+            _, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, err.decode()[-2000:]
+
+    await serve_until_bound([f"p{i}" for i in range(3)])
+    # the same command again, on its own log: it continues it (a restarted pod does this)
+    apiserver.put("Node", node("n2"))
+    for i in range(3, 6):
+        apiserver.put("Pod", pod(f"p{i}"))
+    await serve_until_bound([f"p{i}" for i in range(6)])
     replay = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -379,10 +392,10 @@ async def test_sigterm_stops_cleanly_and_the_log_replays(
     )
     out, err = await replay.communicate()
     assert replay.returncode == 0, err.decode()
-    # three bindings at least; pods listed before the node first get a "no node" verdict
+    # six bindings at least; pods listed before the node first get a "no node" verdict
     verified = re.search(rb"verified: (\d+) decisions in \d+ passes match the log", out)
-    assert verified is not None and int(verified.group(1)) >= 3, out.decode()[-500:]
-    assert b"3 bound" in out
+    assert verified is not None and int(verified.group(1)) >= 6, out.decode()[-500:]
+    assert b"6 bound" in out
 
 
 class FlakyLog:
