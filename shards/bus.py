@@ -63,7 +63,7 @@ async def open_bus(
         try:
             remote = await RemoteLog.connect(url)
         except LogError as exc:
-            raise InputError(f"cannot reach the log server: {exc}", location="--bus") from None
+            raise LogError(f"cannot reach the log server at {url}: {exc}") from None
         if remote.partitions < partitions:
             await remote.close()
             raise InputError(

@@ -37,6 +37,7 @@ from engine.config import SchedulerConfig
 from engine.model.pools import Sharding
 from events.errors import InputError, LogError, ShoalError, StuckError, UnverifiableLogError
 from events.filelog import FileLog
+from events.log import EventLog
 from shards import render
 from shards.bus import check_new_log, open_bus
 from shards.commands import (
@@ -355,13 +356,20 @@ async def _serve(args: argparse.Namespace) -> int:
 
 
 async def _worker(args: argparse.Namespace) -> int:
-    from shards.processes import install_stop_signals, run_binder, run_coordinator, run_shard
+    from shards.processes import (
+        install_stop_signals,
+        run_backing_off,
+        run_binder,
+        run_coordinator,
+        run_shard,
+    )
 
     every, per_pod = snapshots(args)
-    bus = await open_bus(args.bus, partitions=2)
+    config = _config(args.config) if args.role == "shard" else None
     stop = asyncio.Event()
     install_stop_signals(stop)
-    try:
+
+    async def run(bus: EventLog) -> None:
         if args.role == "shard":
             if args.shard_id is None or args.shard_id >= bus.partitions - 1:
                 raise InputError(
@@ -372,7 +380,7 @@ async def _worker(args: argparse.Namespace) -> int:
             await run_shard(
                 bus,
                 args.shard_id,
-                config=_config(args.config),
+                config=config,
                 stop=stop,
                 snapshot_every=every,
                 snapshot_per_pod=per_pod,
@@ -381,8 +389,10 @@ async def _worker(args: argparse.Namespace) -> int:
             await run_binder(bus, stop=stop)
         else:
             await run_coordinator(bus, stop=stop, snapshot_every=every, snapshot_per_pod=per_pod)
-    finally:
-        await bus.close()
+
+    # a bus that fails (a slow read, a broken connection) is opened again after a
+    # back-off, and the component rebuilds from the log, as serve does
+    await run_backing_off(args.role, lambda: open_bus(args.bus, partitions=2), run, stop)
     return 0
 
 

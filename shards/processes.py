@@ -19,12 +19,13 @@ sees the same time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import cProfile
 import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from engine.config import SchedulerConfig
 from engine.model.pools import Sharding
@@ -225,3 +226,57 @@ def install_stop_signals(stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+
+
+BACKOFF_FIRST = 0.05
+BACKOFF_MAX = 5.0
+"""A failed bus operation is retried after ``BACKOFF_FIRST`` seconds, doubling to at
+most ``BACKOFF_MAX`` (``shoal serve`` backs off the same way)."""
+GIVE_UP_AFTER = 30
+"""Failures in a row (none of them after a stretch of work, see :func:`run_backing_off`)
+after which a worker exits with the last error, so that whatever supervises it (a
+StatefulSet, a test) sees it fail rather than retry for ever."""
+STEADY = 30.0
+"""Seconds of work after which a failure counts as the first of a new series."""
+
+
+async def run_backing_off(
+    role: str,
+    open_: Callable[[], Awaitable[EventLog]],
+    run: Callable[[EventLog], Awaitable[object]],
+    stop: asyncio.Event,
+    *,
+    give_up_after: int = GIVE_UP_AFTER,
+    first: float = BACKOFF_FIRST,
+) -> None:
+    """Open the bus and run a component on it until ``stop``; when the bus fails (a
+    broken connection, a slow read, a server not yet up), close it, wait, and start the
+    component again from the log, as a restarted process would. The wait doubles from
+    ``first`` to :data:`BACKOFF_MAX`; after ``give_up_after`` failures in a row the last
+    error is raised."""
+    backoff, failures = first, 0
+    while not stop.is_set():
+        started = time.monotonic()
+        try:
+            bus = await open_()
+            try:
+                await run(bus)
+            finally:
+                await bus.close()
+            return
+        except (LogError, OSError) as exc:
+            if time.monotonic() - started > STEADY:
+                backoff, failures = first, 0
+            failures += 1
+            if failures >= give_up_after:
+                raise LogError(f"{role}: the bus failed {failures} times in a row: {exc}") from exc
+            log.warning(
+                "bus failed; starting again role=%s in=%.2fs failures=%d error=%s",
+                role,
+                backoff,
+                failures,
+                exc or type(exc).__name__,
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX)

@@ -21,6 +21,7 @@ import signal
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -91,10 +92,18 @@ def _pods(prefix: str, count: int) -> list[Event]:
 class Fleet:
     """The component processes, started and killed by role."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, logs: Path | None = None) -> None:
         self.url = url
+        self.logs = logs
+        """Where each role's standard error goes (``ROLE.log``, appended), if given."""
         self.procs: dict[str, asyncio.subprocess.Process] = {}
         self.kills: Counter[str] = Counter()
+
+    def said(self, role: str) -> str:
+        """What ``role`` has written to its standard error so far (with ``logs``)."""
+        assert self.logs is not None
+        path = self.logs / f"{role}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
 
     async def start(self, role: str) -> None:
         args = ["worker", role.split("-", maxsplit=1)[0], "--bus", self.url]
@@ -103,9 +112,15 @@ class Fleet:
         if role != "binder":
             # snapshots often, so that restarts restore them (and replay checks them)
             args += ["--snapshot-every", "40"]
-        self.procs[role] = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "shards.cli", *args, env={**os.environ}
-        )
+        if self.logs is None:
+            self.procs[role] = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "shards.cli", *args, env={**os.environ}
+            )
+            return
+        with open(self.logs / f"{role}.log", "ab") as err:
+            self.procs[role] = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "shards.cli", *args, env={**os.environ}, stderr=err
+            )
 
     async def kill(self, role: str) -> None:
         proc = self.procs[role]
