@@ -32,6 +32,7 @@ from engine.passes.dispatch import Dispatch, Local
 from engine.passes.explain import Explanation
 from engine.passes.run import SchedulingPass
 from engine.plugins.registry import builtin_registry
+from engine.refusals import CHECKED, MAX_TIME, refusal
 from events.errors import InputError
 from events.types import SECOND, Envelope, Event, SchedulerConfigured, ShardingConfigured
 
@@ -60,6 +61,9 @@ class Engine(ShardModel):
         self.dispatch: Dispatch = dispatch or Local()
         self.explain: str | None = None
         self.explanations: list[Explanation] = []
+        self.unfolded: list[tuple[int, str]] = []
+        """Records the fold skipped (:mod:`engine.refusals`), as (offset, reason), until
+        the component that runs the engine takes them (and records them in the log)."""
 
     def __repr__(self) -> str:
         return f"Engine(shard={self.shard}, now={self.now}, {self.state!r}, {self.queue!r})"
@@ -78,7 +82,15 @@ class Engine(ShardModel):
     # ------------------------------------------------------------------ fold
 
     def apply(self, envelope: Envelope) -> None:
-        """Fold one event. Idempotent for decisions and duplicate submissions."""
+        """Fold one event. Idempotent for decisions and duplicate submissions. A record
+        no column can hold (:func:`engine.refusals.refusal`) changes nothing, not even
+        the time; it is added to ``unfolded``."""
+        event = envelope.event
+        if type(event) in CHECKED or not 0 <= envelope.time <= MAX_TIME:
+            reason = refusal(event) if 0 <= envelope.time <= MAX_TIME else "time out of range"
+            if reason is not None:
+                self.unfolded.append((envelope.offset, reason))
+                return
         self.counters["events"] += 1
         if envelope.time > self.now:  # noqa: PLR1730 - hot path: no call
             self.now = envelope.time

@@ -93,7 +93,7 @@ DERIVED: Final[dict[type, frozenset[str]]] = {
 """Attributes left out of a snapshot and derived again on restore (from the pod's spec:
 cheaper than writing thousands of nested tuples)."""
 NOT_STATE: Final = frozenset(
-    {"config", "profiles", "hints", "_registry", "dispatch", "explain", "explanations"}
+    {"config", "profiles", "hints", "_registry", "dispatch", "explain", "explanations", "unfolded"}
 )
 """Engine attributes rebuilt from the configuration (and the component that runs the
 engine), or diagnostics of one replay."""

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from events.codec import kind_of
+from events.errors import LogCorruptedError
 from events.types import Envelope
 
 
@@ -96,3 +97,34 @@ async def count_kinds(
         return int(stop), int(count)
     stop, records = await read_kinds(log, partition, offset, kinds)
     return stop, len(records)
+
+
+async def read_past_unreadable(
+    log: EventLog, partition: int, offset: int, limit: int | None = None
+) -> tuple[list[Envelope], list[tuple[int, str]], int]:
+    """:meth:`EventLog.read`, going past records that cannot be decoded (a poison record
+    another writer put in the partition) instead of stopping at them for ever.
+
+    Returns the records read, the (offset, reason) of each record skipped, and the offset
+    to read from next. Up to ``limit`` offsets are covered, skipped ones included. Each
+    failed read moves past one offset, so the loop ends at the partition's end."""
+    records: list[Envelope] = []
+    skipped: list[tuple[int, str]] = []
+    at = offset
+    while limit is None or at < offset + limit:
+        want = None if limit is None else offset + limit - at
+        try:
+            batch = await log.read(partition, at, want)
+        except LogCorruptedError as exc:
+            if exc.partition != partition or exc.offset < at:
+                raise
+            if exc.offset > at:
+                records.extend(await log.read(partition, at, exc.offset - at))
+            skipped.append((exc.offset, str(exc)))
+            at = exc.offset + 1
+            continue
+        records.extend(batch)
+        if batch:
+            at = batch[-1].offset + 1
+        break
+    return records, skipped, at

@@ -231,6 +231,17 @@ class ClockTicked(_Fact, frozen=True, kw_only=True, tag="tick"):
     """Time passed with nothing else happening; the envelope carries the time."""
 
 
+class RecordQuarantined(_Fact, frozen=True, kw_only=True, tag="quarantine"):
+    """A record of this partition, at ``offset``, that a component could not decode or
+    could not apply (values no column can hold), and skipped: ``reason`` says why. The
+    component goes on with the records after it; replay skips the record the same way
+    and shows this one. Folding it changes nothing."""
+
+    offset: int
+    reason: str
+    component: str
+
+
 class SnapshotTaken(_Fact, frozen=True, kw_only=True, tag="snapshot"):
     """Part of a component's state (``engine/snapshot.py``), written after one of its
     passes so that a restart restores it instead of folding the partition from the
@@ -536,6 +547,7 @@ Event = (
     | ReservationDenied
     | ReservationReleased
     | SnapshotTaken
+    | RecordQuarantined
 )
 """The closed union of every event kind."""
 

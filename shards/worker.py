@@ -25,8 +25,14 @@ from engine.config import SchedulerConfig
 from engine.engine import Engine
 from engine.snapshot import SnapshotError, assemble, restore, snapshot_events
 from events.errors import LogCorruptedError
-from events.log import EventLog
-from events.types import Envelope, SnapshotTaken, is_decision, is_output_of
+from events.log import EventLog, read_past_unreadable
+from events.types import (
+    Envelope,
+    RecordQuarantined,
+    SnapshotTaken,
+    is_decision,
+    is_output_of,
+)
 
 logger = logging.getLogger(__name__)
 SNAPSHOT_EVERY = 50_000
@@ -80,6 +86,8 @@ class ShardWorker:
         self._owed = -1
         """An input after the last recorded pass, left by a predecessor: the next poll
         runs that pass even if nothing new arrives."""
+        self.quarantined: set[int] = set()
+        """Offsets of the records of this partition skipped and recorded as such."""
 
     def __repr__(self) -> str:
         return f"ShardWorker({self.name}, position={self.position}, passes={self.passes})"
@@ -124,8 +132,14 @@ class ShardWorker:
                 )
         start = resume.position if resume is not None else 0
         records: list[Envelope] = []
-        while batch := await log.read(partition, start + len(records), 50_000):
+        unreadable: list[tuple[int, str]] = []
+        position = start
+        while True:
+            batch, skipped, position = await read_past_unreadable(log, partition, position, 50_000)
             records.extend(batch)
+            unreadable.extend(skipped)
+            if not batch and not skipped:
+                break
         result = replay(records, config, verify=True, shard=shard, resume=resume)
         if result.mismatch is not None:
             raise LogCorruptedError(
@@ -140,8 +154,12 @@ class ShardWorker:
             snapshot_every=snapshot_every,
             snapshot_per_pod=snapshot_per_pod,
         )
-        worker.position = worker._own_until = start + len(records)
+        worker.position = worker._own_until = position
         worker.snapshot_at = start
+        worker.quarantined = {
+            e.event.offset for e in records if isinstance(e.event, RecordQuarantined)
+        }
+        await worker._quarantine(unreadable + result.engine.unfolded)
         worker.restored_from = found[0].offset if resume is not None and found else -1
         last_pass = max(
             (e.causation for e in records if e.producer == name and is_decision(e.event)),
@@ -153,8 +171,13 @@ class ShardWorker:
 
     async def poll(self) -> int:
         """Fold what is new and run a pass if needed; return the decisions appended."""
-        records = await self.log.read(self.partition, self.position)
+        records, unreadable, position = await read_past_unreadable(
+            self.log, self.partition, self.position
+        )
         owed, self._owed = self._owed, -1
+        if unreadable:
+            self.position = position
+            await self._quarantine(unreadable)
         if not records and owed < 0:
             return 0
         engine = self.engine
@@ -170,7 +193,9 @@ class ShardWorker:
             if not is_output_of(env, name):
                 last_input = env.offset  # the router forwards decisions too: inputs here
         if records:
-            self.position = records[-1].offset + 1
+            self.position = max(self.position, records[-1].offset + 1)
+        if engine.unfolded:
+            await self._quarantine(engine.unfolded)
         if last_input < 0:
             return 0
         started = time.perf_counter()
@@ -193,6 +218,37 @@ class ShardWorker:
         ):
             await self._snapshot(last_input)
         return len(decisions)
+
+    async def _quarantine(self, skipped: list[tuple[int, str]]) -> None:
+        """Record each record skipped (undecodable, or refused by the fold) that is not
+        recorded yet, so that the log says what was skipped and why; the worker goes on.
+        ``skipped`` is emptied."""
+        new = [(offset, reason) for offset, reason in skipped if offset not in self.quarantined]
+        skipped.clear()
+        if not new:
+            return
+        for offset, reason in new:
+            logger.warning(
+                "record quarantined shard=%s partition=%d offset=%d reason=%s",
+                self.name,
+                self.partition,
+                offset,
+                reason[:500],
+            )
+        self.quarantined.update(offset for offset, _ in new)
+        now = self.engine.now
+        offsets = await self.log.append(
+            [
+                Envelope(
+                    event=RecordQuarantined(offset=o, reason=r[:1000], component=self.name),
+                    time=now,
+                    producer=self.name,
+                )
+                for o, r in new
+            ],
+            self.partition,
+        )
+        self._own_until = max(self._own_until, offsets[-1] + 1)
 
     async def _snapshot(self, cause: int) -> None:
         """Append the state as it is right after the pass caused by ``cause``."""
@@ -248,7 +304,7 @@ async def newest_snapshot(
     high = await log_.end_offset(partition)
     while high > 0:
         low = max(high - window, 0)
-        batch = await log_.read(partition, low, high - low)
+        batch, _, _ = await read_past_unreadable(log_, partition, low, high - low)
         for env in reversed(batch):
             event = env.event
             if (
@@ -257,7 +313,9 @@ async def newest_snapshot(
                 and event.part == event.parts - 1
                 and env.offset - event.part >= 0
             ):
-                parts = await log_.read(partition, env.offset - event.part, event.parts)
+                parts, _, _ = await read_past_unreadable(
+                    log_, partition, env.offset - event.part, event.parts
+                )
                 if [p.event.part for p in parts if isinstance(p.event, SnapshotTaken)] == list(
                     range(event.parts)
                 ) and all(p.producer == producer for p in parts):
