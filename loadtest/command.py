@@ -195,6 +195,13 @@ async def _recovery(args: argparse.Namespace) -> int:
             f"({result['records_replayed_after_snapshot']} records after it), "
             f"{seconds['from_start']:.2f} s from the start: {result['speedup']:.1f}x"
         )
+        process = result["process_start"]
+        ended = process["phase_ended_seconds"]
+        print(
+            f"a shard process, from exec (median of {process['starts']} starts): started "
+            f"{ended['started']:.2f} s, recovered {ended['recovered']:.2f} s, first decision "
+            f"{process['first_decision_seconds']:.2f} s"
+        )
     return 0
 
 

@@ -364,6 +364,7 @@ async def _worker(args: argparse.Namespace) -> int:
         run_shard,
     )
 
+    logging.getLogger("shards.worker").info("worker %s starting", args.role)
     every, per_pod = snapshots(args)
     config = _config(args.config) if args.role == "shard" else None
     stop = asyncio.Event()

@@ -129,7 +129,6 @@ async def _run_shard(
     snapshot_every: int,
     snapshot_per_pod: int,
 ) -> ShardWorker:
-    kernels.warm_up()  # a long-running shard: load the compiled refresh before the pods
     worker = await ShardWorker.recover(
         bus,
         config,
@@ -151,6 +150,8 @@ async def _run_shard(
         now = clock()
         if await tick_if_due(bus, shard, wake, now, producer):
             continue
+        if decided == 0 and warm_up_when_idle():
+            continue
         if decided == 0:
             wait = idle_wait if wake is None else min(idle_wait, max(wake - now, 0) / 1e9)
             await _wait_for_growth(bus, shard, worker.position, wait)
@@ -169,7 +170,6 @@ async def run_coordinator(
 ) -> ControlWorker:
     """The router and coordinator: fold the control partition, relay shards' reports,
     forward, until ``stop``. Restarted, it appends only what its predecessor had not."""
-    kernels.warm_up()  # a long-running coordinator: load the compiled refresh first
     sharding = await sharding_from_log(bus)
     worker = ControlWorker(
         Coordinator(sharding),
@@ -184,9 +184,23 @@ async def run_coordinator(
             on_poll(worker)
         if await tick_if_due(bus, control, worker.control.next_wakeup(), clock(), "clock"):
             continue
-        if not moved:
+        if not moved and not warm_up_when_idle():
             await asyncio.sleep(idle_wait)
     return worker
+
+
+def warm_up_when_idle() -> bool:
+    """Load the compiled refresh (:func:`engine.plugins.kernels.warm_up`, about 0.7 s) the
+    first time a long-running component is idle, if nothing has loaded it yet; whether
+    it did. Not before the first decisions: a component that starts again decides what
+    waits first, and the refresh loads anyway when a pass first needs it (the same
+    results either way, bit for bit)."""
+    if kernels.loaded() or not kernels.available():
+        return False
+    started = time.monotonic()
+    kernels.warm_up()
+    log.info("compiled refresh loaded in %.2f s", time.monotonic() - started)
+    return True
 
 
 async def run_binder(

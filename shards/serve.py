@@ -53,7 +53,6 @@ from kubernetes_asyncio.client import ApiClient
 from engine.config import SchedulerConfig, default_config
 from engine.engine import Engine
 from engine.model.pools import MAX_SHARDS, Sharding
-from engine.plugins import kernels
 from events.errors import InputError, LogError
 from events.log import EventLog
 from events.tasks import being_cancelled
@@ -66,7 +65,7 @@ from shards.kube.client import api_client
 from shards.kube.ingest import KubeIngest
 from shards.kube.lease import LeaderElector
 from shards.metrics import Metrics
-from shards.processes import recorded_sharding, tick_if_due
+from shards.processes import recorded_sharding, tick_if_due, warm_up_when_idle
 from shards.worker import ShardWorker
 
 log = logging.getLogger(__name__)
@@ -451,7 +450,6 @@ class Service:
         if recorded is None:
             return
         sharding = Sharding.from_json(recorded.config)  # checked at start: ours
-        kernels.warm_up()  # loaded once per process, before the pods come
         worker = self.coordinator = self._control_worker(sharding, bus)
         self._lag_gauge("coordinator", self.control_partition)
         self.metrics.gauge(
@@ -473,7 +471,7 @@ class Service:
             with contextlib.suppress(LogError):  # a tick that failed is retried next round
                 if await tick_if_due(bus, self.control_partition, wake, self.clock(), "clock"):
                     continue
-            if not moved:
+            if not moved and not warm_up_when_idle():
                 await self._sleep(self.options.poll_interval)
 
     def _control_worker(self, sharding: Sharding, bus: EventLog) -> ControlWorker:
@@ -540,7 +538,6 @@ class Service:
                 # a fresh start and a failed bus alike: rebuild the engine from the log
                 # (a pure fold; decisions may have been applied but not recorded)
                 try:
-                    kernels.warm_up()  # loaded once per process, before the pods come
                     worker = await ShardWorker.recover(
                         bus,
                         config,
@@ -586,7 +583,7 @@ class Service:
                 continue
             if ticked:
                 continue
-            if decided == 0:
+            if decided == 0 and not warm_up_when_idle():
                 await self._sleep(options.poll_interval)
 
     def _shard_metrics(

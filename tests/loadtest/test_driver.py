@@ -90,13 +90,18 @@ async def test_recovery_from_a_snapshot_is_measured_and_reaches_the_same_state()
     from loadtest.recovery import run_recovery
 
     steps: list[str] = []
-    result = await run_recovery(60, 400, snapshot_every=300, progress=steps.append)
+    result = await run_recovery(60, 400, snapshot_every=300, starts=1, progress=steps.append)
     assert result["same_state"] is True
     assert result["snapshots"] >= 2 and result["snapshot_bytes"] > 0
     assert 0 <= result["restored_from"] < result["records"]
     assert 0 < result["records_replayed_after_snapshot"] < result["records"]
     assert set(result["recover_seconds"]) == {"from_snapshot", "from_start"}
-    assert len(steps) == 4
+    # a real shard process started on the log decided the new pod; its phases in order
+    process = result["process_start"]
+    ended = process["phase_ended_seconds"]
+    assert process["starts"] == 1
+    assert 0 < ended["started"] <= ended["recovered"] <= process["first_decision_seconds"]
+    assert len(steps) == 5
 
 
 async def test_sharded_harness_dates_each_decision_by_the_count_that_first_held_it() -> None:
