@@ -1,23 +1,50 @@
 """Durable append-only file log.
 
-Layout: a 12-byte file header (``SHOALLOG`` + format version), then records::
+Layout: a 12-byte file header (``SHOALLOG`` + format version: u32), then records, all
+little-endian. Every partition's records share the one file; offsets count records per
+partition. Version 2 (written for every new file)::
+
+    length:u32  partition:u32  offset:u64  remaining:u32  chain:u32  payload_crc:u32
+    header_crc:u32  payload[length]
+
+``payload`` is one msgpack :class:`~events.types.Envelope`, ``payload_crc`` its CRC-32
+and ``header_crc`` that of the 28 header bytes before it. One ``append`` call is one
+*batch*: its records follow each other, all of one partition, and ``remaining`` counts
+the records of the batch after this one, so the batch is whole at the record whose
+``remaining`` is 0. ``offset`` is the record's offset in its partition and ``chain`` the
+``header_crc`` of the record before it in the file (for the first record, the CRC-32 of
+the file header): a record (or a whole append) duplicated, dropped or moved is found on
+open, because it carries another offset or follows another record than the one it was
+written after. Only whole appends lost from the end of the file cannot be told from
+appends never made.
+
+Version 1, the layout of logs written before; they are still read, and a version 1 file
+is appended to in version 1 (the rule: a file keeps the version it was created with,
+so that no file mixes layouts and nothing is rewritten)::
 
     length:u32  partition:u32  payload_crc:u32  header_crc:u32  payload[length]
 
-all little-endian. ``header_crc`` covers the first 12 header bytes, ``payload_crc`` the
-msgpack payload (one :class:`~events.types.Envelope`). Every partition's records share
-the one file; offsets count records per partition.
+(``header_crc`` covers the 12 bytes before it.) Version 1 has no batches: a crash in the
+middle of an append keeps the records of it that reached the disk whole and drops only
+the torn one. Its records are checked against their place only when read (below).
 
 Crash handling, decided on open:
 
 - the file ends inside a record (short header, or a payload shorter than its valid
-  header declares), or everything from some record on is zero bytes (the tail of a
-  file whose size reached the disk before its data): that is a *torn* last write. A
-  writable open truncates it; a read-only open ignores it. Either way ``torn_bytes``
-  says how much.
-- a complete record whose header or payload fails its checksum is *corruption*: opening
+  header declares), everything from some record on is zero bytes (the tail of a file
+  whose size reached the disk before its data), or (version 2) the last batch is not
+  whole: that is a *torn* last append. In version 2 the whole batch is dropped, never a
+  part of it (in version 1, the torn record): a writable open truncates the file to the
+  end of the last whole batch; a read-only open ignores what follows it. Either way
+  ``torn_bytes`` says how much.
+- a complete record whose header or payload fails its checksum, or (version 2) that is
+  out of place (an offset other than the next of its partition, a ``chain`` other than
+  the record before it, a batch broken by another record), is *corruption*: opening
   fails with :class:`~events.errors.LogCorruptedError` naming the partition and offset.
   Nothing is skipped and nothing is rewritten.
+- reading a record also checks that the envelope in it names the partition and offset
+  it is read at (every version stores them in the envelope), and raises
+  :class:`~events.errors.LogCorruptedError` otherwise.
 """
 
 from __future__ import annotations
@@ -36,11 +63,19 @@ from events.log import check_partition
 from events.types import Envelope
 
 MAGIC = b"SHOALLOG"
-VERSION = 1
+VERSION = 2
+"""The format version written for new files; :data:`READ_VERSIONS` are those read."""
+READ_VERSIONS = (1, 2)
 FILE_HEADER = struct.Struct("<8sI")
-RECORD_HEADER = struct.Struct("<IIII")
+RECORD_HEADER = struct.Struct("<IIQIIII")
+"""A version 2 record header; its ``header_crc`` covers all but its last 4 bytes."""
+RECORD_HEADER_V1 = struct.Struct("<IIII")
 MAX_RECORD = 64 * 1024 * 1024
 MAX_PARTITIONS = 1 << 16
+
+_HEAD = struct.Struct("<IIQIII")  # a version 2 header without its checksum
+_HEAD_V1 = struct.Struct("<III")
+_CRC = struct.Struct("<I")
 
 
 class FileLog:
@@ -67,6 +102,8 @@ class FileLog:
         self._fsync = fsync
         self._positions: list[list[int]] = [[] for _ in range(partitions)]
         self.torn_bytes = 0
+        self.version = VERSION
+        self._chain = zlib.crc32(FILE_HEADER.pack(MAGIC, VERSION))
         exists = self.path.exists() and self.path.stat().st_size > 0
         if readonly and not exists:
             raise LogError(f"{self.path}: no such event log")
@@ -85,6 +122,7 @@ class FileLog:
             self._file.write(FILE_HEADER.pack(MAGIC, VERSION))
             self._file.flush()
         self._end = self._file.seek(0, os.SEEK_END)
+        self._hsize = RECORD_HEADER.size if self.version == 2 else RECORD_HEADER_V1.size
 
     def __repr__(self) -> str:
         return (
@@ -98,52 +136,111 @@ class FileLog:
         if len(data) < FILE_HEADER.size or data[:8] != MAGIC:
             raise NotALogError(f"{self.path}: not a shoal event log (bad header)")
         _, version = FILE_HEADER.unpack_from(data)
-        if version != VERSION:
+        if version not in READ_VERSIONS:
             raise NotALogError(f"{self.path}: unsupported event log version {version}")
-        pos = FILE_HEADER.size
+        self.version = version
+        end = self._scan_v2(data) if version == 2 else self._scan_v1(data)
+        if end < len(data):
+            self.torn_bytes = len(data) - end
+            if not self.readonly:
+                self._file.truncate(end)
+                self._file.flush()
+                os.fsync(self._file.fileno())
+
+    def _corrupt(self, message: str, partition: int) -> LogCorruptedError:
+        """The error for a bad record of ``partition`` (-1 when its header cannot say),
+        named by the offset the next record of that partition would have."""
+        known = 0 <= partition < len(self._positions)
+        return LogCorruptedError(
+            message,
+            partition=partition if partition < MAX_PARTITIONS else -1,
+            offset=len(self._positions[partition]) if known else 0,
+            path=str(self.path),
+        )
+
+    def _grow(self, partition: int) -> list[int]:
+        while partition >= len(self._positions):
+            self._positions.append([])
+        return self._positions[partition]
+
+    def _scan_v2(self, data: bytes) -> int:
+        """Index the whole batches of a version 2 file; return where they end."""
+        view = memoryview(data)
         size = len(data)
         hsize = RECORD_HEADER.size
-        while pos < size:
-            if size - pos < hsize or not any(data[pos:]):
-                self._torn(pos, size)
-                return
-            length, partition, pcrc, hcrc = RECORD_HEADER.unpack_from(data, pos)
-            offset = len(self._positions[partition]) if partition < len(self._positions) else 0
-            if zlib.crc32(data[pos : pos + 12]) != hcrc:
-                raise LogCorruptedError(
-                    "record header checksum mismatch",
-                    partition=partition if partition < MAX_PARTITIONS else -1,
-                    offset=offset,
-                    path=str(self.path),
-                )
+        unpack = RECORD_HEADER.unpack_from
+        crc32 = zlib.crc32
+        pos = whole = FILE_HEADER.size
+        used = len(self._positions)  # partitions asked for, or used by a whole batch
+        chain = whole_chain = crc32(view[:pos])
+        batch: list[int] = []  # the positions list of the partition of an open batch
+        opened = left = 0  # records of the open batch so far, and still to come
+        while pos < size:  # bounded: every pass moves ``pos`` on or leaves the loop
+            if size - pos < hsize:
+                break
+            length, partition, offset, remaining, prev, pcrc, hcrc = unpack(data, pos)
+            if crc32(view[pos : pos + hsize - 4]) != hcrc:
+                # A zero tail fails its header checksum, so only then is the rest of the
+                # file looked at (once): looking at every record would be quadratic.
+                if data.count(0, pos) == size - pos:
+                    break
+                raise self._corrupt("record header checksum mismatch", partition)
             if length > MAX_RECORD or partition >= MAX_PARTITIONS:
-                raise LogCorruptedError(
-                    "record header out of range",
-                    partition=partition,
-                    offset=offset,
-                    path=str(self.path),
+                raise self._corrupt("record header out of range", partition)
+            positions = self._grow(partition)
+            if offset != len(positions):
+                raise self._corrupt(f"record out of place: it carries offset {offset}", partition)
+            if opened and (positions is not batch or remaining != left - 1):
+                raise self._corrupt("record out of place: it breaks the batch before it", partition)
+            if prev != chain:
+                raise self._corrupt(
+                    "record out of place: it does not follow the record before it in the file",
+                    partition,
                 )
-            if pos + hsize + length > size:
-                self._torn(pos, size)
-                return
-            if zlib.crc32(data[pos + hsize : pos + hsize + length]) != pcrc:
-                raise LogCorruptedError(
-                    "record payload checksum mismatch",
-                    partition=partition,
-                    offset=offset,
-                    path=str(self.path),
-                )
-            while partition >= len(self._positions):
-                self._positions.append([])
-            self._positions[partition].append(pos)
-            pos += hsize + length
+            start = pos + hsize
+            pos = start + length
+            if pos > size:
+                break
+            if crc32(view[start:pos]) != pcrc:
+                raise self._corrupt("record payload checksum mismatch", partition)
+            positions.append(start - hsize)
+            chain = hcrc
+            if remaining:
+                batch, opened, left = positions, opened + 1, remaining
+            else:
+                whole, whole_chain, opened = pos, chain, 0
+                used = max(used, partition + 1)
+        if opened:  # a torn batch: forget the records of it already indexed
+            del batch[len(batch) - opened :]
+        del self._positions[used:]  # and a partition only it used
+        self._chain = whole_chain
+        return whole
 
-    def _torn(self, pos: int, size: int) -> None:
-        self.torn_bytes = size - pos
-        if not self.readonly:
-            self._file.truncate(pos)
-            self._file.flush()
-            os.fsync(self._file.fileno())
+    def _scan_v1(self, data: bytes) -> int:
+        """Index the records of a version 1 file; return where the whole ones end."""
+        view = memoryview(data)
+        size = len(data)
+        hsize = RECORD_HEADER_V1.size
+        unpack = RECORD_HEADER_V1.unpack_from
+        crc32 = zlib.crc32
+        pos = FILE_HEADER.size
+        while pos < size:  # bounded: every pass moves ``pos`` on or leaves the loop
+            if size - pos < hsize:
+                break
+            length, partition, pcrc, hcrc = unpack(data, pos)
+            if crc32(view[pos : pos + hsize - 4]) != hcrc:
+                if data.count(0, pos) == size - pos:  # see _scan_v2
+                    break
+                raise self._corrupt("record header checksum mismatch", partition)
+            if length > MAX_RECORD or partition >= MAX_PARTITIONS:
+                raise self._corrupt("record header out of range", partition)
+            if pos + hsize + length > size:
+                break
+            if crc32(view[pos + hsize : pos + hsize + length]) != pcrc:
+                raise self._corrupt("record payload checksum mismatch", partition)
+            self._grow(partition).append(pos)
+            pos += hsize + length
+        return pos
 
     # ------------------------------------------------------------------ protocol
 
@@ -160,15 +257,24 @@ class FileLog:
         chunks: list[bytes] = []
         new_positions: list[int] = []
         pos = self._end
+        chain = self._chain
         replace = msgspec.structs.replace
+        crc32 = zlib.crc32
+        last = len(envelopes) - 1
         for i, env in enumerate(envelopes):
             payload = encode(replace(env, offset=start + i, partition=partition))
             if len(payload) > MAX_RECORD:
                 raise LogError(f"record of {len(payload)} bytes exceeds {MAX_RECORD}")
-            head = struct.pack("<III", len(payload), partition, zlib.crc32(payload))
-            chunks.append(head + struct.pack("<I", zlib.crc32(head)) + payload)
+            if self.version == 2:
+                head = _HEAD.pack(
+                    len(payload), partition, start + i, last - i, chain, crc32(payload)
+                )
+            else:
+                head = _HEAD_V1.pack(len(payload), partition, crc32(payload))
+            chain = crc32(head)
+            chunks.append(head + _CRC.pack(chain) + payload)
             new_positions.append(pos)
-            pos += RECORD_HEADER.size + len(payload)
+            pos += self._hsize + len(payload)
         blob = b"".join(chunks)
         try:
             self._file.seek(self._end)
@@ -181,6 +287,7 @@ class FileLog:
             self._file.truncate(self._end)
             raise LogError(f"{self.path}: append failed: {exc.strerror}") from None
         self._end = pos
+        self._chain = chain
         positions.extend(new_positions)
         return list(range(start, start + len(envelopes)))
 
@@ -195,15 +302,15 @@ class FileLog:
         last = positions[stop - 1]
         self._file.seek(last)
         (last_len,) = struct.unpack("<I", self._file.read(4))
+        hsize = self._hsize
         self._file.seek(first)
-        blob = memoryview(self._file.read(last + RECORD_HEADER.size + last_len - first))
+        blob = memoryview(self._file.read(last + hsize + last_len - first))
         out: list[Envelope] = []
-        hsize = RECORD_HEADER.size
         for i in range(offset, stop):
             rel = positions[i] - first
             (length,) = struct.unpack_from("<I", blob, rel)
             try:
-                out.append(decode(blob[rel + hsize : rel + hsize + length]))
+                env = decode(blob[rel + hsize : rel + hsize + length])
             except DecodeError as exc:
                 raise LogCorruptedError(
                     f"record does not decode: {exc}",
@@ -211,6 +318,15 @@ class FileLog:
                     offset=i,
                     path=str(self.path),
                 ) from None
+            if env.offset != i or env.partition != partition:
+                raise LogCorruptedError(
+                    "record out of place: its envelope says partition "
+                    f"{env.partition}, offset {env.offset}",
+                    partition=partition,
+                    offset=i,
+                    path=str(self.path),
+                )
+            out.append(env)
         return out
 
     async def end_offset(self, partition: int) -> int:
@@ -227,6 +343,7 @@ class FileLog:
 
     def stats(self) -> dict[str, int]:
         return {
+            "version": self.version,
             "partitions": len(self._positions),
             "records": sum(map(len, self._positions)),
             "bytes": self._end,

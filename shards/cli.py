@@ -140,7 +140,7 @@ async def _replay(args: argparse.Namespace) -> int:
             await log.close()
         if log.torn_bytes:
             print(
-                f"shoal: note: {args.log}: ignoring a torn last record ({log.torn_bytes} bytes)",
+                f"shoal: note: {args.log}: ignoring a torn last append ({log.torn_bytes} bytes)",
                 file=sys.stderr,
             )
     if args.explain is not None and "/" not in args.explain:
