@@ -1,11 +1,12 @@
-"""Open an event log from a ``--bus`` URL: ``memory``, ``file:PATH``, ``kafka://HOST:PORT``."""
+"""Open an event log from a ``--bus`` URL: ``memory``, ``file:PATH``, ``kafka://HOST:PORT``,
+``tcp://HOST:PORT`` (a log server)."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
-from events.errors import InputError, LogError
+from events.errors import InputError, LogAuthError, LogError
 from events.filelog import FileLog
 from events.log import EventLog
 from events.memory import MemoryLog
@@ -22,9 +23,14 @@ def check_new_log(path: Path, *, overwrite: bool) -> None:
         )
 
 
-async def open_bus(url: str, *, partitions: int = 1, overwrite: bool = False) -> EventLog:
+async def open_bus(
+    url: str, *, partitions: int = 1, overwrite: bool = False, token_file: str | None = None
+) -> EventLog:
     """The log named by ``url``, ready to use; a new file log refuses to overwrite an
-    existing one unless told to. A Kafka topic must exist (``shoal kafka init``)."""
+    existing one unless told to. A Kafka topic must exist (``shoal kafka init``). A log
+    server (``tcp://``) gets the token in ``token_file`` (``--token-file``), else in the
+    file ``$SHOAL_LOG_TOKEN_FILE`` names, else none; a refused token is an
+    ``InputError`` naming where the token came from."""
     if url == "memory":
         return MemoryLog(partitions)
     if url.startswith("file:"):
@@ -51,9 +57,14 @@ async def open_bus(url: str, *, partitions: int = 1, overwrite: bool = False) ->
         return log
     if url.startswith("tcp://"):
         from events.remote import RemoteLog
+        from events.wire import TOKEN_FILE_ENV, load_token
 
+        token = load_token(token_file)
         try:
-            remote = await RemoteLog.connect(url)
+            remote = await RemoteLog.connect(url, token=token)
+        except LogAuthError as exc:
+            where = "--token-file" if token_file is not None else f"${TOKEN_FILE_ENV}"
+            raise InputError(str(exc), location=where) from None
         except LogError as exc:
             raise InputError(f"cannot reach the log server: {exc}", location="--bus") from None
         if remote.partitions < partitions:
