@@ -323,3 +323,19 @@ async def test_a_connection_that_sends_no_hello_is_closed() -> None:
         writer.close()
         assert b"no hello in time" in answer
         assert server.stats()["refused"] == 1
+
+
+async def test_a_client_that_never_takes_its_answers_is_dropped_and_frees_its_bytes() -> None:
+    limits = ServerLimits(stall_seconds=0.3, max_buffered=1 << 20, max_frame=256 << 10)
+    async with LogServer(1, limits=limits) as server:
+        log = await RemoteLog.connect(server.url)
+        await log.append([_pod(i, 20 << 10) for i in range(10)])  # about 200 KiB per read
+        _reader, writer = await asyncio.open_connection(server.host, server.port)
+        writer.write(_frame(["hello", 1, None]))
+        writer.write(_frame(["read", 0, 0, None, 0, None]) * 400)  # 80 MiB of answers
+        await writer.drain()
+        await _until(lambda: server.stats()["dropped"] == 1, "the deaf client dropped")
+        await _until(lambda: server.stats()["buffered_bytes"] == 0, "its answer released")
+        assert len(await log.read(0, 0)) == 10
+        writer.close()
+        await log.close()
