@@ -2,6 +2,7 @@
 
 from events.errors import (
     InputError,
+    LogAuthError,
     LogCorruptedError,
     LogError,
     NotALogError,
@@ -20,6 +21,7 @@ __all__ = [
     "EventLog",
     "FileLog",
     "InputError",
+    "LogAuthError",
     "LogCorruptedError",
     "LogError",
     "MemoryLog",

@@ -67,3 +67,8 @@ class UnverifiableLogError(ReplayMismatchError):
 class StuckError(ShoalError):
     """A run stopped making progress (components kept exchanging records without the
     system settling): a bug in a protocol, reported instead of looping for ever."""
+
+
+class LogAuthError(LogError):
+    """A log server refused the shared token (missing or wrong); the message says which,
+    never the token."""

@@ -2,25 +2,47 @@
 
 ``shoal loadtest --shards N`` and the process tests run each shard as its own OS
 process; they talk to one another only through the log. The in-memory backend lives in
-one process, so that process serves it (:class:`LogServer`, on 127.0.0.1 by default) and
-every process, the server's own included, uses :class:`RemoteLog`, an ``EventLog`` like
-the others (the shared contract suite runs against it). Bus URL: ``tcp://HOST:PORT``.
+one process, so that process serves it (:class:`~events.logserver.LogServer`, on
+127.0.0.1 by default; ``shoal log-server`` runs one on its own) and every process, the
+server's own included, uses :class:`RemoteLog`, an ``EventLog`` like the others (the
+shared contract suite runs against it). Bus URL: ``tcp://HOST:PORT``.
 
 Wire format: frames of a 4-byte big-endian length and a msgpack array. Requests are
 ``[op, ...args]``; answers ``[true, result]`` or ``[false, message]``.
 
+Handshake (protocol 1). A client's first frame is ``["hello", 1, token]``: ``token`` the
+bytes of the shared token (:func:`~events.wire.load_token`: ``--token-file PATH`` or the
+file ``$SHOAL_LOG_TOKEN_FILE`` names), or nil without one. The server answers ``[true,
+{"partitions": N, "max_frame": BYTES}]``, or refuses with ``[false, reason]`` and closes:
+a reason starting ``unauthorized:`` for a missing or wrong token (the client raises
+:class:`~events.errors.LogAuthError`), others for too many connections, a hello too
+slow or too large, or a request before the hello (a client older than the protocol).
+A server with a token compares SHA-256 digests in constant time and never logs a token;
+a server without one serves only loopback addresses and says so once when it starts.
+Nothing but a hello (at most about 1 KiB) is read from a client before it is accepted.
+
+Requests, once accepted:
+
 - ``["parts"]`` → the number of partitions;
 - ``["append", partition, [[kind, record], ...]]`` → the offset of the first record;
-- ``["read", partition, offset, limit, wait_ms, kinds]`` → ``[next, records, offsets]``:
-  up to ``limit`` records from ``offset`` whose kind is in ``kinds`` (all when null);
-  ``next`` is where the scan stopped, ``offsets`` those of the records returned (empty
-  when unfiltered: they are consecutive from ``offset``). With ``wait_ms`` an empty
-  answer waits that long for an append first (long polling, so idle readers cost
+- ``["read", partition, offset, limit, wait_ms, kinds]`` → ``[next, records, offsets,
+  end]``: up to ``limit`` records from ``offset`` whose kind is in ``kinds`` (all when
+  null); ``next`` is where the scan stopped, ``offsets`` those of the records returned
+  (empty when unfiltered: they are consecutive from ``offset``), ``end`` the partition's
+  end when the answer was made. An answer is cut to fit the server's frame limit
+  (``next`` short of what was asked, at least one record scanned): the client asks again
+  from ``next`` up to the first answer's ``end``. With ``wait_ms`` an empty answer waits
+  that long (60 s at most by default) for an append first (long polling, so idle readers cost
   nothing);
 - ``["count", partition, offset, kinds]`` → ``[next, count]``: how many records from
   ``offset`` are of ``kinds``, without the records (a reader that only waits for
   progress);
 - ``["end", partition]`` → the end offset.
+
+A request of a wrong shape is answered ``[false, "bad request: ..."]`` and the
+connection stays open; a frame that breaks the framing (not msgpack, over the frame
+limit, cut short, stalled) closes it. The server's memory bound, frame and connection
+limits are described in :mod:`events.logserver`.
 
 Records travel as the client encoded them (msgpack envelopes with ``offset`` -1): the
 server never decodes one, so it costs little next to the processes it serves; the
@@ -35,198 +57,19 @@ default made shareable, not a durable log (use ``file:`` or Kafka for that).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
-import struct
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any
 
 import msgspec
 
-from events.codec import TAGS, DecodeError, decode, encode, kind_of
-from events.errors import InputError, LogCorruptedError, LogError
+from events.codec import DecodeError, decode, encode, kind_of
+from events.errors import InputError, LogAuthError, LogCorruptedError, LogError
 from events.log import check_partition
+from events.logserver import LogServer, ServerLimits
 from events.types import Envelope
+from events.wire import KIND_CODES, MAX_FRAME, PROTOCOL, UNAUTHORIZED, encode_frame, read_frame
 
-log = logging.getLogger(__name__)
-
-_HEADER = struct.Struct(">I")
-MAX_FRAME = 256 << 20
-_ENC = msgspec.msgpack.Encoder()
-_DEC = msgspec.msgpack.Decoder()
-_APPEND_ITEMS = list[tuple[str, bytes]]
-KIND_CODES: Final = {tag: code for code, tag in enumerate(sorted(TAGS.values()))}
-"""A byte for each kind of record: the tags of the event union (a few dozen). A record
-of any other kind is refused on append."""
-
-
-async def _read_frame(reader: asyncio.StreamReader) -> Any:
-    header = await reader.readexactly(_HEADER.size)
-    (size,) = _HEADER.unpack(header)
-    if size > MAX_FRAME:
-        raise ValueError(f"frame of {size} bytes is larger than {MAX_FRAME}")
-    return _DEC.decode(await reader.readexactly(size))
-
-
-def _write_frame(writer: asyncio.StreamWriter, message: Any) -> None:
-    body = _ENC.encode(message)
-    writer.write(_HEADER.pack(len(body)) + body)
-
-
-class LogServer:
-    """Serves an in-memory partitioned log to other processes."""
-
-    def __init__(self, partitions: int, host: str = "127.0.0.1", port: int = 0) -> None:
-        if partitions < 1:
-            raise ValueError("a log needs at least one partition")
-        self.host = host
-        self.port = port
-        self._codes: list[bytearray] = [bytearray() for _ in range(partitions)]
-        """Per partition, a byte per record: its kind's code (see :meth:`_code`), so
-        that counting and filtering by kind run over bytes in C, not record by record
-        in Python (the harness counts every shard's decisions, the router scans shard
-        partitions for their reports)."""
-        self._records: list[list[bytes]] = [[] for _ in range(partitions)]
-        self._grew: list[asyncio.Event] = [asyncio.Event() for _ in range(partitions)]
-        self._server: asyncio.Server | None = None
-        self._clients: set[asyncio.StreamWriter] = set()
-
-    def __repr__(self) -> str:
-        return f"LogServer({self.url}, records={sum(map(len, self._records))})"
-
-    @property
-    def partitions(self) -> int:
-        return len(self._records)
-
-    @property
-    def url(self) -> str:
-        return f"tcp://{self.host}:{self.port}"
-
-    async def start(self) -> LogServer:
-        self._server = await asyncio.start_server(self._serve, self.host, self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            for writer in list(self._clients):
-                writer.close()
-            await self._server.wait_closed()
-            self._server = None
-
-    async def __aenter__(self) -> LogServer:
-        return await self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._clients.add(writer)
-        try:
-            while True:
-                try:
-                    request = await _read_frame(reader)
-                except (asyncio.IncompleteReadError, ConnectionError):
-                    return
-                except (ValueError, msgspec.DecodeError) as exc:
-                    _write_frame(writer, [False, f"bad request: {exc}"])
-                    await writer.drain()
-                    return  # the stream can no longer be trusted
-                try:
-                    answer: list[Any] = [True, await self._handle(request)]
-                except (ValueError, TypeError, IndexError, KeyError) as exc:
-                    answer = [False, f"bad request: {exc}"]
-                _write_frame(writer, answer)
-                await writer.drain()
-        except (ConnectionError, asyncio.CancelledError):
-            return  # the client left, or the server is closing
-        finally:
-            self._clients.discard(writer)
-            writer.close()
-
-    async def _handle(self, request: Any) -> Any:
-        if not isinstance(request, list) or not request or not isinstance(request[0], str):
-            raise ValueError("expected [op, ...]")
-        op = request[0]
-        if op == "parts":
-            return self.partitions
-        if op == "end":
-            return len(self._records[self._partition(request[1])])
-        if op == "append":
-            partition = self._partition(request[1])
-            try:
-                items = msgspec.convert(request[2], _APPEND_ITEMS, builtin_types=(bytes,))
-            except msgspec.ValidationError:
-                raise ValueError("append expects [[kind, record], ...]") from None
-            added = [self._code(kind) for kind, _ in items]  # all checked before any lands
-            records = self._records[partition]
-            start = len(records)
-            records.extend([record for _, record in items])
-            self._codes[partition].extend(added)
-            if items:
-                self._grew[partition].set()
-                self._grew[partition] = asyncio.Event()
-            return start
-        if op == "count":
-            partition = self._partition(request[1])
-            offset, wanted = request[2], request[3]
-            if not isinstance(offset, int) or offset < 0:
-                raise ValueError("offset must be a non-negative integer")
-            codes = self._codes[partition]
-            stop = max(len(codes), offset)
-            return [stop, sum(codes.count(code, offset, stop) for code in self._wanted(wanted))]
-        if op == "read":
-            partition = self._partition(request[1])
-            offset, limit, wait_ms, wanted = request[2], request[3], request[4], request[5]
-            if not isinstance(offset, int) or offset < 0:
-                raise ValueError("offset must be a non-negative integer")
-            records = self._records[partition]
-            if offset >= len(records) and wait_ms:
-                grew = self._grew[partition]
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(grew.wait(), min(float(wait_ms), 60_000) / 1000)
-            stop = len(records) if limit is None else min(len(records), offset + int(limit))
-            if wanted is None:
-                return [max(stop, offset), records[offset:stop], []]
-            picked = self._find(self._codes[partition], self._wanted(wanted), offset, stop)
-            return [max(stop, offset), [records[i] for i in picked], picked]
-        raise ValueError(f"unknown op {op!r}")
-
-    @staticmethod
-    def _code(kind: str) -> int:
-        """The byte that stands for ``kind`` in :attr:`_codes`."""
-        code = KIND_CODES.get(kind)
-        if code is None:
-            raise ValueError(f"unknown kind of record {kind!r:.40}")
-        return code
-
-    @staticmethod
-    def _wanted(kinds: Any) -> list[int]:
-        """The codes of ``kinds`` (a list of strings); a kind outside the event union
-        matches no record."""
-        if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
-            raise ValueError("kinds must be a list of strings")
-        return sorted({KIND_CODES[k] for k in kinds if k in KIND_CODES})
-
-    @staticmethod
-    def _find(codes: bytearray, wanted: list[int], start: int, stop: int) -> list[int]:
-        """The offsets in ``[start, stop)`` whose code is one of ``wanted``, in order."""
-        found: list[int] = []
-        for code in wanted:
-            at = codes.find(code, start, stop)
-            while at >= 0:
-                found.append(at)
-                at = codes.find(code, at + 1, stop)
-        if len(wanted) > 1:
-            found.sort()
-        return found
-
-    def _partition(self, value: Any) -> int:
-        if not isinstance(value, int):
-            raise ValueError("partition must be an integer")
-        check_partition(value, self.partitions)
-        return value
+__all__ = ["KIND_CODES", "LogServer", "RemoteLog", "ServerLimits", "parse_tcp_url"]
 
 
 def parse_tcp_url(url: str) -> tuple[str, int]:
@@ -238,42 +81,83 @@ def parse_tcp_url(url: str) -> tuple[str, int]:
 
 
 class RemoteLog:
-    """An ``EventLog`` served by a :class:`LogServer`."""
+    """An ``EventLog`` served by a :class:`LogServer`; ``token``: the shared token, when
+    the server has one. Opens its connection (hello included) on first use and again
+    after one was lost."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, *, token: bytes | None = None) -> None:
         self.host = host
         self.port = port
+        self._token = token
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._lock = asyncio.Lock()
         self._partitions = 0
+        self._max_frame = MAX_FRAME
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> str:  # never the token
         return f"RemoteLog(tcp://{self.host}:{self.port})"
 
     @classmethod
-    async def connect(cls, url: str) -> RemoteLog:
+    async def connect(cls, url: str, *, token: bytes | None = None) -> RemoteLog:
+        """A client of the server at ``url``, connected and accepted: ``LogAuthError``
+        when the server refuses the token, ``LogError`` when it cannot be reached or
+        refuses for another reason."""
         host, port = parse_tcp_url(url)
-        remote = cls(host, port)
-        remote._partitions = int(await remote._call(["parts"]))
+        remote = cls(host, port, token=token)
+        async with remote._lock:
+            await remote._open()
         return remote
 
     @property
     def partitions(self) -> int:
         return self._partitions
 
+    @property
+    def _where(self) -> str:
+        return f"log server tcp://{self.host}:{self.port}"
+
+    async def _open(self) -> None:
+        """Connect and say hello (the lock held)."""
+        try:
+            self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
+            self._writer.write(encode_frame(["hello", PROTOCOL, self._token]))
+            await self._writer.drain()
+            ok, result = await read_frame(self._reader)
+        except (OSError, asyncio.IncompleteReadError, ValueError, TypeError) as exc:
+            await self._drop()
+            raise LogError(f"{self._where}: {exc or type(exc).__name__}") from None
+        if not ok:
+            await self._drop()
+            if isinstance(result, str) and result.startswith(UNAUTHORIZED):
+                raise LogAuthError(f"{self._where} refused the connection: {result}")
+            raise LogError(f"{self._where} refused the connection: {result}")
+        try:
+            self._partitions = int(result["partitions"])
+            self._max_frame = min(int(result["max_frame"]), MAX_FRAME)
+        except (TypeError, KeyError, ValueError):
+            await self._drop()
+            raise LogError(f"{self._where}: not a shoal log server's hello") from None
+
     async def _call(self, request: list[Any]) -> Any:
+        frame = encode_frame(request)
         async with self._lock:
+            if len(frame) - 4 > self._max_frame:
+                raise LogError(
+                    f"{self._where}: a request of {len(frame) - 4} bytes is over the "
+                    f"server's frame limit of {self._max_frame} (log-server --max-frame-mib)"
+                )
+            if self._writer is None:
+                await self._open()
+            assert self._reader is not None and self._writer is not None
             try:
-                if self._writer is None:
-                    self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
-                assert self._reader is not None
-                _write_frame(self._writer, request)
+                self._writer.write(frame)
+                del frame
                 await self._writer.drain()
-                ok, result = await _read_frame(self._reader)
-            except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+                ok, result = await read_frame(self._reader)
+            except (OSError, asyncio.IncompleteReadError, ValueError, TypeError) as exc:
                 await self._drop()
-                raise LogError(f"log server tcp://{self.host}:{self.port}: {exc}") from None
+                raise LogError(f"{self._where}: {exc or type(exc).__name__}") from None
         if not ok:
             raise LogError(f"log server refused {request[0]}: {result}")
         return result
@@ -304,13 +188,27 @@ class RemoteLog:
         """Like ``read``, and: wait up to ``wait`` seconds for something new, keep only
         ``kinds``; returns (where the scan stopped, the records)."""
         check_partition(partition, self._partitions)
-        wait_ms = int(wait * 1000)
+        offset = max(offset, 0)
         wanted = list(kinds) if kinds is not None else None
-        stop, records, offsets = await self._call(
-            ["read", partition, max(offset, 0), limit, wait_ms, wanted]
+        stop, out, end = await self._fetch_once(partition, offset, limit, int(wait * 1000), wanted)
+        target = end if limit is None else min(end, offset + limit)
+        while stop < target:  # cut to fit a frame; each answer scans one record at least
+            more_stop, more, _ = await self._fetch_once(partition, stop, target - stop, 0, wanted)
+            if more_stop <= stop:
+                raise LogError(f"{self._where}: a read from {stop} made no progress")
+            stop = more_stop
+            out.extend(more)
+        return stop, out
+
+    async def _fetch_once(
+        self, partition: int, offset: int, limit: int | None, wait_ms: int, wanted: list[str] | None
+    ) -> tuple[int, list[Envelope], int]:
+        """One read request: (where the scan stopped, the records, the partition's end)."""
+        stop, records, offsets, end = await self._call(
+            ["read", partition, offset, limit, wait_ms, wanted]
         )
         force_setattr = msgspec.structs.force_setattr
-        places = offsets if wanted is not None else range(max(offset, 0), stop)
+        places = offsets if wanted is not None else range(offset, stop)
         out = []
         for at, record in zip(places, records, strict=True):
             try:
@@ -322,7 +220,7 @@ class RemoteLog:
             force_setattr(env, "offset", at)
             force_setattr(env, "partition", partition)
             out.append(env)
-        return int(stop), out
+        return int(stop), out, int(end)
 
     async def read_kinds(
         self, partition: int, offset: int, kinds: Sequence[str]

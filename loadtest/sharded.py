@@ -32,6 +32,7 @@ import contextlib
 import os
 import random
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -60,6 +61,7 @@ from events.types import (
     Taint,
     Toleration,
 )
+from events.wire import load_token, new_token_file
 from loadtest.driver import LoadShape, Progress, _batches
 from loadtest.synthetic import basic_nodes
 from shards.bus import open_bus
@@ -121,10 +123,13 @@ async def run_sharded_loadtest(
             "pods given to the shards directly are plain pods: no gangs", location="--direct"
         )
     if bus == "memory":
-        async with LogServer(shape.shards + 1) as server:
-            return await _run(
-                shape, server.url, "tcp (in-memory log server)", spanning_gangs, progress, direct
-            )
+        with tempfile.TemporaryDirectory(prefix="shoal-log-") as folder:
+            token_file = new_token_file(folder)  # only this run's processes can use the server
+            async with LogServer(shape.shards + 1, token=load_token(token_file)) as server:
+                label = "tcp (in-memory log server)"
+                return await _run(
+                    shape, server.url, label, spanning_gangs, progress, direct, token_file
+                )
     if not bus.startswith("kafka://"):
         raise InputError("the sharded load test runs on memory or kafka://", location="--bus")
     if "partitions=" not in bus:
@@ -139,6 +144,7 @@ async def _run(
     spanning_gangs: int,
     progress: Progress | None,
     direct: bool = False,
+    token_file: str | None = None,
 ) -> dict[str, Any]:
     n = shape.shards
     rng = random.Random(shape.seed)
@@ -146,7 +152,7 @@ async def _run(
     batches = _dealt(_batches(shape, rng), n) if direct else [(n, b) for b in _batches(shape, rng)]
     gpu_nodes, wide = _spanning(shape, spanning_gangs, n) if spanning_gangs else ([], [])
     sharding = Sharding(shards=n, pools=tuple((f"gpu-{i}", i) for i in range(n)))
-    log = await open_bus(url, partitions=n + 1)
+    log = await open_bus(url, partitions=n + 1, token_file=token_file)
     if log.partitions != n + 1 or any([await log.end_offset(p) for p in range(n + 1)]):
         await log.close()
         raise InputError(
@@ -162,7 +168,7 @@ async def _run(
         n,
     )
     stop = asyncio.Event()
-    control_log = await open_bus(url, partitions=n + 1)
+    control_log = await open_bus(url, partitions=n + 1, token_file=token_file)
     holder: list[ControlWorker] = []
 
     def keep(worker: ControlWorker) -> None:
@@ -181,6 +187,7 @@ async def _run(
             url,
             "--shard-id",
             str(i),
+            *(["--token-file", token_file] if token_file else []),
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         for i in range(n)

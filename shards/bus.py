@@ -1,11 +1,12 @@
-"""Open an event log from a ``--bus`` URL: ``memory``, ``file:PATH``, ``kafka://HOST:PORT``."""
+"""Open an event log from a ``--bus`` URL: ``memory``, ``file:PATH``, ``kafka://HOST:PORT``,
+``tcp://HOST:PORT`` (a log server)."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
-from events.errors import InputError, LogError
+from events.errors import InputError, LogAuthError, LogError
 from events.filelog import FileLog
 from events.log import EventLog
 from events.memory import MemoryLog
@@ -23,12 +24,20 @@ def check_new_log(path: Path, *, overwrite: bool) -> None:
 
 
 async def open_bus(
-    url: str, *, partitions: int = 1, overwrite: bool = False, resume: bool = False
+    url: str,
+    *,
+    partitions: int = 1,
+    overwrite: bool = False,
+    resume: bool = False,
+    token_file: str | None = None,
 ) -> EventLog:
     """The log named by ``url``, ready to use. A file log that exists is continued when
     ``resume`` (a long-running service started again on its own log), replaced when
     ``overwrite``, and refused otherwise (a new run never writes over an old one). A
-    Kafka topic must exist (``shoal kafka init``)."""
+    Kafka topic must exist (``shoal kafka init``). A log server (``tcp://``) gets the
+    token in ``token_file`` (``--token-file``), else in the file
+    ``$SHOAL_LOG_TOKEN_FILE`` names, else none; a refused token is an ``InputError``
+    naming where the token came from; a server that cannot be reached, a ``LogError``."""
     if url == "memory":
         return MemoryLog(partitions)
     if url.startswith("file:"):
@@ -59,9 +68,14 @@ async def open_bus(
         return log
     if url.startswith("tcp://"):
         from events.remote import RemoteLog
+        from events.wire import TOKEN_FILE_ENV, load_token
 
+        token = load_token(token_file)
         try:
-            remote = await RemoteLog.connect(url)
+            remote = await RemoteLog.connect(url, token=token)
+        except LogAuthError as exc:
+            where = "--token-file" if token_file is not None else f"${TOKEN_FILE_ENV}"
+            raise InputError(str(exc), location=where) from None
         except LogError as exc:
             raise LogError(f"cannot reach the log server at {url}: {exc}") from None
         if remote.partitions < partitions:

@@ -38,7 +38,7 @@ from engine.model.pools import Sharding
 from events.errors import InputError, LogError, ShoalError, StuckError, UnverifiableLogError
 from events.filelog import FileLog
 from events.log import EventLog
-from shards import render
+from shards import logserve, render
 from shards.bus import check_new_log, open_bus
 from shards.commands import (
     GROUP,
@@ -296,9 +296,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="binder: applies decisions to the simulated cluster, in wall time",
     )
     work.add_argument("--bus", required=True, help="tcp://HOST:PORT or kafka://HOST:PORT")
+    work.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="the log server's token (default: the file $SHOAL_LOG_TOKEN_FILE names)",
+    )
     work.add_argument("--shard-id", type=non_negative)
     work.add_argument("--config", help="KubeSchedulerConfiguration YAML (shards)")
     snapshot_option(work)
+    logserve.add_arguments(sub.add_parser(logserve.NAME, help=logserve.HELP))
+
     kafka = sub.add_parser("kafka", help="manage the Kafka topics shoal uses")
     kafka_sub = kafka.add_subparsers(dest="kafka_command", required=True, metavar="ACTION")
     init = kafka_sub.add_parser("init", help="create the event topic")
@@ -393,7 +400,12 @@ async def _worker(args: argparse.Namespace) -> int:
 
     # a bus that fails (a slow read, a broken connection) is opened again after a
     # back-off, and the component rebuilds from the log, as serve does
-    await run_backing_off(args.role, lambda: open_bus(args.bus, partitions=2), run, stop)
+    await run_backing_off(
+        args.role,
+        lambda: open_bus(args.bus, partitions=2, token_file=args.token_file),
+        run,
+        stop,
+    )
     return 0
 
 
@@ -417,8 +429,9 @@ _COMMANDS = {
     "kafka-init": _kafka_init,
     "serve": _serve,
     "worker": _worker,
+    logserve.NAME: logserve.run,
 }
-BUILT_IN = ("simulate", "replay", "serve", "worker", "kafka")
+BUILT_IN = ("simulate", "replay", "serve", "worker", logserve.NAME, "kafka")
 
 
 @functools.cache

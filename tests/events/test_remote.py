@@ -1,5 +1,7 @@
 """The log server under bad clients: garbage, oversized frames, bad requests, and a
-client that vanishes; none of it loses records or stops the server."""
+client that vanishes; none of it loses records or stops the server. The shared token,
+the limits and the memory bound are in ``test_remote_limits.py``, the fuzzers in
+``test_remote_fuzz.py``."""
 
 from __future__ import annotations
 
@@ -15,7 +17,12 @@ from events.types import Envelope, PodDeleted
 
 
 async def _raw(server: LogServer, payload: bytes) -> bytes:
+    """What the server answers ``payload``, sent after a hello (its answer left out)."""
     reader, writer = await asyncio.open_connection(server.host, server.port)
+    writer.write(_frame(["hello", 1, None]))
+    (size,) = struct.unpack(">I", await reader.readexactly(4))
+    ok, _ = msgspec.msgpack.decode(await reader.readexactly(size))
+    assert ok is True
     writer.write(payload)
     await writer.drain()
     try:
@@ -26,6 +33,12 @@ async def _raw(server: LogServer, payload: bytes) -> bytes:
 
 def _frame(message: object) -> bytes:
     body = msgspec.msgpack.encode(message)
+    return struct.pack(">I", len(body)) + body
+
+
+def _nested(depth: int) -> bytes:
+    """A frame of arrays nested ``depth`` deep: well-formed msgpack no decoder follows."""
+    body = b"\x91" * depth + b"\xc0"
     return struct.pack(">I", len(body)) + body
 
 
@@ -51,6 +64,16 @@ def _frame(message: object) -> bytes:
         _frame(["count", 0]),
         _frame(["drop-table"]),
         _frame([]),
+        _nested(100_000),  # the decoder's recursion error once escaped the server
+        _frame(["read", 0, 0, float("inf"), 0, None]),  # int(inf) once escaped too
+        _frame(["read", 0, 5, None, float("nan"), None]),
+        _frame(["read", 0, 0, -1, 0, None]),
+        _frame(["read", 0, 0, None, 0, None, "extra"]),
+        _frame(["read", True, 0, None, 0, None]),  # a bool is not a partition
+        _frame(["end", "0"]),
+        _frame(["parts", 1]),
+        _frame(["append", 0, [["pod-", b"\x80"]], "extra"]),
+        _frame(["hello", 1, None]),  # a second hello is not a request
     ],
 )
 async def test_bad_requests_are_refused_and_nothing_is_lost(payload: bytes) -> None:
