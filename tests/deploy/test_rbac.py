@@ -252,13 +252,48 @@ def test_every_module_that_calls_the_api_belongs_to_a_component() -> None:
             assert not calls_in(path.read_text()), f"{module} calls the API: give it a component"
 
 
+def _strings(node: ast.AST) -> set[str]:
+    return {
+        n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    }
+
+
+def _guards(tree: ast.AST, function: str) -> list[set[str]]:
+    """For each call of ``function``: the role names in the conditions and loops
+    around it (an ``if`` on a set of roles, a ``for role in (...)``)."""
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    found = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == function
+        ):
+            names: set[str] = set()
+            up: ast.AST | None = node
+            while up is not None:
+                if isinstance(up, ast.If):
+                    names |= _strings(up.test)
+                elif isinstance(up, ast.For):
+                    names |= _strings(up.iter)
+                up = parents.get(up)
+            found.append(names & {"ingest", "binder", "coordinator", "shard", "all"})
+    return found
+
+
 def test_the_roles_that_call_the_api_are_the_ones_serve_gives_a_client() -> None:
-    """serve.py creates an API client and a Lease for ingest, binder and coordinator
-    only: a shard never gets one."""
-    source = (ROOT / "shards" / "serve.py").read_text()
-    assert 'if {"ingest", "binder", "coordinator"} & set(roles):' in source
-    assert 'for role in ("ingest", "coordinator", "binder"):' in source
-    assert 'name=f"shoal-{role}"' in source, "each role's Lease is named shoal-ROLE"
+    """serve.py creates an API client, and a Lease named shoal-ROLE, for ingest, binder
+    and coordinator only: a shard never gets one."""
+    tree = ast.parse((ROOT / "shards" / "serve.py").read_text())
+    clients, electors = _guards(tree, "api_client"), _guards(tree, "LeaderElector")
+    assert clients and electors, "serve.py no longer calls api_client/LeaderElector"
+    for roles in clients + electors:
+        assert roles == {"ingest", "binder", "coordinator"}, roles
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "LeaderElector":
+            name = next(k.value for k in node.keywords if k.arg == "name")
+            assert isinstance(name, ast.JoinedStr), "the Lease name is shoal-ROLE"
+            assert ast.unparse(name) == "f'shoal-{role}'"
     assert {c for c, modules in MODULES.items() if modules} == {"ingest", "binder", "coordinator"}
 
 
