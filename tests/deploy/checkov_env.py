@@ -26,11 +26,15 @@ INSTALL_TIMEOUT_S = 1800
 UNREACHABLE = (
     "NewConnectionError",
     "Max retries exceeded",
+    "Connection refused",
     "Temporary failure in name resolution",
+    "Name or service not known",
     "Network is unreachable",
-    "No matching distribution found for checkov",
-    "Could not find a version that satisfies the requirement checkov",
+    "(from versions: none)",  # what pip says when no index answered at all
 )
+"""Signs in pip's output that the index could not be reached (a pinned version missing
+from an index that answered, "from versions: 3.3.29, ...", is an error, not a reason
+to skip)."""
 
 
 class CheckovUnavailable(Exception):
@@ -49,8 +53,23 @@ def _say(message: str) -> None:
     print(f"[checkov {VERSION}] {message}", file=stream, flush=True)
 
 
+_unavailable: list[CheckovUnavailable] = []
+"""Set once an install found PyPI out of reach: the other tests of this run skip at
+once instead of trying again."""
+
+
 def checkov_binary() -> Path:
     """The path of the ``checkov`` executable, installing it first if need be."""
+    if _unavailable:
+        raise _unavailable[0]
+    try:
+        return _install()
+    except CheckovUnavailable as exc:
+        _unavailable.append(exc)
+        raise
+
+
+def _install() -> Path:
     root = cache_dir()
     binary = root / "bin" / "checkov"
     marker = root / ".complete"
