@@ -19,6 +19,9 @@ Contract notes, backend by backend:
 - Producer idempotence is off by default (``idempotence=True`` turns it on); TLS and
   SASL (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) pass through to aiokafka.
 
+Settings, TLS files and the SASL password (read from a file only, never printed):
+``events.kafka_settings``.
+
 Only this module imports aiokafka.
 """
 
@@ -26,12 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import ssl
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
-from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -39,123 +38,25 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import ConsumerStoppedError, KafkaError, KafkaTimeoutError
 
 from events.codec import DecodeError, decode, encode, kind_of
-from events.errors import InputError, LogCorruptedError, LogError
+from events.errors import LogCorruptedError, LogError
+from events.kafka_settings import KafkaSettings, guard_client_logs, redact
 from events.log import check_partition
 from events.tasks import being_cancelled
 from events.types import Envelope
 
-SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 FAILURES = (KafkaError, ConsumerStoppedError, OSError)
 """What a client raises when the broker goes away, or when another caller sharing this
 log restarted the clients under it: each becomes a :class:`LogError`."""
-PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-ENV_PREFIX = "SHOAL_KAFKA_"
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class KafkaSettings:
-    """Where the log lives and how to reach it."""
-
-    bootstrap: str
-    topic: str = "shoal-events"
-    partitions: int = 1
-    client_id: str = "shoal"
-    acks: str = "all"
-    idempotence: bool = False
-    security_protocol: str = "PLAINTEXT"
-    ssl_cafile: str | None = None
-    ssl_certfile: str | None = None
-    ssl_keyfile: str | None = None
-    sasl_mechanism: str | None = None
-    sasl_username: str | None = None
-    sasl_password: str | None = field(default=None, repr=False)
-    fetch_max_wait_ms: int = 10
-    linger_ms: int = 2
-    request_timeout_ms: int = 30000
-    max_batch_bytes: int = 900_000
-
-    @classmethod
-    def from_url(cls, url: str, env: Mapping[str, str] | None = None) -> KafkaSettings:
-        """``kafka://HOST:PORT[,HOST:PORT]?topic=T&partitions=N&security_protocol=...``.
-
-        Query parameters and ``SHOAL_KAFKA_*`` environment variables (the URL wins) set
-        any field; secrets belong in the environment (``SHOAL_KAFKA_SASL_PASSWORD``).
-        """
-        parts = urlsplit(url)
-        if parts.scheme != "kafka" or not parts.netloc:
-            raise InputError(f"expected kafka://HOST:PORT, got {url!r}", location="--bus")
-        values: dict[str, str] = {}
-        environment = os.environ if env is None else env
-        for key, value in environment.items():
-            if key.startswith(ENV_PREFIX):
-                values[key[len(ENV_PREFIX) :].lower()] = value
-        for key, items in parse_qs(parts.query, keep_blank_values=True).items():
-            values[key] = items[-1]
-        known = {f for f in cls.__dataclass_fields__ if f != "bootstrap"}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise InputError(f"unknown Kafka setting {unknown[0]!r}", location="--bus")
-        kwargs: dict[str, Any] = {"bootstrap": parts.netloc}
-        for key, raw in values.items():
-            kind = cls.__dataclass_fields__[key].type
-            try:
-                if "int" in str(kind) and "str" not in str(kind):
-                    kwargs[key] = int(raw)
-                elif "bool" in str(kind):
-                    if raw.lower() not in ("true", "false", "1", "0"):
-                        raise ValueError(raw)
-                    kwargs[key] = raw.lower() in ("true", "1")
-                else:
-                    kwargs[key] = raw
-            except ValueError:
-                raise InputError(f"bad value {raw!r} for {key}", location="--bus") from None
-        settings = cls(**kwargs)
-        settings.validate()
-        return settings
-
-    def validate(self) -> None:
-        if self.partitions < 1:
-            raise InputError("partitions must be at least 1", location="--bus")
-        if self.security_protocol not in PROTOCOLS:
-            raise InputError(
-                f"security_protocol must be one of {', '.join(PROTOCOLS)}", location="--bus"
-            )
-        if self.security_protocol.startswith("SASL"):
-            if self.sasl_mechanism not in SASL_MECHANISMS:
-                raise InputError(
-                    f"sasl_mechanism must be one of {', '.join(SASL_MECHANISMS)}", location="--bus"
-                )
-            if not self.sasl_username or self.sasl_password is None:
-                raise InputError("SASL needs sasl_username and sasl_password", location="--bus")
-        if self.acks not in ("all", "0", "1", "-1"):
-            raise InputError("acks must be all, 0, 1 or -1", location="--bus")
-
-    def client_options(self) -> dict[str, Any]:
-        """Connection options shared by producer, consumer and admin client."""
-        options: dict[str, Any] = {
-            "bootstrap_servers": self.bootstrap.split(","),
-            "client_id": self.client_id,
-            "request_timeout_ms": self.request_timeout_ms,
-            "security_protocol": self.security_protocol,
-        }
-        if self.security_protocol in ("SSL", "SASL_SSL"):
-            context = ssl.create_default_context(cafile=self.ssl_cafile)
-            if self.ssl_certfile:
-                context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile)
-            options["ssl_context"] = context
-        if self.security_protocol.startswith("SASL"):
-            options["sasl_mechanism"] = self.sasl_mechanism
-            options["sasl_plain_username"] = self.sasl_username
-            options["sasl_plain_password"] = self.sasl_password
-        return options
 
 
 async def create_topic(
     settings: KafkaSettings, *, retention_ms: int | None = None, exist_ok: bool = True
 ) -> bool:
     """Create the topic with ``settings.partitions`` partitions; False if it existed."""
-    admin = AIOKafkaAdminClient(**settings.client_options())
+    options = settings.client_options()
+    guard_client_logs(options.get("sasl_plain_password"))
+    admin = AIOKafkaAdminClient(**options)
     try:
         await admin.start()
         existing = await admin.list_topics()
@@ -169,7 +70,8 @@ async def create_topic(
         )
         return True
     except KafkaError as exc:
-        raise LogError(f"kafka {settings.bootstrap}: {exc}") from None
+        secret = options.get("sasl_plain_password")
+        raise LogError(redact(f"kafka {settings.bootstrap}: {exc}", secret)) from None
     finally:
         await admin.close()
 
@@ -185,6 +87,8 @@ class KafkaLog:
         self._read_lock = asyncio.Lock()
         self._restart_lock = asyncio.Lock()
         self._needs_restart = False
+        self._secret: str | None = None
+        """The SASL password the clients were started with: scrubbed from errors."""
         self._generation = 0
         """Bumped by every (re)start: a call that fails with clients of an older
         generation must not stop the new ones another caller has just started."""
@@ -201,6 +105,8 @@ class KafkaLog:
         """Connect, and check the topic exists with enough partitions."""
         self._generation += 1
         options = self.settings.client_options()
+        self._secret = options.get("sasl_plain_password")
+        guard_client_logs(self._secret)
         try:
             self._producer = AIOKafkaProducer(
                 **options,
@@ -222,7 +128,9 @@ class KafkaLog:
             found = self._consumer.partitions_for_topic(self.settings.topic)
         except (KafkaError, OSError, TimeoutError) as exc:
             await self.close()
-            raise LogError(f"kafka {self.settings.bootstrap}: {exc}") from None
+            raise LogError(
+                redact(f"kafka {self.settings.bootstrap}: {exc}", self._secret)
+            ) from None
         except BaseException:  # cancelled half-way: never leave a client running
             await asyncio.shield(self.close())
             raise
@@ -267,7 +175,7 @@ class KafkaLog:
             return await work()
         except FAILURES as exc:
             await self._broken(generation)
-            raise LogError(f"kafka {what} failed: {_why(exc)}") from None
+            raise LogError(redact(f"kafka {what} failed: {_why(exc)}", self._secret)) from None
         except asyncio.CancelledError:
             await self._stopped_under_us(generation)
             raise LogError(f"kafka {what} failed: the client was restarted under it") from None

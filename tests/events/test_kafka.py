@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -29,10 +30,12 @@ def test_settings_from_url_and_environment() -> None:
     assert s.client_options()["bootstrap_servers"] == ["a:9092", "b:9092"]
 
 
-def test_sasl_settings_pass_through() -> None:
+def test_sasl_settings_pass_through(tmp_path: Path) -> None:
+    password = tmp_path / "password"
+    password.write_text("secret\n")
     s = KafkaSettings.from_url(
         "kafka://h:9093?security_protocol=SASL_PLAINTEXT&sasl_mechanism=SCRAM-SHA-512&sasl_username=u",
-        env={"SHOAL_KAFKA_SASL_PASSWORD": "secret"},
+        env={"SHOAL_KAFKA_SASL_PASSWORD_FILE": str(password)},
     )
     options = s.client_options()
     assert options["sasl_mechanism"] == "SCRAM-SHA-512"
@@ -52,6 +55,7 @@ def test_sasl_settings_pass_through() -> None:
         ("kafka://h:1?security_protocol=CARRIER", "security_protocol must be"),
         ("kafka://h:1?security_protocol=SASL_SSL&sasl_mechanism=GSSAPI", "sasl_mechanism must be"),
         ("kafka://h:1?security_protocol=SASL_SSL&sasl_mechanism=PLAIN", "needs sasl_username"),
+        ("kafka://h:1?sasl_password=x", "read only from a file"),
         ("kafka://h:1?acks=2", "acks must be"),
     ],
 )
@@ -64,7 +68,7 @@ def test_tls_needs_readable_files() -> None:
     s = KafkaSettings.from_url(
         "kafka://h:1?security_protocol=SSL&ssl_cafile=/nonexistent/ca.pem", env={}
     )
-    with pytest.raises(OSError):
+    with pytest.raises(InputError, match=r"ssl_cafile /nonexistent/ca\.pem"):
         s.client_options()
 
 
