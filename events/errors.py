@@ -40,6 +40,7 @@ class LogCorruptedError(LogError):
     """
 
     def __init__(self, message: str, *, partition: int, offset: int, path: str = "") -> None:
+        self.reason = message
         self.partition = partition
         self.offset = offset
         self.path = path

@@ -120,7 +120,7 @@ async def read_past_unreadable(
                 raise
             if exc.offset > at:
                 records.extend(await log.read(partition, at, exc.offset - at))
-            skipped.append((exc.offset, str(exc)))
+            skipped.append((exc.offset, exc.reason))
             at = exc.offset + 1
             continue
         records.extend(batch)

@@ -14,9 +14,13 @@ before the pod it places.
 
 from __future__ import annotations
 
-from events.log import EventLog
+import logging
+
+from events.log import EventLog, read_past_unreadable
 from events.types import Envelope, Event, PodBound, PodUnbound
 from shards.cluster import SimulatedCluster
+
+logger = logging.getLogger(__name__)
 
 
 class Binder:
@@ -54,10 +58,13 @@ class Binder:
         return appended
 
     async def _poll(self, partition: int, now: int) -> int:
-        records = await self.log.read(partition, self.positions[partition])
+        records, unreadable, self.positions[partition] = await read_past_unreadable(
+            self.log, partition, self.positions[partition]
+        )
+        for offset, reason in unreadable:  # the partition's reader records it
+            logger.warning("record skipped partition=%d offset=%d: %s", partition, offset, reason)
         if not records:
             return 0
-        self.positions[partition] = records[-1].offset + 1
         decided: list[Envelope] = []
         voice: list[Envelope] = []
         for env in records:

@@ -35,9 +35,17 @@ from typing import Any, NoReturn
 
 from engine.config import SchedulerConfig
 from engine.model.pools import Sharding
-from events.errors import InputError, LogError, ShoalError, StuckError, UnverifiableLogError
+from events.errors import (
+    InputError,
+    LogCorruptedError,
+    LogError,
+    ShoalError,
+    StuckError,
+    UnverifiableLogError,
+)
 from events.filelog import FileLog
-from events.log import EventLog
+from events.log import EventLog, read_past_unreadable
+from events.types import Envelope, RecordQuarantined
 from shards import logserve, render
 from shards.bus import check_new_log, open_bus
 from shards.commands import (
@@ -124,18 +132,44 @@ async def _simulate(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- replay
 
 
+async def read_quarantined(log: EventLog, partition: int) -> list[Envelope]:
+    """Every record of ``partition``, past those that cannot be read and that a
+    component of the run skipped and recorded (``RecordQuarantined``): replay skips
+    them as the run did. Any other record that cannot be read is an error."""
+    records: list[Envelope] = []
+    unreadable: list[tuple[int, str]] = []
+    offset = 0
+    while True:
+        batch, skipped, offset = await read_past_unreadable(log, partition, offset)
+        if not batch and not skipped:
+            break
+        records += batch
+        unreadable += skipped
+    excused = {e.event.offset for e in records if isinstance(e.event, RecordQuarantined)}
+    for offset, reason in unreadable:
+        if offset not in excused:
+            raise LogCorruptedError(reason, partition=partition, offset=offset)
+    if unreadable:
+        print(
+            f"shoal: note: partition {partition}: {len(unreadable)} record(s) the run "
+            f"quarantined are skipped (offsets {', '.join(str(o) for o, _ in unreadable[:10])})",
+            file=sys.stderr,
+        )
+    return records
+
+
 async def _replay(args: argparse.Namespace) -> int:
     config = _config(args.config)
     if args.log.startswith("kafka://"):
         source = await open_bus(args.log)
         try:
-            parts = [await source.read(p, 0) for p in range(source.partitions)]
+            parts = [await read_quarantined(source, p) for p in range(source.partitions)]
         finally:
             await source.close()
     else:
         log = FileLog(args.log, readonly=True)
         try:
-            parts = [await log.read(p, 0) for p in range(log.partitions)]
+            parts = [await read_quarantined(log, p) for p in range(log.partitions)]
         finally:
             await log.close()
         if log.torn_bytes:

@@ -37,10 +37,13 @@ from collections.abc import Sequence
 from typing import Final
 
 from engine.config import SchedulerConfig
-from events.log import EventLog, read_kinds
+from events.codec import kind_of
+from events.errors import LogCorruptedError
+from events.log import EventLog, read_kinds, read_past_unreadable
 from events.types import (
     REPORTS,
     Envelope,
+    RecordQuarantined,
     ReservationCommitted,
     ReservationRequested,
     SnapshotTaken,
@@ -60,6 +63,7 @@ FOLD_SLICE: Final = 1000
 shards in slices they start on while the coordinator folds the next."""
 
 REPORT_KINDS = tuple(str(kind.__struct_config__.tag) for kind in REPORTS)
+REPORT_TAGS = frozenset(REPORT_KINDS)
 
 
 class ControlWorker:
@@ -101,6 +105,8 @@ class ControlWorker:
         differ in what a pass clears)."""
         self.folded = 0
         self.relayed = 0
+        self.quarantined: set[int] = set()
+        """Offsets of control records skipped and recorded as such."""
         self.passes = 0
         self.prepared_at: dict[str, float] = {}
         """Reservation → wall time its requests were appended (for commit latency)."""
@@ -150,8 +156,15 @@ class ControlWorker:
         passes: set[int] = set()
         for partition in range(n + 1):
             offset = start[partition]
-            while records := await self.log.read(partition, offset, 10_000):
+            while True:
+                records, unreadable, offset = await read_past_unreadable(
+                    self.log, partition, offset, 10_000
+                )
+                if not records and not unreadable:
+                    break
                 for env in records:
+                    if isinstance(env.event, RecordQuarantined) and partition == self.partition:
+                        self.quarantined.add(env.event.offset)
                     if env.producer == ROUTER:
                         passes.add(env.causation)
                         self.written[partition] = max(self.written[partition], env.causation)
@@ -159,22 +172,56 @@ class ControlWorker:
                         partition == self.partition and env.stream == RELAY
                     ):
                         self.last_own[partition] = env.offset
-                offset = records[-1].offset + 1
         coordinator = self.coordinator
         last_input = -1
         appended = 0
-        while records := await self.log.read(self.partition, self.position, 10_000):
+        skipped: list[tuple[int, str]] = []
+        while True:
+            records, unreadable, self.position = await read_past_unreadable(
+                self.log, self.partition, self.position, 10_000
+            )
+            skipped += unreadable
+            if not records and not unreadable:
+                break
             for env in records:
                 coordinator.apply(env)
                 if env.producer not in (ROUTER, COORDINATOR):
                     last_input = env.offset
                 if env.offset in passes:
                     appended += await self._append(coordinator.schedule(), env.offset, env.time)
-            self.position = records[-1].offset + 1
         if last_input > max(passes, default=-1):
             self._owed = last_input
         self._recovered = True
+        await self._quarantine(skipped + coordinator.engine.unfolded)
         return appended
+
+    async def _quarantine(self, skipped: list[tuple[int, str]]) -> None:
+        """Record each control record skipped (undecodable, or refused by the fold) and
+        not recorded yet; the coordinator goes on. Empties the engine's list."""
+        new = {o: r for o, r in skipped if o not in self.quarantined}
+        self.coordinator.engine.unfolded.clear()
+        if not new:
+            return
+        for offset, reason in new.items():
+            logger.warning(
+                "record quarantined component=coordinator partition=%d offset=%d reason=%s",
+                self.partition,
+                offset,
+                reason[:500],
+            )
+        self.quarantined.update(new)
+        offsets = await self.log.append(
+            [
+                Envelope(
+                    event=RecordQuarantined(offset=o, reason=r[:1000], component=COORDINATOR),
+                    time=self.coordinator.now,
+                    producer=COORDINATOR,
+                )
+                for o, r in sorted(new.items())
+            ],
+            self.partition,
+        )
+        self.last_own[self.partition] = offsets[-1]
 
     async def poll(self) -> int:
         """Relay what shards reported, fold what is new (a pass after each slice);
@@ -212,7 +259,13 @@ class ControlWorker:
         copies: list[Envelope] = []
         for shard in range(n):
             start = max(self.relay_from[shard], self.coordinator.relayed[shard] + 1)
-            stop, records = await read_kinds(self.log, shard, start, REPORT_KINDS)
+            try:
+                stop, records = await read_kinds(self.log, shard, start, REPORT_KINDS)
+            except LogCorruptedError:
+                # a record of the shard's that does not decode (the shard quarantines
+                # it): read past it, and keep the reports
+                records, _, stop = await read_past_unreadable(self.log, shard, start)
+                records = [env for env in records if kind_of(env) in REPORT_TAGS]
             self.relay_from[shard] = max(stop, start)
             producer = f"{RELAY}-{shard}"
             copies.extend(
@@ -236,9 +289,14 @@ class ControlWorker:
     async def _fold(self) -> int:
         """Fold the new control records, ``fold_slice`` at a time, each slice followed
         by a pass whose outputs are appended before the next slice is folded."""
-        records = await self.log.read(self.partition, self.position)
+        records, unreadable, position = await read_past_unreadable(
+            self.log, self.partition, self.position
+        )
         coordinator = self.coordinator
         appended = 0
+        if unreadable:
+            self.position = position
+            await self._quarantine(unreadable)
         owed, self._owed = self._owed, -1
         if not records and owed >= 0:
             return await self._append(coordinator.schedule(), owed, coordinator.now)
@@ -255,6 +313,8 @@ class ControlWorker:
             self.folded += min(self.fold_slice, len(records) - start)
             if last_input >= 0:
                 appended += await self._append(coordinator.schedule(), last_input, last_time)
+        if coordinator.engine.unfolded:
+            await self._quarantine(coordinator.engine.unfolded)
         return appended
 
     async def _append(self, outputs: Sequence[Output], cause: int, at: int) -> int:

@@ -30,8 +30,8 @@ from collections.abc import Awaitable, Callable
 from engine.config import SchedulerConfig
 from engine.model.pools import Sharding
 from engine.plugins import kernels
-from events.errors import LogError
-from events.log import EventLog
+from events.errors import LogCorruptedError, LogError
+from events.log import EventLog, read_past_unreadable
 from events.types import BindFailed, ClockTicked, Envelope, ShardingConfigured
 from shards.binder import Binder
 from shards.cluster import SimulatedCluster
@@ -52,7 +52,8 @@ async def _wait_for_growth(bus: EventLog, partition: int, offset: int, seconds: 
     """Wait until ``partition`` has a record at ``offset`` (long poll when the log can)."""
     fetch = getattr(bus, "fetch", None)
     if fetch is not None:
-        await fetch(partition, offset, 1, wait=seconds)
+        with contextlib.suppress(LogCorruptedError):  # it is there: its reader skips it
+            await fetch(partition, offset, 1, wait=seconds)
     else:
         await asyncio.sleep(min(seconds, 0.01))
 
@@ -60,7 +61,8 @@ async def _wait_for_growth(bus: EventLog, partition: int, offset: int, seconds: 
 async def recorded_sharding(bus: EventLog) -> ShardingConfigured | None:
     """The sharding recorded at the head of the control partition (the last one; ingest
     writes it before anything else), if it is there yet."""
-    for env in await bus.read(bus.partitions - 1, 0, 16):
+    head, _, _ = await read_past_unreadable(bus, bus.partitions - 1, 0, 16)
+    for env in head:
         if isinstance(env.event, ShardingConfigured):
             return env.event
     return None
@@ -218,9 +220,11 @@ async def run_binder(
     failed: set[str] = set()
     for partition in range(shards):
         offset = 0
-        while batch := await bus.read(partition, offset, 50_000):
+        while True:
+            batch, skipped, offset = await read_past_unreadable(bus, partition, offset, 50_000)
+            if not batch and not skipped:
+                break
             failed.update(e.event.decision_id for e in batch if isinstance(e.event, BindFailed))
-            offset = batch[-1].offset + 1
     cluster = SimulatedCluster()
     binder = Binder(cluster, bus, shards=shards, failed=failed)
     while not stop.is_set():

@@ -54,7 +54,7 @@ from engine.config import SchedulerConfig, default_config
 from engine.engine import Engine
 from engine.model.pools import MAX_SHARDS, Sharding
 from events.errors import InputError, LogError
-from events.log import EventLog
+from events.log import EventLog, read_past_unreadable
 from events.tasks import being_cancelled
 from events.types import ClockTicked, Envelope, Event, SchedulerConfigured, ShardingConfigured
 from shards.bus import open_bus
@@ -300,7 +300,7 @@ class Service:
         assert self.bus is not None
         recorded = await recorded_sharding(self.bus)
         if recorded is None:
-            head = await self.bus.read(self.control_partition, 0, 16)
+            head, _, _ = await read_past_unreadable(self.bus, self.control_partition, 0, 16)
             if any(not isinstance(e.event, SchedulerConfigured | ClockTicked) for e in head):
                 raise InputError(
                     "the log was set up without a sharding configuration (its pools and "

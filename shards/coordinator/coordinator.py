@@ -40,6 +40,7 @@ from engine.model.pods import PodInfo
 from engine.model.pools import Sharding
 from engine.model.reservations import decision_id
 from engine.model.state import Bools, request_delta
+from engine.refusals import CHECKED, MAX_TIME, refusal
 from events.types import (
     BindFailed,
     ClockTicked,
@@ -326,6 +327,11 @@ class Coordinator:
         event = env.event
         if isinstance(event, SnapshotTaken) or env.producer == ROUTER:
             return  # its own records: folded when they were made
+        if type(event) in CHECKED or not 0 <= env.time <= MAX_TIME:
+            reason = refusal(event) if 0 <= env.time <= MAX_TIME else "time out of range"
+            if reason is not None:  # nothing changes, nothing is forwarded
+                self.engine.unfolded.append((env.offset, reason))
+                return
         self.now = max(self.now, env.time)
         engine = self.engine
         engine.now = max(engine.now, env.time)

@@ -30,7 +30,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from events.log import EventLog
+from events.log import EventLog, read_past_unreadable
 from events.types import (
     BindFailed,
     Envelope,
@@ -84,7 +84,14 @@ class KubeBinder:
         self.uids: dict[str, str] = {}
         """Live pods → their uid, from the records that brought them: a Binding names it,
         so that a decision made for a pod never binds another that took its name."""
-        self.counters = {"bound": 0, "bind_failed": 0, "evicted": 0, "events": 0, "group_status": 0}
+        self.counters = {
+            "bound": 0,
+            "bind_failed": 0,
+            "evicted": 0,
+            "events": 0,
+            "group_status": 0,
+            "skipped": 0,
+        }
 
     def __repr__(self) -> str:
         return f"KubeBinder(position={self.position}, {self.counters})"
@@ -96,7 +103,7 @@ class KubeBinder:
         """Start after the last position this binder recorded in the log (0 if none).
 
         The pod-group sources seen before it are learnt again on the way."""
-        records = await self.log.read(self.partition, 0)
+        records, _, _ = await read_past_unreadable(self.log, self.partition, 0)
         for env in records:
             event = env.event
             if isinstance(event, PositionRecorded) and event.component == "binder":
@@ -126,8 +133,14 @@ class KubeBinder:
         """Apply what is new in the log; return the events appended (bind failures)."""
         if not self.resumed:
             await self.resume()
-        records = await self.log.read(self.partition, self.position)
+        records, unreadable, position = await read_past_unreadable(
+            self.log, self.partition, self.position
+        )
+        for offset, reason in unreadable:  # skipped, and recorded by its partition's reader
+            self.counters["skipped"] += 1
+            log.warning("record skipped partition=%d offset=%d: %s", self.partition, offset, reason)
         if not records:
+            self.position = position
             return 0
         out: list[Envelope] = []
         applied = False
@@ -144,7 +157,7 @@ class KubeBinder:
             # recorded with the results, atomically: a restart resumes after these
             out.append(
                 Envelope(
-                    event=PositionRecorded(component="binder", position=records[-1].offset + 1),
+                    event=PositionRecorded(component="binder", position=position),
                     time=self.clock(),
                     producer="binder",
                 )
@@ -153,7 +166,7 @@ class KubeBinder:
             await self.log.append(out, self.partition)
         # only now: if the append failed, the same records are applied again, and
         # every action here is idempotent (a repeated binding is recognised)
-        self.position = records[-1].offset + 1
+        self.position = position
         return sum(1 for e in out if not isinstance(e.event, PositionRecorded))
 
     async def run(self, stop: asyncio.Event, interval: float = 0.05) -> None:
