@@ -316,6 +316,13 @@ def build_parser() -> argparse.ArgumentParser:
     snapshot_option(srv)
     srv.add_argument("--watch-seconds", type=positive, default=30)
     srv.add_argument("--lease-seconds", type=positive, default=15)
+    srv.add_argument(
+        "--stuck-after",
+        type=positive,
+        default=120,
+        metavar="SECONDS",
+        help="/healthz fails once a running role has made no progress this long (120)",
+    )
 
     work = sub.add_parser(
         "worker",
@@ -391,6 +398,7 @@ async def _serve(args: argparse.Namespace) -> int:
         namespace=args.namespace,
         watch_seconds=args.watch_seconds,
         lease_seconds=args.lease_seconds,
+        stuck_after=args.stuck_after,
         **({"identity": args.identity} if args.identity else {}),
     )
     return await serve(options)

@@ -96,6 +96,10 @@ class ServeOptions:
     watch_seconds: int = 30
     lease_seconds: int = 15
     stale_after: float = 10.0
+    stuck_after: float = 120.0
+    """``/healthz`` fails once a running role has made no progress for this long (a
+    bus down, a record that crashes it again and again), so that Kubernetes restarts
+    the process rather than leave it retrying for ever."""
     """Seconds without a successful bus operation after which /readyz says 503."""
 
     def validate(self) -> None:
@@ -164,6 +168,8 @@ class Service:
         self.stop = asyncio.Event()
         self.bus: EventLog | None = None
         self.last_poll = 0.0
+        self.alive: dict[str, float] = {}
+        """Per running role, when it last made progress (see :meth:`stuck`)."""
         self.sharding = options.layout()
         self.routed = options.shards > 1
         """Several shards: one partition each and the control partition, a coordinator."""
@@ -195,6 +201,16 @@ class Service:
     def binder(self) -> KubeBinder | None:
         return self.binders[0] if self.binders else None
 
+    def stuck(self) -> list[str]:
+        """The running roles (shards, the coordinator and binder where this process
+        leads them) whose last progress (a poll that succeeded) is older than
+        ``stuck_after``."""
+        now = time.monotonic()
+        return sorted(r for r, t in self.alive.items() if now - t > self.options.stuck_after)
+
+    def _progress(self, role: str) -> None:
+        self.last_poll = self.alive[role] = time.monotonic()
+
     def ready(self) -> tuple[bool, str]:
         if self.bus is None:
             return False, "the bus is not open"
@@ -209,6 +225,13 @@ class Service:
 
     async def _http(self) -> web.AppRunner:
         async def healthz(_: web.Request) -> web.Response:
+            stuck = self.stuck()
+            if stuck:
+                return web.Response(
+                    text=f"stuck: {', '.join(stuck)} made no progress for over "
+                    f"{self.options.stuck_after:g}s\n",
+                    status=503,
+                )
             return web.Response(text="ok\n")
 
         async def readyz(_: web.Request) -> web.Response:
@@ -353,8 +376,11 @@ class Service:
         elector = self.leaders[role]
         while not self.stop.is_set():
             if not elector.leader:
+                self.alive.pop(role, None)  # standing by is not being stuck
                 await self._sleep(self.options.poll_interval * 4)
                 continue
+            if role != "ingest":  # its watches retry on their own
+                self.alive.setdefault(role, time.monotonic())
             lost = asyncio.Event()
             assert self.bus is not None
             if role == "ingest":
@@ -417,7 +443,7 @@ class Service:
                     idle = False
                     break
                 backoff = self.options.poll_interval
-                self.last_poll = time.monotonic()
+                self._progress("binder")
                 for key, value in binder.counters.items():
                     if value > before[key]:
                         self.metrics.inc(
@@ -453,6 +479,12 @@ class Service:
         worker = self.coordinator = self._control_worker(sharding, bus)
         self._lag_gauge("coordinator", self.control_partition)
         self.metrics.gauge(
+            "records_quarantined",
+            "Records skipped because they could not be decoded or folded (RecordQuarantined).",
+            lambda: float(len(self.coordinator.quarantined) if self.coordinator else 0),
+            {"role": "coordinator"},
+        )
+        self.metrics.gauge(
             "coordinator_inflight",
             "Units the coordinator handed to shards and has not heard back about.",
             lambda: float(len(self.coordinator.control.flights) if self.coordinator else 0),
@@ -465,7 +497,7 @@ class Service:
                 worker = self.coordinator = self._control_worker(sharding, bus)
                 continue
             backoff = self.options.poll_interval
-            self.last_poll = time.monotonic()
+            self._progress("coordinator")
             self._coordinator_metrics(worker)
             wake = worker.control.next_wakeup()
             with contextlib.suppress(LogError):  # a tick that failed is retried next round
@@ -531,8 +563,15 @@ class Service:
                 {**labels, "queue": where},
             )
         self._lag_gauge(f"shard-{shard}", partition)
+        self.metrics.gauge(
+            "records_quarantined",
+            "Records skipped because they could not be decoded or folded (RecordQuarantined).",
+            lambda: float(len(self.workers[shard].quarantined)) if shard in self.workers else 0.0,
+            {"role": f"shard-{shard}"},
+        )
         backoff = options.poll_interval
         worker: ShardWorker | None = None
+        self.alive[f"shard-{shard}"] = time.monotonic()
         while not self.stop.is_set():
             if worker is None:
                 # a fresh start and a failed bus alike: rebuild the engine from the log
@@ -571,7 +610,7 @@ class Service:
                 worker = None
                 continue
             backoff = options.poll_interval
-            self.last_poll = time.monotonic()
+            self._progress(f"shard-{shard}")
             self._shard_metrics(engine, before, time.perf_counter() - started, labels)
             try:
                 ticked = await tick_if_due(

@@ -34,7 +34,10 @@ async def get(url: str) -> tuple[int, str]:
 
 @contextlib.asynccontextmanager
 async def running(
-    apiserver: FakeApiServer, shards: int = 1, sharding: Sharding | None = None
+    apiserver: FakeApiServer,
+    shards: int = 1,
+    sharding: Sharding | None = None,
+    stuck_after: float = 120.0,
 ) -> AsyncIterator[Service]:
     """``serve --role all`` in this process against ``apiserver``; stopped on exit."""
     services: list[Service] = []
@@ -50,6 +53,7 @@ async def running(
         watch_seconds=1,
         lease_seconds=3,
         poll_interval=0.02,
+        stuck_after=stuck_after,
     )
     task = asyncio.create_task(serve(options, ready=services.append))
     try:
@@ -470,3 +474,51 @@ async def test_bus_outage_is_ridden_out(
     ]
     assert sorted(bound) == ["default/before", "default/during"], bound
     assert replay(records, verify=True).mismatch is None
+
+
+async def test_healthz_fails_while_a_role_is_stuck_and_recovers_with_it(
+    apiserver: FakeApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bus that keeps failing leaves every role retrying: /healthz says which roles are
+    stuck (so Kubernetes restarts the process), and is healthy again once they move."""
+    from events.memory import MemoryLog
+    from shards import serve as serve_module
+
+    flaky = FlakyLog(MemoryLog())
+
+    async def open_flaky(url: str, **_: Any) -> FlakyLog:
+        return flaky
+
+    monkeypatch.setattr(serve_module, "open_bus", open_flaky)
+    apiserver.put("Node", node("n1"))
+    async with running(apiserver, stuck_after=1.0) as service:
+        apiserver.put("Pod", pod("p"))
+        await eventually(
+            lambda: bool(apiserver.get("Pod", "p", "default")["spec"].get("nodeName")),
+            timeout=30,
+        )
+        assert (await get(f"{service.url}/healthz"))[0] == 200
+        flaky.failing = True
+        await eventually(lambda: {"binder", "shard-0"} <= set(service.stuck()), timeout=60)
+        status, text = await get(f"{service.url}/healthz")
+        assert status == 503 and "binder" in text and "shard-0" in text, text
+        flaky.failing = False
+        await eventually(lambda: not service.stuck(), timeout=60)
+        assert (await get(f"{service.url}/healthz"))[0] == 200
+
+
+async def test_a_node_no_column_can_hold_is_quarantined_and_counted(
+    apiserver: FakeApiServer,
+) -> None:
+    apiserver.put("Node", node("huge", cpu="4e18"))
+    apiserver.put("Node", node("n1"))
+    async with running(apiserver) as service:
+        apiserver.put("Pod", pod("p"))
+        await eventually(
+            lambda: apiserver.get("Pod", "p", "default")["spec"].get("nodeName") == "n1",
+            timeout=30,
+        )
+        await eventually(
+            lambda: 'shoal_records_quarantined{role="shard-0"} 1' in service.metrics.render(),
+            timeout=30,
+        )
