@@ -422,11 +422,13 @@ class PodGroupStatusChanged(_Fact, frozen=True, kw_only=True, tag="group~"):
 
 class PodRejected(_Fact, frozen=True, kw_only=True, tag="reject"):
     """The scheduler gave up on a pod for good (its group timed out, a dependency
-    failed); it will not be retried."""
+    failed), or ingest refused it at admission (a value out of range: ``uid`` is then
+    the object's, for the Event on it); it will not be retried."""
 
     pod: str
     reason: str
     shard: int = 0
+    uid: str = ""
 
 
 class PodUnbound(_Fact, frozen=True, kw_only=True, tag="unbind"):

@@ -377,6 +377,11 @@ class Coordinator:
                 engine.apply(env)
                 for shard in range(self.n):
                     self.send(shard, event)
+            case PodRejected() if env.producer == "ingest":
+                # refused at admission: the pod never reaches a shard, but the binder
+                # of shard 0's partition writes the Event on it
+                engine.apply(env)
+                self.send(0, event)
             case ShardingConfigured() | ClockTicked():
                 pass
             case _:

@@ -23,7 +23,7 @@ import datetime
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import aiohttp
 from kubernetes_asyncio import client
@@ -53,6 +53,10 @@ from events.types import (
 from shards.kube.client import checked
 
 log = logging.getLogger(__name__)
+
+_ADMISSION: Final = ("ingest", "router")
+"""Producers of a ``PodRejected`` for a pod refused at admission: ingest (one shard), or
+the coordinator forwarding it (several)."""
 T = TypeVar("T")
 
 
@@ -187,9 +191,13 @@ class KubeBinder:
                     await self._evict(event.pod)
                 case PodUnschedulable() if from_shard and event.attempt > 0:
                     await self._warn(event.pod, "FailedScheduling", event.reason)
-                case PodRejected() if from_shard:
-                    self.uids.pop(event.pod, None)
+                case PodRejected() if from_shard or env.producer in _ADMISSION:
+                    # from a shard, or refused by ingest (told by the coordinator when
+                    # there are several shards)
+                    if event.uid:
+                        self.uids[event.pod] = event.uid
                     await self._warn(event.pod, "FailedScheduling", event.reason)
+                    self.uids.pop(event.pod, None)
                 case PodGroupStatusChanged() if from_shard:
                     await self._group_status(event)
                 case _ if not from_shard:
@@ -290,7 +298,14 @@ class KubeBinder:
         now = datetime.datetime.now(datetime.UTC)
         body = client.CoreV1Event(
             metadata=client.V1ObjectMeta(generate_name=f"{name}.", namespace=namespace),
-            involved_object=client.V1ObjectReference(kind="Pod", name=name, namespace=namespace),
+            # uid and apiVersion: what `kubectl describe pod` selects the pod's Events by
+            involved_object=client.V1ObjectReference(
+                api_version="v1",
+                kind="Pod",
+                name=name,
+                namespace=namespace,
+                uid=self.uids.get(key) or None,
+            ),
             reason=reason,
             message=message,
             type="Warning",

@@ -40,6 +40,7 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.watch import Watch
 
+from events.codec import encode
 from events.errors import InputError
 from events.log import EventLog
 from events.tasks import being_cancelled
@@ -54,6 +55,7 @@ from events.types import (
     PodDeleted,
     PodFailed,
     PodGroupSubmitted,
+    PodRejected,
     PodSubmitted,
     PodSucceeded,
     QuotaDefined,
@@ -180,6 +182,8 @@ class KubeIngest:
         self.pods: dict[str, str] = {}
         """Pod → node it is bound to (``""`` while pending)."""
         self.finished: set[str] = set()
+        self.refused: set[str] = set()
+        """Pods refused at admission (ignored until deleted)."""
         self.groups: set[str] = set()
         self.quotas: dict[str, JSON] = {}
         self.classes: dict[str, int] = {}
@@ -259,18 +263,59 @@ class KubeIngest:
         return Reflector(name, call, on_event, on_relist, watch_seconds=self.watch_seconds)
 
     async def _emit(self, events: list[Event]) -> None:
-        if events:
-            now = self.clock()
-            await self.log.append(
-                [Envelope(event=e, time=now, producer="ingest") for e in events], self.partition
-            )
-            self.appended += len(events)
+        """Append ``events`` (what one watch event or one relist changed). Each is
+        encoded first: one that cannot be (a value no record can hold) is left out and
+        reported, and the others are appended, so that one bad object never stops the
+        rest (a relist appends every object in one call)."""
+        if not events:
+            return
+        now = self.clock()
+        envelopes = [Envelope(event=e, time=now, producer="ingest") for e in events]
+        try:
+            await self.log.append(envelopes, self.partition)
+        except _UNENCODABLE:
+            # nothing was appended (an append encodes every record first): find the
+            # records that cannot be encoded, report them, append the others
+            kept = []
+            for env in envelopes:
+                try:
+                    encode(env)
+                except _UNENCODABLE as exc:
+                    problem = InputError(f"cannot be recorded: {exc}")
+                    event = env.event
+                    if isinstance(event, PodSubmitted):
+                        self.pods.pop(event.pod.key, None)
+                        refusal = self._refuse_pod(event.pod.key, {"uid": event.pod.uid}, problem)
+                        kept += [Envelope(event=e, time=now, producer="ingest") for e in refusal]
+                    else:
+                        self._reject(f"{type(event).__name__} {_subject(event)}", problem)
+                    continue
+                kept.append(env)
+            if not kept:
+                return
+            await self.log.append(kept, self.partition)
+            envelopes = kept
+        self.appended += len(envelopes)
 
     def _reject(self, what: str, exc: InputError) -> list[Event]:
         message = f"{what}: {exc}"
         self.rejected.append(message)
         log.warning("object rejected: %s", message)
         return []
+
+    def _refuse_pod(self, key: str, meta: JSON, exc: InputError) -> list[Event]:
+        """A pod refused at admission: reported, and recorded as rejected (the binder
+        writes the ``FailedScheduling`` Event on it); its later updates are ignored
+        until it is deleted."""
+        self._reject(f"Pod {key}", exc)
+        self.refused.add(key)
+        return [
+            PodRejected(
+                pod=key,
+                reason=f"refused at admission: {exc}"[:1000],
+                uid=str(meta.get("uid") or ""),
+            )
+        ]
 
     # ------------------------------------------------------------------ kinds
 
@@ -334,8 +379,9 @@ class KubeIngest:
         phase = (obj.get("status") or {}).get("phase") or "Pending"
         if kind == "DELETED":
             self.finished.discard(key)
+            self.refused.discard(key)
             return [PodDeleted(pod=key)] if self.pods.pop(key, None) is not None else []
-        if key in self.finished:
+        if key in self.finished or key in self.refused:
             return []
         if key not in self.pods:
             served = (spec.get("schedulerName") or DEFAULT_SCHEDULER) in self.served
@@ -351,7 +397,7 @@ class KubeIngest:
                     depends_on=dependencies(parsed.annotations, parsed.namespace),
                 )
             except InputError as exc:
-                return self._reject(f"Pod {key}", exc)
+                return self._refuse_pod(key, meta, exc)
             self.pods[key] = node
             events: list[Event] = [PodSubmitted(pod=parsed)]
             if node:
@@ -430,3 +476,19 @@ async def _wait_any(event: asyncio.Event, stop: asyncio.Event) -> None:
     finally:
         for waiter in waiters:
             waiter.cancel()
+
+
+_UNENCODABLE = (OverflowError, msgspec.EncodeError)
+"""What encoding a record raises for a value no record can hold (an int beyond 64 bits)."""
+
+
+def _subject(event: Event) -> str:
+    """What ``event`` is about, for a message: a pod's or node's name."""
+    for attribute in ("pod", "node", "group", "quota"):
+        value = getattr(event, attribute, None)
+        if isinstance(value, str):
+            return value
+        key = getattr(value, "key", None) or getattr(value, "name", None)
+        if isinstance(key, str):
+            return key
+    return ""

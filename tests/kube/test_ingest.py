@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from events.filelog import FileLog
 from events.memory import MemoryLog
 from events.types import (
     NodeAdded,
@@ -287,3 +289,40 @@ async def test_pods_are_listed_after_the_nodes_even_when_the_node_list_is_slow(
     stop.set()
     apiserver.drop_watches()
     await asyncio.wait_for(task, 10)
+
+
+async def test_one_pod_no_record_can_hold_never_stops_the_rest(
+    apiserver: FakeApiServer, api: Any, tmp_path: Path
+) -> None:
+    """A pod asking 100P CPUs (10^20 milli-CPUs: beyond 64 bits) among others: the
+    initial list appends every object in one call; the one bad pod is refused with a
+    reason and every other object is recorded, on a log that encodes what it stores."""
+    apiserver.put("Node", node("n"))
+    huge = pod("huge")
+    huge["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "100P"
+    apiserver.put("Pod", huge)
+    for i in range(3):
+        apiserver.put("Pod", pod(f"fine-{i}"))
+    log = FileLog(tmp_path / "ingest.events")
+    ingest = KubeIngest(api, log, watch_seconds=1)
+    stop = asyncio.Event()
+    task = asyncio.create_task(ingest.run(stop))
+    try:
+        await asyncio.wait_for(ingest.synced(), 10)
+        await eventually(lambda: len(ingest.rejected) >= 1)
+        recorded = {(type(e.event).__name__, _key(e.event)) for e in await log.read(0, 0)}
+        assert {("PodSubmitted", f"default/fine-{i}") for i in range(3)} <= recorded
+        assert ("NodeAdded", "n") in recorded
+        assert ("PodSubmitted", "default/huge") not in recorded
+        assert any("default/huge" in r for r in ingest.rejected), ingest.rejected
+    finally:
+        stop.set()
+        apiserver.drop_watches()
+        await asyncio.wait_for(task, 10)
+        await log.close()
+
+
+def _key(event: Any) -> str:
+    return str(getattr(getattr(event, "pod", None), "key", "") or getattr(event, "name", "")) or (
+        getattr(getattr(event, "node", None), "name", "")
+    )
