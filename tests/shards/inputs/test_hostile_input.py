@@ -262,10 +262,13 @@ KIND_NAMES = sorted({kind for _, kind in KINDS})
 def documents(draw: st.DrawFn) -> Any:
     """A Kubernetes-shaped document: known or random apiVersion and kind (strings or
     not), and random structures where a scenario reads metadata, spec and the rest."""
-    doc: dict[Any, Any] = {
-        "apiVersion": draw(st.one_of(st.sampled_from(VERSIONS), TREES)),
-        "kind": draw(st.one_of(st.sampled_from(KIND_NAMES), TREES)),
-    }
+    version, kind = draw(
+        st.one_of(
+            st.sampled_from(sorted(KINDS)),
+            st.tuples(st.sampled_from(VERSIONS) | TREES, st.sampled_from(KIND_NAMES) | TREES),
+        )
+    )
+    doc: dict[Any, Any] = {"apiVersion": version, "kind": kind}
     meta = draw(st.dictionaries(st.sampled_from(WORDS), TREES, max_size=4))
     if draw(st.booleans()):
         meta["name"] = draw(st.sampled_from(["p", "q", "g", "n"]))
