@@ -13,8 +13,13 @@ message, the JSON of the log). So, before a document is built into data:
   :data:`MAX_ALIAS_NODES` values (scalars, lists and mappings, counted as if every
   alias were written out) over the whole file: sharing a labels block between nodes
   is fine, multiplying a file a millionfold is not;
+- lists and mappings nest at most :data:`MAX_DEPTH` deep;
 - a number of more than :data:`MAX_NUMBER_CHARS` characters, or a date that does not
   exist, is a YAML error at its line (PyYAML raises ``ValueError`` for both).
+
+The pure-Python loader, not libyaml's ten times faster one: libyaml composes nested
+collections by C recursion and crashes the process (a segmentation fault) on a few
+hundred kilobytes of ``[``, where Python's recursion limit raises an error we report.
 
 Every refusal is an :class:`~events.errors.InputError` naming the file, the document
 and, where YAML knows it, the line and column.
@@ -37,6 +42,9 @@ MAX_FILE_BYTES: Final = 256 * 1024 * 1024
 MAX_DOCUMENT_BYTES: Final = 16 * 1024 * 1024
 MAX_ALIAS_NODES: Final = 1_000_000
 MAX_NUMBER_CHARS: Final = 64
+MAX_DEPTH: Final = 100
+"""Lists and mappings nested deeper than this (a Kubernetes object nests about 10 deep)
+are refused: whoever walks the data (JSON of the log among them) recurses."""
 _MARKER: Final = re.compile(rb"^(?:---|\.\.\.)(?=[ \t\r\n]|$)", re.MULTILINE)
 """A document marker: a line starting ``---`` or ``...``. YAML allows none inside a
 document, so the text between two of them holds at most one document."""
@@ -104,6 +112,10 @@ def _measure(root: yaml.Node) -> tuple[int, int]:
         if key in sizes:
             continue
         on_path.add(key)
+        if len(on_path) > MAX_DEPTH:
+            raise ConstructorError(
+                None, None, f"nested more than {MAX_DEPTH} deep", node.start_mark
+            )
         stack.append((node, True))
         for child in _children(node):
             if id(child) in on_path:

@@ -109,6 +109,17 @@ def test_a_recursive_alias_is_refused(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "document 1: malformed YAML: line 3" in err and "recursive" in err
 
 
+@pytest.mark.parametrize("depth", [150, 200_000])
+def test_deep_nesting_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], depth: int
+) -> None:
+    """Deeper than any Kubernetes object; deep enough to overflow a recursive walker (the
+    JSON of a configuration in the log) or, in libyaml's C composer, the process."""
+    text = f"apiVersion: v1\nkind: Pod\nmetadata: {{name: p, x: {'[' * depth}{']' * depth}}}\n"
+    err = refused(capsys, tmp_path / "deep.yaml", text)
+    assert "document 1: " in err and ("nested more than 100 deep" in err or "too deeply" in err)
+
+
 def test_a_kind_that_is_not_a_string(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     err = refused(
         capsys, tmp_path / "kind.yaml", "apiVersion: v1\nkind: [Pod]\nmetadata: {name: p}\n"
