@@ -404,6 +404,41 @@ FIELDS = [
 ]
 
 
+def fit_args(**strategy: Any) -> list[Doc]:
+    args = {"scoringStrategy": strategy}
+    return [config(profiles=[{"pluginConfig": [{"name": "NodeResourcesFit", "args": args}]}])]
+
+
+def shape(utilization: int, score: int) -> list[Doc]:
+    points = [{"utilization": utilization, "score": score}]
+    return fit_args(type="RequestedToCapacityRatio", requestedToCapacityRatio={"shape": points})
+
+
+FIELDS += [
+    Field(
+        "NodeResourcesFit resource weight",
+        lambda v: fit_args(resources=[{"name": "cpu", "weight": v}]),
+        ints(1, 100),
+        beyond(1, 100),
+        "scoringStrategy.resources[0]",
+    ),
+    Field(
+        "shape utilization",
+        lambda v: shape(v, 5),
+        ints(0, 100),
+        beyond(0, 100),
+        "requestedToCapacityRatio.shape[0]",
+    ),
+    Field(
+        "shape score",
+        lambda v: shape(50, v),
+        ints(0, 10),
+        beyond(0, 10),
+        "requestedToCapacityRatio.shape[0]",
+    ),
+]
+
+
 @pytest.mark.parametrize("field", FIELDS, ids=[f.name for f in FIELDS])
 @given(data=st.data())
 def test_values_inside_the_bounds_load_and_encode(field: Field, data: st.DataObject) -> None:
