@@ -73,9 +73,9 @@ def _go_duration(value: Any, where: str) -> int:
         )
     hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
     total = hours * 3600 + minutes * 60 + seconds
-    if not 0 < total <= MAX_SECONDS:
-        raise InputError(f"must be positive, at most {MAX_SECONDS}s", location=where)
-    return round(total * SECOND)
+    if not 1 / SECOND <= total <= MAX_SECONDS:
+        raise InputError(f"must be from 1ns to {MAX_SECONDS}s", location=where)
+    return max(round(total * SECOND), 1)
 
 
 def dependencies(annotations: Mapping[str, str], namespace: str) -> tuple[str, ...]:

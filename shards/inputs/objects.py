@@ -122,7 +122,10 @@ def _seconds(value: Any, where: str, *, positive: bool) -> int:
         raise InputError(
             f"must be at most {MAX_SECONDS} seconds, got {shown(value)}", location=where
         )
-    return round(seconds * SECOND)
+    nanoseconds = round(seconds * SECOND)
+    if positive and nanoseconds == 0:
+        raise InputError(f"must be at least a nanosecond, got {shown(value)}", location=where)
+    return nanoseconds
 
 
 def arrival(obj: Mapping[str, Any], where: str) -> int:

@@ -410,7 +410,9 @@ def parse_sharding(raw: Mapping[str, Any]) -> ShardingSpec:
         tenants.append((namespace, tuple(wanted)))
     timeout = raw.get("reservationTimeoutSeconds")
     if timeout is not None and (
-        not isinstance(timeout, int | float) or isinstance(timeout, bool) or not 0 < timeout <= 3600
+        not isinstance(timeout, int | float)
+        or isinstance(timeout, bool)
+        or not 1 / SECOND <= timeout <= 3600
     ):
         raise InputError(
             "must be a number of seconds in (0, 3600]", location="reservationTimeoutSeconds"
@@ -418,7 +420,7 @@ def parse_sharding(raw: Mapping[str, Any]) -> ShardingSpec:
     return ShardingSpec(
         pools=tuple(pools),
         tenants=tuple(tenants),
-        reservation_timeout=None if timeout is None else int(timeout * SECOND),
+        reservation_timeout=None if timeout is None else max(int(timeout * SECOND), 1),
     )
 
 

@@ -546,3 +546,29 @@ def test_the_largest_cluster_schedules_and_replays_exactly(
     assert pods["default/probe"]["node"] == "b"
     assert pods["default/whole"]["phase"] == "Succeeded"
     assert main(["replay", str(log), "--verify"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("docs", "location"),
+    [
+        ([pod(meta={"annotations": {"shoal.io/runtime": "1e-12"}})], "shoal.io/runtime"),
+        (
+            [group("batch.scheduler.tencent.com/v1", minMember=1, maxScheduleTime="0.0000000001s")],
+            "spec.maxScheduleTime",
+        ),
+        (
+            [
+                {
+                    "apiVersion": "shoal.io/v1alpha1",
+                    "kind": "ShardingConfiguration",
+                    "reservationTimeoutSeconds": 1e-12,
+                }
+            ],
+            "reservationTimeoutSeconds",
+        ),
+    ],
+    ids=["runtime", "maxScheduleTime", "reservationTimeoutSeconds"],
+)
+def test_a_positive_duration_is_at_least_a_nanosecond(docs: list[Doc], location: str) -> None:
+    """A duration that must be positive never rounds to zero nanoseconds."""
+    assert location in refused(docs)
