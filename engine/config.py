@@ -8,6 +8,7 @@ removes all), ``enabled`` re-weights a default in place or appends a new plugin;
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -17,6 +18,13 @@ from events.errors import InputError
 API_VERSIONS: Final = ("kubescheduler.config.k8s.io/v1", "kubescheduler.config.k8s.io/v1beta3")
 KIND: Final = "KubeSchedulerConfiguration"
 DEFAULT_SCHEDULER: Final = "default-scheduler"
+MAX_SECONDS: Final = 100_000_000
+"""The longest duration (about 3 years) a configuration or scenario field may state:
+back-offs here, arrivals, runtimes and time-outs in scenarios. Times are int64
+nanoseconds; bounded durations keep every sum of a few of them far inside that."""
+MAX_DOCUMENT_NODES: Final = 100_000
+"""The most values (mappings, lists and scalars) a configuration document may hold."""
+_INT64: Final = (-(2**63), 2**63 - 1)
 POINTS: Final = ("preFilter", "filter", "postFilter", "preScore", "score", "reserve", "permit")
 
 DEFAULT_PLUGINS: Final[dict[str, tuple[tuple[str, int], ...]]] = {
@@ -193,6 +201,42 @@ def parse_profile(raw: Any, where: str) -> ProfileConfig:
     )
 
 
+def _plain(raw: Mapping[str, Any], where: str) -> None:
+    """The document is recorded in the log as JSON and read back on replay: refuse what
+    JSON cannot carry exactly (keys that are not strings, integers beyond 64 bits,
+    infinities, dates) wherever it is, even in fields shoal ignores; and a document of
+    more than :data:`MAX_DOCUMENT_NODES` values."""
+    stack: list[tuple[Any, str]] = [(raw, where)]
+    seen = 0
+    while stack:
+        value, loc = stack.pop()
+        seen += 1
+        if seen > MAX_DOCUMENT_NODES:
+            raise InputError(f"holds more than {MAX_DOCUMENT_NODES} values", location=where)
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise InputError(
+                        f"keys must be strings, got a {type(key).__name__}", location=loc
+                    )
+                stack.append((item, f"{loc}.{key}" if loc else key))
+        elif isinstance(value, list):
+            stack.extend((item, f"{loc}[{i}]") for i, item in enumerate(value))
+        elif isinstance(value, bool) or value is None or isinstance(value, str):
+            continue
+        elif isinstance(value, int):
+            if not _INT64[0] <= value <= _INT64[1]:
+                raise InputError("integer out of the 64-bit range", location=loc)
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise InputError("must be a finite number", location=loc)
+        else:
+            raise InputError(
+                f"must be a string, number, boolean, list or mapping, got a {type(value).__name__}",
+                location=loc,
+            )
+
+
 def parse_config(raw: Any, where: str = "config") -> SchedulerConfig:
     """Validate a ``KubeSchedulerConfiguration`` document (already parsed from YAML)."""
     _expect(raw, dict, "a KubeSchedulerConfiguration mapping", where)
@@ -206,6 +250,7 @@ def parse_config(raw: Any, where: str = "config") -> SchedulerConfig:
     unknown = set(raw) - _TOP_LEVEL
     if unknown:
         raise InputError(f"unknown field {sorted(unknown)[0]!r}", location=where)
+    _plain(raw, where)
     raw_profiles = raw.get("profiles") or [{}]
     _expect(raw_profiles, list, "a list of profiles", f"{where}.profiles")
     profiles = tuple(parse_profile(p, f"{where}.profiles[{i}]") for i, p in enumerate(raw_profiles))
@@ -220,8 +265,11 @@ def parse_config(raw: Any, where: str = "config") -> SchedulerConfig:
     initial = raw.get("podInitialBackoffSeconds", 1)
     maximum = raw.get("podMaxBackoffSeconds", 10)
     for key, value in (("podInitialBackoffSeconds", initial), ("podMaxBackoffSeconds", maximum)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise InputError("must be a non-negative integer", location=f"{where}.{key}")
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_SECONDS:
+            raise InputError(
+                f"must be a non-negative integer, at most {MAX_SECONDS} (seconds)",
+                location=f"{where}.{key}",
+            )
     if maximum < initial:
         raise InputError(
             "must not be less than podInitialBackoffSeconds",

@@ -2,6 +2,8 @@
 
 Resource quantities (``quantity.py``), Nodes, Pods and PriorityClasses (``objects.py``),
 PodGroups, ElasticQuotas and dependency annotations (``groups.py``) and scenario files
-(``scenario.py``). Both the scenario loader and the Kubernetes adapter (``shards/kube/``)
+(``scenario.py``, read through ``yamlfile.py``, which bounds what YAML may cost). The
+bounds on every number, and why, are in ``limits.py``; sums over a scenario in
+``totals.py``. Both the scenario loader and the Kubernetes adapter (``shards/kube/``)
 read objects through these modules, so the rules are the same on both paths.
 """

@@ -19,12 +19,14 @@ namespace that must succeed first.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Mapping
 from typing import Any, Final
 
 from events.errors import InputError
 from events.types import SECOND, GroupSpec, QuotaSpec
+from shards.inputs.limits import MAX_MIN_MEMBER, MAX_SECONDS, shown
 from shards.inputs.objects import BUILTIN_PRIORITY_CLASSES, _map, _name, _string_map, quantities
 
 DEPENDS_ON: Final = "shoal.io/depends-on"
@@ -50,13 +52,15 @@ _DURATION: Final = re.compile(
 def _namespace(meta: Mapping[str, Any]) -> str:
     namespace = meta.get("namespace", "default")
     if not isinstance(namespace, str) or not namespace or "/" in namespace:
-        raise InputError(f"invalid namespace {namespace!r}", location="metadata.namespace")
+        raise InputError(f"invalid namespace {shown(namespace)}", location="metadata.namespace")
     return namespace
 
 
-def _positive_int(value: Any, where: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise InputError(f"must be a positive integer, got {value!r}", location=where)
+def _positive_int(value: Any, where: str, most: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= most:
+        raise InputError(
+            f"must be a positive integer, got {shown(value)} (at most {most})", location=where
+        )
     return value
 
 
@@ -64,12 +68,14 @@ def _go_duration(value: Any, where: str) -> int:
     """A Go duration (``90s``, ``1m30s``, ``2h``) in nanoseconds."""
     match = _DURATION.match(value) if isinstance(value, str) and value else None
     if match is None or not any(match.groups()):
-        raise InputError(f"must be a duration such as 90s or 5m, got {value!r}", location=where)
+        raise InputError(
+            f"must be a duration such as 90s or 5m, got {shown(value)}", location=where
+        )
     hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
-    total = round((hours * 3600 + minutes * 60 + seconds) * SECOND)
-    if total <= 0:
-        raise InputError("must be positive", location=where)
-    return total
+    total = hours * 3600 + minutes * 60 + seconds
+    if not 1 / SECOND <= total <= MAX_SECONDS:
+        raise InputError(f"must be from 1ns to {MAX_SECONDS}s", location=where)
+    return max(round(total * SECOND), 1)
 
 
 def dependencies(annotations: Mapping[str, str], namespace: str) -> tuple[str, ...]:
@@ -79,11 +85,13 @@ def dependencies(annotations: Mapping[str, str], namespace: str) -> tuple[str, .
     names = [n.strip() for n in raw.split(",")]
     where = f'metadata.annotations["{DEPENDS_ON}"]'
     if not all(names):
-        raise InputError(f"must be a comma-separated list of names, got {raw!r}", location=where)
+        raise InputError(
+            f"must be a comma-separated list of names, got {shown(raw)}", location=where
+        )
     for name in names:
         if "/" in name:
             raise InputError(
-                f"names a dependency in the same namespace, without a namespace: {name!r}",
+                f"names a dependency in the same namespace, without a namespace: {shown(name)}",
                 location=where,
             )
     return tuple(dict.fromkeys(f"{namespace}/{n}" for n in names))
@@ -96,11 +104,14 @@ def pod_group(obj: Mapping[str, Any], classes: Mapping[str, int]) -> GroupSpec:
     spec = _map(obj.get("spec"), "spec", required=True)
     namespace = _namespace(meta)
     annotations = _string_map(meta.get("annotations"), "metadata.annotations")
-    min_member = _positive_int(spec.get("minMember"), "spec.minMember")
+    min_member = _positive_int(spec.get("minMember"), "spec.minMember", MAX_MIN_MEMBER)
     timeout = None
     if source == "scheduler-plugins" and spec.get("scheduleTimeoutSeconds") is not None:
         timeout = (
-            _positive_int(spec["scheduleTimeoutSeconds"], "spec.scheduleTimeoutSeconds") * SECOND
+            _positive_int(
+                spec["scheduleTimeoutSeconds"], "spec.scheduleTimeoutSeconds", MAX_SECONDS
+            )
+            * SECOND
         )
     if source == "tencent" and spec.get("maxScheduleTime") is not None:
         timeout = _go_duration(spec["maxScheduleTime"], "spec.maxScheduleTime")
@@ -110,7 +121,7 @@ def pod_group(obj: Mapping[str, Any], classes: Mapping[str, int]) -> GroupSpec:
         known = {**BUILTIN_PRIORITY_CLASSES, **classes}
         if not isinstance(class_name, str) or class_name not in known:
             raise InputError(
-                f"unknown priority class {class_name!r}", location="spec.priorityClassName"
+                f"unknown priority class {shown(class_name)}", location="spec.priorityClassName"
             )
         priority = known[class_name]
     queue = spec.get("queue", "") if source == "volcano" else ""
@@ -158,13 +169,11 @@ def group_membership(obj: Mapping[str, Any]) -> tuple[str, int | None]:
     name = next(iter(found.values()))
     minimum = None
     if MIN_AVAILABLE in labels:
-        try:
-            minimum = int(labels[MIN_AVAILABLE])
-        except ValueError:
-            minimum = 0
-        if minimum <= 0:
+        text = labels[MIN_AVAILABLE]
+        minimum = int(text) if text.isascii() and text.isdigit() and len(text) <= 10 else 0
+        if not 0 < minimum <= MAX_MIN_MEMBER:
             raise InputError(
-                f"must be a positive integer, got {labels[MIN_AVAILABLE]!r}",
+                f"must be a positive integer, got {shown(text)} (at most {MAX_MIN_MEMBER})",
                 location=f'metadata.labels["{MIN_AVAILABLE}"]',
             )
     return f"{_namespace(meta)}/{name}", minimum
@@ -186,6 +195,38 @@ def elastic_quota(obj: Mapping[str, Any]) -> QuotaSpec:
     return QuotaSpec(
         namespace=_namespace(meta), name=_name(meta, "metadata"), min=minimum, max=maximum
     )
+
+
+def dependency_cycle(
+    declared: Mapping[str, tuple[str, ...]], members: Mapping[str, list[str]]
+) -> tuple[str, str] | None:
+    """A cycle among dependencies, as (message, the object whose ``depends-on`` closes
+    it), or None. ``declared`` maps each pod and group to what it names in
+    ``shoal.io/depends-on``; ``members`` each group to its pods.
+
+    A group waits for its members (naming a group means all of them), and a member
+    waits for what its group depends on: a gang that depends on one of its own members
+    waits for itself, and is a cycle too.
+    """
+    group_of = {pod: group for group, pods in members.items() for pod in pods}
+    waits: dict[str, tuple[str, ...]] = dict(declared)
+    for group, pods in members.items():
+        waits[group] = (*waits.get(group, ()), *pods)
+        for pod in pods:
+            waits[pod] = (*waits.get(pod, ()), *declared.get(group, ()))
+    cycle = find_cycle(waits)
+    if cycle is None:
+        return None
+    notes: list[str] = []
+    declared_by = ""
+    for a, b in itertools.pairwise(cycle):
+        if b in declared.get(a, ()):
+            declared_by = declared_by or a
+        elif a in group_of and b in declared.get(group_of[a], ()):
+            declared_by = declared_by or group_of[a]
+            notes.append(f"{a} waits for what its pod group {group_of[a]} depends on")
+    note = f" ({'; '.join(notes)})" if notes else ""
+    return "dependency cycle: " + " -> ".join(cycle) + note, declared_by
 
 
 def find_cycle(edges: Mapping[str, tuple[str, ...]]) -> list[str] | None:

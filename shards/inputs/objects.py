@@ -22,7 +22,16 @@ from events.types import (
     Taint,
     Toleration,
 )
-from shards.inputs.quantity import canonical
+from shards.inputs.limits import (
+    MAX_LABEL_VALUE,
+    MAX_PRIORITY,
+    MAX_QUANTITY,
+    MAX_SECONDS,
+    MAX_USER_PRIORITY,
+    MIN_PRIORITY,
+    shown,
+)
+from shards.inputs.quantity import canonical, format_quantity
 
 ARRIVE_AT: Final = "shoal.io/arrive-at"
 RUNTIME: Final = "shoal.io/runtime"
@@ -61,7 +70,7 @@ def _str(value: Any, where: str, *, default: str | None = None) -> str:
         return default
     if not isinstance(value, str):
         raise InputError(
-            "missing" if value is None else f"must be a string, got {value!r}", location=where
+            "missing" if value is None else f"must be a string, got {shown(value)}", location=where
         )
     return value
 
@@ -70,17 +79,30 @@ def _string_map(value: Any, where: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, val in _map(value, where).items():
         if not isinstance(key, str) or not key:
-            raise InputError(f"keys must be non-empty strings, got {key!r}", location=where)
+            raise InputError(f"keys must be non-empty strings, got {shown(key)}", location=where)
         if isinstance(val, bool) or val is None or not isinstance(val, str | int | float):
-            raise InputError(f"value must be a string, got {val!r}", location=f"{where}.{key}")
+            raise InputError(f"value must be a string, got {shown(val)}", location=f"{where}.{key}")
         out[key] = val if isinstance(val, str) else str(val)
     return out
+
+
+def _labels(value: Any, where: str) -> dict[str, str]:
+    """Labels: a string map whose values have at most 63 characters (Kubernetes' rule;
+    ``Gt``/``Lt`` read them as numbers, which must fit a float)."""
+    labels = _string_map(value, where)
+    for key, val in labels.items():
+        if len(val) > MAX_LABEL_VALUE:
+            raise InputError(
+                f"a label value has at most {MAX_LABEL_VALUE} characters, got {len(val)}",
+                location=f"{where}.{key}",
+            )
+    return labels
 
 
 def _name(meta: Mapping[str, Any], where: str) -> str:
     name = _str(meta.get("name"), f"{where}.name")
     if not name or len(name) > MAX_NAME or "/" in name or name.strip() != name:
-        raise InputError(f"invalid name {name!r}", location=f"{where}.name")
+        raise InputError(f"invalid name {shown(name)}", location=f"{where}.name")
     return name
 
 
@@ -88,12 +110,22 @@ def _seconds(value: Any, where: str, *, positive: bool) -> int:
     try:
         seconds = float(value)
     except (TypeError, ValueError):
-        raise InputError(f"must be a number of seconds, got {value!r}", location=where) from None
+        raise InputError(
+            f"must be a number of seconds, got {shown(value)}", location=where
+        ) from None
     if not math.isfinite(seconds) or seconds < 0 or (positive and seconds == 0):
         raise InputError(
-            f"must be {'positive' if positive else 'non-negative'}, got {value!r}", location=where
+            f"must be {'positive' if positive else 'non-negative'}, got {shown(value)}",
+            location=where,
         )
-    return round(seconds * SECOND)
+    if seconds > MAX_SECONDS:
+        raise InputError(
+            f"must be at most {MAX_SECONDS} seconds, got {shown(value)}", location=where
+        )
+    nanoseconds = round(seconds * SECOND)
+    if positive and nanoseconds == 0:
+        raise InputError(f"must be at least a nanosecond, got {shown(value)}", location=where)
+    return nanoseconds
 
 
 def arrival(obj: Mapping[str, Any], where: str) -> int:
@@ -131,7 +163,7 @@ def _taints(value: Any, where: str) -> tuple[Taint, ...]:
         effect = _str(item.get("effect"), f"{loc}.effect")
         if effect not in TAINT_EFFECTS:
             raise InputError(
-                f"unknown effect {effect!r} (one of {', '.join(TAINT_EFFECTS)})",
+                f"unknown effect {shown(effect)} (one of {', '.join(TAINT_EFFECTS)})",
                 location=f"{loc}.effect",
             )
         out.append(
@@ -162,7 +194,7 @@ def node_spec(obj: Mapping[str, Any]) -> NodeSpec:
     return NodeSpec(
         name=_name(meta, "metadata"),
         allocatable=allocatable,
-        labels=_string_map(meta.get("labels"), "metadata.labels"),
+        labels=_labels(meta.get("labels"), "metadata.labels"),
         taints=_taints(spec.get("taints"), "spec.taints"),
         unschedulable=unschedulable,
     )
@@ -181,12 +213,15 @@ def _requirements(value: Any, where: str, *, fields: bool) -> tuple[NodeSelector
         allowed = ("In", "NotIn") if fields else SELECTOR_OPERATORS
         if op not in allowed:
             raise InputError(
-                f"unknown operator {op!r} (one of {', '.join(allowed)})", location=f"{loc}.operator"
+                f"unknown operator {shown(op)} (one of {', '.join(allowed)})",
+                location=f"{loc}.operator",
             )
         if fields and key != "metadata.name":
             raise InputError("only metadata.name is supported", location=f"{loc}.key")
         values = tuple(
-            _str(v, f"{loc}.values[{j}]") if isinstance(v, str) else str(v)
+            str(v)
+            if isinstance(v, int | float) and not isinstance(v, bool)
+            else _str(v, f"{loc}.values[{j}]")
             for j, v in enumerate(_list(item.get("values"), f"{loc}.values"))
         )
         if op in ("In", "NotIn") and not values:
@@ -197,11 +232,14 @@ def _requirements(value: Any, where: str, *, fields: bool) -> tuple[NodeSelector
             if len(values) != 1:
                 raise InputError(f"{op} needs exactly one value", location=f"{loc}.values")
             try:
-                int(values[0])
+                number = int(values[0]) if len(values[0]) <= MAX_LABEL_VALUE else None
             except ValueError:
+                number = None
+            if number is None or not -(2**63) <= number < 2**63:
                 raise InputError(
-                    f"{op} needs an integer, got {values[0]!r}", location=f"{loc}.values"
-                ) from None
+                    f"{op} needs an integer (64-bit), got {shown(values[0])}",
+                    location=f"{loc}.values",
+                )
         out.append(NodeSelectorRequirement(key=key, operator=op, values=values))
     return tuple(out)
 
@@ -238,7 +276,8 @@ def _affinity(
         weight = item.get("weight")
         if not isinstance(weight, int) or isinstance(weight, bool) or not 1 <= weight <= 100:
             raise InputError(
-                f"weight must be an integer 1..100, got {weight!r}", location=f"{loc}[{i}].weight"
+                f"weight must be an integer 1..100, got {shown(weight)}",
+                location=f"{loc}[{i}].weight",
             )
         preferred.append(
             PreferredSchedulingTerm(
@@ -256,11 +295,11 @@ def _tolerations(value: Any, where: str) -> tuple[Toleration, ...]:
         op = _str(item.get("operator"), f"{loc}.operator", default="Equal")
         if op not in ("Equal", "Exists"):
             raise InputError(
-                f"unknown operator {op!r} (Equal or Exists)", location=f"{loc}.operator"
+                f"unknown operator {shown(op)} (Equal or Exists)", location=f"{loc}.operator"
             )
         effect = _str(item.get("effect"), f"{loc}.effect", default="")
         if effect and effect not in TAINT_EFFECTS:
-            raise InputError(f"unknown effect {effect!r}", location=f"{loc}.effect")
+            raise InputError(f"unknown effect {shown(effect)}", location=f"{loc}.effect")
         key = _str(item.get("key"), f"{loc}.key", default="")
         value_ = _str(item.get("value"), f"{loc}.value", default="")
         if op == "Exists" and value_:
@@ -302,6 +341,13 @@ def pod_requests(spec: Mapping[str, Any]) -> dict[str, int]:
             total[resource] = max(total.get(resource, 0), amount)
     for resource, amount in quantities(spec.get("overhead"), "spec.overhead").items():
         total[resource] = total.get(resource, 0) + amount
+    for resource, amount in sorted(total.items()):
+        if amount > MAX_QUANTITY:
+            raise InputError(
+                f"the pod requests more than {format_quantity(resource, MAX_QUANTITY)} "
+                f"of {resource} in all",
+                location="spec.containers",
+            )
     return total
 
 
@@ -314,19 +360,26 @@ def pod_spec(obj: Mapping[str, Any], priority_classes: Mapping[str, int] | None 
     annotations = _string_map(meta.get("annotations"), "metadata.annotations")
     namespace = _str(meta.get("namespace"), "metadata.namespace", default="default")
     if not namespace or "/" in namespace:
-        raise InputError(f"invalid namespace {namespace!r}", location="metadata.namespace")
+        raise InputError(f"invalid namespace {shown(namespace)}", location="metadata.namespace")
     class_name = _str(spec.get("priorityClassName"), "spec.priorityClassName", default="")
     priority = spec.get("priority")
-    if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
-        raise InputError(f"must be an integer, got {priority!r}", location="spec.priority")
+    if priority is not None and (
+        not isinstance(priority, int)
+        or isinstance(priority, bool)
+        or not MIN_PRIORITY <= priority <= MAX_PRIORITY
+    ):
+        raise InputError(
+            f"must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, got {shown(priority)}",
+            location="spec.priority",
+        )
     if class_name:
         if class_name not in classes:
             raise InputError(
-                f"unknown priority class {class_name!r}", location="spec.priorityClassName"
+                f"unknown priority class {shown(class_name)}", location="spec.priorityClassName"
             )
         if priority is not None and priority != classes[class_name]:
             raise InputError(
-                f"priority {priority} contradicts priority class {class_name!r} "
+                f"priority {priority} contradicts priority class {shown(class_name)} "
                 f"({classes[class_name]})",
                 location="spec.priority",
             )
@@ -337,7 +390,9 @@ def pod_spec(obj: Mapping[str, Any], priority_classes: Mapping[str, int] | None 
         spec.get("preemptionPolicy"), "spec.preemptionPolicy", default="PreemptLowerPriority"
     )
     if policy not in ("PreemptLowerPriority", "Never"):
-        raise InputError(f"unknown preemption policy {policy!r}", location="spec.preemptionPolicy")
+        raise InputError(
+            f"unknown preemption policy {shown(policy)}", location="spec.preemptionPolicy"
+        )
     runtime = None
     if RUNTIME in annotations:
         runtime = _seconds(
@@ -347,7 +402,8 @@ def pod_spec(obj: Mapping[str, Any], priority_classes: Mapping[str, int] | None 
     fails = annotations.get(FAILS, "false").lower()
     if fails not in ("true", "false"):
         raise InputError(
-            f'must be "true" or "false", got {fails!r}', location=f'metadata.annotations["{FAILS}"]'
+            f'must be "true" or "false", got {shown(fails)}',
+            location=f'metadata.annotations["{FAILS}"]',
         )
     if fails == "true" and runtime is None:
         raise InputError(
@@ -368,7 +424,7 @@ def pod_spec(obj: Mapping[str, Any], priority_classes: Mapping[str, int] | None 
         required_affinity=required,
         preferred_affinity=preferred,
         tolerations=_tolerations(spec.get("tolerations"), "spec.tolerations"),
-        labels=_string_map(meta.get("labels"), "metadata.labels"),
+        labels=_labels(meta.get("labels"), "metadata.labels"),
         annotations=annotations,
         runtime=runtime,
     )
@@ -379,9 +435,13 @@ def priority_class(obj: Mapping[str, Any]) -> tuple[str, int, bool]:
     meta = _map(obj.get("metadata"), "metadata", required=True)
     value = obj.get("value")
     if not isinstance(value, int) or isinstance(value, bool):
-        raise InputError(f"must be an integer, got {value!r}", location="value")
-    if value > 1_000_000_000:
-        raise InputError("user priority classes may not exceed 1000000000", location="value")
+        raise InputError(f"must be an integer, got {shown(value)}", location="value")
+    if not MIN_PRIORITY <= value <= MAX_USER_PRIORITY:
+        raise InputError(
+            f"must be from {MIN_PRIORITY} to {MAX_USER_PRIORITY} (the most a user priority "
+            f"class may have), got {shown(value)}",
+            location="value",
+        )
     default = obj.get("globalDefault", False)
     if not isinstance(default, bool):
         raise InputError("must be true or false", location="globalDefault")

@@ -18,6 +18,7 @@ from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Final
 
 from events.errors import InputError
+from shards.inputs.limits import MAX_QUANTITY, shown
 
 _BINARY: Final = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL: Final = {
@@ -42,34 +43,34 @@ _MAX: Final = Decimal(2**62)
 def parse_quantity(text: str | int | float) -> Decimal:
     """Parse a quantity to an exact ``Decimal``; raises ``InputError`` on bad syntax."""
     if isinstance(text, bool):
-        raise InputError(f"quantity must be a number or string, not {text!r}")
+        raise InputError(f"quantity must be a number or string, not {shown(text)}")
     if isinstance(text, int):
         return Decimal(text)
     if isinstance(text, float):
         if not math.isfinite(text):
-            raise InputError(f"quantity {text!r} is not finite")
+            raise InputError(f"quantity {shown(text)} is not finite")
         return Decimal(repr(text))
     if not isinstance(text, str):
         raise InputError(f"quantity must be a number or string, not {type(text).__name__}")
     match = _PATTERN.match(text.strip())
     if match is None:
-        raise InputError(f"invalid quantity {text!r}")
+        raise InputError(f"invalid quantity {shown(text)}")
     try:
         number = Decimal(match["num"])
     except InvalidOperation:  # pragma: no cover - the pattern admits only valid numbers
-        raise InputError(f"invalid quantity {text!r}") from None
+        raise InputError(f"invalid quantity {shown(text)}") from None
     suffix = match["suffix"]
     if suffix in _BINARY:
         value = number * _BINARY[suffix]
     elif len(suffix) > 1 and suffix[0] in "eE":
         exponent = int(suffix[1:])
         if abs(exponent) > 30:
-            raise InputError(f"quantity {text!r} is out of range")
+            raise InputError(f"quantity {shown(text)} is out of range")
         value = number.scaleb(exponent)
     else:
         value = number * _DECIMAL[suffix]
     if abs(value) > _MAX:
-        raise InputError(f"quantity {text!r} is out of range")
+        raise InputError(f"quantity {shown(text)} is out of range")
     return value
 
 
@@ -82,18 +83,27 @@ def canonical(resource: str, text: str | int | float) -> int:
     """Parse the quantity of ``resource`` into its canonical non-negative integer.
 
     cpu → millicores; everything else → units (bytes for memory and storage). Extended
-    resources and ``pods`` must be whole numbers, as Kubernetes requires.
+    resources and ``pods`` must be whole numbers, as Kubernetes requires. At most
+    :data:`~shards.inputs.limits.MAX_QUANTITY` (``16384Ti`` of memory, ``18014398509481984m``
+    of cpu): the engine's int64 columns hold sums and products of these.
     """
     value = parse_quantity(text)
     if value < 0:
-        raise InputError(f"negative quantity {text!r} for {resource}")
+        raise InputError(f"negative quantity {shown(text)} for {resource}")
     if resource == "cpu":
-        return to_int(value, 1000)
-    if "/" in resource or resource == "pods":
+        amount = to_int(value, 1000)
+    elif "/" in resource or resource == "pods":
         if value != value.to_integral_value():
-            raise InputError(f"{resource} must be a whole number, got {text!r}")
-        return int(value)
-    return to_int(value)
+            raise InputError(f"{resource} must be a whole number, got {shown(text)}")
+        amount = int(value)
+    else:
+        amount = to_int(value)
+    if amount > MAX_QUANTITY:
+        raise InputError(
+            f"quantity {shown(text)} of {resource} is out of range "
+            f"(at most {format_quantity(resource, MAX_QUANTITY)})"
+        )
+    return amount
 
 
 def format_quantity(resource: str, value: int) -> str:

@@ -10,16 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 import msgspec
-import yaml
 
 from engine.config import API_VERSIONS as CONFIG_VERSIONS
 from engine.config import KIND as CONFIG_KIND
 from engine.config import SchedulerConfig, parse_config
-from engine.model.pools import PoolRule, Sharding
+from engine.model.pools import MAX_SHARDS, PoolRule, Sharding
 from events.errors import InputError
 from events.types import (
     SECOND,
@@ -36,16 +34,18 @@ from shards.inputs.groups import (
     GROUP_KINDS,
     QUOTA_VERSIONS,
     dependencies,
+    dependency_cycle,
     elastic_quota,
-    find_cycle,
     group_membership,
     pod_group,
 )
+from shards.inputs.limits import cut, shown
 from shards.inputs.objects import arrival, node_spec, pod_spec, priority_class
+from shards.inputs.totals import ScenarioTotals
+from shards.inputs.yamlfile import read_documents
 
 SHARDING_VERSION: Final = "shoal.io/v1alpha1"
 SHARDING_KIND: Final = "ShardingConfiguration"
-MAX_FILE_BYTES: Final = 256 * 1024 * 1024
 KINDS: Final = {
     ("v1", "Node"),
     ("v1", "Pod"),
@@ -88,56 +88,41 @@ class _Doc:
         meta = self.obj.get("metadata")
         name = meta.get("name") if isinstance(meta, Mapping) else None
         kind = self.obj.get("kind", "object")
-        label = f"{kind} {name}" if isinstance(name, str) else str(kind)
+        label = cut(kind, 80) if isinstance(kind, str) else shown(kind)
+        if isinstance(name, str):
+            label = f"{label} {cut(name, 80)}"
         head = f"{self.path}: document {self.number} ({label})"
         return f"{head}: {field_}" if field_ else head
 
 
 def _read_documents(path: str) -> Iterator[_Doc]:
-    try:
-        size = Path(path).stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise InputError(f"file is larger than {MAX_FILE_BYTES} bytes", location=path)
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror}", location=path) from None
-    except UnicodeDecodeError:
-        raise InputError("not UTF-8 text", location=path) from None
-    number = 0
-    try:
-        for raw in yaml.safe_load_all(text):
-            number += 1
-            if raw is None:
-                continue
-            if not isinstance(raw, Mapping):
-                raise InputError(
-                    f"must be a Kubernetes object (a mapping), got {type(raw).__name__}",
-                    location=f"{path}: document {number}",
-                )
+    for number, raw in read_documents(path):
+        if raw is None:
+            continue
+        if not isinstance(raw, Mapping):
+            raise InputError(
+                f"must be a Kubernetes object (a mapping), got {type(raw).__name__}",
+                location=f"{path}: document {number}",
+            )
+        try:
             yield from _expand(path, number, raw)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise InputError(
-            f"malformed YAML: {where}{problem}", location=f"{path}: document {number + 1}"
-        ) from None
-    except RecursionError:
-        raise InputError(
-            "YAML nested too deeply", location=f"{path}: document {number + 1}"
-        ) from None
+        except RecursionError:
+            raise InputError(
+                "lists nested too deeply", location=f"{path}: document {number}"
+            ) from None
 
 
 def _expand(path: str, number: int, raw: Mapping[str, Any]) -> Iterator[_Doc]:
     doc = _Doc(path, number, raw)
-    key = (raw.get("apiVersion"), raw.get("kind"))
-    if key not in KINDS:
+    version, kind = raw.get("apiVersion"), raw.get("kind")
+    if not isinstance(version, str) or not isinstance(kind, str) or (version, kind) not in KINDS:
         known = ", ".join(sorted({f"{v} {k}" for v, k in KINDS if k != CONFIG_KIND}))
         raise InputError(
-            f"unknown kind {raw.get('kind')!r} with apiVersion {raw.get('apiVersion')!r} "
+            f"unknown kind {shown(kind)} with apiVersion {shown(version)} "
             f"(shoal reads {known}, {CONFIG_KIND})",
             location=doc.where(),
         )
+    key = (version, kind)
     if key == ("v1", "List"):
         items = raw.get("items")
         if not isinstance(items, list):
@@ -155,8 +140,22 @@ def _located(doc: _Doc, exc: InputError) -> InputError:
 
 
 def load_scenario(paths: list[str]) -> Scenario:
-    """Read scenario files; raise :class:`InputError` naming file, document and field."""
+    """Read scenario files; raise :class:`InputError` naming file, document and field,
+    on one line of bounded length."""
+    try:
+        return _load_scenario(paths)
+    except InputError as exc:
+        raise _tidy(exc) from None
+
+
+def _tidy(exc: InputError) -> InputError:
+    """The error on one line, its message and location each cut to a bounded length."""
+    return InputError(cut(exc.message), location=cut(exc.location))
+
+
+def _load_scenario(paths: list[str]) -> Scenario:
     docs = [doc for path in paths for doc in _read_documents(path)]
+    totals = ScenarioTotals()
     scenario = Scenario()
     classes: dict[str, int] = {}
     default_class: tuple[str, int] | None = None
@@ -166,12 +165,14 @@ def load_scenario(paths: list[str]) -> Scenario:
             if kind == "PriorityClass":
                 name, value, is_default = priority_class(doc.obj)
                 if name in classes:
-                    raise InputError(f"duplicate priority class {name!r}", location="metadata.name")
+                    raise InputError(
+                        f"duplicate priority class {shown(name)}", location="metadata.name"
+                    )
                 classes[name] = value
                 if is_default:
                     if default_class is not None:
                         raise InputError(
-                            f"a second global default (first: {default_class[0]!r})",
+                            f"a second global default (first: {shown(default_class[0])})",
                             location="globalDefault",
                         )
                     default_class = (name, value)
@@ -200,10 +201,13 @@ def load_scenario(paths: list[str]) -> Scenario:
     for order, doc in enumerate(docs):
         kind = doc.obj.get("kind")
         try:
+            totals.add_object()
             if kind == "PodGroup":
                 group = pod_group(doc.obj, classes)
                 if group.key in groups:
-                    raise InputError(f"duplicate pod group {group.key!r}", location="metadata.name")
+                    raise InputError(
+                        f"duplicate pod group {shown(group.key)}", location="metadata.name"
+                    )
                 groups[group.key] = (group, doc)
                 waits[group.key] = group.depends_on
                 where_of[group.key] = doc
@@ -213,7 +217,7 @@ def load_scenario(paths: list[str]) -> Scenario:
                 quota = elastic_quota(doc.obj)
                 if quota.namespace in quotas:
                     raise InputError(
-                        f"a second ElasticQuota for namespace {quota.namespace!r}",
+                        f"a second ElasticQuota for namespace {shown(quota.namespace)}",
                         location="metadata.namespace",
                     )
                 quotas.add(quota.namespace)
@@ -224,14 +228,15 @@ def load_scenario(paths: list[str]) -> Scenario:
             elif kind == "Node":
                 node = node_spec(doc.obj)
                 if node.name in seen_nodes:
-                    raise InputError(f"duplicate node {node.name!r}", location="metadata.name")
+                    raise InputError(f"duplicate node {shown(node.name)}", location="metadata.name")
                 seen_nodes.add(node.name)
+                totals.add_node(node)
                 event = NodeAdded(node=node)
                 scenario.nodes += 1
             elif kind == "Pod":
                 pod = pod_spec(doc.obj, classes)
                 if pod.key in seen_pods:
-                    raise InputError(f"duplicate pod {pod.key!r}", location="metadata.name")
+                    raise InputError(f"duplicate pod {shown(pod.key)}", location="metadata.name")
                 seen_pods.add(pod.key)
                 group_key, minimum = group_membership(doc.obj)
                 pod = msgspec.structs.replace(
@@ -252,20 +257,19 @@ def load_scenario(paths: list[str]) -> Scenario:
                 scenario.pods += 1
             else:
                 continue
-            scenario.events.append(
-                TimedEvent(arrival(doc.obj, "metadata.annotations"), order, event)
-            )
+            at = arrival(doc.obj, "metadata.annotations")
+            totals.add_times(at, event.pod.runtime if isinstance(event, PodSubmitted) else None)
+            scenario.events.append(TimedEvent(at, order, event))
         except InputError as exc:
             raise _located(doc, exc) from None
     _implicit_groups(scenario, groups, implicit)
-    for group_key, keys in members.items():
-        waits[group_key] = (*waits.get(group_key, ()), *keys)
-    cycle = find_cycle(waits)
+    cycle = dependency_cycle(waits, members)
     if cycle is not None:
+        message, declared_by = cycle
         raise InputError(
-            "dependency cycle: " + " -> ".join(cycle),
-            location=where_of[cycle[0]].where(f'metadata.annotations["{DEPENDS_ON}"]')
-            if cycle[0] in where_of
+            message,
+            location=where_of[declared_by].where(f'metadata.annotations["{DEPENDS_ON}"]')
+            if declared_by in where_of
             else "",
         )
     # a group is known before its members that arrive at the same instant
@@ -315,7 +319,7 @@ class ShardingSpec:
         for i, (name, shard, _) in enumerate(self.pools):
             if shard is not None and shard >= shards:
                 raise InputError(
-                    f"pool {name!r} is assigned to shard {shard}, but there are {shards} "
+                    f"pool {shown(name)} is assigned to shard {shard}, but there are {shards} "
                     f"(shards 0..{shards - 1})",
                     location=f"{self.where}: pools[{i}].shard",
                 )
@@ -365,13 +369,11 @@ def parse_sharding(raw: Mapping[str, Any]) -> ShardingSpec:
         if not isinstance(name, str) or not name:
             raise InputError("needs a name", location=f"{where}.name")
         if name in names:
-            raise InputError(f"duplicate pool {name!r}", location=f"{where}.name")
+            raise InputError(f"duplicate pool {shown(name)}", location=f"{where}.name")
         names.add(name)
         shard = item.get("shard")
-        if shard is not None and (
-            not isinstance(shard, int) or isinstance(shard, bool) or shard < 0
-        ):
-            raise InputError("must be a shard number (0, 1, ...)", location=f"{where}.shard")
+        if shard is not None and not _is_shard(shard):
+            raise InputError(_SHARD_NUMBER, location=f"{where}.shard")
         selector = item.get("nodeSelector", {})
         if not isinstance(selector, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in selector.items()
@@ -401,13 +403,16 @@ def parse_sharding(raw: Mapping[str, Any]) -> ShardingSpec:
         for pool in wanted:
             if pool in owned:
                 raise InputError(
-                    f"pool {pool!r} is already owned by {owned[pool]!r}", location=f"{where}.pools"
+                    f"pool {shown(pool)} is already owned by {shown(owned[pool])}",
+                    location=f"{where}.pools",
                 )
             owned[pool] = namespace
         tenants.append((namespace, tuple(wanted)))
     timeout = raw.get("reservationTimeoutSeconds")
     if timeout is not None and (
-        not isinstance(timeout, int | float) or isinstance(timeout, bool) or not 0 < timeout <= 3600
+        not isinstance(timeout, int | float)
+        or isinstance(timeout, bool)
+        or not 1 / SECOND <= timeout <= 3600
     ):
         raise InputError(
             "must be a number of seconds in (0, 3600]", location="reservationTimeoutSeconds"
@@ -415,8 +420,15 @@ def parse_sharding(raw: Mapping[str, Any]) -> ShardingSpec:
     return ShardingSpec(
         pools=tuple(pools),
         tenants=tuple(tenants),
-        reservation_timeout=None if timeout is None else int(timeout * SECOND),
+        reservation_timeout=None if timeout is None else max(int(timeout * SECOND), 1),
     )
+
+
+_SHARD_NUMBER: Final = f"must be a shard number, 0 to {MAX_SHARDS - 1}"
+
+
+def _is_shard(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_SHARDS
 
 
 def _only(raw: Mapping[str, Any], known: tuple[str, ...], where: str) -> None:
@@ -437,13 +449,20 @@ def pool_reassignment(raw: Mapping[str, Any]) -> PoolReassigned:
     pool, shard = spec.get("pool"), spec.get("shard")
     if not isinstance(pool, str) or not pool:
         raise InputError("needs a pool name", location="spec.pool")
-    if not isinstance(shard, int) or isinstance(shard, bool) or shard < 0:
-        raise InputError("must be a shard number (0, 1, ...)", location="spec.shard")
+    if not _is_shard(shard):
+        raise InputError(_SHARD_NUMBER, location="spec.shard")
     return PoolReassigned(pool=pool, shard=shard)
 
 
 def load_sharding(path: str) -> ShardingSpec:
     """Read a file holding one ``ShardingConfiguration`` document (``--sharding``)."""
+    try:
+        return _load_sharding(path)
+    except InputError as exc:
+        raise _tidy(exc) from None
+
+
+def _load_sharding(path: str) -> ShardingSpec:
     docs = list(_read_documents(path))
     if len(docs) != 1 or docs[0].obj.get("kind") != SHARDING_KIND:
         raise InputError(f"must hold exactly one {SHARDING_KIND} document", location=path)
@@ -455,6 +474,13 @@ def load_sharding(path: str) -> ShardingSpec:
 
 def load_config(path: str) -> SchedulerConfig:
     """Read a ``KubeSchedulerConfiguration`` file (``--config``)."""
+    try:
+        return _load_config(path)
+    except InputError as exc:
+        raise _tidy(exc) from None
+
+
+def _load_config(path: str) -> SchedulerConfig:
     docs = list(_read_documents(path))
     configs = [d for d in docs if d.obj.get("kind") == CONFIG_KIND]
     if len(configs) != 1 or len(docs) != 1:

@@ -22,7 +22,8 @@ from shards.inputs.quantity import canonical, format_quantity, parse_quantity
         ("memory", "1k", 1000),
         ("memory", "1M", 1_000_000),
         ("memory", "1.5Ki", 1536),
-        ("memory", "1E", 10**18),
+        ("memory", "16Pi", 2**54),  # the most a quantity may be (shards.inputs.limits)
+        ("cpu", "18014398509481984m", 2**54),
         ("memory", "12e-1", 2),  # 1.2 bytes rounds up
         ("memory", "+5", 5),
         ("nvidia.com/gpu", "8", 8),
@@ -46,6 +47,9 @@ def test_canonical(resource: str, text: str | int | float, expected: int) -> Non
         ("memory", "1 Gi", "invalid quantity"),
         ("memory", "1e999", "out of range"),
         ("memory", "99999999999Ei", "out of range"),
+        ("memory", "1E", "out of range"),
+        ("cpu", "100P", "out of range"),
+        ("cpu", "18014398509481985m", "out of range"),
         ("nvidia.com/gpu", "0.5", "whole number"),
         ("pods", "1.5", "whole number"),
         ("cpu", True, "number or string"),

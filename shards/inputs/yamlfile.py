@@ -1,0 +1,192 @@
+"""Reading a YAML file of documents without trusting it.
+
+PyYAML's safe loader builds no objects beyond plain data, but it trusts sizes: an alias
+is shared, not copied, so 700 bytes of nested aliases ("billion laughs") load at once
+and become billions of values to whoever walks them (a validator, ``repr`` in an error
+message, the JSON of the log). So, before a document is built into data:
+
+- the file is at most :data:`MAX_FILE_BYTES` and each document at most
+  :data:`MAX_DOCUMENT_BYTES` (checked on the bytes, before parsing: a parsed document
+  costs about 50 times its size in memory);
+- its node graph is measured: an alias that refers to a node containing it (a
+  recursive structure) is refused, and aliases may add at most
+  :data:`MAX_ALIAS_NODES` values (scalars, lists and mappings, counted as if every
+  alias were written out) over the whole file: sharing a labels block between nodes
+  is fine, multiplying a file a millionfold is not;
+- lists and mappings nest at most :data:`MAX_DEPTH` deep;
+- a number of more than :data:`MAX_NUMBER_CHARS` characters, or a date that does not
+  exist, is a YAML error at its line (PyYAML raises ``ValueError`` for both).
+
+The pure-Python loader, not libyaml's ten times faster one: libyaml composes nested
+collections by C recursion and crashes the process (a segmentation fault) on a few
+hundred kilobytes of ``[``, where Python's recursion limit raises an error we report.
+
+Every refusal is an :class:`~events.errors.InputError` naming the file, the document
+and, where YAML knows it, the line and column.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+from yaml.constructor import ConstructorError, SafeConstructor
+
+from events.errors import InputError
+from shards.inputs.limits import cut
+
+MAX_FILE_BYTES: Final = 256 * 1024 * 1024
+MAX_DOCUMENT_BYTES: Final = 16 * 1024 * 1024
+MAX_ALIAS_NODES: Final = 1_000_000
+MAX_NUMBER_CHARS: Final = 64
+MAX_DEPTH: Final = 100
+"""Lists and mappings nested deeper than this (a Kubernetes object nests about 10 deep)
+are refused: whoever walks the data (JSON of the log among them) recurses."""
+_MARKER: Final = re.compile(rb"^(?:---|\.\.\.)(?=[ \t\r\n]|$)", re.MULTILINE)
+"""A document marker: a line starting ``---`` or ``...``. YAML allows none inside a
+document, so the text between two of them holds at most one document."""
+
+
+class _Loader(yaml.SafeLoader):
+    """The safe loader, with scalar constructors that fail as YAML errors."""
+
+
+def _guarded(
+    construct: Callable[[Any, Any], Any], what: str
+) -> Callable[[_Loader, yaml.Node], Any]:
+    def guarded(loader: _Loader, node: yaml.Node) -> Any:
+        text = str(node.value)
+        if what == "number" and len(text) > MAX_NUMBER_CHARS:
+            raise ConstructorError(
+                None, None, f"a number of {len(text)} characters is out of range", node.start_mark
+            )
+        try:
+            return construct(loader, node)
+        except (ValueError, OverflowError) as exc:
+            raise ConstructorError(
+                None, None, f"invalid {what} {cut(text, 60)!r}: {exc}", node.start_mark
+            ) from None
+
+    return guarded
+
+
+_Loader.add_constructor(
+    "tag:yaml.org,2002:int", _guarded(SafeConstructor.construct_yaml_int, "number")
+)
+_Loader.add_constructor(
+    "tag:yaml.org,2002:float", _guarded(SafeConstructor.construct_yaml_float, "number")
+)
+_Loader.add_constructor(
+    "tag:yaml.org,2002:timestamp", _guarded(SafeConstructor.construct_yaml_timestamp, "date")
+)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _measure(root: yaml.Node) -> tuple[int, int]:
+    """(values written, values once every alias is expanded) of one document's node
+    graph; raises ``ConstructorError`` at an alias that refers to a node containing it.
+
+    Iterative, each node visited once: linear in what was written, whatever it expands to.
+    """
+    sizes: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, leaving = stack.pop()
+        key = id(node)
+        if leaving:
+            on_path.discard(key)
+            total = 1 + sum(sizes[id(child)] for child in _children(node))
+            sizes[key] = min(total, 2**62)
+            continue
+        if key in sizes:
+            continue
+        on_path.add(key)
+        if len(on_path) > MAX_DEPTH:
+            raise ConstructorError(
+                None, None, f"nested more than {MAX_DEPTH} deep", node.start_mark
+            )
+        stack.append((node, True))
+        for child in _children(node):
+            if id(child) in on_path:
+                raise ConstructorError(
+                    None,
+                    None,
+                    "an alias refers to a node that contains it (a recursive structure)",
+                    child.start_mark,
+                )
+            if id(child) not in sizes:
+                stack.append((child, False))
+    return len(sizes), sizes[id(root)]
+
+
+def _check_document_sizes(data: bytes, path: str) -> None:
+    start = line = 0
+    for match in [*_MARKER.finditer(data), None]:
+        end = len(data) if match is None else match.start()
+        if end - start > MAX_DOCUMENT_BYTES:
+            raise InputError(
+                f"the document from line {line + 1} is larger than {MAX_DOCUMENT_BYTES} bytes "
+                "(split it: a v1 List into its items)",
+                location=path,
+            )
+        if match is not None:
+            line += data.count(b"\n", start, end)
+            start = end
+
+
+def read_documents(path: str) -> Iterator[tuple[int, Any]]:
+    """Each document of the YAML file ``path`` as plain data, with its number (from 1;
+    empty documents are counted and yield ``None``)."""
+    try:
+        if Path(path).stat().st_size > MAX_FILE_BYTES:
+            raise InputError(f"file is larger than {MAX_FILE_BYTES} bytes", location=path)
+        data = Path(path).read_bytes()
+        _check_document_sizes(data, path)
+        text = data.decode("utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", location=path) from None
+    except UnicodeDecodeError:
+        raise InputError("not UTF-8 text", location=path) from None
+    loader = _Loader(text)
+    number = 0  # documents read; an error is in the next one
+    added = 0
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:
+                break
+            written, expanded = _measure(node)
+            added += expanded - written
+            if added > MAX_ALIAS_NODES:
+                raise InputError(
+                    f"aliases expand the file by more than {MAX_ALIAS_NODES} values",
+                    location=f"{path}: document {number + 1}",
+                )
+            data = loader.construct_document(node)
+            number += 1
+            yield number, data
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise InputError(
+            f"malformed YAML: {where}{cut(str(problem), 200)}",
+            location=f"{path}: document {number + 1}",
+        ) from None
+    except RecursionError:
+        raise InputError(
+            "YAML nested too deeply", location=f"{path}: document {number + 1}"
+        ) from None
+    finally:
+        loader.dispose()
