@@ -28,10 +28,11 @@ from events.types import (
     ReservationRequested,
 )
 
-MAX_QUANTITY: Final = 1 << 50
-"""The largest quantity of a resource a node may have or a pod may ask (about 1.1e15: a
-PiB of memory in bytes, a million cores in milli-CPUs): 8,192 nodes of it still sum
-within int64."""
+MAX_QUANTITY: Final = 2**54
+"""The largest quantity of a resource a node may have or a pod may ask (about 1.8e16: 16
+PiB of memory in bytes, 18 billion cores in milli-CPUs). Input is held to the same
+bound, and its sums too (``shards/inputs/limits.py`` says why that keeps every column
+and score within int64); a record beyond it is one no input could have made."""
 MAX_PRIORITY: Final = 1 << 62
 """Priorities lie within ±this (Kubernetes's are int32)."""
 MAX_TIME: Final = 1 << 62
@@ -74,7 +75,7 @@ def _node(node: NodeSpec) -> str | None:
 def _pod(pod: PodSpec) -> str | None:
     if not -MAX_PRIORITY <= pod.priority <= MAX_PRIORITY:
         return f"pod {pod.key} priority {pod.priority} is outside ±{MAX_PRIORITY}"
-    if pod.runtime is not None and not 0 <= pod.runtime <= MAX_QUANTITY * 1000:
+    if pod.runtime is not None and not 0 <= pod.runtime <= MAX_TIME:
         return f"pod {pod.key} runtime {pod.runtime} ns is out of range"
     return _quantities(f"pod {pod.key} requests", pod.requests)
 

@@ -37,6 +37,7 @@ import reprlib
 from typing import Any, Final
 
 from engine.config import MAX_SECONDS
+from engine.refusals import MAX_QUANTITY
 from events.types import SECOND
 
 __all__ = [
@@ -54,8 +55,8 @@ __all__ = [
     "shown",
 ]
 
-MAX_QUANTITY: Final = 2**54
-"""The largest canonical quantity, and the largest sum of a resource over all nodes."""
+# The largest canonical quantity, and the largest sum of a resource over all nodes: the
+# engine refuses a record beyond it as no input could have made it (engine/refusals.py).
 MAX_OBJECTS: Final = 2**24
 """The most objects (nodes, pods, groups, quotas...) one scenario may hold."""
 MAX_SCENARIO_NANOSECONDS: Final = 2**62

@@ -314,6 +314,7 @@ async def test_one_pod_no_record_can_hold_never_stops_the_rest(
         assert {("PodSubmitted", f"default/fine-{i}") for i in range(3)} <= recorded
         assert ("NodeAdded", "n") in recorded
         assert ("PodSubmitted", "default/huge") not in recorded
+        assert ("PodRejected", "default/huge") in recorded  # the binder tells the pod
         assert any("default/huge" in r for r in ingest.rejected), ingest.rejected
     finally:
         stop.set()
@@ -323,6 +324,7 @@ async def test_one_pod_no_record_can_hold_never_stops_the_rest(
 
 
 def _key(event: Any) -> str:
-    return str(getattr(getattr(event, "pod", None), "key", "") or getattr(event, "name", "")) or (
-        getattr(getattr(event, "node", None), "name", "")
-    )
+    subject = getattr(event, "pod", None) or getattr(event, "node", None)
+    if isinstance(subject, str):
+        return subject
+    return str(getattr(subject, "key", None) or getattr(subject, "name", ""))

@@ -18,7 +18,14 @@ import pytest
 from engine.model.pools import POOL_LABEL, Sharding
 from events.errors import InputError, LogError
 from events.remote import LogServer, RemoteLog
-from events.types import Envelope, PodBound, PodDeleted, ShardingConfigured
+from events.types import (
+    Envelope,
+    NodeAdded,
+    NodeSpec,
+    PodBound,
+    PodDeleted,
+    ShardingConfigured,
+)
 from shards.replay import replay_routed
 from shards.serve import ServeOptions, Service, serve, shard_ordinal
 from tests.kube.apiserver import FakeApiServer
@@ -510,15 +517,59 @@ async def test_healthz_fails_while_a_role_is_stuck_and_recovers_with_it(
 async def test_a_node_no_column_can_hold_is_quarantined_and_counted(
     apiserver: FakeApiServer,
 ) -> None:
+    """Ingest refuses such a node at admission; one that another writer put in the log
+    is quarantined by the shard, counted in the metrics, and the shard goes on."""
     apiserver.put("Node", node("huge", cpu="4e18"))
     apiserver.put("Node", node("n1"))
     async with running(apiserver) as service:
+        assert service.bus is not None
+        await eventually(
+            lambda: (
+                service.ingest is not None
+                and any("Node huge" in r for r in service.ingest.rejected)
+            )
+        )
+        hostile = NodeSpec(name="hostile", allocatable={"cpu": 1 << 60, "pods": 110})
+        await service.bus.append([Envelope(event=NodeAdded(node=hostile), producer="other")])
+        await eventually(
+            lambda: 'shoal_records_quarantined{role="shard-0"} 1' in service.metrics.render(),
+            timeout=30,
+        )
         apiserver.put("Pod", pod("p"))
         await eventually(
             lambda: apiserver.get("Pod", "p", "default")["spec"].get("nodeName") == "n1",
             timeout=30,
         )
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+async def test_a_pod_refused_at_admission_gets_an_event_and_the_rest_runs(
+    apiserver: FakeApiServer, shards: int
+) -> None:
+    """A pod asking 100P CPUs cannot be held: ingest refuses it, and the binder writes a
+    FailedScheduling Event on it that names its uid (what kubectl describe selects by);
+    the other pods are bound."""
+    apiserver.put("Node", node("n1"))
+    huge = pod("huge")
+    huge["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "100P"
+    apiserver.put("Pod", huge)
+    uid = apiserver.get("Pod", "huge", "default")["metadata"]["uid"]
+    async with running(apiserver, shards=shards):
+        apiserver.put("Pod", pod("fine"))
         await eventually(
-            lambda: 'shoal_records_quarantined{role="shard-0"} 1' in service.metrics.render(),
+            lambda: bool(apiserver.get("Pod", "fine", "default")["spec"].get("nodeName")),
             timeout=30,
         )
+
+        def told() -> list[dict[str, Any]]:
+            return [
+                e
+                for e in apiserver.all("Event")
+                if e["involvedObject"]["name"] == "huge" and e["reason"] == "FailedScheduling"
+            ]
+
+        await eventually(lambda: bool(told()), timeout=30)
+    (event,) = told()
+    assert "refused at admission" in event["message"] and "cpu" in event["message"], event
+    assert event["involvedObject"]["uid"] == uid and event["involvedObject"]["apiVersion"] == "v1"
+    assert apiserver.get("Pod", "huge", "default")["spec"].get("nodeName") is None
