@@ -26,8 +26,13 @@ from events.types import (
     SECOND,
     Envelope,
     Event,
+    GroupSpec,
     NodeAdded,
     PodBound,
+    PodSpec,
+    ReservationGranted,
+    ReservationReleased,
+    ReservationRequested,
     SchedulerConfigured,
     ShardingConfigured,
 )
@@ -201,3 +206,62 @@ async def test_a_stop_during_the_back_off_ends_the_worker_at_once() -> None:
         raise AssertionError("the component ran without a bus")
 
     await run_backing_off("binder", unreachable, never_run, stop, first=3600.0)
+
+
+async def test_a_held_reservation_expires_while_its_shard_restarts(tmp_path: Path) -> None:
+    """A shard holds a part of a cross-shard gang and no commit comes (the coordinator
+    is gone). The shard is killed and started again while it holds it: the part still
+    expires, not before its time-out, and the shard releases it and its pods."""
+    async with LogServer(2) as server:
+        log = await RemoteLog.connect(server.url)
+        nodes = _nodes()[:2]
+        group = GroupSpec(namespace="train", name="wide", min_member=2, timeout=120 * SECOND)
+        pods = tuple(
+            PodSpec(
+                namespace="train",
+                name=f"wide-{i}",
+                requests={"cpu": 1000, "nvidia.com/gpu": 1},
+                group=group.key,
+            )
+            for i in range(2)
+        )
+        now = time.time_ns()
+        expires_at = now + 4 * SECOND
+        await log.append(
+            [
+                Envelope(event=SchedulerConfigured(), time=now, producer="router"),
+                *(Envelope(event=NodeAdded(node=n), time=now, producer="router") for n in nodes),
+                Envelope(
+                    event=ReservationRequested(
+                        rid="wide/1", group=group, pods=pods, expires_at=expires_at
+                    ),
+                    time=now,
+                    producer="router",
+                ),
+            ],
+            0,
+        )
+
+        async def records(kind: type) -> list[Envelope]:
+            return [e for e in await log.read(0, 0) if isinstance(e.event, kind)]
+
+        async def granted() -> bool:
+            return bool(await records(ReservationGranted))
+
+        async def released() -> bool:
+            return bool(await records(ReservationReleased))
+
+        fleet = Fleet(server.url, tmp_path)
+        try:
+            await fleet.start("shard-0")
+            await _until(granted, "the shard held the part")
+            for _ in range(3):  # killed and started again while it holds it
+                await fleet.kill("shard-0")
+                await fleet.start("shard-0")
+            await _until(released, "the held part expired")
+        finally:
+            await fleet.stop()
+        (release,) = await records(ReservationReleased)
+        await log.close()
+    assert release.event.rid == "wide/1" and "expired" in release.event.reason
+    assert release.time >= expires_at
