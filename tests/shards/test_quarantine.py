@@ -14,9 +14,12 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.model.pools import Sharding
 from engine.refusals import MAX_QUANTITY, refusal
+from engine.snapshot import encode_state
 from events.errors import LogCorruptedError
 from events.log import read_past_unreadable
 from events.memory import MemoryLog
@@ -33,6 +36,7 @@ from events.types import (
     RecordQuarantined,
     SchedulerConfigured,
     ShardingConfigured,
+    SnapshotTaken,
 )
 from shards.cli import read_quarantined
 from shards.replay import replay, replay_routed
@@ -226,3 +230,30 @@ async def test_replay_skips_only_what_the_run_quarantined() -> None:
     records = await read_quarantined(log, 0)
     assert 1 not in {e.offset for e in records}
     assert _quarantined(records).keys() == {1}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    position=st.integers(-(2**63), 2**64 - 1),
+    part=st.integers(-(2**63), 2**64 - 1),
+    parts=st.integers(-(2**63), 2**64 - 1),
+    data=st.binary(max_size=64),
+)
+async def test_a_hostile_snapshot_never_stops_a_restart(
+    position: int, part: int, parts: int, data: bytes
+) -> None:
+    """A snapshot record with any fields (no parts, parts beyond 64 bits, a position
+    out of the partition, bytes that are not a state) is ignored: the shard replays
+    its partition from the start and reaches the state it would without it."""
+    events = [_node("n1", 4000), _pod("p1"), _pod("p2")]
+    clean, hostile = MemoryLog(), MemoryLog()
+    for log in (clean, hostile):
+        await _fill(log, events)
+    snapshot = SnapshotTaken(
+        component="shard-0", position=position, part=part, parts=parts, digest="x", data=data
+    )
+    await hostile.append([Envelope(event=snapshot, time=9, producer="shard-0", causation=2)])
+    expected = await ShardWorker.recover(clean)
+    worker = await ShardWorker.recover(hostile)
+    assert worker.restored_from == -1
+    assert encode_state(worker.engine) == encode_state(expected.engine)
