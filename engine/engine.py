@@ -23,7 +23,6 @@ from engine.fold import HANDLERS
 from engine.framework.profiles import Profiles
 from engine.framework.registry import Registry
 from engine.framework.runtime import Framework
-from engine.model.groups import PENDING
 from engine.model.pods import PodInfo
 from engine.model.pools import Pools, Sharding
 from engine.model.reservations import HELD, STAGING
@@ -52,6 +51,7 @@ class Engine(ShardModel):
             shard=shard,
             initial_backoff_seconds=config.initial_backoff_seconds,
             max_backoff_seconds=config.max_backoff_seconds,
+            retention_seconds=config.retention_seconds,
         )
         self.config = config
         self._registry = registry or builtin_registry()
@@ -70,6 +70,8 @@ class Engine(ShardModel):
             **self.queue.stats(),
             **self.state.stats(),
             "groups": len(self.groups),
+            "finished_kept": len(self.outcomes),
+            "deadlines": len(self.deadlines),
         }
 
     def framework_for(self, pod: PodInfo) -> Framework | None:
@@ -114,6 +116,7 @@ class Engine(ShardModel):
         self.profiles = self.hints = Profiles(config, self._registry, self)
         self.queue.initial_backoff = config.initial_backoff_seconds * SECOND
         self.queue.max_backoff = config.max_backoff_seconds * SECOND
+        self.retired.window = config.retention_seconds * SECOND
 
     def sharded(self, event: ShardingConfigured) -> None:
         """The pool rules and tenants of the run: they hold on every shard, one
@@ -132,10 +135,9 @@ class Engine(ShardModel):
         for res in self.reservations.values():
             if res.state in (STAGING, HELD):
                 times.append(max(res.expires_at, self.now))
-        for group in self.groups.values():
-            deadline = group.deadline
-            if group.phase == PENDING and deadline is not None and deadline > self.now:
-                times.append(deadline)
+        deadline = self.next_deadline()
+        if deadline is not None:
+            times.append(deadline)
         return min(times) if times else None
 
     def schedule(self) -> list[Event]:

@@ -584,7 +584,7 @@ class Coordinator:
                     engine.fire(ClusterEvent.POD_FREED, slot)
         group = engine.groups.get(claim.unit[1:]) if is_group_unit(claim.unit) else None
         if group is not None and group.phase == SCHEDULED:
-            advance(group, PENDING, f"pod group {group.key}: {reason}")
+            engine.pending_again(group, f"pod group {group.key}: {reason}")
             engine.group_changes[group.key] = None
         unit = claim.unit
         if group is None and unit in engine.pods:
