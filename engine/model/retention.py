@@ -34,9 +34,13 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
+from engine.model.groups import PENDING, GroupInfo, group_unit, is_group_unit
 from events.types import SECOND
+
+if TYPE_CHECKING:
+    from engine.model.shard import ShardModel
 
 RETENTION_SECONDS: Final = 600
 """The default retention window (``finishedRetentionSeconds``)."""
@@ -140,3 +144,93 @@ class Deadlines:
                 if child < len(heap):
                     heapq.heappush(frontier, (heap[child], child))
         return None
+
+
+# ---------------------------------------------------------------------- on the model
+
+
+def forget_finished(m: ShardModel) -> None:
+    """Forget the pods and groups over for a whole retention window that no live unit
+    names as a dependency (those are retired again: kept a window more). A group is
+    kept while its status is still to be reported, a next run waits for its name, or
+    its placement is under way elsewhere."""
+    due = m.retired.due(m.now)
+    if not due:
+        return
+    named = _named(m)
+    for name in due:
+        if is_group_unit(name):
+            group = m.groups.get(name[1:])
+            if group is None or not m.over(group):
+                continue  # live again (it is retired again once over)
+            key = group.key
+            if key in named or key in m.group_changes or key in m.next_runs or name in m.dispatched:
+                m.retired.add(name, m.now)
+                continue
+            del m.groups[key]
+            m.queue.remove(name)
+            for held in (m.waiting, m.dirty, m.held, m.planned):
+                held.pop(name, None)
+            m.broken.pop(key, None)
+            m.dependents.pop(key, None)
+            m.depending.pop(name, None)
+        elif name in m.outcomes:
+            if name in named:
+                m.retired.add(name, m.now)
+                continue
+            del m.outcomes[name]
+            m.finished_uids.pop(name, None)
+            m.dependents.pop(name, None)
+
+
+def _named(m: ShardModel) -> set[str]:
+    """Every name a live unit depends on (pruning ``depending`` of the gone)."""
+    names: set[str] = set()
+    for unit in list(m.depending):
+        deps: tuple[str, ...] = ()
+        if is_group_unit(unit):
+            group = m.groups.get(unit[1:])
+            if group is not None and group.spec is not None:
+                deps = group.spec.depends_on
+        elif unit in m.pods:
+            deps = m.pods[unit].spec.depends_on
+        if deps:
+            names.update(deps)
+        else:
+            del m.depending[unit]
+    for spec, waiting in m.next_runs.values():
+        names.update(spec.depends_on)
+        for pod in waiting:
+            names.update(pod.depends_on)
+    return names
+
+
+def timed_out(m: ShardModel) -> list[GroupInfo]:
+    """Pending groups past their deadline, in the order of ``m.groups`` (as a scan of
+    every group found them); one whose placement is under way elsewhere is left for a
+    later pass (it answers first)."""
+    out = []
+    for entry in m.deadlines.due(m.now, _stands(m)):
+        if group_unit(entry[2]) in m.dispatched:
+            m.deadlines.arm(*entry)
+        else:
+            out.append(m.groups[entry[2]])
+    if len(out) > 1:
+        order = {key: i for i, key in enumerate(m.groups)}
+        out.sort(key=lambda group: order[group.key])
+    return out
+
+
+def next_deadline(m: ShardModel) -> int | None:
+    """The soonest time-out after ``m.now`` of a Pending group."""
+    return m.deadlines.next_after(m.now, _stands(m))
+
+
+def _stands(m: ShardModel) -> Valid:
+    groups = m.groups
+
+    def stands(key: str, deadline: int) -> bool:
+        group = groups.get(key)
+        return group is not None and group.phase == PENDING and group.deadline == deadline
+
+    return stands

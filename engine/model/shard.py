@@ -41,7 +41,14 @@ from engine.model.pools import Pools
 from engine.model.queue import SchedulingQueue
 from engine.model.quota import QuotaTable
 from engine.model.reservations import Reservation
-from engine.model.retention import RETENTION_SECONDS, Deadlines, Retired
+from engine.model.retention import (
+    RETENTION_SECONDS,
+    Deadlines,
+    Retired,
+    forget_finished,
+    next_deadline,
+    timed_out,
+)
 from engine.model.state import ClusterState
 from events.types import (
     PodGroupSubmitted,
@@ -520,61 +527,9 @@ class ShardModel:
 
     def forget_finished(self) -> None:
         """Forget the pods and groups over for a whole retention window that no live
-        unit names as a dependency (those are kept a window more); see
-        :mod:`engine.model.retention`. Run at the start of a pass."""
-        due = self.retired.due(self.now)
-        if not due:
-            return
-        named = self._named()
-        for name in due:
-            if is_group_unit(name):
-                group = self.groups.get(name[1:])
-                if group is None or not self.over(group):
-                    continue  # live again (it is retired again once over)
-                key = group.key
-                if (
-                    key in named
-                    or key in self.group_changes
-                    or key in self.next_runs
-                    or name in self.dispatched
-                ):
-                    self.retired.add(name, self.now)
-                    continue
-                del self.groups[key]
-                self.queue.remove(name)
-                for held in (self.waiting, self.dirty, self.held, self.planned):
-                    held.pop(name, None)
-                self.broken.pop(key, None)
-                self.dependents.pop(key, None)
-                self.depending.pop(name, None)
-            elif name in self.outcomes:
-                if name in named:
-                    self.retired.add(name, self.now)
-                    continue
-                del self.outcomes[name]
-                self.finished_uids.pop(name, None)
-                self.dependents.pop(name, None)
-
-    def _named(self) -> set[str]:
-        """Every name a live unit depends on (pruning ``depending`` of the gone)."""
-        names: set[str] = set()
-        for unit in list(self.depending):
-            deps: tuple[str, ...] = ()
-            if is_group_unit(unit):
-                group = self.groups.get(unit[1:])
-                if group is not None and group.spec is not None:
-                    deps = group.spec.depends_on
-            elif unit in self.pods:
-                deps = self.pods[unit].spec.depends_on
-            if deps:
-                names.update(deps)
-            else:
-                del self.depending[unit]
-        for spec, waiting in self.next_runs.values():
-            names.update(spec.depends_on)
-            for pod in waiting:
-                names.update(pod.depends_on)
-        return names
+        unit names as a dependency (:func:`engine.model.retention.forget_finished`).
+        Run at the start of a pass."""
+        forget_finished(self)
 
     # ------------------------------------------------------------------ time-outs
 
@@ -596,27 +551,13 @@ class ShardModel:
         advance(group, PENDING, reason)
         self.arm(group)
 
-    def _deadline_stands(self, key: str, deadline: int) -> bool:
-        group = self.groups.get(key)
-        return group is not None and group.phase == PENDING and group.deadline == deadline
-
     def timed_out(self) -> list[GroupInfo]:
-        """Pending groups past their deadline, in the order of ``groups``; one whose
-        placement is under way elsewhere is left for a later pass (it answers first)."""
-        out = []
-        for entry in self.deadlines.due(self.now, self._deadline_stands):
-            if group_unit(entry[2]) in self.dispatched:
-                self.deadlines.arm(*entry)
-            else:
-                out.append(self.groups[entry[2]])
-        if len(out) > 1:
-            order = {key: i for i, key in enumerate(self.groups)}
-            out.sort(key=lambda group: order[group.key])
-        return out
+        """Pending groups past their deadline (:func:`engine.model.retention.timed_out`)."""
+        return timed_out(self)
 
     def next_deadline(self) -> int | None:
         """The soonest time-out after ``now`` of a Pending group."""
-        return self.deadlines.next_after(self.now, self._deadline_stands)
+        return next_deadline(self)
 
     # ------------------------------------------------------------------ requeue
 
