@@ -82,8 +82,10 @@ class Engine(ShardModel):
     def apply(self, envelope: Envelope) -> None:
         """Fold one event. Idempotent for decisions and duplicate submissions."""
         self.counters["events"] += 1
-        if envelope.time > self.now:  # noqa: PLR1730 - hot path: no call
+        if envelope.time > self.now:
             self.now = envelope.time
+            if self.retired.order:
+                self.forget_finished()  # in the fold: replay folds every record too
         if envelope.causation > self.seen and envelope.producer == "router":
             self.seen = envelope.causation
         self.apply_decision(envelope.event)

@@ -357,6 +357,7 @@ def rederive(decoder: _Decoder, engine: Engine) -> None:
 def encode_state(engine: Engine) -> bytes:
     """The engine's state as bytes; equal states give equal bytes."""
     engine.queue.compact()
+    engine.deadlines.compact()
     state = [(k, v) for k, v in vars(engine).items() if k not in NOT_STATE]
     header = {"shard": engine.shard, "config": config_source(engine.config)}
     return encode_tree(header, state, ENGINE)

@@ -18,9 +18,11 @@ already receives, never a clock): ``finishedRetentionSeconds`` of the configurat
 600 seconds by default. A pod or group over for longer than that is forgotten, unless a
 live unit (a pod or group not over, or a pod waiting for its group's next run) names it
 as a dependency: then it is kept while that unit lives, and for a window after. The
-sweep runs at the start of a pass, in batches (once the oldest entry is an eighth of a
-window past due), so that it costs nothing per pod in between; it is a function of the
-log alone, so replay forgets exactly what the run forgot.
+sweep runs in the fold, when a record moves log time on, in batches (once the oldest
+entry is an eighth of a window past due), so that it costs nothing per pod in between;
+it is a function of the records folded alone, so replay forgets exactly what the run
+forgot (a pass that decides nothing leaves no record: a sweep there could not be
+replayed).
 
 Once forgotten, a name is as if never seen: a dependency on it waits ("not found") as
 for a pod that does not exist yet; a pod told again under it is a new pod; a pod naming
@@ -117,6 +119,12 @@ class Deadlines:
 
     def arm(self, deadline: int, seq: int, group: str) -> None:
         heapq.heappush(self.heap, (deadline, seq, group))
+
+    def compact(self) -> None:
+        """Sort the heap (still a heap): its layout depends on when passes popped it,
+        and a pass that decides nothing is not replayed; sorted, equal entries give
+        equal snapshots. Nothing it answers depends on the layout."""
+        self.heap.sort()
 
     def due(self, now: int, valid: Valid) -> list[tuple[int, int, str]]:
         """The entries due at ``now`` that still stand, taken out (each group once);

@@ -528,7 +528,8 @@ class ShardModel:
     def forget_finished(self) -> None:
         """Forget the pods and groups over for a whole retention window that no live
         unit names as a dependency (:func:`engine.model.retention.forget_finished`).
-        Run at the start of a pass."""
+        Run in the fold, whenever log time moves on: a pass that decides nothing is not
+        in the log, so what a pass changes replay could not change alike."""
         forget_finished(self)
 
     # ------------------------------------------------------------------ time-outs

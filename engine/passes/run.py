@@ -76,7 +76,6 @@ class SchedulingPass:
         from engine.passes.pods import attempt_pod
 
         e = self.e
-        e.forget_finished()
         if e.returning:
             for key, (reason, decision) in sorted(e.returning.items()):
                 hand_back(self, pod=key, reason=reason, decision_id=decision)

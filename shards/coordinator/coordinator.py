@@ -328,7 +328,9 @@ class Coordinator:
             return  # its own records: folded when they were made
         self.now = max(self.now, env.time)
         engine = self.engine
-        engine.now = max(engine.now, env.time)
+        if env.time > engine.now:
+            engine.now = env.time
+            engine.forget_finished()
         if env.stream == RELAY:
             source = relay_source(env.producer, self.n)
             if source is None or env.causation <= self.relayed[source]:
