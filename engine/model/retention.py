@@ -1,10 +1,10 @@
 """What an engine keeps of what is over, and for how long; and groups' time-outs.
 
-A shard that kept every finished pod and group for ever grew by about 300 bytes of
+A shard that kept every finished pod and group for ever grew by about 330 bytes of
 memory and 200 bytes of snapshot per finished pod (pods in gangs of four, ``shoal
 loadtest --churn``), and checked every gang ever seen for its time-out at every pass:
-its CPU per pod went from 153 µs at 100,000 finished pods to 355 µs at 300,000. What a
-finished pod or group is still needed for:
+its CPU per pod went from 153 µs at 100,000 finished pods to 960 µs at 1,000,000. What
+a finished pod or group is still needed for:
 
 - *dependencies*: a unit that names it in ``shoal.io/depends-on`` reads its outcome
   (Succeeded or Failed) whenever it is settled;
