@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from engine.model.retention import RETENTION_SECONDS
 from events.errors import InputError
 
 API_VERSIONS: Final = ("kubescheduler.config.k8s.io/v1", "kubescheduler.config.k8s.io/v1beta3")
@@ -60,6 +61,7 @@ _TOP_LEVEL: Final = {
     "percentageOfNodesToScore",
     "podInitialBackoffSeconds",
     "podMaxBackoffSeconds",
+    "finishedRetentionSeconds",
     "leaderElection",
     "clientConnection",
     "extenders",
@@ -91,6 +93,9 @@ class SchedulerConfig:
     profiles: tuple[ProfileConfig, ...]
     initial_backoff_seconds: int = 1
     max_backoff_seconds: int = 10
+    retention_seconds: int = RETENTION_SECONDS
+    """How long (log time) finished pods and groups are remembered
+    (``finishedRetentionSeconds``, a shoal field; see :mod:`engine.model.retention`)."""
     source: Mapping[str, Any] | None = field(default=None, compare=False)
     """The document this was parsed from (recorded in the log for replay)."""
 
@@ -270,9 +275,19 @@ def parse_config(raw: Any, where: str = "config") -> SchedulerConfig:
                 f"must be a non-negative integer, at most {MAX_SECONDS} (seconds)",
                 location=f"{where}.{key}",
             )
+    retention = raw.get("finishedRetentionSeconds", RETENTION_SECONDS)
+    if (
+        not isinstance(retention, int)
+        or isinstance(retention, bool)
+        or not 1 <= retention <= MAX_SECONDS
+    ):
+        raise InputError(
+            f"must be a positive integer, at most {MAX_SECONDS} (seconds)",
+            location=f"{where}.finishedRetentionSeconds",
+        )
     if maximum < initial:
         raise InputError(
             "must not be less than podInitialBackoffSeconds",
             location=f"{where}.podMaxBackoffSeconds",
         )
-    return SchedulerConfig(profiles, initial, maximum, source=raw)
+    return SchedulerConfig(profiles, initial, maximum, retention, source=raw)

@@ -23,7 +23,6 @@ from engine.fold import HANDLERS
 from engine.framework.profiles import Profiles
 from engine.framework.registry import Registry
 from engine.framework.runtime import Framework
-from engine.model.groups import PENDING
 from engine.model.pods import PodInfo
 from engine.model.pools import Pools, Sharding
 from engine.model.reservations import HELD, STAGING
@@ -32,7 +31,7 @@ from engine.passes.dispatch import Dispatch, Local
 from engine.passes.explain import Explanation
 from engine.passes.run import SchedulingPass
 from engine.plugins.registry import builtin_registry
-from engine.refusals import CHECKED, MAX_TIME, refusal
+from engine.refusals import CHECKED, MAX_TIME, refused
 from events.errors import InputError
 from events.types import SECOND, Envelope, Event, SchedulerConfigured, ShardingConfigured
 
@@ -53,6 +52,7 @@ class Engine(ShardModel):
             shard=shard,
             initial_backoff_seconds=config.initial_backoff_seconds,
             max_backoff_seconds=config.max_backoff_seconds,
+            retention_seconds=config.retention_seconds,
         )
         self.config = config
         self._registry = registry or builtin_registry()
@@ -74,6 +74,8 @@ class Engine(ShardModel):
             **self.queue.stats(),
             **self.state.stats(),
             "groups": len(self.groups),
+            "finished_kept": len(self.outcomes),
+            "deadlines": len(self.deadlines),
         }
 
     def framework_for(self, pod: PodInfo) -> Framework | None:
@@ -86,14 +88,16 @@ class Engine(ShardModel):
         no column can hold (:func:`engine.refusals.refusal`) changes nothing, not even
         the time; it is added to ``unfolded``."""
         event = envelope.event
-        if type(event) in CHECKED or not 0 <= envelope.time <= MAX_TIME:
-            reason = refusal(event) if 0 <= envelope.time <= MAX_TIME else "time out of range"
-            if reason is not None:
-                self.unfolded.append((envelope.offset, reason))
-                return
+        if (type(event) in CHECKED or not 0 <= envelope.time <= MAX_TIME) and (
+            reason := refused(envelope)
+        ):
+            self.unfolded.append((envelope.offset, reason))
+            return
         self.counters["events"] += 1
-        if envelope.time > self.now:  # noqa: PLR1730 - hot path: no call
+        if envelope.time > self.now:
             self.now = envelope.time
+            if self.retired.order:
+                self.forget_finished()  # in the fold: replay folds every record too
         if envelope.causation > self.seen and envelope.producer == "router":
             self.seen = envelope.causation
         self.apply_decision(envelope.event)
@@ -126,6 +130,7 @@ class Engine(ShardModel):
         self.profiles = self.hints = Profiles(config, self._registry, self)
         self.queue.initial_backoff = config.initial_backoff_seconds * SECOND
         self.queue.max_backoff = config.max_backoff_seconds * SECOND
+        self.retired.window = config.retention_seconds * SECOND
 
     def sharded(self, event: ShardingConfigured) -> None:
         """The pool rules and tenants of the run: they hold on every shard, one
@@ -144,10 +149,9 @@ class Engine(ShardModel):
         for res in self.reservations.values():
             if res.state in (STAGING, HELD):
                 times.append(max(res.expires_at, self.now))
-        for group in self.groups.values():
-            deadline = group.deadline
-            if group.phase == PENDING and deadline is not None and deadline > self.now:
-                times.append(deadline)
+        deadline = self.next_deadline()
+        if deadline is not None:
+            times.append(deadline)
         return min(times) if times else None
 
     def schedule(self) -> list[Event]:

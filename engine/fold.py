@@ -17,7 +17,6 @@ import msgspec
 from engine.model.changes import ClusterEvent
 from engine.model.groups import (
     FAILED,
-    PENDING,
     SCHEDULED,
     SUCCEEDED,
     GroupInfo,
@@ -165,7 +164,7 @@ def status_seen(m: ShardModel, event: PodGroupStatusChanged) -> None:
     group = m.groups.get(event.group)
     if group is None:
         if event.phase in (SUCCEEDED, FAILED):
-            m.outcomes[event.group] = event.phase  # a dependency on another shard
+            m.finished_as(event.group, event.phase)  # a dependency on another shard
             m.wake(event.group)
         return
     if group.reported is None:
@@ -261,6 +260,7 @@ def take_on(m: ShardModel, event: ReservationRequested) -> str:
     m.submissions += 1
     group.spec = event.group
     group.created_at = m.now
+    m.specified(group)
     for spec in event.pods:
         m.reserved[spec.key] = event.rid
         m.submit(spec)
@@ -331,7 +331,7 @@ def unbound(m: ShardModel, event: PodUnbound) -> None:
         group = m.groups[pod.spec.group]
         placed = len(m.placed_members(group))
         if group.phase == SCHEDULED and placed < group.min_member:
-            advance(group, PENDING, group.reason)
+            m.pending_again(group, group.reason)
         m.dirty[m.unit_of(event.pod)] = None
     else:
         m.dirty[event.pod] = None

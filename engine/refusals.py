@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Final
 
 from events.types import (
+    Envelope,
     Event,
     GroupSpec,
     NodeAdded,
@@ -45,6 +46,15 @@ CHECKED: Final = frozenset(
     {NodeAdded, NodeUpdated, PodSubmitted, PodRouted, PodGroupSubmitted, ReservationRequested}
 )
 """The kinds :func:`refusal` looks into (the others carry nothing a column holds)."""
+
+
+def refused(envelope: Envelope) -> str | None:
+    """Why the record ``envelope`` cannot be folded (its time, or :func:`refusal` of its
+    event), or None. Callers on the hot path test ``type(event) in CHECKED`` and the
+    time range first, and call this only then."""
+    if not 0 <= envelope.time <= MAX_TIME:
+        return f"time {envelope.time} ns is outside 0..{MAX_TIME}"
+    return refusal(envelope.event)
 
 
 def refusal(event: Event) -> str | None:

@@ -49,11 +49,12 @@ from engine.model.queue import SchedulingQueue, _Entry
 from engine.model.quota import Quota, QuotaTable
 from engine.model.reservations import Reservation, ReservationState
 from engine.model.resources import ResourceIndex
+from engine.model.retention import Deadlines, Retired
 from engine.model.state import ClusterState, PlacedPod
 from events.errors import InputError
 from events.types import SnapshotTaken
 
-FORMAT: Final = 2
+FORMAT: Final = 3
 """Bumped whenever the state classes change shape: a snapshot of another format is
 refused (and its component folds its partition from the start instead)."""
 CHUNK_BYTES: Final = 256 * 1024
@@ -73,6 +74,8 @@ STATE_CLASSES: Final[dict[str, type]] = {
         Reservation,
         Pools,
         PoolRule,
+        Retired,
+        Deadlines,
     )
 }
 """The only classes a snapshot may build (besides event structs and containers)."""
@@ -354,6 +357,7 @@ def rederive(decoder: _Decoder, engine: Engine) -> None:
 def encode_state(engine: Engine) -> bytes:
     """The engine's state as bytes; equal states give equal bytes."""
     engine.queue.compact()
+    engine.deadlines.compact()
     state = [(k, v) for k, v in vars(engine).items() if k not in NOT_STATE]
     header = {"shard": engine.shard, "config": config_source(engine.config)}
     return encode_tree(header, state, ENGINE)

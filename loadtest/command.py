@@ -80,6 +80,24 @@ def add_arguments(load: argparse.ArgumentParser) -> None:
         "snapshot and from the start (a churn workload on one shard)",
     )
     load.add_argument(
+        "--churn",
+        action="store_true",
+        help="a long run on one shard: pods arrive and finish without end, about --live "
+        "held at a time, until --pods have finished; reports the engine's memory, its "
+        "snapshot and the time per pod every --every finished pods (with --gang-size N, "
+        "in gangs of N with a time-out each)",
+    )
+    load.add_argument(
+        "--live", type=positive, default=3000, help="pods held at a time in --churn (3000)"
+    )
+    load.add_argument(
+        "--every",
+        type=positive,
+        default=100_000,
+        metavar="PODS",
+        help="--churn reports every PODS finished pods (100,000)",
+    )
+    load.add_argument(
         "--scaling",
         action="store_true",
         help="compare one shard, one shard behind the coordinator (--routed), --shards N "
@@ -98,6 +116,8 @@ async def run(args: argparse.Namespace) -> int:
     sharding_for(args.shards)
     if args.recovery:
         return await _recovery(args)
+    if args.churn:
+        return await _churn(args)
     if args.gang_size and args.gang_size > args.pods:
         raise InputError(
             f"a gang of {args.gang_size} needs at least that many pods", location="--gang-size"
@@ -202,6 +222,37 @@ async def _recovery(args: argparse.Namespace) -> int:
             f"{ended['started']:.2f} s, recovered {ended['recovered']:.2f} s, first decision "
             f"{process['first_decision_seconds']:.2f} s"
         )
+    return 0
+
+
+async def _churn(args: argparse.Namespace) -> int:
+    from loadtest.churn import ChurnShape, TailLog, run_churn
+
+    if args.shards != 1:
+        raise InputError("measures one shard", location="--churn")
+    for given, flag in ((args.routed, "--routed"), (args.direct, "--direct")):
+        if given:
+            raise InputError(f"runs one shard in this process: drop {flag}", location="--churn")
+    shape = ChurnShape(
+        nodes=args.nodes,
+        pods=args.pods,
+        live=args.live,
+        every=min(args.every, args.pods),
+        gang_size=args.gang_size,
+        seed=args.seed,
+    )
+    every = int(args.snapshot_every or 0)  # snapshots in the log only when asked for
+    log = TailLog() if args.bus == "memory" else await open_bus(args.bus, overwrite=args.overwrite)
+    try:
+        result = await run_churn(
+            shape, log, progress=render.churn_progress, bus=args.bus, snapshot_every=every
+        )
+    finally:
+        await log.close()
+    if args.json:
+        emit_json(result)
+    else:
+        render.churn_table(result)
     return 0
 
 

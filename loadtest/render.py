@@ -96,3 +96,41 @@ def loadtest_table(result: dict[str, Any]) -> None:
             f"(gangs of {wide['size']}), {wide['aborted']} aborted; commit latency ms: "
             + ", ".join(f"{k} {v:.2f}" for k, v in commit.items())
         )
+
+
+def churn_progress(point: dict[str, Any]) -> None:
+    """One line on stderr per checkpoint of ``--churn`` (a long run shows it goes on)."""
+    print(
+        f"finished {point['finished']:,} pods ({point['live']:,} live): engine "
+        f"{point['engine_bytes'] / 1e6:.1f} MB, snapshot "
+        f"{point['snapshot_bytes'] / 1e6:.2f} MB, "
+        f"{point['cpu_microseconds_per_pod']:.0f} µs CPU per pod",
+        file=sys.stderr,
+    )
+
+
+def churn_table(result: dict[str, Any]) -> None:
+    console = make_console()
+    shape = result["shape"]
+    gangs = f" in gangs of {shape['gang_size']}" if shape.get("gang_size") else ""
+    console.print(
+        f"[bold]churn[/] — {result['finished']:,} pods finished{gangs}, about "
+        f"{shape['live']:,} live, on {shape['nodes']} nodes; "
+        f"{result['simulated_seconds']:,.0f} simulated seconds in "
+        f"{result['wall_seconds']:.0f} s"
+    )
+    console.print(
+        f"{'finished':>10} {'live':>6} {'kept':>7} {'groups':>7} {'engine MB':>10} "
+        f"{'RSS MB':>8} {'snapshot MB':>12} {'(zlib)':>7} {'CPU µs/pod':>11} {'engine µs/pod':>14}"
+    )
+    for p in result["checkpoints"]:
+        console.print(
+            f"{p['finished']:>10,} {p['live']:>6,} {p['finished_kept']:>7,} {p['groups']:>7,} "
+            f"{p['engine_bytes'] / 1e6:>10.1f} {p['resident_bytes'] / 1e6:>8.0f} "
+            f"{p['snapshot_bytes'] / 1e6:>12.2f} {p['snapshot_compressed_bytes'] / 1e6:>7.2f} "
+            f"{p['cpu_microseconds_per_pod']:>11.0f} {p['engine_microseconds_per_pod']:>14.0f}"
+        )
+    latency = result["latency_ms"]
+    console.print(
+        "submit→decision latency ms: " + ", ".join(f"{k} {v:.2f}" for k, v in latency.items())
+    )

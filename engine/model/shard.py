@@ -41,6 +41,14 @@ from engine.model.pools import Pools
 from engine.model.queue import SchedulingQueue
 from engine.model.quota import QuotaTable
 from engine.model.reservations import Reservation
+from engine.model.retention import (
+    RETENTION_SECONDS,
+    Deadlines,
+    Retired,
+    forget_finished,
+    next_deadline,
+    timed_out,
+)
 from engine.model.state import ClusterState
 from events.types import (
     PodGroupSubmitted,
@@ -87,7 +95,12 @@ class ShardModel:
     """The state of one engine (a shard, or the coordinator's view of every shard)."""
 
     def __init__(
-        self, *, shard: int = 0, initial_backoff_seconds: int = 1, max_backoff_seconds: int = 10
+        self,
+        *,
+        shard: int = 0,
+        initial_backoff_seconds: int = 1,
+        max_backoff_seconds: int = 10,
+        retention_seconds: int = RETENTION_SECONDS,
     ) -> None:
         self.shard = shard
         self.state = ClusterState()
@@ -99,7 +112,16 @@ class ShardModel:
         """Live pods: pending, assumed or bound. Finished and deleted pods are dropped."""
         self.groups: dict[str, GroupInfo] = {}
         self.outcomes: dict[str, str] = {}
-        """Finished pods: ``Succeeded`` or ``Failed`` (dependencies read it)."""
+        """Finished pods: ``Succeeded`` or ``Failed`` (dependencies read it), for the
+        retention window (:mod:`engine.model.retention`)."""
+        self.retired = Retired(retention_seconds)
+        """Finished pods and groups that are over, oldest first: forgotten once over for
+        a whole window, unless a live unit depends on them (:meth:`forget_finished`)."""
+        self.depending: dict[str, None] = {}
+        """Pods and group units that name dependencies (some may be gone: pruned when
+        the retired are swept)."""
+        self.deadlines = Deadlines()
+        """Pending groups' time-outs, soonest first."""
         self.next_runs: NextRuns = {}
         """Groups whose name a PodGroup of another uid claimed while pods of theirs were
         live → that PodGroup and the pods that came for it since: they start once the
@@ -248,8 +270,7 @@ class ShardModel:
         scenario's) is the same pod, told twice."""
         if not self.another_pod(spec):
             return False
-        del self.outcomes[spec.key]
-        self.finished_uids.pop(spec.key, None)
+        self.unfinish(spec.key)
         return True
 
     def another_pod(self, spec: PodSpec) -> bool:
@@ -268,7 +289,8 @@ class ShardModel:
         self.queue.remove(unit)
         self.waiting.pop(unit, None)
         self.broken.pop(key, None)
-        self.outcomes.pop(key, None)
+        self.unfinish(key)
+        self.retired.discard(unit)
         group = self.groups[key] = GroupInfo(key, seq=self.submissions)
         self.submissions += 1
         self.group_changes[key] = None
@@ -309,6 +331,8 @@ class ShardModel:
         self.submissions += 1
         self.state.ensure_rows()
         self.pods[key] = info
+        if spec.depends_on:
+            self.depending[key] = None
         if info.spec.group:
             group = self.groups.get(info.spec.group)
             if group is None:
@@ -340,6 +364,7 @@ class ShardModel:
             group = self.renew_group(group)
         group.spec = event.group
         group.created_at = event.created_at if event.created_at >= 0 else self.now
+        self.specified(group)
         self.dirty[group_unit(key)] = None
         self.group_changes[key] = None
         self.wake(key)
@@ -401,7 +426,7 @@ class ShardModel:
             for _, waiting in self.next_runs.values():  # gone before its run started
                 waiting[:] = [p for p in waiting if p.key != key]
             if key not in self.outcomes:
-                self.outcomes[key] = outcome  # it ran on another shard: a dependency's fate
+                self.finished_as(key, outcome)  # it ran on another shard: a dependency's fate
                 self.wake(key)
             return
         slot = self.release(key)
@@ -410,7 +435,7 @@ class ShardModel:
         self.dispatched.pop(key, None)
         self.delegated.pop(key, None)
         self.returning.pop(key, None)
-        self.outcomes[key] = outcome
+        self.finished_as(key, outcome)
         if pod.spec.uid:
             self.finished_uids[key] = pod.spec.uid
         self.queue.remove(key)
@@ -442,6 +467,7 @@ class ShardModel:
         self.dirty[group_unit(group.key)] = None
         self.group_changes[group.key] = None
         self.wake(group.key)
+        self.retire_if_over(group)
 
     def drop(self, key: str) -> None:
         """Forget pending pod ``key`` entirely: another shard has it now."""
@@ -471,6 +497,68 @@ class ShardModel:
         self.waiting.pop(unit, None)
         self.group_changes.pop(key, None)
         self.broken.pop(key, None)
+
+    # ------------------------------------------------------------------ what is over
+
+    def finished_as(self, key: str, outcome: str) -> None:
+        """Pod (or another shard's group) ``key`` is over with ``outcome``; kept for the
+        retention window (and while a live unit depends on it)."""
+        self.outcomes[key] = outcome
+        self.retired.add(key, self.now)
+
+    def unfinish(self, key: str) -> None:
+        """Forget ``key``'s outcome: the name is another pod's or group's now."""
+        if self.outcomes.pop(key, None) is not None:
+            self.retired.discard(key)
+        self.finished_uids.pop(key, None)
+
+    def over(self, group: GroupInfo) -> bool:
+        """Whether ``group`` is over and nothing holds it: Succeeded or Failed (or never
+        declared), none of its pods live, not a part of a reservation."""
+        return (
+            (group.phase in (SUCCEEDED, FAILED) or group.spec is None)
+            and not group.reservation
+            and not any(m in self.pods for m in group.members)
+        )
+
+    def retire_if_over(self, group: GroupInfo) -> None:
+        if self.over(group):
+            self.retired.add(group_unit(group.key), self.now)
+
+    def forget_finished(self) -> None:
+        """Forget the pods and groups over for a whole retention window that no live
+        unit names as a dependency (:func:`engine.model.retention.forget_finished`).
+        Run in the fold, whenever log time moves on: a pass that decides nothing is not
+        in the log, so what a pass changes replay could not change alike."""
+        forget_finished(self)
+
+    # ------------------------------------------------------------------ time-outs
+
+    def specified(self, group: GroupInfo) -> None:
+        """``group`` has its spec now: it depends on what it names, and its time-out
+        counts."""
+        if group.spec is not None and group.spec.depends_on:
+            self.depending[group_unit(group.key)] = None
+        self.arm(group)
+
+    def arm(self, group: GroupInfo) -> None:
+        deadline = group.deadline
+        if deadline is not None:
+            self.deadlines.arm(deadline, group.seq, group.key)
+
+    def pending_again(self, group: GroupInfo, reason: str) -> None:
+        """A Scheduled ``group`` is Pending again (rolled back): its time-out counts
+        again, from when it was created (past it, it fails at the next pass)."""
+        advance(group, PENDING, reason)
+        self.arm(group)
+
+    def timed_out(self) -> list[GroupInfo]:
+        """Pending groups past their deadline (:func:`engine.model.retention.timed_out`)."""
+        return timed_out(self)
+
+    def next_deadline(self) -> int | None:
+        """The soonest time-out after ``now`` of a Pending group."""
+        return next_deadline(self)
 
     # ------------------------------------------------------------------ requeue
 

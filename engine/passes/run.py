@@ -247,7 +247,7 @@ class SchedulingPass:
                 )
                 unbound(e, event)
                 self.dispatch.unbound(self, event)
-            advance(group, PENDING, f"rolled back: {reason}")
+            e.pending_again(group, f"rolled back: {reason}")
             e.group_changes[key] = None
             e.dirty[group_unit(key)] = None
         e.broken.clear()
@@ -255,13 +255,7 @@ class SchedulingPass:
     # ------------------------------------------------------------------ waiting
 
     def _timeouts(self) -> None:
-        e = self.e
-        for group in e.groups.values():
-            deadline = group.deadline
-            if group.phase != PENDING or deadline is None or deadline > e.now:
-                continue
-            if group_unit(group.key) in e.dispatched:
-                continue  # its placement is under way elsewhere: it answers first
+        for group in self.e.timed_out():
             seconds = (group.spec.timeout or 0) / SECOND if group.spec else 0
             last = f": {group.reason}" if group.reason else ""
             self.fail_group(
@@ -281,6 +275,7 @@ class SchedulingPass:
             if member in e.pods and member not in e.state.pods:
                 self.reject(e.pods[member], reason)
         e.group_changes[group.key] = None
+        e.retire_if_over(group)
 
     def reject(self, pod: PodInfo, reason: str) -> None:
         self.out.append(PodRejected(pod=pod.key, reason=reason, shard=self.e.shard))

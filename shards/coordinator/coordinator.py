@@ -40,7 +40,7 @@ from engine.model.pods import PodInfo
 from engine.model.pools import Sharding
 from engine.model.reservations import decision_id
 from engine.model.state import Bools, request_delta
-from engine.refusals import CHECKED, MAX_TIME, refusal
+from engine.refusals import CHECKED, MAX_TIME, refused
 from events.types import (
     BindFailed,
     ClockTicked,
@@ -327,14 +327,14 @@ class Coordinator:
         event = env.event
         if isinstance(event, SnapshotTaken) or env.producer == ROUTER:
             return  # its own records: folded when they were made
-        if type(event) in CHECKED or not 0 <= env.time <= MAX_TIME:
-            reason = refusal(event) if 0 <= env.time <= MAX_TIME else "time out of range"
-            if reason is not None:  # nothing changes, nothing is forwarded
-                self.engine.unfolded.append((env.offset, reason))
-                return
+        if (type(event) in CHECKED or not 0 <= env.time <= MAX_TIME) and (reason := refused(env)):
+            self.engine.unfolded.append((env.offset, reason))  # nothing changes or is sent
+            return
         self.now = max(self.now, env.time)
         engine = self.engine
-        engine.now = max(engine.now, env.time)
+        if env.time > engine.now:
+            engine.now = env.time
+            engine.forget_finished()
         if env.stream == RELAY:
             source = relay_source(env.producer, self.n)
             if source is None or env.causation <= self.relayed[source]:
@@ -595,7 +595,7 @@ class Coordinator:
                     engine.fire(ClusterEvent.POD_FREED, slot)
         group = engine.groups.get(claim.unit[1:]) if is_group_unit(claim.unit) else None
         if group is not None and group.phase == SCHEDULED:
-            advance(group, PENDING, f"pod group {group.key}: {reason}")
+            engine.pending_again(group, f"pod group {group.key}: {reason}")
             engine.group_changes[group.key] = None
         unit = claim.unit
         if group is None and unit in engine.pods:

@@ -60,6 +60,7 @@ ALLOWED: Final = Allowed(
 def _pairs(coordinator: Coordinator) -> list[tuple[str, Any]]:
     engine = coordinator.engine
     engine.queue.compact()
+    engine.deadlines.compact()
     pairs = [(f"engine.{k}", v) for k, v in vars(engine).items() if k not in NOT_STATE]
     pairs += [(f"coordinator.{k}", v) for k, v in vars(coordinator).items() if k not in TRANSIENT]
     return pairs
