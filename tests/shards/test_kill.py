@@ -15,126 +15,27 @@ with fewer than minMember members, no reservation left open, no pod lost, and
 from __future__ import annotations
 
 import asyncio
-import os
 import random
-import signal
-import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
-from engine.model.pools import Sharding
 from engine.model.reservations import HELD, STAGING
 from events.remote import LogServer, RemoteLog
 from events.types import (
-    SECOND,
     BindFailed,
     Envelope,
-    Event,
-    GroupSpec,
-    NodeAdded,
-    NodeSpec,
     PodBound,
     PodGroupSubmitted,
-    PodSpec,
     PodSubmitted,
     PodUnbound,
-    SchedulerConfigured,
     ShardingConfigured,
 )
 from shards.coordinator.flights import ABORTING, COMMITTED, PREPARING
 from shards.replay import replay, replay_routed
 from shards.report import WAITING, RunReport, merge
-
-SHARDS = 2
-NODES_PER_SHARD = 6
-GPUS = 4
-
-
-def _nodes() -> list[NodeSpec]:
-    return [
-        NodeSpec(
-            name=f"gpu-{i:02d}",
-            allocatable={"cpu": 64000, "memory": 256 << 30, "pods": 110, "nvidia.com/gpu": GPUS},
-            labels={"shoal.io/pool": f"pool-{i % SHARDS}"},
-        )
-        for i in range(NODES_PER_SHARD * SHARDS)
-    ]
-
-
-def _gang(name: str, size: int) -> list[Event]:
-    group = GroupSpec(namespace="train", name=name, min_member=size, timeout=120 * SECOND)
-    members: list[Event] = [
-        PodSubmitted(
-            pod=PodSpec(
-                namespace="train",
-                name=f"{name}-{m:02d}",
-                requests={"cpu": 1000, "nvidia.com/gpu": 1},
-                group=group.key,
-            )
-        )
-        for m in range(size)
-    ]
-    return [PodGroupSubmitted(group=group), *members]
-
-
-def _pods(prefix: str, count: int) -> list[Event]:
-    return [
-        PodSubmitted(
-            pod=PodSpec(namespace="web", name=f"{prefix}-{i}", requests={"nvidia.com/gpu": 1})
-        )
-        for i in range(count)
-    ]
-
-
-class Fleet:
-    """The component processes, started and killed by role."""
-
-    def __init__(self, url: str, logs: Path | None = None) -> None:
-        self.url = url
-        self.logs = logs
-        """Where each role's standard error goes (``ROLE.log``, appended), if given."""
-        self.procs: dict[str, asyncio.subprocess.Process] = {}
-        self.kills: Counter[str] = Counter()
-
-    def said(self, role: str) -> str:
-        """What ``role`` has written to its standard error so far (with ``logs``)."""
-        assert self.logs is not None
-        path = self.logs / f"{role}.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
-    async def start(self, role: str) -> None:
-        args = ["worker", role.split("-", maxsplit=1)[0], "--bus", self.url]
-        if role.startswith("shard-"):
-            args += ["--shard-id", role.split("-")[1]]
-        if role != "binder":
-            # snapshots often, so that restarts restore them (and replay checks them)
-            args += ["--snapshot-every", "40"]
-        if self.logs is None:
-            self.procs[role] = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "shards.cli", *args, env={**os.environ}
-            )
-            return
-        with open(self.logs / f"{role}.log", "ab") as err:
-            self.procs[role] = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "shards.cli", *args, env={**os.environ}, stderr=err
-            )
-
-    async def kill(self, role: str) -> None:
-        proc = self.procs[role]
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGKILL)
-        await proc.wait()
-        self.kills[role] += 1
-
-    async def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.returncode is None:
-                proc.terminate()
-        for proc in self.procs.values():
-            await proc.wait()
+from tests.shards.fleet import GPUS, SHARDS, Fleet, gang, pods, set_up
 
 
 async def _settled(log: RemoteLog, limit: float) -> None:
@@ -193,32 +94,18 @@ def _undecided(parts: list[list[Envelope]]) -> list[str]:
 @pytest.mark.parametrize("seed", [1, 2])
 async def test_sigkill_anywhere_loses_nothing(seed: int) -> None:
     rng = random.Random(seed)
-    sharding = Sharding(shards=SHARDS, reservation_timeout=3 * SECOND)
     async with LogServer(SHARDS + 1) as server:
         log = await RemoteLog.connect(server.url)
-
-        async def ingest(events: list[Event]) -> None:
-            now = time.time_ns()
-            await log.append(
-                [Envelope(event=e, time=now, producer="ingest") for e in events], SHARDS
-            )
-
-        await ingest(
-            [
-                ShardingConfigured(config=sharding.to_json()),
-                SchedulerConfigured(),
-                *(NodeAdded(node=n) for n in _nodes()),
-            ]
-        )
+        ingest = await set_up(log)
         fleet = Fleet(server.url)
         roles = ["coordinator", "binder", *(f"shard-{i}" for i in range(SHARDS))]
         for role in roles:
             await fleet.start(role)
         waves = [
-            _gang("wide-a", 26),
-            _gang("local-b", 4) + _gang("local-c", 6) + _pods("a", 3),
-            _gang("wide-d", 28),
-            _pods("e", 3),
+            gang("wide-a", 26),
+            gang("local-b", 4) + gang("local-c", 6) + pods("a", 3),
+            gang("wide-d", 28),
+            pods("e", 3),
         ]
         try:
             for round_ in range(12):

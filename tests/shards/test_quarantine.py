@@ -9,23 +9,18 @@ often it restarts), and goes on deciding the records after it; replay agrees.
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.model.pools import Sharding
 from engine.refusals import MAX_QUANTITY, refusal
 from engine.snapshot import encode_state
 from events.errors import LogCorruptedError
-from events.log import read_past_unreadable
 from events.memory import MemoryLog
 from events.remote import LogServer, RemoteLog
 from events.types import (
-    SECOND,
     Envelope,
     Event,
     NodeAdded,
@@ -34,14 +29,12 @@ from events.types import (
     PodSpec,
     PodSubmitted,
     RecordQuarantined,
-    SchedulerConfigured,
-    ShardingConfigured,
     SnapshotTaken,
 )
 from shards.cli import read_quarantined
 from shards.replay import replay, replay_routed
 from shards.worker import ShardWorker
-from tests.shards.test_kill import SHARDS, Fleet, _gang, _nodes, _pods
+from tests.shards.fleet import SHARDS, Fleet, bound_at_least, gang, pods, set_up
 
 
 class PoisonedLog(MemoryLog):
@@ -155,45 +148,25 @@ async def test_poison_in_every_partition_stops_no_process() -> None:
     in the control partition. No process exits; the work before and after is decided,
     a gang across both shards included; each poison is recorded once, by its
     partition's reader; the log replays exactly, past what was quarantined."""
-    sharding = Sharding(shards=SHARDS, reservation_timeout=3 * SECOND)
     async with LogServer(SHARDS + 1) as server:
         log = await RemoteLog.connect(server.url)
-
-        async def ingest(events: list[Event]) -> None:
-            now = time.time_ns()
-            await log.append(
-                [Envelope(event=e, time=now, producer="ingest") for e in events], SHARDS
-            )
+        ingest = await set_up(log)
 
         async def poison(partition: int) -> None:
             await log._call(["append", partition, [["pod+", b"\xc1 not msgpack"]]])
 
-        async def bound() -> int:
-            pods = set()
-            for shard in range(SHARDS):
-                records, _, _ = await read_past_unreadable(log, shard, 0)
-                pods |= {e.event.pod for e in records if isinstance(e.event, PodBound)}
-            return len(pods)
-
-        await ingest(
-            [
-                ShardingConfigured(config=sharding.to_json()),
-                SchedulerConfigured(),
-                *(NodeAdded(node=n) for n in _nodes()),
-            ]
-        )
         fleet = Fleet(server.url)
         roles = ["coordinator", "binder", *(f"shard-{i}" for i in range(SHARDS))]
         try:
             for role in roles:
                 await fleet.start(role)
-            await ingest(_pods("before", 4))
-            await _until(lambda: _at_least(bound, 4), "the pods before the poison bound")
+            await ingest(pods("before", 4))
+            await bound_at_least(log, 4)  # before the poison
             await poison(0)
             await poison(SHARDS)
             await ingest([_node("huge", 1 << 63)])
-            await ingest(_gang("wide", 30) + _pods("after", 4))
-            await _until(lambda: _at_least(bound, 38), "the work after the poison bound")
+            await ingest(gang("wide", 30) + pods("after", 4))
+            await bound_at_least(log, 38)  # after it
             assert all(p.returncode is None for p in fleet.procs.values()), {
                 r: p.returncode for r, p in fleet.procs.items()
             }
@@ -208,28 +181,6 @@ async def test_poison_in_every_partition_stops_no_process() -> None:
     assert any("cpu=" in reason for reason in control.values()), control
     verified = replay_routed(parts, verify=True)
     assert verified.mismatch is None, str(verified.mismatch)
-
-
-async def _at_least(count: Callable[[], Awaitable[int]], n: int) -> bool:
-    return await count() >= n
-
-
-async def _until(check: Callable[[], Awaitable[bool]], what: str, limit: float = 240.0) -> None:
-    deadline = time.monotonic() + limit
-    while not await check():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        await asyncio.sleep(0.2)
-
-
-async def test_replay_skips_only_what_the_run_quarantined() -> None:
-    log = PoisonedLog({1})
-    await _fill(log, [_node("n1", 4000), _pod("poison"), _pod("after")])
-    with pytest.raises(LogCorruptedError, match="offset 1"):
-        await read_quarantined(log, 0)  # nobody skipped it: corruption, as before
-    await _run(log)
-    records = await read_quarantined(log, 0)
-    assert 1 not in {e.offset for e in records}
-    assert _quarantined(records).keys() == {1}
 
 
 @settings(max_examples=60, deadline=None)

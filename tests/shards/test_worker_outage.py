@@ -12,33 +12,28 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Self
 
 import pytest
 
-from engine.model.pools import Sharding
 from events.errors import LogError
 from events.log import EventLog
 from events.remote import LogServer, RemoteLog
 from events.types import (
     SECOND,
     Envelope,
-    Event,
     GroupSpec,
     NodeAdded,
-    PodBound,
     PodSpec,
     ReservationGranted,
     ReservationReleased,
     ReservationRequested,
     SchedulerConfigured,
-    ShardingConfigured,
 )
 from shards.processes import run_backing_off
 from shards.replay import replay_routed
-from tests.shards.test_kill import SHARDS, Fleet, _gang, _nodes, _pods
+from tests.shards.fleet import SHARDS, Fleet, bound_at_least, gang, nodes, pods, set_up, until
 
 _STARTED_AGAIN = "bus failed; starting again"
 
@@ -111,58 +106,29 @@ class Relay:
             self._pipes.discard(sink)
 
 
-async def _until(check: Callable[[], Awaitable[bool]], what: str, limit: float = 240.0) -> None:
-    deadline = time.monotonic() + limit
-    while not await check():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        await asyncio.sleep(0.2)
-
-
 async def test_workers_back_off_and_start_again_after_the_bus_fails(tmp_path: Path) -> None:
-    sharding = Sharding(shards=SHARDS, reservation_timeout=3 * SECOND)
     async with LogServer(SHARDS + 1) as server:
         log = await RemoteLog.connect(server.url)
-
-        async def ingest(events: list[Event]) -> None:
-            now = time.time_ns()
-            await log.append(
-                [Envelope(event=e, time=now, producer="ingest") for e in events], SHARDS
-            )
-
-        async def bound() -> int:
-            pods: set[str] = set()
-            for shard in range(SHARDS):
-                for env in await log.read(shard, 0):
-                    if isinstance(env.event, PodBound):
-                        pods.add(env.event.pod)
-            return len(pods)
-
-        await ingest(
-            [
-                ShardingConfigured(config=sharding.to_json()),
-                SchedulerConfigured(),
-                *(NodeAdded(node=n) for n in _nodes()),
-            ]
-        )
+        ingest = await set_up(log)
         async with Relay(server.host, server.port) as relay:
             fleet = Fleet(relay.url, tmp_path)
             roles = ["coordinator", "binder", *(f"shard-{i}" for i in range(SHARDS))]
             try:
                 for role in roles:
                     await fleet.start(role)
-                await ingest(_pods("before", 4))
-                await _until(lambda: _at_least(bound, 4), "the pods before the outage bound")
+                await ingest(pods("before", 4))
+                await bound_at_least(log, 4)  # before the outage
                 relay.cut()
 
                 async def all_failed() -> bool:
                     return all(_STARTED_AGAIN in fleet.said(role) for role in roles)
 
                 # down until every worker has seen the bus fail, then up again
-                await _until(all_failed, "every worker saw the bus fail")
+                await until(all_failed, "every worker saw the bus fail")
                 relay.restore()
                 # work that arrives after the outage: a gang no one shard can hold
-                await ingest(_gang("wide", 30) + _pods("after", 4))
-                await _until(lambda: _at_least(bound, 38), "the work after the outage bound")
+                await ingest(gang("wide", 30) + pods("after", 4))
+                await bound_at_least(log, 38)  # after it
                 assert all(p.returncode is None for p in fleet.procs.values()), {
                     r: p.returncode for r, p in fleet.procs.items()
                 }
@@ -172,10 +138,6 @@ async def test_workers_back_off_and_start_again_after_the_bus_fails(tmp_path: Pa
         await log.close()
     verified = replay_routed(parts, verify=True)
     assert verified.mismatch is None, str(verified.mismatch)
-
-
-async def _at_least(count: Callable[[], Awaitable[int]], n: int) -> bool:
-    return await count() >= n
 
 
 async def test_a_worker_gives_up_after_failures_in_a_row() -> None:
@@ -214,9 +176,9 @@ async def test_a_held_reservation_expires_while_its_shard_restarts(tmp_path: Pat
     expires, not before its time-out, and the shard releases it and its pods."""
     async with LogServer(2) as server:
         log = await RemoteLog.connect(server.url)
-        nodes = _nodes()[:2]
+        cluster = nodes()[:2]
         group = GroupSpec(namespace="train", name="wide", min_member=2, timeout=120 * SECOND)
-        pods = tuple(
+        members = tuple(
             PodSpec(
                 namespace="train",
                 name=f"wide-{i}",
@@ -230,10 +192,10 @@ async def test_a_held_reservation_expires_while_its_shard_restarts(tmp_path: Pat
         await log.append(
             [
                 Envelope(event=SchedulerConfigured(), time=now, producer="router"),
-                *(Envelope(event=NodeAdded(node=n), time=now, producer="router") for n in nodes),
+                *(Envelope(event=NodeAdded(node=n), time=now, producer="router") for n in cluster),
                 Envelope(
                     event=ReservationRequested(
-                        rid="wide/1", group=group, pods=pods, expires_at=expires_at
+                        rid="wide/1", group=group, pods=members, expires_at=expires_at
                     ),
                     time=now,
                     producer="router",
@@ -254,11 +216,11 @@ async def test_a_held_reservation_expires_while_its_shard_restarts(tmp_path: Pat
         fleet = Fleet(server.url, tmp_path)
         try:
             await fleet.start("shard-0")
-            await _until(granted, "the shard held the part")
+            await until(granted, "the shard held the part")
             for _ in range(3):  # killed and started again while it holds it
                 await fleet.kill("shard-0")
                 await fleet.start("shard-0")
-            await _until(released, "the held part expired")
+            await until(released, "the held part expired")
         finally:
             await fleet.stop()
         (release,) = await records(ReservationReleased)
