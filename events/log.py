@@ -21,7 +21,7 @@ from typing import Protocol
 
 from events.codec import kind_of
 from events.errors import LogCorruptedError
-from events.types import Envelope
+from events.types import Envelope, RecordQuarantined
 
 
 class EventLog(Protocol):
@@ -128,3 +128,24 @@ async def read_past_unreadable(
             at = batch[-1].offset + 1
         break
     return records, skipped, at
+
+
+async def read_quarantined(log: EventLog, partition: int) -> tuple[list[Envelope], list[int]]:
+    """Every record of ``partition``, past those that cannot be read and that a
+    component of the run skipped and recorded (``RecordQuarantined``), and the offsets
+    of those: replay skips them as the run did. Any other record that cannot be read is
+    an error, as in :meth:`EventLog.read`."""
+    records: list[Envelope] = []
+    unreadable: list[tuple[int, str]] = []
+    offset = 0
+    while True:
+        batch, skipped, offset = await read_past_unreadable(log, partition, offset)
+        if not batch and not skipped:
+            break
+        records += batch
+        unreadable += skipped
+    excused = {e.event.offset for e in records if isinstance(e.event, RecordQuarantined)}
+    for at, reason in unreadable:
+        if at not in excused:
+            raise LogCorruptedError(reason, partition=partition, offset=at)
+    return records, [at for at, _ in unreadable]

@@ -37,15 +37,14 @@ from engine.config import SchedulerConfig
 from engine.model.pools import Sharding
 from events.errors import (
     InputError,
-    LogCorruptedError,
     LogError,
     ShoalError,
     StuckError,
     UnverifiableLogError,
 )
 from events.filelog import FileLog
-from events.log import EventLog, read_past_unreadable
-from events.types import Envelope, RecordQuarantined
+from events.log import EventLog, read_quarantined
+from events.types import Envelope
 from shards import logserve, render
 from shards.bus import check_new_log, open_bus
 from shards.commands import (
@@ -132,27 +131,13 @@ async def _simulate(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- replay
 
 
-async def read_quarantined(log: EventLog, partition: int) -> list[Envelope]:
-    """Every record of ``partition``, past those that cannot be read and that a
-    component of the run skipped and recorded (``RecordQuarantined``): replay skips
-    them as the run did. Any other record that cannot be read is an error."""
-    records: list[Envelope] = []
-    unreadable: list[tuple[int, str]] = []
-    offset = 0
-    while True:
-        batch, skipped, offset = await read_past_unreadable(log, partition, offset)
-        if not batch and not skipped:
-            break
-        records += batch
-        unreadable += skipped
-    excused = {e.event.offset for e in records if isinstance(e.event, RecordQuarantined)}
-    for offset, reason in unreadable:
-        if offset not in excused:
-            raise LogCorruptedError(reason, partition=partition, offset=offset)
-    if unreadable:
+async def _read(log: EventLog, partition: int) -> list[Envelope]:
+    """A partition to replay, past the records the run quarantined (said on stderr)."""
+    records, skipped = await read_quarantined(log, partition)
+    if skipped:
         print(
-            f"shoal: note: partition {partition}: {len(unreadable)} record(s) the run "
-            f"quarantined are skipped (offsets {', '.join(str(o) for o, _ in unreadable[:10])})",
+            f"shoal: note: partition {partition}: {len(skipped)} record(s) the run "
+            f"quarantined are skipped (offsets {', '.join(map(str, skipped[:10]))})",
             file=sys.stderr,
         )
     return records
@@ -163,13 +148,13 @@ async def _replay(args: argparse.Namespace) -> int:
     if args.log.startswith("kafka://"):
         source = await open_bus(args.log)
         try:
-            parts = [await read_quarantined(source, p) for p in range(source.partitions)]
+            parts = [await _read(source, p) for p in range(source.partitions)]
         finally:
             await source.close()
     else:
         log = FileLog(args.log, readonly=True)
         try:
-            parts = [await read_quarantined(log, p) for p in range(log.partitions)]
+            parts = [await _read(log, p) for p in range(log.partitions)]
         finally:
             await log.close()
         if log.torn_bytes:
@@ -405,48 +390,16 @@ async def _serve(args: argparse.Namespace) -> int:
 
 
 async def _worker(args: argparse.Namespace) -> int:
-    from shards.processes import (
-        install_stop_signals,
-        run_backing_off,
-        run_binder,
-        run_coordinator,
-        run_shard,
-    )
+    from shards.processes import run_worker
 
-    logging.getLogger("shards.worker").info("worker %s starting", args.role)
     every, per_pod = snapshots(args)
-    config = _config(args.config) if args.role == "shard" else None
-    stop = asyncio.Event()
-    install_stop_signals(stop)
-
-    async def run(bus: EventLog) -> None:
-        if args.role == "shard":
-            if args.shard_id is None or args.shard_id >= bus.partitions - 1:
-                raise InputError(
-                    f"a shard needs --shard-id below {bus.partitions - 1} "
-                    f"(the bus has {bus.partitions - 1} shard partitions)",
-                    location="--shard-id",
-                )
-            await run_shard(
-                bus,
-                args.shard_id,
-                config=config,
-                stop=stop,
-                snapshot_every=every,
-                snapshot_per_pod=per_pod,
-            )
-        elif args.role == "binder":
-            await run_binder(bus, stop=stop)
-        else:
-            await run_coordinator(bus, stop=stop, snapshot_every=every, snapshot_per_pod=per_pod)
-
-    # a bus that fails (a slow read, a broken connection) is opened again after a
-    # back-off, and the component rebuilds from the log, as serve does
-    await run_backing_off(
+    await run_worker(
         args.role,
         lambda: open_bus(args.bus, partitions=2, token_file=args.token_file),
-        run,
-        stop,
+        shard_id=args.shard_id,
+        config=_config(args.config) if args.role == "shard" else None,
+        snapshot_every=every,
+        snapshot_per_pod=per_pod,
     )
     return 0
 

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 from engine.config import SchedulerConfig
 from engine.model.pools import Sharding
 from engine.plugins import kernels
-from events.errors import LogCorruptedError, LogError
+from events.errors import InputError, LogCorruptedError, LogError
 from events.log import EventLog, read_past_unreadable
 from events.types import BindFailed, ClockTicked, Envelope, ShardingConfigured
 from shards.binder import Binder
@@ -298,3 +298,46 @@ async def run_backing_off(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), backoff)
             backoff = min(backoff * 2, BACKOFF_MAX)
+
+
+async def run_worker(
+    role: str,
+    open_: Callable[[], Awaitable[EventLog]],
+    *,
+    shard_id: int | None,
+    config: SchedulerConfig | None,
+    snapshot_every: int,
+    snapshot_per_pod: int,
+) -> None:
+    """``shoal worker ROLE``: one component (``shard``, ``coordinator`` or ``binder``) on
+    the bus ``open_`` opens, until SIGTERM or SIGINT. A bus that fails (a slow read, a
+    broken connection) is opened again after a back-off, and the component rebuilds
+    from the log (:func:`run_backing_off`), as ``serve`` does."""
+    log.info("worker %s starting", role)
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+
+    async def run(bus: EventLog) -> None:
+        if role == "shard":
+            if shard_id is None or shard_id >= bus.partitions - 1:
+                raise InputError(
+                    f"a shard needs --shard-id below {bus.partitions - 1} "
+                    f"(the bus has {bus.partitions - 1} shard partitions)",
+                    location="--shard-id",
+                )
+            await run_shard(
+                bus,
+                shard_id,
+                config=config,
+                stop=stop,
+                snapshot_every=snapshot_every,
+                snapshot_per_pod=snapshot_per_pod,
+            )
+        elif role == "binder":
+            await run_binder(bus, stop=stop)
+        else:
+            await run_coordinator(
+                bus, stop=stop, snapshot_every=snapshot_every, snapshot_per_pod=snapshot_per_pod
+            )
+
+    await run_backing_off(role, open_, run, stop)

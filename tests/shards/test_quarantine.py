@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from engine.refusals import MAX_QUANTITY, refusal
 from engine.snapshot import encode_state
 from events.errors import LogCorruptedError
+from events.log import read_quarantined
 from events.memory import MemoryLog
 from events.remote import LogServer, RemoteLog
 from events.types import (
@@ -31,7 +32,6 @@ from events.types import (
     RecordQuarantined,
     SnapshotTaken,
 )
-from shards.cli import read_quarantined
 from shards.replay import replay, replay_routed
 from shards.worker import ShardWorker
 from tests.shards.fleet import SHARDS, Fleet, bound_at_least, gang, pods, set_up
@@ -172,7 +172,7 @@ async def test_poison_in_every_partition_stops_no_process() -> None:
             }
         finally:
             await fleet.stop()
-        parts = [await read_quarantined(log, p) for p in range(SHARDS + 1)]
+        parts = [(await read_quarantined(log, p))[0] for p in range(SHARDS + 1)]
         await log.close()
     shard_0 = _quarantined(parts[0])
     control = _quarantined(parts[SHARDS])
