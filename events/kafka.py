@@ -13,9 +13,11 @@ Contract notes, backend by backend:
   (``max_batch_bytes``); a larger call is split and is then atomic per batch. Correctness
   never rests on Kafka transactions (the test broker does not isolate them): decisions
   carry ids and every handler is idempotent.
-- ``read`` fetches from ``offset`` to the partition's high-water mark as it stood when
-  the call began. The end is learnt from a fetch (``highwater``), not from
-  ``end_offsets``, which some brokers answer wrongly.
+- ``read`` fetches from ``offset`` to the partition's high-water mark as a fetch of its
+  own learnt it (not the tail as it moves meanwhile: a read while others append ends);
+  on its time-out it returns what it has fetched, and fails only if it fetched nothing.
+  The end is learnt from a fetch (``highwater``), not from ``end_offsets``, which some
+  brokers answer wrongly.
 - Producer idempotence is off by default (``idempotence=True`` turns it on); TLS and
   SASL (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) pass through to aiokafka.
 
@@ -227,12 +229,16 @@ class KafkaLog:
             consumer.assign([tp])
             consumer.seek(tp, offset)
             end: int | None = None
-            idle = 0
+            idle = answers = 0
+            start = offset
             deadline = asyncio.get_running_loop().time() + self.settings.request_timeout_ms / 1000
             while limit is None or len(out) < limit:
                 if asyncio.get_running_loop().time() > deadline:
+                    if offset > start:
+                        break  # what was fetched is kept: the caller reads on from here
                     raise LogError(
-                        f"kafka read of partition {partition} stalled at offset {offset} "
+                        f"kafka read of partition {partition} made no progress from offset "
+                        f"{offset} in {self.settings.request_timeout_ms} ms "
                         f"(high-water mark {end})"
                     )
                 batch = await consumer.getmany(
@@ -241,11 +247,14 @@ class KafkaLog:
                     max_records=None if limit is None else limit - len(out),
                 )
                 # A fetch already in flight before the caller's append may answer with
-                # an old high-water mark: keep the newest one seen, and stop only after
-                # a fetch that brings nothing while at it.
+                # an old high-water mark: keep the newest one seen. The read ends at the
+                # mark a fetch of its own learnt (the second answer on, or an empty
+                # one), not at whatever the tail has become since: appends that go on
+                # meanwhile are the next read's.
                 mark = consumer.highwater(tp)
                 if mark is not None:
                     end = mark if end is None else max(end, mark)
+                    answers += 1
                 records = batch.get(tp, [])
                 if not records:
                     idle += 1
@@ -268,6 +277,8 @@ class KafkaLog:
                     out.append(env)
                     if limit is not None and len(out) >= limit:
                         break
+                if answers >= 2 and end is not None and offset >= end:
+                    break  # at the high-water mark this read learnt
         return offset, out
 
     def _decode(self, value: bytes | None, partition: int, offset: int) -> Envelope:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from pathlib import Path
 
@@ -165,3 +166,43 @@ async def test_read_kinds_skips_other_kinds_by_key(kafka_bootstrap: str) -> None
             await log.read_kinds(0, 0, ["pod.ok"])
     finally:
         await log.close()
+
+
+async def test_a_read_while_others_append_ends_and_keeps_what_it_fetched(
+    kafka_bootstrap: str,
+) -> None:
+    """A read with no limit used to chase the tail while a writer kept appending, until
+    its time-out, and then fail ("stalled") throwing its progress away. It ends at the
+    high-water mark it learnt, with every record appended before it began."""
+    settings = KafkaSettings(
+        bootstrap=kafka_bootstrap,
+        topic=f"tail-{uuid.uuid4().hex[:8]}",
+        request_timeout_ms=3000,
+        fetch_max_wait_ms=10,
+    )
+    await create_topic(settings)
+    writer, reader = KafkaLog(settings), KafkaLog(settings)
+    await writer.start()
+    await reader.start()
+    stop = asyncio.Event()
+
+    async def append_on() -> None:
+        i = 0
+        while not stop.is_set():
+            await writer.append([Envelope(event=PodDeleted(pod=f"ns/p-{i}"))])
+            i += 1
+
+    try:
+        await writer.append([Envelope(event=PodDeleted(pod=f"ns/before-{i}")) for i in range(50)])
+        appending = asyncio.create_task(append_on())
+        try:
+            for _ in range(5):  # each read ends, however long the writer goes on
+                got = await reader.read(0, 0)
+                assert [e.offset for e in got] == list(range(len(got)))
+                assert len(got) >= 50
+        finally:
+            stop.set()
+            await appending
+    finally:
+        await writer.close()
+        await reader.close()
