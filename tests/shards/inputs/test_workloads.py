@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 from events.errors import InputError
 from events.types import PodSpec, PodSubmitted
 from shards.cli import main
+from shards.inputs.controllers import ALPHABET, generated_suffix
 from shards.inputs.limits import MAX_OBJECTS
 from shards.inputs.scenario import Scenario, load_scenario
-from shards.inputs.workloads import ALPHABET, expand, generated_suffix
+from shards.inputs.workloads import expand
 
 CONTAINER = "containers: [{name: c, resources: {requests: {cpu: 100m}}}]"
 
