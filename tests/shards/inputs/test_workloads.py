@@ -12,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from events.errors import InputError
-from events.types import PodSpec, PodSubmitted
+from events.types import NodeSpec, PodSpec, PodSubmitted, Taint
 from shards.cli import main
-from shards.inputs.controllers import ALPHABET, generated_suffix
+from shards.inputs.controllers import ALPHABET, NodeArrival, generated_suffix
 from shards.inputs.limits import MAX_OBJECTS
 from shards.inputs.scenario import Scenario, load_scenario
 from shards.inputs.workloads import expand
@@ -338,3 +338,89 @@ spec: {containers: [{name: c}]}
         InputError, match=r"document 2 \(StatefulSet db, its Pod db-0\).*duplicate pod"
     ):
         load(tmp_path, reverse[1] + "---" + reverse[0])
+
+
+def job_object(completions: int | None, parallelism: int | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c"}]}}
+    }
+    if completions is not None:
+        spec["completions"] = completions
+    if parallelism is not None:
+        spec["parallelism"] = parallelism
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"}, "spec": spec}
+
+
+@given(
+    st.one_of(st.none(), st.integers(0, 40)),
+    st.one_of(st.none(), st.integers(0, 12)),
+)
+def test_a_job_has_completions_pods_and_at_most_parallelism_without_a_wait(
+    completions: int | None, parallelism: int | None
+) -> None:
+    """The Job controller's counts (API defaults included), and each pod past the first
+    ``parallelism`` waits for exactly the one ``parallelism`` before it."""
+    made = expand(job_object(completions, parallelism), 0, {}, [], 1000).pods
+    p = 1 if parallelism is None else parallelism
+    c = completions if completions is not None else (p if parallelism is not None else 1)
+    want = 0 if p == 0 else c
+    assert len(made) == want
+    names = [pod["metadata"]["name"] for pod, _ in made]
+    assert len(set(names)) == len(names)
+    for k, (pod, _) in enumerate(made):
+        waits = pod["metadata"]["annotations"].get("shoal.io/depends-on")
+        assert waits == (names[k - p] if k >= p else None)
+
+
+LABEL_VALUES = st.sampled_from(["x", "y"])
+
+
+@given(
+    st.lists(st.tuples(LABEL_VALUES, st.booleans(), st.booleans()), min_size=0, max_size=12),
+    st.booleans(),
+)
+def test_a_daemonset_has_a_pod_on_exactly_the_nodes_it_may_run_on(
+    nodes: list[tuple[str, bool, bool]], tolerate: bool
+) -> None:
+    """Node i: label ``kind`` (x or y), a ``gpu:NoSchedule`` taint or not, cordoned or
+    not. The DaemonSet selects ``kind: x`` and tolerates ``gpu`` or not; cordoned
+    nodes always get a pod (the controller's own toleration)."""
+    arrivals = [
+        NodeArrival(
+            NodeSpec(
+                name=f"n{i}",
+                allocatable={"cpu": 1000},
+                labels={"kind": kind},
+                taints=(Taint(key="gpu", effect="NoSchedule"),) if tainted else (),
+                unschedulable=cordoned,
+            ),
+            i,
+        )
+        for i, (kind, tainted, cordoned) in enumerate(nodes)
+    ]
+    template: dict[str, Any] = {
+        "metadata": {"labels": {"app": "a"}},
+        "spec": {"nodeSelector": {"kind": "x"}, "containers": [{"name": "c"}]},
+    }
+    if tolerate:
+        template["spec"]["tolerations"] = [{"key": "gpu", "operator": "Exists"}]
+    obj = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "ds"},
+        "spec": {"selector": {"matchLabels": {"app": "a"}}, "template": template},
+    }
+    made = expand(obj, 5, {}, arrivals, 1000).pods
+    pinned = [
+        pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"
+        ][0]["matchFields"][0]["values"][0]
+        for pod, _ in made
+    ]
+    want = [
+        f"n{i}"
+        for i, (kind, tainted, _) in enumerate(nodes)
+        if kind == "x" and (tolerate or not tainted)
+    ]
+    assert pinned == want
+    assert [at for _, at in made] == [max(5, int(name[1:])) for name in want]
