@@ -111,3 +111,22 @@ def test_a_job_runs_parallelism_pods_at_a_time_until_all_complete(
     assert sorted(bound) == sorted(done) == sorted(train)
     for t in sorted(bound.values()):  # at each start: how many have started, not ended
         assert sum(bound[p] <= t < done[p] for p in bound) <= 2
+
+
+EXAMPLE = Path(__file__).parent.parent.parent / "examples" / "workloads.yaml"
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_the_workloads_example(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
+) -> None:
+    data, _ = shoal(tmp_path, capsys, EXAMPLE.read_text(), shards)
+    pods = data["pods"]
+    agents = sorted(v["node"] for k, v in pods.items() if k.startswith("ops/log-agent-"))
+    assert agents == ["node-a", "node-b"]
+    assert sum(k.startswith("default/web-") and v["phase"] == "Bound" for k, v in pods.items()) == 3
+    assert [pods[f"default/trainer-{i}"]["phase"] for i in range(4)] == ["Bound"] * 4
+    assert data["groups"]["default/trainer"]["source"] == "kubernetes"
+    sweep = [v["phase"] for k, v in pods.items() if k.startswith("default/sweep-")]
+    assert sweep == ["Succeeded"] * 6
+    assert data["summary"]["simulated_seconds"] == 180  # three rounds of two, 60 s each
