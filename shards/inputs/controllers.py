@@ -380,6 +380,8 @@ def job_pods(workload: Workload, at: int, budget: int, out: Expansion) -> None:
             (
                 "spec.completions",
                 f"pods beyond the first {slots} each wait for the one {slots} before them "
-                "to succeed (shoal.io/depends-on), not for whichever ends first",
+                "to succeed (shoal.io/depends-on), not for whichever ends first (the same "
+                "when they start in order and run equally long); a failed one is not "
+                "replaced and fails those after it",
             )
         )
