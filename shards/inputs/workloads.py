@@ -36,11 +36,12 @@ kubernetes/kubernetes):
   slot waits for its own predecessor rather than for whichever pod ends first.
   ``suspend: true`` creates no pods.
 
-Every pod carries an ``ownerReferences`` entry for its controller (the ReplicaSet for a
-Deployment). ``shoal.io/arrive-at`` on the workload's metadata says when it is
-created; ``shoal.io/runtime``, ``shoal.io/fails`` and ``shoal.io/depends-on`` in the
-template apply to every pod. A field shoal reads but does not act on gives a warning;
-an unknown field is an error.
+Every pod manifest carries an ``ownerReferences`` entry for its controller (the
+ReplicaSet for a Deployment); the scheduler's ``PodSpec`` has no owner field, so what
+reaches the log is the names and labels, not the reference. ``shoal.io/arrive-at`` on
+the workload's metadata says when it is created; ``shoal.io/runtime``,
+``shoal.io/fails`` and ``shoal.io/depends-on`` in the template apply to every pod. A
+field shoal reads but does not act on gives a warning; an unknown field is an error.
 """
 
 from __future__ import annotations
