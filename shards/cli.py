@@ -92,6 +92,8 @@ def _config(path: str | None) -> SchedulerConfig | None:
 async def _simulate(args: argparse.Namespace) -> int:
     config = _config(args.config)
     scenario = load_scenario(args.scenario)
+    for warning in scenario.warnings:
+        print(f"shoal: warning: {warning}", file=sys.stderr)
     sharding = sharding_for(args.shards, scenario.sharding)
     partitions = args.shards + 1 if sharding is not None else 1
     bus = args.bus
@@ -122,7 +124,7 @@ async def _simulate(args: argparse.Namespace) -> int:
         await log.close()
     summary = {"wall_seconds": round(result.wall_seconds, 6), "attempts": result.stats["attempts"]}
     if args.json:
-        emit_json(result.report.to_json(**summary))
+        emit_json({**result.report.to_json(**summary), "warnings": scenario.warnings})
     else:
         render.report_table(result.report, summary)
     return 0

@@ -12,6 +12,19 @@ Pod groups (gangs), in four conventions:
   ``scheduling.k8s.io/group-name``.
 - Tencent batch-scheduler: ``batch.scheduler.tencent.com/v1 PodGroup`` (``minMember``,
   ``maxScheduleTime``); pods join by the label ``group.batch.scheduler.tencent.com``.
+- KAI-Scheduler: ``scheduling.run.ai/v2alpha2 PodGroup`` (``minMember``, 1 when absent as
+  KAI reads it; ``queue``, ``priorityClassName``); pods join by the annotation
+  ``pod-group-name``.
+- Kubernetes' own (``GenericWorkload``, 1.36 and later): ``scheduling.k8s.io/v1alpha2``
+  or ``v1beta1`` ``PodGroup`` with ``spec.schedulingPolicy`` either ``gang: {minCount:
+  N}`` (all or nothing, N members) or ``basic: {}`` (each pod on its own: a group of
+  minimum 1), and ``priorityClassName``/``priority``; pods join by
+  ``spec.schedulingGroup.podGroupName``. A ``Workload`` object only holds the templates
+  controllers copy into PodGroups: it is checked, and schedules nothing itself.
+
+All become one :class:`~events.types.GroupSpec`. A field of a PodGroup that shoal does
+not act on (KAI's ``subGroups``, Kubernetes' ``schedulingConstraints``, any field it
+does not know) gives a warning (:func:`group_warnings`).
 
 ``shoal.io/depends-on: a,b`` on a pod or a group names pods or groups of the same
 namespace that must succeed first.
@@ -35,13 +48,60 @@ GROUP_KINDS: Final = {
     "scheduling.sigs.k8s.io/v1alpha1": "scheduler-plugins",
     "scheduling.volcano.sh/v1beta1": "volcano",
     "batch.scheduler.tencent.com/v1": "tencent",
+    "scheduling.run.ai/v2alpha2": "kai",
+    "scheduling.k8s.io/v1alpha2": "kubernetes",
+    "scheduling.k8s.io/v1beta1": "kubernetes",
 }
+WORKLOAD_VERSIONS: Final = ("scheduling.k8s.io/v1alpha2", "scheduling.k8s.io/v1beta1")
+"""Kubernetes' ``Workload`` (templates of PodGroups)."""
+SCHEDULING_GROUP: Final = "spec.schedulingGroup.podGroupName"
+_GROUP_FIELDS: Final[dict[str, dict[str, str]]] = {
+    "scheduler-plugins": {
+        "minMember": "",
+        "minResources": "",
+        "scheduleTimeoutSeconds": "",
+    },
+    "volcano": {
+        "minMember": "",
+        "minResources": "",
+        "queue": "",
+        "priorityClassName": "",
+        "minTaskMember": "members are not counted per task",
+        "networkTopology": "network topology is not modelled",
+        "subGroupPolicy": "sub-groups are not modelled",
+    },
+    "tencent": {"minMember": "", "minResources": "", "maxScheduleTime": ""},
+    "kai": {
+        "minMember": "",
+        "queue": "",
+        "priorityClassName": "",
+        "preemptibility": "preemptibility follows the pods' own preemption rules",
+        "parallelism": "KAI's pod-grouper reads it; the scheduler places the pods given",
+        "completions": "KAI's pod-grouper reads it; the scheduler places the pods given",
+        "backoffLimit": "a failed group is not retried",
+        "markUnschedulable": "shoal reports why each pod is pending in its own way",
+        "schedulingBackoff": "the group is retried on shoal's back-off",
+        "topologyConstraint": "topology constraints are not modelled",
+        "subGroups": "sub-groups' own minMember is not enforced, only the group's",
+    },
+    "kubernetes": {
+        "schedulingPolicy": "",
+        "podGroupTemplateRef": "",
+        "priorityClassName": "",
+        "priority": "",
+        "schedulingConstraints": "topology constraints are not modelled",
+        "resourceClaims": "resource claims (DRA) are not modelled",
+        "disruptionMode": "preemption takes pods one by one, whatever the mode",
+    },
+}
+"""Each convention's ``spec`` fields: acted on ("") or, with why, read and not acted on."""
 QUOTA_VERSIONS: Final = ("scheduling.x-k8s.io/v1alpha1", "scheduling.sigs.k8s.io/v1alpha1")
 MEMBER_LABELS: Final = (
     ("label", "scheduling.x-k8s.io/pod-group"),
     ("label", "pod-group.scheduling.sigs.k8s.io/name"),
     ("annotation", "scheduling.k8s.io/group-name"),
     ("label", "group.batch.scheduler.tencent.com"),
+    ("annotation", "pod-group-name"),
 )
 MIN_AVAILABLE: Final = "pod-group.scheduling.sigs.k8s.io/min-available"
 _DURATION: Final = re.compile(
@@ -104,7 +164,13 @@ def pod_group(obj: Mapping[str, Any], classes: Mapping[str, int]) -> GroupSpec:
     spec = _map(obj.get("spec"), "spec", required=True)
     namespace = _namespace(meta)
     annotations = _string_map(meta.get("annotations"), "metadata.annotations")
-    min_member = _positive_int(spec.get("minMember"), "spec.minMember", MAX_MIN_MEMBER)
+    if source == "kubernetes":
+        min_member = _scheduling_policy(spec)
+        _template_ref(spec.get("podGroupTemplateRef"))
+    elif source == "kai" and spec.get("minMember") is None:
+        min_member = 1  # KAI schedules max(minMember, 1)
+    else:
+        min_member = _positive_int(spec.get("minMember"), "spec.minMember", MAX_MIN_MEMBER)
     timeout = None
     if source == "scheduler-plugins" and spec.get("scheduleTimeoutSeconds") is not None:
         timeout = (
@@ -116,7 +182,7 @@ def pod_group(obj: Mapping[str, Any], classes: Mapping[str, int]) -> GroupSpec:
     if source == "tencent" and spec.get("maxScheduleTime") is not None:
         timeout = _go_duration(spec["maxScheduleTime"], "spec.maxScheduleTime")
     priority, class_name = 0, ""
-    if source == "volcano" and spec.get("priorityClassName"):
+    if source in ("volcano", "kai", "kubernetes") and spec.get("priorityClassName"):
         class_name = spec["priorityClassName"]
         known = {**BUILTIN_PRIORITY_CLASSES, **classes}
         if not isinstance(class_name, str) or class_name not in known:
@@ -124,14 +190,28 @@ def pod_group(obj: Mapping[str, Any], classes: Mapping[str, int]) -> GroupSpec:
                 f"unknown priority class {shown(class_name)}", location="spec.priorityClassName"
             )
         priority = known[class_name]
-    queue = spec.get("queue", "") if source == "volcano" else ""
+    if source == "kubernetes" and spec.get("priority") is not None:
+        given = spec["priority"]
+        if not isinstance(given, int) or isinstance(given, bool) or not -(2**31) <= given < 2**31:
+            raise InputError(
+                f"must be a 32-bit integer, got {shown(given)}", location="spec.priority"
+            )
+        if class_name and given != priority:
+            raise InputError(
+                f"priority {given} contradicts priority class {shown(class_name)} ({priority})",
+                location="spec.priority",
+            )
+        priority = given
+    queue = spec.get("queue", "") if source in ("volcano", "kai") else ""
     if not isinstance(queue, str):
         raise InputError("must be a string", location="spec.queue")
     return GroupSpec(
         namespace=namespace,
         name=_name(meta, "metadata"),
         min_member=min_member,
-        min_resources=quantities(spec.get("minResources"), "spec.minResources"),
+        min_resources=quantities(spec.get("minResources"), "spec.minResources")
+        if "minResources" in _GROUP_FIELDS[source]
+        else {},
         timeout=timeout,
         priority=priority,
         priority_class=class_name,
@@ -140,6 +220,82 @@ def pod_group(obj: Mapping[str, Any], classes: Mapping[str, int]) -> GroupSpec:
         source=source,
         uid=_uid(meta),
     )
+
+
+def _scheduling_policy(spec: Mapping[str, Any], where: str = "spec.schedulingPolicy") -> int:
+    """Kubernetes' ``schedulingPolicy``: exactly one of ``basic: {}`` (→ 1) and ``gang:
+    {minCount: N}`` (→ N)."""
+    policy = _map(spec.get(where.rsplit(".", 1)[-1]), where, required=True)
+    chosen = [key for key in ("basic", "gang") if policy.get(key) is not None]
+    for key in policy:
+        if key not in ("basic", "gang"):
+            raise InputError("unknown policy (basic or gang)", location=f"{where}.{key}")
+    if len(chosen) != 1:
+        raise InputError("needs exactly one of basic and gang", location=where)
+    body = _map(policy[chosen[0]], f"{where}.{chosen[0]}")
+    if chosen[0] == "basic":
+        if body:
+            raise InputError("takes no fields", location=f"{where}.basic")
+        return 1
+    for key in body:
+        if key != "minCount":
+            raise InputError("unknown field (minCount)", location=f"{where}.gang.{key}")
+    return _positive_int(body.get("minCount"), f"{where}.gang.minCount", MAX_MIN_MEMBER)
+
+
+def _template_ref(raw: Any) -> None:
+    """``podGroupTemplateRef: {workload: {workloadName, podGroupTemplateName}}``: checked;
+    the PodGroup's own ``schedulingPolicy`` is what the scheduler follows."""
+    if raw is None:
+        return
+    where = "spec.podGroupTemplateRef"
+    ref = _map(raw, where)
+    workload = _map(ref.get("workload"), f"{where}.workload", required=True)
+    for key in ("workloadName", "podGroupTemplateName"):
+        value = workload.get(key)
+        if not isinstance(value, str) or not value:
+            raise InputError("needs a name", location=f"{where}.workload.{key}")
+
+
+def group_warnings(obj: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(field, message) for each ``spec`` field of a PodGroup that shoal does not act on."""
+    fields = _GROUP_FIELDS[GROUP_KINDS[obj["apiVersion"]]]
+    out = []
+    for key in _map(obj.get("spec"), "spec", required=True):
+        why = fields.get(key, f"not a field shoal knows (it reads: {', '.join(fields)})")
+        if why:
+            out.append((f"spec.{key}", f"not acted on: {why}"))
+    return out
+
+
+def workload_warnings(obj: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Check a Kubernetes ``Workload`` (its templates, at most 8, each with a name and one
+    scheduling policy); warn for what in it shoal does not act on. It creates nothing:
+    PodGroups copy its templates and pods join the PodGroups."""
+    _name(_map(obj.get("metadata"), "metadata", required=True), "metadata")
+    spec = _map(obj.get("spec"), "spec", required=True)
+    out: list[tuple[str, str]] = []
+    for key in spec:
+        if key not in ("podGroupTemplates", "controllerRef"):
+            out.append((f"spec.{key}", "not acted on: not a field shoal knows"))
+    templates = spec.get("podGroupTemplates")
+    if not isinstance(templates, list) or not 1 <= len(templates) <= 8:
+        raise InputError("must be a list of 1 to 8 templates", location="spec.podGroupTemplates")
+    names: set[str] = set()
+    for i, raw in enumerate(templates):
+        where = f"spec.podGroupTemplates[{i}]"
+        template = _map(raw, where, required=True)
+        name = template.get("name")
+        if not isinstance(name, str) or not name or name in names:
+            raise InputError(f"needs a unique name, got {shown(name)}", location=f"{where}.name")
+        names.add(name)
+        _scheduling_policy(template, f"{where}.schedulingPolicy")
+        for key in template:
+            if key not in ("name", "schedulingPolicy"):
+                out.append(
+                    (f"{where}.{key}", "not acted on: PodGroups act on what they copy of it")
+                )
+    return out
 
 
 def _uid(meta: Mapping[str, Any]) -> str:
@@ -159,6 +315,26 @@ def group_membership(obj: Mapping[str, Any]) -> tuple[str, int | None]:
         value = (labels if kind == "label" else annotations).get(key)
         if value:
             found[f"{kind} {key}"] = value
+    spec = _map(obj.get("spec"), "spec")
+    if spec.get("workloadRef") is not None:
+        raise InputError(
+            "is Kubernetes 1.35's (scheduling.k8s.io/v1alpha1), which shoal does not read: "
+            "use spec.schedulingGroup.podGroupName (1.36)",
+            location="spec.workloadRef",
+        )
+    if spec.get("schedulingGroup") is not None:
+        group = _map(spec["schedulingGroup"], "spec.schedulingGroup")
+        for key in group:
+            if key != "podGroupName":
+                raise InputError(
+                    "unknown field (podGroupName)", location=f"spec.schedulingGroup.{key}"
+                )
+        value = group.get("podGroupName")
+        if not isinstance(value, str) or not value or "/" in value:
+            raise InputError(
+                f"must be a PodGroup's name, got {shown(value)}", location=SCHEDULING_GROUP
+            )
+        found[SCHEDULING_GROUP] = value
     if len(set(found.values())) > 1:
         raise InputError(
             "names different pod groups: " + ", ".join(f"{k}={v}" for k, v in found.items()),

@@ -133,9 +133,9 @@ BAD = [
     ("kind: Pod\n  bad: [", "malformed YAML: line", "document 1"),
     ("- a\n- b\n", "must be a Kubernetes object", "document 1"),
     (
-        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n",
-        "unknown kind 'Deployment'",
-        "document 1 (Deployment d)",
+        "apiVersion: apps/v1\nkind: ControllerRevision\nmetadata: {name: d}\n",
+        "unknown kind 'ControllerRevision'",
+        "document 1 (ControllerRevision d)",
     ),
     ("kind: Pod\nmetadata: {name: p}\n", "unknown kind 'Pod' with apiVersion None", "document 1"),
     (
