@@ -73,3 +73,19 @@ class StuckError(ShoalError):
 class LogAuthError(LogError):
     """A log server refused the shared token (missing or wrong); the message says which,
     never the token."""
+
+
+def cause(exc: BaseException) -> str:
+    """What went wrong, in one line, for a log or an error message: the innermost
+    exceptions of a group (a ``TaskGroup`` says only "unhandled errors in a TaskGroup"),
+    and the type's name where the text is empty (a ``TimeoutError()``)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(cause(inner) for inner in exc.exceptions[:3]) + (
+            f"; and {len(exc.exceptions) - 3} more" if len(exc.exceptions) > 3 else ""
+        )
+    text = str(exc).strip()
+    return (
+        f"{type(exc).__name__}: {text}"
+        if text and not isinstance(exc, ShoalError)
+        else (text or type(exc).__name__)
+    )

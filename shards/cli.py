@@ -41,6 +41,7 @@ from events.errors import (
     ShoalError,
     StuckError,
     UnverifiableLogError,
+    cause,
 )
 from events.filelog import FileLog
 from events.log import EventLog, read_quarantined
@@ -489,6 +490,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_MISMATCH
     except ShoalError as exc:
         _fail(str(exc))
+    except BaseExceptionGroup as group:
+        # a task group of a service (serve's roles) failed: say what failed in it
+        _, rest = group.split(ShoalError)
+        if rest is not None:
+            raise
+        _fail(cause(group))
     except KeyboardInterrupt:
         print("shoal: interrupted", file=sys.stderr)
         return 130

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 from engine.config import SchedulerConfig
 from engine.model.pools import Sharding
 from engine.plugins import kernels
-from events.errors import InputError, LogCorruptedError, LogError
+from events.errors import InputError, LogCorruptedError, LogError, cause
 from events.log import EventLog, read_past_unreadable
 from events.types import BindFailed, ClockTicked, Envelope, ShardingConfigured
 from shards.binder import Binder
@@ -287,13 +287,15 @@ async def run_backing_off(
                 backoff, failures = first, 0
             failures += 1
             if failures >= give_up_after:
-                raise LogError(f"{role}: the bus failed {failures} times in a row: {exc}") from exc
+                raise LogError(
+                    f"{role}: the bus failed {failures} times in a row: {cause(exc)}"
+                ) from exc
             log.warning(
                 "bus failed; starting again role=%s in=%.2fs failures=%d error=%s",
                 role,
                 backoff,
                 failures,
-                exc or type(exc).__name__,
+                cause(exc),
             )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), backoff)

@@ -53,7 +53,7 @@ from kubernetes_asyncio.client import ApiClient
 from engine.config import SchedulerConfig, default_config
 from engine.engine import Engine
 from engine.model.pools import MAX_SHARDS, Sharding
-from events.errors import InputError, LogError
+from events.errors import InputError, LogError, cause
 from events.log import EventLog, read_past_unreadable
 from events.tasks import being_cancelled
 from events.types import ClockTicked, Envelope, Event, SchedulerConfigured, ShardingConfigured
@@ -406,7 +406,7 @@ class Service:
                 log.warning("role cancelled under it; restarting it role=%s", role)
                 await self._sleep(1.0)
             except Exception as exc:
-                log.warning("role failed; restarting it role=%s error=%s", role, exc)
+                log.warning("role failed; restarting it role=%s error=%s", role, cause(exc))
                 self.metrics.inc(
                     "bus_errors_total", "Bus operations that failed.", 1, {"role": role}
                 )
@@ -694,7 +694,7 @@ class Service:
 
     async def _bus_failed(self, role: str, exc: Exception, backoff: float) -> float:
         """Count and log a bus failure, wait, and return the next back-off."""
-        log.warning("bus failed; retrying role=%s in=%.2fs error=%s", role, backoff, exc)
+        log.warning("bus failed; retrying role=%s in=%.2fs error=%s", role, backoff, cause(exc))
         self.metrics.inc("bus_errors_total", "Bus operations that failed.", 1, {"role": role})
         await self._sleep(backoff)
         return min(backoff * 2, 5.0)
