@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from events.types import PodHandedBack
 from tests.shards.coordinator_kit import shoal
 from tests.shards.scenario_text import node, pod
 
@@ -152,3 +153,48 @@ def test_a_selector_on_the_kubelets_labels_matches(
     assert data["pods"]["default/on-b"]["node"] == "b"
     assert data["pods"]["default/linux"]["node"] == "c"
     assert phases(data)["windows"] == "Pending"
+
+
+# ------------------------------------------------------------------ host ports
+
+
+def web_pod(name: str, *, port: int = 80, at: float = 0, runtime: float | None = None) -> str:
+    annotations = f'shoal.io/arrive-at: "{at:g}"'
+    if runtime is not None:
+        annotations += f', shoal.io/runtime: "{runtime:g}"'
+    return f"""
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  annotations: {{{annotations}}}
+spec:
+  containers:
+  - name: web
+    ports: [{{containerPort: 8080, hostPort: {port}}}]
+    resources: {{requests: {{cpu: "1"}}}}
+---"""
+
+
+@pytest.mark.parametrize("shards", SHARDS)
+def test_pods_on_one_host_port_take_a_node_each_across_shards(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
+) -> None:
+    """Four nodes, six pods binding port 80: four run, one waits for a node whose pod
+    ends, one waits to the end; the coordinator hands no pod to a shard whose nodes
+    all bind the port already (no shard hands one back)."""
+    text = "".join(node(f"n{i}") for i in range(4))
+    text += web_pod("web-0", runtime=10)
+    text += "".join(web_pod(f"web-{i}", at=i) for i in range(1, 6))
+    text += web_pod("api", port=8080, at=6)
+    data, parts = shoal(tmp_path, capsys, text, shards)
+    assert phases(data) == {
+        "web-0": "Succeeded",
+        **{f"web-{i}": "Bound" for i in range(1, 5)},
+        "web-5": "Pending",
+        "api": "Bound",
+    }
+    assert "free ports" in data["pods"]["default/web-5"]["reason"]
+    running = [v["node"] for k, v in data["pods"].items() if v["phase"] == "Bound" and "web" in k]
+    assert sorted(running) == ["n0", "n1", "n2", "n3"]
+    assert not any(isinstance(e.event, PodHandedBack) for part in parts for e in part)
