@@ -4,6 +4,7 @@ the pod binds on its node."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from collections.abc import Mapping
 from typing import Any, Final
@@ -103,10 +104,24 @@ def pod_requests(spec: Mapping[str, Any]) -> dict[str, int]:
     return total
 
 
-def _port_number(value: Any, where: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 65535:
-        raise InputError(f"must be a port number 0..65535, got {shown(value)}", location=where)
+def _port_number(value: Any, where: str, *, lowest: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not lowest <= value <= 65535:
+        raise InputError(
+            f"must be a port number {lowest}..65535, got {shown(value)}", location=where
+        )
     return value
+
+
+def _address(value: Any, where: str) -> str:
+    """``hostIP``: an IP address (absent or empty: ``0.0.0.0``, every address)."""
+    text = _str(value, where, default="")
+    if not text:
+        return ALL_ADDRESSES
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        raise InputError(f"must be an IP address, got {shown(text)}", location=where) from None
+    return text
 
 
 def _container_host_ports(
@@ -116,8 +131,8 @@ def _container_host_ports(
     for j, raw in enumerate(_list(container.get("ports"), f"{where}.ports")):
         loc = f"{where}.ports[{j}]"
         item = _map(raw, loc, required=True)
-        container_port = _port_number(item.get("containerPort"), f"{loc}.containerPort")
-        host_port = _port_number(item.get("hostPort", 0), f"{loc}.hostPort")
+        container_port = _port_number(item.get("containerPort"), f"{loc}.containerPort", lowest=1)
+        host_port = _port_number(item.get("hostPort", 0), f"{loc}.hostPort", lowest=0)
         if host_network and host_port == 0:
             host_port = container_port  # API defaulting under hostNetwork
         protocol = _str(item.get("protocol"), f"{loc}.protocol", default="TCP")
@@ -126,7 +141,7 @@ def _container_host_ports(
                 f"unknown protocol {shown(protocol)} (one of {', '.join(PROTOCOLS)})",
                 location=f"{loc}.protocol",
             )
-        ip = _str(item.get("hostIP"), f"{loc}.hostIP", default="") or ALL_ADDRESSES
+        ip = _address(item.get("hostIP"), f"{loc}.hostIP")
         if host_port > 0:
             out.append(HostPort(port=host_port, protocol=protocol, ip=ip))
     return out
@@ -134,7 +149,8 @@ def _container_host_ports(
 
 def host_ports(spec: Mapping[str, Any], pod: str) -> tuple[HostPort, ...]:
     """The host ports a pod binds on its node, sorted: those of its containers and of
-    its sidecars (as kube-scheduler's NodePorts counts them since 1.34; under
+    its sidecars (as kube-scheduler's NodePorts counts them since
+    kubernetes/kubernetes#132040; under
     ``hostNetwork`` every container port is a host port). Plain init containers' host
     ports are bound by no one (the kubelet does not either): they are not counted, and
     a warning says so. A port stated twice for one protocol and address is refused, as

@@ -186,6 +186,8 @@ def test_plain_init_container_host_ports_are_not_counted_and_say_so(
         ([_port(70000)], "port number", "spec.containers[0].ports[0].hostPort"),
         ([{"hostPort": 80}], "port number", "spec.containers[0].ports[0].containerPort"),
         ([_port(80, protocol="HTTP")], "unknown protocol", "spec.containers[0].ports[0].protocol"),
+        ([_port(80, container=0)], "port number 1..", "spec.containers[0].ports[0].containerPort"),
+        ([_port(80, hostIP="10.0.0.300")], "IP address", "spec.containers[0].ports[0].hostIP"),
         ([_port(80), _port(80, container=81)], "also bound", "spec.containers[0].ports"),
         (["80"], "mapping", "spec.containers[0].ports[0]"),
     ],
