@@ -200,3 +200,49 @@ def test_a_snapshot_keeps_the_ports_bound() -> None:
     assert restored.state.host_ports.keys() == engine.state.host_ports.keys()
     out = _feed(restored, _pod("other-dns", ("UDP", "0.0.0.0", 53)).submitted())
     assert [d.plugins for d in out if isinstance(d, PodUnschedulable)] == [("NodePorts",)]
+
+
+@st.composite
+def _crowd(draw: st.DrawFn) -> list[object]:
+    """Two or three roomy nodes and pods that mostly want port 80: conflicts are the
+    rule, resources never the reason."""
+    events: list[object] = [
+        make_node(f"n{i}").cpu("64").added() for i in range(draw(st.integers(2, 3)))
+    ]
+    for i in range(draw(st.integers(1, 25))):
+        if draw(st.integers(0, 3)) == 0 and i > 0:
+            events.append(PodSucceeded(pod=f"default/p{draw(st.integers(0, i - 1))}"))
+            continue
+        pod = make_pod(f"p{i}").cpu("1").priority(draw(st.integers(0, 2)))
+        for _ in range(draw(st.integers(0, 2))):
+            pod = pod.host_port(
+                draw(st.sampled_from([80, 80, 443])),
+                draw(st.sampled_from(["TCP", "TCP", "UDP"])),
+                draw(st.sampled_from(["0.0.0.0", "10.0.0.1", "10.0.0.2"])),
+            )
+        events.append(pod.submitted())
+    return events
+
+
+def _run_crowd(events: list[object], *, incremental: bool) -> list[object]:
+    engine = Engine()
+    for framework in engine.profiles.frameworks.values():
+        framework.incremental = incremental
+    out: list[object] = []
+    for i, event in enumerate(events):
+        out += _feed(engine, event, at=i)
+        engine.state.check_invariants()
+        by_slot: dict[int, list[HostPort]] = {}
+        for placed in engine.state.pods.values():
+            for port in placed.ports:
+                assert _reference(by_slot, (port,), placed.slot), "two pods bind one host port"
+            by_slot.setdefault(placed.slot, []).extend(placed.ports)
+    return out
+
+
+@settings(max_examples=120, deadline=None)
+@given(_crowd())
+def test_no_two_pods_on_a_node_bind_one_port_and_caches_change_nothing(
+    events: list[object],
+) -> None:
+    assert _run_crowd(events, incremental=True) == _run_crowd(events, incremental=False)
