@@ -198,3 +198,46 @@ def test_pods_on_one_host_port_take_a_node_each_across_shards(
     running = [v["node"] for k, v in data["pods"].items() if v["phase"] == "Bound" and "web" in k]
     assert sorted(running) == ["n0", "n1", "n2", "n3"]
     assert not any(isinstance(e.event, PodHandedBack) for part in parts for e in part)
+
+
+def gang_member(name: str, group: str, port: int) -> str:
+    return f"""
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  labels: {{scheduling.x-k8s.io/pod-group: {group}}}
+spec:
+  containers:
+  - name: worker
+    ports: [{{containerPort: {port}, hostPort: {port}}}]
+    resources: {{requests: {{cpu: "1"}}}}
+---"""
+
+
+def pod_group(name: str, min_member: int) -> str:
+    return f"""
+apiVersion: scheduling.x-k8s.io/v1alpha1
+kind: PodGroup
+metadata: {{name: {name}}}
+spec: {{minMember: {min_member}}}
+---"""
+
+
+@pytest.mark.parametrize("shards", SHARDS)
+def test_a_gang_on_one_host_port_takes_a_node_per_member_or_waits_whole(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
+) -> None:
+    """Four nodes: a gang of four on one port runs one member per node (across shards
+    when there are two); a second such gang cannot run beside it and holds nothing."""
+    text = "".join(node(f"n{i}") for i in range(4))
+    text += pod_group("ring", 4) + "".join(
+        gang_member(f"ring-{i}", "ring", 29500) for i in range(4)
+    )
+    text += pod_group("late", 2) + "".join(
+        gang_member(f"late-{i}", "late", 29500) for i in range(2)
+    )
+    data = simulate(tmp_path, capsys, text, shards)
+    ring = [data["pods"][f"default/ring-{i}"] for i in range(4)]
+    assert sorted(p["node"] for p in ring) == ["n0", "n1", "n2", "n3"]
+    assert {phases(data)[f"late-{i}"] for i in range(2)} == {"Pending"}
