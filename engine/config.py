@@ -35,6 +35,7 @@ DEFAULT_PLUGINS: Final[dict[str, tuple[tuple[str, int], ...]]] = {
         ("NodeName", 0),
         ("TaintToleration", 0),
         ("NodeAffinity", 0),
+        ("NodePorts", 0),
         ("NodeResourcesFit", 0),
     ),
     "postFilter": (("DefaultPreemption", 0),),

@@ -54,7 +54,7 @@ from engine.model.state import ClusterState, PlacedPod
 from events.errors import InputError
 from events.types import SnapshotTaken
 
-FORMAT: Final = 3
+FORMAT: Final = 4
 """Bumped whenever the state classes change shape: a snapshot of another format is
 refused (and its component folds its partition from the start instead)."""
 CHUNK_BYTES: Final = 256 * 1024

@@ -76,6 +76,16 @@ class PreferredSchedulingTerm(msgspec.Struct, frozen=True, kw_only=True):
     preference: NodeSelectorTerm
 
 
+class HostPort(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A host port a pod's container binds (``ports[].hostPort``), as kube-scheduler's
+    NodePorts plugin sees it: ``ip`` ``0.0.0.0`` (the default) binds every address of
+    the node, so it overlaps every other ``ip`` for the same port and protocol."""
+
+    port: int
+    protocol: str = "TCP"
+    ip: str = "0.0.0.0"
+
+
 class PodSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """What the scheduler needs to know about a pod, already validated and canonical.
     Encoded without the fields left at their defaults (most of them, for most pods):
@@ -104,6 +114,9 @@ class PodSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """``namespace/name`` of pods or groups that must succeed before this pod runs."""
     fails: bool = False
     """Simulation only: the pod fails, rather than succeeds, when its runtime ends."""
+    host_ports: tuple[HostPort, ...] = ()
+    """Host ports the pod binds on its node (containers and sidecars, sorted): no two
+    pods on one node may bind overlapping ones (the NodePorts filter)."""
 
     @property
     def key(self) -> str:

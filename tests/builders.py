@@ -8,6 +8,7 @@ from events.types import (
     SECOND,
     Envelope,
     Event,
+    HostPort,
     NodeAdded,
     NodeSelectorRequirement,
     NodeSelectorTerm,
@@ -150,6 +151,11 @@ class PodBuilder:
 
     def scheduler(self, name: str) -> PodBuilder:
         self.fields["scheduler_name"] = name
+        return self
+
+    def host_port(self, port: int, protocol: str = "TCP", ip: str = "0.0.0.0") -> PodBuilder:
+        ports = {*self.fields.get("host_ports", ()), HostPort(port=port, protocol=protocol, ip=ip)}
+        self.fields["host_ports"] = tuple(sorted(ports, key=lambda p: (p.protocol, p.ip, p.port)))
         return self
 
     def spec(self) -> PodSpec:

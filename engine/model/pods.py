@@ -16,7 +16,7 @@ class PodInfo:
     """Engine-side view of a pod.
 
     ``static_key`` identifies everything that decides which nodes a pod may use apart
-    from free resources (node name, selector, affinity, tolerations); ``shape_key`` adds
+    from free resources (node name, selector, affinity, tolerations, host ports); ``shape_key`` adds
     the request. Pods with equal keys are an equivalence class: what is computed for one
     holds for all of them.
     """
@@ -57,6 +57,7 @@ def pod_info(spec: PodSpec, resources: ResourceIndex, seq: int) -> PodInfo:
         spec.required_affinity,
         spec.preferred_affinity,
         spec.tolerations,
+        spec.host_ports,
     )
     key = spec.key
     return PodInfo(

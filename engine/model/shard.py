@@ -377,7 +377,7 @@ class ShardModel:
         ``charged``: its quota already counts it)."""
         pod = self.pods[key]
         if key not in self.state.pods:
-            self.state.assume(key, slot, pod.request, pod.priority)
+            self.state.assume(key, slot, pod.request, pod.priority, pod.spec.host_ports)
             if not charged:
                 self.quotas.add(pod.spec.namespace, pod.request)
         if key not in self.bindings:

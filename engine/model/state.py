@@ -7,6 +7,12 @@ fit check is a single comparison over all nodes. Labels are integer codes per la
 (``-1`` = absent) and taints a boolean row per distinct taint, so that selectors,
 affinity and tolerations are vectorised too.
 
+Host ports bound by the pods placed on each node are a count row per
+``(protocol, port)`` and address (``host_ports``), written by :meth:`assume` and
+:meth:`forget` with the resource columns; placing or releasing a pod that binds one
+bumps ``static_version`` (the NodePorts filter is static: cached until then). Few pods
+bind host ports, so caches are seldom dropped for them.
+
 Slots of removed nodes are reused lowest-first, so slot order (the tie-break order) is a
 function of the event sequence alone.
 
@@ -37,7 +43,7 @@ from engine.model.resources import (
     MEMORY,
     ResourceIndex,
 )
-from events.types import NodeSpec, Taint
+from events.types import HostPort, NodeSpec, Taint
 
 Ints = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
@@ -62,6 +68,8 @@ class PlacedPod:
     delta: npt.NDArray[np.int64]
     """What the pod adds to the stacked columns of its node (shared, never mutated)."""
     priority: int = 0
+    ports: tuple[HostPort, ...] = ()
+    """Host ports the pod binds there."""
 
 
 _DELTAS: dict[tuple[Request, int], npt.NDArray[np.int64]] = {}
@@ -159,6 +167,9 @@ class ClusterState:
         self.node_taints: list[tuple[Taint, ...]] = [() for _ in range(cap)]
         self.pods: dict[str, PlacedPod] = {}
         self.node_pods: list[dict[str, None]] = [{} for _ in range(cap)]
+        self.host_ports: dict[tuple[str, int], dict[str, Ints]] = {}
+        """``(protocol, port)`` → bound address → per slot, how many placed pods bind it
+        (``0.0.0.0``: every address of the node)."""
         self._free_slots: list[int] = []
         self._next_slot = 0
         self.static_version = 0
@@ -239,6 +250,9 @@ class ClusterState:
         self.node_labels.extend({} for _ in range(old))
         self.node_taints.extend(() for _ in range(old))
         self.node_pods.extend({} for _ in range(old))
+        for by_ip in self.host_ports.values():
+            for ip, row in by_ip.items():
+                by_ip[ip] = widen(row)  # type: ignore[assignment]
 
     def _take_slot(self) -> int:
         if self._free_slots:
@@ -324,16 +338,26 @@ class ClusterState:
 
     # ------------------------------------------------------------------ pods
 
-    def assume(self, key: str, slot: int, request: Request, priority: int = 0) -> None:
-        """Commit ``request`` on ``slot`` for pod ``key`` (idempotent for the same slot)."""
+    def assume(
+        self,
+        key: str,
+        slot: int,
+        request: Request,
+        priority: int = 0,
+        ports: tuple[HostPort, ...] = (),
+    ) -> None:
+        """Commit ``request`` (and host ``ports``) on ``slot`` for pod ``key``
+        (idempotent for the same slot)."""
         placed = self.pods.get(key)
         if placed is not None:
             if placed.slot == slot:
                 return
             self.forget(key)
         delta = request_delta(request, self._columns.shape[1])
-        self.pods[key] = PlacedPod(slot, request, delta, priority)
+        self.pods[key] = PlacedPod(slot, request, delta, priority, ports)
         self.node_pods[slot][key] = None
+        if ports:
+            self._count_ports(ports, slot, 1)
         self._touch(slot)
         by_priority = self.used_by_priority.get(priority)
         if by_priority is None:
@@ -353,6 +377,8 @@ class ClusterState:
             return None
         slot = placed.slot
         self.node_pods[slot].pop(key, None)
+        if placed.ports:
+            self._count_ports(placed.ports, slot, -1)
         self._touch(slot)
         delta = placed.delta
         rows = self._columns.shape[1]
@@ -368,6 +394,19 @@ class ClusterState:
         if not by_priority.any():
             del self.used_by_priority[placed.priority]
         return slot
+
+    def _count_ports(self, ports: tuple[HostPort, ...], slot: int, sign: int) -> None:
+        for port in ports:
+            by_ip = self.host_ports.setdefault((port.protocol, port.port), {})
+            row = by_ip.get(port.ip)
+            if row is None:
+                row = by_ip[port.ip] = np.zeros(self.capacity, dtype=np.int64)
+            row[slot] += sign
+            if sign < 0 and not row.any():
+                del by_ip[port.ip]
+                if not by_ip:
+                    del self.host_ports[(port.protocol, port.port)]
+        self.static_version += 1
 
     def evictable_below(self, priority: int) -> Ints:
         """Resources used per node by pods of priority lower than ``priority`` (the
@@ -478,6 +517,10 @@ class ClusterState:
         new.node_taints = list(self.node_taints)
         new.pods = dict(self.pods)
         new.node_pods = [dict(p) for p in self.node_pods]
+        new.host_ports = {
+            key: {ip: row.copy() for ip, row in by_ip.items()}
+            for key, by_ip in self.host_ports.items()
+        }
         new._free_slots = list(self._free_slots)
         new._next_slot = self._next_slot
         new.static_version = self.static_version
@@ -500,6 +543,20 @@ class ClusterState:
         assert np.array_equal(nonzero_used, self.nonzero_used), "nonzero_used is off"
         by_priority = sum(self.used_by_priority.values(), np.zeros_like(self.used))
         assert np.array_equal(by_priority, self.used), "used_by_priority is off"
+        bound: dict[tuple[str, int, str], Ints] = {}
+        for placed in self.pods.values():
+            for port in placed.ports:
+                binds = bound.setdefault(
+                    (port.protocol, port.port, port.ip), np.zeros(self.capacity, dtype=np.int64)
+                )
+                binds[placed.slot] += 1
+        counted = {
+            (protocol, port, ip): binds
+            for (protocol, port), by_ip in self.host_ports.items()
+            for ip, binds in by_ip.items()
+        }
+        assert bound.keys() == counted.keys(), "host_ports lists other ports"
+        assert all(np.array_equal(bound[k], counted[k]) for k in bound), "host_ports is off"
 
 
 _VIEW_COLUMNS: Final = frozenset(

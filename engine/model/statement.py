@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from engine.model.quota import QuotaTable
 from engine.model.state import ClusterState, Request
+from events.types import HostPort
 
 
 @dataclass(slots=True)
@@ -24,6 +25,7 @@ class _Op:
     by: str = ""
     """For an eviction: the pod it makes room for."""
     priority: int = 0
+    ports: tuple[HostPort, ...] = ()
 
 
 @dataclass
@@ -37,18 +39,35 @@ class Statement:
         return f"Statement(ops={len(self.ops)}, open={self.open})"
 
     def assume(
-        self, key: str, namespace: str, slot: int, request: Request, priority: int = 0
+        self,
+        key: str,
+        namespace: str,
+        slot: int,
+        request: Request,
+        priority: int = 0,
+        ports: tuple[HostPort, ...] = (),
     ) -> None:
-        self.state.assume(key, slot, request, priority)
+        self.state.assume(key, slot, request, priority, ports)
         self.quotas.add(namespace, request)
-        self.ops.append(_Op("assume", key, slot, request, namespace, priority=priority))
+        self.ops.append(
+            _Op("assume", key, slot, request, namespace, priority=priority, ports=ports)
+        )
 
     def evict(self, key: str, namespace: str, by: str = "") -> int:
         placed = self.state.pods[key]
         self.state.forget(key)
         self.quotas.remove(namespace, placed.request)
         self.ops.append(
-            _Op("evict", key, placed.slot, placed.request, namespace, by, placed.priority)
+            _Op(
+                "evict",
+                key,
+                placed.slot,
+                placed.request,
+                namespace,
+                by,
+                placed.priority,
+                placed.ports,
+            )
         )
         return placed.slot
 
@@ -65,7 +84,7 @@ class Statement:
                 self.state.forget(op.key)
                 self.quotas.remove(op.namespace, op.request)
             else:
-                self.state.assume(op.key, op.slot, op.request, op.priority)
+                self.state.assume(op.key, op.slot, op.request, op.priority, op.ports)
                 self.quotas.add(op.namespace, op.request)
         self.ops.clear()
         self.open = False

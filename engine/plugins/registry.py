@@ -14,6 +14,7 @@ from engine.plugins.fit import NodeResourcesBalancedAllocation, NodeResourcesFit
 from engine.plugins.kernels import ResourceKernel
 from engine.plugins.node_affinity import NodeAffinity
 from engine.plugins.node_name import NodeName
+from engine.plugins.node_ports import NodePorts
 from engine.plugins.preemption import DefaultPreemption
 from engine.plugins.quota import ElasticQuota
 from engine.plugins.taints import TaintToleration
@@ -53,6 +54,7 @@ def builtin_registry() -> Registry:
             "NodeUnschedulable": _no_args(NodeUnschedulable),
             "TaintToleration": _no_args(TaintToleration),
             "NodeAffinity": _no_args(NodeAffinity),
+            "NodePorts": _no_args(NodePorts),
             "NodeResourcesFit": _args(NodeResourcesFit),
             "NodeResourcesBalancedAllocation": _args(NodeResourcesBalancedAllocation),
             "ElasticQuota": _handle(ElasticQuota),

@@ -189,7 +189,7 @@ def pod_group(obj: Mapping[str, Any], classes: Mapping[str, int]) -> GroupSpec:
             raise InputError(
                 f"unknown priority class {shown(class_name)}", location="spec.priorityClassName"
             )
-        priority = known[class_name]
+        priority = int(known[class_name])
     if source == "kubernetes" and spec.get("priority") is not None:
         given = spec["priority"]
         if not isinstance(given, int) or isinstance(given, bool) or not -(2**31) <= given < 2**31:

@@ -7,13 +7,11 @@ the rules are those of the API server where they matter to scheduling.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any, Final
 
 from events.errors import InputError
 from events.types import (
-    SECOND,
     NodeSelectorRequirement,
     NodeSelectorTerm,
     NodeSpec,
@@ -22,16 +20,21 @@ from events.types import (
     Taint,
     Toleration,
 )
+from shards.inputs.containers import host_ports, pod_requests, warn_unused
+from shards.inputs.fields import _labels, _list, _seconds, _str
+
+# re-exported: these helpers lived here before fields.py, and groups.py imports them from here
+from shards.inputs.fields import _map as _map  # noqa: PLC0414
+from shards.inputs.fields import _name as _name  # noqa: PLC0414
+from shards.inputs.fields import _string_map as _string_map  # noqa: PLC0414
+from shards.inputs.fields import quantities as quantities  # noqa: PLC0414
 from shards.inputs.limits import (
     MAX_LABEL_VALUE,
     MAX_PRIORITY,
-    MAX_QUANTITY,
-    MAX_SECONDS,
     MAX_USER_PRIORITY,
     MIN_PRIORITY,
     shown,
 )
-from shards.inputs.quantity import canonical, format_quantity
 
 ARRIVE_AT: Final = "shoal.io/arrive-at"
 RUNTIME: Final = "shoal.io/runtime"
@@ -44,88 +47,33 @@ BUILTIN_PRIORITY_CLASSES: Final = {
     "system-cluster-critical": 2_000_000_000,
     "system-node-critical": 2_000_001_000,
 }
-MAX_NAME: Final = 253
+PREEMPTION_POLICIES: Final = ("PreemptLowerPriority", "Never")
+HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
+WELL_KNOWN_LABELS: Final = {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
+"""What a kubelet labels its node with (besides its hostname) on the usual machine;
+a simulated node that states them keeps its own."""
 
 
-def _map(value: Any, where: str, *, required: bool = False) -> Mapping[str, Any]:
-    if value is None:
-        if required:
-            raise InputError("missing", location=where)
-        return {}
-    if not isinstance(value, Mapping):
-        raise InputError(f"must be a mapping, got {type(value).__name__}", location=where)
-    return value
+class PriorityClassValue(int):
+    """A priority class's value that also carries what admission copies into a pod
+    along with it: the class's name and its ``preemptionPolicy``.
 
+    An ``int``, so that the tables of class name → value kept by the scenario loader
+    and by Kubernetes ingest (``""`` for the global default) carry the policy without
+    knowing of it. Never put one in an event: take ``int(value)``.
+    """
 
-def _list(value: Any, where: str) -> list[Any]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise InputError(f"must be a list, got {type(value).__name__}", location=where)
-    return value
+    class_name: str
+    preemption_policy: str
 
+    def __new__(cls, value: int, class_name: str, preemption_policy: str) -> PriorityClassValue:
+        out = super().__new__(cls, value)
+        out.class_name = class_name
+        out.preemption_policy = preemption_policy
+        return out
 
-def _str(value: Any, where: str, *, default: str | None = None) -> str:
-    if value is None and default is not None:
-        return default
-    if not isinstance(value, str):
-        raise InputError(
-            "missing" if value is None else f"must be a string, got {shown(value)}", location=where
-        )
-    return value
-
-
-def _string_map(value: Any, where: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for key, val in _map(value, where).items():
-        if not isinstance(key, str) or not key:
-            raise InputError(f"keys must be non-empty strings, got {shown(key)}", location=where)
-        if isinstance(val, bool) or val is None or not isinstance(val, str | int | float):
-            raise InputError(f"value must be a string, got {shown(val)}", location=f"{where}.{key}")
-        out[key] = val if isinstance(val, str) else str(val)
-    return out
-
-
-def _labels(value: Any, where: str) -> dict[str, str]:
-    """Labels: a string map whose values have at most 63 characters (Kubernetes' rule;
-    ``Gt``/``Lt`` read them as numbers, which must fit a float)."""
-    labels = _string_map(value, where)
-    for key, val in labels.items():
-        if len(val) > MAX_LABEL_VALUE:
-            raise InputError(
-                f"a label value has at most {MAX_LABEL_VALUE} characters, got {len(val)}",
-                location=f"{where}.{key}",
-            )
-    return labels
-
-
-def _name(meta: Mapping[str, Any], where: str) -> str:
-    name = _str(meta.get("name"), f"{where}.name")
-    if not name or len(name) > MAX_NAME or "/" in name or name.strip() != name:
-        raise InputError(f"invalid name {shown(name)}", location=f"{where}.name")
-    return name
-
-
-def _seconds(value: Any, where: str, *, positive: bool) -> int:
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        raise InputError(
-            f"must be a number of seconds, got {shown(value)}", location=where
-        ) from None
-    if not math.isfinite(seconds) or seconds < 0 or (positive and seconds == 0):
-        raise InputError(
-            f"must be {'positive' if positive else 'non-negative'}, got {shown(value)}",
-            location=where,
-        )
-    if seconds > MAX_SECONDS:
-        raise InputError(
-            f"must be at most {MAX_SECONDS} seconds, got {shown(value)}", location=where
-        )
-    nanoseconds = round(seconds * SECOND)
-    if positive and nanoseconds == 0:
-        raise InputError(f"must be at least a nanosecond, got {shown(value)}", location=where)
-    return nanoseconds
+    def __repr__(self) -> str:
+        return f"PriorityClassValue({int(self)}, {self.class_name!r}, {self.preemption_policy!r})"
 
 
 def arrival(obj: Mapping[str, Any], where: str) -> int:
@@ -135,21 +83,6 @@ def arrival(obj: Mapping[str, Any], where: str) -> int:
     if raw is None:
         return 0
     return _seconds(raw, f'metadata.annotations["{ARRIVE_AT}"]', positive=False)
-
-
-def quantities(value: Any, where: str, *, required: bool = False) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for resource, amount in _map(value, where, required=required).items():
-        loc = f"{where}.{resource}"
-        if not isinstance(resource, str) or not resource:
-            raise InputError("resource names must be non-empty strings", location=where)
-        if amount is None:
-            raise InputError("missing quantity", location=loc)
-        try:
-            out[resource] = canonical(resource, amount)
-        except InputError as exc:
-            raise InputError(exc.message, location=loc) from None
-    return out
 
 
 # --------------------------------------------------------------------------- nodes
@@ -176,8 +109,18 @@ def _taints(value: Any, where: str) -> tuple[Taint, ...]:
     return tuple(out)
 
 
+def _well_known_labels(name: str, labels: dict[str, str]) -> dict[str, str]:
+    """The labels a kubelet sets, where the node does not state them:
+    ``kubernetes.io/hostname`` (the node's name, cut to a label value's 63 characters),
+    ``kubernetes.io/os: linux`` and ``kubernetes.io/arch: amd64``; so that selectors
+    pasted from real manifests match simulated nodes."""
+    defaults = {HOSTNAME_LABEL: name[:MAX_LABEL_VALUE], **WELL_KNOWN_LABELS}
+    return {**labels, **{k: v for k, v in defaults.items() if k not in labels}}
+
+
 def node_spec(obj: Mapping[str, Any]) -> NodeSpec:
-    """A ``v1 Node`` → :class:`NodeSpec` (allocatable, else capacity)."""
+    """A ``v1 Node`` → :class:`NodeSpec` (allocatable, else capacity), with the
+    well-known labels a kubelet sets where the node does not state them."""
     meta = _map(obj.get("metadata"), "metadata", required=True)
     spec = _map(obj.get("spec"), "spec")
     status = _map(obj.get("status"), "status", required=True)
@@ -191,10 +134,11 @@ def node_spec(obj: Mapping[str, Any]) -> NodeSpec:
     unschedulable = spec.get("unschedulable", False)
     if not isinstance(unschedulable, bool):
         raise InputError("must be true or false", location="spec.unschedulable")
+    name = _name(meta, "metadata")
     return NodeSpec(
-        name=_name(meta, "metadata"),
+        name=name,
         allocatable=allocatable,
-        labels=_labels(meta.get("labels"), "metadata.labels"),
+        labels=_well_known_labels(name, _labels(meta.get("labels"), "metadata.labels")),
         taints=_taints(spec.get("taints"), "spec.taints"),
         unschedulable=unschedulable,
     )
@@ -310,50 +254,17 @@ def _tolerations(value: Any, where: str) -> tuple[Toleration, ...]:
     return tuple(out)
 
 
-def _container_requests(container: Mapping[str, Any], where: str) -> dict[str, int]:
-    resources = _map(container.get("resources"), f"{where}.resources")
-    limits = quantities(resources.get("limits"), f"{where}.resources.limits")
-    requests = quantities(resources.get("requests"), f"{where}.resources.requests")
-    # API defaulting: a resource with a limit but no request requests its limit.
-    for resource, amount in limits.items():
-        requests.setdefault(resource, amount)
-        if requests[resource] > amount:
-            raise InputError(
-                f"request of {resource} exceeds its limit",
-                location=f"{where}.resources.requests.{resource}",
-            )
-    return requests
-
-
-def pod_requests(spec: Mapping[str, Any]) -> dict[str, int]:
-    """Effective requests: max(sum of containers, each init container) + overhead."""
-    containers = _list(spec.get("containers"), "spec.containers")
-    if not containers:
-        raise InputError("a pod needs at least one container", location="spec.containers")
-    total: dict[str, int] = {}
-    for i, raw in enumerate(containers):
-        container = _map(raw, f"spec.containers[{i}]", required=True)
-        for resource, amount in _container_requests(container, f"spec.containers[{i}]").items():
-            total[resource] = total.get(resource, 0) + amount
-    for i, raw in enumerate(_list(spec.get("initContainers"), "spec.initContainers")):
-        init = _map(raw, f"spec.initContainers[{i}]", required=True)
-        for resource, amount in _container_requests(init, f"spec.initContainers[{i}]").items():
-            total[resource] = max(total.get(resource, 0), amount)
-    for resource, amount in quantities(spec.get("overhead"), "spec.overhead").items():
-        total[resource] = total.get(resource, 0) + amount
-    for resource, amount in sorted(total.items()):
-        if amount > MAX_QUANTITY:
-            raise InputError(
-                f"the pod requests more than {format_quantity(resource, MAX_QUANTITY)} "
-                f"of {resource} in all",
-                location="spec.containers",
-            )
-    return total
-
-
 def pod_spec(obj: Mapping[str, Any], priority_classes: Mapping[str, int] | None = None) -> PodSpec:
-    """A ``v1 Pod`` → :class:`PodSpec`. ``priority_classes`` maps class name → value;
-    the name ``""`` holds the global default, if any."""
+    """A ``v1 Pod`` → :class:`PodSpec`. ``priority_classes`` maps class name → value
+    (a :class:`PriorityClassValue` carries the class's preemption policy too); the name
+    ``""`` holds the global default, if any.
+
+    Priority is admitted as Kubernetes' Priority admission plugin does: a pod naming a
+    class gets its value and its ``preemptionPolicy`` (a pod stating another value or
+    policy is refused); a pod naming none and stating no ``priority`` gets the global
+    default class's name, value and policy (0 and ``PreemptLowerPriority`` without
+    one). A pod that states ``priority`` and no class keeps it (shoal's leniency for
+    scenarios; the API server would compare it with the default's)."""
     classes = {**BUILTIN_PRIORITY_CLASSES, **(priority_classes or {})}
     meta = _map(obj.get("metadata"), "metadata", required=True)
     spec = _map(obj.get("spec"), "spec", required=True)
@@ -372,6 +283,12 @@ def pod_spec(obj: Mapping[str, Any], priority_classes: Mapping[str, int] | None 
             f"must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, got {shown(priority)}",
             location="spec.priority",
         )
+    stated_policy = spec.get("preemptionPolicy")
+    if stated_policy is not None and stated_policy not in PREEMPTION_POLICIES:
+        raise InputError(
+            f"unknown preemption policy {shown(stated_policy)}", location="spec.preemptionPolicy"
+        )
+    class_policy: str | None = None
     if class_name:
         if class_name not in classes:
             raise InputError(
@@ -383,16 +300,25 @@ def pod_spec(obj: Mapping[str, Any], priority_classes: Mapping[str, int] | None 
                 f"({classes[class_name]})",
                 location="spec.priority",
             )
-        priority = classes[class_name]
-    elif priority is None:
-        priority = classes.get("", 0)
-    policy = _str(
-        spec.get("preemptionPolicy"), "spec.preemptionPolicy", default="PreemptLowerPriority"
-    )
-    if policy not in ("PreemptLowerPriority", "Never"):
-        raise InputError(
-            f"unknown preemption policy {shown(policy)}", location="spec.preemptionPolicy"
+        value = classes[class_name]
+        priority = int(value)
+        class_policy = (
+            value.preemption_policy
+            if isinstance(value, PriorityClassValue)
+            else "PreemptLowerPriority"
         )
+    elif priority is None:
+        default = classes.get("")
+        priority = 0 if default is None else int(default)
+        if isinstance(default, PriorityClassValue):
+            class_name, class_policy = default.class_name, default.preemption_policy
+    if class_policy is not None and stated_policy not in (None, class_policy):
+        raise InputError(
+            f"preemption policy {stated_policy} contradicts priority class "
+            f"{shown(class_name)} ({class_policy})",
+            location="spec.preemptionPolicy",
+        )
+    policy = class_policy or stated_policy or "PreemptLowerPriority"
     runtime = None
     if RUNTIME in annotations:
         runtime = _seconds(
@@ -409,10 +335,12 @@ def pod_spec(obj: Mapping[str, Any], priority_classes: Mapping[str, int] | None 
         raise InputError(
             f"needs {RUNTIME} (when it fails)", location=f'metadata.annotations["{FAILS}"]'
         )
+    name = _name(meta, "metadata")
+    warn_unused(spec, f"{namespace}/{name}")
     return PodSpec(
         fails=fails == "true",
         namespace=namespace,
-        name=_name(meta, "metadata"),
+        name=name,
         uid=_str(meta.get("uid"), "metadata.uid", default=""),
         requests=pod_requests(spec),
         priority=priority,
@@ -427,11 +355,14 @@ def pod_spec(obj: Mapping[str, Any], priority_classes: Mapping[str, int] | None 
         labels=_labels(meta.get("labels"), "metadata.labels"),
         annotations=annotations,
         runtime=runtime,
+        host_ports=host_ports(spec, f"{namespace}/{name}"),
     )
 
 
-def priority_class(obj: Mapping[str, Any]) -> tuple[str, int, bool]:
-    """A ``scheduling.k8s.io/v1 PriorityClass`` → (name, value, globalDefault)."""
+def priority_class(obj: Mapping[str, Any]) -> tuple[str, PriorityClassValue, bool]:
+    """A ``scheduling.k8s.io/v1 PriorityClass`` → (name, value, globalDefault); the
+    value carries the class's ``preemptionPolicy`` (default ``PreemptLowerPriority``)
+    into the pods admitted with it."""
     meta = _map(obj.get("metadata"), "metadata", required=True)
     value = obj.get("value")
     if not isinstance(value, int) or isinstance(value, bool):
@@ -445,4 +376,11 @@ def priority_class(obj: Mapping[str, Any]) -> tuple[str, int, bool]:
     default = obj.get("globalDefault", False)
     if not isinstance(default, bool):
         raise InputError("must be true or false", location="globalDefault")
-    return _name(meta, "metadata"), value, default
+    policy = _str(obj.get("preemptionPolicy"), "preemptionPolicy", default="PreemptLowerPriority")
+    if policy not in PREEMPTION_POLICIES:
+        raise InputError(
+            f"unknown preemption policy {shown(policy)} (one of {', '.join(PREEMPTION_POLICIES)})",
+            location="preemptionPolicy",
+        )
+    name = _name(meta, "metadata")
+    return name, PriorityClassValue(value, name, policy), default

@@ -2,7 +2,8 @@
 
 - no decision ever commits a node beyond its allocatable;
 - keeping per-shape results between attempts decides exactly as computing afresh;
-- the bookkeeping (used = sum of placed pods) always holds.
+- the bookkeeping (used = sum of placed pods) always holds;
+- no two pods on one node bind overlapping host ports.
 """
 
 from __future__ import annotations
@@ -72,6 +73,10 @@ def pod_event(draw: Any) -> Event:
         pod = pod.selector(zone=draw(st.sampled_from(["a", "b"])))
     if draw(st.integers(0, 4)) == 0:
         pod = pod.prefer(10, "zone", "In", "a")
+    if draw(st.integers(0, 3)) == 0:
+        pod = pod.host_port(
+            draw(st.sampled_from([80, 443])), ip=draw(st.sampled_from(["0.0.0.0", "10.0.0.1"]))
+        )
     return pod.submitted()
 
 
@@ -96,7 +101,20 @@ def run(sequence: list[Event], *, incremental: bool, kernel: bool = True) -> lis
             ok_before = (free_before[:, slot] >= 0).all()
             assert not ok_before or (engine.state.free[:, slot] >= 0).all(), "over-committed"
         engine.state.check_invariants()
+        _no_port_shared(engine)
     return decisions
+
+
+def _no_port_shared(engine: Engine) -> None:
+    by_node: dict[int, list[tuple[str, int, str]]] = {}
+    for placed in engine.state.pods.values():
+        for port in placed.ports:
+            bound = by_node.setdefault(placed.slot, [])
+            for protocol, number, ip in bound:
+                assert (protocol, number) != (port.protocol, port.port) or (
+                    "0.0.0.0" not in (ip, port.ip) and ip != port.ip
+                ), "two pods bind one host port"
+            bound.append((port.protocol, port.port, port.ip))
 
 
 @given(events)

@@ -379,11 +379,13 @@ def test_priority_preemption_evicts_the_fewest_lowest(tmp_path: Path) -> None:
 
 
 def test_preemption_policy_never_waits(tmp_path: Path) -> None:
+    # a pod naming a class takes the class's policy (stating another is refused, as
+    # Kubernetes' admission refuses it): a pod stating its priority states its policy
     text = PRIORITIES + node("a", cpu=2) + pod("low", cpu="2", spec="  priorityClassName: low")
     text += pod(
         "polite",
         cpu="2",
-        spec="  priorityClassName: high\n  preemptionPolicy: Never",
+        spec="  priority: 1000\n  preemptionPolicy: Never",
         annotations='shoal.io/arrive-at: "1"',
     )
     data = run(tmp_path, text)

@@ -1,0 +1,112 @@
+"""Reading plain data (YAML or the API's JSON) field by field: each helper checks one
+field's shape and raises :class:`InputError` naming it; the caller prefixes file and
+document."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Final
+
+from events.errors import InputError
+from events.types import SECOND
+from shards.inputs.limits import MAX_LABEL_VALUE, MAX_SECONDS, shown
+from shards.inputs.quantity import canonical
+
+MAX_NAME: Final = 253
+
+
+def _map(value: Any, where: str, *, required: bool = False) -> Mapping[str, Any]:
+    if value is None:
+        if required:
+            raise InputError("missing", location=where)
+        return {}
+    if not isinstance(value, Mapping):
+        raise InputError(f"must be a mapping, got {type(value).__name__}", location=where)
+    return value
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InputError(f"must be a list, got {type(value).__name__}", location=where)
+    return value
+
+
+def _str(value: Any, where: str, *, default: str | None = None) -> str:
+    if value is None and default is not None:
+        return default
+    if not isinstance(value, str):
+        raise InputError(
+            "missing" if value is None else f"must be a string, got {shown(value)}", location=where
+        )
+    return value
+
+
+def _string_map(value: Any, where: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, val in _map(value, where).items():
+        if not isinstance(key, str) or not key:
+            raise InputError(f"keys must be non-empty strings, got {shown(key)}", location=where)
+        if isinstance(val, bool) or val is None or not isinstance(val, str | int | float):
+            raise InputError(f"value must be a string, got {shown(val)}", location=f"{where}.{key}")
+        out[key] = val if isinstance(val, str) else str(val)
+    return out
+
+
+def _labels(value: Any, where: str) -> dict[str, str]:
+    """Labels: a string map whose values have at most 63 characters (Kubernetes' rule;
+    ``Gt``/``Lt`` read them as numbers, which must fit a float)."""
+    labels = _string_map(value, where)
+    for key, val in labels.items():
+        if len(val) > MAX_LABEL_VALUE:
+            raise InputError(
+                f"a label value has at most {MAX_LABEL_VALUE} characters, got {len(val)}",
+                location=f"{where}.{key}",
+            )
+    return labels
+
+
+def _name(meta: Mapping[str, Any], where: str) -> str:
+    name = _str(meta.get("name"), f"{where}.name")
+    if not name or len(name) > MAX_NAME or "/" in name or name.strip() != name:
+        raise InputError(f"invalid name {shown(name)}", location=f"{where}.name")
+    return name
+
+
+def _seconds(value: Any, where: str, *, positive: bool) -> int:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise InputError(
+            f"must be a number of seconds, got {shown(value)}", location=where
+        ) from None
+    if not math.isfinite(seconds) or seconds < 0 or (positive and seconds == 0):
+        raise InputError(
+            f"must be {'positive' if positive else 'non-negative'}, got {shown(value)}",
+            location=where,
+        )
+    if seconds > MAX_SECONDS:
+        raise InputError(
+            f"must be at most {MAX_SECONDS} seconds, got {shown(value)}", location=where
+        )
+    nanoseconds = round(seconds * SECOND)
+    if positive and nanoseconds == 0:
+        raise InputError(f"must be at least a nanosecond, got {shown(value)}", location=where)
+    return nanoseconds
+
+
+def quantities(value: Any, where: str, *, required: bool = False) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for resource, amount in _map(value, where, required=required).items():
+        loc = f"{where}.{resource}"
+        if not isinstance(resource, str) or not resource:
+            raise InputError("resource names must be non-empty strings", location=where)
+        if amount is None:
+            raise InputError("missing quantity", location=loc)
+        try:
+            out[resource] = canonical(resource, amount)
+        except InputError as exc:
+            raise InputError(exc.message, location=loc) from None
+    return out
