@@ -6,7 +6,10 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
+import aiohttp
+import orjson
 import pytest
 
 from events.filelog import FileLog
@@ -22,7 +25,7 @@ from events.types import (
     PodSucceeded,
     QuotaDefined,
 )
-from shards.kube.ingest import KubeIngest
+from shards.kube.ingest import KubeIngest, Reflector
 from tests.kube.apiserver import FakeApiServer
 
 
@@ -328,3 +331,58 @@ def _key(event: Any) -> str:
     if isinstance(subject, str):
         return subject
     return str(getattr(subject, "key", None) or getattr(subject, "name", ""))
+
+
+async def test_a_watch_with_data_buffered_yields_to_the_other_tasks() -> None:
+    """The watch loop yields between events: with a whole stream already buffered (a
+    busy API server), the binder and the shards in the same event loop still run
+    between two events instead of after the last one."""
+    protocol = mock.Mock(_reading_paused=False)
+    content = aiohttp.StreamReader(protocol, limit=1 << 16, loop=asyncio.get_running_loop())
+    for i in range(200):
+        content.feed_data(
+            orjson.dumps(
+                {
+                    "type": "ADDED",
+                    "object": {"metadata": {"name": f"n{i}", "resourceVersion": str(i + 1)}},
+                }
+            )
+            + b"\n"
+        )
+    content.feed_eof()
+
+    class Response:
+        status = 200
+
+        def __init__(self) -> None:
+            self.content = content
+
+        def release(self) -> None:
+            pass
+
+    async def call(**kwargs: Any) -> Response:
+        assert kwargs["watch"] is True and kwargs["_preload_content"] is False
+        return Response()
+
+    seen: list[int] = []
+    turns: list[int] = []
+
+    async def on_event(kind: str, obj: dict[str, Any]) -> None:
+        seen.append(len(turns))  # how often the other task had run before this event
+
+    async def on_relist(items: list[dict[str, Any]]) -> None:
+        pass
+
+    reflector = Reflector("nodes", call, on_event, on_relist)
+
+    async def other_task() -> None:
+        while len(seen) < 200:
+            turns.append(len(seen))
+            await asyncio.sleep(0)
+
+    other = asyncio.create_task(other_task())
+    version = await reflector._watch("0", asyncio.Event())
+    await other
+    assert version == "200" and len(seen) == 200
+    # the other task ran between events all along, not only once the stream was read
+    assert seen[100] >= 50 and seen[-1] >= 150, (seen[:5], seen[-5:])
