@@ -6,9 +6,26 @@
   requeues the pod. Binding the same decision twice is harmless: a 409 that says
   the pod is on the decided node is success.
 - ``PodPreempted`` / ``PodEvicted`` → the Eviction API (a pod already gone is fine).
+  A PodDisruptionBudget that forbids it (429) is waited out: the eviction is tried
+  again with back-off (``eviction_backoff`` seconds, doubling, at most
+  ``eviction_attempts`` times), without holding up the other decisions; given up, it is
+  logged and the bindings waiting for that node fail (``BindFailed``, naming the budget).
+- **Victims hold their capacity until they are gone.** An evicted pod terminates for
+  its grace period (30 s by default) and its resources stay taken meanwhile; the engine
+  freed them when it decided. So a ``PodBound`` onto a node where a pod this binder
+  evicted is still present is not applied yet: the pod is *nominated* (its
+  ``status.nominatedNodeName`` is patched, as kube-scheduler does) and bound once
+  ingest reports every such pod gone (``PodDeleted``, ``PodSucceeded``, ``PodFailed``),
+  or fails (``BindFailed``) after ``nomination_timeout`` seconds, to be decided again.
+  Any binding onto that node waits, not only the preemptor's: whatever the engine
+  placed there counted the victims' resources as free. Restart-safe: the position the
+  binder records never passes the first decision still waiting, so a restarted binder
+  applies it again (every action here is idempotent).
 - ``PodUnschedulable`` and ``PodRejected`` → a core/v1 ``Event`` (``FailedScheduling``,
-  type Warning) on the pod, so ``kubectl describe`` says why it is pending.
-- ``PodGroupStatusChanged`` → the ``status`` of scheduler-plugins PodGroups.
+  type Warning) on the pod, so ``kubectl describe`` says why it is pending; repeated
+  ones are aggregated and rate-limited per pod (``shards/kube/recorder.py``).
+- ``PodGroupStatusChanged`` → the ``status`` of scheduler-plugins PodGroups (a merge
+  patch of the status subresource).
 
 The API being unreachable is retried with back-off; a decision is never dropped
 silently: after ``max_attempts`` it becomes ``BindFailed`` (for bindings) or a logged
@@ -19,10 +36,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 import aiohttp
@@ -51,6 +68,7 @@ from events.types import (
     ReservationRequested,
 )
 from shards.kube.client import checked
+from shards.kube.recorder import AS_MERGE_PATCH, NS_PER_S, EventRecorder
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +82,26 @@ class _Unavailable(Exception):
     """The API could not be reached after every retry."""
 
 
+@dataclass
+class _Waiting:
+    """A binding held back until the victims on its node are gone."""
+
+    offset: int
+    event: PodBound
+    deadline: int
+
+
+@dataclass
+class _Eviction:
+    """An eviction a disruption budget refused, to be tried again at ``due``."""
+
+    offset: int
+    node: str
+    attempts: int
+    due: int
+    why: str = ""
+
+
 class KubeBinder:
     def __init__(
         self,
@@ -74,6 +112,9 @@ class KubeBinder:
         max_attempts: int = 5,
         initial_backoff: float = 0.05,
         clock: Callable[[], int] = time.time_ns,
+        nomination_timeout: float = 120.0,
+        eviction_attempts: int = 10,
+        eviction_backoff: float = 1.0,
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
@@ -84,6 +125,16 @@ class KubeBinder:
         self.max_attempts = max_attempts
         self.initial_backoff = initial_backoff
         self.clock = clock
+        self.nomination_timeout = int(nomination_timeout * NS_PER_S)
+        self.eviction_attempts = eviction_attempts
+        self.eviction_backoff = int(eviction_backoff * NS_PER_S)
+        self.recorder = EventRecorder(self.core, self._retry, clock=clock)
+        self.held: dict[str, dict[str, None]] = {}
+        """Node → pods evicted from it and not yet gone: their resources are still taken."""
+        self.waiting: dict[str, list[_Waiting]] = {}
+        """Node → bindings onto it held back until ``held[node]`` is empty."""
+        self.evictions: dict[str, _Eviction] = {}
+        """Pods whose eviction a disruption budget refused, to be tried again."""
         self.group_sources: dict[str, str] = {}
         self.uids: dict[str, str] = {}
         """Live pods → their uid, from the records that brought them: a Binding names it,
@@ -95,13 +146,22 @@ class KubeBinder:
             "events": 0,
             "group_status": 0,
             "skipped": 0,
+            "nominated": 0,
+            "evictions_refused": 0,
+            "evictions_given_up": 0,
         }
 
     def __repr__(self) -> str:
         return f"KubeBinder(position={self.position}, {self.counters})"
 
     def stats(self) -> dict[str, int]:
-        return {"position": self.position, **self.counters}
+        return {
+            "position": self.position,
+            "waiting": sum(len(w) for w in self.waiting.values()),
+            "held": sum(len(h) for h in self.held.values()),
+            **self.counters,
+            **{f"events_{k}": v for k, v in self.recorder.counters.items()},
+        }
 
     async def resume(self) -> int:
         """Start after the last position this binder recorded in the log (0 if none).
@@ -111,11 +171,35 @@ class KubeBinder:
         for env in records:
             event = env.event
             if isinstance(event, PositionRecorded) and event.component == "binder":
-                self.position = max(self.position, event.position)
+                # the newest: it may be behind an earlier one while a binding waits
+                self.position = event.position
+            elif isinstance(event, PodPreempted | PodEvicted):
+                if env.producer.startswith("shard-"):
+                    self._hold(event)
             else:
                 self._learn(event)
         self.resumed = True
         return self.position
+
+    def _hold(self, event: PodPreempted | PodEvicted) -> None:
+        """An eviction decided: the pod holds its node until ingest says it is gone (if
+        the log says it is there at all: one already gone frees nothing)."""
+        if self.uids.pop(event.pod, None) is not None:
+            self.held.setdefault(event.node, {})[event.pod] = None
+
+    def _gone(self, key: str) -> None:
+        """``key`` left the cluster (or finished): what it held on its node is free."""
+        self.evictions.pop(key, None)
+        self.recorder.forget(key)
+        for node, pods in list(self.held.items()):
+            pods.pop(key, None)
+            if not pods:
+                del self.held[node]
+        for node, waiting in list(self.waiting.items()):
+            # a pod waiting for a node that is gone needs no binding any more
+            self.waiting[node] = [w for w in waiting if w.event.pod != key]
+            if not self.waiting[node]:
+                del self.waiting[node]
 
     def _learn(self, event: Event) -> None:
         """Keep what later decisions need from a record that is not one: a group's
@@ -130,6 +214,7 @@ class KubeBinder:
                 self.uids.update((spec.key, spec.uid) for spec in specs if spec.uid)
             case PodDeleted(pod=key) | PodSucceeded(pod=key) | PodFailed(pod=key):
                 self.uids.pop(key, None)
+                self._gone(key)
             case _:
                 pass
 
@@ -143,9 +228,6 @@ class KubeBinder:
         for offset, reason in unreadable:  # skipped, and recorded by its partition's reader
             self.counters["skipped"] += 1
             log.warning("record skipped partition=%d offset=%d: %s", self.partition, offset, reason)
-        if not records:
-            self.position = position
-            return 0
         out: list[Envelope] = []
         applied = False
         for env in records:
@@ -157,11 +239,19 @@ class KubeBinder:
                 Envelope(event=e, time=self.clock(), causation=env.offset, producer="binder")
                 for e in caused
             )
-        if applied:
-            # recorded with the results, atomically: a restart resumes after these
+        due = await self._due()
+        out.extend(Envelope(event=e, time=self.clock(), producer="binder") for e in due)
+        if not records and not due:
+            self.position = position
+            return 0
+        if applied or due:
+            # recorded with the results, atomically: a restart resumes after these,
+            # or at the first decision still waiting, which it applies again
+            pending = [w.offset for ws in self.waiting.values() for w in ws]
+            pending += [e.offset for e in self.evictions.values()]
             out.append(
                 Envelope(
-                    event=PositionRecorded(component="binder", position=position),
+                    event=PositionRecorded(component="binder", position=min([position, *pending])),
                     time=self.clock(),
                     producer="binder",
                 )
@@ -179,16 +269,50 @@ class KubeBinder:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), interval)
 
+    async def _due(self) -> list[Event]:
+        """What time or the cluster made due: evictions to try again, bindings whose
+        victims are gone (applied) or that waited too long (failed)."""
+        now = self.clock()
+        out: list[Event] = []
+        for key, eviction in list(self.evictions.items()):
+            if eviction.due <= now:
+                out.extend(await self._evict(key, eviction.node, eviction.offset))
+        for node, waiting in list(self.waiting.items()):
+            if node not in self.held:
+                del self.waiting[node]
+                for w in waiting:
+                    out.extend(await self._apply_bind(w.event))
+                continue
+            late = [w for w in waiting if w.deadline <= now]
+            if late:
+                self.waiting[node] = [w for w in waiting if w.deadline > now]
+                if not self.waiting[node]:
+                    del self.waiting[node]
+                victims = ", ".join(self.held[node])
+                for w in late:
+                    self.counters["bind_failed"] += 1
+                    out.append(
+                        self._failed(
+                            w.event,
+                            f"still nominated after {self.nomination_timeout // NS_PER_S}s: "
+                            f"{victims} still terminating on {node}",
+                        )
+                    )
+        return out
+
     async def _apply(self, env: Envelope) -> list[Event]:
         event = env.event
         from_shard = env.producer.startswith("shard-")
         try:
             match event:
                 case PodBound() if from_shard:
-                    return await self._bind(event)
+                    if event.node in self.held:
+                        await self._nominate(event, env.offset or 0)
+                        return []
+                    return await self._apply_bind(event)
                 case PodPreempted() | PodEvicted() if from_shard:
-                    self.uids.pop(event.pod, None)
-                    await self._evict(event.pod)
+                    self._hold(event)
+                    return await self._evict(event.pod, event.node, env.offset or 0)
                 case PodUnschedulable() if from_shard and event.attempt > 0:
                     await self._warn(event.pod, "FailedScheduling", event.reason)
                 case PodRejected() if from_shard or env.producer in _ADMISSION:
@@ -209,13 +333,48 @@ class KubeBinder:
             log.error("could not apply decision offset=%s error=%s", env.offset, exc)
         return []
 
-    async def _retry(self, call: Callable[[], Awaitable[T]]) -> T:
+    async def _apply_bind(self, event: PodBound) -> list[Event]:
+        try:
+            caused = await self._bind(event)
+        except _Unavailable as exc:
+            self.counters["bind_failed"] += 1
+            return [self._failed(event, f"API unavailable: {exc}")]
+        if not caused:
+            self.recorder.forget(event.pod)
+        return caused
+
+    async def _nominate(self, event: PodBound, offset: int) -> None:
+        """Hold ``event`` back until its node's victims are gone; tell the pod where it
+        is going (``status.nominatedNodeName``), as kube-scheduler does."""
+        waiting = self.waiting.setdefault(event.node, [])
+        if any(w.event.decision_id == event.decision_id for w in waiting):
+            return
+        waiting.append(_Waiting(offset, event, self.clock() + self.nomination_timeout))
+        self.counters["nominated"] += 1
+        namespace, name = self._split(event.pod)
+        body = {"status": {"nominatedNodeName": event.node}}
+        try:
+            await self._retry(
+                lambda: self._raw(
+                    self.core.patch_namespaced_pod_status(
+                        name, namespace, body, **AS_MERGE_PATCH, _preload_content=False
+                    )
+                )
+            )
+        except (ApiException, _Unavailable) as exc:
+            # informational: the binding still waits, and still happens
+            log.warning("nomination not written pod=%s error=%s", event.pod, exc)
+
+    async def _retry(self, call: Callable[[], Awaitable[T]], *, busy: bool = True) -> T:
+        """``call``, tried again on a server error or an unreachable server, and on
+        ``429`` unless ``busy`` is false (an eviction's 429 is a disruption budget's
+        answer, waited out by the caller, not here)."""
         delay = self.initial_backoff
         for attempt in range(self.max_attempts):
             try:
                 return await call()
             except ApiException as exc:
-                if exc.status is not None and exc.status < 500 and exc.status != 429:
+                if exc.status is not None and exc.status < 500 and (exc.status != 429 or not busy):
                     raise
                 why = f"{exc.status} {exc.reason}"
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -277,7 +436,9 @@ class KubeBinder:
             return None
         return pod.spec.node_name if pod.spec else None
 
-    async def _evict(self, key: str) -> None:
+    async def _evict(self, key: str, node: str, offset: int) -> list[Event]:
+        """Evict ``key``; a disruption budget's refusal (429) is tried again later, and
+        given up after ``eviction_attempts``: then the bindings waiting on its node fail."""
         namespace, name = self._split(key)
         body = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace))
         try:
@@ -286,42 +447,47 @@ class KubeBinder:
                     self.core.create_namespaced_pod_eviction(
                         name, namespace, body, _preload_content=False
                     )
-                )
+                ),
+                busy=False,
             )
-            self.counters["evicted"] += 1
         except ApiException as exc:
-            if exc.status != 404:
+            if exc.status == 404:  # already gone: it holds nothing
+                self._gone(key)
+                return []
+            if exc.status != 429:
+                self.evictions.pop(key, None)
                 log.error("eviction refused pod=%s status=%s", key, exc.status)
+                return []
+            return self._refused(key, node, offset, f"429 {_message(exc) or exc.reason}")
+        except _Unavailable as exc:
+            return self._refused(key, node, offset, f"API unavailable: {exc}")
+        self.evictions.pop(key, None)
+        self.counters["evicted"] += 1
+        return []
+
+    def _refused(self, key: str, node: str, offset: int, why: str) -> list[Event]:
+        previous = self.evictions.get(key)
+        attempts = (previous.attempts if previous else 0) + 1
+        self.counters["evictions_refused"] += 1
+        if attempts < self.eviction_attempts:
+            delay = self.eviction_backoff * 2 ** (attempts - 1)
+            self.evictions[key] = _Eviction(offset, node, attempts, self.clock() + delay, why)
+            log.warning("eviction refused; retrying pod=%s attempt=%d error=%s", key, attempts, why)
+            return []
+        # given up: the pod stays, and holds its node's capacity while it does
+        self.evictions.pop(key, None)
+        self.counters["evictions_given_up"] += 1
+        log.error("eviction given up pod=%s attempts=%d error=%s", key, attempts, why)
+        failed: list[Event] = []
+        for w in self.waiting.pop(node, []):
+            self.counters["bind_failed"] += 1
+            failed.append(self._failed(w.event, f"victim {key} could not be evicted: {why}"))
+        return failed
 
     async def _warn(self, key: str, reason: str, message: str) -> None:
-        namespace, name = self._split(key)
-        now = datetime.datetime.now(datetime.UTC)
-        body = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(generate_name=f"{name}.", namespace=namespace),
-            # uid and apiVersion: what `kubectl describe pod` selects the pod's Events by
-            involved_object=client.V1ObjectReference(
-                api_version="v1",
-                kind="Pod",
-                name=name,
-                namespace=namespace,
-                uid=self.uids.get(key) or None,
-            ),
-            reason=reason,
-            message=message,
-            type="Warning",
-            source=client.V1EventSource(component="shoal"),
-            reporting_component="shoal",
-            first_timestamp=now,
-            last_timestamp=now,
-            count=1,
-        )
         try:
-            await self._retry(
-                lambda: self._raw(
-                    self.core.create_namespaced_event(namespace, body, _preload_content=False)
-                )
-            )
-            self.counters["events"] += 1
+            if await self.recorder.warn(key, self.uids.get(key, ""), reason, message):
+                self.counters["events"] += 1
         except ApiException as exc:
             log.warning("event not written pod=%s status=%s", key, exc.status)
 
@@ -340,6 +506,7 @@ class KubeBinder:
                         "podgroups",
                         name,
                         {"status": status},
+                        **AS_MERGE_PATCH,
                         _preload_content=False,
                     )
                 )

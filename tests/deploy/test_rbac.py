@@ -32,7 +32,7 @@ VERBS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DEL
 
 MODULES = {
     "ingest": ["shards/kube/ingest.py", "shards/kube/lease.py"],
-    "binder": ["shards/kube/binder.py", "shards/kube/lease.py"],
+    "binder": ["shards/kube/binder.py", "shards/kube/recorder.py", "shards/kube/lease.py"],
     "coordinator": ["shards/kube/lease.py"],
     "shard": [],
 }
@@ -222,6 +222,8 @@ def test_the_calls_read_from_the_code_are_the_ones_expected() -> None:
         ("", "pods/binding", "create"),
         ("", "pods/eviction", "create"),
         ("", "events", "create"),
+        ("", "events", "patch"),
+        ("", "pods/status", "patch"),
         ("scheduling.x-k8s.io", "podgroups/status", "patch"),
     }
     assert needed("coordinator") == lease
