@@ -328,3 +328,30 @@ def _key(event: Any) -> str:
     if isinstance(subject, str):
         return subject
     return str(getattr(subject, "key", None) or getattr(subject, "name", ""))
+
+
+async def test_the_built_in_system_priority_classes_are_taken(
+    apiserver: FakeApiServer, api: Any
+) -> None:
+    """Every cluster has them, with values above the user limit: no rejection on start;
+    a user class may not take their prefix."""
+    for name, value in [
+        ("system-node-critical", 2000001000),
+        ("system-cluster-critical", 2000000000),
+    ]:
+        apiserver.put("PriorityClass", {"metadata": {"name": name}, "value": value})
+    apiserver.put("PriorityClass", {"metadata": {"name": "system-mine"}, "value": 5})
+    apiserver.put("Pod", pod("critical", priority_class="system-node-critical"))
+    log = MemoryLog()
+    ingest = KubeIngest(api, log, watch_seconds=1)
+    stop = asyncio.Event()
+    task = asyncio.create_task(ingest.run(stop))
+    await asyncio.wait_for(ingest.synced(), 5)
+    await eventually(lambda: any(isinstance(e.event, PodSubmitted) for e in log._parts[0]))
+    assert ingest.classes["system-node-critical"] == 2000001000
+    assert len(ingest.rejected) == 1 and "system-mine" in ingest.rejected[0]
+    (submitted,) = [e.event for e in log._parts[0] if isinstance(e.event, PodSubmitted)]
+    assert submitted.pod.priority == 2000001000
+    stop.set()
+    apiserver.drop_watches()
+    await asyncio.wait_for(task, 10)
