@@ -22,8 +22,9 @@ stays honest. It is faithful to the real server in what shoal depends on:
   jsonpatch.Patch"), 415 for anything else (``tests/kube/patch.py``). A patch of the
   object keeps its ``status``; a patch of ``status`` changes nothing else (so a pod's
   ``status.nominatedNodeName`` is written through ``pods/status``);
-- ``pods/binding`` (201; 409 if the pod is already bound, or is not the one whose
-  ``metadata.uid`` the Binding names; 404 if it does not exist);
+- ``pods/binding`` (201; 409 if the pod is already bound or being deleted, or is not the
+  one whose ``metadata.uid`` the Binding names; 404 if it does not exist). The uid
+  check is what later releases do: v1.20 ignores the uid a Binding names;
 - ``pods/eviction`` as v1.20's: a pod that is Pending, finished or already terminating
   is deleted without looking at budgets; otherwise the one PodDisruptionBudget
   (``policy/v1beta1``) whose selector matches it must allow a disruption (its status is
@@ -541,6 +542,13 @@ class FakeApiServer:
                 "Conflict",
                 f'Operation cannot be fulfilled on pods/binding "{name}": Precondition failed: '
                 f"UID in precondition: {wanted_uid}, UID in object meta: {uid}",
+            )
+        if pod["metadata"].get("deletionTimestamp"):
+            return status(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} is being '
+                "deleted, cannot be assigned to a host",
             )
         bound = (pod.get("spec") or {}).get("nodeName")
         if bound:

@@ -31,6 +31,7 @@ def _group(apiserver: FakeApiServer) -> None:
     )
 
 
+@pytest.mark.real_kube
 async def test_a_dict_sent_as_json_patch_is_refused_as_the_real_server_does(
     apiserver: FakeApiServer, api: Any
 ) -> None:
@@ -61,6 +62,7 @@ async def test_a_dict_sent_as_json_patch_is_refused_as_the_real_server_does(
     assert found["spec"] == {"minMember": 2}  # a status patch changes nothing else
 
 
+@pytest.mark.real_kube
 async def test_strategic_merge_patch_is_for_core_kinds_only(
     apiserver: FakeApiServer, api: Any
 ) -> None:
@@ -70,10 +72,8 @@ async def test_strategic_merge_patch_is_for_core_kinds_only(
     await core.patch_namespaced_pod_status(
         "p", "default", {"status": {"nominatedNodeName": "n1"}}
     )  # a dict to a core kind goes as a strategic merge patch
-    assert apiserver.get("Pod", "p", "default")["status"] == {
-        "phase": "Pending",
-        "nominatedNodeName": "n1",
-    }
+    patched = apiserver.get("Pod", "p", "default")["status"]
+    assert patched["phase"] == "Pending" and patched["nominatedNodeName"] == "n1"
     custom = client.CustomObjectsApi(api)
     with pytest.raises(ApiException) as refused:
         await custom.patch_namespaced_custom_object_status(
@@ -87,6 +87,7 @@ async def test_strategic_merge_patch_is_for_core_kinds_only(
     assert refused.value.status == 415
 
 
+@pytest.mark.real_kube
 async def test_evicting_a_running_pod_honours_its_disruption_budget(
     apiserver: FakeApiServer, api: Any
 ) -> None:
@@ -121,6 +122,7 @@ async def test_evicting_a_running_pod_honours_its_disruption_budget(
     )
 
 
+@pytest.mark.real_kube
 async def test_an_event_must_be_in_its_objects_namespace(
     apiserver: FakeApiServer, api: Any
 ) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from events.memory import MemoryLog
 from events.types import (
     BindFailed,
@@ -68,6 +70,7 @@ def _node_of(apiserver: FakeApiServer, name: str) -> str | None:
     return (found or {}).get("spec", {}).get("nodeName")
 
 
+@pytest.mark.real_kube
 async def test_the_preemptor_is_nominated_and_bound_once_its_victim_is_gone(
     apiserver: FakeApiServer, api: Any
 ) -> None:
@@ -96,6 +99,7 @@ async def test_the_preemptor_is_nominated_and_bound_once_its_victim_is_gone(
     assert again.stats()["waiting"] == 0 and again.counters["bind_failed"] == 0
 
 
+@pytest.mark.real_kube
 async def test_a_nomination_that_waits_too_long_fails_the_binding(
     apiserver: FakeApiServer, api: Any
 ) -> None:
@@ -113,6 +117,7 @@ async def test_a_nomination_that_waits_too_long_fails_the_binding(
     assert _node_of(apiserver, "urgent") is None
 
 
+@pytest.mark.real_kube
 async def test_an_eviction_waits_out_a_disruption_budget(
     apiserver: FakeApiServer, api: Any
 ) -> None:
@@ -147,6 +152,7 @@ async def test_an_eviction_waits_out_a_disruption_budget(
     assert _node_of(apiserver, "urgent") == "n1"
 
 
+@pytest.mark.real_kube
 async def test_an_eviction_a_budget_never_allows_is_given_up_and_fails_the_binding(
     apiserver: FakeApiServer, api: Any
 ) -> None:
@@ -181,6 +187,7 @@ async def test_an_eviction_a_budget_never_allows_is_given_up_and_fails_the_bindi
     assert apiserver.get("Pod", "victim", "default")["metadata"].get("deletionTimestamp") is None
 
 
+@pytest.mark.real_kube
 async def test_repeated_failed_scheduling_is_one_event_with_a_count(
     apiserver: FakeApiServer, api: Any
 ) -> None:
