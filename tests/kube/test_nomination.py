@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from kubernetes_asyncio import client
 
 from events.memory import MemoryLog
 from events.types import (
@@ -21,7 +22,8 @@ from events.types import (
 )
 from shards.kube.binder import KubeBinder
 from tests.kube.apiserver import FakeApiServer
-from tests.kube.test_ingest import pod
+from tests.kube.test_binder import _scheduling
+from tests.kube.test_ingest import node, pod
 
 S = 1_000_000_000
 
@@ -226,6 +228,13 @@ async def test_repeated_failed_scheduling_is_one_event_with_a_count(
     await binder.poll()
     (event,) = apiserver.all("Event")
     assert event["count"] == 6 and event["message"] == "no room 6"
+    # what `kubectl describe pod` asks for finds it
+    selected = await client.CoreV1Api(api).list_namespaced_event(
+        "default",
+        field_selector="involvedObject.kind=Pod,involvedObject.name=waiting,"
+        f"involvedObject.namespace=default,involvedObject.uid={uid}",
+    )
+    assert [(e.reason, e.count) for e in selected.items] == [("FailedScheduling", 6)]
     assert event["lastTimestamp"] > event["firstTimestamp"]
     # the Event expired on the server (an hour): the next one is created, counting on
     apiserver.remove("Event", event["metadata"]["name"], "default")
@@ -236,3 +245,44 @@ async def test_repeated_failed_scheduling_is_one_event_with_a_count(
     await binder.poll()
     (event,) = apiserver.all("Event")
     assert event["count"] == 7
+
+
+@pytest.mark.real_kube
+async def test_end_to_end_a_preemptor_waits_nominated_until_its_victims_are_gone(
+    apiserver: FakeApiServer, api: Any
+) -> None:
+    """Ingest, a shard and the binder: a high-priority pod preempts the two that fill
+    the node; it is nominated there, and bound only once the kubelet (the test) has
+    deleted the terminating victims. The run replays."""
+    apiserver.put("PriorityClass", {"metadata": {"name": "low"}, "value": 100})
+    apiserver.put("PriorityClass", {"metadata": {"name": "high"}, "value": 1000})
+    apiserver.put("Node", node("n1", cpu="2"))
+    for name in ("low-0", "low-1"):
+        apiserver.put("Pod", pod(name, priority_class="low"))
+    async with _scheduling(api, apiserver) as run:
+        await run.until(
+            lambda: all(_node_of(apiserver, n) == "n1" for n in ("low-0", "low-1")), "bound"
+        )
+        urgent = pod("urgent", priority_class="high")
+        urgent["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "2"
+        apiserver.put("Pod", urgent)
+
+        def nominated() -> bool:
+            found = apiserver.get("Pod", "urgent", "default") or {}
+            return bool((found.get("status") or {}).get("nominatedNodeName") == "n1")
+
+        await run.until(nominated, "nominated")
+        await run.until(
+            lambda: all(
+                (apiserver.get("Pod", n, "default") or {})
+                .get("metadata", {})
+                .get("deletionTimestamp")
+                for n in ("low-0", "low-1")
+            ),
+            "victims terminating",
+        )
+        assert _node_of(apiserver, "urgent") is None  # the victims still hold n1
+        assert run.binder.stats()["waiting"] == 1
+        for name in ("low-0", "low-1"):  # the kubelet is done with them
+            apiserver.remove("Pod", name, "default")
+        await run.until(lambda: _node_of(apiserver, "urgent") == "n1", "bound after")
