@@ -63,8 +63,9 @@ def _free_port() -> int:
 class RealApiServer:
     """etcd + kube-apiserver started for a session; the fake's test helpers over HTTP."""
 
-    def __init__(self, run: Path) -> None:
+    def __init__(self, run: Path, *, authorization: str = "AlwaysAllow") -> None:
         self.run = run
+        self.authorization = authorization
         self.url = ""
         self.kubeconfig = str(run / "admin.kubeconfig")
         self._ssl = ssl.create_default_context()
@@ -79,6 +80,7 @@ class RealApiServer:
         env = {
             **os.environ,
             "RK": str(CACHE),
+            "AUTHZ": self.authorization,
             "API_PORT": str(_free_port()),
             "ETCD_PORT": str(_free_port()),
             "ETCD_PEER": str(_free_port()),
@@ -128,6 +130,40 @@ class RealApiServer:
             capture_output=True,
             timeout=60,
         )
+
+    def kubeconfig_for(self, user: str, token: str) -> str:
+        """A kubeconfig for ``user`` authenticating with ``token`` (``start.sh`` lists
+        the tokens of the binder's and ingest's ServiceAccounts)."""
+        path = self.run / f"{user}.kubeconfig"
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "realkube",
+                    "cluster": {
+                        "server": self.url,
+                        "certificate-authority": str(CACHE / "pki" / "ca.crt"),
+                    },
+                }
+            ],
+            "users": [{"name": user, "user": {"token": token}}],
+            "contexts": [{"name": user, "context": {"cluster": "realkube", "user": user}}],
+            "current-context": user,
+        }
+        path.write_text(json.dumps(config))
+        return str(path)
+
+    def apply(self, doc: JSON) -> None:
+        """Create ``doc`` as the administrator (any kind, by its apiVersion)."""
+        group_version = doc["apiVersion"]
+        base = f"/api/{group_version}" if "/" not in group_version else f"/apis/{group_version}"
+        plural = doc["kind"].lower() + ("es" if doc["kind"].endswith("s") else "s")
+        namespace = doc["metadata"].get("namespace")
+        if namespace:
+            self._namespace(namespace)
+            base += f"/namespaces/{namespace}"
+        self._call("POST", f"{base}/{plural}", doc)
 
     def drop_watches(self) -> None:
         """Cannot cut a real server's watches; the tests' watches end within a second."""
