@@ -15,8 +15,11 @@
   freed them when it decided. So a ``PodBound`` onto a node where a pod this binder
   evicted is still present is not applied yet: the pod is *nominated* (its
   ``status.nominatedNodeName`` is patched, as kube-scheduler does) and bound once
-  ingest reports every such pod gone (``PodDeleted``, ``PodSucceeded``, ``PodFailed``),
-  or fails (``BindFailed``) after ``nomination_timeout`` seconds, to be decided again.
+  ingest reports every such pod gone (``PodDeleted``, ``PodSucceeded``, ``PodFailed``)
+  or the binder sees it gone itself (it reads each such pod every ``recheck_seconds``
+  while a binding waits: with several shards, ingest's report of a victim's deletion
+  goes to the coordinator, which no longer relays it to the shard that evicted it), or
+  fails (``BindFailed``) after ``nomination_timeout`` seconds, to be decided again.
   Any binding onto that node waits, not only the preemptor's: whatever the engine
   placed there counted the victims' resources as free. Restart-safe: the position the
   binder records never passes the first decision still waiting, so a restarted binder
@@ -36,10 +39,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 import aiohttp
@@ -52,6 +55,7 @@ from events.types import (
     BindFailed,
     Envelope,
     Event,
+    PodAdopted,
     PodBound,
     PodDeleted,
     PodEvicted,
@@ -69,6 +73,7 @@ from events.types import (
 )
 from shards.kube.client import checked
 from shards.kube.recorder import AS_MERGE_PATCH, NS_PER_S, EventRecorder
+from shards.kube.victims import Victims
 
 log = logging.getLogger(__name__)
 
@@ -80,26 +85,6 @@ T = TypeVar("T")
 
 class _Unavailable(Exception):
     """The API could not be reached after every retry."""
-
-
-@dataclass
-class _Waiting:
-    """A binding held back until the victims on its node are gone."""
-
-    offset: int
-    event: PodBound
-    deadline: int
-
-
-@dataclass
-class _Eviction:
-    """An eviction a disruption budget refused, to be tried again at ``due``."""
-
-    offset: int
-    node: str
-    attempts: int
-    due: int
-    why: str = ""
 
 
 class KubeBinder:
@@ -115,6 +100,7 @@ class KubeBinder:
         nomination_timeout: float = 120.0,
         eviction_attempts: int = 10,
         eviction_backoff: float = 1.0,
+        recheck_seconds: float = 1.0,
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
@@ -125,16 +111,13 @@ class KubeBinder:
         self.max_attempts = max_attempts
         self.initial_backoff = initial_backoff
         self.clock = clock
-        self.nomination_timeout = int(nomination_timeout * NS_PER_S)
-        self.eviction_attempts = eviction_attempts
-        self.eviction_backoff = int(eviction_backoff * NS_PER_S)
         self.recorder = EventRecorder(self.core, self._retry, clock=clock)
-        self.held: dict[str, dict[str, None]] = {}
-        """Node → pods evicted from it and not yet gone: their resources are still taken."""
-        self.waiting: dict[str, list[_Waiting]] = {}
-        """Node → bindings onto it held back until ``held[node]`` is empty."""
-        self.evictions: dict[str, _Eviction] = {}
-        """Pods whose eviction a disruption budget refused, to be tried again."""
+        self.victims = Victims(
+            nomination_timeout=int(nomination_timeout * NS_PER_S),
+            eviction_attempts=eviction_attempts,
+            eviction_backoff=int(eviction_backoff * NS_PER_S),
+            recheck=int(recheck_seconds * NS_PER_S),
+        )
         self.group_sources: dict[str, str] = {}
         self.uids: dict[str, str] = {}
         """Live pods → their uid, from the records that brought them: a Binding names it,
@@ -157,8 +140,7 @@ class KubeBinder:
     def stats(self) -> dict[str, int]:
         return {
             "position": self.position,
-            "waiting": sum(len(w) for w in self.waiting.values()),
-            "held": sum(len(h) for h in self.held.values()),
+            **self.victims.stats(),
             **self.counters,
             **{f"events_{k}": v for k, v in self.recorder.counters.items()},
         }
@@ -184,22 +166,14 @@ class KubeBinder:
     def _hold(self, event: PodPreempted | PodEvicted) -> None:
         """An eviction decided: the pod holds its node until ingest says it is gone (if
         the log says it is there at all: one already gone frees nothing)."""
-        if self.uids.pop(event.pod, None) is not None:
-            self.held.setdefault(event.node, {})[event.pod] = None
+        uid = self.uids.pop(event.pod, None)
+        if uid is not None:
+            self.victims.hold(event.node, event.pod, uid)
 
     def _gone(self, key: str) -> None:
-        """``key`` left the cluster (or finished): what it held on its node is free."""
-        self.evictions.pop(key, None)
+        """``key`` left the cluster (or finished)."""
+        self.victims.gone(key)
         self.recorder.forget(key)
-        for node, pods in list(self.held.items()):
-            pods.pop(key, None)
-            if not pods:
-                del self.held[node]
-        for node, waiting in list(self.waiting.items()):
-            # a pod waiting for a node that is gone needs no binding any more
-            self.waiting[node] = [w for w in waiting if w.event.pod != key]
-            if not self.waiting[node]:
-                del self.waiting[node]
 
     def _learn(self, event: Event) -> None:
         """Keep what later decisions need from a record that is not one: a group's
@@ -210,6 +184,9 @@ class KubeBinder:
             case PodSubmitted(pod=spec) | PodRouted(pod=spec):
                 if spec.uid:
                     self.uids[spec.key] = spec.uid
+            case PodAdopted(placement=placement):
+                if placement.pod.uid:
+                    self.uids[placement.pod.key] = placement.pod.uid
             case ReservationRequested(pods=specs):
                 self.uids.update((spec.key, spec.uid) for spec in specs if spec.uid)
             case PodDeleted(pod=key) | PodSucceeded(pod=key) | PodFailed(pod=key):
@@ -247,8 +224,7 @@ class KubeBinder:
         if applied or due:
             # recorded with the results, atomically: a restart resumes after these,
             # or at the first decision still waiting, which it applies again
-            pending = [w.offset for ws in self.waiting.values() for w in ws]
-            pending += [e.offset for e in self.evictions.values()]
+            pending = self.victims.pending()
             out.append(
                 Envelope(
                     event=PositionRecorded(component="binder", position=min([position, *pending])),
@@ -274,31 +250,40 @@ class KubeBinder:
         victims are gone (applied) or that waited too long (failed)."""
         now = self.clock()
         out: list[Event] = []
-        for key, eviction in list(self.evictions.items()):
-            if eviction.due <= now:
-                out.extend(await self._evict(key, eviction.node, eviction.offset))
-        for node, waiting in list(self.waiting.items()):
-            if node not in self.held:
-                del self.waiting[node]
-                for w in waiting:
-                    out.extend(await self._apply_bind(w.event))
-                continue
-            late = [w for w in waiting if w.deadline <= now]
-            if late:
-                self.waiting[node] = [w for w in waiting if w.deadline > now]
-                if not self.waiting[node]:
-                    del self.waiting[node]
-                victims = ", ".join(self.held[node])
-                for w in late:
-                    self.counters["bind_failed"] += 1
-                    out.append(
-                        self._failed(
-                            w.event,
-                            f"still nominated after {self.nomination_timeout // NS_PER_S}s: "
-                            f"{victims} still terminating on {node}",
-                        )
-                    )
+        for key, eviction in self.victims.evictions_due(now):
+            out.extend(await self._evict(key, eviction.node, eviction.offset))
+        for key, uid in self.victims.to_recheck(now):
+            if await self._is_gone(key, uid):
+                self._gone(key)
+        for event in self.victims.released():
+            out.extend(await self._apply_bind(event))
+        waited = self.victims.nomination_timeout // NS_PER_S
+        for event, victims in self.victims.late(now):
+            self.counters["bind_failed"] += 1
+            out.append(
+                self._failed(
+                    event,
+                    f"still nominated after {waited}s: {victims} still terminating on {event.node}",
+                )
+            )
         return out
+
+    async def _is_gone(self, key: str, uid: str) -> bool:
+        """Pod ``key`` (of ``uid``) is no longer in the cluster, or has finished: what
+        the API says now (unreachable: not known to be gone)."""
+        namespace, name = self._split(key)
+        try:
+            response = await checked(
+                await self.core.read_namespaced_pod(name, namespace, _preload_content=False)
+            )
+            found = json.loads(await response.read())
+        except ApiException as exc:
+            return exc.status == 404
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+            return False
+        meta = found.get("metadata") or {}
+        phase = (found.get("status") or {}).get("phase")
+        return meta.get("uid") != uid or phase in ("Succeeded", "Failed")
 
     async def _apply(self, env: Envelope) -> list[Event]:
         event = env.event
@@ -306,7 +291,7 @@ class KubeBinder:
         try:
             match event:
                 case PodBound() if from_shard:
-                    if event.node in self.held:
+                    if self.victims.holds(event.node):
                         await self._nominate(event, env.offset or 0)
                         return []
                     return await self._apply_bind(event)
@@ -346,10 +331,8 @@ class KubeBinder:
     async def _nominate(self, event: PodBound, offset: int) -> None:
         """Hold ``event`` back until its node's victims are gone; tell the pod where it
         is going (``status.nominatedNodeName``), as kube-scheduler does."""
-        waiting = self.waiting.setdefault(event.node, [])
-        if any(w.event.decision_id == event.decision_id for w in waiting):
+        if not self.victims.wait(offset, event, self.clock()):
             return
-        waiting.append(_Waiting(offset, event, self.clock() + self.nomination_timeout))
         self.counters["nominated"] += 1
         namespace, name = self._split(event.pod)
         body = {"status": {"nominatedNodeName": event.node}}
@@ -455,34 +438,27 @@ class KubeBinder:
                 self._gone(key)
                 return []
             if exc.status != 429:
-                self.evictions.pop(key, None)
+                self.victims.evictions.pop(key, None)
                 log.error("eviction refused pod=%s status=%s", key, exc.status)
                 return []
             return self._refused(key, node, offset, f"429 {_message(exc) or exc.reason}")
         except _Unavailable as exc:
             return self._refused(key, node, offset, f"API unavailable: {exc}")
-        self.evictions.pop(key, None)
+        self.victims.evictions.pop(key, None)
         self.counters["evicted"] += 1
         return []
 
     def _refused(self, key: str, node: str, offset: int, why: str) -> list[Event]:
-        previous = self.evictions.get(key)
-        attempts = (previous.attempts if previous else 0) + 1
         self.counters["evictions_refused"] += 1
-        if attempts < self.eviction_attempts:
-            delay = self.eviction_backoff * 2 ** (attempts - 1)
-            self.evictions[key] = _Eviction(offset, node, attempts, self.clock() + delay, why)
+        waited = self.victims.refused(key, node, offset, why, self.clock())
+        attempts = self.victims.attempts(key)
+        if waited is None:
             log.warning("eviction refused; retrying pod=%s attempt=%d error=%s", key, attempts, why)
             return []
-        # given up: the pod stays, and holds its node's capacity while it does
-        self.evictions.pop(key, None)
         self.counters["evictions_given_up"] += 1
-        log.error("eviction given up pod=%s attempts=%d error=%s", key, attempts, why)
-        failed: list[Event] = []
-        for w in self.waiting.pop(node, []):
-            self.counters["bind_failed"] += 1
-            failed.append(self._failed(w.event, f"victim {key} could not be evicted: {why}"))
-        return failed
+        log.error("eviction given up pod=%s error=%s", key, why)
+        self.counters["bind_failed"] += len(waited)
+        return [self._failed(e, f"victim {key} could not be evicted: {why}") for e in waited]
 
     async def _warn(self, key: str, reason: str, message: str) -> None:
         try:
@@ -520,8 +496,6 @@ class KubeBinder:
 def _message(exc: ApiException) -> str:
     body = getattr(exc, "body", None)
     if isinstance(body, bytes | str):
-        import json
-
         try:
             data = json.loads(body)
             return str(data.get("message", ""))

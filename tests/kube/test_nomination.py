@@ -102,6 +102,28 @@ async def test_the_preemptor_is_nominated_and_bound_once_its_victim_is_gone(
 
 
 @pytest.mark.real_kube
+async def test_a_victim_gone_unreported_is_seen_gone_by_the_binder_itself(
+    apiserver: FakeApiServer, api: Any
+) -> None:
+    """With several shards ingest's report of the deletion goes to the coordinator, not
+    to the shard's partition: the binder reads the victims while a binding waits."""
+    log = MemoryLog()
+    now = [0]
+    binder = KubeBinder(api, log, initial_backoff=0.01, clock=lambda: now[0], recheck_seconds=5)
+    await _preemption(apiserver, log)
+    assert await binder.poll() == 0
+    assert binder.stats()["waiting"] == 1
+    apiserver.remove("Pod", "victim", "default")  # the kubelet; nothing in this partition
+    now[0] += 1 * S
+    await binder.poll()
+    assert _node_of(apiserver, "urgent") is None  # not looked at again before 5 s
+    now[0] += 5 * S
+    await binder.poll()
+    assert _node_of(apiserver, "urgent") == "n1"
+    assert binder.stats()["waiting"] == 0 and binder.stats()["held"] == 0
+
+
+@pytest.mark.real_kube
 async def test_a_nomination_that_waits_too_long_fails_the_binding(
     apiserver: FakeApiServer, api: Any
 ) -> None:
