@@ -161,7 +161,7 @@ class RealApiServer:
         plural = doc["kind"].lower() + ("es" if doc["kind"].endswith("s") else "s")
         namespace = doc["metadata"].get("namespace")
         if namespace:
-            self._namespace(namespace)
+            self.namespace(namespace)
             base += f"/namespaces/{namespace}"
         self._call("POST", f"{base}/{plural}", doc)
 
@@ -204,7 +204,8 @@ class RealApiServer:
             base += f"/namespaces/{namespace}"
         return f"{base}/{kind.plural}" + (f"/{name}" if name else "")
 
-    def _namespace(self, namespace: str) -> None:
+    def namespace(self, namespace: str) -> None:
+        """Create ``namespace`` unless it exists (the in-repo server needs none)."""
         if namespace in self._namespaces:
             return
         try:
@@ -223,7 +224,7 @@ class RealApiServer:
         meta = obj.setdefault("metadata", {})
         namespace = meta.setdefault("namespace", "default") if kind.namespaced else None
         if namespace:
-            self._namespace(namespace)
+            self.namespace(namespace)
         obj.setdefault("apiVersion", kind.api_version)
         obj.setdefault("kind", kind.kind)
         for field in ("resourceVersion", "uid", "creationTimestamp", "generation"):
