@@ -362,12 +362,24 @@ def pod_spec(obj: Mapping[str, Any], priority_classes: Mapping[str, int] | None 
 def priority_class(obj: Mapping[str, Any]) -> tuple[str, PriorityClassValue, bool]:
     """A ``scheduling.k8s.io/v1 PriorityClass`` → (name, value, globalDefault); the
     value carries the class's ``preemptionPolicy`` (default ``PreemptLowerPriority``)
-    into the pods admitted with it."""
+    into the pods admitted with it.
+
+    As the API server validates them: a value above the user limit only for the
+    built-in ``system-`` classes, each with its own value (every cluster has them, and a
+    name starting with ``system-`` is reserved for them)."""
     meta = _map(obj.get("metadata"), "metadata", required=True)
     value = obj.get("value")
     if not isinstance(value, int) or isinstance(value, bool):
         raise InputError(f"must be an integer, got {shown(value)}", location="value")
-    if not MIN_PRIORITY <= value <= MAX_USER_PRIORITY:
+    name = meta.get("name")
+    if isinstance(name, str) and name.startswith("system-"):
+        if BUILTIN_PRIORITY_CLASSES.get(name) != value:
+            known = ", ".join(f"{k} ({v})" for k, v in BUILTIN_PRIORITY_CLASSES.items())
+            raise InputError(
+                f"the prefix system- is reserved for the built-in classes {known}",
+                location="metadata.name",
+            )
+    elif not MIN_PRIORITY <= value <= MAX_USER_PRIORITY:
         raise InputError(
             f"must be from {MIN_PRIORITY} to {MAX_USER_PRIORITY} (the most a user priority "
             f"class may have), got {shown(value)}",

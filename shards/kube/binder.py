@@ -6,9 +6,29 @@
   requeues the pod. Binding the same decision twice is harmless: a 409 that says
   the pod is on the decided node is success.
 - ``PodPreempted`` / ``PodEvicted`` → the Eviction API (a pod already gone is fine).
+  A PodDisruptionBudget that forbids it (429) is waited out: the eviction is tried
+  again with back-off (``eviction_backoff`` seconds, doubling, at most
+  ``eviction_attempts`` times), without holding up the other decisions; given up, it is
+  logged and the bindings waiting for that node fail (``BindFailed``, naming the budget).
+- **Victims hold their capacity until they are gone.** An evicted pod terminates for
+  its grace period (30 s by default) and its resources stay taken meanwhile; the engine
+  freed them when it decided. So a ``PodBound`` onto a node where a pod this binder
+  evicted is still present is not applied yet: the pod is *nominated* (its
+  ``status.nominatedNodeName`` is patched, as kube-scheduler does) and bound once
+  ingest reports every such pod gone (``PodDeleted``, ``PodSucceeded``, ``PodFailed``)
+  or the binder sees it gone itself (it reads each such pod every ``recheck_seconds``
+  while a binding waits: with several shards, ingest's report of a victim's deletion
+  goes to the coordinator, which no longer relays it to the shard that evicted it), or
+  fails (``BindFailed``) after ``nomination_timeout`` seconds, to be decided again.
+  Any binding onto that node waits, not only the preemptor's: whatever the engine
+  placed there counted the victims' resources as free. Restart-safe: the position the
+  binder records never passes the first decision still waiting, so a restarted binder
+  applies it again (every action here is idempotent).
 - ``PodUnschedulable`` and ``PodRejected`` → a core/v1 ``Event`` (``FailedScheduling``,
-  type Warning) on the pod, so ``kubectl describe`` says why it is pending.
-- ``PodGroupStatusChanged`` → the ``status`` of scheduler-plugins PodGroups.
+  type Warning) on the pod, so ``kubectl describe`` says why it is pending; repeated
+  ones are aggregated and rate-limited per pod (``shards/kube/recorder.py``).
+- ``PodGroupStatusChanged`` → the ``status`` of scheduler-plugins PodGroups (a merge
+  patch of the status subresource).
 
 The API being unreachable is retried with back-off; a decision is never dropped
 silently: after ``max_attempts`` it becomes ``BindFailed`` (for bindings) or a logged
@@ -19,7 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -35,6 +55,7 @@ from events.types import (
     BindFailed,
     Envelope,
     Event,
+    PodAdopted,
     PodBound,
     PodDeleted,
     PodEvicted,
@@ -51,6 +72,8 @@ from events.types import (
     ReservationRequested,
 )
 from shards.kube.client import checked
+from shards.kube.recorder import AS_MERGE_PATCH, NS_PER_S, EventRecorder
+from shards.kube.victims import Victims
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +97,10 @@ class KubeBinder:
         max_attempts: int = 5,
         initial_backoff: float = 0.05,
         clock: Callable[[], int] = time.time_ns,
+        nomination_timeout: float = 120.0,
+        eviction_attempts: int = 10,
+        eviction_backoff: float = 1.0,
+        recheck_seconds: float = 1.0,
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
@@ -84,6 +111,13 @@ class KubeBinder:
         self.max_attempts = max_attempts
         self.initial_backoff = initial_backoff
         self.clock = clock
+        self.recorder = EventRecorder(self.core, self._retry, clock=clock)
+        self.victims = Victims(
+            nomination_timeout=int(nomination_timeout * NS_PER_S),
+            eviction_attempts=eviction_attempts,
+            eviction_backoff=int(eviction_backoff * NS_PER_S),
+            recheck=int(recheck_seconds * NS_PER_S),
+        )
         self.group_sources: dict[str, str] = {}
         self.uids: dict[str, str] = {}
         """Live pods → their uid, from the records that brought them: a Binding names it,
@@ -95,13 +129,21 @@ class KubeBinder:
             "events": 0,
             "group_status": 0,
             "skipped": 0,
+            "nominated": 0,
+            "evictions_refused": 0,
+            "evictions_given_up": 0,
         }
 
     def __repr__(self) -> str:
         return f"KubeBinder(position={self.position}, {self.counters})"
 
     def stats(self) -> dict[str, int]:
-        return {"position": self.position, **self.counters}
+        return {
+            "position": self.position,
+            **self.victims.stats(),
+            **self.counters,
+            **{f"events_{k}": v for k, v in self.recorder.counters.items()},
+        }
 
     async def resume(self) -> int:
         """Start after the last position this binder recorded in the log (0 if none).
@@ -111,11 +153,27 @@ class KubeBinder:
         for env in records:
             event = env.event
             if isinstance(event, PositionRecorded) and event.component == "binder":
-                self.position = max(self.position, event.position)
+                # the newest: it may be behind an earlier one while a binding waits
+                self.position = event.position
+            elif isinstance(event, PodPreempted | PodEvicted):
+                if env.producer.startswith("shard-"):
+                    self._hold(event)
             else:
                 self._learn(event)
         self.resumed = True
         return self.position
+
+    def _hold(self, event: PodPreempted | PodEvicted) -> None:
+        """An eviction decided: the pod holds its node until ingest says it is gone (if
+        the log says it is there at all: one already gone frees nothing)."""
+        uid = self.uids.pop(event.pod, None)
+        if uid is not None:
+            self.victims.hold(event.node, event.pod, uid)
+
+    def _gone(self, key: str) -> None:
+        """``key`` left the cluster (or finished)."""
+        self.victims.gone(key)
+        self.recorder.forget(key)
 
     def _learn(self, event: Event) -> None:
         """Keep what later decisions need from a record that is not one: a group's
@@ -126,10 +184,14 @@ class KubeBinder:
             case PodSubmitted(pod=spec) | PodRouted(pod=spec):
                 if spec.uid:
                     self.uids[spec.key] = spec.uid
+            case PodAdopted(placement=placement):
+                if placement.pod.uid:
+                    self.uids[placement.pod.key] = placement.pod.uid
             case ReservationRequested(pods=specs):
                 self.uids.update((spec.key, spec.uid) for spec in specs if spec.uid)
             case PodDeleted(pod=key) | PodSucceeded(pod=key) | PodFailed(pod=key):
                 self.uids.pop(key, None)
+                self._gone(key)
             case _:
                 pass
 
@@ -143,9 +205,6 @@ class KubeBinder:
         for offset, reason in unreadable:  # skipped, and recorded by its partition's reader
             self.counters["skipped"] += 1
             log.warning("record skipped partition=%d offset=%d: %s", self.partition, offset, reason)
-        if not records:
-            self.position = position
-            return 0
         out: list[Envelope] = []
         applied = False
         for env in records:
@@ -157,11 +216,18 @@ class KubeBinder:
                 Envelope(event=e, time=self.clock(), causation=env.offset, producer="binder")
                 for e in caused
             )
-        if applied:
-            # recorded with the results, atomically: a restart resumes after these
+        due = await self._due()
+        out.extend(Envelope(event=e, time=self.clock(), producer="binder") for e in due)
+        if not records and not due:
+            self.position = position
+            return 0
+        if applied or due:
+            # recorded with the results, atomically: a restart resumes after these,
+            # or at the first decision still waiting, which it applies again
+            pending = self.victims.pending()
             out.append(
                 Envelope(
-                    event=PositionRecorded(component="binder", position=position),
+                    event=PositionRecorded(component="binder", position=min([position, *pending])),
                     time=self.clock(),
                     producer="binder",
                 )
@@ -179,16 +245,59 @@ class KubeBinder:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), interval)
 
+    async def _due(self) -> list[Event]:
+        """What time or the cluster made due: evictions to try again, bindings whose
+        victims are gone (applied) or that waited too long (failed)."""
+        now = self.clock()
+        out: list[Event] = []
+        for key, eviction in self.victims.evictions_due(now):
+            out.extend(await self._evict(key, eviction.node, eviction.offset))
+        for key, uid in self.victims.to_recheck(now):
+            if await self._is_gone(key, uid):
+                self._gone(key)
+        for event in self.victims.released():
+            out.extend(await self._apply_bind(event))
+        waited = self.victims.nomination_timeout // NS_PER_S
+        for event, victims in self.victims.late(now):
+            self.counters["bind_failed"] += 1
+            out.append(
+                self._failed(
+                    event,
+                    f"still nominated after {waited}s: {victims} still terminating on {event.node}",
+                )
+            )
+        return out
+
+    async def _is_gone(self, key: str, uid: str) -> bool:
+        """Pod ``key`` (of ``uid``) is no longer in the cluster, or has finished: what
+        the API says now (unreachable: not known to be gone)."""
+        namespace, name = self._split(key)
+        try:
+            response = await checked(
+                await self.core.read_namespaced_pod(name, namespace, _preload_content=False)
+            )
+            found = json.loads(await response.read())
+        except ApiException as exc:
+            return exc.status == 404
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+            return False
+        meta = found.get("metadata") or {}
+        phase = (found.get("status") or {}).get("phase")
+        return meta.get("uid") != uid or phase in ("Succeeded", "Failed")
+
     async def _apply(self, env: Envelope) -> list[Event]:
         event = env.event
         from_shard = env.producer.startswith("shard-")
         try:
             match event:
                 case PodBound() if from_shard:
-                    return await self._bind(event)
+                    if self.victims.holds(event.node):
+                        await self._nominate(event, env.offset or 0)
+                        return []
+                    return await self._apply_bind(event)
                 case PodPreempted() | PodEvicted() if from_shard:
-                    self.uids.pop(event.pod, None)
-                    await self._evict(event.pod)
+                    self._hold(event)
+                    return await self._evict(event.pod, event.node, env.offset or 0)
                 case PodUnschedulable() if from_shard and event.attempt > 0:
                     await self._warn(event.pod, "FailedScheduling", event.reason)
                 case PodRejected() if from_shard or env.producer in _ADMISSION:
@@ -209,13 +318,46 @@ class KubeBinder:
             log.error("could not apply decision offset=%s error=%s", env.offset, exc)
         return []
 
-    async def _retry(self, call: Callable[[], Awaitable[T]]) -> T:
+    async def _apply_bind(self, event: PodBound) -> list[Event]:
+        try:
+            caused = await self._bind(event)
+        except _Unavailable as exc:
+            self.counters["bind_failed"] += 1
+            return [self._failed(event, f"API unavailable: {exc}")]
+        if not caused:
+            self.recorder.forget(event.pod)
+        return caused
+
+    async def _nominate(self, event: PodBound, offset: int) -> None:
+        """Hold ``event`` back until its node's victims are gone; tell the pod where it
+        is going (``status.nominatedNodeName``), as kube-scheduler does."""
+        if not self.victims.wait(offset, event, self.clock()):
+            return
+        self.counters["nominated"] += 1
+        namespace, name = self._split(event.pod)
+        body = {"status": {"nominatedNodeName": event.node}}
+        try:
+            await self._retry(
+                lambda: self._raw(
+                    self.core.patch_namespaced_pod_status(
+                        name, namespace, body, **AS_MERGE_PATCH, _preload_content=False
+                    )
+                )
+            )
+        except (ApiException, _Unavailable) as exc:
+            # informational: the binding still waits, and still happens
+            log.warning("nomination not written pod=%s error=%s", event.pod, exc)
+
+    async def _retry(self, call: Callable[[], Awaitable[T]], *, busy: bool = True) -> T:
+        """``call``, tried again on a server error or an unreachable server, and on
+        ``429`` unless ``busy`` is false (an eviction's 429 is a disruption budget's
+        answer, waited out by the caller, not here)."""
         delay = self.initial_backoff
         for attempt in range(self.max_attempts):
             try:
                 return await call()
             except ApiException as exc:
-                if exc.status is not None and exc.status < 500 and exc.status != 429:
+                if exc.status is not None and exc.status < 500 and (exc.status != 429 or not busy):
                     raise
                 why = f"{exc.status} {exc.reason}"
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -277,7 +419,9 @@ class KubeBinder:
             return None
         return pod.spec.node_name if pod.spec else None
 
-    async def _evict(self, key: str) -> None:
+    async def _evict(self, key: str, node: str, offset: int) -> list[Event]:
+        """Evict ``key``; a disruption budget's refusal (429) is tried again later, and
+        given up after ``eviction_attempts``: then the bindings waiting on its node fail."""
         namespace, name = self._split(key)
         body = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace))
         try:
@@ -286,42 +430,40 @@ class KubeBinder:
                     self.core.create_namespaced_pod_eviction(
                         name, namespace, body, _preload_content=False
                     )
-                )
+                ),
+                busy=False,
             )
-            self.counters["evicted"] += 1
         except ApiException as exc:
-            if exc.status != 404:
+            if exc.status == 404:  # already gone: it holds nothing
+                self._gone(key)
+                return []
+            if exc.status != 429:
+                self.victims.evictions.pop(key, None)
                 log.error("eviction refused pod=%s status=%s", key, exc.status)
+                return []
+            return self._refused(key, node, offset, f"429 {_message(exc) or exc.reason}")
+        except _Unavailable as exc:
+            return self._refused(key, node, offset, f"API unavailable: {exc}")
+        self.victims.evictions.pop(key, None)
+        self.counters["evicted"] += 1
+        return []
+
+    def _refused(self, key: str, node: str, offset: int, why: str) -> list[Event]:
+        self.counters["evictions_refused"] += 1
+        waited = self.victims.refused(key, node, offset, why, self.clock())
+        attempts = self.victims.attempts(key)
+        if waited is None:
+            log.warning("eviction refused; retrying pod=%s attempt=%d error=%s", key, attempts, why)
+            return []
+        self.counters["evictions_given_up"] += 1
+        log.error("eviction given up pod=%s error=%s", key, why)
+        self.counters["bind_failed"] += len(waited)
+        return [self._failed(e, f"victim {key} could not be evicted: {why}") for e in waited]
 
     async def _warn(self, key: str, reason: str, message: str) -> None:
-        namespace, name = self._split(key)
-        now = datetime.datetime.now(datetime.UTC)
-        body = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(generate_name=f"{name}.", namespace=namespace),
-            # uid and apiVersion: what `kubectl describe pod` selects the pod's Events by
-            involved_object=client.V1ObjectReference(
-                api_version="v1",
-                kind="Pod",
-                name=name,
-                namespace=namespace,
-                uid=self.uids.get(key) or None,
-            ),
-            reason=reason,
-            message=message,
-            type="Warning",
-            source=client.V1EventSource(component="shoal"),
-            reporting_component="shoal",
-            first_timestamp=now,
-            last_timestamp=now,
-            count=1,
-        )
         try:
-            await self._retry(
-                lambda: self._raw(
-                    self.core.create_namespaced_event(namespace, body, _preload_content=False)
-                )
-            )
-            self.counters["events"] += 1
+            if await self.recorder.warn(key, self.uids.get(key, ""), reason, message):
+                self.counters["events"] += 1
         except ApiException as exc:
             log.warning("event not written pod=%s status=%s", key, exc.status)
 
@@ -340,6 +482,7 @@ class KubeBinder:
                         "podgroups",
                         name,
                         {"status": status},
+                        **AS_MERGE_PATCH,
                         _preload_content=False,
                     )
                 )
@@ -353,8 +496,6 @@ class KubeBinder:
 def _message(exc: ApiException) -> str:
     body = getattr(exc, "body", None)
     if isinstance(body, bytes | str):
-        import json
-
         try:
             data = json.loads(body)
             return str(data.get("message", ""))

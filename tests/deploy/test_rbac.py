@@ -5,7 +5,8 @@ API method that ``shards/kube/`` names (called, or handed on, as ingest hands it
 functions to a reflector) is looked up in kubernetes-asyncio's generated client, whose
 source holds the HTTP method and path of each; the path and method give the RBAC
 attributes the way the API server's request-info resolver does (``GET`` of a
-collection is ``list``, and also ``watch`` where the module watches with it; ``PUT`` is
+collection is ``list``, and also ``watch`` where the module watches with it (a
+``Watch`` stream, or a call with ``watch=True``); ``PUT`` is
 ``update``; a path segment after the object's name is a subresource). The only hand
 kept tables are which modules each component runs (checked against ``shards/serve.py``)
 and the calls that the metrics proxy, not shoal, makes.
@@ -32,7 +33,7 @@ VERBS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DEL
 
 MODULES = {
     "ingest": ["shards/kube/ingest.py", "shards/kube/lease.py"],
-    "binder": ["shards/kube/binder.py", "shards/kube/lease.py"],
+    "binder": ["shards/kube/binder.py", "shards/kube/recorder.py", "shards/kube/lease.py"],
     "coordinator": ["shards/kube/lease.py"],
     "shard": [],
 }
@@ -106,7 +107,15 @@ def _constant_args(tree: ast.AST, function: str, position: int) -> list[str]:
 def calls_in(source: str) -> set[Rule]:
     """The RBAC attributes of every API method ``source`` names."""
     tree = ast.parse(source)
-    watched = ".stream(" in source and "Watch" in source
+    # a module watches with its list calls: kubernetes-asyncio's Watch, or a raw call
+    # with watch=True (ingest reads its watch streams raw)
+    watched = (".stream(" in source and "Watch" in source) or any(
+        isinstance(node, ast.keyword)
+        and node.arg == "watch"
+        and isinstance(node.value, ast.Constant)
+        and node.value.value is True
+        for node in ast.walk(tree)
+    )
     parents: dict[ast.AST, ast.AST] = {
         child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)
     }
@@ -222,6 +231,8 @@ def test_the_calls_read_from_the_code_are_the_ones_expected() -> None:
         ("", "pods/binding", "create"),
         ("", "pods/eviction", "create"),
         ("", "events", "create"),
+        ("", "events", "patch"),
+        ("", "pods/status", "patch"),
         ("scheduling.x-k8s.io", "podgroups/status", "patch"),
     }
     assert needed("coordinator") == lease

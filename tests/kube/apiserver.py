@@ -1,25 +1,55 @@
 """An in-repo Kubernetes API server: the slice of the REST API shoal depends on.
 
-No kube-apiserver can be installed on these machines, so the Kubernetes adapter is
-tested with the real kubernetes-asyncio client against this server. It implements that
-slice faithfully to the API conventions:
+The adapter's fast tests run the real kubernetes-asyncio client against this server;
+the end-to-end tests also run against a real kube-apiserver v1.20 with etcd when one is
+built (``./dev kube build``; see ``tests/kube/realkube.py``), so that this imitation
+stays honest. It is faithful to the real server in what shoal depends on:
 
 - list (``GET``) returns the collection's ``resourceVersion``; objects carry theirs;
   ``fieldSelector`` supports ``=``, ``==`` and ``!=`` on ``metadata.name``,
-  ``metadata.namespace``, ``spec.nodeName``, ``spec.schedulerName``, ``status.phase``;
+  ``metadata.namespace``, ``spec.nodeName``, ``spec.schedulerName``, ``status.phase``
+  and, for Events, ``involvedObject.{kind,name,namespace,uid}``, ``reason``, ``type``;
 - watch (``?watch=true``) streams JSON lines (``ADDED``, ``MODIFIED``, ``DELETED``,
   ``BOOKMARK`` with ``allowWatchBookmarks``) from ``resourceVersion``; a version older
   than the retained history gets an ``ERROR`` event with a ``Status`` of code 410
   (``Expired``), as the real server does; ``timeoutSeconds`` ends the stream, after a
   bookmark;
-- ``metadata.generateName`` on create;
-- ``pods/binding`` (201; 409 if the pod is already bound, or is not the one whose
-  ``metadata.uid`` the Binding names; 404 if it does not exist),
-  ``pods/eviction`` (policy/v1; the pod is deleted), core/v1 ``events``, the
-  ``podgroups/status`` subresource (merge patch), ``coordination.k8s.io/v1`` Leases
-  with optimistic concurrency (409 on a stale ``resourceVersion``), and create, replace
-  and delete for the kinds tests need;
+- ``metadata.generateName``, ``uid`` and ``creationTimestamp`` on create;
+- ``PATCH`` on an object and on its ``status`` subresource honours the content type:
+  ``application/merge-patch+json``, ``application/strategic-merge-patch+json`` (core
+  kinds only: 415 for custom resources), ``application/json-patch+json`` (a list of
+  operations; an object body is 400 "cannot unmarshal object into Go value of type
+  jsonpatch.Patch"), 415 for anything else (``tests/kube/patch.py``). A patch of the
+  object keeps its ``status``; a patch of ``status`` changes nothing else (so a pod's
+  ``status.nominatedNodeName`` is written through ``pods/status``);
+- ``pods/binding`` (201; 409 if the pod is already bound or being deleted, or is not the
+  one whose ``metadata.uid`` the Binding names; 404 if it does not exist). The uid
+  check is what later releases do: v1.20 ignores the uid a Binding names;
+- ``pods/eviction`` as v1.20's: a pod that is Pending, finished or already terminating
+  is deleted without looking at budgets; otherwise the one PodDisruptionBudget
+  (``policy/v1beta1``) whose selector matches it must allow a disruption (its status is
+  written by the disruption controller, here by the test: ``observedGeneration`` behind
+  ``metadata.generation`` or ``disruptionsAllowed: 0`` is 429 TooManyRequests; two
+  budgets are 500); ``disruptionsAllowed`` is then decremented and the pod name put in
+  ``disruptedPods``;
+- deletion of a pod bound to a node and not finished is graceful, as the real server's:
+  it gets ``metadata.deletionTimestamp`` and ``deletionGracePeriodSeconds`` (from
+  ``spec.terminationGracePeriodSeconds``, 30 by default, or ``gracePeriodSeconds``)
+  and stays until a kubelet deletes it with a grace period of 0: there is no kubelet
+  here, so a test plays it (``remove()``), as it must against the real server;
+- core/v1 ``events`` as stored by the real server (the ``involvedObject`` namespace
+  must be the Event's: 422), patchable like any object (how a repeated Event's
+  ``count`` is bumped);
+- the ``podgroups/status`` subresource, ``coordination.k8s.io/v1`` Leases with
+  optimistic concurrency (409 on a stale ``resourceVersion``), and create, replace and
+  delete for the kinds tests need;
 - errors are ``Status`` objects with ``reason`` and ``code``.
+
+Where it is not faithful: no authentication or authorization (any token passes); no
+schema validation or defaulting beyond the above (a pod without containers is taken;
+``spec`` of a pod may be replaced); strategic merge patch merges lists as a merge patch
+does; ``resourceVersion`` is one counter for all kinds; no admission plugins, no
+garbage collection, no finalizers.
 
 Fault injection for tests: ``drop_watches()`` cuts every open watch mid-stream,
 ``garbage`` answers the next N requests with a body that is not JSON, ``compact()``
@@ -30,6 +60,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import datetime
 import json
 from collections import deque
 from collections.abc import Callable
@@ -37,6 +68,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+
+from tests.kube.patch import PatchError, apply_patch
 
 JSON = dict[str, Any]
 
@@ -62,6 +95,7 @@ KINDS = [
     Kind("scheduling.x-k8s.io", "v1alpha1", "podgroups", "PodGroup", True),
     Kind("scheduling.x-k8s.io", "v1alpha1", "elasticquotas", "ElasticQuota", True),
     Kind("coordination.k8s.io", "v1", "leases", "Lease", True),
+    Kind("policy", "v1beta1", "poddisruptionbudgets", "PodDisruptionBudget", True),
 ]
 FIELDS: dict[str, Callable[[JSON], str]] = {
     "metadata.name": lambda o: o.get("metadata", {}).get("name", ""),
@@ -69,11 +103,23 @@ FIELDS: dict[str, Callable[[JSON], str]] = {
     "spec.nodeName": lambda o: (o.get("spec") or {}).get("nodeName") or "",
     "spec.schedulerName": lambda o: (o.get("spec") or {}).get("schedulerName") or "",
     "status.phase": lambda o: (o.get("status") or {}).get("phase") or "",
+    "involvedObject.kind": lambda o: (o.get("involvedObject") or {}).get("kind") or "",
+    "involvedObject.name": lambda o: (o.get("involvedObject") or {}).get("name") or "",
+    "involvedObject.namespace": lambda o: (o.get("involvedObject") or {}).get("namespace") or "",
+    "involvedObject.uid": lambda o: (o.get("involvedObject") or {}).get("uid") or "",
+    "reason": lambda o: o.get("reason") or "",
+    "type": lambda o: o.get("type") or "",
 }
+DEFAULT_GRACE_SECONDS = 30
+"""A pod's ``spec.terminationGracePeriodSeconds`` when it names none (the API default)."""
 
 
-def status(code: int, reason: str, message: str) -> web.Response:
-    body = {
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def status(code: int, reason: str, message: str, causes: list[JSON] | None = None) -> web.Response:
+    body: JSON = {
         "kind": "Status",
         "apiVersion": "v1",
         "metadata": {},
@@ -82,6 +128,8 @@ def status(code: int, reason: str, message: str) -> web.Response:
         "reason": reason,
         "code": code,
     }
+    if causes:
+        body["details"] = {"causes": causes}
     return web.json_response(body, status=code)
 
 
@@ -149,6 +197,7 @@ class FakeApiServer:
             app.router.add_route("GET", item, self._handler(kind, "get"))
             app.router.add_route("PUT", item, self._handler(kind, "replace"))
             app.router.add_route("DELETE", item, self._handler(kind, "delete"))
+            app.router.add_route("PATCH", item, self._handler(kind, "patch"))
             app.router.add_route("PATCH", f"{item}/status", self._handler(kind, "status"))
         pods = "/api/v1/namespaces/{namespace}/pods/{name}"
         app.router.add_route("POST", f"{pods}/binding", self._binding)
@@ -222,6 +271,8 @@ class FakeApiServer:
         self.rv += 1
         meta["resourceVersion"] = str(self.rv)
         meta.setdefault("uid", f"uid-{kind.plural}-{meta['name']}-{self.rv}")
+        meta.setdefault("creationTimestamp", _now())
+        meta.setdefault("generation", 1)
         obj.setdefault("apiVersion", kind.api_version)
         obj.setdefault("kind", kind.kind)
         self.objects[kind.plural][key] = obj
@@ -262,9 +313,18 @@ class FakeApiServer:
                     return status(404, "NotFound", f'{kind.plural} "{name}" not found')
                 return web.json_response(obj)
             try:
-                body = await request.json() if verb in ("create", "replace", "status") else {}
+                body = await request.json() if request.can_read_body else {}
             except json.JSONDecodeError:
                 return status(400, "BadRequest", "the body is not JSON")
+            if verb in ("patch", "status"):
+                return self._patch(kind, verb, namespace, name, request.content_type, body)
+            if verb == "delete":
+                grace = request.query.get("gracePeriodSeconds")
+                if grace is None and isinstance(body, dict):
+                    grace = body.get("gracePeriodSeconds")
+                return self._delete(kind, namespace, name, None if grace is None else int(grace))
+            if not isinstance(body, dict):
+                return status(400, "BadRequest", "the body is not a JSON object")
             return self._write(kind, verb, namespace, name, body)
 
         return handle
@@ -300,6 +360,16 @@ class FakeApiServer:
                 return status(422, "Invalid", "metadata.name: Required value")
             if kind.namespaced:
                 meta["namespace"] = namespace
+            if kind.kind == "Event":
+                involved = (body.get("involvedObject") or {}).get("namespace")
+                if involved and involved != namespace:
+                    return status(
+                        422,
+                        "Invalid",
+                        f'Event "{meta["name"]}" is invalid: involvedObject.namespace: '
+                        f"Invalid value: {involved!r}: does not match event.namespace",
+                    )
+            meta.pop("uid", None)  # the server's to give
             if self._key(kind, namespace, meta["name"]) in store:
                 return status(
                     409, "AlreadyExists", f'{kind.plural} "{meta["name"]}" already exists'
@@ -310,8 +380,6 @@ class FakeApiServer:
         current = store.get(key)
         if current is None:
             return status(404, "NotFound", f'{kind.plural} "{name}" not found')
-        if verb == "delete":
-            return web.json_response(self.remove(kind.kind, name, namespace))
         if verb == "replace":
             stated = (body.get("metadata") or {}).get("resourceVersion")
             if stated and stated != current["metadata"]["resourceVersion"]:
@@ -323,9 +391,66 @@ class FakeApiServer:
                 )
             body.setdefault("metadata", {})["uid"] = current["metadata"].get("uid")
             return web.json_response(self.put(kind.kind, body))
-        merged = copy.deepcopy(current)
-        merged["status"] = {**(merged.get("status") or {}), **(body.get("status") or {})}
-        return web.json_response(self.put(kind.kind, merged))
+        return status(405, "MethodNotAllowed", f"{verb} is not supported")
+
+    def _patch(
+        self,
+        kind: Kind,
+        verb: str,
+        namespace: str | None,
+        name: str,
+        content_type: str,
+        body: Any,
+    ) -> web.Response:
+        """PATCH of the object (``verb == "patch"``: its status is kept) or of its status
+        subresource (only the status changes)."""
+        current = self.objects[kind.plural].get(self._key(kind, namespace, name))
+        if current is None:
+            return status(404, "NotFound", f'{kind.plural} "{name}" not found')
+        try:
+            patched = apply_patch(content_type, current, body, core=kind.group == "")
+        except PatchError as exc:
+            return status(exc.code, exc.reason, exc.message)
+        if not isinstance(patched, dict):
+            return status(422, "Invalid", "the patched object is not an object")
+        if verb == "status":
+            result = copy.deepcopy(current)
+            result["status"] = patched.get("status") or {}
+        else:
+            result = patched
+            result["metadata"] = {**(patched.get("metadata") or {})}
+            for field in ("name", "namespace", "uid", "creationTimestamp"):
+                if field in current["metadata"]:
+                    result["metadata"][field] = current["metadata"][field]
+                else:
+                    result["metadata"].pop(field, None)
+            if kind.kind in ("Pod", "Node", "PodGroup", "ElasticQuota"):
+                result["status"] = copy.deepcopy(current.get("status") or {})
+        return web.json_response(self.put(kind.kind, result))
+
+    def _delete(
+        self, kind: Kind, namespace: str | None, name: str, grace: int | None
+    ) -> web.Response:
+        """Delete an object; a pod bound to a node and not finished gracefully (it gets a
+        ``deletionTimestamp`` and stays until deleted with a grace period of 0)."""
+        current = self.objects[kind.plural].get(self._key(kind, namespace, name))
+        if current is None:
+            return status(404, "NotFound", f'{kind.plural} "{name}" not found')
+        if kind.kind == "Pod":
+            spec = current.get("spec") or {}
+            if grace is None:
+                grace = spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
+            phase = (current.get("status") or {}).get("phase")
+            if spec.get("nodeName") and phase not in ("Succeeded", "Failed") and grace:
+                meta = current["metadata"]
+                if meta.get("deletionTimestamp"):
+                    return web.json_response(copy.deepcopy(current))
+                terminating = copy.deepcopy(current)
+                when = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=grace)
+                terminating["metadata"]["deletionTimestamp"] = when.strftime("%Y-%m-%dT%H:%M:%SZ")
+                terminating["metadata"]["deletionGracePeriodSeconds"] = grace
+                return web.json_response(self.put("Pod", terminating))
+        return web.json_response(self.remove(kind.kind, name, namespace))
 
     async def _watch(
         self, request: web.Request, kind: Kind, namespace: str | None
@@ -418,6 +543,13 @@ class FakeApiServer:
                 f'Operation cannot be fulfilled on pods/binding "{name}": Precondition failed: '
                 f"UID in precondition: {wanted_uid}, UID in object meta: {uid}",
             )
+        if pod["metadata"].get("deletionTimestamp"):
+            return status(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} is being '
+                "deleted, cannot be assigned to a host",
+            )
         bound = (pod.get("spec") or {}).get("nodeName")
         if bound:
             return status(
@@ -432,8 +564,96 @@ class FakeApiServer:
         return created()
 
     async def _eviction(self, request: web.Request) -> web.Response:
+        """``pods/eviction`` as v1.20's ``EvictionREST.Create`` (see the module's doc)."""
         namespace, name = request.match_info["namespace"], request.match_info["name"]
-        if (namespace, name) not in self.objects["pods"]:
+        try:
+            body = await request.json()
+            named = (body.get("metadata") or {}).get("name")
+        except (json.JSONDecodeError, AttributeError):
+            return status(400, "BadRequest", "an Eviction needs metadata.name")
+        if named != name:
+            return status(400, "BadRequest", "name in URL does not match name in Eviction object")
+        pod = self.objects["pods"].get((namespace, name))
+        if pod is None:
             return status(404, "NotFound", f'pods "{name}" not found')
-        self.remove("Pod", name, namespace)
+        phase = (pod.get("status") or {}).get("phase") or "Pending"
+        if phase in ("Pending", "Succeeded", "Failed") or pod["metadata"].get("deletionTimestamp"):
+            self._delete(_POD, namespace, name, None)
+            return created()
+        labels = pod["metadata"].get("labels") or {}
+        budgets = [
+            b
+            for (ns, _), b in self.objects["poddisruptionbudgets"].items()
+            if ns == namespace and _selects((b.get("spec") or {}).get("selector"), labels)
+        ]
+        if len(budgets) > 1:
+            return status(
+                500,
+                "InternalError",
+                "This pod has more than one PodDisruptionBudget, which the eviction "
+                "subresource does not support.",
+            )
+        if budgets:
+            refusal = self._take_disruption(budgets[0], pod)
+            if refusal is not None:
+                return refusal
+        self._delete(_POD, namespace, name, None)
         return created()
+
+    def _take_disruption(self, budget: JSON, pod: JSON) -> web.Response | None:
+        """Check and decrement ``budget`` for evicting ``pod``, or the 429 that refuses."""
+        budget_name = budget["metadata"]["name"]
+        state = budget.get("status") or {}
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in (pod.get("status") or {}).get("conditions") or []
+        )
+        desired = int(state.get("desiredHealthy") or 0)
+        if not ready and int(state.get("currentHealthy") or 0) >= desired > 0:
+            return None
+        message = "Cannot evict pod as it would violate the pod's disruption budget."
+        if int(state.get("observedGeneration") or 0) < int(budget["metadata"].get("generation", 1)):
+            why = f"The disruption budget {budget_name} is still being processed by the server."
+            return status(
+                429, "TooManyRequests", message, [{"type": "DisruptionBudget", "message": why}]
+            )
+        allowed = int(state.get("disruptionsAllowed") or 0)
+        if allowed < 0:
+            return status(403, "Forbidden", "pdb disruptions allowed is negative")
+        if allowed == 0:
+            why = (
+                f"The disruption budget {budget_name} needs {desired} healthy pods and has "
+                f"{int(state.get('currentHealthy') or 0)} currently"
+            )
+            return status(
+                429, "TooManyRequests", message, [{"type": "DisruptionBudget", "message": why}]
+            )
+        budget = copy.deepcopy(budget)
+        state = budget.setdefault("status", {})
+        state["disruptionsAllowed"] = allowed - 1
+        state.setdefault("disruptedPods", {})[pod["metadata"]["name"]] = _now()
+        self.put("PodDisruptionBudget", budget)
+        return None
+
+
+_POD = next(k for k in KINDS if k.kind == "Pod")
+
+
+def _selects(selector: Any, labels: dict[str, str]) -> bool:
+    """A label selector (``matchLabels`` and ``matchExpressions``) matches ``labels``."""
+    if not isinstance(selector, dict):
+        return False
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and labels.get(key) in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True

@@ -44,7 +44,9 @@ def pod(
     labels: dict[str, str] | None = None,
     priority_class: str = "",
 ) -> dict[str, Any]:
-    spec: dict[str, Any] = {"containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}]}
+    spec: dict[str, Any] = {
+        "containers": [{"name": "c", "image": "pause", "resources": {"requests": {"cpu": "1"}}}]
+    }
     if node_name:
         spec["nodeName"] = node_name
     if scheduler:
@@ -386,3 +388,42 @@ async def test_a_watch_with_data_buffered_yields_to_the_other_tasks() -> None:
     assert version == "200" and len(seen) == 200
     # the other task ran between events all along, not only once the stream was read
     assert seen[100] >= 50 and seen[-1] >= 150, (seen[:5], seen[-5:])
+
+
+@pytest.mark.real_kube
+async def test_the_built_in_system_priority_classes_are_taken(
+    apiserver: FakeApiServer, api: Any
+) -> None:
+    """Every cluster has them, with values above the user limit: no rejection on start.
+    A user class may not take their prefix: the real server refuses one (422), and
+    ingest refuses one the in-repo server lets through."""
+    for name, value in [
+        ("system-node-critical", 2000001000),
+        ("system-cluster-critical", 2000000000),
+    ]:
+        apiserver.put("PriorityClass", {"metadata": {"name": name}, "value": value})
+    fake = isinstance(apiserver, FakeApiServer)
+    if fake:
+        apiserver.put("PriorityClass", {"metadata": {"name": "system-mine"}, "value": 5})
+    apiserver.put("Pod", pod("critical", priority_class="system-node-critical"))
+    log = MemoryLog()
+    ingest = KubeIngest(api, log, watch_seconds=1)
+    stop = asyncio.Event()
+    task = asyncio.create_task(ingest.run(stop))
+    await asyncio.wait_for(ingest.synced(), 5)
+    await eventually(lambda: any(isinstance(e.event, PodSubmitted) for e in log._parts[0]))
+    assert ingest.classes["system-node-critical"] == 2000001000
+    assert ingest.rejected == (
+        [
+            "PriorityClass system-mine: metadata.name: the prefix system- is reserved for the "
+            "built-in classes system-cluster-critical (2000000000), system-node-critical "
+            "(2000001000)"
+        ]
+        if fake
+        else []
+    )
+    (submitted,) = [e.event for e in log._parts[0] if isinstance(e.event, PodSubmitted)]
+    assert submitted.pod.priority == 2000001000
+    stop.set()
+    apiserver.drop_watches()
+    await asyncio.wait_for(task, 10)

@@ -1,0 +1,158 @@
+"""The binder and ingest under exactly the permissions deploy/rbac.yaml grants them, on a
+real kube-apiserver with ``--authorization-mode=RBAC`` (tests/kube/realkube.py):
+everything they do in a run with a gang, a pod that cannot fit, and a preemption is
+allowed, and what they are not granted is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+
+import pytest
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from engine.engine import Engine
+from events.memory import MemoryLog
+from shards.kube.binder import KubeBinder
+from shards.kube.client import api_client
+from shards.kube.ingest import KubeIngest
+from shards.kube.lease import LeaderElector
+from shards.replay import replay
+from shards.worker import ShardWorker
+from tests.deploy.test_manifests import DEPLOY, render
+from tests.kube.realkube import RealApiServer, missing
+from tests.kube.test_ingest import eventually, node, pod
+
+RBAC_KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount")
+
+
+@pytest.fixture(scope="module")
+def rbac_apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealApiServer]:
+    why = missing()
+    if why is not None:
+        if os.environ.get("SHOAL_REAL_KUBE") == "1":
+            pytest.fail(f"SHOAL_REAL_KUBE=1 but {why}")
+        pytest.skip(why)
+    server = RealApiServer(tmp_path_factory.mktemp("realkube-rbac"), authorization="RBAC")
+    server.start()
+    try:
+        for doc in render(DEPLOY):
+            if doc["kind"] in RBAC_KINDS:
+                server.apply(doc)
+        yield server
+    finally:
+        server.stop()
+
+
+def _node_of(server: RealApiServer, name: str) -> str | None:
+    found = server.get("Pod", name, "default") or {}
+    return (found.get("spec") or {}).get("nodeName")
+
+
+async def test_binder_and_ingest_need_nothing_beyond_their_roles(
+    rbac_apiserver: RealApiServer,
+) -> None:
+    server = rbac_apiserver
+    server.put("PriorityClass", {"metadata": {"name": "low"}, "value": 100})
+    server.put("PriorityClass", {"metadata": {"name": "high"}, "value": 1000})
+    server.put("Node", node("n1", cpu="4"))
+    server.put(
+        "PodGroup",
+        {
+            "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+            "metadata": {"name": "job", "namespace": "default"},
+            "spec": {"minMember": 2},
+        },
+    )
+    for name in ("w0", "w1"):
+        server.put("Pod", pod(name, labels={"scheduling.x-k8s.io/pod-group": "job"}))
+    for name in ("low-0", "low-1"):
+        server.put("Pod", pod(name, priority_class="low"))
+    too_big = pod("too-big")
+    too_big["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "64"
+    server.put("Pod", too_big)
+
+    ingest_api = await api_client(
+        kubeconfig=server.kubeconfig_for("ingest", "ingest-token-0123456789")
+    )
+    binder_api = await api_client(
+        kubeconfig=server.kubeconfig_for("binder", "binder-token-0123456789")
+    )
+    log = MemoryLog()
+    stop = asyncio.Event()
+    ingest = KubeIngest(ingest_api, log, watch_seconds=1)
+    worker = ShardWorker(Engine(), log)
+    binder = KubeBinder(binder_api, log, initial_backoff=0.01)
+
+    async def loop() -> None:
+        while not stop.is_set():
+            await worker.poll()
+            await binder.poll()
+            await asyncio.sleep(0.02)
+
+    tasks = [asyncio.create_task(ingest.run(stop)), asyncio.create_task(loop())]
+    try:
+        for role, api in (("ingest", ingest_api), ("binder", binder_api)):
+            leader = LeaderElector(api, namespace="shoal", name=f"shoal-{role}", identity="a")
+            assert await leader.try_acquire_or_renew()  # create
+            assert await leader.try_acquire_or_renew()  # get and update
+        await eventually(
+            lambda: all(_node_of(server, n) == "n1" for n in ("w0", "w1", "low-0", "low-1")),
+            timeout=60,
+        )
+        await eventually(
+            lambda: (
+                ((server.get("PodGroup", "job", "default") or {}).get("status") or {}).get(
+                    "scheduled"
+                )
+                == 2
+            ),
+            timeout=60,
+        )
+
+        def warned(times: int) -> bool:
+            events = [e for e in server.all("Event") if e["involvedObject"]["name"] == "too-big"]
+            return len(events) == 1 and int(events[0].get("count") or 0) >= times
+
+        await eventually(lambda: warned(1), timeout=60)  # created
+        # the engine tries it again only on a change that could make it fit; the
+        # binder's next FailedScheduling for it, under the binder's own permissions:
+        await binder._warn("default/too-big", "FailedScheduling", "still too big")
+        assert warned(2)  # patched
+        urgent = pod("urgent", priority_class="high")
+        urgent["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "2"
+        server.put("Pod", urgent)
+
+        def nominated() -> bool:
+            found = server.get("Pod", "urgent", "default") or {}
+            return (found.get("status") or {}).get("nominatedNodeName") == "n1"
+
+        await eventually(nominated, timeout=60)
+        assert _node_of(server, "urgent") is None
+        for name in ("low-0", "low-1"):
+            found = server.get("Pod", name, "default") or {}
+            if found.get("metadata", {}).get("deletionTimestamp"):
+                server.remove("Pod", name, "default")  # the kubelet, done with a victim
+        await eventually(lambda: _node_of(server, "urgent") == "n1", timeout=60)
+        # and nothing beyond: the binder may not delete a pod, ingest may not bind one
+        with pytest.raises(ApiException) as refused:
+            await client.CoreV1Api(binder_api).delete_namespaced_pod("w0", "default")
+        assert refused.value.status == 403
+        body = client.V1Binding(
+            metadata=client.V1ObjectMeta(name="too-big", namespace="default"),
+            target=client.V1ObjectReference(kind="Node", name="n1"),
+        )
+        with pytest.raises(ApiException) as refused:
+            await client.CoreV1Api(ingest_api).create_namespaced_pod_binding(
+                "too-big", "default", body
+            )
+        assert refused.value.status == 403
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        await ingest_api.close()
+        await binder_api.close()
+    assert replay(await log.read(0, 0), verify=True).mismatch is None
+    assert binder.counters["bind_failed"] == 0, binder.stats()
