@@ -305,6 +305,13 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--watch-seconds", type=positive, default=30)
     srv.add_argument("--lease-seconds", type=positive, default=15)
     srv.add_argument(
+        "--bind-in-flight",
+        type=positive,
+        default=16,
+        metavar="N",
+        help="bindings the binder sends at once, at most (16)",
+    )
+    srv.add_argument(
         "--stuck-after",
         type=positive,
         default=120,
@@ -387,6 +394,7 @@ async def _serve(args: argparse.Namespace) -> int:
         watch_seconds=args.watch_seconds,
         lease_seconds=args.lease_seconds,
         stuck_after=args.stuck_after,
+        bind_in_flight=args.bind_in_flight,
         **({"identity": args.identity} if args.identity else {}),
     )
     return await serve(options)

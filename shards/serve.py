@@ -96,6 +96,8 @@ class ServeOptions:
     watch_seconds: int = 30
     lease_seconds: int = 15
     stale_after: float = 10.0
+    bind_in_flight: int = 16
+    """Bindings the binder sends at once, at most."""
     stuck_after: float = 120.0
     """``/healthz`` fails once a running role has made no progress for this long (a
     bus down, a record that crashes it again and again), so that Kubernetes restarts
@@ -389,7 +391,13 @@ class Service:
                 work = asyncio.create_task(self._coordinate(lost))
             else:
                 self.binders = [
-                    KubeBinder(api, self.bus, partition=p, clock=self.clock)
+                    KubeBinder(
+                        api,
+                        self.bus,
+                        partition=p,
+                        clock=self.clock,
+                        in_flight=self.options.bind_in_flight,
+                    )
                     for p in range(max(self.partitions - 1, 1))
                 ]
                 for binder in self.binders:

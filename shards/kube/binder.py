@@ -43,7 +43,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 import aiohttp
 from kubernetes_asyncio import client
@@ -101,7 +101,13 @@ class KubeBinder:
         eviction_attempts: int = 10,
         eviction_backoff: float = 1.0,
         recheck_seconds: float = 1.0,
+        in_flight: int = 16,
     ) -> None:
+        if in_flight < 1:
+            raise ValueError("in_flight must be at least 1")
+        self.in_flight = in_flight
+        """Bindings sent at once, at most (the API server answers each in milliseconds:
+        one at a time, they cap the binder at a few hundred pods a second)."""
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.log = log_
@@ -207,15 +213,39 @@ class KubeBinder:
             log.warning("record skipped partition=%d offset=%d: %s", self.partition, offset, reason)
         out: list[Envelope] = []
         applied = False
+        binding: list[Envelope] = []
+
+        async def flush() -> None:
+            # the bindings collected, sent together; each finished before anything after
+            # them in the log is applied
+            results = await asyncio.gather(
+                *(self._apply(env) for env in binding), return_exceptions=True
+            )
+            for env, caused in zip(binding, results, strict=True):
+                if isinstance(caused, BaseException):
+                    raise caused
+                out.extend(
+                    Envelope(event=e, time=self.clock(), causation=env.offset, producer="binder")
+                    for e in caused
+                )
+            binding.clear()
+
         for env in records:
             if isinstance(env.event, PositionRecorded):
                 continue
             applied = applied or env.producer.startswith("shard-")
+            if self._independent(env, binding):
+                binding.append(env)
+                if len(binding) >= self.in_flight:
+                    await flush()
+                continue
+            await flush()
             caused = await self._apply(env)
             out.extend(
                 Envelope(event=e, time=self.clock(), causation=env.offset, producer="binder")
                 for e in caused
             )
+        await flush()
         due = await self._due()
         out.extend(Envelope(event=e, time=self.clock(), producer="binder") for e in due)
         if not records and not due:
@@ -238,6 +268,17 @@ class KubeBinder:
         # every action here is idempotent (a repeated binding is recognised)
         self.position = position
         return sum(1 for e in out if not isinstance(e.event, PositionRecorded))
+
+    def _independent(self, env: Envelope, binding: list[Envelope]) -> bool:
+        """Whether ``env`` is a binding that may be sent with ``binding``: a shard's
+        ``PodBound`` onto a node no eviction holds, of a pod none of them binds."""
+        event = env.event
+        return (
+            isinstance(event, PodBound)
+            and env.producer.startswith("shard-")
+            and not self.victims.holds(event.node)
+            and all(cast(PodBound, other.event).pod != event.pod for other in binding)
+        )
 
     async def run(self, stop: asyncio.Event, interval: float = 0.05) -> None:
         while not stop.is_set():

@@ -170,6 +170,11 @@ class FakeApiServer:
         self._oldest = 1
         self._watches: list[_Watch] = []
         self.garbage = 0
+        self.binding_seconds = 0.0
+        """How long a binding takes to answer (a real server: a few milliseconds, an
+        etcd write); bindings in flight at once are counted in ``bindings_at_once``."""
+        self.bindings_in_flight = 0
+        self.bindings_at_once = 0
         self.requests: list[tuple[str, str]] = []
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -525,6 +530,16 @@ class FakeApiServer:
         return response
 
     async def _binding(self, request: web.Request) -> web.Response:
+        self.bindings_in_flight += 1
+        self.bindings_at_once = max(self.bindings_at_once, self.bindings_in_flight)
+        try:
+            if self.binding_seconds:
+                await asyncio.sleep(self.binding_seconds)
+            return await self._bind(request)
+        finally:
+            self.bindings_in_flight -= 1
+
+    async def _bind(self, request: web.Request) -> web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
         pod = self.objects["pods"].get((namespace, name))
         if pod is None:

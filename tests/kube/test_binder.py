@@ -383,3 +383,28 @@ async def test_a_gang_deleted_and_applied_again_is_bound_again(
         group = worker.engine.groups["default/job"]
         assert group.spec is not None and group.spec.uid not in ("", old)
         assert group.phase == "Scheduled"
+
+
+@pytest.mark.parametrize("in_flight", [1, 16])
+async def test_bindings_go_out_together_up_to_a_bound(
+    apiserver: FakeApiServer, api: Any, in_flight: int
+) -> None:
+    """A binding takes the server a while (an etcd write): the binder sends up to
+    ``in_flight`` at once instead of one after another, never more, and each pod is
+    bound once."""
+    apiserver.binding_seconds = 0.02
+    names = [f"p{i}" for i in range(48)]
+    for name in names:
+        apiserver.put("Pod", pod(name))
+    log = MemoryLog()
+    binder = KubeBinder(api, log, initial_backoff=0.01, in_flight=in_flight)
+    await log.append(
+        [decision(PodBound(pod=f"default/{n}", node="n1", decision_id=n, attempt=1)) for n in names]
+    )
+    assert await binder.poll() == 0  # nothing failed
+    assert binder.counters["bound"] == len(names)
+    assert all(apiserver.get("Pod", n, "default")["spec"]["nodeName"] == "n1" for n in names)
+    if in_flight == 1:
+        assert apiserver.bindings_at_once == 1
+    else:
+        assert 1 < apiserver.bindings_at_once <= in_flight
