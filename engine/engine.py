@@ -126,8 +126,12 @@ class Engine(ShardModel):
                 return  # replay reports it (``recorded_config``); the fold keeps going
         if config == self.config:
             return
+        try:
+            profiles = Profiles(config, self._registry, self)
+        except InputError:
+            return  # names a plugin this process has not loaded: the profiles stay
         self.config = config
-        self.profiles = self.hints = Profiles(config, self._registry, self)
+        self.profiles = self.hints = profiles
         self.queue.initial_backoff = config.initial_backoff_seconds * SECOND
         self.queue.max_backoff = config.max_backoff_seconds * SECOND
         self.retired.window = config.retention_seconds * SECOND

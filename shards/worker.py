@@ -112,6 +112,7 @@ class ShardWorker:
         keep beyond their decisions (reasons already said, back-off) is as it was.
         Decisions that were computed but never appended are computed again by the
         first poll."""
+        from shards.plugins import for_config
         from shards.replay import Resume, replay
 
         name = f"shard-{shard}"
@@ -120,7 +121,9 @@ class ShardWorker:
         if found is not None:
             parts = [e.event for e in found if isinstance(e.event, SnapshotTaken)]
             try:
-                engine = restore(assemble(parts), config, shard=shard)
+                engine = restore(
+                    assemble(parts), config, shard=shard, registry=for_config(config).registry
+                )
                 resume = Resume(engine, parts[0].position)
             except SnapshotError as exc:
                 logger.warning(
