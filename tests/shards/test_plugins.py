@@ -1,0 +1,200 @@
+"""User plugins from another package: ``examples/plugins`` installed into this venv
+(``pip install -e``, once: skipped while it is installed), then ``shoal`` run in fresh
+processes, as a user runs it. The same placements at 1 and 2 shards, ``replay
+--verify`` passing, the plugins recorded in the log, and exit 2 with one line for a
+plugin that is missing, of another version, or given bad args."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from importlib.metadata import PackageNotFoundError, distribution
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from events.filelog import FileLog
+from events.types import Envelope, PluginUsed, SchedulerConfigured
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "plugins"
+CLUSTER = str(EXAMPLE / "cluster.yaml")
+CONFIG = str(EXAMPLE / "config.yaml")
+DIST = "shoal-example-plugins"
+LEAVES = {"hpc/slurm-2": "leaf-b", "hpc/slurm-3": "leaf-c", "hpc/slurm-4": "leaf-a"}
+
+
+@pytest.fixture(scope="module")
+def installed() -> str:
+    """The example package's version, installed (editable) into this interpreter's
+    environment if it is not yet (entry points are read from installed metadata)."""
+    try:
+        dist = distribution(DIST)
+    except PackageNotFoundError:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", str(EXAMPLE)],
+            check=True,
+            timeout=600,
+            capture_output=True,
+        )
+        dist = distribution(DIST)
+    return dist.version
+
+
+def shoal(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "shards.cli", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+def simulate(tmp_path: Path, shards: int, config: str = CONFIG) -> tuple[dict[str, Any], Path]:
+    log = tmp_path / f"run-{shards}.events"
+    proc = shoal(
+        "simulate",
+        CLUSTER,
+        "--config",
+        config,
+        "--shards",
+        str(shards),
+        "--json",
+        "--log",
+        str(log),
+    )
+    assert proc.returncode == 0, proc.stderr
+    data: dict[str, Any] = json.loads(proc.stdout)
+    return data, log
+
+
+def leaf_of(node: str) -> str:
+    return f"leaf-{node[4]}" if node.startswith("gpu-") else ""
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_the_example_plugins_place_gangs_by_leaf_and_pods_by_speed(
+    installed: str, tmp_path: Path, shards: int
+) -> None:
+    data, log = simulate(tmp_path, shards)
+    pods = data["pods"]
+    assert all(p["phase"] == "Bound" for p in pods.values()), pods
+    for gang, leaf in LEAVES.items():
+        members = [p for key, p in pods.items() if key.startswith(gang + "-")]
+        assert members and {leaf_of(p["node"]) for p in members} == {leaf}, (gang, members)
+    assert {pods[f"data/fetch-{i}"]["node"] for i in range(3)} == {"cpu-1"}
+    verified = shoal("replay", str(log), "--verify")
+    assert verified.returncode == 0, verified.stderr
+    assert "verified:" in verified.stdout
+
+
+def test_one_and_two_shards_place_every_pod_alike(installed: str, tmp_path: Path) -> None:
+    """leaf-b straddles the two shards: summarised per shard, the gang of 2 would go
+    to one shard and be split over two leaves; the coordinator decides it instead."""
+    one, _ = simulate(tmp_path, 1)
+    two, _ = simulate(tmp_path, 2)
+    assert {k: p["node"] for k, p in one["pods"].items()} == {
+        k: p["node"] for k, p in two["pods"].items()
+    }
+
+
+def _rewrite(source: Path, target: Path, plugins: tuple[PluginUsed, ...]) -> None:
+    async def go() -> None:
+        src = FileLog(str(source), readonly=True)
+        records = await src.read(0, 0)
+        await src.close()
+        out: list[Envelope] = []
+        for env in records:
+            event = env.event
+            if isinstance(event, SchedulerConfigured):
+                event = msgspec.structs.replace(event, plugins=plugins)
+            out.append(msgspec.structs.replace(env, event=event))
+        dst = FileLog(str(target))
+        await dst.append(out)
+        await dst.close()
+
+    asyncio.run(go())
+
+
+def _recorded(path: Path) -> tuple[PluginUsed, ...]:
+    async def go() -> tuple[PluginUsed, ...]:
+        log = FileLog(str(path), readonly=True)
+        try:
+            for env in await log.read(log.partitions - 1, 0):
+                if isinstance(env.event, SchedulerConfigured):
+                    return env.event.plugins
+            return ()
+        finally:
+            await log.close()
+
+    return asyncio.run(go())
+
+
+def test_the_log_records_the_plugins_and_verify_refuses_others(
+    installed: str, tmp_path: Path
+) -> None:
+    _, log = simulate(tmp_path, 1)
+    recorded = _recorded(log)
+    assert recorded == (
+        PluginUsed(name="LeafPod", distribution=DIST, version=installed),
+        PluginUsed(name="NetworkSpeed", distribution=DIST, version=installed),
+    )
+    _, routed = simulate(tmp_path, 2)
+    assert _recorded(routed) == recorded
+    older = tmp_path / "older.events"
+    other = (PluginUsed(name="LeafPod", distribution=DIST, version="0.0.1"), recorded[1])
+    _rewrite(log, older, other)
+    proc = shoal("replay", str(older), "--verify")
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert (
+        f"cannot verify: the run used plugin 'LeafPod' from {DIST} 0.0.1; installed: "
+        f"{DIST} {installed}" in proc.stderr
+    )
+    plain = shoal("replay", str(older))  # without --verify: a note, and the report
+    assert plain.returncode == 0, plain.stderr
+    assert "note: the run used plugin 'LeafPod'" in plain.stderr
+    gone = tmp_path / "gone.events"
+    _rewrite(log, gone, (*recorded, PluginUsed(name="Gone", distribution="gone", version="1")))
+    proc = shoal("replay", str(gone), "--verify")
+    assert proc.returncode == 2
+    assert "the run used plugin 'Gone' from gone 1, which is not installed" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ("minimumMbps: fast", "args.minimumMbps: Expected `int`, got `str`"),
+        ("minimumMbps: -1", "args: minimumMbps must not be negative"),
+        ("speed: 3", "args: Object contains unknown field `speed`"),
+    ],
+)
+def test_bad_plugin_args_exit_2_naming_file_document_and_field(
+    installed: str, tmp_path: Path, args: str, message: str
+) -> None:
+    text = Path(CONFIG).read_text().replace("minimumMbps: 10000", args)
+    config = tmp_path / "config.yaml"
+    config.write_text(text)
+    proc = shoal("simulate", CLUSTER, "--config", str(config))
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert (
+        f"{config}: document 1 (KubeSchedulerConfiguration): profile 'network-scheduler': "
+        f"plugin NetworkSpeed: {message}" in proc.stderr
+    )
+
+
+def test_a_plugin_not_installed_exits_2_naming_it(installed: str, tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(Path(CONFIG).read_text().replace("LeafPod", "LeafPods"))
+    proc = shoal("simulate", CLUSTER, "--config", str(config))
+    assert proc.returncode == 2
+    assert (
+        "profiles[0].plugins.multiPoint.enabled[0].name: unknown plugin 'LeafPods'" in proc.stderr
+    )
