@@ -116,7 +116,9 @@ class Engine(ShardModel):
 
     def configured(self, event: SchedulerConfigured) -> None:
         """A configuration recorded in the log (a service restarted with a new one):
-        profiles and back-off follow it; the cluster state stays."""
+        profiles and back-off follow it; the cluster state stays. One naming a plugin
+        the registry lacks raises an :class:`InputError` naming it (the component that
+        runs the engine loads the plugins the log's configurations name)."""
         if not event.config:
             config = default_config()
         else:
@@ -126,12 +128,8 @@ class Engine(ShardModel):
                 return  # replay reports it (``recorded_config``); the fold keeps going
         if config == self.config:
             return
-        try:
-            profiles = Profiles(config, self._registry, self)
-        except InputError:
-            return  # names a plugin this process has not loaded: the profiles stay
         self.config = config
-        self.profiles = self.hints = profiles
+        self.profiles = self.hints = Profiles(config, self._registry, self)
         self.queue.initial_backoff = config.initial_backoff_seconds * SECOND
         self.queue.max_backoff = config.max_backoff_seconds * SECOND
         self.retired.window = config.retention_seconds * SECOND

@@ -18,12 +18,13 @@ one line with exit status 2, to verify with one missing or of another version.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Final
 
-from engine.config import SchedulerConfig
+from engine.config import SchedulerConfig, parse_config
 from engine.framework.registry import Registry
 from engine.framework.userplugins import plugin_factory
 from engine.plugins.registry import builtin_registry
@@ -129,6 +130,22 @@ def for_config(config: SchedulerConfig | None) -> Plugins:
     return load(names, {name: _field_naming(source, name) for name in names})
 
 
+def for_records(records: Iterable[Envelope], config: SchedulerConfig | None = None) -> Plugins:
+    """The plugins ``config`` and every configuration recorded in ``records`` name (a
+    service restarted with another configuration records it again)."""
+    names = named_in(config)
+    for env in records:
+        event = env.event
+        if isinstance(event, SchedulerConfigured):
+            names.extend(p.name for p in event.plugins)
+            if event.config:
+                try:
+                    names.extend(named_in(parse_config(json.loads(event.config), "recorded")))
+                except (ValueError, InputError):
+                    continue  # replay reports it (``recorded_config``)
+    return load(names)
+
+
 def installed() -> Plugins:
     """Every user plugin installed: for a component that learns its configuration from
     the log (the coordinator of ``shoal worker``)."""
@@ -150,11 +167,11 @@ def for_replay(
     its configuration is in, and those ``config`` names), and how the installed ones
     differ from those it recorded. With ``verify`` a difference is an
     :class:`InputError` (exit 2): the decisions could differ for that reason alone."""
-    recorded = recorded_in(inputs)
-    differ = differences(recorded)
+    inputs = list(inputs)
+    differ = differences(recorded_in(inputs))
     if differ and verify:
         raise InputError(f"cannot verify: {differ[0]}", location="replay --verify")
-    return load([*named_in(config), *(p.name for p in recorded)]), differ
+    return for_records(inputs, config), differ
 
 
 def differences(recorded: Iterable[PluginUsed]) -> list[str]:

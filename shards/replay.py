@@ -189,7 +189,7 @@ def replay(
     if config is None and resume is None:
         config = recorded_config(records)
     if registry is None and resume is None:
-        registry = plugins.for_config(config).registry
+        registry = plugins.for_records(records, config).registry
     engine = resume.engine if resume is not None else Engine(config, shard=shard, registry=registry)
     start = resume.position if resume is not None else 0
     engine.explain = explain
@@ -311,7 +311,7 @@ def verify_control(
     if sharding.protocol != PROTOCOL:
         return 0, 0, 0, _unverifiable(sharding.protocol)
     if registry is None:
-        registry = plugins.for_config(config or recorded_config(control_records)).registry
+        registry = plugins.for_records(control_records, config).registry
     coordinator = Coordinator(sharding, config, registry)
     if into is not None:
         into.coordinator = coordinator

@@ -110,11 +110,10 @@ class Coordinator:
         config: SchedulerConfig | None = None,
         registry: Registry | None = None,
     ) -> None:
-        """``registry``: the plugins (default: the built-ins and the user plugins
-        ``config`` names, or without one every user plugin installed, as the
-        configuration comes from the log)."""
+        """``registry``: the plugins (default: the built-ins and every user plugin
+        installed, for the configurations the log records may name any)."""
         if registry is None:
-            registry = (plugins.for_config(config) if config else plugins.installed()).registry
+            registry = plugins.installed().registry
         self.sharding = sharding
         self.n = sharding.shards
         self.control = sharding.shards

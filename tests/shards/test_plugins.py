@@ -10,15 +10,30 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
+import yaml
 
+from engine.model.pools import Sharding
 from events.filelog import FileLog
-from events.types import Envelope, PluginUsed, SchedulerConfigured
+from events.remote import LogServer, RemoteLog
+from events.types import (
+    SECOND,
+    Envelope,
+    Event,
+    PluginUsed,
+    PodBound,
+    PodSubmitted,
+    SchedulerConfigured,
+    ShardingConfigured,
+)
+from shards.inputs.scenario import load_scenario
+from tests.shards.fleet import Fleet, bound_at_least
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "plugins"
@@ -198,3 +213,66 @@ def test_a_plugin_not_installed_exits_2_naming_it(installed: str, tmp_path: Path
     assert (
         "profiles[0].plugins.multiPoint.enabled[0].name: unknown plugin 'LeafPods'" in proc.stderr
     )
+
+
+async def test_worker_processes_load_the_plugins_and_place_alike(
+    installed: str, tmp_path: Path
+) -> None:
+    """``shoal worker`` (coordinator, two shards, binder) learns the configuration from
+    the log and loads the plugins it names: the placements of ``simulate``, and a log
+    that ``replay --verify`` passes."""
+    expected, _ = simulate(tmp_path, 2)
+    scenario = load_scenario([CLUSTER])
+    config = json.dumps(yaml.safe_load(Path(CONFIG).read_text()), sort_keys=True)
+    recorded = tuple(
+        PluginUsed(name=name, distribution=DIST, version=installed)
+        for name in ("LeafPod", "NetworkSpeed")
+    )
+    waves: dict[int, list[Event]] = {}
+    for timed in scenario.events:
+        waves.setdefault(timed.time, []).append(timed.event)
+    async with LogServer(3) as server:
+        log = await RemoteLog.connect(server.url)
+        fleet = Fleet(server.url, logs=tmp_path)
+        try:
+
+            async def ingest(events: list[Event]) -> None:
+                now = time.time_ns()
+                await log.append(
+                    [Envelope(event=e, time=now, producer="ingest") for e in events], 2
+                )
+
+            sharding = Sharding(shards=2, reservation_timeout=30 * SECOND)
+            await ingest(
+                [
+                    ShardingConfigured(config=sharding.to_json()),
+                    SchedulerConfigured(config=config, plugins=recorded),
+                ]
+            )
+            for role in ("coordinator", "binder", "shard-0", "shard-1"):
+                await fleet.start(role)
+            total = 0
+            for at in sorted(waves):  # in arrival order, each placed before the next
+                await ingest(waves[at])
+                total += sum(isinstance(e, PodSubmitted) for e in waves[at])
+                await bound_at_least(log, total)
+        finally:
+            await fleet.stop()
+        parts = [await log.read(p, 0) for p in range(3)]
+        await log.close()
+    placed = {
+        e.event.pod: e.event.node for part in parts for e in part if isinstance(e.event, PodBound)
+    }
+    assert placed == {key: pod["node"] for key, pod in expected["pods"].items()}
+
+    async def save() -> Path:
+        path = tmp_path / "workers.events"
+        out = FileLog(str(path), partitions=3)
+        for p, part in enumerate(parts):
+            await out.append(part, p)
+        await out.close()
+        return path
+
+    path = await save()
+    proc = shoal("replay", str(path), "--verify")
+    assert proc.returncode == 0, proc.stderr + fleet.said("coordinator")
