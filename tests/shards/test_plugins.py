@@ -18,21 +18,30 @@ from typing import Any
 import msgspec
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from engine.config import parse_config
+from engine.engine import Engine
+from engine.framework.userplugins import plugin_factory
 from engine.model.pools import Sharding
+from engine.plugins.registry import builtin_registry
 from events.filelog import FileLog
 from events.remote import LogServer, RemoteLog
 from events.types import (
     SECOND,
     Envelope,
     Event,
+    GroupSpec,
     PluginUsed,
     PodBound,
+    PodGroupSubmitted,
     PodSubmitted,
     SchedulerConfigured,
     ShardingConfigured,
 )
 from shards.inputs.scenario import load_scenario
+from tests.builders import env, make_node, make_pod
 from tests.shards.fleet import Fleet, bound_at_least
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,6 +49,9 @@ EXAMPLE = ROOT / "examples" / "plugins"
 CLUSTER = str(EXAMPLE / "cluster.yaml")
 CONFIG = str(EXAMPLE / "config.yaml")
 DIST = "shoal-example-plugins"
+sys.path.insert(0, str(EXAMPLE))  # the classes themselves, for the engine-level rule
+from shoal_example_plugins.leaf import LeafPod  # noqa: E402
+
 LEAVES = {"hpc/slurm-2": "leaf-b", "hpc/slurm-3": "leaf-c", "hpc/slurm-4": "leaf-a"}
 
 
@@ -125,11 +137,11 @@ def _rewrite(source: Path, target: Path, plugins: tuple[PluginUsed, ...]) -> Non
         records = await src.read(0, 0)
         await src.close()
         out: list[Envelope] = []
-        for env in records:
-            event = env.event
+        for record in records:
+            event = record.event
             if isinstance(event, SchedulerConfigured):
                 event = msgspec.structs.replace(event, plugins=plugins)
-            out.append(msgspec.structs.replace(env, event=event))
+            out.append(msgspec.structs.replace(record, event=event))
         dst = FileLog(str(target))
         await dst.append(out)
         await dst.close()
@@ -141,9 +153,9 @@ def _recorded(path: Path) -> tuple[PluginUsed, ...]:
     async def go() -> tuple[PluginUsed, ...]:
         log = FileLog(str(path), readonly=True)
         try:
-            for env in await log.read(log.partitions - 1, 0):
-                if isinstance(env.event, SchedulerConfigured):
-                    return env.event.plugins
+            for record in await log.read(log.partitions - 1, 0):
+                if isinstance(record.event, SchedulerConfigured):
+                    return record.event.plugins
             return ()
         finally:
             await log.close()
@@ -276,3 +288,45 @@ async def test_worker_processes_load_the_plugins_and_place_alike(
     path = await save()
     proc = shoal("replay", str(path), "--verify")
     assert proc.returncode == 0, proc.stderr + fleet.said("coordinator")
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    leaves=st.lists(st.lists(st.booleans(), min_size=1, max_size=6), min_size=1, max_size=4),
+    size=st.integers(1, 6),
+)
+def test_leaf_pod_places_a_gang_in_the_smallest_leaf_that_holds_it(
+    leaves: list[list[bool]], size: int
+) -> None:
+    """Seed 001's rule, k = n - m: a gang of ``size`` one-node pods goes whole into a
+    leaf whose free nodes ``n`` (those with room) are the fewest that still hold it."""
+    registry = builtin_registry()
+    registry.register("LeafPod", plugin_factory(LeafPod, "LeafPod"))
+    config = parse_config(
+        {
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "profiles": [{"plugins": {"score": {"enabled": [{"name": "LeafPod", "weight": 10}]}}}],
+        }
+    )
+    engine = Engine(config, registry=registry)
+    free: dict[str, int] = {}
+    for i, nodes in enumerate(leaves):
+        for j, has_room in enumerate(nodes):
+            node = make_node(f"l{i}-n{j}").cpu("8").annotate(**{"shoal.io/leaf": f"leaf-{i}"})
+            engine.apply(env(node.gpu(8 if has_room else 0).added()))
+            free[f"leaf-{i}"] = free.get(f"leaf-{i}", 0) + has_room
+    group = GroupSpec(namespace="default", name="g", min_member=size)
+    engine.apply(env(PodGroupSubmitted(group=group)))
+    for m in range(size):
+        engine.apply(env(make_pod(f"w{m}").gpu(8).cpu("1").group("default/g").submitted()))
+    placed = {d.pod: d.node for d in engine.schedule() if isinstance(d, PodBound)}
+    holding = [n for n in free.values() if n >= size]
+    if sum(free.values()) < size:
+        assert placed == {}
+    elif holding:
+        used = {node.split("-")[0] for node in placed.values()}
+        assert len(placed) == size and len(used) == 1, placed
+        assert free[f"leaf-{used.pop()[1:]}"] == min(holding)
+    else:
+        assert len(placed) == size  # no leaf holds it: placed across leaves anyway

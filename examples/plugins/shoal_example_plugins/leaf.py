@@ -7,15 +7,19 @@ the gang's size and ``n`` the number of a leaf's nodes that passed the filters (
 free nodes), ``k = n - m``; the smaller ``k`` the better, and ``k < 0`` (the leaf
 cannot hold the gang) only as a last resort.
 
-Here ``m`` is what the gang still needs: its ``minMember`` less the members already
-placed (a gang is placed member by member against staged state, so the leaf chosen for
-the first member stays the best for the rest: its ``n`` and ``m`` fall together). A pod
-of no gang needs 1, so single pods fill the fullest leaf first.
+Here ``m`` is the gang's ``minMember`` (1 for a pod of no gang, so single pods fill
+the fullest leaf first), and ``n`` counts a leaf's free nodes and those that already
+hold a member of the gang: a gang is placed member by member against staged state, and
+a leaf's ``k`` must not change as its own members fill it (counting only what is still
+free, a second leaf just big enough for the rest would win the later members and split
+the gang).
 
-Score of a node in a leaf with ``k >= 0``: ``100 * (k_min + 1) // (k + 1)`` where
-``k_min`` is the smallest such ``k`` (the best leaf scores 100); a node in a leaf with
-``k < 0``, or in no leaf (no annotation), scores 0. The leaf is a node annotation (or
-label), ``shoal.io/leaf`` unless the args name another.
+Score of a node in a leaf with ``k >= 0``: ``100 * (r_min + 1) // (r + 1)`` with the
+rank ``r = 2k + 1``, or ``2k`` in a leaf that holds members of the gang already (so
+that a tie between two leaves does not split the gang), and ``r_min`` the best rank
+(that leaf scores 100; without members placed this is ``100 * (k_min + 1) // (k + 1)``).
+A node in a leaf with ``k < 0``, or in no leaf (no annotation), scores 0. The leaf is
+a node annotation (or label), ``shoal.io/leaf`` unless the args name another.
 """
 
 from __future__ import annotations
@@ -72,25 +76,35 @@ class LeafPod:
             self._leaves, self._cached = out, key
         return self._leaves
 
-    def needed(self, pod: PodInfo, state: ClusterState) -> int:
-        """Members the pod's gang still needs placed, this pod included (1: no gang)."""
+    def gang(self, pod: PodInfo, state: ClusterState) -> tuple[int, list[int]]:
+        """The pod's gang size ``m`` (1: no gang) and the slots its placed members hold."""
         group = self.handle.groups.get(pod.spec.group) if pod.spec.group else None
         if group is None:
-            return 1
-        placed = sum(1 for key in group.members if key in state.pods and key != pod.key)
-        return max(group.min_member - placed, 1)
+            return 1, []
+        slots = [
+            state.pods[key].slot for key in group.members if key in state.pods and key != pod.key
+        ]
+        return max(group.min_member, 1), slots
 
     def score(self, cycle: CycleState, pod: PodInfo, state: ClusterState, feasible: Any) -> Any:
         leaves = self.leaves(state)
         out = np.zeros(state.capacity, dtype=np.int64)
+        size, holding = self.gang(pod, state)
+        counted = feasible.copy()
+        counted[holding] = True
+        counted &= leaves >= 0
+        if not counted.any():
+            return out
+        k = np.bincount(leaves[counted]) - size  # n - m per leaf
+        fits = k >= 0
+        if not fits.any():
+            return out
+        # ties go to a leaf that holds members already: rank 2k there, 2k + 1 elsewhere
+        rank = 2 * np.maximum(k, 0) + 1
+        held = leaves[holding]
+        rank[held[held >= 0]] -= 1
+        best = int(rank[fits].min())
+        per_leaf = np.where(fits, 100 * (best + 1) // (rank + 1), 0)
         inside = feasible & (leaves >= 0)
-        if not inside.any():
-            return out
-        free = np.bincount(leaves[inside])  # n per leaf
-        k = free - self.needed(pod, state)
-        if not (k >= 0).any():
-            return out
-        k_min = int(k[k >= 0].min())
-        per_leaf = np.where(k >= 0, 100 * (k_min + 1) // (np.maximum(k, 0) + 1), 0)
         out[inside] = per_leaf[leaves[inside]]
         return out
