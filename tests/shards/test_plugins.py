@@ -330,3 +330,34 @@ def test_leaf_pod_places_a_gang_in_the_smallest_leaf_that_holds_it(
         assert free[f"leaf-{used.pop()[1:]}"] == min(holding)
     else:
         assert len(placed) == size  # no leaf holds it: placed across leaves anyway
+
+
+SEED_001 = """\
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+leaderElection:
+  leaderElect: false
+profiles:
+  - schedulerName: network-scheduler
+    plugins:
+      multiPoint:
+        enabled:
+          - name: NetworkSpeed
+    pluginConfig:
+      - name: NetworkSpeed
+        args:
+          selector:
+            app.kubernetes.io/instance: network-scheduler
+            app.kubernetes.io/name: blackbox-exporter
+"""
+
+
+def test_seed_001s_configuration_runs(installed: str, tmp_path: Path) -> None:
+    """The configuration of seed 001 (its one comment line, not YAML, left out): it
+    exited 2 for an unknown plugin before; its prober's args are accepted."""
+    config = tmp_path / "seed-001.yaml"
+    config.write_text(SEED_001)
+    proc = shoal("simulate", CLUSTER, "--config", str(config), "--json")
+    assert proc.returncode == 0, proc.stderr
+    pods = json.loads(proc.stdout)["pods"]
+    assert {pods[f"data/fetch-{i}"]["node"] for i in range(3)} == {"cpu-1"}

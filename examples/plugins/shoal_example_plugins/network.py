@@ -37,6 +37,13 @@ class NetworkSpeedArgs(msgspec.Struct, frozen=True, forbid_unknown_fields=True, 
     """The node annotation holding the measured speed, in Mbit/s (a whole number)."""
     minimum_mbps: int = 0
     """Nodes measured slower than this are refused (0: no filter)."""
+    selector: dict[str, str] = {}
+    namespace: str = ""
+    timeout: int = 0
+    port: int = 0
+    """Seed 001's args: they configure the prober (which blackbox exporter to ask, and
+    how), which writes the annotation; accepted so that its configuration loads, and
+    not read by the plugin."""
 
     def __post_init__(self) -> None:
         if self.minimum_mbps < 0:
