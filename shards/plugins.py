@@ -9,7 +9,8 @@ Loading them is I/O (reading installed metadata, importing modules), so it happe
 at the edge: the command line, ``serve``, ``worker`` and replay build a
 :class:`~engine.framework.registry.Registry` (the built-ins and the user plugins a
 configuration names) and hand it to the engine, which stays pure. A configuration that
-names a plugin no installed package publishes is bad input (exit 2, naming it).
+names a plugin no installed package publishes is bad input (exit 2, naming it). A
+published name that is a built-in's is never loaded: the built-in wins.
 
 The plugins a run used are recorded in its ``SchedulerConfigured`` record (name,
 distribution, version), so that ``replay --verify`` loads the same ones and refuses, in

@@ -28,6 +28,7 @@ import inspect
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import msgspec
@@ -81,8 +82,8 @@ def node_view(state: ClusterState, slot: int) -> NodeView:
     rows = range(min(len(names), state.alloc.shape[0]))
     return NodeView(
         name=state.names[slot] or "",
-        labels=state.node_labels[slot],
-        annotations=state.node_annotations[slot],
+        labels=MappingProxyType(state.node_labels[slot]),
+        annotations=MappingProxyType(state.node_annotations[slot]),
         taints=state.node_taints[slot],
         unschedulable=bool(state.unschedulable[slot]),
         allocatable={names[r]: int(state.alloc[r, slot]) for r in rows},
