@@ -116,7 +116,9 @@ class Engine(ShardModel):
 
     def configured(self, event: SchedulerConfigured) -> None:
         """A configuration recorded in the log (a service restarted with a new one):
-        profiles and back-off follow it; the cluster state stays."""
+        profiles and back-off follow it; the cluster state stays. One naming a plugin
+        the registry lacks raises an :class:`InputError` naming it (the component that
+        runs the engine loads the plugins the log's configurations name)."""
         if not event.config:
             config = default_config()
         else:

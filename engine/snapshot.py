@@ -54,9 +54,10 @@ from engine.model.state import ClusterState, PlacedPod
 from events.errors import InputError
 from events.types import SnapshotTaken
 
-FORMAT: Final = 4
+FORMAT: Final = 5
 """Bumped whenever the state classes change shape: a snapshot of another format is
-refused (and its component folds its partition from the start instead)."""
+refused (and its component folds its partition from the start instead). 5: nodes keep
+their annotations (``ClusterState.node_annotations``)."""
 CHUNK_BYTES: Final = 256 * 1024
 MAX_STATE_BYTES: Final = 1 << 31
 STATE_CLASSES: Final[dict[str, type]] = {

@@ -165,6 +165,9 @@ class NodeSpec(msgspec.Struct, frozen=True, kw_only=True):
     labels: dict[str, str] = {}
     taints: tuple[Taint, ...] = ()
     unschedulable: bool = False
+    annotations: dict[str, str] = {}
+    """The node's annotations: data for user plugins (a measured network speed, the
+    leaf switch a node hangs off), never read by the built-in plugins."""
 
 
 # ----------------------------------------------------------------- cluster inputs
@@ -204,11 +207,23 @@ class PodFailed(_Fact, frozen=True, kw_only=True, tag="pod.fail"):
     reason: str = ""
 
 
+class PluginUsed(msgspec.Struct, frozen=True, kw_only=True):
+    """A plugin from another package (entry-point group ``shoal.plugins``) that a
+    configuration names: its name, and the distribution and version it came from."""
+
+    name: str
+    distribution: str
+    version: str
+
+
 class SchedulerConfigured(_Fact, frozen=True, kw_only=True, tag="config"):
     """The scheduler configuration a run used (``KubeSchedulerConfiguration`` as JSON;
     empty for the defaults). The first record of a run, so a log replays by itself."""
 
     config: str = ""
+    plugins: tuple[PluginUsed, ...] = ()
+    """The plugins from other packages the configuration names (none: built-ins only),
+    so that ``replay --verify`` loads the same ones or says which differ."""
 
 
 class ShardingConfigured(_Fact, frozen=True, kw_only=True, tag="sharding"):

@@ -16,7 +16,9 @@ becoming one line and exit status 2. Nothing under ``shards/`` imports them.
 
 Exit status: 0 success; 1 ``replay --verify`` found a difference, or a run stopped making
 progress (a protocol loop that does not end: a bug, named); 2 bad input (one line
-naming file, document and field, or the log offset; never a traceback).
+naming file, document and field, or the log offset; never a traceback), a plugin a
+configuration names that no installed package publishes, or ``replay --verify`` of a
+run whose user plugins are not installed here at the versions it recorded.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from events.errors import (
 from events.filelog import FileLog
 from events.log import EventLog, read_quarantined
 from events.types import Envelope
-from shards import logserve, render
+from shards import logserve, plugins, render
 from shards.bus import check_new_log, open_bus
 from shards.commands import (
     GROUP,
@@ -59,7 +61,7 @@ from shards.commands import (
     snapshots,
 )
 from shards.inputs.scenario import load_config, load_scenario, load_sharding
-from shards.replay import replay, replay_routed
+from shards.replay import recorded_config, replay, replay_routed
 from shards.report import merge
 from shards.simulate import simulate
 
@@ -167,6 +169,12 @@ async def _replay(args: argparse.Namespace) -> int:
             )
     if args.explain is not None and "/" not in args.explain:
         raise InputError(f"expected NAMESPACE/NAME, got {args.explain!r}", location="--explain")
+    loaded, differ = plugins.for_replay(
+        parts[-1], config or recorded_config(parts[-1]), verify=args.verify
+    )
+    for line in differ:
+        print(f"shoal: note: {line}", file=sys.stderr)
+    registry = loaded.registry
     if len(parts) > 1:
         if args.until is not None:
             raise InputError(
@@ -174,11 +182,20 @@ async def _replay(args: argparse.Namespace) -> int:
                 f"{len(parts) - 1} shards (replay it whole)",
                 location="--until",
             )
-        result = replay_routed(parts, config, verify=args.verify, explain=args.explain)
+        result = replay_routed(
+            parts, config, verify=args.verify, explain=args.explain, registry=registry
+        )
         records = merge(parts)
     else:
         records = parts[0]
-        result = replay(records, config, verify=args.verify, explain=args.explain, until=args.until)
+        result = replay(
+            records,
+            config,
+            verify=args.verify,
+            explain=args.explain,
+            until=args.until,
+            registry=registry,
+        )
     if args.explain is not None and args.explain not in result.report.pods:
         raise InputError(f"no pod {args.explain} in {args.log}", location="--explain")
     if args.json:

@@ -19,6 +19,7 @@ import msgspec
 
 from engine.config import SchedulerConfig, parse_config
 from engine.engine import Engine
+from engine.framework.registry import Registry
 from engine.model.pools import PROTOCOL, Sharding
 from engine.snapshot import FORMAT, SnapshotError, digest, encode_state, format_of
 from events.errors import (
@@ -39,6 +40,7 @@ from events.types import (
     is_decision,
     is_output_of,
 )
+from shards import plugins
 from shards.coordinator.coordinator import ROUTER, Coordinator
 from shards.coordinator.snapshot import COORDINATOR, coordinator_state, snapshot_digest
 from shards.report import RunReport, merge
@@ -174,6 +176,7 @@ def replay(
     until: int | None = None,
     shard: int = 0,
     resume: Resume | None = None,
+    registry: Registry | None = None,
 ) -> ReplayResult:
     """Fold ``records`` (one partition, in offset order) through a fresh engine, or
     through ``resume``'s engine from its position on (earlier records are skipped).
@@ -185,7 +188,9 @@ def replay(
     """
     if config is None and resume is None:
         config = recorded_config(records)
-    engine = resume.engine if resume is not None else Engine(config, shard=shard)
+    if registry is None and resume is None:
+        registry = plugins.for_records(records, config).registry
+    engine = resume.engine if resume is not None else Engine(config, shard=shard, registry=registry)
     start = resume.position if resume is not None else 0
     engine.explain = explain
     producer = f"shard-{shard}"
@@ -290,6 +295,7 @@ def verify_control(
     parts: Sequence[Sequence[Envelope]],
     config: SchedulerConfig | None = None,
     into: ReplayResult | None = None,
+    registry: Registry | None = None,
 ) -> tuple[int, int, int, ReplayMismatchError | None]:
     """Fold the control partition again, re-run the coordinator's passes where they ran
     (the causations of its records), and compare what each derives with what it
@@ -304,7 +310,9 @@ def verify_control(
     sharding = sharding_of(control_records)
     if sharding.protocol != PROTOCOL:
         return 0, 0, 0, _unverifiable(sharding.protocol)
-    coordinator = Coordinator(sharding, config)
+    if registry is None:
+        registry = plugins.for_records(control_records, config).registry
+    coordinator = Coordinator(sharding, config, registry)
     if into is not None:
         into.coordinator = coordinator
     recorded: list[dict[int, list[Envelope]]] = []
@@ -410,6 +418,7 @@ def replay_routed(
     *,
     verify: bool = False,
     explain: str | None = None,
+    registry: Registry | None = None,
 ) -> ReplayResult:
     """Replay a log of several shards: the router's fold of the control partition, and
     each shard's partition as :func:`replay` does. The report covers every partition;
@@ -420,7 +429,9 @@ def replay_routed(
         report.apply(env)
     result = ReplayResult(report=report, engine=Engine(config))
     if verify:
-        checked, result.unforwarded, snapshots, mismatch = verify_control(parts, config, result)
+        checked, result.unforwarded, snapshots, mismatch = verify_control(
+            parts, config, result, registry
+        )
         result.verified += checked
         result.snapshots += snapshots
         if mismatch is not None:
@@ -433,7 +444,9 @@ def replay_routed(
         wanted = explain if shard == owner else None
         if not verify and wanted is None:
             continue
-        part = replay(parts[shard], config, verify=verify, explain=wanted, shard=shard)
+        part = replay(
+            parts[shard], config, verify=verify, explain=wanted, shard=shard, registry=registry
+        )
         result.verified += part.verified
         result.passes += part.passes
         result.snapshots += part.snapshots

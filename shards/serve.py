@@ -57,6 +57,7 @@ from events.errors import InputError, LogError, cause
 from events.log import EventLog, read_past_unreadable
 from events.tasks import being_cancelled
 from events.types import ClockTicked, Envelope, Event, SchedulerConfigured, ShardingConfigured
+from shards import plugins
 from shards.bus import open_bus
 from shards.control import ControlWorker
 from shards.coordinator.coordinator import Coordinator
@@ -156,7 +157,8 @@ def shard_ordinal(hostname: str) -> int:
 def _recorded_config(config: SchedulerConfig) -> SchedulerConfigured:
     source = config.source
     return SchedulerConfigured(
-        config=json.dumps(source, sort_keys=True, default=str) if source else ""
+        config=json.dumps(source, sort_keys=True, default=str) if source else "",
+        plugins=plugins.for_config(config).used,
     )
 
 

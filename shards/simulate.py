@@ -31,6 +31,7 @@ from engine.model.pools import Sharding
 from events.errors import StuckError
 from events.log import EventLog
 from events.types import ClockTicked, Envelope, Event, SchedulerConfigured, ShardingConfigured
+from shards import plugins
 from shards.binder import Binder
 from shards.cluster import SimulatedCluster
 from shards.control import ControlWorker
@@ -86,20 +87,26 @@ async def simulate(
     config = config or scenario.config
     source = config.source if config is not None else None
     recorded = json.dumps(source, sort_keys=True) if source is not None else ""
-    head = [Envelope(event=SchedulerConfigured(config=recorded), producer="ingest")]
+    loaded = plugins.for_config(config)
+    head = [
+        Envelope(event=SchedulerConfigured(config=recorded, plugins=loaded.used), producer="ingest")
+    ]
     if sharding is not None:
         head.insert(
             0, Envelope(event=ShardingConfigured(config=sharding.to_json()), producer="ingest")
         )
     await log.append(head, inputs)
-    engines = [Engine(config, shard=i) for i in range(n)]
+    engines = [Engine(config, shard=i, registry=loaded.registry) for i in range(n)]
     workers = [
         ShardWorker(engine, log, partition=i, snapshot_every=snapshot_every)
         for i, engine in enumerate(engines)
     ]
     router = (
         ControlWorker(
-            Coordinator(sharding, config), log, snapshot_every=snapshot_every, config=config
+            Coordinator(sharding, config, loaded.registry),
+            log,
+            snapshot_every=snapshot_every,
+            config=config,
         )
         if sharding is not None and routed
         else None

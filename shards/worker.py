@@ -112,6 +112,10 @@ class ShardWorker:
         keep beyond their decisions (reasons already said, back-off) is as it was.
         Decisions that were computed but never appended are computed again by the
         first poll."""
+        from shards.plugins import installed
+
+        # the log may record other configurations than ``config`` (earlier runs)
+        registry = installed().registry
         from shards.replay import Resume, replay
 
         name = f"shard-{shard}"
@@ -120,7 +124,7 @@ class ShardWorker:
         if found is not None:
             parts = [e.event for e in found if isinstance(e.event, SnapshotTaken)]
             try:
-                engine = restore(assemble(parts), config, shard=shard)
+                engine = restore(assemble(parts), config, shard=shard, registry=registry)
                 resume = Resume(engine, parts[0].position)
             except SnapshotError as exc:
                 logger.warning(
@@ -140,7 +144,7 @@ class ShardWorker:
             unreadable.extend(skipped)
             if not batch and not skipped:
                 break
-        result = replay(records, config, verify=True, shard=shard, resume=resume)
+        result = replay(records, config, verify=True, shard=shard, resume=resume, registry=registry)
         if result.mismatch is not None:
             raise LogCorruptedError(
                 f"shard {shard} cannot rebuild its state: {result.mismatch}",

@@ -63,6 +63,10 @@ class NodeBuilder:
         self._unschedulable = True
         return self
 
+    def annotate(self, **annotations: str) -> NodeBuilder:
+        self._annotations = {**getattr(self, "_annotations", {}), **annotations}
+        return self
+
     def spec(self) -> NodeSpec:
         return NodeSpec(
             name=self.name,
@@ -70,6 +74,7 @@ class NodeBuilder:
             labels=dict(self._labels),
             taints=tuple(self._taints),
             unschedulable=self._unschedulable,
+            annotations=dict(getattr(self, "_annotations", {})),
         )
 
     def added(self) -> NodeAdded:

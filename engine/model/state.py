@@ -164,6 +164,8 @@ class ClusterState:
         self.taint_codes: dict[Taint, int] = {}
         self.taint_rows: list[Bools] = []
         self.node_labels: list[dict[str, str]] = [{} for _ in range(cap)]
+        self.node_annotations: list[dict[str, str]] = [{} for _ in range(cap)]
+        """Per slot, the node's annotations (read by user plugins only; not columns)."""
         self.node_taints: list[tuple[Taint, ...]] = [() for _ in range(cap)]
         self.pods: dict[str, PlacedPod] = {}
         self.node_pods: list[dict[str, None]] = [{} for _ in range(cap)]
@@ -248,6 +250,7 @@ class ClusterState:
         self.taint_rows = [widen(row, False) for row in self.taint_rows]  # type: ignore[misc]
         self.names.extend([None] * old)
         self.node_labels.extend({} for _ in range(old))
+        self.node_annotations.extend({} for _ in range(old))
         self.node_taints.extend(() for _ in range(old))
         self.node_pods.extend({} for _ in range(old))
         for by_ip in self.host_ports.values():
@@ -303,6 +306,7 @@ class ClusterState:
         for key in self.node_labels[slot]:
             self._label_numeric.pop(key, None)
         self.node_labels[slot] = dict(spec.labels)
+        self.node_annotations[slot] = dict(spec.annotations)
         for taint_row in self.taint_rows:
             taint_row[slot] = False
         for taint in spec.taints:
@@ -330,6 +334,7 @@ class ClusterState:
         for key in self.node_labels[slot]:
             self._label_numeric.pop(key, None)
         self.node_labels[slot] = {}
+        self.node_annotations[slot] = {}
         self.node_taints[slot] = ()
         heapq.heappush(self._free_slots, slot)
         self.static_version += 1
@@ -514,6 +519,7 @@ class ClusterState:
         new.taint_codes = dict(self.taint_codes)
         new.taint_rows = [row.copy() for row in self.taint_rows]
         new.node_labels = list(self.node_labels)
+        new.node_annotations = list(self.node_annotations)
         new.node_taints = list(self.node_taints)
         new.pods = dict(self.pods)
         new.node_pods = [dict(p) for p in self.node_pods]

@@ -10,6 +10,11 @@ packs across nodes), ``BalancedAllocation`` the one whose use stays most even. S
 that depend on node labels or taints (preferred affinity, ``PreferNoSchedule``) count
 as the best node of the shard has them. The shard then places the pod on its own best
 node with the same profile.
+
+A user plugin's score (or pre-score) is not summarised: what it means over a shard's
+sums, or at a shard's best node, is unknown (a leaf switch's free nodes, say, may lie
+in two shards). A profile with one is never handed over: the coordinator decides its
+pods on its exact view (:mod:`shards.coordinator.dispatch`), as one scheduler would.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ import numpy.typing as npt
 
 from engine.config import SchedulerConfig
 from engine.engine import Engine
+from engine.framework.registry import Registry
 from engine.model.changes import ClusterEvent
 from engine.model.groups import FAILED, PENDING, SCHEDULED, advance, group_unit, is_group_unit
 from engine.model.pods import PodInfo
@@ -74,6 +75,7 @@ from events.types import (
     ShardSummary,
     SnapshotTaken,
 )
+from shards import plugins
 from shards.coordinator.dispatch import ShardDispatch
 from shards.coordinator.flights import ABORTING, COMMITTED, PREPARING, Claim, Flight
 from shards.coordinator.routing import NONE, Routing
@@ -102,12 +104,23 @@ class Coordinator:
     """One engine over every shard's nodes; ``apply`` a control record, ``schedule`` a
     pass."""
 
-    def __init__(self, sharding: Sharding, config: SchedulerConfig | None = None) -> None:
+    def __init__(
+        self,
+        sharding: Sharding,
+        config: SchedulerConfig | None = None,
+        registry: Registry | None = None,
+    ) -> None:
+        """``registry``: the plugins (default: the built-ins and every user plugin
+        installed, for the configurations the log records may name any)."""
+        if registry is None:
+            registry = plugins.installed().registry
         self.sharding = sharding
         self.n = sharding.shards
         self.control = sharding.shards
         """The control partition's number."""
-        self.engine = Engine(config, shard=COORDINATOR, dispatch=ShardDispatch(self))
+        self.engine = Engine(
+            config, shard=COORDINATOR, registry=registry, dispatch=ShardDispatch(self)
+        )
         self.engine.sharded(ShardingConfigured(config=sharding.to_json()))
         self.routing = Routing(sharding)
         self.flights: dict[str, Flight] = {}
@@ -701,6 +714,7 @@ def _spec_of(engine: Engine, slot: int) -> NodeSpec:
         labels=dict(state.node_labels[slot]),
         taints=state.node_taints[slot],
         unschedulable=bool(state.unschedulable[slot]),
+        annotations=dict(state.node_annotations[slot]),
     )
 
 

@@ -10,7 +10,12 @@ profiles, plugins and queue as one shard; what differs is what becomes of a unit
   handed to it and not yet placed. Each such pod can take at most one of those nodes,
   so one is left for the unit whatever the shard does meanwhile: the shard places it
   with its own engine, on its best node, and reports where. Only profiles whose
-  filters look at one node at a time are handed over (all built-in filters do);
+  filters look at one node at a time are handed over (all built-in filters do), and
+  whose scores the coordinator can summarise per shard (:mod:`shards.coordinator.choice`:
+  the built-in ones). A user plugin's filter is honoured either way (it is one of the
+  filters counted); a profile with a user plugin at ``preScore`` or ``score`` (one
+  whose meaning over a shard's sums is unknown) has its pods decided here, on the exact
+  view, as one scheduler would place them;
 - **decided here** otherwise (the unit does not certainly fit, needs preemption or
   reclaim, or a shard handed it back), exactly as one shard would decide it, on an
   exact view: the pass waits until every handed unit is answered, so the view holds
@@ -29,7 +34,7 @@ asked to do fits there when it does it. Only what is handed over is placed concu
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import msgspec
 
@@ -40,6 +45,7 @@ from engine.model.pods import PodInfo
 from engine.model.state import Bools
 from engine.model.statement import Statement
 from engine.passes.dispatch import Placed, Route
+from engine.plugins.registry import builtin_registry
 from events.types import (
     GroupSpec,
     PodRouted,
@@ -51,6 +57,9 @@ from events.types import (
 from shards.coordinator.choice import ShardView, label_scores, scores, shard_columns
 from shards.coordinator.flights import ABORTING, Claim
 
+BUILT_IN: Final = frozenset(builtin_registry().names())
+"""The plugins whose scores :mod:`shards.coordinator.choice` summarises per shard."""
+
 if TYPE_CHECKING:
     from engine.passes.run import SchedulingPass
     from shards.coordinator.coordinator import Coordinator
@@ -61,6 +70,8 @@ class ShardDispatch:
 
     def __init__(self, coordinator: Coordinator) -> None:
         self.c = coordinator
+        self._known: dict[int, tuple[Framework, bool]] = {}
+        """Per framework (by id, kept alive here): whether it can be handed over."""
 
     def __repr__(self) -> str:
         return "ShardDispatch()"
@@ -105,7 +116,7 @@ class ShardDispatch:
         if not pods:
             return False
         frameworks = [e.profiles.framework_for(pod) for pod in pods]
-        if any(f is None or not f.incremental for f in frameworks):
+        if any(f is None or not f.incremental or not self._summarised(f) for f in frameworks):
             return False
         # the nodes of each shard that pass every filter for the unit: the same while
         # the view's nodes and placements stand (only what is handed over changes)
@@ -129,6 +140,16 @@ class ShardDispatch:
         else:
             self._hand_pod(lead, shard)
         return True
+
+    def _summarised(self, framework: Framework) -> bool:
+        """Whether every plugin at ``framework``'s preScore and score points is one the
+        choice of a shard knows how to summarise (a built-in)."""
+        known = self._known.get(id(framework))
+        if known is None or known[0] is not framework:
+            plugins = [*framework.pre_scores, *(entry.plugin for entry in framework.scores)]
+            known = (framework, all(p.name in BUILT_IN for p in plugins))
+            self._known[id(framework)] = known
+        return known[1]
 
     def _feasible(self, pods: list[PodInfo], frameworks: list[Framework | None]) -> Bools:
         e = self.c.engine

@@ -141,6 +141,7 @@ def node_spec(obj: Mapping[str, Any]) -> NodeSpec:
         labels=_well_known_labels(name, _labels(meta.get("labels"), "metadata.labels")),
         taints=_taints(spec.get("taints"), "spec.taints"),
         unschedulable=unschedulable,
+        annotations=_string_map(meta.get("annotations"), "metadata.annotations"),
     )
 
 

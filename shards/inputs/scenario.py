@@ -554,7 +554,9 @@ def _load_config(path: str) -> SchedulerConfig:
 
 
 def validate_plugins(config: SchedulerConfig) -> None:
-    """Instantiate every profile's plugins: unknown names and bad args fail here."""
+    """Instantiate every profile's plugins (user plugins loaded from their packages):
+    unknown names and bad args fail here."""
     from engine.engine import Engine
+    from shards.plugins import for_config
 
-    Engine(config)
+    Engine(config, registry=for_config(config).registry)

@@ -181,8 +181,8 @@ def test_corrupted_log_is_exit_2_naming_the_offset(
         (["simulate", QUICKSTART, "--config", "{tmp}/bad-config.yaml"], "unknown plugin 'Nope'"),
         (
             ["simulate", QUICKSTART, "{tmp}/bad-config.yaml"],
-            "bad-config.yaml: document 1 (KubeSchedulerConfiguration): profile 'default-scheduler': "
-            "plugin Nope",
+            "bad-config.yaml: document 1 (KubeSchedulerConfiguration): "
+            "profiles[0].plugins.filter.enabled[0].name: unknown plugin 'Nope'",
         ),
         (["replay", "{tmp}/good.events", "--explain", "nobody"], "NAMESPACE/NAME"),
         (["replay", "{tmp}/good.events", "--explain", "x/nobody"], "no pod x/nobody"),
