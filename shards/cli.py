@@ -33,7 +33,7 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from engine.config import SchedulerConfig
 from engine.model.pools import Sharding
@@ -42,15 +42,12 @@ from events.errors import (
     LogError,
     ShoalError,
     StuckError,
-    UnverifiableLogError,
     cause,
 )
-from events.filelog import FileLog
-from events.log import EventLog, read_quarantined
-from events.types import Envelope
-from shards import logserve, plugins, render
+from shards import logserve, render
 from shards.bus import check_new_log, open_bus
 from shards.commands import (
+    EXIT_MISMATCH,
     GROUP,
     Command,
     emit_json,
@@ -61,11 +58,8 @@ from shards.commands import (
     snapshots,
 )
 from shards.inputs.scenario import load_config, load_scenario, load_sharding
-from shards.replay import recorded_config, replay, replay_routed
-from shards.report import merge
 from shards.simulate import simulate
 
-EXIT_MISMATCH = 1
 EXIT_INPUT = 2
 
 
@@ -136,117 +130,10 @@ async def _simulate(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- replay
 
 
-async def _read(log: EventLog, partition: int) -> list[Envelope]:
-    """A partition to replay, past the records the run quarantined (said on stderr)."""
-    records, skipped = await read_quarantined(log, partition)
-    if skipped:
-        print(
-            f"shoal: note: partition {partition}: {len(skipped)} record(s) the run "
-            f"quarantined are skipped (offsets {', '.join(map(str, skipped[:10]))})",
-            file=sys.stderr,
-        )
-    return records
-
-
 async def _replay(args: argparse.Namespace) -> int:
-    config = _config(args.config)
-    if args.log.startswith("kafka://"):
-        source = await open_bus(args.log)
-        try:
-            parts = [await _read(source, p) for p in range(source.partitions)]
-        finally:
-            await source.close()
-    else:
-        log = FileLog(args.log, readonly=True)
-        try:
-            parts = [await _read(log, p) for p in range(log.partitions)]
-        finally:
-            await log.close()
-        if log.torn_bytes:
-            print(
-                f"shoal: note: {args.log}: ignoring a torn last append ({log.torn_bytes} bytes)",
-                file=sys.stderr,
-            )
-    if args.explain is not None and "/" not in args.explain:
-        raise InputError(f"expected NAMESPACE/NAME, got {args.explain!r}", location="--explain")
-    loaded, differ = plugins.for_replay(
-        parts[-1], config or recorded_config(parts[-1]), verify=args.verify
-    )
-    for line in differ:
-        print(f"shoal: note: {line}", file=sys.stderr)
-    registry = loaded.registry
-    if len(parts) > 1:
-        if args.until is not None:
-            raise InputError(
-                "--until names an offset of a one-shard log; this log has "
-                f"{len(parts) - 1} shards (replay it whole)",
-                location="--until",
-            )
-        result = replay_routed(
-            parts, config, verify=args.verify, explain=args.explain, registry=registry
-        )
-        records = merge(parts)
-    else:
-        records = parts[0]
-        result = replay(
-            records,
-            config,
-            verify=args.verify,
-            explain=args.explain,
-            until=args.until,
-            registry=registry,
-        )
-    if args.explain is not None and args.explain not in result.report.pods:
-        raise InputError(f"no pod {args.explain} in {args.log}", location="--explain")
-    if args.json:
-        if args.explain is not None:
-            data: dict[str, Any] = render.explanation_json(args.explain, result)
-        else:
-            data = result.report.to_json()
-            data["events"] = [
-                render.envelope_json(env)
-                for env in records
-                if args.until is None or env.offset <= args.until
-            ]
-        if args.verify:
-            data["verify"] = {
-                "ok": result.mismatch is None,
-                "decisions": result.verified,
-                "passes": result.passes,
-                "snapshots": result.snapshots,
-                "older_snapshots": result.older_snapshots,
-                "mismatch": str(result.mismatch) if result.mismatch else None,
-                "unforwarded": result.unforwarded,
-            }
-        emit_json(data)
-    elif args.explain is not None:
-        render.explanation_text(args.explain, result)
-    else:
-        render.report_table(result.report, {})
-    if isinstance(result.mismatch, UnverifiableLogError):
-        print(f"shoal: cannot verify: {result.mismatch}", file=sys.stderr)
-        return EXIT_MISMATCH
-    if result.mismatch is not None:
-        print(f"shoal: replay differs at {result.mismatch}", file=sys.stderr)
-        return EXIT_MISMATCH
-    if args.verify and not args.json:
-        snapshots = f" and {result.snapshots} snapshots" if result.snapshots else ""
-        print(
-            f"verified: {result.verified} decisions in {result.passes} passes{snapshots} "
-            "match the log"
-        )
-        if result.older_snapshots:
-            print(
-                f"note: {result.older_snapshots} snapshots written by an earlier version "
-                "(another snapshot format) were not compared"
-            )
-        if result.unforwarded:
-            print(
-                f"note: {result.unforwarded} coordinator outputs at the end of the control "
-                "partition were not forwarded yet (the coordinator stopped before; a "
-                "restarted one appends them)"
-            )
-    return 0
+    from shards.replaycmd import run_replay
+
+    return await run_replay(args, _config(args.config))
 
 
 # --------------------------------------------------------------------------- main

@@ -21,6 +21,9 @@ from events.errors import InputError
 from shards.inputs.scenario import ShardingSpec
 from shards.worker import SNAPSHOT_EVERY, SNAPSHOT_PER_POD
 
+EXIT_MISMATCH = 1
+"""Exit status of ``replay --verify`` that found a difference, or cannot verify."""
+
 GROUP: Final = "shoal.commands"
 """The entry-point group ``shoal`` reads its added subcommands from."""
 
