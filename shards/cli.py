@@ -216,6 +216,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="bindings the binder sends at once, at most (16)",
     )
     srv.add_argument(
+        "--kube-qps",
+        type=non_negative,
+        default=0,
+        metavar="N",
+        help="the binder's API requests a second, on average (0, the default: no limit)",
+    )
+    srv.add_argument(
+        "--kube-burst",
+        type=positive,
+        default=100,
+        metavar="N",
+        help="and at once, past that average (100)",
+    )
+    srv.add_argument(
         "--stuck-after",
         type=positive,
         default=120,
@@ -299,6 +313,8 @@ async def _serve(args: argparse.Namespace) -> int:
         lease_seconds=args.lease_seconds,
         stuck_after=args.stuck_after,
         bind_in_flight=args.bind_in_flight,
+        kube_qps=args.kube_qps,
+        kube_burst=args.kube_burst,
         **({"identity": args.identity} if args.identity else {}),
     )
     return await serve(options)

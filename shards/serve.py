@@ -62,7 +62,7 @@ from shards.bus import open_bus
 from shards.control import ControlWorker
 from shards.coordinator.coordinator import Coordinator
 from shards.kube.binder import KubeBinder
-from shards.kube.client import api_client
+from shards.kube.client import RateLimit, api_client
 from shards.kube.ingest import KubeIngest
 from shards.kube.lease import LeaderElector
 from shards.metrics import Metrics
@@ -99,6 +99,10 @@ class ServeOptions:
     stale_after: float = 10.0
     bind_in_flight: int = 16
     """Bindings the binder sends at once, at most."""
+    kube_qps: float = 0.0
+    """The binder's API requests a second, on average (0: no limit)."""
+    kube_burst: int = 100
+    """And at once, past that average."""
     stuck_after: float = 120.0
     """``/healthz`` fails once a running role has made no progress for this long (a
     bus down, a record that crashes it again and again), so that Kubernetes restarts
@@ -399,6 +403,7 @@ class Service:
                         partition=p,
                         clock=self.clock,
                         in_flight=self.options.bind_in_flight,
+                        rate=RateLimit(self.options.kube_qps, self.options.kube_burst),
                     )
                     for p in range(max(self.partitions - 1, 1))
                 ]

@@ -71,7 +71,7 @@ from events.types import (
     PositionRecorded,
     ReservationRequested,
 )
-from shards.kube.client import checked
+from shards.kube.client import RateLimit, checked
 from shards.kube.recorder import AS_MERGE_PATCH, NS_PER_S, EventRecorder
 from shards.kube.victims import Victims
 
@@ -102,12 +102,15 @@ class KubeBinder:
         eviction_backoff: float = 1.0,
         recheck_seconds: float = 1.0,
         in_flight: int = 16,
+        rate: RateLimit | None = None,
     ) -> None:
         if in_flight < 1:
             raise ValueError("in_flight must be at least 1")
         self.in_flight = in_flight
         """Bindings sent at once, at most (the API server answers each in milliseconds:
         one at a time, they cap the binder at a few hundred pods a second)."""
+        self.rate = rate or RateLimit()
+        """Client-side rate limit on the binder's API calls (``--kube-qps``/``--kube-burst``)."""
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.log = log_
@@ -395,6 +398,7 @@ class KubeBinder:
         answer, waited out by the caller, not here)."""
         delay = self.initial_backoff
         for attempt in range(self.max_attempts):
+            await self.rate.acquire()
             try:
                 return await call()
             except ApiException as exc:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from kubernetes_asyncio import client, config
@@ -52,3 +55,44 @@ async def checked(response: Any) -> Any:
         exc.body = body
         raise exc
     return response
+
+
+class RateLimit:
+    """A token bucket, as client-go's: at most ``qps`` requests a second on average and
+    ``burst`` at once. ``qps`` 0: no limit (the default; kube-scheduler's own is 50, with
+    a burst of 100). ``clock`` and ``sleep`` are the wall clock's unless a test gives its
+    own."""
+
+    def __init__(
+        self,
+        qps: float = 0.0,
+        burst: int = 100,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        if qps < 0 or burst < 1:
+            raise ValueError("qps must be at least 0 and burst at least 1")
+        self.qps = qps
+        self.burst = burst
+        self.tokens = float(burst)
+        self._clock = clock
+        self._sleep = sleep
+        self._at = clock()
+        self.waited = 0.0
+        """Seconds callers spent waiting for a token."""
+
+    async def acquire(self) -> None:
+        """Take a token: at once while the bucket holds one, else after the wait for it
+        (a reservation: the bucket goes below zero, so callers that come meanwhile wait
+        their turn after it, and nobody polls)."""
+        if self.qps == 0:
+            return
+        now = self._clock()
+        self.tokens = min(float(self.burst), self.tokens + (now - self._at) * self.qps)
+        self._at = now
+        self.tokens -= 1
+        if self.tokens < 0:
+            wait = -self.tokens / self.qps
+            self.waited += wait
+            await self._sleep(wait)
