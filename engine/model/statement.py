@@ -9,10 +9,14 @@ instead of on a copy keeps a gang attempt proportional to its size, not the clus
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.model.quota import QuotaTable
 from engine.model.state import ClusterState, Request
 from events.types import HostPort
+
+if TYPE_CHECKING:
+    from engine.model.pods import PodInfo
 
 
 @dataclass(slots=True)
@@ -37,6 +41,11 @@ class Statement:
 
     def __repr__(self) -> str:
         return f"Statement(ops={len(self.ops)}, open={self.open})"
+
+    def assume_pod(self, pod: PodInfo, slot: int) -> None:
+        """:meth:`assume` ``pod`` (a pending pod of the engine's) on ``slot``."""
+        spec = pod.spec
+        self.assume(pod.key, spec.namespace, slot, pod.request, pod.priority, spec.host_ports)
 
     def assume(
         self,

@@ -85,14 +85,7 @@ def attempt_group(p: SchedulingPass, key: str) -> None:
         attempt = framework.schedule(pod, e.state, explain=pod.key == p.explain)
         p.record(pod, attempt)
         if attempt.slot >= 0:
-            statement.assume(
-                pod.key,
-                pod.spec.namespace,
-                attempt.slot,
-                pod.request,
-                pod.priority,
-                pod.spec.host_ports,
-            )
+            statement.assume_pod(pod, attempt.slot)
             placed.append((pod, attempt.slot, 0))
         else:
             d = attempt.diagnosis
@@ -174,9 +167,7 @@ def _directed(
         return (status.message(), (status.plugin,) if status.plugin else (), {})
     if not framework.feasible(cycle, pod, e.state)[slot]:
         return (f"{pod.key} no longer fits node {node}", ("NodeResourcesFit",), {})
-    statement.assume(
-        pod.key, pod.spec.namespace, slot, pod.request, pod.priority, pod.spec.host_ports
-    )
+    statement.assume_pod(pod, slot)
     return None
 
 

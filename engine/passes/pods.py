@@ -95,14 +95,7 @@ def preempt_into(
         # earlier evictions of this attempt (a gang) may already have made room
         attempt = framework.schedule(pod, e.state)
         if attempt.slot >= 0:
-            statement.assume(
-                pod.key,
-                pod.spec.namespace,
-                attempt.slot,
-                pod.request,
-                pod.priority,
-                pod.spec.host_ports,
-            )
+            statement.assume_pod(pod, attempt.slot)
             return attempt.slot
     cycle = CycleState()
     cycle.write("", STATEMENT, statement)
@@ -114,7 +107,5 @@ def preempt_into(
     attempt = framework.schedule(pod, e.state)
     if attempt.slot < 0:
         return None
-    statement.assume(
-        pod.key, pod.spec.namespace, attempt.slot, pod.request, pod.priority, pod.spec.host_ports
-    )
+    statement.assume_pod(pod, attempt.slot)
     return attempt.slot

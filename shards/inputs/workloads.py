@@ -64,6 +64,7 @@ from shards.inputs.controllers import (
     stateful_pods,
     template_hash,
 )
+from shards.inputs.fields import _list
 from shards.inputs.limits import shown
 from shards.inputs.objects import ARRIVE_AT, RUNTIME, _map, _name, _string_map, pod_spec
 
@@ -167,14 +168,6 @@ def _selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) ->
         if not hit:
             return False
     return True
-
-
-def _list(value: Any, where: str) -> list[Any]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise InputError(f"must be a list, got {type(value).__name__}", location=where)
-    return value
 
 
 def _read(
