@@ -130,20 +130,28 @@ async def read_past_unreadable(
     return records, skipped, at
 
 
+async def read_rest(
+    log: EventLog, partition: int, offset: int = 0, *, step: int = 50_000
+) -> tuple[list[Envelope], list[tuple[int, str]], int]:
+    """Every record of ``partition`` from ``offset`` to its end, read ``step`` offsets at
+    a time past what cannot be decoded (:func:`read_past_unreadable`): the records, the
+    (offset, reason) of those skipped, and the offset after the last."""
+    records: list[Envelope] = []
+    unreadable: list[tuple[int, str]] = []
+    while True:
+        batch, skipped, offset = await read_past_unreadable(log, partition, offset, step)
+        if not batch and not skipped:
+            return records, unreadable, offset
+        records += batch
+        unreadable += skipped
+
+
 async def read_quarantined(log: EventLog, partition: int) -> tuple[list[Envelope], list[int]]:
     """Every record of ``partition``, past those that cannot be read and that a
     component of the run skipped and recorded (``RecordQuarantined``), and the offsets
     of those: replay skips them as the run did. Any other record that cannot be read is
     an error, as in :meth:`EventLog.read`."""
-    records: list[Envelope] = []
-    unreadable: list[tuple[int, str]] = []
-    offset = 0
-    while True:
-        batch, skipped, offset = await read_past_unreadable(log, partition, offset)
-        if not batch and not skipped:
-            break
-        records += batch
-        unreadable += skipped
+    records, unreadable, _ = await read_rest(log, partition)
     excused = {e.event.offset for e in records if isinstance(e.event, RecordQuarantined)}
     for at, reason in unreadable:
         if at not in excused:

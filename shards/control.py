@@ -54,7 +54,7 @@ from shards.coordinator.snapshot import (
     restore_coordinator,
     snapshot_coordinator,
 )
-from shards.worker import append_snapshot, newest_snapshot, snapshot_due
+from shards.worker import append_quarantined, append_snapshot, newest_snapshot, snapshot_due
 
 logger = logging.getLogger(__name__)
 
@@ -196,32 +196,15 @@ class ControlWorker:
         return appended
 
     async def _quarantine(self, skipped: list[tuple[int, str]]) -> None:
-        """Record each control record skipped (undecodable, or refused by the fold) and
-        not recorded yet; the coordinator goes on. Empties the engine's list."""
-        new = {o: r for o, r in skipped if o not in self.quarantined}
+        """Record the control records skipped (:func:`append_quarantined`); empties the
+        engine's list of records its fold refused."""
+        skipped = list(skipped)
         self.coordinator.engine.unfolded.clear()
-        if not new:
-            return
-        for offset, reason in new.items():
-            logger.warning(
-                "record quarantined component=coordinator partition=%d offset=%d reason=%s",
-                self.partition,
-                offset,
-                reason[:500],
-            )
-        self.quarantined.update(new)
-        offsets = await self.log.append(
-            [
-                Envelope(
-                    event=RecordQuarantined(offset=o, reason=r[:1000], component=COORDINATOR),
-                    time=self.coordinator.now,
-                    producer=COORDINATOR,
-                )
-                for o, r in sorted(new.items())
-            ],
-            self.partition,
+        last = await append_quarantined(
+            self.log, self.partition, skipped, self.quarantined, COORDINATOR, self.coordinator.now
         )
-        self.last_own[self.partition] = offsets[-1]
+        if last is not None:
+            self.last_own[self.partition] = last
 
     async def poll(self) -> int:
         """Relay what shards reported, fold what is new (a pass after each slice);

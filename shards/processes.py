@@ -220,7 +220,7 @@ async def run_binder(
     failed: set[str] = set()
     for partition in range(shards):
         offset = 0
-        while True:
+        while True:  # a batch at a time: the partition may be long
             batch, skipped, offset = await read_past_unreadable(bus, partition, offset, 50_000)
             if not batch and not skipped:
                 break

@@ -25,7 +25,7 @@ from engine.config import SchedulerConfig
 from engine.engine import Engine
 from engine.snapshot import SnapshotError, assemble, restore, snapshot_events
 from events.errors import LogCorruptedError
-from events.log import EventLog, read_past_unreadable
+from events.log import EventLog, read_past_unreadable, read_rest
 from events.types import (
     Envelope,
     RecordQuarantined,
@@ -135,15 +135,7 @@ class ShardWorker:
                     exc,
                 )
         start = resume.position if resume is not None else 0
-        records: list[Envelope] = []
-        unreadable: list[tuple[int, str]] = []
-        position = start
-        while True:
-            batch, skipped, position = await read_past_unreadable(log, partition, position, 50_000)
-            records.extend(batch)
-            unreadable.extend(skipped)
-            if not batch and not skipped:
-                break
+        records, unreadable, position = await read_rest(log, partition, start)
         result = replay(records, config, verify=True, shard=shard, resume=resume, registry=registry)
         if result.mismatch is not None:
             raise LogCorruptedError(
@@ -224,35 +216,13 @@ class ShardWorker:
         return len(decisions)
 
     async def _quarantine(self, skipped: list[tuple[int, str]]) -> None:
-        """Record each record skipped (undecodable, or refused by the fold) that is not
-        recorded yet, so that the log says what was skipped and why; the worker goes on.
-        ``skipped`` is emptied."""
-        new = [(offset, reason) for offset, reason in skipped if offset not in self.quarantined]
-        skipped.clear()
-        if not new:
-            return
-        for offset, reason in new:
-            logger.warning(
-                "record quarantined shard=%s partition=%d offset=%d reason=%s",
-                self.name,
-                self.partition,
-                offset,
-                reason[:500],
-            )
-        self.quarantined.update(offset for offset, _ in new)
-        now = self.engine.now
-        offsets = await self.log.append(
-            [
-                Envelope(
-                    event=RecordQuarantined(offset=o, reason=r[:1000], component=self.name),
-                    time=now,
-                    producer=self.name,
-                )
-                for o, r in new
-            ],
-            self.partition,
+        """Record what was skipped (:func:`append_quarantined`); ``skipped`` is emptied."""
+        last = await append_quarantined(
+            self.log, self.partition, skipped, self.quarantined, self.name, self.engine.now
         )
-        self._own_until = max(self._own_until, offsets[-1] + 1)
+        skipped.clear()
+        if last is not None:
+            self._own_until = max(self._own_until, last + 1)
 
     async def _snapshot(self, cause: int) -> None:
         """Append the state as it is right after the pass caused by ``cause``."""
@@ -270,6 +240,45 @@ class ShardWorker:
         self.snapshot_at = self.position
         self.snapshots += 1
         self.snapshot_seconds += time.perf_counter() - started
+
+
+async def append_quarantined(
+    log_: EventLog,
+    partition: int,
+    skipped: Sequence[tuple[int, str]],
+    known: set[int],
+    component: str,
+    at: int,
+) -> int | None:
+    """Append a ``RecordQuarantined`` for each record of ``partition`` that
+    ``component`` skipped (undecodable, or refused by the fold: (offset, reason)) and
+    that is not in ``known`` yet, so that the log says what was skipped and why; the
+    component goes on. ``known`` gains them. The offset of the last record appended, or
+    None if there was nothing new."""
+    new = {offset: reason for offset, reason in skipped if offset not in known}
+    if not new:
+        return None
+    for offset, reason in new.items():
+        logger.warning(
+            "record quarantined component=%s partition=%d offset=%d reason=%s",
+            component,
+            partition,
+            offset,
+            reason[:500],
+        )
+    known.update(new)
+    offsets = await log_.append(
+        [
+            Envelope(
+                event=RecordQuarantined(offset=o, reason=r[:1000], component=component),
+                time=at,
+                producer=component,
+            )
+            for o, r in sorted(new.items())
+        ],
+        partition,
+    )
+    return offsets[-1]
 
 
 async def append_snapshot(
