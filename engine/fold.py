@@ -86,7 +86,7 @@ def bound(m: ShardModel, event: PodBound) -> None:
         return
     m.queue.remove(event.pod)
     pod.attempts = max(pod.attempts, event.attempt)
-    m.place(event.pod, slot, event.decision_id)
+    m.place(event.pod, slot, event.decision_id, devices=event.devices)
 
 
 def bound_seen(m: ShardModel, event: PodBound) -> None:
@@ -214,7 +214,7 @@ def adopted(m: ShardModel, event: PodAdopted) -> None:
     m.queue.remove(key)
     m.waiting.pop(key, None)
     if m.bindings.get(key) != placement.decision_id:
-        m.place(key, slot, placement.decision_id)
+        m.place(key, slot, placement.decision_id, devices=placement.devices)
 
 
 # ---------------------------------------------------------------------- reservations

@@ -41,7 +41,9 @@ import events.types as event_types
 from engine.config import SchedulerConfig, parse_config
 from engine.engine import Engine
 from engine.framework.registry import Registry
+from engine.model.cards import Cards
 from engine.model.changes import ClusterEvent
+from engine.model.devices import CardNeed, GpuRequest
 from engine.model.groups import GroupInfo, GroupPhase
 from engine.model.pods import PodInfo, pod_info
 from engine.model.pools import PoolRule, Pools
@@ -54,16 +56,20 @@ from engine.model.state import ClusterState, PlacedPod
 from events.errors import InputError
 from events.types import SnapshotTaken
 
-FORMAT: Final = 5
+FORMAT: Final = 6
 """Bumped whenever the state classes change shape: a snapshot of another format is
 refused (and its component folds its partition from the start instead). 5: nodes keep
-their annotations (``ClusterState.node_annotations``)."""
+their annotations (``ClusterState.node_annotations``). 6: GPU cards (``Cards``, the
+devices of ``PlacedPod``, ``ResourceIndex.card_needs``)."""
 CHUNK_BYTES: Final = 256 * 1024
 MAX_STATE_BYTES: Final = 1 << 31
 STATE_CLASSES: Final[dict[str, type]] = {
     cls.__qualname__: cls
     for cls in (
         ClusterState,
+        Cards,
+        CardNeed,
+        GpuRequest,
         PlacedPod,
         ResourceIndex,
         SchedulingQueue,
@@ -92,7 +98,7 @@ DTYPES: Final = frozenset(
     np.dtype(t).str for t in ("bool", "int8", "int16", "int32", "int64", "float32", "float64")
 )
 DERIVED: Final[dict[type, frozenset[str]]] = {
-    PodInfo: frozenset({"request", "static_key", "shape_key"}),
+    PodInfo: frozenset({"request", "static_key", "shape_key", "gpu"}),
 }
 """Attributes left out of a snapshot and derived again on restore (from the pod's spec:
 cheaper than writing thousands of nested tuples)."""
@@ -348,10 +354,11 @@ def rederive(decoder: _Decoder, engine: Engine) -> None:
             if not isinstance(spec, event_types.PodSpec) or not isinstance(seq, int):
                 raise SnapshotError("a pod without its spec")
             fresh = pod_info(spec, resources, seq)
-            obj.request, obj.static_key, obj.shape_key = (
+            obj.request, obj.static_key, obj.shape_key, obj.gpu = (
                 fresh.request,
                 fresh.static_key,
                 fresh.shape_key,
+                fresh.gpu,
             )
 
 

@@ -338,6 +338,8 @@ class Placement(msgspec.Struct, frozen=True, kw_only=True):
     pod: PodSpec
     node: str
     decision_id: str
+    devices: tuple[int, ...] = ()
+    """Its GPU cards there (see ``PodBound.devices``)."""
 
 
 class PodAdopted(_Fact, frozen=True, kw_only=True, tag="adopt"):
@@ -395,6 +397,8 @@ class PodBound(_Fact, frozen=True, kw_only=True, tag="bind"):
     attempt: int
     shard: int = 0
     score: int = 0
+    devices: tuple[int, ...] = ()
+    """The GPU cards the pod takes on ``node`` (indices); empty for no GPU."""
 
 
 class PodUnschedulable(_Fact, frozen=True, kw_only=True, tag="unsched"):

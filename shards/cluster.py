@@ -5,6 +5,10 @@ of what runs where, and re-checks every decision against it before binding (a de
 that no longer fits, names a vanished node or a deleted pod fails, and the failure is
 an event). Bound pods with ``shoal.io/runtime`` succeed that many simulated seconds
 later; pods on a removed node fail with ``NodeLost``.
+
+GPU cards are checked as a device plugin would: the cards a decision names must exist on
+the node, be as many as the pod asks for, and have the share it asks for free (compute in
+milli-cards, memory per mille); the cluster keeps its own per-card record.
 """
 
 from __future__ import annotations
@@ -12,6 +16,16 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
+from engine.model.devices import (
+    CARDS_LABEL,
+    GPU,
+    MEMORY_LABEL,
+    WHOLE,
+    GpuRequest,
+    GpuRequestError,
+    gpu_request,
+    scalar_requests,
+)
 from events.types import (
     BindFailed,
     Envelope,
@@ -29,6 +43,7 @@ from events.types import (
     PodSucceeded,
     PodUnbound,
 )
+from events.types import NodeSpec as _NodeSpec
 
 
 @dataclass(slots=True)
@@ -36,6 +51,25 @@ class _Node:
     allocatable: dict[str, int]
     used: dict[str, int] = field(default_factory=dict)
     pods: dict[str, None] = field(default_factory=dict)
+    cards: list[list[int]] = field(default_factory=list)
+    """Per card: compute and memory (per mille) in use."""
+    card_mib: int = 0
+
+
+def _cards_of(spec: _NodeSpec) -> tuple[int, int]:
+    count = spec.allocatable.get(GPU, 0)
+    label = spec.labels.get(CARDS_LABEL, "")
+    if label.isdigit() and int(label) <= 1024:
+        count = int(label)
+    memory = spec.labels.get(MEMORY_LABEL, "")
+    return max(count, 0), int(memory) if memory.isdigit() else 0
+
+
+def _set_cards(node: _Node, spec: _NodeSpec) -> None:
+    count, mib = _cards_of(spec)
+    have = node.cards
+    node.cards = [have[i] if i < len(have) else [0, 0] for i in range(count)]
+    node.card_mib = mib
 
 
 class SimulatedCluster:
@@ -47,6 +81,8 @@ class SimulatedCluster:
         """Pods submitted and not yet finished or deleted."""
         self.running: dict[str, tuple[str, str]] = {}
         """Pod → (node, decision id)."""
+        self.holding: dict[str, tuple[tuple[int, ...], int, int]] = {}
+        """Pod → the cards it holds, and the compute and memory it takes on each."""
         self._timers: list[tuple[int, int, str, str]] = []
         self._seq = 0
         self.bind_failures = 0
@@ -68,9 +104,10 @@ class SimulatedCluster:
             case NodeAdded(node=spec) | NodeUpdated(node=spec):
                 node = self.nodes.get(spec.name)
                 if node is None:
-                    self.nodes[spec.name] = _Node(dict(spec.allocatable))
+                    node = self.nodes[spec.name] = _Node(dict(spec.allocatable))
                 else:
                     node.allocatable = dict(spec.allocatable)
+                _set_cards(node, spec)
             case NodeRemoved(name=name):
                 node = self.nodes.pop(name, None)
                 if node is not None:
@@ -94,12 +131,19 @@ class SimulatedCluster:
             return
         node = self.nodes.get(where[0])
         spec = self.specs.pop(key, None)
+        held = self.holding.pop(key, None)
         if node is not None:
             node.pods.pop(key, None)
             if spec is not None:
-                for resource, amount in spec.requests.items():
+                for resource, amount in _scalar(spec).items():
                     node.used[resource] = node.used.get(resource, 0) - amount
                 node.used["pods"] = node.used.get("pods", 0) - 1
+            if held is not None:
+                devices, milli, memory = held
+                for card in devices:
+                    if card < len(node.cards):
+                        node.cards[card][0] -= milli
+                        node.cards[card][1] -= memory
 
     def unbind(self, decision: PodUnbound) -> None:
         """Take a placement back; the pod stays, pending again."""
@@ -124,11 +168,21 @@ class SimulatedCluster:
         node = self.nodes.get(decision.node)
         if node is None:
             return [self._fail(decision, f"node {decision.node} not found")]
-        wanted = dict(spec.requests)
+        try:
+            gpu = gpu_request(spec.requests)
+        except GpuRequestError as exc:
+            return [self._fail(decision, f"invalid GPU request: {exc}")]
+        wanted = scalar_requests(spec.requests, gpu)
         wanted["pods"] = wanted.get("pods", 0) + 1
         for resource, amount in wanted.items():
             if node.used.get(resource, 0) + amount > node.allocatable.get(resource, 0):
                 return [self._fail(decision, f"node {decision.node} has insufficient {resource}")]
+        held = None
+        if gpu is not None:
+            held = _take_cards(node, gpu, decision.devices)
+            if isinstance(held, str):
+                return [self._fail(decision, f"node {decision.node}: {held}")]
+            self.holding[decision.pod] = held
         for resource, amount in wanted.items():
             node.used[resource] = node.used.get(resource, 0) + amount
         node.pods[decision.pod] = None
@@ -173,7 +227,40 @@ class SimulatedCluster:
 
     def check_invariants(self) -> None:
         for name, node in self.nodes.items():
+            for i, (milli, memory) in enumerate(node.cards):
+                assert 0 <= milli <= WHOLE and 0 <= memory <= WHOLE, (
+                    f"{name} over-committed GPU card {i}"
+                )
             for resource, amount in node.used.items():
                 assert amount <= node.allocatable.get(resource, 0), (
                     f"{name} over-committed {resource}"
                 )
+
+
+def _scalar(spec: PodSpec) -> dict[str, int]:
+    try:
+        return scalar_requests(spec.requests, gpu_request(spec.requests))
+    except GpuRequestError:
+        return dict(spec.requests)
+
+
+def _take_cards(
+    node: _Node, gpu: GpuRequest, devices: tuple[int, ...]
+) -> tuple[tuple[int, ...], int, int] | str:
+    """Charge ``gpu`` on ``devices`` of ``node``, or say why it cannot be."""
+    if len(devices) != gpu.cards or len(set(devices)) != len(devices):
+        return f"the decision names cards {list(devices)} for a pod of {gpu.cards} card(s)"
+    milli = gpu.need.milli
+    if gpu.need.memory_mib and node.card_mib <= 0:
+        return "GPU memory asked in MiB, the node does not say its cards' memory"
+    memory = gpu.memory_on(node.card_mib)
+    for card in devices:
+        if not 0 <= card < len(node.cards):
+            return f"has no GPU card {card}"
+        used_milli, used_memory = node.cards[card]
+        if used_milli + milli > WHOLE or used_memory + memory > WHOLE:
+            return f"GPU card {card} has not the share asked free"
+    for card in devices:
+        node.cards[card][0] += milli
+        node.cards[card][1] += memory
+    return devices, milli, memory

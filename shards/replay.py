@@ -31,6 +31,7 @@ from events.errors import (
 from events.types import (
     Envelope,
     Event,
+    PodBound,
     PodGroupStatusChanged,
     PodSpec,
     PodSubmitted,
@@ -109,11 +110,27 @@ def _in_report_order(items: Sequence[T], event: Callable[[T], Event]) -> list[T]
     return out
 
 
+def same_decision(derived: Event | None, recorded: Event | None) -> bool:
+    """Whether replay derived the recorded decision. A ``PodBound`` recorded without
+    GPU cards (logs written before cards were modelled) matches the same binding with
+    the cards replay chooses."""
+    if derived == recorded:
+        return True
+    if (
+        isinstance(derived, PodBound)
+        and isinstance(recorded, PodBound)
+        and not recorded.devices
+        and derived.devices
+    ):
+        return msgspec.structs.replace(derived, devices=()) == recorded
+    return False
+
+
 def _first_difference(derived: Sequence[Event], recorded: Sequence[Envelope]) -> int | None:
     for i in range(max(len(derived), len(recorded))):
         d = derived[i] if i < len(derived) else None
         r = recorded[i].event if i < len(recorded) else None
-        if d != r:
+        if not same_decision(d, r):
             return i
     return None
 
@@ -345,7 +362,7 @@ def verify_control(
                             return checked, pending, verified, _gap(partition, got[i], env.offset)
                         pending += len(got) - i
                         break
-                    if i >= len(got) or had[i].event != got[i]:
+                    if i >= len(got) or not same_decision(got[i], had[i].event):
                         return (
                             checked,
                             pending,

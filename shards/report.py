@@ -45,9 +45,13 @@ class PodView:
     bound_at: int | None = None
     decision: str = ""
     """The decision id of its current placement."""
+    devices: tuple[int, ...] = ()
+    """The GPU cards it holds on ``node``."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"node": self.node, "phase": self.phase}
+        if self.devices and self.phase == "Bound":
+            out["devices"] = list(self.devices)
         if self.phase != "Bound" and self.reason:
             out["reason"] = self.reason
         if self.shard is not None:
@@ -178,6 +182,7 @@ class RunReport:
                 view.shard = event.shard
                 view.bound_at = env.time
                 view.decision = event.decision_id
+                view.devices = event.devices
             case BindFailed(pod=key):
                 self.bind_failures += 1
                 view = self._view(key)

@@ -6,6 +6,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.model.devices import GpuRequest, GpuRequestError, gpu_request, scalar_requests
 from engine.model.resources import PODS, ResourceIndex
 from engine.model.state import Request
 from events.types import PodSpec
@@ -30,6 +31,8 @@ class PodInfo:
     tiebreak: int
     attempts: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    gpu: GpuRequest | None = None
+    """Its GPU cards (whole or shares), when it asks for any."""
 
     @property
     def priority(self) -> int:
@@ -39,18 +42,34 @@ class PodInfo:
         return f"PodInfo({self.key!r}, priority={self.priority}, attempts={self.attempts})"
 
 
-def make_request(spec: PodSpec, resources: ResourceIndex) -> Request:
-    """The pod's requests as sorted ``(row, amount)`` pairs, ``pods: 1`` included."""
+def pod_gpu(spec: PodSpec) -> GpuRequest | None:
+    """The pod's GPU request (None: none, or one the input checks refuse, which never
+    reaches an engine: see :mod:`engine.refusals`)."""
+    try:
+        return gpu_request(spec.requests)
+    except GpuRequestError:
+        return None
+
+
+def make_request(spec: PodSpec, resources: ResourceIndex, gpu: GpuRequest | None = None) -> Request:
+    """The pod's requests as sorted ``(row, amount)`` pairs, ``pods: 1`` included; GPU
+    cards as the row of their need (see :mod:`engine.model.cards`). ``gpu``: the pod's
+    GPU request when already derived."""
+    if gpu is None:
+        gpu = pod_gpu(spec)
     amounts: dict[int, int] = {PODS: 1}
-    for name, amount in spec.requests.items():
+    for name, amount in scalar_requests(spec.requests, gpu).items():
         if amount > 0:
             amounts[resources.row(name)] = amount
+    if gpu is not None:
+        amounts[resources.card_row(gpu.need)] = gpu.cards
     return tuple(sorted(amounts.items()))
 
 
 def pod_info(spec: PodSpec, resources: ResourceIndex, seq: int) -> PodInfo:
     """Derive a :class:`PodInfo` from a submitted spec."""
-    request = make_request(spec, resources)
+    gpu = pod_gpu(spec)
+    request = make_request(spec, resources, gpu)
     static_key = (
         spec.node_name,
         tuple(sorted(spec.node_selector.items())),
@@ -68,4 +87,5 @@ def pod_info(spec: PodSpec, resources: ResourceIndex, seq: int) -> PodInfo:
         static_key=static_key,
         shape_key=(request, static_key),
         tiebreak=zlib.crc32(key.encode()),
+        gpu=gpu,
     )

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from engine.model.devices import CardNeed
+
 CPU: Final = 0
 MEMORY: Final = 1
 PODS: Final = 2
@@ -27,6 +29,8 @@ class ResourceIndex:
     def __init__(self) -> None:
         self._rows: dict[str, int] = {name: i for i, name in enumerate(BASE_RESOURCES)}
         self._names: list[str] = list(BASE_RESOURCES)
+        self.card_needs: dict[int, CardNeed] = {}
+        """Rows that count a node's cards satisfying a need (see :mod:`engine.model.cards`)."""
 
     def __repr__(self) -> str:
         return f"ResourceIndex({self._names})"
@@ -41,6 +45,12 @@ class ResourceIndex:
             row = len(self._names)
             self._rows[name] = row
             self._names.append(name)
+        return row
+
+    def card_row(self, need: CardNeed) -> int:
+        """The row counting cards that satisfy ``need``, registering it if new."""
+        row = self.row(need.label())
+        self.card_needs[row] = need
         return row
 
     def get(self, name: str) -> int | None:

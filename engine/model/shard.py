@@ -372,12 +372,22 @@ class ShardModel:
             if member in self.pods:  # (a member may be gone: another spec, for those left)
                 self.dirty[self.unit_of(member)] = None
 
-    def place(self, key: str, slot: int, decision_id: str, charged: bool = False) -> None:
+    def place(
+        self,
+        key: str,
+        slot: int,
+        decision_id: str,
+        charged: bool = False,
+        devices: tuple[int, ...] | None = None,
+    ) -> None:
         """Assume ``key`` on ``slot`` in state and quota (already staged is fine;
-        ``charged``: its quota already counts it)."""
+        ``charged``: its quota already counts it; ``devices``: its GPU cards, as
+        recorded, else chosen)."""
         pod = self.pods[key]
         if key not in self.state.pods:
-            self.state.assume(key, slot, pod.request, pod.priority, pod.spec.host_ports)
+            self.state.assume(
+                key, slot, pod.request, pod.priority, pod.spec.host_ports, devices or None
+            )
             if not charged:
                 self.quotas.add(pod.spec.namespace, pod.request)
         if key not in self.bindings:

@@ -16,9 +16,11 @@ bind host ports, so caches are seldom dropped for them.
 Slots of removed nodes are reused lowest-first, so slot order (the tie-break order) is a
 function of the event sequence alone.
 
-Room for later: per-device accounting (the GPU cards of a node, each shareable by
-milli-fractions, with a model label) will be a second table keyed by slot, kept beside
-``alloc``/``used`` and copied with them by :meth:`ClusterState.copy`.
+GPU cards are a second table keyed by slot (:class:`~engine.model.cards.Cards`), kept
+beside ``alloc``/``used`` and copied with them: a node's cards come from its
+``nvidia.com/gpu`` allocatable, the cards a pod takes are chosen when it is assumed (or
+given, as recorded), and the rows that count cards satisfying each need are rewritten
+from the table whenever a node's cards change (see :mod:`engine.model.cards`).
 
 Why one module of over 500 lines: the columns and every operation that writes them
 keep ``free = alloc - used`` and the label and taint codes in step; split, an
@@ -36,6 +38,8 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from engine.model.cards import Cards
+from engine.model.devices import CARDS_LABEL, GPU, MEMORY_LABEL, CardNeed, GpuRequest
 from engine.model.resources import (
     CPU,
     DEFAULT_MEMORY_REQUEST,
@@ -70,6 +74,10 @@ class PlacedPod:
     priority: int = 0
     ports: tuple[HostPort, ...] = ()
     """Host ports the pod binds there."""
+    devices: tuple[int, ...] = ()
+    """The GPU cards it holds there (indices on its node)."""
+    gpu: GpuRequest | None = None
+    """What it takes on each of them."""
 
 
 _DELTAS: dict[tuple[Request, int], npt.NDArray[np.int64]] = {}
@@ -180,6 +188,8 @@ class ClusterState:
         """Slots whose resources changed, in order; ``journal_base`` is the position of
         ``journal[0]`` (older entries are dropped)."""
         self.journal_base = 0
+        self.cards = Cards(cap)
+        """Every node's GPU cards (see :mod:`engine.model.cards`)."""
 
     def __repr__(self) -> str:
         return f"ClusterState(nodes={len(self.index)}, pods={len(self.pods)})"
@@ -215,7 +225,8 @@ class ClusterState:
         )
 
     def ensure_rows(self) -> None:
-        """Grow the resource arrays to cover every registered resource row."""
+        """Grow the resource arrays to cover every registered resource row (and fill
+        the rows of card needs registered since)."""
         rows = len(self.resources)
         have = self._columns.shape[1]
         if rows > have:
@@ -227,6 +238,28 @@ class ClusterState:
                 self.used_by_priority[level] = np.vstack(
                     [used, np.zeros((rows - have, used.shape[1]), dtype=np.int64)]
                 )
+        needs = self.resources.card_needs
+        if len(needs) != len(self.cards.rows):
+            for row, need in needs.items():
+                if row not in self.cards.rows:
+                    self.cards.add_row(row, need)
+            self._count_cards(slice(None))
+
+    def _count_cards(self, slots: Ints | slice) -> None:
+        """Rewrite the card-need rows of ``slots`` from the card table."""
+        if not self.cards.rows:
+            return
+        rows, counts = self.cards.counts(slots)
+        count = self.cards.count[slots]
+        columns = self._columns
+        if isinstance(slots, slice):
+            columns[0, rows, :] = count
+            columns[2, rows, :] = counts
+            columns[1, rows, :] = count - counts
+        else:
+            columns[0, rows[:, None], slots] = count
+            columns[2, rows[:, None], slots] = counts
+            columns[1, rows[:, None], slots] = count - counts
 
     def _grow(self) -> None:
         old = self.capacity
@@ -256,6 +289,7 @@ class ClusterState:
         for by_ip in self.host_ports.values():
             for ip, row in by_ip.items():
                 by_ip[ip] = widen(row)  # type: ignore[assignment]
+        self.cards.grow(new)
 
     def _take_slot(self) -> int:
         if self._free_slots:
@@ -294,6 +328,7 @@ class ClusterState:
         for row, amount in zip(rows, spec.allocatable.values(), strict=True):
             self.alloc[row, slot] = amount
         self.free[:, slot] = self.alloc[:, slot] - self.used[:, slot]
+        self._write_cards(slot, spec)
         self.unschedulable[slot] = spec.unschedulable
         for key, col in self.label_columns.items():
             if key not in spec.labels:
@@ -315,6 +350,25 @@ class ClusterState:
         self.static_version += 1
         self._touch(slot)
 
+    def _write_cards(self, slot: int, spec: NodeSpec) -> None:
+        """The node's cards as its spec says, with its pods' shares charged again."""
+        count = spec.allocatable.get(GPU, 0)
+        label = spec.labels.get(CARDS_LABEL, "")
+        if _INTEGER.fullmatch(label) and 0 <= int(label) <= 1024:
+            count = int(label)
+        memory = spec.labels.get(MEMORY_LABEL, "")
+        mib = int(memory) if _INTEGER.fullmatch(memory) and int(memory) > 0 else 0
+        cards = self.cards
+        if not count and not cards.count[slot]:
+            self._count_cards(np.array([slot]))
+            return
+        cards.set_node(slot, max(count, 0), mib)
+        for key in self.node_pods[slot]:
+            placed = self.pods[key]
+            if placed.gpu is not None:
+                cards.take(slot, placed.devices, placed.gpu, 1)
+        self._count_cards(np.array([slot]))
+
     def remove_node(self, name: str) -> list[str]:
         """Remove a node; return the pods that were placed on it (now forgotten)."""
         slot = self.index.pop(name, None)
@@ -327,6 +381,7 @@ class ClusterState:
         self.valid[slot] = False
         self.unschedulable[slot] = False
         self._columns[:, :, slot] = 0
+        self.cards.clear(slot)
         for col in self.label_columns.values():
             col[slot] = ABSENT
         for row in self.taint_rows:
@@ -350,16 +405,31 @@ class ClusterState:
         request: Request,
         priority: int = 0,
         ports: tuple[HostPort, ...] = (),
+        devices: tuple[int, ...] | None = None,
     ) -> None:
         """Commit ``request`` (and host ``ports``) on ``slot`` for pod ``key``
-        (idempotent for the same slot)."""
+        (idempotent for the same slot). GPU cards: ``devices`` when given (a decision
+        replayed as recorded), else chosen here (:meth:`Cards.choose`)."""
         placed = self.pods.get(key)
         if placed is not None:
             if placed.slot == slot:
                 return
             self.forget(key)
-        delta = request_delta(request, self._columns.shape[1])
-        self.pods[key] = PlacedPod(slot, request, delta, priority, ports)
+        resources = self.resources
+        if len(resources) != self._columns.shape[1] or len(resources.card_needs) != len(
+            self.cards.rows
+        ):
+            self.ensure_rows()  # rows registered by a pod not submitted (tests, tools)
+        gpu = self.gpu_of(request) if self.cards.rows else None
+        if gpu is None:
+            delta = request_delta(request, self._columns.shape[1])
+            self.pods[key] = PlacedPod(slot, request, delta, priority, ports)
+        else:
+            scalar = tuple(item for item in request if item[0] not in self.cards.rows)
+            delta = request_delta(scalar, self._columns.shape[1])
+            if devices is None:
+                devices = self.cards.choose(slot, gpu)
+            self.pods[key] = PlacedPod(slot, request, delta, priority, ports, devices, gpu)
         self.node_pods[slot][key] = None
         if ports:
             self._count_ports(ports, slot, 1)
@@ -374,6 +444,19 @@ class ClusterState:
         else:
             self._columns[:, :, slot] += delta
             by_priority[:, slot] += delta[1]
+        if gpu is not None:
+            assert devices is not None
+            self.cards.take(slot, devices, gpu, 1)
+            self._count_cards(np.array([slot]))
+
+    def gpu_of(self, request: Request) -> GpuRequest | None:
+        """The GPU cards ``request`` asks for (from its card-need row), or None."""
+        rows = self.cards.rows
+        for row, amount in request:
+            need = rows.get(row)
+            if need is not None:
+                return _gpu(amount, need)
+        return None
 
     def forget(self, key: str) -> int | None:
         """Release pod ``key``'s resources; return its slot (None if not placed)."""
@@ -398,6 +481,9 @@ class ClusterState:
             by_priority[:, slot] -= delta[1]
         if not by_priority.any():
             del self.used_by_priority[placed.priority]
+        if placed.gpu is not None:
+            self.cards.take(slot, placed.devices, placed.gpu, -1)
+            self._count_cards(np.array([slot]))
         return slot
 
     def _count_ports(self, ports: tuple[HostPort, ...], slot: int, sign: int) -> None:
@@ -532,23 +618,28 @@ class ClusterState:
         new.static_version = self.static_version
         new.journal = list(self.journal)
         new.journal_base = self.journal_base
+        new.cards = self.cards.copy()
         return new
 
     def check_invariants(self) -> None:
         """Assert the bookkeeping is consistent (used by tests and ``replay --verify``)."""
         assert np.array_equal(self.free, self.alloc - self.used), "free != alloc - used"
+        card_rows = self.cards.rows
+        scalar = [r for r in range(self.used.shape[0]) if r not in card_rows]
         used = np.zeros_like(self.used)
         for placed in self.pods.values():
             for row, amount in placed.request:
                 used[row, placed.slot] += amount
-        assert np.array_equal(used, self.used), "used does not match placed pods"
+        assert np.array_equal(used[scalar], self.used[scalar]), "used does not match placed pods"
         nonzero_used = np.zeros_like(self.nonzero_used)
         for placed in self.pods.values():
             for row, amount in scored_request(placed.request):
-                nonzero_used[row, placed.slot] += amount
+                if row not in card_rows:
+                    nonzero_used[row, placed.slot] += amount
         assert np.array_equal(nonzero_used, self.nonzero_used), "nonzero_used is off"
         by_priority = sum(self.used_by_priority.values(), np.zeros_like(self.used))
-        assert np.array_equal(by_priority, self.used), "used_by_priority is off"
+        assert np.array_equal(by_priority[scalar], self.used[scalar]), "used_by_priority is off"
+        self._check_cards()
         bound: dict[tuple[str, int, str], Ints] = {}
         for placed in self.pods.values():
             for port in placed.ports:
@@ -563,6 +654,35 @@ class ClusterState:
         }
         assert bound.keys() == counted.keys(), "host_ports lists other ports"
         assert all(np.array_equal(bound[k], counted[k]) for k in bound), "host_ports is off"
+
+    def _check_cards(self) -> None:
+        """No card over-committed; the card table and the need rows match the pods."""
+        cards = self.cards
+        expect_free = np.where(
+            np.arange(cards.width)[None, :] < cards.count[:, None], 1000, -1
+        ).astype(np.int64)
+        expect_memory = expect_free.copy()
+        for placed in self.pods.values():
+            if placed.gpu is None:
+                continue
+            slot = placed.slot
+            memory = placed.gpu.memory_on(int(cards.mib[slot]))
+            for card in placed.devices:
+                if card < cards.count[slot]:
+                    expect_free[slot, card] -= placed.gpu.need.milli
+                    expect_memory[slot, card] -= memory
+        assert np.array_equal(expect_free, cards.free), "card compute does not match pods"
+        assert np.array_equal(expect_memory, cards.memory), "card memory does not match pods"
+        existing = np.arange(cards.width)[None, :] < cards.count[:, None]
+        assert (cards.free[existing] >= 0).all(), "a card's compute is over-committed"
+        assert (cards.memory[existing] >= 0).all(), "a card's memory is over-committed"
+        if cards.rows:
+            rows, counts = cards.counts(slice(None))
+            assert np.array_equal(self.free[rows], counts), "card-need rows are stale"
+
+
+def _gpu(cards: int, need: CardNeed) -> GpuRequest:
+    return GpuRequest(cards, need, "")
 
 
 _VIEW_COLUMNS: Final = frozenset(

@@ -30,6 +30,8 @@ class _Op:
     """For an eviction: the pod it makes room for."""
     priority: int = 0
     ports: tuple[HostPort, ...] = ()
+    devices: tuple[int, ...] | None = None
+    """For an eviction: the GPU cards the pod held (taken again if undone)."""
 
 
 @dataclass
@@ -76,6 +78,7 @@ class Statement:
                 by,
                 placed.priority,
                 placed.ports,
+                placed.devices,
             )
         )
         return placed.slot
@@ -93,7 +96,7 @@ class Statement:
                 self.state.forget(op.key)
                 self.quotas.remove(op.namespace, op.request)
             else:
-                self.state.assume(op.key, op.slot, op.request, op.priority, op.ports)
+                self.state.assume(op.key, op.slot, op.request, op.priority, op.ports, op.devices)
                 self.quotas.add(op.namespace, op.request)
         self.ops.clear()
         self.open = False

@@ -126,6 +126,7 @@ def bind(p: SchedulingPass, pod: PodInfo, slot: int, score: int) -> None:
             attempt=pod.attempts,
             shard=e.shard,
             score=score,
+            devices=e.state.pods[pod.key].devices,
         )
     )
     e.count("bound")

@@ -54,6 +54,7 @@ def commit(p: SchedulingPass, res: Reservation) -> None:
                 decision_id=decision_id(key, res.rid),
                 attempt=pod.attempts,
                 shard=e.shard,
+                devices=e.state.pods[key].devices,
             )
         )
         e.count("bound")

@@ -211,8 +211,14 @@ class SchedulingPass:
                         res.ending = res.ending or f"its pool {pool} moved to another shard"
                         continue
                     if key in e.pods and key in e.bindings:
+                        placed = e.state.pods.get(key)
                         placements.append(
-                            Placement(pod=e.pods[key].spec, node=name, decision_id=e.bindings[key])
+                            Placement(
+                                pod=e.pods[key].spec,
+                                node=name,
+                                decision_id=e.bindings[key],
+                                devices=placed.devices if placed is not None else (),
+                            )
                         )
             event = PoolHandedOver(
                 pool=pool,

@@ -25,6 +25,7 @@ import numpy as np
 
 from engine.framework.cycle import CycleState
 from engine.model.changes import ClusterEvent
+from engine.model.devices import GPU
 from engine.model.pods import PodInfo
 from engine.model.resources import PODS
 from engine.model.state import Bools, ClusterState, Ints, Request, scored_request
@@ -153,8 +154,18 @@ class NodeResourcesFit:
         self, cycle: CycleState, pod: PodInfo, state: ClusterState, rejected: Bools
     ) -> dict[str, int]:
         counts: dict[str, int] = {}
+        card_rows = state.cards.rows
+        gpu_short: Bools | None = None
+        if card_rows:
+            gpu_row = state.resources.get(GPU)
+            amount = dict(pod.request).get(gpu_row, 0) if gpu_row is not None else 0
+            if gpu_row is not None and amount:
+                gpu_short = state.free[gpu_row] < amount
         for row, amount in pod.request:
-            short = int((rejected & (state.free[row] < amount)).sum())
+            short_at = rejected & (state.free[row] < amount)
+            if row in card_rows and gpu_short is not None:
+                short_at &= ~gpu_short  # said once, as kube-scheduler says it
+            short = int(short_at.sum())
             if short:
                 label = (
                     "Too many pods" if row == PODS else f"Insufficient {state.resources.name(row)}"

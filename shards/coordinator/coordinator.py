@@ -489,7 +489,9 @@ class Coordinator:
         self._gone(event.pod)
         engine.queue.remove(event.pod)
         engine.apply(env)
-        placement = Placement(pod=spec, node=event.node, decision_id=event.decision_id)
+        placement = Placement(
+            pod=spec, node=event.node, decision_id=event.decision_id, devices=event.devices
+        )
         self.send(owner, PodAdopted(placement=placement))
 
     # ------------------------------------------------------------------ reports

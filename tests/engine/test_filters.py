@@ -27,6 +27,7 @@ def state() -> ClusterState:
 
 def passing(plugin: object, state: ClusterState, pod: PodBuilder) -> list[str]:
     info: PodInfo = pod_info(pod.spec(), state.resources, 0)
+    state.ensure_rows()
     mask = plugin.filter(CycleState(), info, state) & state.valid  # type: ignore[attr-defined]
     return [state.names[i] or "" for i in range(state.capacity) if mask[i]]
 
@@ -136,6 +137,7 @@ def test_fit_filter_and_reasons() -> None:
     pod = make_pod("p").cpu("2").memory("2Gi")
     assert passing(plugin, state, pod) == []
     info = pod_info(pod.spec(), state.resources, 0)
+    state.ensure_rows()
     rejected = ~plugin.filter(CycleState(), info, state) & state.valid
     assert plugin.reasons(CycleState(), info, state, rejected) == {
         "Insufficient cpu": 1,
