@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from engine.model.devices import GpuRequestError, gpu_request
 from events.types import (
     Envelope,
     Event,
@@ -87,7 +88,14 @@ def _pod(pod: PodSpec) -> str | None:
         return f"pod {pod.key} priority {pod.priority} is outside ±{MAX_PRIORITY}"
     if pod.runtime is not None and not 0 <= pod.runtime <= MAX_TIME:
         return f"pod {pod.key} runtime {pod.runtime} ns is out of range"
-    return _quantities(f"pod {pod.key} requests", pod.requests)
+    quantities = _quantities(f"pod {pod.key} requests", pod.requests)
+    if quantities is not None:
+        return quantities
+    try:
+        gpu_request(pod.requests)
+    except GpuRequestError as exc:
+        return f"pod {pod.key} GPU request: {exc}"
+    return None
 
 
 def _group(group: GroupSpec) -> str | None:

@@ -135,9 +135,27 @@ class Cards:
     def fits(self, slot: int, gpu: GpuRequest) -> bool:
         return len(self._candidates(slot, gpu)) >= gpu.cards
 
-    def _candidates(self, slot: int, gpu: GpuRequest) -> list[int]:
+    def fits_after(
+        self, slot: int, gpu: GpuRequest, released: list[tuple[tuple[int, ...], GpuRequest]]
+    ) -> bool:
+        """Whether ``gpu`` fits ``slot`` once the pods holding ``released`` (their cards
+        and requests) are gone (what preemption asks of a set of victims)."""
+        free, mem = self.free[slot].copy(), self.memory[slot].copy()
+        mib = int(self.mib[slot])
+        count = int(self.count[slot])
+        for devices, held in released:
+            for card in devices:
+                if card < count:
+                    free[card] += held.need.milli
+                    mem[card] += held.memory_on(mib)
+        return len(self._candidates(slot, gpu, free, mem)) >= gpu.cards
+
+    def _candidates(
+        self, slot: int, gpu: GpuRequest, free: Ints | None = None, mem: Ints | None = None
+    ) -> list[int]:
         need = gpu.need
-        free, mem = self.free[slot], self.memory[slot]
+        if free is None or mem is None:
+            free, mem = self.free[slot], self.memory[slot]
         ok = (free >= need.milli) & (mem >= gpu.memory_on(int(self.mib[slot])))
         if need.memory_mib and self.mib[slot] <= 0:
             ok[:] = False

@@ -44,6 +44,7 @@ from engine.framework.cycle import CycleState
 from engine.framework.handle import STATEMENT, Handle
 from engine.framework.interfaces import PostFilterResult
 from engine.framework.status import SUCCESS, unschedulable
+from engine.model.devices import GpuRequest
 from engine.model.groups import SCHEDULED
 from engine.model.pods import PodInfo
 from engine.model.quota import QuotaTable
@@ -184,6 +185,13 @@ def plan(
         for row, amount in state.pods[victim.key].request:
             extra[row, victim.slot] += amount
     potential = state.free + extra
+    gpu = state.gpu_of(pod.request)
+    if gpu is not None:
+        # card rows are not sums: count the cards that would satisfy the pod's need
+        # with every eligible pod of the node gone
+        row = state.resources.card_row(gpu.need)
+        for slot_, here in by_slot.items():
+            potential[row, slot_] = gpu.cards * _cards_fit(state, gpu, slot_, here)
     fits = allowed.copy()
     for row, amount in pod.request:
         fits &= potential[row] >= amount
@@ -251,7 +259,13 @@ def _victims_for(
     A victim is taken with its unit (the gang that would fall with it), so the floor of
     its namespace and the room it frees count every pod that goes."""
     names = state.resources
-    free = {names.name(row): int(state.free[row, slot]) for row, _ in pod.request}
+    card_rows = state.cards.rows
+    free = {
+        names.name(row): int(state.free[row, slot])
+        for row, _ in pod.request
+        if row not in card_rows
+    }
+    wanted = {r: a for r, a in wanted.items() if names.get(r) not in card_rows}
     node_short = {r for r, amount in wanted.items() if free.get(r, 0) < amount}
     reclaimed = set(agg_short) | node_short
     taken: dict[str, dict[str, int]] = {}
@@ -297,6 +311,9 @@ def _victims_for(
         if victim.key not in chosen_keys and floor_ok(victim):
             take(victim, chosen)
     covers = _coverage(pod, wanted, free, agg_short, max_short, quotas, slot)
+    gpu = state.gpu_of(pod.request)
+    if gpu is not None:
+        covers = _with_cards(covers, state, gpu, slot)
     if not covers(chosen):
         if mode == Mode.PRIORITY or not (agg_short or max_short):
             return None
@@ -394,6 +411,28 @@ def _coverage(
         )
 
     return covers
+
+
+def _with_cards(
+    covers: Callable[[list[_Victim]], bool], state: ClusterState, gpu: GpuRequest, slot: int
+) -> Callable[[list[_Victim]], bool]:
+    """``covers``, and the pod's GPU cards fit ``slot`` without the victims there."""
+
+    def both(victims: list[_Victim]) -> bool:
+        here = [v for v in victims if v.slot == slot]
+        return covers(victims) and _cards_fit(state, gpu, slot, here)
+
+    return both
+
+
+def _cards_fit(state: ClusterState, gpu: GpuRequest, slot: int, victims: list[_Victim]) -> bool:
+    """Whether ``gpu`` fits the cards of ``slot`` with ``victims`` gone from it."""
+    released = []
+    for victim in victims:
+        placed = state.pods.get(victim.key)
+        if placed is not None and placed.gpu is not None and placed.slot == slot:
+            released.append((placed.devices, placed.gpu))
+    return state.cards.fits_after(slot, gpu, released)
 
 
 def _gang_of(handle: Handle, state: ClusterState, key: str) -> tuple[str, ...]:

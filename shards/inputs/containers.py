@@ -9,6 +9,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Final
 
+from engine.model.devices import GpuRequestError, gpu_request
 from events.errors import InputError
 from events.types import HostPort
 from shards.inputs.fields import _list, _map, _str, quantities
@@ -101,6 +102,10 @@ def pod_requests(spec: Mapping[str, Any]) -> dict[str, int]:
                 f"of {resource} in all",
                 location="spec.containers",
             )
+    try:
+        gpu_request(total)
+    except GpuRequestError as exc:
+        raise InputError(str(exc), location=f"spec.containers resources {exc.resource}") from None
     return total
 
 
