@@ -29,6 +29,10 @@
   ones are aggregated and rate-limited per pod (``shards/kube/recorder.py``).
 - ``PodGroupStatusChanged`` → the ``status`` of scheduler-plugins PodGroups (a merge
   patch of the status subresource).
+- A ``PodBound`` naming GPU cards first patches the pod's annotations with them, where
+  the device plugin of the pod's convention reads them (``shards/kube/devices.py``);
+  when that patch fails, so does the binding (``BindFailed``), since the pod would
+  otherwise run on cards nobody chose.
 
 The API being unreachable is retried with back-off; a decision is never dropped
 silently: after ``max_attempts`` it becomes ``BindFailed`` (for bindings) or a logged
@@ -50,11 +54,16 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from engine.model.devices import GPU, MEMORY_LABEL, GpuRequest
+from engine.model.pods import pod_gpu
 from events.log import EventLog, read_past_unreadable
 from events.types import (
     BindFailed,
     Envelope,
     Event,
+    NodeAdded,
+    NodeRemoved,
+    NodeUpdated,
     PodAdopted,
     PodBound,
     PodDeleted,
@@ -65,6 +74,7 @@ from events.types import (
     PodPreempted,
     PodRejected,
     PodRouted,
+    PodSpec,
     PodSubmitted,
     PodSucceeded,
     PodUnschedulable,
@@ -72,6 +82,7 @@ from events.types import (
     ReservationRequested,
 )
 from shards.kube.client import RateLimit, checked
+from shards.kube.devices import device_annotations
 from shards.kube.recorder import AS_MERGE_PATCH, NS_PER_S, EventRecorder
 from shards.kube.victims import Victims
 
@@ -131,6 +142,10 @@ class KubeBinder:
         self.uids: dict[str, str] = {}
         """Live pods → their uid, from the records that brought them: a Binding names it,
         so that a decision made for a pod never binds another that took its name."""
+        self.gpus: dict[str, GpuRequest] = {}
+        """Live pods that ask for GPU cards → what they ask (their convention)."""
+        self.gpu_nodes: dict[str, tuple[int, dict[str, str]]] = {}
+        """GPU nodes seen in the log → one card's memory in MiB and their annotations."""
         self.counters = {
             "bound": 0,
             "bind_failed": 0,
@@ -141,6 +156,7 @@ class KubeBinder:
             "nominated": 0,
             "evictions_refused": 0,
             "evictions_given_up": 0,
+            "devices_written": 0,
         }
 
     def __repr__(self) -> str:
@@ -191,18 +207,32 @@ class KubeBinder:
             case PodGroupSubmitted(group=spec):
                 self.group_sources[spec.key] = spec.source
             case PodSubmitted(pod=spec) | PodRouted(pod=spec):
-                if spec.uid:
-                    self.uids[spec.key] = spec.uid
+                self._learn_pod(spec)
             case PodAdopted(placement=placement):
-                if placement.pod.uid:
-                    self.uids[placement.pod.key] = placement.pod.uid
+                self._learn_pod(placement.pod)
             case ReservationRequested(pods=specs):
-                self.uids.update((spec.key, spec.uid) for spec in specs if spec.uid)
+                for spec in specs:
+                    self._learn_pod(spec)
+            case NodeAdded(node=node) | NodeUpdated(node=node):
+                if node.allocatable.get(GPU, 0) > 0 or node.name in self.gpu_nodes:
+                    memory = node.labels.get(MEMORY_LABEL, "")
+                    mib = int(memory) if memory.isdigit() else 0
+                    self.gpu_nodes[node.name] = (mib, dict(node.annotations))
+            case NodeRemoved(name=name):
+                self.gpu_nodes.pop(name, None)
             case PodDeleted(pod=key) | PodSucceeded(pod=key) | PodFailed(pod=key):
                 self.uids.pop(key, None)
+                self.gpus.pop(key, None)
                 self._gone(key)
             case _:
                 pass
+
+    def _learn_pod(self, spec: PodSpec) -> None:
+        if spec.uid:
+            self.uids[spec.key] = spec.uid
+        gpu = pod_gpu(spec)
+        if gpu is not None:
+            self.gpus[spec.key] = gpu
 
     async def poll(self) -> int:
         """Apply what is new in the log; return the events appended (bind failures)."""
@@ -430,8 +460,36 @@ class KubeBinder:
             pod=event.pod, node=event.node, decision_id=event.decision_id, reason=reason
         )
 
+    async def _annotate_devices(self, event: PodBound) -> str | None:
+        """Patch the pod's annotations with its cards; the reason when that failed."""
+        gpu = self.gpus.get(event.pod)
+        if gpu is None or not event.devices:
+            return None
+        mib, annotations = self.gpu_nodes.get(event.node, (0, {}))
+        patch, warning = device_annotations(gpu, event.devices, event.node, mib, annotations)
+        if warning:
+            log.warning("pod=%s %s", event.pod, warning)
+        namespace, name = self._split(event.pod)
+        body = {"metadata": {"annotations": patch}}
+        try:
+            await self._retry(
+                lambda: self._raw(
+                    self.core.patch_namespaced_pod(
+                        name, namespace, body, **AS_MERGE_PATCH, _preload_content=False
+                    )
+                )
+            )
+        except ApiException as exc:
+            return f"GPU cards not written to the pod: {exc.status} {exc.reason}: {_message(exc)}"
+        self.counters["devices_written"] += 1
+        return None
+
     async def _bind(self, event: PodBound) -> list[Event]:
         namespace, name = self._split(event.pod)
+        refused = await self._annotate_devices(event)
+        if refused is not None:
+            self.counters["bind_failed"] += 1
+            return [self._failed(event, refused)]
         body = client.V1Binding(
             # the uid is a precondition: the API server refuses to bind another pod
             # that has taken the name since (409)
