@@ -96,3 +96,25 @@ def device_annotations(
         out[HAMI_TO_ALLOCATE] = out[HAMI_ALLOCATED] = cards + ";"
         out[HAMI_PHASE] = "allocating"
     return out, warning
+
+
+def cards_of(annotations: Mapping[str, object]) -> tuple[int, ...]:
+    """The card indices a bound pod's annotations name: shoal's, else Koordinator's
+    minors; () when neither is there or readable (HAMi names UUIDs: the engine then
+    charges the cards with the most room)."""
+    text = annotations.get(SHOAL_DEVICES)
+    if isinstance(text, str) and text:
+        parts = text.split(",")
+        if all(p.strip().isdigit() and int(p) < 1024 for p in parts) and len(parts) <= 64:
+            return tuple(sorted({int(p) for p in parts}))
+        return ()
+    raw = annotations.get(KOORD_ALLOCATED)
+    if isinstance(raw, str) and len(raw) < 65536:
+        try:
+            cards = json.loads(raw).get("gpu", [])
+            minors = {int(c["minor"]) for c in cards}
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return ()
+        if all(0 <= m < 1024 for m in minors) and len(minors) <= 64:
+            return tuple(sorted(minors))
+    return ()

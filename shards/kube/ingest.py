@@ -63,6 +63,7 @@ from events.types import (
 from shards.inputs.groups import dependencies, elastic_quota, group_membership, pod_group
 from shards.inputs.objects import node_spec, pod_spec, priority_class
 from shards.kube.client import KubeError, checked
+from shards.kube.devices import cards_of
 
 log = logging.getLogger(__name__)
 
@@ -460,9 +461,15 @@ class KubeIngest:
 
     @staticmethod
     def _observed(key: str, node: str, meta: JSON) -> PodBound:
-        """A pod found bound in the cluster (by us or anyone): the shards account for it."""
+        """A pod found bound in the cluster (by us or anyone): the shards account for it,
+        on the GPU cards its annotations name (none named: the engine charges the cards
+        with the most room, so that what runs is counted)."""
         return PodBound(
-            pod=key, node=node, decision_id=f"observed:{meta.get('uid', key)}", attempt=0
+            pod=key,
+            node=node,
+            decision_id=f"observed:{meta.get('uid', key)}",
+            attempt=0,
+            devices=cards_of(meta.get("annotations") or {}),
         )
 
     # ------------------------------------------------------------------ running

@@ -12,7 +12,7 @@ from engine.model.devices import GpuRequest, gpu_request
 from events.memory import MemoryLog
 from events.types import BindFailed, Envelope, NodeAdded, NodeSpec, PodBound, PodSpec, PodSubmitted
 from shards.kube.binder import KubeBinder
-from shards.kube.devices import device_annotations, hami_uuids
+from shards.kube.devices import cards_of, device_annotations, hami_uuids
 from tests.kube.apiserver import FakeApiServer
 from tests.kube.test_ingest import pod
 
@@ -144,3 +144,22 @@ async def test_a_pod_whose_cards_cannot_be_written_is_not_bound(
     assert await binder.poll() == 1
     failed = [e.event for e in log._parts[0] if isinstance(e.event, BindFailed)]
     assert len(failed) == 1 and "GPU cards not written" in failed[0].reason
+
+
+@pytest.mark.parametrize(
+    ("annotations", "cards"),
+    [
+        ({"shoal.io/gpu-devices": "3,1"}, (1, 3)),
+        ({"scheduling.koordinator.sh/device-allocated": '{"gpu":[{"minor":2}]}'}, (2,)),
+        ({"shoal.io/gpu-devices": "x"}, ()),
+        ({"scheduling.koordinator.sh/device-allocated": "{"}, ()),
+        ({"scheduling.koordinator.sh/device-allocated": '{"gpu":[{"minor":-1}]}'}, ()),
+        ({}, ()),
+    ],
+)
+def test_a_bound_pod_found_in_the_cluster_keeps_the_cards_it_holds(
+    annotations: dict[str, str], cards: tuple[int, ...]
+) -> None:
+    """What ingest reports for a pod bound before shoal saw it (or before a restart):
+    the cards its annotations name, or none when they name none it can read."""
+    assert cards_of(annotations) == cards
