@@ -38,7 +38,7 @@ DEFAULT_PLUGINS: Final[dict[str, tuple[tuple[str, int], ...]]] = {
         ("NodePorts", 0),
         ("NodeResourcesFit", 0),
     ),
-    "postFilter": (("DefaultPreemption", 0),),
+    "postFilter": (("DefaultPreemption", 0), ("Rescheduler", 0)),
     "preScore": (),
     "score": (
         ("TaintToleration", 3),
@@ -52,7 +52,8 @@ DEFAULT_PLUGINS: Final[dict[str, tuple[tuple[str, int], ...]]] = {
 """kube-scheduler's default plugins and score weights, for the plugins shoal has; with
 scheduler-plugins' ElasticQuota (CapacityScheduling's admission) and Coscheduling
 (a gang's minResources) before the filters, and DefaultPreemption (with
-CapacityScheduling's reclaim) after them. A profile may disable any of them."""
+CapacityScheduling's reclaim) then shoal's Rescheduler (moving running pods to make
+room) after them. A profile may disable any of them."""
 
 _TOP_LEVEL: Final = {
     "apiVersion",

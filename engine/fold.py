@@ -39,6 +39,7 @@ from events.types import (
     PodGroupStatusChanged,
     PodGroupSubmitted,
     PodHandedBack,
+    PodMigrated,
     PodPreempted,
     PodRejected,
     PodRouted,
@@ -86,6 +87,15 @@ def bound(m: ShardModel, event: PodBound) -> None:
         return
     m.queue.remove(event.pod)
     pod.attempts = max(pod.attempts, event.attempt)
+    m.place(event.pod, slot, event.decision_id, devices=event.devices)
+
+
+def migrated(m: ShardModel, event: PodMigrated) -> None:
+    """A pod moved to make room (the rescheduler): placed on its new node, restarted."""
+    slot = m.state.index.get(event.to_node)
+    if event.pod not in m.pods or slot is None or m.bindings.get(event.pod) == event.decision_id:
+        return
+    m.release(event.pod)
     m.place(event.pod, slot, event.decision_id, devices=event.devices)
 
 
@@ -361,6 +371,7 @@ HANDLERS: Final[dict[type, Callable[[ShardModel, Any], None]]] = {
     PodGroupSubmitted: ShardModel.group_submitted,
     QuotaDefined: quota_defined,
     PodBound: bound_seen,
+    PodMigrated: migrated,
     PodUnschedulable: unschedulable,
     BindFailed: bind_failed,
     PodSucceeded: finished(SUCCEEDED),

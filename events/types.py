@@ -442,6 +442,19 @@ class PodPreempted(_Fact, frozen=True, kw_only=True, tag="preempt"):
     shard: int = 0
 
 
+class PodMigrated(_Fact, frozen=True, kw_only=True, tag="migrate"):
+    """A running pod moved from ``from_node`` to ``to_node`` to make room for ``by``
+    (the rescheduler): it restarts there under ``decision_id``, on ``devices``."""
+
+    pod: str
+    from_node: str
+    to_node: str
+    by: str
+    decision_id: str
+    shard: int = 0
+    devices: tuple[int, ...] = ()
+
+
 class PodGroupStatusChanged(_Fact, frozen=True, kw_only=True, tag="group~"):
     """A pod group changed phase (Pending, Scheduled, Succeeded, Failed)."""
 
@@ -559,6 +572,7 @@ Event = (
     | BindFailed
     | PodEvicted
     | PodPreempted
+    | PodMigrated
     | PodGroupSubmitted
     | QuotaDefined
     | PodGroupStatusChanged
@@ -590,6 +604,7 @@ DECISIONS: Final = (
     PodUnschedulable,
     PodEvicted,
     PodPreempted,
+    PodMigrated,
     PodGroupStatusChanged,
     PodRejected,
     PodUnbound,
@@ -612,6 +627,7 @@ REPORTS: Final = (
     PodGroupStatusChanged,
     PodRejected,
     PodPreempted,
+    PodMigrated,
     PodEvicted,
     PodUnbound,
 )

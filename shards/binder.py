@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 
 from events.log import EventLog, read_past_unreadable
-from events.types import Envelope, Event, PodBound, PodUnbound
+from events.types import Envelope, Event, PodBound, PodMigrated, PodUnbound
 from shards.cluster import SimulatedCluster
 
 logger = logging.getLogger(__name__)
@@ -76,6 +76,11 @@ class Binder:
                     decided.append(self._envelope(e, now, env, "binder"))
             elif isinstance(event, PodUnbound):
                 self.cluster.unbind(event)
+            elif isinstance(event, PodMigrated):
+                if env.producer == "router":
+                    continue  # the relayed copy of a move seen in its shard's partition
+                for e in self.cluster.migrate(event, now):
+                    decided.append(self._envelope(e, now, env, "binder"))
             elif self.shards == 1 or (
                 env.stream != "relay" if partition == self.inputs else not _forwarded(env)
             ):

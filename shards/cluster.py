@@ -37,6 +37,7 @@ from events.types import (
     PodDeleted,
     PodEvicted,
     PodFailed,
+    PodMigrated,
     PodPreempted,
     PodSpec,
     PodSubmitted,
@@ -194,6 +195,27 @@ class SimulatedCluster:
                 self._timers, (now + runtime, self._seq, decision.pod, decision.decision_id)
             )
         return []
+
+    def migrate(self, decision: PodMigrated, now: int) -> list[Event]:
+        """A running pod moves: it stops where it runs and starts again on its new node
+        under the new decision (its runtime starts again). A move the new node cannot
+        hold fails like a binding (``BindFailed`` for the new decision)."""
+        current = self.running.get(decision.pod)
+        if current is not None and current[1] == decision.decision_id:
+            return []  # the same move seen twice (a relayed copy)
+        spec = self.specs.get(decision.pod)
+        if current is not None:
+            self._stop(decision.pod)
+        if spec is not None:
+            self.specs[decision.pod] = spec
+        bound = PodBound(
+            pod=decision.pod,
+            node=decision.to_node,
+            decision_id=decision.decision_id,
+            attempt=0,
+            devices=decision.devices,
+        )
+        return self.bind(bound, now)
 
     def _fail(self, decision: PodBound, reason: str) -> BindFailed:
         self.bind_failures += 1

@@ -63,6 +63,13 @@ def report_table(report: RunReport, summary: dict[str, Any]) -> None:
             "preempted: "
             + ", ".join(f"{p['pod']} on {p['node']} by {p['by']}" for p in report.preemptions[:20])
         )
+    if report.migrations:
+        console.print(
+            "moved: "
+            + ", ".join(
+                f"{m['pod']} {m['from']} → {m['to']} for {m['by']}" for m in report.migrations[:20]
+            )
+        )
     counts = report.counts()
     parts = [f"{counts[k]} {k}" for k in ("bound", "succeeded", "pending", "failed") if counts[k]]
     line = ", ".join(parts) or "no pods"
@@ -138,6 +145,12 @@ def explanation_json(key: str, result: ReplayResult) -> dict[str, Any]:
     deps = result.dependencies()
     if deps:
         out["dependencies"] = [{"name": name, "state": state} for name, state in deps]
+    moves = [m for m in result.report.migrations if key in (m["pod"], m["by"])]
+    if moves:
+        out["migrations"] = moves
+    preempted = [p for p in result.report.preemptions if key in (p["pod"], p["by"])]
+    if preempted:
+        out["preemptions"] = preempted
     return out
 
 
@@ -158,6 +171,15 @@ def explanation_text(key: str, result: ReplayResult) -> None:
         )
     for dep in data.get("dependencies", []):
         console.print(f"depends on {dep['name']}: {dep['state']}")
+    for move in data.get("migrations", []):
+        console.print(
+            f"migration: {move['pod']} moved from {move['from']} to {move['to']} "
+            f"to make room for {move['by']}"
+        )
+    for victim in data.get("preemptions", []):
+        console.print(
+            f"preemption: {victim['pod']} evicted from {victim['node']} by {victim['by']}"
+        )
     if not data["attempts"]:
         console.print("no scheduling attempt was recorded for this pod")
         return

@@ -20,6 +20,7 @@ from events.types import (
     PodFailed,
     PodGroupStatusChanged,
     PodGroupSubmitted,
+    PodMigrated,
     PodPreempted,
     PodRejected,
     PodRouted,
@@ -201,6 +202,16 @@ class RunReport:
             case PodEvicted(pod=key):
                 view = self._view(key)
                 view.phase, view.reason = "Failed", f"Evicted: {event.reason}"
+            case PodMigrated(pod=key):
+                view = self._view(key)
+                if view.decision != event.decision_id:
+                    view.node, view.phase, view.reason = event.to_node, "Bound", ""
+                    view.decision = event.decision_id
+                    view.devices = event.devices
+                    view.bound_at = env.time
+                    self.migrations.append(
+                        {"pod": key, "from": event.from_node, "to": event.to_node, "by": event.by}
+                    )
             case PodPreempted(pod=key):
                 view = self._view(key)
                 view.phase, view.reason = "Failed", f"Preempted by {event.by}"

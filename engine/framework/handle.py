@@ -10,7 +10,7 @@ discards whole.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 from engine.model.groups import GroupInfo
 from engine.model.pods import PodInfo
@@ -45,4 +45,14 @@ class Handle(Protocol):
     @property
     def started(self) -> Mapping[str, int]:
         """Placed pod → when it was placed."""
+        ...
+
+    @property
+    def migrates(self) -> bool:
+        """Whether this engine may move running pods (one that owns its nodes)."""
+        ...
+
+    def framework_for(self, pod: PodInfo) -> Any:
+        """The :class:`~engine.framework.runtime.Framework` of ``pod``'s profile (None
+        when no profile serves it)."""
         ...

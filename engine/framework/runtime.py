@@ -457,6 +457,17 @@ class Framework:
                 return Attempt(-1, status.with_plugin(permit.name), diagnosis=diagnosis)
         return Attempt(slot, SUCCESS, best, diagnosis)
 
+    def schedule_among(self, pod: PodInfo, state: ClusterState, feasible: Bools) -> int:
+        """The slot the profile's scores choose for ``pod`` among ``feasible`` (the
+        filters already passed there), or -1 when a pre-score refuses it."""
+        cycle = CycleState()
+        for pre in self.pre_scores:
+            if not pre.pre_score(cycle, pod, state, feasible).ok:
+                return -1
+        masked, _ = self.score(cycle, pod, state, feasible)
+        slot = select(masked, state.high_water, pod.tiebreak)
+        return slot if masked[slot] >= 0 else -1
+
     @staticmethod
     def _top(state: ClusterState, masked: Ints, keep: dict[str, Ints]) -> list[NodeScore]:
         order = np.lexsort((np.arange(masked.shape[0]), -masked))

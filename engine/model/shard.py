@@ -157,6 +157,9 @@ class ShardModel:
         placed at once or handed back, never kept waiting here."""
         self.placed_here: dict[str, str] = {}
         """Delegated pods placed since the last summary → node (what the summary says)."""
+        self.migrates = True
+        """Whether passes may move running pods (the rescheduler): an engine that owns
+        its nodes. The coordinator's view does not (see ``shards.coordinator``)."""
         self.reported_nodes = 0
         """The number of nodes the last summary said this shard had."""
         self.returning: dict[str, tuple[str, str]] = {}
@@ -193,7 +196,14 @@ class ShardModel:
         self.releasing: dict[str, PoolReleased] = {}
         """Pools to hand over at the next pass (their nodes and what runs there)."""
         self.submissions = 0
-        self.counters = {"attempts": 0, "bound": 0, "unschedulable": 0, "events": 0, "preempted": 0}
+        self.counters = {
+            "attempts": 0,
+            "bound": 0,
+            "unschedulable": 0,
+            "events": 0,
+            "preempted": 0,
+            "migrated": 0,
+        }
         self.hints: Hints | None = None
         """Set by the engine from its profiles; not state (a snapshot leaves it out)."""
 

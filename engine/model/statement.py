@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class _Op:
-    kind: str  # "assume" | "evict"
+    kind: str  # "assume" | "evict" | "lift" | "land"
     key: str
     slot: int
     request: Request
@@ -83,8 +83,55 @@ class Statement:
         )
         return placed.slot
 
+    def lift(self, key: str, namespace: str, by: str) -> int:
+        """Take running pod ``key`` off its node, to :meth:`land` it on another (a
+        migration; its quota is unchanged: it stays placed, elsewhere)."""
+        placed = self.state.pods[key]
+        self.state.forget(key)
+        self.ops.append(
+            _Op(
+                "lift",
+                key,
+                placed.slot,
+                placed.request,
+                namespace,
+                by,
+                placed.priority,
+                placed.ports,
+                placed.devices,
+            )
+        )
+        return placed.slot
+
+    def land(
+        self,
+        key: str,
+        namespace: str,
+        slot: int,
+        request: Request,
+        priority: int,
+        ports: tuple[HostPort, ...],
+        by: str,
+    ) -> None:
+        """Place a lifted pod on ``slot``."""
+        self.state.assume(key, slot, request, priority, ports)
+        self.ops.append(_Op("land", key, slot, request, namespace, by, priority, ports))
+
+    def rollback(self, mark: int) -> None:
+        """Undo the operations staged after the first ``mark`` ones, newest first."""
+        tail = self.ops[mark:]
+        del self.ops[mark:]
+        kept, self.ops = self.ops, tail
+        self.discard()
+        self.ops, self.open = kept, True
+
     def evicted(self) -> list[str]:
         return [op.key for op in self.ops if op.kind == "evict"]
+
+    def moves(self) -> list[tuple[str, int, int, str]]:
+        """(pod, from slot, to slot, for whom) of every migration staged."""
+        lifted = {op.key: op.slot for op in self.ops if op.kind == "lift"}
+        return [(op.key, lifted[op.key], op.slot, op.by) for op in self.ops if op.kind == "land"]
 
     def commit(self) -> None:
         self.open = False
@@ -95,6 +142,10 @@ class Statement:
             if op.kind == "assume":
                 self.state.forget(op.key)
                 self.quotas.remove(op.namespace, op.request)
+            elif op.kind == "land":
+                self.state.forget(op.key)
+            elif op.kind == "lift":
+                self.state.assume(op.key, op.slot, op.request, op.priority, op.ports, op.devices)
             else:
                 self.state.assume(op.key, op.slot, op.request, op.priority, op.ports, op.devices)
                 self.quotas.add(op.namespace, op.request)

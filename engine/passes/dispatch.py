@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from engine.model.pods import PodInfo
 from engine.model.statement import Statement
-from events.types import PodBound, PodPreempted, PodUnbound
+from events.types import PodBound, PodMigrated, PodPreempted, PodUnbound
 
 if TYPE_CHECKING:
     from engine.passes.run import SchedulingPass
@@ -101,11 +101,35 @@ class Local:
             if group is not None:
                 group.reason = f"preempted by {by}"
             freed.append(op.slot)
+        for key, origin, slot, by in statement.moves():
+            migrate(p, key, origin, slot, by)
         statement.commit()
         for pod, slot, score in placed:
             bind(p, pod, slot, score)
         p.freed(freed)
         return True
+
+
+def migrate(p: SchedulingPass, key: str, origin: int, slot: int, by: str) -> None:
+    """Pod ``key``, staged from ``origin`` onto ``slot`` (already assumed there), moves:
+    it restarts there under a new decision (``PodMigrated``)."""
+    e = p.e
+    pod = e.pods[key]
+    pod.attempts += 1
+    decision_id = f"{key}@{pod.seq}#{pod.attempts}"
+    e.place(key, slot, decision_id)
+    p.out.append(
+        PodMigrated(
+            pod=key,
+            from_node=e.state.names[origin] or "",
+            to_node=e.state.names[slot] or "",
+            by=by,
+            decision_id=decision_id,
+            shard=e.shard,
+            devices=e.state.pods[key].devices,
+        )
+    )
+    e.count("migrated")
 
 
 def bind(p: SchedulingPass, pod: PodInfo, slot: int, score: int) -> None:

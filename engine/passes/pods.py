@@ -20,6 +20,8 @@ from engine.framework.status import Code
 from engine.model.pods import PodInfo
 from engine.model.shard import QUOTA_PLUGIN
 from engine.model.statement import Statement
+from engine.plugins.rescheduler import CHEAPEST, PLACED, ROOM
+from engine.plugins.rescheduler import NAME as RESCHEDULER
 
 if TYPE_CHECKING:
     from engine.passes.run import SchedulingPass
@@ -50,22 +52,29 @@ def attempt_pod(p: SchedulingPass, pod: PodInfo) -> None:
         return
     if attempt.diagnosis is not None and (attempt.diagnosis.plugins or attempt.status.plugin):
         p.failed[cache_key] = attempt
-    if attempt.status.code != Code.UNSCHEDULABLE_AND_UNRESOLVABLE and may_preempt(p, pod, attempt):
+    note = ""
+    preempts = may_preempt(p, pod, attempt)
+    if attempt.status.code != Code.UNSCHEDULABLE_AND_UNRESOLVABLE and (
+        preempts or may_migrate(p, pod, framework, attempt)
+    ):
         statement = Statement(e.state, e.quotas)
-        slot = preempt_into(p, statement, pod, framework)
+        cycle = CycleState()
+        slot = preempt_into(p, statement, pod, framework, cycle=cycle, preempts=preempts)
         if slot is not None:
             p.record(pod, attempt)
             p.dispatch.commit(p, statement, [(pod, slot, 0)])
             return
         statement.discard()
+        note = str(cycle.read(RESCHEDULER, CHEAPEST, ""))
     p.record(pod, attempt)
     diagnosis = attempt.diagnosis
     plugins = tuple(diagnosis.plugins) if diagnosis else ()
     if not plugins and attempt.status.plugin:
         plugins = (attempt.status.plugin,)
-    p.unschedulable(
-        pod, attempt.status.message(), plugins, diagnosis.rejections() if diagnosis else {}
-    )
+    message = attempt.status.message()
+    if note:
+        message = f"{message}; {note}"
+    p.unschedulable(pod, message, plugins, diagnosis.rejections() if diagnosis else {})
 
 
 def may_preempt(p: SchedulingPass, pod: PodInfo, attempt: Attempt) -> bool:
@@ -79,16 +88,38 @@ def may_preempt(p: SchedulingPass, pod: PodInfo, attempt: Attempt) -> bool:
     return e.preemptible_below(pod.priority)
 
 
+def may_migrate(p: SchedulingPass, pod: PodInfo, framework: Framework, attempt: Attempt) -> bool:
+    """Could the rescheduler move pods for ``pod`` (its profile has it, this engine
+    plans moves, the pod is not a gang's, and room on nodes is what it lacks: the
+    resource fit filter rejected nodes, no pre-filter such as its quota refused it)? A
+    pod the coordinator handed this shard is placed at once or handed back: a plan
+    within the shard is "at once"."""
+    e = p.e
+    diagnosis = attempt.diagnosis
+    return (
+        e.migrates
+        and diagnosis is not None
+        and ROOM in diagnosis.plugins
+        and not pod.spec.group
+        and any(post.name == RESCHEDULER for post in framework.post_filters)
+    )
+
+
 def preempt_into(
     p: SchedulingPass,
     statement: Statement,
     pod: PodInfo,
     framework: Framework,
     exclude_group: str = "",
+    *,
+    cycle: CycleState | None = None,
+    preempts: bool = True,
 ) -> int | None:
-    """Stage the evictions that make room for ``pod`` (the profile's post-filters) and
-    its placement; the slot, or None (the caller discards the statement)."""
-    from engine.plugins.preemption import EXCLUDE, NAME
+    """Stage the evictions (or moves) that make room for ``pod`` (the profile's
+    post-filters) and its placement; the slot, or None (the caller discards the
+    statement). ``preempts``: whether preemption may evict at all (else only the
+    rescheduler may act)."""
+    from engine.plugins.preemption import EXCLUDE, NAME, SKIP
 
     e = p.e
     if statement.evicted():
@@ -97,13 +128,18 @@ def preempt_into(
         if attempt.slot >= 0:
             statement.assume_pod(pod, attempt.slot)
             return attempt.slot
-    cycle = CycleState()
+    cycle = cycle if cycle is not None else CycleState()
     cycle.write("", STATEMENT, statement)
     if exclude_group:
         cycle.write(NAME, EXCLUDE, exclude_group)
+    if not preempts:
+        cycle.write(NAME, SKIP, True)
     result = framework.run_post_filters(cycle, pod, e.state)
     if not result.status.ok:
         return None
+    placed = cycle.read(RESCHEDULER, PLACED, -1)
+    if isinstance(placed, int) and placed >= 0:
+        return placed  # the plan placed the pod itself
     attempt = framework.schedule(pod, e.state)
     if attempt.slot < 0:
         return None

@@ -56,6 +56,8 @@ NAME: Final = "DefaultPreemption"
 MAX_CANDIDATES: Final = 64
 EXCLUDE: Final = "exclude_group"
 """Cycle key: a gang whose members are never victims of its own attempt."""
+SKIP: Final = "skip"
+"""Cycle key: this attempt may not evict (only a later post-filter may act)."""
 NOTHING = PostFilterResult(unschedulable("no victims make room"))
 
 
@@ -104,7 +106,11 @@ class DefaultPreemption:
         nodes only resources keep it from) in the cycle's statement; the node they free
         is nominated. Nothing staged when no plan exists."""
         statement = cycle.read("", STATEMENT)
-        if not isinstance(statement, Statement) or pod.spec.preemption_policy == "Never":
+        if (
+            not isinstance(statement, Statement)
+            or pod.spec.preemption_policy == "Never"
+            or cycle.read(NAME, SKIP, False)
+        ):
             return NOTHING
         chosen = plan(pod, state, feasible, self.handle, cycle.read(NAME, EXCLUDE, ""))
         if chosen is None:

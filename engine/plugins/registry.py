@@ -17,6 +17,7 @@ from engine.plugins.node_name import NodeName
 from engine.plugins.node_ports import NodePorts
 from engine.plugins.preemption import DefaultPreemption
 from engine.plugins.quota import ElasticQuota
+from engine.plugins.rescheduler import Rescheduler
 from engine.plugins.taints import TaintToleration
 from engine.plugins.unschedulable import NodeUnschedulable
 from events.errors import InputError
@@ -60,6 +61,7 @@ def builtin_registry() -> Registry:
             "ElasticQuota": _handle(ElasticQuota),
             "Coscheduling": _handle(Coscheduling),
             "DefaultPreemption": _handle(DefaultPreemption),
+            "Rescheduler": Rescheduler.create,
         },
         kernel=ResourceKernel.for_plugins,
     )

@@ -58,6 +58,7 @@ from events.types import (
     PodEvicted,
     PodFailed,
     PodHandedBack,
+    PodMigrated,
     PodPreempted,
     PodRejected,
     PodSucceeded,
@@ -162,6 +163,7 @@ class Coordinator:
             "committed": 0,
             "aborted": 0,
             "evictions": 0,
+            "migrations_handed": 0,
         }
         """Request → how it changes a shard's columns (a cache, not state)."""
         self._out: list[Output] = []
@@ -507,6 +509,10 @@ class Coordinator:
                 self._granted(event, shard)
             case ReservationDenied() | ReservationReleased():
                 self._closed(event, shard)
+            case PodMigrated(pod=key):
+                # a shard moved a pod to make room: the view moves it too
+                if key in self.engine.pods and key in self.engine.state.pods:
+                    self.engine.apply_decision(event)
             case PodPreempted(pod=key) | PodEvicted(pod=key) | PodRejected(pod=key):
                 if key in self.engine.pods:
                     self.engine.finish(key, FAILED, held_for=self.evicting.get(key, ""))

@@ -280,6 +280,9 @@ class ShardDispatch:
                 statement.discard()
             c.wait_for_owner(unit)
             return False
+        moves = statement.moves() if statement is not None else []
+        if moves and statement is not None:
+            return self._migrations(p, statement, placed, moves)
         if statement is not None and statement.evicted():
             victims: dict[int, dict[str, str]] = {}
             for op in statement.ops:
@@ -335,6 +338,39 @@ class ShardDispatch:
             )
         )
         c.counters["prepared"] += 1
+        return True
+
+    def _migrations(
+        self,
+        p: SchedulingPass,
+        statement: Statement,
+        placed: Placed,
+        moves: list[tuple[str, int, int, str]],
+    ) -> bool:
+        """The view found room by moving pods: a plan within one shard is that shard's
+        to carry out (the pod is handed to it, and its engine, seeing the same nodes and
+        pods, finds the same plan, or hands the pod back); a plan across shards is not
+        carried out (said in the pod's reason)."""
+        c = self.c
+        shard_of = c.routing.slot_shard
+        involved = {int(shard_of[s]) for _, origin, slot, _ in moves for s in (origin, slot)}
+        involved |= {int(shard_of[slot]) for _, slot, _ in placed}
+        names = c.engine.state.names
+        described = ", ".join(
+            f"{key} from {names[origin]} to {names[slot]}" for key, origin, slot, _ in moves
+        )
+        statement.discard()
+        lead = placed[0][0]
+        if len(involved) == 1:
+            self._hand_pod(lead, involved.pop())
+            c.counters["migrations_handed"] += 1
+            return True
+        p.unschedulable(
+            lead,
+            f"no node fits; moving {described} would make room, but that plan spans "
+            "shards, and moves across shards are not carried out yet",
+            ("Rescheduler",),
+        )
         return True
 
 

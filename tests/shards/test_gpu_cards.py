@@ -101,12 +101,13 @@ def cards_in_use(data: Any, sizes: dict[str, int]) -> dict[tuple[str, int], int]
 
 
 @pytest.mark.parametrize("shards", SHARDS)
-@pytest.mark.parametrize(("cards", "share"), [(2, 500), (4, 600), (3, 999)])
+@pytest.mark.parametrize(("cards", "share"), [(2, 501), (4, 600), (3, 999)])
 def test_a_multi_card_pod_never_takes_cards_that_are_partly_used(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int, cards: int, share: int
 ) -> None:
-    """Every card of every node holds a share: the scalar ``nvidia.com/gpu`` says the
-    node has all its cards free, but no card is whole, so a pod asking for two whole
+    """Every card of every node holds a share of more than half a card: the scalar
+    ``nvidia.com/gpu`` says the node has all its cards free, but no card is whole (and
+    no two shares fit one card, so no move can free one), so a pod asking for two whole
     cards waits, saying why."""
     nodes = 2
     text = "".join(gpu_node(f"n{i}", cards) for i in range(nodes))
@@ -246,3 +247,20 @@ def test_preemption_frees_the_cards_the_preemptor_takes(
     taken = set().union(*(held[k] for k in survivors))
     freed = set(range(4)) - taken
     assert set(boss["devices"]) <= freed and len(boss["devices"]) == 2
+
+
+@pytest.mark.parametrize("shards", SHARDS)
+def test_half_cards_are_moved_together_to_free_whole_cards(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
+) -> None:
+    """One node, two cards, a 500m share on each: a pod asking for one whole card fits
+    once one share moves beside the other (the rescheduler, one move)."""
+    text = gpu_node("n", 2)
+    text += gpu_pod("s0", milli=500) + gpu_pod("s1", milli=500, at=1)
+    text += gpu_pod("one", cards=1, at=2)
+    data = run(tmp_path, capsys, text, shards)
+    pods = data["pods"]
+    # best fit put both shares on card 0 already: no move needed
+    assert pods["default/s0"]["devices"] == pods["default/s1"]["devices"] == [0]
+    assert pods["default/one"]["devices"] == [1]
+    assert data["migrations"] == []
