@@ -228,6 +228,7 @@ def test_the_calls_read_from_the_code_are_the_ones_expected() -> None:
     assert needed("ingest") == watched | lease
     assert needed("binder") == lease | {
         ("", "pods", "get"),
+        ("", "pods", "patch"),
         ("", "pods/binding", "create"),
         ("", "pods/eviction", "create"),
         ("", "events", "create"),
