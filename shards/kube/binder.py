@@ -6,6 +6,9 @@
   requeues the pod. Binding the same decision twice is harmless: a 409 that says
   the pod is on the decided node is success.
 - ``PodPreempted`` / ``PodEvicted`` → the Eviction API (a pod already gone is fine).
+  ``PodMigrated`` too: a pod cannot move, so the rescheduler's move is an eviction from
+  where it runs (its node held like a victim's); the replacement its controller creates
+  is placed like any new pod (the planned node is not held for it yet).
   A PodDisruptionBudget that forbids it (429) is waited out: the eviction is tried
   again with back-off (``eviction_backoff`` seconds, doubling, at most
   ``eviction_attempts`` times), without holding up the other decisions; given up, it is
@@ -71,6 +74,7 @@ from events.types import (
     PodFailed,
     PodGroupStatusChanged,
     PodGroupSubmitted,
+    PodMigrated,
     PodPreempted,
     PodRejected,
     PodRouted,
@@ -157,6 +161,7 @@ class KubeBinder:
             "evictions_refused": 0,
             "evictions_given_up": 0,
             "devices_written": 0,
+            "migrations": 0,
         }
 
     def __repr__(self) -> str:
@@ -180,9 +185,9 @@ class KubeBinder:
             if isinstance(event, PositionRecorded) and event.component == "binder":
                 # the newest: it may be behind an earlier one while a binding waits
                 self.position = event.position
-            elif isinstance(event, PodPreempted | PodEvicted):
+            elif isinstance(event, PodPreempted | PodEvicted | PodMigrated):
                 if env.producer.startswith("shard-"):
-                    self._hold(event)
+                    self._hold(as_eviction(event) if isinstance(event, PodMigrated) else event)
             else:
                 self._learn(event)
         self.resumed = True
@@ -372,6 +377,13 @@ class KubeBinder:
                 case PodPreempted() | PodEvicted() if from_shard:
                     self._hold(event)
                     return await self._evict(event.pod, event.node, env.offset or 0)
+                case PodMigrated() if from_shard:
+                    # a pod cannot move: it is evicted (budgets honoured) and its node
+                    # held until it is gone; its controller's replacement is placed
+                    # like any new pod
+                    self._hold(as_eviction(event))
+                    self.counters["migrations"] += 1
+                    return await self._evict(event.pod, event.from_node, env.offset or 0)
                 case PodUnschedulable() if from_shard and event.attempt > 0:
                     await self._warn(event.pod, "FailedScheduling", event.reason)
                 case PodRejected() if from_shard or env.producer in _ADMISSION:
@@ -594,6 +606,17 @@ class KubeBinder:
         except ApiException as exc:
             if exc.status != 404:
                 log.warning("group status not written group=%s status=%s", event.group, exc.status)
+
+
+def as_eviction(event: PodMigrated) -> PodEvicted:
+    """What a migration is to a Kubernetes cluster: the pod evicted from where it runs."""
+    return PodEvicted(
+        pod=event.pod,
+        node=event.from_node,
+        reason=f"moved to {event.to_node} to make room for {event.by}",
+        decision_id=event.decision_id,
+        shard=event.shard,
+    )
 
 
 def _message(exc: ApiException) -> str:

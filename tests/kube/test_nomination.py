@@ -15,6 +15,7 @@ from events.types import (
     Envelope,
     PodBound,
     PodDeleted,
+    PodMigrated,
     PodPreempted,
     PodSpec,
     PodSubmitted,
@@ -308,3 +309,50 @@ async def test_end_to_end_a_preemptor_waits_nominated_until_its_victims_are_gone
         for name in ("low-0", "low-1"):  # the kubelet is done with them
             apiserver.remove("Pod", name, "default")
         await run.until(lambda: _node_of(apiserver, "urgent") == "n1", "bound after")
+
+
+@pytest.mark.real_kube
+async def test_a_migration_is_an_eviction_and_the_pod_placed_in_its_room_waits(
+    apiserver: FakeApiServer, api: Any
+) -> None:
+    """The rescheduler moved ``movable`` from n1 to n2 for ``big``: in Kubernetes the
+    pod is evicted from n1 (it cannot move), and ``big``'s binding onto n1 waits,
+    nominated, until it is gone."""
+    log = MemoryLog()
+    now = [0]
+    binder = KubeBinder(api, log, initial_backoff=0.01, clock=lambda: now[0])
+    movable = _running(apiserver, "movable", "n1")
+    big = apiserver.put("Pod", pod("big"))
+    await log.append(
+        [
+            ingested(
+                PodSubmitted(
+                    pod=PodSpec(namespace="default", name="movable", uid=movable["metadata"]["uid"])
+                )
+            ),
+            ingested(
+                PodSubmitted(
+                    pod=PodSpec(namespace="default", name="big", uid=big["metadata"]["uid"])
+                )
+            ),
+            decision(
+                PodMigrated(
+                    pod="default/movable",
+                    from_node="n1",
+                    to_node="n2",
+                    by="default/big",
+                    decision_id="m1",
+                )
+            ),
+            decision(PodBound(pod="default/big", node="n1", decision_id="d1", attempt=1)),
+        ]
+    )
+    assert await binder.poll() == 0
+    assert apiserver.get("Pod", "movable", "default")["metadata"]["deletionTimestamp"]
+    assert _node_of(apiserver, "big") is None
+    assert apiserver.get("Pod", "big", "default")["status"]["nominatedNodeName"] == "n1"
+    assert binder.counters["migrations"] == 1
+    apiserver.remove("Pod", "movable", "default")
+    await log.append([ingested(PodDeleted(pod="default/movable"))])
+    await binder.poll()
+    assert _node_of(apiserver, "big") == "n1"
