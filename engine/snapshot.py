@@ -86,6 +86,10 @@ STATE_CLASSES: Final[dict[str, type]] = {
     )
 }
 """The only classes a snapshot may build (besides event structs and containers)."""
+VALUES: Final[frozenset[type]] = frozenset({CardNeed, GpuRequest})
+"""Immutable value classes, written by value each time they occur (never as references):
+whether two places hold one object or two equal ones (a constant, or one derived again
+on restore) must not change the bytes."""
 ENUMS: Final[dict[str, type[enum.Enum]]] = {
     cls.__qualname__: cls for cls in (ClusterEvent, GroupPhase, ReservationState)
 }
@@ -165,6 +169,8 @@ class _Encoder:
         layouts = self.layouts
         layout = layouts[kind] if kind in layouts else self._layout(kind)
         if layout is not None:
+            if kind in VALUES:
+                return ["O", layout.name, self._attributes(obj, layout)]
             ref = self._ref(obj)
             if ref is not None:
                 return ["R", ref]
@@ -626,7 +632,8 @@ class _Decoder:
         if cls is None:
             raise SnapshotError(f"not a snapshot class: {node[1]!r}")
         obj: object = object.__new__(cls)
-        self._register(obj)
+        if cls not in VALUES:  # values are written by value, never referred to
+            self._register(obj)
         self.created.append(obj)
         for pair in node[2]:
             if not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[0], str):
