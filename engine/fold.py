@@ -92,6 +92,13 @@ def bound(m: ShardModel, event: PodBound) -> None:
 
 def migrated(m: ShardModel, event: PodMigrated) -> None:
     """A pod moved to make room (the rescheduler): placed on its new node, restarted."""
+    rid = m.reserved.get(event.pod)
+    res = m.reservations.get(rid) if rid is not None else None
+    if res is not None and event.pod in res.moves:
+        # moved here from another shard under a part this shard holds: as a binding
+        if m.bindings.get(event.pod) == event.decision_id:
+            res.bound.add(event.pod)
+        return
     slot = m.state.index.get(event.to_node)
     if event.pod not in m.pods or slot is None or m.bindings.get(event.pod) == event.decision_id:
         return
@@ -263,6 +270,8 @@ def take_on(m: ShardModel, event: ReservationRequested) -> str:
         event.expires_at,
         placements=dict(event.placements),
         at_once=event.at_once,
+        moves=dict(event.moves),
+        moved_for=event.moved_for,
     )
     group = m.groups[event.group.key] = GroupInfo(
         event.group.key, seq=m.submissions, reservation=event.rid

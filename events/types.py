@@ -353,7 +353,10 @@ class ReservationRequested(_Fact, frozen=True, kw_only=True, tag="rsv?"):
     until committed, aborted, or ``expires_at``. ``placements``: the node of each pod,
     as the coordinator chose it (empty: the shard chooses, as for a gang it is handed
     whole); ``victims``: pods to evict first → the pod they make room for. ``at_once``:
-    the part is the whole reservation, so commit as soon as it is staged."""
+    the part is the whole reservation, so commit as soon as it is staged. ``moves``:
+    pods of the part that run on another shard's node now (pod → that node): moved here
+    to make room for ``moved_for`` (the rescheduler across shards), so committed as
+    ``PodMigrated``, not ``PodBound``."""
 
     rid: str
     group: GroupSpec
@@ -362,6 +365,8 @@ class ReservationRequested(_Fact, frozen=True, kw_only=True, tag="rsv?"):
     placements: dict[str, str] = {}
     victims: dict[str, str] = {}
     at_once: bool = False
+    moves: dict[str, str] = {}
+    moved_for: str = ""
 
 
 class PreemptionRequested(_Fact, frozen=True, kw_only=True, tag="preempt?"):

@@ -57,6 +57,10 @@ class Reservation:
     """Why it must be let go at the next pass (aborted, a bind failed); empty: it need not."""
     placements: dict[str, str] = field(default_factory=dict)
     """Pod → the node the coordinator chose for it (empty: the shard chooses)."""
+    moves: dict[str, str] = field(default_factory=dict)
+    """Pods moved here from another shard's node → that node (committed as moves)."""
+    moved_for: str = ""
+    """The pod the moves make room for."""
     at_once: bool = False
     """Commit as soon as it is staged (a part that is the whole reservation)."""
 

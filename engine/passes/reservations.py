@@ -15,6 +15,7 @@ from engine.fold import handed_back, part_closed
 from engine.model.reservations import COMMITTED, COMMITTING, HELD, STAGING, Reservation, decision_id
 from events.types import (
     PodBound,
+    PodMigrated,
     PodHandedBack,
     PodPreempted,
     PodUnbound,
@@ -47,6 +48,20 @@ def commit(p: SchedulingPass, res: Reservation) -> None:
         node = e.state.names[slot] or ""
         pod = e.pods[key]
         res.bound.add(key)
+        if key in res.moves:
+            p.out.append(
+                PodMigrated(
+                    pod=key,
+                    from_node=res.moves[key],
+                    to_node=node,
+                    by=res.moved_for,
+                    decision_id=decision_id(key, res.rid),
+                    shard=e.shard,
+                    devices=e.state.pods[key].devices,
+                )
+            )
+            e.count("migrated")
+            continue
         p.out.append(
             PodBound(
                 pod=key,

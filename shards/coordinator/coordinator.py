@@ -78,7 +78,14 @@ from events.types import (
 )
 from shards import plugins
 from shards.coordinator.dispatch import ShardDispatch
-from shards.coordinator.flights import ABORTING, COMMITTED, PREPARING, Claim, Flight
+from shards.coordinator.flights import (
+    ABORTING,
+    COMMITTED,
+    MOVES,
+    PREPARING,
+    Claim,
+    Flight,
+)
 from shards.coordinator.routing import NONE, Routing
 
 ROUTER: Final = "router"
@@ -164,7 +171,11 @@ class Coordinator:
             "aborted": 0,
             "evictions": 0,
             "migrations_handed": 0,
+            "migrations_across": 0,
         }
+        self.moves_refused: dict[str, int] = {}
+        """Unit → how many times a shard refused to take in pods moved for it (after
+        ``MAX_MOVES_REFUSED``, its plans across shards are not tried again)."""
         """Request → how it changes a shard's columns (a cache, not state)."""
         self._out: list[Output] = []
         self._cache: dict[tuple[object, ...], Any] = {}
@@ -472,6 +483,7 @@ class Coordinator:
             self.land(key)
         self.decisions.pop(key, None)
         self.hard.pop(key, None)
+        self.moves_refused.pop(key, None)
         self._left_part(key)
         self._unclaim(key)
         if key in self.evicting:
@@ -510,9 +522,15 @@ class Coordinator:
             case ReservationDenied() | ReservationReleased():
                 self._closed(event, shard)
             case PodMigrated(pod=key):
-                # a shard moved a pod to make room: the view moves it too
+                # a shard moved a pod to make room: the view moves it too; moved in
+                # from another shard's node, that shard forgets it (it runs elsewhere)
                 if key in self.engine.pods and key in self.engine.state.pods:
                     self.engine.apply_decision(event)
+                source = self.routing.node_shard.get(event.from_node)
+                if source is not None and source != shard:
+                    self.send(source, PodDeleted(pod=key))
+                if key in self.evicting:
+                    self._victim_gone(key)
             case PodPreempted(pod=key) | PodEvicted(pod=key) | PodRejected(pod=key):
                 if key in self.engine.pods:
                     self.engine.finish(key, FAILED, held_for=self.evicting.get(key, ""))
@@ -594,6 +612,8 @@ class Coordinator:
             return
         del claim.open[shard]
         claim.granted.pop(shard, None)
+        if MOVES in claim.rid and isinstance(event, ReservationDenied):
+            self.moves_refused[claim.unit] = self.moves_refused.get(claim.unit, 0) + 1
         if claim.stage in (PREPARING, COMMITTED):
             self._abort(claim, f"shard {shard}: {event.reason}")
         if not claim.open:

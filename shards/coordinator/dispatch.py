@@ -55,7 +55,7 @@ from events.types import (
     ReservationRequested,
 )
 from shards.coordinator.choice import ShardView, label_scores, scores, shard_columns
-from shards.coordinator.flights import ABORTING, Claim
+from shards.coordinator.flights import ABORTING, MAX_MOVES_REFUSED, MOVES, Claim
 
 BUILT_IN: Final = frozenset(builtin_registry().names())
 """The plugins whose scores :mod:`shards.coordinator.choice` summarises per shard."""
@@ -347,10 +347,15 @@ class ShardDispatch:
         placed: Placed,
         moves: list[tuple[str, int, int, str]],
     ) -> bool:
-        """The view found room by moving pods: a plan within one shard is that shard's
-        to carry out (the pod is handed to it, and its engine, seeing the same nodes and
-        pods, finds the same plan, or hands the pod back); a plan across shards is not
-        carried out (said in the pod's reason)."""
+        """The view found room by moving pods. A plan within one shard is that shard's
+        to carry out: the pod is handed to it, and its engine, seeing the same nodes and
+        pods, finds the same plan (or hands the pod back). A plan whose every move goes
+        to another shard's node is carried out in two steps, as a preemption is: each
+        moved pod is held on its new node by a part of its own, committed at once on
+        its new shard (``PodMigrated`` there; its old shard is told to forget it), and
+        the pod waits, nominated, until every move is done, then is placed again on the
+        exact view. A plan mixing moves within a shard and across shards is not carried
+        out (said in the pod's reason)."""
         c = self.c
         shard_of = c.routing.slot_shard
         involved = {int(shard_of[s]) for _, origin, slot, _ in moves for s in (origin, slot)}
@@ -365,13 +370,63 @@ class ShardDispatch:
             self._hand_pod(lead, involved.pop())
             c.counters["migrations_handed"] += 1
             return True
-        p.unschedulable(
-            lead,
-            f"no node fits; moving {described} would make room, but that plan spans "
-            "shards, and moves across shards are not carried out yet",
-            ("Rescheduler",),
+        if c.moves_refused.get(p.unit, 0) >= MAX_MOVES_REFUSED:
+            p.unschedulable(
+                lead,
+                f"no node fits; moving {described} would make room, but the shards "
+                f"refused to take moved pods in {MAX_MOVES_REFUSED} times",
+                ("Rescheduler",),
+            )
+            return True
+        if any(shard_of[origin] == shard_of[slot] for _, origin, slot, _ in moves):
+            p.unschedulable(
+                lead,
+                f"no node fits; moving {described} would make room, but that plan mixes "
+                "moves within a shard and across shards, which are not carried out yet",
+                ("Rescheduler",),
+            )
+            return True
+        by_shard: dict[int, list[tuple[str, int, int]]] = {}
+        for key, origin, slot, _ in moves:
+            by_shard.setdefault(int(shard_of[slot]), []).append((key, origin, slot))
+        for shard, moving in sorted(by_shard.items()):
+            self._move_in(lead, p.unit, shard, moving)
+        c.nominate(p.unit, [key for key, _, _, _ in moves])
+        c.counters["migrations_across"] += 1
+        return False
+
+    def _move_in(
+        self, lead: PodInfo, unit: str, shard: int, moving: list[tuple[str, int, int]]
+    ) -> None:
+        """Ask ``shard`` to hold ``moving`` (pod, from slot, to slot) on their new nodes
+        and commit them at once as moves made for ``lead``."""
+        c = self.c
+        e = c.engine
+        names = e.state.names
+        rid = f"{lead.key}{MOVES}{c.next_seq()}"
+        base = GroupSpec(namespace=lead.spec.namespace, name=lead.spec.name, min_member=1)
+        part = _part_spec(base, rid, len(moving))
+        pods = [e.pods[key] for key, _, _ in moving]
+        c.send(
+            shard,
+            ReservationRequested(
+                rid=rid,
+                group=part,
+                # the node a pod named is where it ran, not where it may go (as when
+                # one shard moves it)
+                pods=tuple(
+                    _member_spec(msgspec.structs.replace(pod.spec, node_name=""), part)
+                    for pod in pods
+                ),
+                expires_at=c.expiry(),
+                placements={key: names[slot] or "" for key, _, slot in moving},
+                at_once=True,
+                moves={key: names[origin] or "" for key, origin, _ in moving},
+                moved_for=lead.key,
+            ),
         )
-        return True
+        keys = tuple(key for key, _, _ in moving)
+        c.claim(Claim(rid, unit, {shard: keys}, c.now, directed=True, open={shard: None}))
 
 
 def _part_spec(spec: GroupSpec, rid: str, members: int) -> GroupSpec:

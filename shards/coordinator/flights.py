@@ -94,3 +94,10 @@ class Claim:
     @property
     def pods(self) -> tuple[str, ...]:
         return tuple(pod for part in self.parts.values() for pod in part)
+
+
+MOVES: Final = "/moves#"
+"""In the rid of a part that takes in pods moved for a unit (the rescheduler across
+shards): ``<unit>/moves#<seq>``."""
+MAX_MOVES_REFUSED: Final = 2
+"""Refusals of such parts after which a unit's plans across shards are not tried again."""

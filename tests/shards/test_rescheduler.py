@@ -17,7 +17,7 @@ import pytest
 from shards.cli import main
 from tests.shards.coordinator_kit import shoal
 
-SHARDS = (1, 2)
+SHARDS = (1, 2, 4)
 
 
 def gpu_node(name: str, cards: int) -> str:
