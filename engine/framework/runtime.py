@@ -117,7 +117,13 @@ class Framework:
         self.pre_filters: list[PreFilterPlugin] = [p for p, _ in chosen["preFilter"]]  # type: ignore[misc]
         self.filters: list[FilterPlugin] = [p for p, _ in chosen["filter"]]  # type: ignore[misc]
         self.static_filters = [f for f in self.filters if f.static]
-        self.dynamic_filters = [f for f in self.filters if not f.static]
+        self.conditional = [f for f in self.filters if not f.static and hasattr(f, "applies")]
+        """Filters that look beyond one node and say which pods they apply to
+        (``applies(pod, state)``): a pod none applies to skips them (they would pass
+        every node), and one some apply to is evaluated whole, without shape caches."""
+        self.dynamic_filters = [
+            f for f in self.filters if not f.static and f not in self.conditional
+        ]
         self._room_plugins = frozenset({f.name for f in self.static_filters} | {"NodeResourcesFit"})
         """Plugins whose verdict on a node only its free room can change."""
         self.post_filters: list[PostFilterPlugin] = [p for p, _ in chosen["postFilter"]]  # type: ignore[misc]
@@ -224,11 +230,25 @@ class Framework:
         """Nodes only free resources keep ``pod`` from (what preemption may change)."""
         return self._static_mask(CycleState(), pod, state) & state.valid
 
-    def feasible(self, cycle: CycleState, pod: PodInfo, state: ClusterState) -> Bools:
-        """Filter verdict over all slots (computed whole, no cache)."""
+    def cluster_wide(self, pod: PodInfo, state: ClusterState) -> bool:
+        """Whether a filter that reads pods on other nodes (inter-pod affinity, spread
+        constraints) applies to ``pod`` now: then its verdict on a node depends on
+        more than that node, and on more than one shard."""
+        return any(f.applies(pod, state) for f in self.conditional)
+
+    def feasible(
+        self, cycle: CycleState, pod: PodInfo, state: ClusterState, *, local_only: bool = False
+    ) -> Bools:
+        """Filter verdict over all slots (computed whole, no cache). ``local_only``:
+        without the filters that read pods on other nodes (a shard staging what the
+        coordinator chose on its whole view)."""
         mask = self._static_mask(cycle, pod, state)
         for f in self.dynamic_filters:
             mask = mask & f.filter(cycle, pod, state)
+        if not local_only:
+            for f in self.conditional:
+                if f.applies(pod, state):
+                    mask = mask & f.filter(cycle, pod, state)
         return mask
 
     def _shape_feasible(
@@ -237,7 +257,7 @@ class Framework:
         """Filter verdict, refreshing only the nodes changed since this shape's last
         attempt. Exactly equal to :meth:`feasible` (dynamic filters are local)."""
         static = self._static_mask(cycle, pod, state)
-        if not self.incremental:
+        if not self.incremental or (self.conditional and self.cluster_wide(pod, state)):
             return self.feasible(cycle, pod, state), None
         entry = self._shapes.get(pod.shape_key)
         changed = None if entry is None else state.changed_since(entry.position)
@@ -399,6 +419,10 @@ class Framework:
         here) until one nominates a node; they stage what they change in the cycle's
         statement (see :mod:`engine.framework.handle`)."""
         allowed = self.static_feasible(pod, state)
+        for f in self.conditional:
+            # preemption frees resources only: nodes these rules refuse stay refused
+            if f.applies(pod, state):
+                allowed = allowed & f.filter(cycle, pod, state)
         for post in self.post_filters:
             result = post.post_filter(cycle, pod, state, allowed)
             if result.status.code == Code.SUCCESS and result.nominated_slot >= 0:

@@ -14,3 +14,5 @@ class ClusterEvent(Enum):
     """A pod released its resources on a node (deleted, finished, bind failed, evicted)."""
     QUOTA_CHANGED = "QuotaChanged"
     """An elastic quota was defined or changed (no node in particular)."""
+    POD_PLACED = "PodPlaced"
+    """A pod was placed on a node (what inter-pod affinity and spread rules wait for)."""

@@ -385,6 +385,8 @@ class ShardModel:
         self.bindings[key] = decision_id
         self.started[key] = self.now
         self.dispatched.pop(key, None)
+        if self.queue.waits_for(ClusterEvent.POD_PLACED):
+            self.fire(ClusterEvent.POD_PLACED, slot)
         self.wake(key)
         if pod.spec.group:
             self.group_changes[pod.spec.group] = None

@@ -165,7 +165,9 @@ def _directed(
     status = framework.run_pre_filters(cycle, pod, e.state)
     if not status.ok:
         return (status.message(), (status.plugin,) if status.plugin else (), {})
-    if not framework.feasible(cycle, pod, e.state)[slot]:
+    # the rules that read pods on other nodes were checked by the coordinator on its
+    # whole view; this shard sees only its own pods
+    if not framework.feasible(cycle, pod, e.state, local_only=True)[slot]:
         return (f"{pod.key} no longer fits node {node}", ("NodeResourcesFit",), {})
     statement.assume_pod(pod, slot)
     return None

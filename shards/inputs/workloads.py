@@ -66,7 +66,15 @@ from shards.inputs.controllers import (
 )
 from shards.inputs.fields import _list
 from shards.inputs.limits import shown
-from shards.inputs.objects import ARRIVE_AT, RUNTIME, _map, _name, _string_map, pod_spec
+from shards.inputs.objects import (
+    ARRIVE_AT,
+    OWNER_SELECTOR,
+    RUNTIME,
+    _map,
+    _name,
+    _string_map,
+    pod_spec,
+)
 
 __all__ = ["WORKLOAD_KINDS", "Expansion", "NodeArrival", "expand"]
 
@@ -303,4 +311,8 @@ def expand(
             replica_pods(workload, at, replicas, rs, owner, {TEMPLATE_HASH_LABEL: digest}, out)
         else:
             replica_pods(workload, at, replicas, workload.name, workload.owner(), {}, out)
+        # what the profile's default spread constraints select (kube-scheduler's
+        # DefaultSelector: the owning ReplicaSet's or StatefulSet's selector)
+        for manifest, _ in out.pods:
+            manifest[OWNER_SELECTOR] = workload.spec["selector"]
     return out

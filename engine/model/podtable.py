@@ -1,0 +1,259 @@
+"""The placed pods of a cluster state as columns: node, namespace and labels per row.
+
+Inter-pod rules (InterPodAffinity, PodTopologySpread) count the pods that match a label
+selector in each topology domain. Evaluating a selector over every placed pod is one
+comparison per requirement over these columns (labels as integer codes per key, ``-1``
+absent, as the nodes' labels are in :class:`~engine.model.state.ClusterState`); the
+matches per node are one ``bincount`` over the pods' node slots, and per domain one more
+over the nodes' label codes.
+
+The table is *derived*, never state: it is rebuilt from ``ClusterState.pods`` and the
+pods' specs, and kept in step through the state's journal (placing or releasing a pod
+touches its node's slot; only the changed slots are read again), so a snapshot never
+holds it and a restored engine rebuilds it on first use. Gang members staged in a
+statement are placed in the state, so they count for each other as soon as they are
+staged.
+
+Pods with inter-pod terms of their own (``with_terms``) are listed apart: an incoming
+pod's symmetric checks (existing pods' anti-affinity, their preferred terms) read only
+those.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Final
+
+import numpy as np
+
+from engine.model.state import ABSENT, Bools, ClusterState, Codes, Ints
+from events.types import LabelSelector, PodAffinityTerm, PodSpec
+
+if TYPE_CHECKING:
+    from engine.model.pods import PodInfo
+
+_REBUILD: Final = 4096
+"""Above this many changed slots since the last sync, rebuild the table whole."""
+_TABLES: weakref.WeakKeyDictionary[ClusterState, PodTable] = weakref.WeakKeyDictionary()
+
+
+def has_terms(spec: PodSpec) -> bool:
+    """Whether a placed pod with ``spec`` takes part in others' symmetric checks."""
+    return bool(
+        spec.pod_affinity
+        or spec.pod_anti_affinity
+        or spec.pod_affinity_preferred
+        or spec.pod_anti_affinity_preferred
+    )
+
+
+def selector_matches(selector: LabelSelector | None, labels: Mapping[str, str]) -> bool:
+    """``metav1.LabelSelector`` semantics for one pod's labels (None matches nothing)."""
+    if selector is None:
+        return False
+    for key, value in selector.match_labels.items():
+        if labels.get(key) != value:
+            return False
+    for req in selector.match_expressions:
+        have = labels.get(req.key)
+        op = req.operator
+        if op == "In" and (have is None or have not in req.values):
+            return False
+        if op == "NotIn" and have is not None and have in req.values:
+            return False
+        if op == "Exists" and have is None:
+            return False
+        if op == "DoesNotExist" and have is not None:
+            return False
+    return True
+
+
+def term_matches(term: PodAffinityTerm, spec: PodSpec) -> bool:
+    """kube-scheduler's ``PodMatchesTermsNamespaceAndSelector`` for one pod."""
+    if not term.all_namespaces and spec.namespace not in term.namespaces:
+        return False
+    return selector_matches(term.selector, spec.labels)
+
+
+class PodTable:
+    """Placed pods as rows (see the module docstring)."""
+
+    def __init__(self) -> None:
+        cap = 64
+        self.row_of: dict[str, int] = {}
+        self.specs: list[PodSpec | None] = [None] * cap
+        self.node: Ints = np.full(cap, -1, dtype=np.int64)
+        self.namespace: Codes = np.full(cap, ABSENT, dtype=np.int32)
+        self.namespaces: dict[str, int] = {}
+        self.labels: dict[str, Codes] = {}
+        self.values: dict[str, dict[str, int]] = {}
+        self.on_slot: dict[int, dict[str, None]] = {}
+        self.with_terms: dict[str, int] = {}
+        """Placed pods with inter-pod terms → their slot."""
+        self.terms_version = 0
+        """Bumped whenever ``with_terms`` changes."""
+        self._free: list[int] = []
+        self._next = 0
+        self._position = -1
+
+    def __repr__(self) -> str:
+        return f"PodTable(rows={len(self.row_of)}, with_terms={len(self.with_terms)})"
+
+    # ------------------------------------------------------------------ sync
+
+    def sync(self, state: ClusterState, pods: Mapping[str, PodInfo]) -> None:
+        """Bring the rows in step with ``state.pods`` (specs from ``pods``)."""
+        changed = None if self._position < 0 else state.changed_since(self._position)
+        if changed is None or len(changed) > _REBUILD:
+            self._rebuild(state, pods)
+        else:
+            for slot in sorted(set(changed)):
+                self._sync_slot(state, pods, slot)
+        self._position = state.journal_end
+
+    def _rebuild(self, state: ClusterState, pods: Mapping[str, PodInfo]) -> None:
+        for key in list(self.row_of):
+            self._remove(key)
+        for key, placed in state.pods.items():
+            info = pods.get(key)
+            if info is not None:
+                self._add(key, placed.slot, info.spec)
+
+    def _sync_slot(self, state: ClusterState, pods: Mapping[str, PodInfo], slot: int) -> None:
+        have = self.on_slot.get(slot, {})
+        now = state.node_pods[slot] if slot < len(state.node_pods) else {}
+        for key in [k for k in have if k not in now]:
+            self._remove(key)
+        for key in now:
+            info = pods.get(key)
+            row = self.row_of.get(key)
+            if row is not None and (info is None or self.specs[row] is not info.spec):
+                self._remove(key)
+                row = None
+            if row is None and info is not None:
+                self._add(key, slot, info.spec)
+
+    def _grow(self) -> None:
+        old = self.node.shape[0]
+        new = old * 2
+        self.specs.extend([None] * old)
+        self.node = np.concatenate([self.node, np.full(old, -1, dtype=np.int64)])
+        self.namespace = np.concatenate([self.namespace, np.full(old, ABSENT, dtype=np.int32)])
+        for key, col in self.labels.items():
+            self.labels[key] = np.concatenate([col, np.full(new - old, ABSENT, dtype=np.int32)])
+
+    def _add(self, key: str, slot: int, spec: PodSpec) -> None:
+        if self._free:
+            row = self._free.pop()
+        else:
+            if self._next >= self.node.shape[0]:
+                self._grow()
+            row = self._next
+            self._next += 1
+        self.row_of[key] = row
+        self.specs[row] = spec
+        self.node[row] = slot
+        self.namespace[row] = self.namespaces.setdefault(spec.namespace, len(self.namespaces))
+        for label, value in spec.labels.items():
+            col = self.labels.get(label)
+            if col is None:
+                col = self.labels[label] = np.full(self.node.shape[0], ABSENT, dtype=np.int32)
+                self.values[label] = {}
+            values = self.values[label]
+            col[row] = values.setdefault(value, len(values))
+        self.on_slot.setdefault(slot, {})[key] = None
+        if has_terms(spec):
+            self.with_terms[key] = slot
+            self.terms_version += 1
+
+    def _remove(self, key: str) -> None:
+        row = self.row_of.pop(key)
+        spec = self.specs[row]
+        slot = int(self.node[row])
+        self.specs[row] = None
+        self.node[row] = -1
+        self.namespace[row] = ABSENT
+        if spec is not None:
+            for label in spec.labels:
+                self.labels[label][row] = ABSENT
+        on = self.on_slot.get(slot)
+        if on is not None:
+            on.pop(key, None)
+            if not on:
+                del self.on_slot[slot]
+        if self.with_terms.pop(key, None) is not None:
+            self.terms_version += 1
+        self._free.append(row)
+
+    # ------------------------------------------------------------------ matching
+
+    def matching(
+        self, selector: LabelSelector | None, namespaces: tuple[str, ...], everywhere: bool
+    ) -> Bools:
+        """Rows of placed pods in ``namespaces`` (every namespace with ``everywhere``)
+        whose labels ``selector`` matches (None matches nothing)."""
+        size = self.node.shape[0]
+        none = np.zeros(size, dtype=np.bool_)
+        if selector is None:
+            return none
+        mask = self.node >= 0
+        if not everywhere:
+            codes = [self.namespaces[n] for n in namespaces if n in self.namespaces]
+            if not codes:
+                return none
+            mask &= np.isin(self.namespace, codes)
+        for key, value in selector.match_labels.items():
+            code = self.values.get(key, {}).get(value)
+            if code is None:
+                return none
+            mask &= self.labels[key] == code
+        for req in selector.match_expressions:
+            col = self.labels.get(req.key)
+            op = req.operator
+            if op in ("In", "NotIn"):
+                known = self.values.get(req.key, {})
+                codes = [known[v] for v in req.values if v in known]
+                hit = np.isin(col, codes) if col is not None and codes else none
+                mask &= hit if op == "In" else ~hit
+            elif op == "Exists":
+                mask &= col >= 0 if col is not None else none
+            elif col is not None:  # DoesNotExist
+                mask &= col < 0
+        return mask
+
+    def term_rows(self, term: PodAffinityTerm) -> Bools:
+        return self.matching(term.selector, term.namespaces, term.all_namespaces)
+
+    def per_node(self, rows: Bools, capacity: int) -> Ints:
+        """How many of ``rows`` are placed on each slot."""
+        return np.bincount(self.node[rows], minlength=capacity)[:capacity].astype(np.int64)
+
+
+def pod_table(state: ClusterState, pods: Mapping[str, PodInfo]) -> PodTable:
+    """The table of ``state``'s placed pods, in step with it (one per state object)."""
+    table = _TABLES.get(state)
+    if table is None:
+        table = _TABLES[state] = PodTable()
+    table.sync(state, pods)
+    return table
+
+
+def domain_counts(state: ClusterState, key: str, per_node: Ints, nodes: Bools) -> Ints:
+    """Per value code of node label ``key``: the sum of ``per_node`` over ``nodes``
+    that have the label."""
+    col = state.label_columns.get(key)
+    values = len(state.label_values.get(key, {}))
+    if col is None:
+        return np.zeros(values, dtype=np.int64)
+    cap = per_node.shape[0]
+    have = nodes[:cap] & (col[:cap] >= 0)
+    return np.bincount(col[:cap][have], weights=per_node[have], minlength=values).astype(np.int64)
+
+
+def node_codes(state: ClusterState, key: str) -> Codes:
+    """The nodes' value codes of label ``key`` (``-1``: absent)."""
+    col = state.label_columns.get(key)
+    if col is None:
+        return np.full(state.capacity, ABSENT, dtype=np.int32)
+    return col
