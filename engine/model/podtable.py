@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 _REBUILD: Final = 4096
 """Above this many changed slots since the last sync, rebuild the table whole."""
 _TABLES: weakref.WeakKeyDictionary[ClusterState, PodTable] = weakref.WeakKeyDictionary()
+_LAST: list[tuple[weakref.ref[ClusterState], PodTable] | None] = [None]
+"""The table looked up last (most calls are for the same state, in a row)."""
 
 
 def has_terms(spec: PodSpec) -> bool:
@@ -94,6 +96,7 @@ class PodTable:
         self.terms_version = 0
         """Bumped whenever ``with_terms`` changes."""
         self._free: list[int] = []
+        self._unlabelled: dict[int, None] = {}
         self._next = 0
         self._position = -1
 
@@ -104,13 +107,19 @@ class PodTable:
 
     def sync(self, state: ClusterState, pods: Mapping[str, PodInfo]) -> None:
         """Bring the rows in step with ``state.pods`` (specs from ``pods``)."""
+        end = state.journal_end
+        if end == self._position:
+            return
         changed = None if self._position < 0 else state.changed_since(self._position)
         if changed is None or len(changed) > _REBUILD:
             self._rebuild(state, pods)
+        elif len(changed) == 1:
+            if not self._one_added(state, pods, changed[0]):
+                self._sync_slot(state, pods, changed[0])
         else:
             for slot in sorted(set(changed)):
                 self._sync_slot(state, pods, slot)
-        self._position = state.journal_end
+        self._position = end
 
     def _rebuild(self, state: ClusterState, pods: Mapping[str, PodInfo]) -> None:
         for key in list(self.row_of):
@@ -120,18 +129,36 @@ class PodTable:
             if info is not None:
                 self._add(key, placed.slot, info.spec)
 
+    def _one_added(self, state: ClusterState, pods: Mapping[str, PodInfo], slot: int) -> bool:
+        """The common change, one pod placed on ``slot`` (one journal entry, one more
+        pod there than the table has): it is the newest key of the slot's pods."""
+        now = state.node_pods[slot]
+        have = self.on_slot.get(slot)
+        if len(now) != (len(have) if have else 0) + 1:
+            return False
+        key = next(reversed(now))
+        info = pods.get(key)
+        if key in self.row_of or info is None:
+            return False
+        self._add(key, slot, info.spec)
+        return True
+
     def _sync_slot(self, state: ClusterState, pods: Mapping[str, PodInfo], slot: int) -> None:
-        have = self.on_slot.get(slot, {})
+        have = self.on_slot.get(slot)
         now = state.node_pods[slot] if slot < len(state.node_pods) else {}
-        for key in [k for k in have if k not in now]:
-            self._remove(key)
+        if have:
+            for key in [k for k in have if k not in now]:
+                self._remove(key)
+        row_of = self.row_of
+        specs = self.specs
         for key in now:
             info = pods.get(key)
-            row = self.row_of.get(key)
-            if row is not None and (info is None or self.specs[row] is not info.spec):
+            row = row_of.get(key)
+            if row is not None:
+                if info is not None and specs[row] is info.spec:
+                    continue
                 self._remove(key)
-                row = None
-            if row is None and info is not None:
+            if info is not None:
                 self._add(key, slot, info.spec)
 
     def _grow(self) -> None:
@@ -154,18 +181,36 @@ class PodTable:
         self.row_of[key] = row
         self.specs[row] = spec
         self.node[row] = slot
-        self.namespace[row] = self.namespaces.setdefault(spec.namespace, len(self.namespaces))
-        for label, value in spec.labels.items():
-            col = self.labels.get(label)
-            if col is None:
-                col = self.labels[label] = np.full(self.node.shape[0], ABSENT, dtype=np.int32)
-                self.values[label] = {}
-            values = self.values[label]
-            col[row] = values.setdefault(value, len(values))
-        self.on_slot.setdefault(slot, {})[key] = None
+        code = self.namespaces.get(spec.namespace)
+        if code is None:
+            code = self.namespaces[spec.namespace] = len(self.namespaces)
+        self.namespace[row] = code
+        self._unlabelled[row] = None
+        on = self.on_slot.get(slot)
+        if on is None:
+            on = self.on_slot[slot] = {}
+        on[key] = None
         if has_terms(spec):
             self.with_terms[key] = slot
             self.terms_version += 1
+
+    def _label(self) -> None:
+        """Write the label codes of the rows added since the last query (placing a pod
+        costs a few dictionary operations; codes are written when a selector needs
+        them)."""
+        specs = self.specs
+        for row in self._unlabelled:
+            spec = specs[row]
+            assert spec is not None
+            for label, value in spec.labels.items():
+                col = self.labels.get(label)
+                if col is None:
+                    col = np.full(self.node.shape[0], ABSENT, dtype=np.int32)
+                    self.labels[label] = col
+                    self.values[label] = {}
+                values = self.values[label]
+                col[row] = values.setdefault(value, len(values))
+        self._unlabelled.clear()
 
     def _remove(self, key: str) -> None:
         row = self.row_of.pop(key)
@@ -174,7 +219,7 @@ class PodTable:
         self.specs[row] = None
         self.node[row] = -1
         self.namespace[row] = ABSENT
-        if spec is not None:
+        if self._unlabelled.pop(row, 0) is not None and spec is not None:
             for label in spec.labels:
                 self.labels[label][row] = ABSENT
         on = self.on_slot.get(slot)
@@ -193,6 +238,8 @@ class PodTable:
     ) -> Bools:
         """Rows of placed pods in ``namespaces`` (every namespace with ``everywhere``)
         whose labels ``selector`` matches (None matches nothing)."""
+        if self._unlabelled:
+            self._label()
         size = self.node.shape[0]
         none = np.zeros(size, dtype=np.bool_)
         if selector is None:
@@ -232,10 +279,16 @@ class PodTable:
 
 def pod_table(state: ClusterState, pods: Mapping[str, PodInfo]) -> PodTable:
     """The table of ``state``'s placed pods, in step with it (one per state object)."""
-    table = _TABLES.get(state)
-    if table is None:
-        table = _TABLES[state] = PodTable()
-    table.sync(state, pods)
+    last = _LAST[0]
+    if last is not None and last[0]() is state:
+        table = last[1]
+    else:
+        found = _TABLES.get(state)
+        table = PodTable() if found is None else found
+        _TABLES[state] = table
+        _LAST[0] = (weakref.ref(state), table)
+    if table._position != state.journal_end:
+        table.sync(state, pods)
     return table
 
 
