@@ -14,17 +14,21 @@ holds it and a restored engine rebuilds it on first use. Gang members staged in 
 statement are placed in the state, so they count for each other as soon as they are
 staged.
 
-Pods with inter-pod terms of their own (``with_terms``) are listed apart: an incoming
-pod's symmetric checks (existing pods' anti-affinity, their preferred terms) read only
-those.
+Pods with inter-pod terms of their own (``with_terms``) are listed apart, and their
+terms grouped (``groups``: one group per distinct term and role, with the pods that
+carry it and their slots): an incoming pod's symmetric checks (existing pods'
+anti-affinity, their preferred terms) match each distinct term once, however many
+replicas share it, and count the domains of its pods in one ``bincount``.
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
+import msgspec
 import numpy as np
 
 from engine.model.state import ABSENT, Bools, ClusterState, Codes, Ints
@@ -33,6 +37,13 @@ from events.types import LabelSelector, PodAffinityTerm, PodSpec
 if TYPE_CHECKING:
     from engine.model.pods import PodInfo
 
+ANTI: Final = "anti"
+"""Role of a required anti-affinity term (it filters, symmetrically)."""
+AFFINITY: Final = "affinity"
+"""Role of a required affinity term (it scores, symmetrically, at
+``hardPodAffinityWeight``)."""
+PREFERRED: Final = "preferred"
+"""Role of a preferred term: its weight, negative for anti-affinity."""
 _REBUILD: Final = 4096
 """Above this many changed slots since the last sync, rebuild the table whole."""
 _TABLES: weakref.WeakKeyDictionary[ClusterState, PodTable] = weakref.WeakKeyDictionary()
@@ -78,6 +89,32 @@ def term_matches(term: PodAffinityTerm, spec: PodSpec) -> bool:
     return selector_matches(term.selector, spec.labels)
 
 
+@dataclass(slots=True)
+class TermGroup:
+    """One distinct term of placed pods in one role, and the pods that carry it."""
+
+    role: str
+    term: PodAffinityTerm
+    weight: int
+    members: dict[str, int] = field(default_factory=dict)
+    """Pod → its slot."""
+
+    def slots(self) -> Ints:
+        return np.fromiter(self.members.values(), dtype=np.int64, count=len(self.members))
+
+
+def _roles(spec: PodSpec) -> list[tuple[str, PodAffinityTerm, int]]:
+    return [
+        *((ANTI, t, 0) for t in spec.pod_anti_affinity),
+        *((AFFINITY, t, 0) for t in spec.pod_affinity),
+        *((PREFERRED, w.term, w.weight) for w in spec.pod_affinity_preferred),
+        *((PREFERRED, w.term, -w.weight) for w in spec.pod_anti_affinity_preferred),
+    ]
+
+
+_ENCODER: Final = msgspec.msgpack.Encoder()
+
+
 class PodTable:
     """Placed pods as rows (see the module docstring)."""
 
@@ -95,6 +132,8 @@ class PodTable:
         """Placed pods with inter-pod terms → their slot."""
         self.terms_version = 0
         """Bumped whenever ``with_terms`` changes."""
+        self.groups: dict[tuple[str, int, bytes], TermGroup] = {}
+        """(role, weight, the term's bytes) → its group."""
         self._free: list[int] = []
         self._unlabelled: dict[int, None] = {}
         self._next = 0
@@ -193,6 +232,12 @@ class PodTable:
         if has_terms(spec):
             self.with_terms[key] = slot
             self.terms_version += 1
+            for role, term, weight in _roles(spec):
+                index = (role, weight, _ENCODER.encode(term))
+                group = self.groups.get(index)
+                if group is None:
+                    group = self.groups[index] = TermGroup(role, term, weight)
+                group.members[key] = slot
 
     def _label(self) -> None:
         """Write the label codes of the rows added since the last query (placing a pod
@@ -229,6 +274,14 @@ class PodTable:
                 del self.on_slot[slot]
         if self.with_terms.pop(key, None) is not None:
             self.terms_version += 1
+            assert spec is not None
+            for role, term, weight in _roles(spec):
+                index = (role, weight, _ENCODER.encode(term))
+                group = self.groups.get(index)
+                if group is not None:
+                    group.members.pop(key, None)
+                    if not group.members:
+                        del self.groups[index]
         self._free.append(row)
 
     # ------------------------------------------------------------------ matching
@@ -268,6 +321,9 @@ class PodTable:
             elif col is not None:  # DoesNotExist
                 mask &= col < 0
         return mask
+
+    def of_role(self, role: str) -> list[TermGroup]:
+        return [g for g in self.groups.values() if g.role == role]
 
     def term_rows(self, term: PodAffinityTerm) -> Bools:
         return self.matching(term.selector, term.namespaces, term.all_namespaces)

@@ -39,7 +39,10 @@ from engine.framework.cycle import CycleState
 from engine.framework.handle import Handle
 from engine.model.changes import ClusterEvent
 from engine.model.pods import PodInfo
+from engine.model.podtable import AFFINITY as AFFINITY_ROLE
 from engine.model.podtable import (
+    ANTI,
+    PREFERRED,
     PodTable,
     domain_counts,
     node_codes,
@@ -66,18 +69,14 @@ def _pairs_mask(state: ClusterState, pairs: Mapping[str, set[int]]) -> Bools:
 
 def existing_anti_pairs(table: PodTable, spec: PodSpec, state: ClusterState) -> dict[str, set[int]]:
     """(topology key → value codes) of the domains where a placed pod's required
-    anti-affinity term matches a pod with ``spec``."""
+    anti-affinity term matches a pod with ``spec`` (each distinct term matched once)."""
     pairs: dict[str, set[int]] = {}
-    for key, slot in table.with_terms.items():
-        row = table.row_of[key]
-        other = table.specs[row]
-        if other is None:
-            continue
-        for term in other.pod_anti_affinity:
-            if term_matches(term, spec):
-                code = int(node_codes(state, term.topology_key)[slot])
-                if code >= 0:
-                    pairs.setdefault(term.topology_key, set()).add(code)
+    for group in table.of_role(ANTI):
+        if term_matches(group.term, spec):
+            codes = node_codes(state, group.term.topology_key)[group.slots()]
+            found = np.unique(codes[codes >= 0]).tolist()
+            if found:
+                pairs.setdefault(group.term.topology_key, set()).update(found)
     return pairs
 
 
@@ -136,10 +135,7 @@ class InterPodAffinity:
         verdict = self._applies.get(key)
         if verdict is None:
             verdict = self._applies[key] = any(
-                term_matches(term, spec)
-                for other_key in table.with_terms
-                if (other := table.specs[table.row_of[other_key]]) is not None
-                for term in other.pod_anti_affinity
+                term_matches(group.term, spec) for group in table.of_role(ANTI)
             )
         return verdict
 
@@ -255,28 +251,25 @@ class InterPodAffinity:
             add_counts(weighted.term, weighted.weight)
         for weighted in spec.pod_anti_affinity_preferred:
             add_counts(weighted.term, -weighted.weight)
-        for key, slot in table.with_terms.items():
-            other = table.specs[table.row_of[key]]
-            if other is None or key == pod.key:
+        for group in table.groups.values():
+            if group.role == AFFINITY_ROLE:
+                weight = self.hard_weight
+            elif group.role == PREFERRED and not self.ignore_existing_preferred:
+                weight = group.weight
+            else:
                 continue
-            symmetric: list[tuple[PodAffinityTerm, int]] = []
-            if self.hard_weight > 0:
-                symmetric += [(term, self.hard_weight) for term in other.pod_affinity]
-            if not self.ignore_existing_preferred:
-                symmetric += [(w.term, w.weight) for w in other.pod_affinity_preferred]
-                symmetric += [(w.term, -w.weight) for w in other.pod_anti_affinity_preferred]
-            for term, weight in symmetric:
-                if not term_matches(term, spec):
-                    continue
-                code = int(node_codes(state, term.topology_key)[slot])
-                if code < 0:
-                    continue
-                touched = True
-                have = scores.get(term.topology_key)
-                if have is None:
-                    size = len(state.label_values.get(term.topology_key, {}))
-                    have = scores[term.topology_key] = np.zeros(size, dtype=np.int64)
-                have[code] += weight
+            if weight == 0 or not term_matches(group.term, spec):
+                continue
+            codes = node_codes(state, group.term.topology_key)[group.slots()]
+            codes = codes[codes >= 0]
+            if codes.size == 0:
+                continue
+            touched = True
+            size = len(state.label_values.get(group.term.topology_key, {}))
+            have = scores.get(group.term.topology_key)
+            if have is None:
+                have = scores[group.term.topology_key] = np.zeros(size, dtype=np.int64)
+            have += weight * np.bincount(codes, minlength=size)[:size]
         if not touched:
             return 0
         total = np.zeros(cap, dtype=np.int64)
