@@ -255,10 +255,22 @@ class Framework:
         self, cycle: CycleState, pod: PodInfo, state: ClusterState
     ) -> tuple[Bools, _ShapeEntry | None]:
         """Filter verdict, refreshing only the nodes changed since this shape's last
-        attempt. Exactly equal to :meth:`feasible` (dynamic filters are local)."""
-        static = self._static_mask(cycle, pod, state)
-        if not self.incremental or (self.conditional and self.cluster_wide(pod, state)):
+        attempt. Exactly equal to :meth:`feasible` (dynamic filters are local). For a
+        pod the filters that read other nodes apply to, their verdict is ANDed to the
+        shape's (a new array: the shape's entry keeps the local verdict alone)."""
+        if not self.incremental:
             return self.feasible(cycle, pod, state), None
+        feasible, entry = self._local_feasible(cycle, pod, state)
+        if self.conditional:
+            for f in self.conditional:
+                if f.applies(pod, state):
+                    feasible = feasible & f.filter(cycle, pod, state)
+        return feasible, entry
+
+    def _local_feasible(
+        self, cycle: CycleState, pod: PodInfo, state: ClusterState
+    ) -> tuple[Bools, _ShapeEntry]:
+        static = self._static_mask(cycle, pod, state)
         entry = self._shapes.get(pod.shape_key)
         changed = None if entry is None else state.changed_since(entry.position)
         if entry is None or changed is None or len(changed) > INCREMENTAL_LIMIT:
@@ -370,7 +382,10 @@ class Framework:
         """``where(feasible, weighted total, -1)`` over all slots, and the part of the
         total that is the same on every node (kept apart: it cannot change the choice).
         """
-        masked = self._local_masked(cycle, pod, state, feasible, shape, keep)
+        local = feasible if shape is None else shape.feasible
+        masked = self._local_masked(cycle, pod, state, local, shape, keep)
+        if local is not feasible:  # the shape's scores, where the pod's own filters pass
+            masked = np.where(feasible, masked, -1)
         constant = 0
         extra: Ints | None = None
         for entry in self._global_scores:
