@@ -59,24 +59,32 @@ ANTI_AFFINITY: Final = "node(s) didn't match pod anti-affinity rules"
 EXISTING: Final = "node(s) didn't satisfy existing pods anti-affinity rules"
 
 
-def _pairs_mask(state: ClusterState, pairs: Mapping[str, set[int]]) -> Bools:
-    """Nodes whose value of some key is one of that key's codes."""
+def _pairs_mask(state: ClusterState, pairs: Mapping[str, Bools]) -> Bools:
+    """Nodes whose value of some key is marked in that key's row of value codes."""
     hit = np.zeros(state.capacity, dtype=np.bool_)
-    for key, codes in pairs.items():
-        hit |= np.isin(node_codes(state, key), sorted(codes))
+    for key, marked in pairs.items():
+        codes = node_codes(state, key)
+        has = codes >= 0
+        hit |= has & marked[np.maximum(codes, 0)]
     return hit
 
 
-def existing_anti_pairs(table: PodTable, spec: PodSpec, state: ClusterState) -> dict[str, set[int]]:
-    """(topology key → value codes) of the domains where a placed pod's required
-    anti-affinity term matches a pod with ``spec`` (each distinct term matched once)."""
-    pairs: dict[str, set[int]] = {}
+def existing_anti_pairs(table: PodTable, spec: PodSpec, state: ClusterState) -> dict[str, Bools]:
+    """Per topology key, the value codes (a mark per code) of the domains where a
+    placed pod's required anti-affinity term matches a pod with ``spec`` (each distinct
+    term matched once)."""
+    pairs: dict[str, Bools] = {}
     for group in table.of_role(ANTI):
         if term_matches(group.term, spec):
-            codes = node_codes(state, group.term.topology_key)[group.slots()]
-            found = np.unique(codes[codes >= 0]).tolist()
-            if found:
-                pairs.setdefault(group.term.topology_key, set()).update(found)
+            key = group.term.topology_key
+            codes = node_codes(state, key)[group.slots()]
+            codes = codes[codes >= 0]
+            if codes.size:
+                marked = pairs.get(key)
+                if marked is None:
+                    size = max(len(state.label_values.get(key, {})), 1)
+                    marked = pairs[key] = np.zeros(size, dtype=np.bool_)
+                marked[codes] = True
     return pairs
 
 
