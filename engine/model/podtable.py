@@ -302,7 +302,9 @@ class PodTable:
             codes = [self.namespaces[n] for n in namespaces if n in self.namespaces]
             if not codes:
                 return none
-            mask &= np.isin(self.namespace, codes)
+            mask &= (
+                self.namespace == codes[0] if len(codes) == 1 else np.isin(self.namespace, codes)
+            )
         for key, value in selector.match_labels.items():
             code = self.values.get(key, {}).get(value)
             if code is None:
@@ -314,7 +316,10 @@ class PodTable:
             if op in ("In", "NotIn"):
                 known = self.values.get(req.key, {})
                 codes = [known[v] for v in req.values if v in known]
-                hit = np.isin(col, codes) if col is not None and codes else none
+                if col is None or not codes:
+                    hit = none
+                else:
+                    hit = col == codes[0] if len(codes) == 1 else np.isin(col, codes)
                 mask &= hit if op == "In" else ~hit
             elif op == "Exists":
                 mask &= col >= 0 if col is not None else none
