@@ -17,7 +17,21 @@ from hypothesis import strategies as st
 
 from engine.model.pools import POOL_LABEL, Sharding
 from events.memory import MemoryLog
-from events.types import SECOND, NodeAdded, PodSpec, PodSubmitted
+from events.types import (
+    SECOND,
+    BindFailed,
+    Envelope,
+    NodeAdded,
+    PodBound,
+    PodDeleted,
+    PodEvicted,
+    PodFailed,
+    PodPreempted,
+    PodSpec,
+    PodSubmitted,
+    PodSucceeded,
+    PodUnbound,
+)
 from shards.cli import main
 from shards.inputs.scenario import Scenario, TimedEvent
 from shards.replay import replay, replay_routed
@@ -239,7 +253,9 @@ def scenarios(draw: Any) -> tuple[Scenario, dict[str, dict[str, str]], dict[str,
     return Scenario(events=events), labels, specs
 
 
-async def _run(scenario: Scenario, shards: int) -> dict[str, tuple[str, str | None]]:
+async def _run(
+    scenario: Scenario, shards: int
+) -> tuple[dict[str, tuple[str, str | None]], list[Envelope]]:
     log = MemoryLog(shards + 1 if shards > 1 else 1)
     sharding = Sharding(shards=shards) if shards > 1 else None
     result = await simulate(scenario, log, sharding=sharding)
@@ -247,18 +263,39 @@ async def _run(scenario: Scenario, shards: int) -> dict[str, tuple[str, str | No
     parts = [await log.read(p, 0) for p in range(log.partitions)]
     verified = replay_routed(parts, verify=True) if shards > 1 else replay(parts[0], verify=True)
     assert verified.mismatch is None, str(verified.mismatch)
-    return {key: (view.phase, view.node) for key, view in result.report.pods.items()}
+    outcome = {key: (view.phase, view.node) for key, view in result.report.pods.items()}
+    return outcome, parts[0]
 
 
-@settings(max_examples=25, deadline=None)
+GONE = (PodSucceeded, PodFailed, PodDeleted, PodPreempted, PodEvicted, PodUnbound, BindFailed)
+
+
+def check_placements(
+    records: list[Envelope], specs: dict[str, PodSpec], labels: dict[str, dict[str, str]]
+) -> None:
+    """Walk one scheduler's log in order: every bind keeps every required rule against
+    the pods running at that moment."""
+    running: dict[str, tuple[PodSpec, str]] = {}
+    for env in records:
+        event = env.event
+        if isinstance(event, PodBound):
+            spec = specs[event.pod]
+            assert allowed(spec, event.node, running, labels), (event, sorted(running))
+            running[event.pod] = (spec, event.node)
+        elif isinstance(event, GONE):
+            running.pop(event.pod, None)
+
+
+@settings(max_examples=40, deadline=None)
 @given(scenarios())
 def test_one_two_and_four_shards_end_the_same_and_break_no_rule(
     case: tuple[Scenario, dict[str, dict[str, str]], dict[str, PodSpec]],
 ) -> None:
     scenario, labels, specs = case
-    one, two, four = (asyncio.run(_run(scenario, shards)) for shards in SHARDS)
+    (one, log), (two, _), (four, _) = (asyncio.run(_run(scenario, shards)) for shards in SHARDS)
     assert two == one
     assert four == one
+    check_placements(log, specs, labels)
     running = {k: (specs[k], node) for k, (phase, node) in one.items() if phase == "Bound" and node}
     for key, (spec, node) in running.items():
         # pods still running: none is where a required anti-affinity forbids (affinity
