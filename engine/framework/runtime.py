@@ -34,7 +34,7 @@ from engine.framework.interfaces import (
 from engine.framework.registry import Registry
 from engine.framework.results import Attempt, Diagnosis, NodeScore, full_scores, select
 from engine.framework.status import SUCCESS, Code, Status
-from engine.model.changes import ClusterEvent
+from engine.model.changes import EVERY, ClusterEvent
 from engine.model.pods import PodInfo
 from engine.model.state import Bools, ClusterState, Ints, any_set
 from events.errors import InputError
@@ -185,7 +185,7 @@ class Framework:
         for name, events, _ in self._requeue:
             if name in plugins:
                 out |= events
-        return frozenset(out) if plugins else frozenset(ClusterEvent)
+        return frozenset(out) if plugins else EVERY
 
     def worth_retrying(
         self,

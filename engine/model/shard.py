@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final, Protocol
 
-from engine.model.changes import ClusterEvent
+from engine.model.changes import EVERY, ClusterEvent
 from engine.model.groups import (
     FAILED,
     PENDING,
@@ -628,7 +628,7 @@ class ShardModel:
 
     def events_for(self, pod: PodInfo, plugins: tuple[str, ...]) -> frozenset[ClusterEvent]:
         if self.hints is None:
-            return frozenset(ClusterEvent)
+            return EVERY
         return self.hints.events_for(pod, plugins)
 
     def park(self, unit: str, pod: PodInfo, plugins: tuple[str, ...], shape: object) -> None:
