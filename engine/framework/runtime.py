@@ -5,6 +5,14 @@ changes) → [post-filter if nothing fits] → pre-score → weighted scores →
 reserve → permit. Node selection is deterministic: the highest total score wins; ties
 are broken by a rotation derived from the pod's name (a stable hash), so equal nodes are
 spread across pods yet every replay picks the same one.
+
+Filters that read pods on other nodes (inter-pod affinity, spread constraints) say
+which pods they apply to (``applies``): a pod none applies to never runs them, and one
+some apply to keeps its shape's cached local verdicts and scores, their verdict ANDed on
+top.
+
+Why one module of over 500 lines: the shape caches and the attempt that reads them are
+one mechanism; split, a cache could be refreshed by rules the attempt does not follow.
 """
 
 from __future__ import annotations
