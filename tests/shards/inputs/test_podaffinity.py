@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 
 from events.errors import InputError
@@ -281,4 +282,7 @@ spec:
         for e in scenario.events
         if type(e.event).__name__ == "PodSubmitted"
     ]
-    assert owners == [LabelSelector(match_labels={"app": "web"})] * 2
+    (owner,) = set(map(msgspec.json.encode, owners))  # the ReplicaSet's, for both
+    selector = msgspec.json.decode(owner, type=LabelSelector)
+    assert selector.match_labels["app"] == "web"
+    assert set(selector.match_labels) == {"app", "pod-template-hash"}
