@@ -128,7 +128,7 @@ class Framework:
         self.conditional = [f for f in self.filters if not f.static and hasattr(f, "applies")]
         """Filters that look beyond one node and say which pods they apply to
         (``applies(pod, state)``): a pod none applies to skips them (they would pass
-        every node), and one some apply to is evaluated whole, without shape caches."""
+        every node); for one some apply to, their verdict is ANDed to its shape's."""
         self.dynamic_filters = [
             f for f in self.filters if not f.static and f not in self.conditional
         ]
