@@ -24,7 +24,7 @@ replicas share it, and count the domains of its pods in one ``bincount``.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
@@ -138,16 +138,27 @@ class PodTable:
         self._unlabelled: dict[int, None] = {}
         self._next = 0
         self._position = -1
+        self.rows = False
+        """Whether the rows are kept. Until a pod with terms is placed or a query needs
+        the rows, only ``with_terms`` (empty) is: each placement is checked for terms
+        and nothing else is written."""
 
     def __repr__(self) -> str:
         return f"PodTable(rows={len(self.row_of)}, with_terms={len(self.with_terms)})"
 
     # ------------------------------------------------------------------ sync
 
-    def sync(self, state: ClusterState, pods: Mapping[str, PodInfo]) -> None:
-        """Bring the rows in step with ``state.pods`` (specs from ``pods``)."""
+    def sync(self, state: ClusterState, pods: Mapping[str, PodInfo], *, rows: bool) -> None:
+        """Bring the table in step with ``state.pods`` (specs from ``pods``); with
+        ``rows``, its rows too (kept from then on)."""
         end = state.journal_end
-        if end == self._position:
+        if end == self._position and (self.rows or not rows):
+            return
+        if not self.rows:
+            if rows or self._terms_placed(state, pods):
+                self.rows = True
+                self._rebuild(state, pods)
+            self._position = end
             return
         changed = None if self._position < 0 else state.changed_since(self._position)
         if changed is None or len(changed) > _REBUILD:
@@ -159,6 +170,24 @@ class PodTable:
             for slot in sorted(set(changed)):
                 self._sync_slot(state, pods, slot)
         self._position = end
+
+    def _terms_placed(self, state: ClusterState, pods: Mapping[str, PodInfo]) -> bool:
+        """Whether a pod placed since the last sync has inter-pod terms (rows not kept:
+        none placed before had)."""
+        changed = None if self._position < 0 else state.changed_since(self._position)
+        if changed is None:
+            keys: Iterable[str] = state.pods
+        elif len(changed) == 1:
+            # one change: a pod placed there is the newest of its node's pods
+            now = state.node_pods[changed[0]]
+            keys = [next(reversed(now))] if now else []
+        else:
+            keys = [k for slot in set(changed) for k in state.node_pods[slot]]
+        for key in keys:
+            info = pods.get(key)
+            if info is not None and has_terms(info.spec):
+                return True
+        return False
 
     def _rebuild(self, state: ClusterState, pods: Mapping[str, PodInfo]) -> None:
         for key in list(self.row_of):
@@ -338,8 +367,10 @@ class PodTable:
         return np.bincount(self.node[rows], minlength=capacity)[:capacity].astype(np.int64)
 
 
-def pod_table(state: ClusterState, pods: Mapping[str, PodInfo]) -> PodTable:
-    """The table of ``state``'s placed pods, in step with it (one per state object)."""
+def pod_table(state: ClusterState, pods: Mapping[str, PodInfo], *, rows: bool = True) -> PodTable:
+    """The table of ``state``'s placed pods, in step with it (one per state object).
+    ``rows=False``: only ``with_terms`` is read (rows are kept once a pod with terms is
+    placed, or a caller asks for them)."""
     last = _LAST[0]
     if last is not None and last[0]() is state:
         table = last[1]
@@ -348,8 +379,8 @@ def pod_table(state: ClusterState, pods: Mapping[str, PodInfo]) -> PodTable:
         table = PodTable() if found is None else found
         _TABLES[state] = table
         _LAST[0] = (weakref.ref(state), table)
-    if table._position != state.journal_end:
-        table.sync(state, pods)
+    if table._position != state.journal_end or (rows and not table.rows):
+        table.sync(state, pods, rows=rows)
     return table
 
 

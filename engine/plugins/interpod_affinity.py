@@ -122,8 +122,8 @@ class InterPodAffinity:
     def __repr__(self) -> str:
         return f"InterPodAffinity(hardPodAffinityWeight={self.hard_weight})"
 
-    def _table(self, state: ClusterState) -> PodTable:
-        return pod_table(state, self.handle.pods)
+    def _table(self, state: ClusterState, *, rows: bool = True) -> PodTable:
+        return pod_table(state, self.handle.pods, rows=rows)
 
     # ------------------------------------------------------------------ filter
 
@@ -133,7 +133,7 @@ class InterPodAffinity:
         spec = pod.spec
         if spec.pod_affinity or spec.pod_anti_affinity:
             return True
-        table = self._table(state)
+        table = self._table(state, rows=False)
         if not table.with_terms:
             return False
         if self._applies_version != table.terms_version:
@@ -231,8 +231,8 @@ class InterPodAffinity:
         """The sum over the node's domains of the weights of matched preferred terms
         (kube-scheduler's ``topologyScore``); 0 everywhere when nothing counts."""
         spec = pod.spec
-        table = self._table(state)
         own = spec.pod_affinity_preferred or spec.pod_anti_affinity_preferred
+        table = self._table(state, rows=bool(own))
         if not own and not table.with_terms:
             return 0
         cap = state.capacity
