@@ -86,6 +86,56 @@ class HostPort(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     ip: str = "0.0.0.0"
 
 
+class LabelSelectorRequirement(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One ``matchExpressions`` entry of a label selector (``In``, ``NotIn``,
+    ``Exists``, ``DoesNotExist``)."""
+
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+
+
+class LabelSelector(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A ``metav1.LabelSelector``: every ``match_labels`` pair and every expression
+    must hold; an empty selector matches every pod."""
+
+    match_labels: dict[str, str] = {}
+    match_expressions: tuple[LabelSelectorRequirement, ...] = ()
+
+
+class PodAffinityTerm(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A pod (anti-)affinity term, as kube-scheduler processes it: ``selector`` (None:
+    matches no pod) with ``matchLabelKeys`` / ``mismatchLabelKeys`` already merged in
+    (as the API server does), the namespaces it looks in (``namespaces``; with
+    ``all_namespaces`` every namespace: an empty ``namespaceSelector``), and the
+    topology key."""
+
+    topology_key: str
+    selector: LabelSelector | None = None
+    namespaces: tuple[str, ...] = ()
+    all_namespaces: bool = False
+
+
+class WeightedPodAffinityTerm(msgspec.Struct, frozen=True, kw_only=True):
+    """A preferred pod (anti-)affinity term with its weight (1..100)."""
+
+    weight: int
+    term: PodAffinityTerm
+
+
+class TopologySpreadConstraint(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A ``topologySpreadConstraints`` entry, ``matchLabelKeys`` merged into
+    ``selector`` as kube-scheduler merges them."""
+
+    max_skew: int
+    topology_key: str
+    when_unsatisfiable: str
+    selector: LabelSelector | None = None
+    min_domains: int = 1
+    node_affinity_policy: str = "Honor"
+    node_taints_policy: str = "Ignore"
+
+
 class PodSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """What the scheduler needs to know about a pod, already validated and canonical.
     Encoded without the fields left at their defaults (most of them, for most pods):
@@ -117,6 +167,18 @@ class PodSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     host_ports: tuple[HostPort, ...] = ()
     """Host ports the pod binds on its node (containers and sidecars, sorted): no two
     pods on one node may bind overlapping ones (the NodePorts filter)."""
+    pod_affinity: tuple[PodAffinityTerm, ...] = ()
+    """``affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution``."""
+    pod_affinity_preferred: tuple[WeightedPodAffinityTerm, ...] = ()
+    pod_anti_affinity: tuple[PodAffinityTerm, ...] = ()
+    """``affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution``."""
+    pod_anti_affinity_preferred: tuple[WeightedPodAffinityTerm, ...] = ()
+    spread_constraints: tuple[TopologySpreadConstraint, ...] = ()
+    """``topologySpreadConstraints`` (InterPodAffinity and PodTopologySpread)."""
+    owner_selector: LabelSelector | None = None
+    """The selector of the ReplicaSet or StatefulSet that made the pod, where known:
+    what the profile's default spread constraints select (kube-scheduler's
+    ``DefaultSelector``); None: no default constraints apply."""
 
     @property
     def key(self) -> str:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from events.errors import InputError
 from loadtest import render
+from loadtest.perfshapes import WORKLOADS
 from shards.bus import open_bus
 from shards.commands import (
     Command,
@@ -106,6 +107,13 @@ def add_arguments(load: argparse.ArgumentParser) -> None:
         "compare)",
     )
     load.add_argument("--rounds", type=positive, default=3, help="rounds of --scaling (default 3)")
+    load.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default="",
+        help="a workload of kube-scheduler's scheduler_perf on its nodes (4 CPU, 32Gi, "
+        "110 pods): 1,000 init pods, then --pods measured ones (one shard)",
+    )
     snapshot_option(load)
     load.add_argument("--json", action="store_true")
 
@@ -129,7 +137,12 @@ async def run(args: argparse.Namespace) -> int:
         batch=args.batch,
         gang_size=args.gang_size,
         window=args.window,
+        workload=args.workload,
     )
+    if args.workload and (args.shards > 1 or args.routed or args.direct or args.scaling):
+        raise InputError("runs on one shard", location="--workload")
+    if args.workload and args.gang_size:
+        raise InputError("a workload's pods are its own: drop --gang-size", location="--workload")
     if args.scaling:
         return await _scaling(args, shape)
     if args.spanning_gangs and args.shards < 2:

@@ -27,9 +27,11 @@ from events.types import (
     NodeAdded,
     PodBound,
     PodGroupSubmitted,
+    PodSpec,
     PodSubmitted,
     SchedulerConfigured,
 )
+from loadtest.perfshapes import perf_nodes, perf_pods
 from loadtest.synthetic import basic_nodes, basic_pods, gang_workload
 from shards.worker import ShardWorker
 
@@ -49,20 +51,38 @@ class LoadShape:
     """At most this many batches submitted and not yet decided (0: no limit, every
     batch as fast as the log takes it). 1, a closed loop, measures latency as a
     batch's time through the system; more keeps every stage busy."""
+    workload: str = ""
+    """A scheduler_perf workload (:mod:`loadtest.perfshapes`): its nodes, its init pods
+    placed before the clock starts, then ``pods`` measured pods; empty: the synthetic
+    mix."""
 
 
 async def run_loadtest(
     shape: LoadShape, log: EventLog, *, progress: Progress | None = None, bus: str = "memory"
 ) -> dict[str, Any]:
     rng = random.Random(shape.seed)
-    nodes = basic_nodes(shape.nodes, rng)
-    batches = _batches(shape, rng)
+    init: list[PodSpec] = []
+    if shape.workload:
+        nodes = perf_nodes(shape.nodes)
+        init, measured = perf_pods(shape.workload, shape.pods)
+        batches: list[list[Event]] = [
+            [PodSubmitted(pod=p) for p in measured[start : start + shape.batch]]
+            for start in range(0, len(measured), shape.batch)
+        ]
+    else:
+        nodes = basic_nodes(shape.nodes, rng)
+        batches = _batches(shape, rng)
     kernels.warm_up()  # its one-time load is not what the run measures
     engine = Engine()
     worker = ShardWorker(engine, log)
     await log.append([Envelope(event=SchedulerConfigured(), producer="ingest")])
     await log.append([Envelope(event=NodeAdded(node=n), producer="ingest") for n in nodes])
     await worker.poll()
+    for start in range(0, len(init), shape.batch):
+        first = init[start : start + shape.batch]
+        await log.append([Envelope(event=PodSubmitted(pod=p), producer="ingest") for p in first])
+        await worker.poll()
+    already = len(await log.read(0, 0))
     total = sum(sum(1 for e in b if isinstance(e, PodSubmitted)) for b in batches)
     latencies = np.zeros(total)
     done = 0
@@ -86,7 +106,7 @@ async def run_loadtest(
     wall = time.perf_counter() - started
     cpu = time.process_time() - cpu_before
     records = await log.read(0, 0)
-    bound = sum(1 for env in records if isinstance(env.event, PodBound))
+    bound = sum(1 for env in records[already:] if isinstance(env.event, PodBound))
     stats = engine.stats()
     ms = latencies * 1000
     return {

@@ -9,15 +9,19 @@ from events.types import (
     Envelope,
     Event,
     HostPort,
+    LabelSelector,
     NodeAdded,
     NodeSelectorRequirement,
     NodeSelectorTerm,
     NodeSpec,
+    PodAffinityTerm,
     PodSpec,
     PodSubmitted,
     PreferredSchedulingTerm,
     Taint,
     Toleration,
+    TopologySpreadConstraint,
+    WeightedPodAffinityTerm,
 )
 from shards.coordinator.coordinator import RELAY
 from shards.inputs.quantity import canonical
@@ -161,6 +165,59 @@ class PodBuilder:
     def host_port(self, port: int, protocol: str = "TCP", ip: str = "0.0.0.0") -> PodBuilder:
         ports = {*self.fields.get("host_ports", ()), HostPort(port=port, protocol=protocol, ip=ip)}
         self.fields["host_ports"] = tuple(sorted(ports, key=lambda p: (p.protocol, p.ip, p.port)))
+        return self
+
+    def labels(self, **labels: str) -> PodBuilder:
+        self.fields["labels"] = {**self.fields.get("labels", {}), **labels}
+        return self
+
+    def _term(self, topology: str, match: dict[str, str]) -> PodAffinityTerm:
+        return PodAffinityTerm(
+            topology_key=topology,
+            selector=LabelSelector(match_labels=match),
+            namespaces=(self.fields["namespace"],),
+        )
+
+    def affine(self, topology: str, **match: str) -> PodBuilder:
+        """A required pod affinity term: pods labelled ``match`` in the same domain."""
+        terms = self.fields.get("pod_affinity", ())
+        self.fields["pod_affinity"] = (*terms, self._term(topology, match))
+        return self
+
+    def anti(self, topology: str, **match: str) -> PodBuilder:
+        """A required pod anti-affinity term."""
+        terms = self.fields.get("pod_anti_affinity", ())
+        self.fields["pod_anti_affinity"] = (*terms, self._term(topology, match))
+        return self
+
+    def prefer_pods(
+        self, weight: int, topology: str, *, anti: bool = False, **match: str
+    ) -> PodBuilder:
+        """A preferred pod (anti-)affinity term."""
+        field = "pod_anti_affinity_preferred" if anti else "pod_affinity_preferred"
+        term = WeightedPodAffinityTerm(weight=weight, term=self._term(topology, match))
+        self.fields[field] = (*self.fields.get(field, ()), term)
+        return self
+
+    def spread(
+        self,
+        topology: str,
+        max_skew: int = 1,
+        when: str = "DoNotSchedule",
+        min_domains: int = 1,
+        **match: str,
+    ) -> PodBuilder:
+        constraint = TopologySpreadConstraint(
+            max_skew=max_skew,
+            topology_key=topology,
+            when_unsatisfiable=when,
+            selector=LabelSelector(match_labels=match),
+            min_domains=min_domains,
+        )
+        self.fields["spread_constraints"] = (
+            *self.fields.get("spread_constraints", ()),
+            constraint,
+        )
         return self
 
     def spec(self) -> PodSpec:

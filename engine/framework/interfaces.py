@@ -12,11 +12,11 @@ from typing import Protocol, runtime_checkable
 
 from engine.framework.cycle import CycleState
 from engine.framework.status import Status
-from engine.model.changes import ClusterEvent
+from engine.model.changes import EVERY, ClusterEvent
 from engine.model.pods import PodInfo
 from engine.model.state import Bools, ClusterState, Ints
 
-ALL_EVENTS = frozenset(ClusterEvent)
+ALL_EVENTS = EVERY
 
 
 @runtime_checkable

@@ -5,6 +5,14 @@ changes) → [post-filter if nothing fits] → pre-score → weighted scores →
 reserve → permit. Node selection is deterministic: the highest total score wins; ties
 are broken by a rotation derived from the pod's name (a stable hash), so equal nodes are
 spread across pods yet every replay picks the same one.
+
+Filters that read pods on other nodes (inter-pod affinity, spread constraints) say
+which pods they apply to (``applies``): a pod none applies to never runs them, and one
+some apply to keeps its shape's cached local verdicts and scores, their verdict ANDed on
+top.
+
+Why one module of over 500 lines: the shape caches and the attempt that reads them are
+one mechanism; split, a cache could be refreshed by rules the attempt does not follow.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from engine.framework.interfaces import (
 from engine.framework.registry import Registry
 from engine.framework.results import Attempt, Diagnosis, NodeScore, full_scores, select
 from engine.framework.status import SUCCESS, Code, Status
-from engine.model.changes import ClusterEvent
+from engine.model.changes import EVERY, ClusterEvent
 from engine.model.pods import PodInfo
 from engine.model.state import Bools, ClusterState, Ints, any_set
 from events.errors import InputError
@@ -117,7 +125,13 @@ class Framework:
         self.pre_filters: list[PreFilterPlugin] = [p for p, _ in chosen["preFilter"]]  # type: ignore[misc]
         self.filters: list[FilterPlugin] = [p for p, _ in chosen["filter"]]  # type: ignore[misc]
         self.static_filters = [f for f in self.filters if f.static]
-        self.dynamic_filters = [f for f in self.filters if not f.static]
+        self.conditional = [f for f in self.filters if not f.static and hasattr(f, "applies")]
+        """Filters that look beyond one node and say which pods they apply to
+        (``applies(pod, state)``): a pod none applies to skips them (they would pass
+        every node); for one some apply to, their verdict is ANDed to its shape's."""
+        self.dynamic_filters = [
+            f for f in self.filters if not f.static and f not in self.conditional
+        ]
         self._room_plugins = frozenset({f.name for f in self.static_filters} | {"NodeResourcesFit"})
         """Plugins whose verdict on a node only its free room can change."""
         self.post_filters: list[PostFilterPlugin] = [p for p, _ in chosen["postFilter"]]  # type: ignore[misc]
@@ -179,7 +193,7 @@ class Framework:
         for name, events, _ in self._requeue:
             if name in plugins:
                 out |= events
-        return frozenset(out) if plugins else frozenset(ClusterEvent)
+        return frozenset(out) if plugins else EVERY
 
     def worth_retrying(
         self,
@@ -224,21 +238,47 @@ class Framework:
         """Nodes only free resources keep ``pod`` from (what preemption may change)."""
         return self._static_mask(CycleState(), pod, state) & state.valid
 
-    def feasible(self, cycle: CycleState, pod: PodInfo, state: ClusterState) -> Bools:
-        """Filter verdict over all slots (computed whole, no cache)."""
+    def cluster_wide(self, pod: PodInfo, state: ClusterState) -> bool:
+        """Whether a filter that reads pods on other nodes (inter-pod affinity, spread
+        constraints) applies to ``pod`` now: then its verdict on a node depends on
+        more than that node, and on more than one shard."""
+        return any(f.applies(pod, state) for f in self.conditional)
+
+    def feasible(
+        self, cycle: CycleState, pod: PodInfo, state: ClusterState, *, local_only: bool = False
+    ) -> Bools:
+        """Filter verdict over all slots (computed whole, no cache). ``local_only``:
+        without the filters that read pods on other nodes (a shard staging what the
+        coordinator chose on its whole view)."""
         mask = self._static_mask(cycle, pod, state)
         for f in self.dynamic_filters:
             mask = mask & f.filter(cycle, pod, state)
+        if not local_only:
+            for f in self.conditional:
+                if f.applies(pod, state):
+                    mask = mask & f.filter(cycle, pod, state)
         return mask
 
     def _shape_feasible(
         self, cycle: CycleState, pod: PodInfo, state: ClusterState
     ) -> tuple[Bools, _ShapeEntry | None]:
         """Filter verdict, refreshing only the nodes changed since this shape's last
-        attempt. Exactly equal to :meth:`feasible` (dynamic filters are local)."""
-        static = self._static_mask(cycle, pod, state)
+        attempt. Exactly equal to :meth:`feasible` (dynamic filters are local). For a
+        pod the filters that read other nodes apply to, their verdict is ANDed to the
+        shape's (a new array: the shape's entry keeps the local verdict alone)."""
         if not self.incremental:
             return self.feasible(cycle, pod, state), None
+        feasible, entry = self._local_feasible(cycle, pod, state)
+        if self.conditional:
+            for f in self.conditional:
+                if f.applies(pod, state):
+                    feasible = feasible & f.filter(cycle, pod, state)
+        return feasible, entry
+
+    def _local_feasible(
+        self, cycle: CycleState, pod: PodInfo, state: ClusterState
+    ) -> tuple[Bools, _ShapeEntry]:
+        static = self._static_mask(cycle, pod, state)
         entry = self._shapes.get(pod.shape_key)
         changed = None if entry is None else state.changed_since(entry.position)
         if entry is None or changed is None or len(changed) > INCREMENTAL_LIMIT:
@@ -350,7 +390,10 @@ class Framework:
         """``where(feasible, weighted total, -1)`` over all slots, and the part of the
         total that is the same on every node (kept apart: it cannot change the choice).
         """
-        masked = self._local_masked(cycle, pod, state, feasible, shape, keep)
+        local = feasible if shape is None else shape.feasible
+        masked = self._local_masked(cycle, pod, state, local, shape, keep)
+        if local is not feasible:  # the shape's scores, where the pod's own filters pass
+            masked = np.where(feasible, masked, -1)
         constant = 0
         extra: Ints | None = None
         for entry in self._global_scores:
@@ -399,6 +442,10 @@ class Framework:
         here) until one nominates a node; they stage what they change in the cycle's
         statement (see :mod:`engine.framework.handle`)."""
         allowed = self.static_feasible(pod, state)
+        for f in self.conditional:
+            # preemption frees resources only: nodes these rules refuse stay refused
+            if f.applies(pod, state):
+                allowed = allowed & f.filter(cycle, pod, state)
         for post in self.post_filters:
             result = post.post_filter(cycle, pod, state, allowed)
             if result.status.code == Code.SUCCESS and result.nominated_slot >= 0:

@@ -94,6 +94,10 @@ class SchedulingQueue:
         entry = self._entries.get(key)
         return None if entry is None else entry.where
 
+    def waits_for(self, event: ClusterEvent) -> bool:
+        """Whether some parked pod waits for ``event``."""
+        return bool(self._parked.get(event))
+
     def reason_plugins(self, key: str) -> tuple[str, ...]:
         entry = self._entries.get(key)
         return () if entry is None else entry.plugins
@@ -201,7 +205,7 @@ class SchedulingQueue:
         )
         self._entries[key] = entry
         for event in events:
-            self._parked[event].setdefault(entry.bucket, {})[key] = None
+            self._parked.setdefault(event, {}).setdefault(entry.bucket, {})[key] = None
 
     def on_event(
         self,
@@ -216,7 +220,7 @@ class SchedulingQueue:
         bucket with its first pod. ``limit(key, waiting)`` bounds how many pods of that
         bucket to wake (default: all).
         """
-        buckets = self._parked[event]
+        buckets = self._parked.get(event)
         if not buckets:
             return 0
         order = sorted(buckets, key=lambda b: self._bucket_rank(buckets[b]))

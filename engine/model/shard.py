@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final, Protocol
 
-from engine.model.changes import ClusterEvent
+from engine.model.changes import EVERY, ClusterEvent
 from engine.model.groups import (
     FAILED,
     PENDING,
@@ -405,6 +405,8 @@ class ShardModel:
         self.bindings[key] = decision_id
         self.started[key] = self.now
         self.dispatched.pop(key, None)
+        if self.queue.waits_for(ClusterEvent.POD_PLACED):
+            self.fire(ClusterEvent.POD_PLACED, slot)
         self.wake(key)
         if pod.spec.group:
             self.group_changes[pod.spec.group] = None
@@ -646,7 +648,7 @@ class ShardModel:
 
     def events_for(self, pod: PodInfo, plugins: tuple[str, ...]) -> frozenset[ClusterEvent]:
         if self.hints is None:
-            return frozenset(ClusterEvent)
+            return EVERY
         return self.hints.events_for(pod, plugins)
 
     def park(self, unit: str, pod: PodInfo, plugins: tuple[str, ...], shape: object) -> None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from engine.framework.cycle import CycleState
 from engine.framework.runtime import Framework
-from engine.model.changes import ClusterEvent
+from engine.model.changes import EVERY
 from engine.model.groups import SCHEDULED, advance, group_unit
 from engine.model.pods import PodInfo
 from engine.model.statement import Statement
@@ -139,7 +139,7 @@ def attempt_group(p: SchedulingPass, key: str) -> None:
     group.reason = reason
     e.group_changes[key] = None
     framework = p.profiles.framework_for(pending[0]) if pending else None
-    events = framework.events_for(plugins) if framework and plugins else frozenset(ClusterEvent)
+    events = framework.events_for(plugins) if framework and plugins else EVERY
     e.queue.park(
         group_unit(key),
         p.group_priority(group),
@@ -165,7 +165,9 @@ def _directed(
     status = framework.run_pre_filters(cycle, pod, e.state)
     if not status.ok:
         return (status.message(), (status.plugin,) if status.plugin else (), {})
-    if not framework.feasible(cycle, pod, e.state)[slot]:
+    # the rules that read pods on other nodes were checked by the coordinator on its
+    # whole view; this shard sees only its own pods
+    if not framework.feasible(cycle, pod, e.state, local_only=True)[slot]:
         return (f"{pod.key} no longer fits node {node}", ("NodeResourcesFit",), {})
     statement.assume_pod(pod, slot)
     return None

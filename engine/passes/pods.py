@@ -50,7 +50,12 @@ def attempt_pod(p: SchedulingPass, pod: PodInfo) -> None:
         p.record(pod, attempt)
         p.dispatch.commit(p, None, [(pod, attempt.slot, attempt.score)])
         return
-    if attempt.diagnosis is not None and (attempt.diagnosis.plugins or attempt.status.plugin):
+    if (
+        attempt.diagnosis is not None
+        and (attempt.diagnosis.plugins or attempt.status.plugin)
+        and not (framework.conditional and framework.cluster_wide(pod, e.state))
+    ):
+        # (not when inter-pod rules applied: they read the pod's labels, not its shape)
         p.failed[cache_key] = attempt
     note = ""
     preempts = may_preempt(p, pod, attempt)

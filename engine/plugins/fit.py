@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from engine.framework.cycle import CycleState
-from engine.model.changes import ClusterEvent
+from engine.model.changes import EVERY, ClusterEvent
 from engine.model.devices import GPU
 from engine.model.pods import PodInfo
 from engine.model.resources import PODS
@@ -174,7 +174,7 @@ class NodeResourcesFit:
         return counts
 
     def events(self) -> frozenset[ClusterEvent]:
-        return frozenset(ClusterEvent)
+        return EVERY
 
     def worth_retrying(
         self, pod: PodInfo, event: ClusterEvent, slot: int, state: ClusterState

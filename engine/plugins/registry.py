@@ -11,6 +11,7 @@ from engine.framework.interfaces import Plugin
 from engine.framework.registry import PluginFactory, Registry
 from engine.plugins.coscheduling import Coscheduling
 from engine.plugins.fit import NodeResourcesBalancedAllocation, NodeResourcesFit
+from engine.plugins.interpod_affinity import InterPodAffinity
 from engine.plugins.kernels import ResourceKernel
 from engine.plugins.node_affinity import NodeAffinity
 from engine.plugins.node_name import NodeName
@@ -19,6 +20,7 @@ from engine.plugins.preemption import DefaultPreemption
 from engine.plugins.quota import ElasticQuota
 from engine.plugins.rescheduler import Rescheduler
 from engine.plugins.taints import TaintToleration
+from engine.plugins.topology_spread import PodTopologySpread
 from engine.plugins.unschedulable import NodeUnschedulable
 from events.errors import InputError
 
@@ -48,6 +50,13 @@ def _handle(cls: Callable[[Handle], Plugin]) -> PluginFactory:
     return factory
 
 
+def _args_handle(cls: Callable[[Mapping[str, Any], str, Handle], Plugin]) -> PluginFactory:
+    def factory(args: Mapping[str, Any], where: str, handle: Handle) -> Plugin:
+        return cls(args, where, handle)
+
+    return factory
+
+
 def builtin_registry() -> Registry:
     return Registry(
         {
@@ -56,6 +65,8 @@ def builtin_registry() -> Registry:
             "TaintToleration": _no_args(TaintToleration),
             "NodeAffinity": _no_args(NodeAffinity),
             "NodePorts": _no_args(NodePorts),
+            "InterPodAffinity": _args_handle(InterPodAffinity),
+            "PodTopologySpread": _args_handle(PodTopologySpread),
             "NodeResourcesFit": _args(NodeResourcesFit),
             "NodeResourcesBalancedAllocation": _args(NodeResourcesBalancedAllocation),
             "ElasticQuota": _handle(ElasticQuota),

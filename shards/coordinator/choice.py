@@ -130,8 +130,8 @@ def label_scores(
     cycle = CycleState()
     total: Ints | None = None
     for entry in framework.scores:
-        if entry.plugin.local:
-            continue
+        if entry.plugin.local or getattr(entry.plugin, "cluster_wide", False):
+            continue  # (inter-pod scores: the shard's own engine scores its nodes)
         raw = entry.plugin.score(cycle, pod, state, feasible)
         if entry.normalize:
             raw = entry.plugin.normalize(raw, feasible)  # type: ignore[attr-defined]

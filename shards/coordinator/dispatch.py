@@ -118,6 +118,11 @@ class ShardDispatch:
         frameworks = [e.profiles.framework_for(pod) for pod in pods]
         if any(f is None or not f.incremental or not self._summarised(f) for f in frameworks):
             return False
+        if any(
+            f is not None and f.conditional and f.cluster_wide(pod, e.state)
+            for pod, f in zip(pods, frameworks, strict=True)
+        ):
+            return False  # inter-pod rules apply: decided here, on the whole view
         # the nodes of each shard that pass every filter for the unit: the same while
         # the view's nodes and placements stand (only what is handed over changes)
         counts = c.cached(

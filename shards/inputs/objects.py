@@ -35,10 +35,15 @@ from shards.inputs.limits import (
     MIN_PRIORITY,
     shown,
 )
+from shards.inputs.podaffinity import label_selector, pod_affinity, spread_constraints
 
 ARRIVE_AT: Final = "shoal.io/arrive-at"
 RUNTIME: Final = "shoal.io/runtime"
 FAILS: Final = "shoal.io/fails"
+OWNER_SELECTOR: Final = "shoal.io/owner-selector"
+"""Key (beside ``metadata`` and ``spec``) under which a workload's expansion hands its
+pods the selector of the ReplicaSet or StatefulSet that owns them: never in a pod read
+from a file or the API (a manifest naming it is refused)."""
 TAINT_EFFECTS: Final = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 SELECTOR_OPERATORS: Final = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 DEFAULT_MAX_PODS: Final = 110
@@ -338,6 +343,7 @@ def pod_spec(obj: Mapping[str, Any], priority_classes: Mapping[str, int] | None 
         )
     name = _name(meta, "metadata")
     warn_unused(spec, f"{namespace}/{name}")
+    labels = _labels(meta.get("labels"), "metadata.labels")
     return PodSpec(
         fails=fails == "true",
         namespace=namespace,
@@ -353,10 +359,13 @@ def pod_spec(obj: Mapping[str, Any], priority_classes: Mapping[str, int] | None 
         required_affinity=required,
         preferred_affinity=preferred,
         tolerations=_tolerations(spec.get("tolerations"), "spec.tolerations"),
-        labels=_labels(meta.get("labels"), "metadata.labels"),
+        labels=labels,
         annotations=annotations,
         runtime=runtime,
         host_ports=host_ports(spec, f"{namespace}/{name}"),
+        spread_constraints=spread_constraints(spec, labels),
+        owner_selector=label_selector(obj.get(OWNER_SELECTOR), OWNER_SELECTOR),
+        **pod_affinity(spec, namespace, labels),
     )
 
 

@@ -50,7 +50,7 @@ from shards.inputs.groups import (
     workload_warnings,
 )
 from shards.inputs.limits import MAX_OBJECTS, cut, shown
-from shards.inputs.objects import arrival, node_spec, pod_spec, priority_class
+from shards.inputs.objects import OWNER_SELECTOR, arrival, node_spec, pod_spec, priority_class
 from shards.inputs.totals import ScenarioTotals
 from shards.inputs.workloads import WORKLOAD_KINDS, NodeArrival, expand
 from shards.inputs.yamlfile import read_documents
@@ -257,6 +257,8 @@ def _load_scenario(paths: list[str]) -> Scenario:
                 event = NodeAdded(node=node)
                 scenario.nodes += 1
             elif kind == "Pod":
+                if OWNER_SELECTOR in doc.obj and not doc.parent:
+                    raise InputError("not a field of a Pod", location=OWNER_SELECTOR)
                 pod = pod_spec(doc.obj, classes)
                 if pod.key in seen_pods:
                     raise InputError(f"duplicate pod {shown(pod.key)}", location="metadata.name")

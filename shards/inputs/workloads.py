@@ -66,7 +66,15 @@ from shards.inputs.controllers import (
 )
 from shards.inputs.fields import _list
 from shards.inputs.limits import shown
-from shards.inputs.objects import ARRIVE_AT, RUNTIME, _map, _name, _string_map, pod_spec
+from shards.inputs.objects import (
+    ARRIVE_AT,
+    OWNER_SELECTOR,
+    RUNTIME,
+    _map,
+    _name,
+    _string_map,
+    pod_spec,
+)
 
 __all__ = ["WORKLOAD_KINDS", "Expansion", "NodeArrival", "expand"]
 
@@ -294,6 +302,7 @@ def expand(
     else:
         _check_selector(workload, required=True)
         replicas = count(workload.spec, "replicas", 1, budget)
+        selector = dict(_map(workload.spec["selector"], "spec.selector"))
         if kind == "StatefulSet":
             stateful_pods(workload, at, replicas, out)
         elif kind == "Deployment":
@@ -301,6 +310,13 @@ def expand(
             rs = prefixed(workload.name, digest)
             owner = workload.owner("ReplicaSet", rs)
             replica_pods(workload, at, replicas, rs, owner, {TEMPLATE_HASH_LABEL: digest}, out)
+            # the ReplicaSet's selector: the Deployment's and its pod-template-hash
+            labels = dict(_map(selector.get("matchLabels"), "spec.selector.matchLabels"))
+            selector["matchLabels"] = {**labels, TEMPLATE_HASH_LABEL: digest}
         else:
             replica_pods(workload, at, replicas, workload.name, workload.owner(), {}, out)
+        # what the profile's default spread constraints select (kube-scheduler's
+        # DefaultSelector: the owning ReplicaSet's or StatefulSet's selector)
+        for manifest, _ in out.pods:
+            manifest[OWNER_SELECTOR] = selector
     return out

@@ -24,7 +24,13 @@ def config(**fields: Any) -> dict[str, Any]:
 def test_defaults() -> None:
     profile = default_config().profiles[0]
     assert profile.scheduler_name == "default-scheduler"
-    assert [r.name for r in profile.points["filter"]][-1] == "NodeResourcesFit"
+    assert [r.name for r in profile.points["filter"]][-3:] == [
+        "NodeResourcesFit",
+        "PodTopologySpread",
+        "InterPodAffinity",
+    ]
+    assert PluginRef("PodTopologySpread", 2) in profile.points["score"]
+    assert PluginRef("InterPodAffinity", 2) in profile.points["score"]
     assert PluginRef("TaintToleration", 3) in profile.points["score"]
 
 
@@ -56,6 +62,8 @@ def test_disable_and_reweight_like_kube_scheduler() -> None:
         ("TaintToleration", 3),
         ("NodeAffinity", 2),
         ("NodeResourcesFit", 5),
+        ("PodTopologySpread", 2),
+        ("InterPodAffinity", 2),
     ]
     engine = Engine(cfg)
     assert set(engine.profiles.frameworks) == {"packer", "spreader"}

@@ -163,3 +163,31 @@ def test_progress_is_a_line_per_tenth_into_a_pipe_and_throttled_on_a_terminal(
     shown = [part.split()[1] for part in err.strip("\n").split("\r") if part]
     assert shown == ["1/100", "3/100", "100/100"]  # 2 and 4 within 0.2 s; 100 once
     assert err.endswith("\n")
+
+
+@pytest.mark.parametrize(
+    ("workload", "bound"),
+    [
+        # 30 nodes: the 1,000 init pods with anti-affinity hold 30 of them (one each),
+        # so none of the measured ones fits
+        ("SchedulingPodAntiAffinity", 0),
+        ("TopologySpreading", 60),
+        ("PreferredTopologySpreading", 60),
+        ("SchedulingBasic", 60),
+    ],
+)
+async def test_scheduler_perf_workloads_run_and_replay(workload: str, bound: int) -> None:
+    log = MemoryLog()
+    shape = LoadShape(nodes=30, pods=60, batch=20, workload=workload)
+    result = await run_loadtest(shape, log)
+    assert result["bound"] == bound
+    assert result["shape"]["workload"] == workload
+    records = await log.read(0, 0)
+    verified = replay(records, verify=True)
+    assert verified.mismatch is None
+    nodes: dict[str, list[str]] = {}
+    for env in records:
+        if type(env.event).__name__ == "PodBound":
+            nodes.setdefault(env.event.node, []).append(env.event.pod)  # type: ignore[union-attr]
+    if workload == "SchedulingPodAntiAffinity":
+        assert all(len(pods) == 1 for pods in nodes.values())  # one green pod per node
