@@ -15,8 +15,8 @@ from engine.fold import handed_back, part_closed
 from engine.model.reservations import COMMITTED, COMMITTING, HELD, STAGING, Reservation, decision_id
 from events.types import (
     PodBound,
-    PodMigrated,
     PodHandedBack,
+    PodMigrated,
     PodPreempted,
     PodUnbound,
     ReservationReleased,
