@@ -56,6 +56,7 @@ from shards.inputs.topology import (
     VOLCANO_VERSION,
     TopologyObjects,
     is_topology_object,
+    pod_warnings,
     topology_fields,
     with_topology,
 )
@@ -301,6 +302,9 @@ def _load_scenario(paths: list[str]) -> Scenario:
                             f"min-available {minimum} differs from {first} on an earlier member",
                             location="metadata.labels",
                         )
+                scenario.warnings += (
+                    doc.where(f) + f": {m}" for f, m in pod_warnings(pod.annotations)
+                )
                 waits[pod.key] = pod.depends_on
                 where_of[pod.key] = doc
                 event = PodSubmitted(pod=pod)

@@ -256,3 +256,13 @@ def topology_fields(obj: Mapping[str, Any]) -> list[str]:
         if spec.get(key) is not None
     ]
     return out
+
+
+def pod_warnings(annotations: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(field, message) for a topology annotation on a pod: a gang's constraint is read
+    on its PodGroup (Kueue writes these on pod templates; shoal has no pod sets)."""
+    return [
+        (f'metadata.annotations["{key}"]', "not acted on: set it on the pod's PodGroup")
+        for key in (REQUIRED, PREFERRED, KUEUE_REQUIRED, KUEUE_PREFERRED)
+        if key in annotations
+    ]

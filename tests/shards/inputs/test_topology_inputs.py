@@ -215,3 +215,14 @@ def test_configuration_levels_by_labels_or_hypernodes_not_both() -> None:
     }
     with pytest.raises(InputError, match="not both"):
         parse_config(raw, "")
+
+
+def test_a_topology_annotation_on_a_pod_is_a_warning(tmp_path: Path) -> None:
+    text = """
+apiVersion: v1
+kind: Pod
+metadata: {name: p, annotations: {kueue.x-k8s.io/podset-required-topology: rack}}
+spec: {containers: [{name: c}]}"""
+    (warning,) = load(tmp_path, text).warnings
+    assert "(Pod p): metadata.annotations" in warning
+    assert "set it on the pod's PodGroup" in warning
