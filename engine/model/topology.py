@@ -25,7 +25,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from engine.model.state import ClusterState, Ints
+from engine.model.state import ABSENT, ClusterState, Ints
 from events.errors import InputError
 
 NO_DOMAIN: Final = -1
@@ -278,7 +278,9 @@ class DomainIndex:
     kept until the node set or a node's labels change."""
 
     topology: Topology
-    _key: tuple[int, int, int] | None = None
+    _key: tuple[int, int] | None = None
+    _state: ClusterState | None = None
+    """The state the codes are of (held, so that another state is never mistaken for it)."""
     _codes: _Codes = field(default_factory=lambda: _Codes([], []))
 
     def __repr__(self) -> str:
@@ -291,22 +293,44 @@ class DomainIndex:
         return self._refresh(state).names[level]
 
     def _refresh(self, state: ClusterState) -> _Codes:
-        key = (id(state), state.static_version, state.capacity)
-        if key == self._key:
+        key = (state.static_version, state.capacity)
+        if state is self._state and key == self._key:
             return self._codes
         levels = self.topology.levels
-        per_level = [np.full(state.capacity, NO_DOMAIN, dtype=np.int64) for _ in levels]
-        names: list[list[str]] = [[] for _ in levels]
-        codes: list[dict[str, int]] = [{} for _ in levels]
+        per_level: list[Ints] = []
+        names: list[list[str]] = []
+        for level in levels:
+            if level.label:
+                # the state's own label column: values coded in order of first appearance
+                column = state.label_columns.get(level.label)
+                values = state.label_values.get(level.label, {})
+                codes = np.full(state.capacity, NO_DOMAIN, dtype=np.int64)
+                if column is not None:
+                    present = state.valid & (column != ABSENT)
+                    codes[present] = column[present]
+                per_level.append(codes)
+                names.append(sorted(values, key=values.__getitem__))
+            else:
+                per_level.append(np.full(state.capacity, NO_DOMAIN, dtype=np.int64))
+                names.append([])
+        if self.topology.hypernodes:
+            self._hypernode_codes(state, per_level, names)
+        self._codes, self._key, self._state = _Codes(per_level, names), key, state
+        return self._codes
+
+    def _hypernode_codes(
+        self, state: ClusterState, per_level: list[Ints], names: list[list[str]]
+    ) -> None:
+        """Fill the HyperNode tiers' codes: each node's HyperNode per tier."""
         ancestors = self._ancestors()
+        codes: list[dict[str, int]] = [{} for _ in self.topology.levels]
         for slot in range(state.high_water):
             node = state.names[slot]
             if node is None or not state.valid[slot]:
                 continue
-            labels = state.node_labels[slot]
-            found = self._hypernodes_of(node, labels, ancestors) if ancestors else {}
-            for i, level in enumerate(levels):
-                domain = labels.get(level.label) if level.label else found.get(level.tier)
+            found = self._hypernodes_of(node, state.node_labels[slot], ancestors)
+            for i, level in enumerate(self.topology.levels):
+                domain = found.get(level.tier) if not level.label else None
                 if domain is None:
                     continue
                 code = codes[i].get(domain)
@@ -314,8 +338,6 @@ class DomainIndex:
                     code = codes[i][domain] = len(names[i])
                     names[i].append(domain)
                 per_level[i][slot] = code
-        self._codes, self._key = _Codes(per_level, names), key
-        return self._codes
 
     def _ancestors(self) -> dict[str, list[HyperNode]]:
         """HyperNode name → itself and every HyperNode that contains it, nearest first."""

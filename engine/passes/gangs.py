@@ -107,7 +107,7 @@ def attempt_group(p: SchedulingPass, key: str) -> None:
             statement.discard()
             statement = Statement(e.state, e.quotas)
             placed = []
-        if len(placed) < need:
+        if len(placed) < need and topology.reason:
             failures = {k: (topology.reason, f[1], f[2]) for k, f in failures.items()} or {
                 pending[0].key: (topology.reason, (), {})
             }

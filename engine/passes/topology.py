@@ -58,7 +58,8 @@ class Plan:
     level: str = ""
     """The name of the level the gang is kept in (required, else preferred)."""
     reason: str = ""
-    """Why no candidate holds the gang, for "why pending"."""
+    """Why no candidate holds the gang, for "why pending" ("": the members' own reasons
+    stand: no profile, or refused before the filters)."""
 
 
 def constraint(p: SchedulingPass, group: GroupInfo) -> tuple[int | None, int | None] | str:
@@ -112,9 +113,10 @@ def plan(
     if framework is None:
         return out
     cycle = CycleState()
-    if not framework.run_pre_filters(cycle, lead, state).ok:
-        return out  # the attempt says why
-    counted = framework.feasible(cycle, lead, state).copy()
+    admitted = framework.run_pre_filters(cycle, lead, state).ok
+    # refused before the filters (a quota, minResources): every domain is tried and the
+    # members' own reason stands
+    counted = framework.feasible(cycle, lead, state).copy() if admitted else state.valid.copy()
     held = [state.pods[key].slot for key in group.members if key in state.pods]
     counted[held] = True
     m = need
@@ -149,6 +151,8 @@ def plan(
         everywhere = np.zeros(state.capacity, dtype=np.int64)
         out.candidates += _spanning(everywhere, ["cluster"], base, names, inside, m, allowed)
     what = topology.levels[kept].name
+    if not admitted:
+        return out
     if required is None:
         out.reason = f"{m} members fit nowhere"
         return out

@@ -243,3 +243,26 @@ def test_a_level_nobody_declared_is_refused(
     assert "(PodGroup g)" in err
     assert 'metadata.annotations["shoal.io/topology-required"]' in err
     assert "names topology level 'rack', which is not declared (levels: spine, leaf" in err
+
+
+@pytest.mark.parametrize("shards", SHARDS)
+def test_a_gang_refused_before_the_filters_keeps_that_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
+) -> None:
+    # the quota refuses the gang whatever its domain: that is why it waits, not topology
+    quota = """
+apiVersion: scheduling.x-k8s.io/v1alpha1
+kind: ElasticQuota
+metadata: {name: quota, namespace: hpc}
+spec: {min: {cpu: "1"}, max: {cpu: "12"}}
+---"""
+    text = (
+        CONFIG
+        + quota
+        + leaves({"leaf-a": 3, "leaf-b": 4})
+        + gang("g", 3, {"shoal.io/topology-required": "leaf"})
+    )
+    data, _ = shoal(tmp_path, capsys, text, shards)
+    reason = data["groups"]["hpc/g"]["reason"]
+    assert "elastic quota hpc" in reason
+    assert "topology" not in reason
