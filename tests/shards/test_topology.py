@@ -266,3 +266,22 @@ spec: {min: {cpu: "1"}, max: {cpu: "12"}}
     reason = data["groups"]["hpc/g"]["reason"]
     assert "elastic quota hpc" in reason
     assert "topology" not in reason
+
+
+@pytest.mark.parametrize("shards", SHARDS)
+def test_the_example_does_what_it_says(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
+) -> None:
+    text = (Path(__file__).parents[2] / "examples" / "topology.yaml").read_text()
+    data, _ = shoal(tmp_path, capsys, text, shards)
+
+    def on(name: str, size: int) -> set[str]:
+        nodes = {data["pods"][f"hpc/{name}-{i}"]["node"] for i in range(size)}
+        return {str(n)[:5] for n in nodes}
+
+    assert on("slurm-2", 2) == {"gpu-b"}
+    assert on("slurm-3", 3) == {"gpu-c"}
+    assert on("slurm-4", 4) == {"gpu-a"}
+    assert on("flex-5", 5) == {"gpu-b", "gpu-c"}
+    assert data["groups"]["hpc/slurm-5"]["phase"] == "Pending"
+    assert "no example.com/leaf holds its 5 members" in data["groups"]["hpc/slurm-5"]["reason"]
