@@ -14,12 +14,13 @@ first pending member, plus those already holding members, ``k = n - m``):
    those already holding members first, then ``k >= 0`` by ascending ``k`` (the
    tightest that holds the gang, so the others stay whole), then ``k < 0`` by
    descending ``n`` (pods may share a node, so a domain with fewer nodes than members
-   may still hold them); ties by the domain's name. Domains with ``n = 0`` are skipped;
+   may still hold them); ties to the domain owned by the fewest shards (the
+   coordinator's view: one shard then holds the whole gang), then by name. Domains with ``n = 0`` are skipped;
 2. for a preferred level, each broader level in turn up to the required one (or the
    whole cluster when none is required): in each of its domains, the fewest
    starting-level domains whose ``n`` add up to ``m`` (greedily the largest, and last
    the tightest that covers the rest), candidates ordered by how many they take, then
-   by the nodes they leave over, then by name;
+   by the nodes they leave over, then by the shards that own them, then by name;
 3. without a required level, anywhere (what the profile alone chooses).
 
 A required level that no domain can hold leaves the gang pending with a reason naming
@@ -133,10 +134,13 @@ def plan(
     else:
         allowed = state.valid
 
-    def single_key(d: int) -> tuple[int, int, int, str]:
+    owners = p.dispatch.slot_owners()
+
+    def single_key(d: int) -> tuple[int, int, int, int, str]:
         holds = int(held_in[d]) if held_in is not None else 0
         k = int(n[d]) - m
-        return (-holds, 0 if k >= 0 else 1, k if k >= 0 else -int(n[d]), names[d])
+        fit = k if k >= 0 else -int(n[d])
+        return (-holds, 0 if k >= 0 else 1, fit, _spread(owners, base == d), names[d])
 
     for d in sorted((d for d in range(len(names)) if n[d] > 0), key=single_key):
         mask = (base == d) & allowed
@@ -145,11 +149,13 @@ def plan(
     for level in range(start + 1, top + 1):
         codes = index.codes(state, level)
         out.candidates += _spanning(
-            codes, index.names(state, level), base, names, inside, m, allowed
+            codes, index.names(state, level), base, names, inside, m, allowed, owners
         )
     if required is None:
         everywhere = np.zeros(state.capacity, dtype=np.int64)
-        out.candidates += _spanning(everywhere, ["cluster"], base, names, inside, m, allowed)
+        out.candidates += _spanning(
+            everywhere, ["cluster"], base, names, inside, m, allowed, owners
+        )
     what = topology.levels[kept].name
     if not admitted:
         return out
@@ -176,10 +182,11 @@ def _spanning(
     inside: Bools,
     m: int,
     allowed: Bools,
+    owners: Ints | None,
 ) -> list[Candidate]:
     """Per domain of a broader level (``codes``), the fewest starting-level domains in
     it whose nodes add up to ``m``, best first."""
-    keyed: list[tuple[tuple[int, int, str], Candidate]] = []
+    keyed: list[tuple[tuple[int, int, int, str], Candidate]] = []
     for outer, name in enumerate(outer_names):
         within = (codes == outer) & inside & allowed
         if not within.any():
@@ -203,9 +210,18 @@ def _spanning(
         mask = np.isin(base, chosen) & (codes == outer) & allowed
         waste = -left if left <= 0 else 1 << 40
         picked = tuple(sorted(names[d] for d in chosen))
-        keyed.append(((len(chosen), waste, name), Candidate(mask, picked)))
+        keyed.append(((len(chosen), waste, _spread(owners, mask), name), Candidate(mask, picked)))
     keyed.sort(key=lambda item: item[0])
     return [candidate for _, candidate in keyed]
+
+
+def _spread(owners: Ints | None, mask: Bools) -> int:
+    """How many shards own the nodes of ``mask`` (0 where the engine owns them all)."""
+    if owners is None:
+        return 0
+    slots = np.flatnonzero(mask)
+    slots = slots[slots < owners.shape[0]]
+    return int(np.unique(owners[slots][owners[slots] >= 0]).size)
 
 
 def one_domain(p: SchedulingPass, level: int, slots: list[int]) -> bool:

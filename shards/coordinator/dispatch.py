@@ -42,7 +42,7 @@ from engine.framework.cycle import CycleState
 from engine.framework.runtime import Framework
 from engine.model.groups import GroupInfo, is_group_unit
 from engine.model.pods import PodInfo
-from engine.model.state import Bools
+from engine.model.state import Bools, Ints
 from engine.model.statement import Statement
 from engine.passes.dispatch import Placed, Route
 from engine.plugins.registry import builtin_registry
@@ -256,6 +256,9 @@ class ShardDispatch:
         c.claim(Claim(rid, unit, {shard: keys}, c.now, directed=False, open={shard: None}))
         c.fly(unit, shard, pods, rid)
         c.counters["handed"] += 1
+
+    def slot_owners(self) -> Ints | None:
+        return self.c.routing.slot_shard
 
     def first(self, p: SchedulingPass) -> list[str]:
         ready, self.c.ready = self.c.ready, []

@@ -285,3 +285,28 @@ def test_the_example_does_what_it_says(
     assert on("flex-5", 5) == {"gpu-b", "gpu-c"}
     assert data["groups"]["hpc/slurm-5"]["phase"] == "Pending"
     assert "no example.com/leaf holds its 5 members" in data["groups"]["hpc/slurm-5"]["reason"]
+
+
+@pytest.mark.parametrize("shards", SHARDS)
+def test_among_equal_leaves_the_coordinator_takes_one_shard_owns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
+) -> None:
+    # leaf-a and leaf-b both hold the gang exactly (k = 0). leaf-a lies in both pools,
+    # leaf-b in one: one scheduler takes leaf-a (ties by name), the coordinator of two
+    # shards leaf-b, so that one shard holds the whole gang.
+    def leaf(name: str, pools: list[str]) -> str:
+        return "".join(
+            node(f"{name}-{k}", cpu=8, labels={LEAF: name, SPINE: "s0", "shoal.io/pool": p})
+            for k, p in enumerate(pools)
+        )
+
+    text = (
+        CONFIG
+        + leaf("leaf-a", ["p0", "p1", "p0"])
+        + leaf("leaf-b", ["p1", "p1", "p1"])
+        + gang("g", 3, {"shoal.io/topology-required": "leaf"})
+    )
+    data, _ = shoal(tmp_path, capsys, text, shards)
+    assert used_leaves(data, "g", 3) == ({"leaf-a"} if shards == 1 else {"leaf-b"})
+    if shards == 2:
+        assert {data["pods"][f"hpc/g-{i}"]["shard"] for i in range(3)} == {1}
