@@ -15,7 +15,8 @@ first pending member, plus those already holding members, ``k = n - m``):
    tightest that holds the gang, so the others stay whole), then ``k < 0`` by
    descending ``n`` (pods may share a node, so a domain with fewer nodes than members
    may still hold them); ties to the domain owned by the fewest shards (the
-   coordinator's view: one shard then holds the whole gang), then by name. Domains with ``n = 0`` are skipped;
+   coordinator's view: one shard then holds the whole gang), then by name. Domains
+   with ``n = 0`` are skipped;
 2. for a preferred level, each broader level in turn up to the required one (or the
    whole cluster when none is required): in each of its domains, the fewest
    starting-level domains whose ``n`` add up to ``m`` (greedily the largest, and last
