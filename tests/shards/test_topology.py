@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from shards.cli import main
 from tests.shards.coordinator_kit import shoal
@@ -310,3 +312,36 @@ def test_among_equal_leaves_the_coordinator_takes_one_shard_owns(
     assert used_leaves(data, "g", 3) == ({"leaf-a"} if shards == 1 else {"leaf-b"})
     if shards == 2:
         assert {data["pods"][f"hpc/g-{i}"]["shard"] for i in range(3)} == {1}
+
+
+@settings(max_examples=15, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(st.integers(1, 5), min_size=1, max_size=4, unique=True),
+    st.integers(1, 6),
+    st.lists(st.integers(0, 1), min_size=20, max_size=20),
+)
+def test_one_and_two_shards_choose_the_same_leaf(
+    tmp_path_factory: pytest.TempPathFactory,
+    capsys: pytest.CaptureFixture[str],
+    sizes: list[int],
+    m: int,
+    pools: list[int],
+) -> None:
+    # leaves of distinct sizes (no tie between them), nodes dealt to pools at random:
+    # the leaf a required gang takes, or that it waits, does not depend on the shards
+    text = CONFIG
+    i = 0
+    for leaf, size in enumerate(sizes):
+        for k in range(size):
+            labels = {LEAF: f"leaf-{leaf}", SPINE: "s0", "shoal.io/pool": f"p{pools[i]}"}
+            text += node(f"leaf-{leaf}-{k}", cpu=8, labels=labels)
+            i += 1
+    text += gang("g", m, {"shoal.io/topology-required": "leaf"})
+    outcomes = []
+    for shards in SHARDS:
+        data, _ = shoal(tmp_path_factory.mktemp("run"), capsys, text, shards)
+        pods = [data["pods"][f"hpc/g-{i}"] for i in range(m)]
+        outcomes.append({str(p["node"]).rsplit("-", 1)[0] if p["node"] else None for p in pods})
+    assert outcomes[0] == outcomes[1]
+    fitting = [size for size in sizes if size >= m]
+    assert outcomes[0] == ({f"leaf-{sizes.index(min(fitting))}"} if fitting else {None})
