@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from engine.model.retention import RETENTION_SECONDS
+from engine.model.topology import Topology, parse_topology
 from events.errors import InputError
 
 API_VERSIONS: Final = ("kubescheduler.config.k8s.io/v1", "kubescheduler.config.k8s.io/v1beta3")
@@ -76,6 +77,7 @@ _TOP_LEVEL: Final = {
     "enableProfiling",
     "enableContentionProfiling",
     "delayCacheUntilActive",
+    "topology",
 }
 
 
@@ -104,6 +106,9 @@ class SchedulerConfig:
     (``finishedRetentionSeconds``, a shoal field; see :mod:`engine.model.retention`)."""
     source: Mapping[str, Any] | None = field(default=None, compare=False)
     """The document this was parsed from (recorded in the log for replay)."""
+    topology: Topology = field(default_factory=Topology)
+    """Network topology levels (``topology``, a shoal field; see
+    :mod:`engine.model.topology`)."""
 
 
 def default_profile(name: str = DEFAULT_SCHEDULER) -> ProfileConfig:
@@ -296,4 +301,11 @@ def parse_config(raw: Any, where: str = "config") -> SchedulerConfig:
             "must not be less than podInitialBackoffSeconds",
             location=f"{where}.podMaxBackoffSeconds",
         )
-    return SchedulerConfig(profiles, initial, maximum, retention, source=raw)
+    return SchedulerConfig(
+        profiles,
+        initial,
+        maximum,
+        retention,
+        source=raw,
+        topology=parse_topology(raw.get("topology"), f"{where}.topology"),
+    )

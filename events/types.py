@@ -204,6 +204,11 @@ class GroupSpec(msgspec.Struct, frozen=True, kw_only=True):
     uid: str = ""
     """The PodGroup object's uid (empty without one): a group deleted and created
     again under its name is another object, with another uid."""
+    topology_required: str = ""
+    """A topology level (its name, node label or tier) whose one domain must hold every
+    member (``engine.model.topology``); empty: none."""
+    topology_preferred: str = ""
+    """A topology level to keep the members in, as few of its domains as possible."""
 
     @property
     def key(self) -> str:

@@ -57,7 +57,8 @@ from shards.commands import (
     snapshot_option,
     snapshots,
 )
-from shards.inputs.scenario import load_config, load_scenario, load_sharding
+from shards.inputs.scenario import check_topology, load_config, load_scenario, load_sharding
+from shards.inputs.topology import with_topology
 from shards.simulate import simulate
 
 EXIT_INPUT = 2
@@ -89,6 +90,9 @@ def _config(path: str | None) -> SchedulerConfig | None:
 async def _simulate(args: argparse.Namespace) -> int:
     config = _config(args.config)
     scenario = load_scenario(args.scenario)
+    if config is not None:
+        config = with_topology(config, scenario.topology)
+    check_topology(config or scenario.config, scenario)
     for warning in scenario.warnings:
         print(f"shoal: warning: {warning}", file=sys.stderr)
     sharding = sharding_for(args.shards, scenario.sharding)

@@ -14,6 +14,7 @@ from engine.framework.runtime import Framework
 from engine.model.changes import ClusterEvent
 from engine.model.pods import PodInfo
 from engine.model.state import ClusterState
+from engine.model.topology import DomainIndex
 
 
 class Profiles:
@@ -24,6 +25,8 @@ class Profiles:
         self.frameworks = {
             p.scheduler_name: Framework(p, registry, handle) for p in config.profiles
         }
+        self.topology = DomainIndex(config.topology)
+        """Each node's domain at every topology level (gangs place by it)."""
 
     def __repr__(self) -> str:
         return f"Profiles({sorted(self.frameworks)})"

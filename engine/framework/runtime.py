@@ -459,13 +459,23 @@ class Framework:
                 return status.with_plugin(plugin.name)
         return SUCCESS
 
-    def schedule(self, pod: PodInfo, state: ClusterState, *, explain: bool = False) -> Attempt:
-        """Find a node for ``pod``; do not change ``state`` (the caller assumes)."""
+    def schedule(
+        self,
+        pod: PodInfo,
+        state: ClusterState,
+        *,
+        explain: bool = False,
+        within: Bools | None = None,
+    ) -> Attempt:
+        """Find a node for ``pod``; do not change ``state`` (the caller assumes).
+        ``within``: only among these slots (a gang's topology domain)."""
         cycle = CycleState()
         status = self.run_pre_filters(cycle, pod, state)
         if not status.ok:
             return Attempt(-1, status, diagnosis=Diagnosis(nodes=len(state.index), status=status))
-        if explain:
+        if within is not None:
+            feasible, shape = self.feasible(cycle, pod, state) & within, None
+        elif explain:
             feasible, shape = self.feasible(cycle, pod, state), None
         else:
             feasible, shape = self._shape_feasible(cycle, pod, state)

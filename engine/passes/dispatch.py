@@ -14,6 +14,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
 from engine.model.pods import PodInfo
+from engine.model.state import Ints
 from engine.model.statement import Statement
 from events.types import PodBound, PodMigrated, PodPreempted, PodUnbound
 
@@ -66,6 +67,12 @@ class Dispatch(Protocol):
         one step)."""
         ...
 
+    def slot_owners(self) -> Ints | None:
+        """Per slot, the shard that owns its node (negative: none; the array may be
+        shorter than the state's slots), or None where this engine owns every node.
+        Among equally good topology domains, one owned by fewer shards is preferred."""
+        ...
+
 
 class Local:
     """An engine that owns its nodes: evictions and bindings are its own decisions."""
@@ -80,6 +87,9 @@ class Local:
 
     def route(self, p: SchedulingPass, unit: str) -> Route:
         return Route.ATTEMPT
+
+    def slot_owners(self) -> Ints | None:
+        return None
 
     def commit(self, p: SchedulingPass, statement: Statement | None, placed: Placed) -> bool:
         if statement is None:

@@ -18,15 +18,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from engine.framework.cycle import CycleState
 from engine.framework.runtime import Framework
 from engine.model.changes import EVERY
 from engine.model.groups import SCHEDULED, advance, group_unit
 from engine.model.pods import PodInfo
+from engine.model.state import Bools
 from engine.model.statement import Statement
 from engine.passes.dispatch import Placed
 from engine.passes.pods import may_preempt, no_profile, preempt_into
 from engine.passes.reservations import commit
+from engine.passes.topology import one_domain, plan
 from events.types import ReservationDenied, ReservationGranted
 
 if TYPE_CHECKING:
@@ -64,37 +68,49 @@ def attempt_group(p: SchedulingPass, key: str) -> None:
         for pod in pending + later:
             e.queue.add(pod.key, pod.priority, pod.seq, e.queue_of(pod.spec.namespace))
         return
-    statement = Statement(e.state, e.quotas)
-    placed: Placed = []
-    failures: dict[str, Failure] = {}
     directed = e.reservations[group.reservation].placements if group.reservation else {}
     for pod in pending:
         pod.attempts += 1
         e.count("attempts")
-        framework = p.profiles.framework_for(pod)
-        if framework is None:
-            failures[pod.key] = (no_profile(pod), (), {})
-            continue
-        if pod.key in directed:
-            failure = _directed(p, statement, pod, framework, directed[pod.key])
-            if failure is None:
-                placed.append((pod, e.state.pods[pod.key].slot, 0))
-            else:
-                failures[pod.key] = failure
-            continue
-        attempt = framework.schedule(pod, e.state, explain=pod.key == p.explain)
-        p.record(pod, attempt)
-        if attempt.slot >= 0:
-            statement.assume_pod(pod, attempt.slot)
-            placed.append((pod, attempt.slot, 0))
+    topology = None if group.reservation else plan(p, group, pending, need)
+    statement = Statement(e.state, e.quotas)
+    placed: Placed = []
+    failures: dict[str, Failure] = {}
+    if isinstance(topology, str):
+        failures = {pod.key: (topology, (), {}) for pod in pending}
+    elif topology is not None:
+        # the domain first, then the nodes inside it: each candidate in turn, staged
+        for candidate in topology.candidates:
+            placed, failures = _members(p, statement, pending, directed, candidate.mask)
+            if len(placed) >= need:
+                break
+            statement.discard()
+            statement = Statement(e.state, e.quotas)
         else:
-            d = attempt.diagnosis
-            plugins = tuple(d.plugins) if d and d.plugins else ()
-            if not plugins and attempt.status.plugin:
-                plugins = (attempt.status.plugin,)
-            failures[pod.key] = (attempt.status.message(), plugins, d.rejections() if d else {})
-    if len(placed) < need and not group.reservation:
+            within: Bools | None = None
+            if topology.required is not None:
+                # in the roomiest domain, then preemption (kept only within one domain)
+                within = np.zeros(e.state.capacity, dtype=np.bool_)
+                if topology.candidates:
+                    within = max(
+                        topology.candidates, key=lambda c: (int(c.mask.sum()), c.domains)
+                    ).mask
+            placed, failures = _members(p, statement, pending, directed, within)
+    else:
+        placed, failures = _members(p, statement, pending, directed, None)
+    if len(placed) < need and not group.reservation and not isinstance(topology, str):
         _preempt_for(p, statement, pending, placed, failures, need, key)
+    if topology is not None and not isinstance(topology, str) and topology.required is not None:
+        slots = [slot for _, slot, _ in placed]
+        slots += [e.state.pods[m].slot for m in group.members if m in e.state.pods]
+        if len(placed) >= need and not one_domain(p, topology.required, slots):
+            statement.discard()
+            statement = Statement(e.state, e.quotas)
+            placed = []
+        if len(placed) < need and topology.reason:
+            failures = {k: (topology.reason, f[1], f[2]) for k, f in failures.items()} or {
+                pending[0].key: (topology.reason, (), {})
+            }
     if placed and len(placed) >= need and group.reservation:
         statement.commit()
         grant = ReservationGranted(
@@ -150,6 +166,44 @@ def attempt_group(p: SchedulingPass, key: str) -> None:
         events,
         e.queue_of(group.namespace),
     )
+
+
+def _members(
+    p: SchedulingPass,
+    statement: Statement,
+    pending: list[PodInfo],
+    directed: dict[str, str],
+    within: Bools | None,
+) -> tuple[Placed, dict[str, Failure]]:
+    """Stage each pending member where its profile puts it (``within``: only there), or
+    where the coordinator directed it; what found no node, and why."""
+    e = p.e
+    placed: Placed = []
+    failures: dict[str, Failure] = {}
+    for pod in pending:
+        framework = p.profiles.framework_for(pod)
+        if framework is None:
+            failures[pod.key] = (no_profile(pod), (), {})
+            continue
+        if pod.key in directed:
+            failure = _directed(p, statement, pod, framework, directed[pod.key])
+            if failure is None:
+                placed.append((pod, e.state.pods[pod.key].slot, 0))
+            else:
+                failures[pod.key] = failure
+            continue
+        attempt = framework.schedule(pod, e.state, explain=pod.key == p.explain, within=within)
+        p.record(pod, attempt)
+        if attempt.slot >= 0:
+            statement.assume_pod(pod, attempt.slot)
+            placed.append((pod, attempt.slot, 0))
+        else:
+            d = attempt.diagnosis
+            plugins = tuple(d.plugins) if d and d.plugins else ()
+            if not plugins and attempt.status.plugin:
+                plugins = (attempt.status.plugin,)
+            failures[pod.key] = (attempt.status.message(), plugins, d.rejections() if d else {})
+    return placed, failures
 
 
 def _directed(

@@ -40,9 +40,9 @@ import msgspec
 
 from engine.framework.cycle import CycleState
 from engine.framework.runtime import Framework
-from engine.model.groups import is_group_unit
+from engine.model.groups import GroupInfo, is_group_unit
 from engine.model.pods import PodInfo
-from engine.model.state import Bools
+from engine.model.state import Bools, Ints
 from engine.model.statement import Statement
 from engine.passes.dispatch import Placed, Route
 from engine.plugins.registry import builtin_registry
@@ -115,6 +115,8 @@ class ShardDispatch:
         pods = p.unit_pods(unit)
         if not pods:
             return False
+        if is_group_unit(unit) and _topology_bound(e.groups.get(unit[1:])):
+            return False  # its domain is chosen here, over every shard's nodes
         frameworks = [e.profiles.framework_for(pod) for pod in pods]
         if any(f is None or not f.incremental or not self._summarised(f) for f in frameworks):
             return False
@@ -259,6 +261,9 @@ class ShardDispatch:
         c.claim(Claim(rid, unit, {shard: keys}, c.now, directed=False, open={shard: None}))
         c.fly(unit, shard, pods, rid)
         c.counters["handed"] += 1
+
+    def slot_owners(self) -> Ints | None:
+        return self.c.routing.slot_shard
 
     def first(self, p: SchedulingPass) -> list[str]:
         ready, self.c.ready = self.c.ready, []
@@ -432,6 +437,15 @@ class ShardDispatch:
         )
         keys = tuple(key for key, _, _ in moving)
         c.claim(Claim(rid, unit, {shard: keys}, c.now, directed=True, open={shard: None}))
+
+
+def _topology_bound(group: GroupInfo | None) -> bool:
+    """Whether a gang has a topology constraint: the coordinator chooses its domain on
+    its view of every shard (:mod:`engine.passes.topology`), so the parts go to the
+    shards that own that domain's nodes; handed whole to one shard, the domain would be
+    chosen among that shard's nodes only."""
+    spec = group.spec if group is not None else None
+    return spec is not None and bool(spec.topology_required or spec.topology_preferred)
 
 
 def _part_spec(spec: GroupSpec, rid: str, members: int) -> GroupSpec:

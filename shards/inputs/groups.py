@@ -23,8 +23,10 @@ Pod groups (gangs), in four conventions:
   controllers copy into PodGroups: it is checked, and schedules nothing itself.
 
 All become one :class:`~events.types.GroupSpec`. A field of a PodGroup that shoal does
-not act on (KAI's ``subGroups``, Kubernetes' ``schedulingConstraints``, any field it
-does not know) gives a warning (:func:`group_warnings`).
+not act on (KAI's ``subGroups``, any field it does not know) gives a warning
+(:func:`group_warnings`). Topology constraints (Volcano's ``networkTopology``,
+Kubernetes' ``schedulingConstraints``, KAI's ``topologyConstraint``, annotations) are
+read by :mod:`shards.inputs.topology`.
 
 ``shoal.io/depends-on: a,b`` on a pod or a group names pods or groups of the same
 namespace that must succeed first.
@@ -41,6 +43,7 @@ from events.errors import InputError
 from events.types import SECOND, GroupSpec, QuotaSpec
 from shards.inputs.limits import MAX_MIN_MEMBER, MAX_SECONDS, shown
 from shards.inputs.objects import BUILTIN_PRIORITY_CLASSES, _map, _name, _string_map, quantities
+from shards.inputs.topology import group_topology
 
 DEPENDS_ON: Final = "shoal.io/depends-on"
 GROUP_KINDS: Final = {
@@ -67,7 +70,7 @@ _GROUP_FIELDS: Final[dict[str, dict[str, str]]] = {
         "queue": "",
         "priorityClassName": "",
         "minTaskMember": "members are not counted per task",
-        "networkTopology": "network topology is not modelled",
+        "networkTopology": "",
         "subGroupPolicy": "sub-groups are not modelled",
     },
     "tencent": {"minMember": "", "minResources": "", "maxScheduleTime": ""},
@@ -81,7 +84,7 @@ _GROUP_FIELDS: Final[dict[str, dict[str, str]]] = {
         "backoffLimit": "a failed group is not retried",
         "markUnschedulable": "shoal reports why each pod is pending in its own way",
         "schedulingBackoff": "the group is retried on shoal's back-off",
-        "topologyConstraint": "topology constraints are not modelled",
+        "topologyConstraint": "",
         "subGroups": "sub-groups' own minMember is not enforced, only the group's",
     },
     "kubernetes": {
@@ -89,7 +92,7 @@ _GROUP_FIELDS: Final[dict[str, dict[str, str]]] = {
         "podGroupTemplateRef": "",
         "priorityClassName": "",
         "priority": "",
-        "schedulingConstraints": "topology constraints are not modelled",
+        "schedulingConstraints": "",
         "resourceClaims": "resource claims (DRA) are not modelled",
         "disruptionMode": "preemption takes pods one by one, whatever the mode",
     },
@@ -202,6 +205,7 @@ def pod_group(obj: Mapping[str, Any], classes: Mapping[str, int]) -> GroupSpec:
                 location="spec.priority",
             )
         priority = given
+    required, preferred = group_topology(obj, source)
     queue = spec.get("queue", "") if source in ("volcano", "kai") else ""
     if not isinstance(queue, str):
         raise InputError("must be a string", location="spec.queue")
@@ -219,6 +223,8 @@ def pod_group(obj: Mapping[str, Any], classes: Mapping[str, int]) -> GroupSpec:
         depends_on=dependencies(annotations, namespace),
         source=source,
         uid=_uid(meta),
+        topology_required=required,
+        topology_preferred=preferred,
     )
 
 

@@ -51,6 +51,15 @@ from shards.inputs.groups import (
 )
 from shards.inputs.limits import MAX_OBJECTS, cut, shown
 from shards.inputs.objects import OWNER_SELECTOR, arrival, node_spec, pod_spec, priority_class
+from shards.inputs.topology import (
+    KUEUE_VERSIONS,
+    VOLCANO_VERSION,
+    TopologyObjects,
+    is_topology_object,
+    pod_warnings,
+    topology_fields,
+    with_topology,
+)
 from shards.inputs.totals import ScenarioTotals
 from shards.inputs.workloads import WORKLOAD_KINDS, NodeArrival, expand
 from shards.inputs.yamlfile import read_documents
@@ -69,6 +78,8 @@ KINDS: Final = {
     *((version, "ElasticQuota") for version in QUOTA_VERSIONS),
     (SHARDING_VERSION, SHARDING_KIND),
     (SHARDING_VERSION, "PoolReassignment"),
+    *((version, "Topology") for version in KUEUE_VERSIONS),
+    (VOLCANO_VERSION, "HyperNode"),
 }
 
 
@@ -91,6 +102,12 @@ class Scenario:
     quotas: int = 0
     warnings: list[str] = field(default_factory=list)
     """Fields read but not acted on, each naming file, document and field."""
+    topology: TopologyObjects = field(default_factory=TopologyObjects)
+    """Kueue ``Topology`` and Volcano ``HyperNode`` objects (the levels of the run's
+    configuration: :func:`shards.inputs.topology.with_topology`)."""
+    topology_refs: list[tuple[str, str]] = field(default_factory=list)
+    """(level, where) of every topology level a pod group names, checked against the
+    configuration the run uses (:func:`check_topology`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,8 +223,15 @@ def _load_scenario(paths: list[str]) -> Scenario:
                     raise InputError("only one KubeSchedulerConfiguration is allowed")
                 scenario.config = parse_config(doc.obj, "")
                 validate_plugins(scenario.config)
+            elif is_topology_object(doc.obj):
+                scenario.topology.add(doc.obj)
         except InputError as exc:
             raise _located(doc, exc) from None
+    try:
+        scenario.config = with_topology(scenario.config, scenario.topology)
+    except InputError as exc:
+        config_doc = next((d for d in docs if d.obj.get("kind") == CONFIG_KIND), docs[0])
+        raise _located(config_doc, exc) from None
     scenario.priority_classes = dict(classes)
     if default_class is not None:
         classes[""] = default_class[1]
@@ -233,6 +257,10 @@ def _load_scenario(paths: list[str]) -> Scenario:
                 groups[group.key] = (group, doc)
                 scenario.warnings += (doc.where(f) + f": {m}" for f, m in group_warnings(doc.obj))
                 waits[group.key] = group.depends_on
+                fields = topology_fields(doc.obj)
+                for level in (group.topology_required, group.topology_preferred):
+                    if level:
+                        scenario.topology_refs.append((level, doc.where(", ".join(fields))))
                 where_of[group.key] = doc
                 event: Event = PodGroupSubmitted(group=group)
                 scenario.groups += 1
@@ -276,6 +304,9 @@ def _load_scenario(paths: list[str]) -> Scenario:
                             f"min-available {minimum} differs from {first} on an earlier member",
                             location="metadata.labels",
                         )
+                scenario.warnings += (
+                    doc.where(f) + f": {m}" for f, m in pod_warnings(pod.annotations)
+                )
                 waits[pod.key] = pod.depends_on
                 where_of[pod.key] = doc
                 event = PodSubmitted(pod=pod)
@@ -553,6 +584,20 @@ def _load_config(path: str) -> SchedulerConfig:
         return config
     except InputError as exc:
         raise _located(configs[0], exc) from None
+
+
+def check_topology(config: SchedulerConfig | None, scenario: Scenario) -> None:
+    """Every topology level a pod group names is one the configuration declares."""
+    topology = config.topology if config is not None else None
+    for level, where in scenario.topology_refs:
+        if topology is None or topology.resolve(level) is None:
+            declared = topology.describe() if topology is not None else "none"
+            raise InputError(
+                f"names topology level {shown(level)}, which is not declared "
+                f"(levels: {declared}; declare them in the configuration's topology, "
+                "a Kueue Topology or Volcano HyperNodes)",
+                location=where,
+            )
 
 
 def validate_plugins(config: SchedulerConfig) -> None:

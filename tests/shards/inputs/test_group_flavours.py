@@ -142,16 +142,6 @@ spec:
 
 WARNED = [
     (kai_group("g", "minMember: 2, subGroups: [{name: a, minMember: 1}]"), "spec.subGroups"),
-    (
-        kai_group("g", "minMember: 2, topologyConstraint: {requiredTopologyLevel: rack}"),
-        "spec.topologyConstraint",
-    ),
-    (
-        kube_group(
-            "g", "{gang: {minCount: 2}}", extra="  schedulingConstraints: {topology: [{key: rack}]}"
-        ),
-        "spec.schedulingConstraints",
-    ),
     (kube_group("g", "{basic: {}}", extra="  disruptionMode: PodGroup"), "spec.disruptionMode"),
     (
         """
