@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from engine.extenders import ExtenderConfig, parse_extenders
 from engine.model.retention import RETENTION_SECONDS
 from events.errors import InputError
 
@@ -99,6 +100,10 @@ class SchedulerConfig:
     (``finishedRetentionSeconds``, a shoal field; see :mod:`engine.model.retention`)."""
     source: Mapping[str, Any] | None = field(default=None, compare=False)
     """The document this was parsed from (recorded in the log for replay)."""
+    extenders: tuple[ExtenderConfig, ...] = ()
+    """HTTP extenders (:mod:`engine.extenders`), asked by the runtime between passes."""
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+    """Fields accepted but not acted on, each naming the field."""
 
 
 def default_profile(name: str = DEFAULT_SCHEDULER) -> ProfileConfig:
@@ -291,4 +296,17 @@ def parse_config(raw: Any, where: str = "config") -> SchedulerConfig:
             "must not be less than podInitialBackoffSeconds",
             location=f"{where}.podMaxBackoffSeconds",
         )
-    return SchedulerConfig(profiles, initial, maximum, retention, source=raw)
+    extenders, warnings = parse_extenders(
+        raw.get("extenders"),
+        f"{where}.extenders" if where else "extenders",
+        tuple(p.scheduler_name for p in profiles),
+    )
+    return SchedulerConfig(
+        profiles,
+        initial,
+        maximum,
+        retention,
+        source=raw,
+        extenders=extenders,
+        warnings=warnings,
+    )

@@ -89,6 +89,8 @@ def _config(path: str | None) -> SchedulerConfig | None:
 async def _simulate(args: argparse.Namespace) -> int:
     config = _config(args.config)
     scenario = load_scenario(args.scenario)
+    if config is not None:
+        scenario.warnings[:0] = [f"{args.config}: {w}" for w in config.warnings]
     for warning in scenario.warnings:
         print(f"shoal: warning: {warning}", file=sys.stderr)
     sharding = sharding_for(args.shards, scenario.sharding)

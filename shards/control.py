@@ -54,6 +54,7 @@ from shards.coordinator.snapshot import (
     restore_coordinator,
     snapshot_coordinator,
 )
+from shards.extenders.client import ExtenderClient, send_asks
 from shards.worker import append_quarantined, append_snapshot, newest_snapshot, snapshot_due
 
 logger = logging.getLogger(__name__)
@@ -111,6 +112,8 @@ class ControlWorker:
         self.prepared_at: dict[str, float] = {}
         """Reservation → wall time its requests were appended (for commit latency)."""
         self.commit_seconds: list[float] = []
+        self.extender_client: ExtenderClient | None = None
+        """Calls the HTTP extenders for the units decided here (made at the first ask)."""
         """Wall seconds from appending a gang's prepare to appending its commit."""
 
     def __repr__(self) -> str:
@@ -212,6 +215,19 @@ class ControlWorker:
         appended = 0 if self._recovered else await self.recover()
         appended += await self._relay()
         appended += await self._fold()
+        engine = self.coordinator.engine
+        if engine.extenders.outbox:
+            # the units the coordinator decides itself: it asks their extenders
+            if self.extender_client is None:
+                self.extender_client = ExtenderClient()
+            appended += await send_asks(
+                engine,
+                engine.config.extenders,
+                self.extender_client,
+                self.log,
+                self.partition,
+                f"{COORDINATOR}/extenders",
+            )
         if self._outputs and snapshot_due(
             self.position - self.snapshot_at,
             len(self.coordinator.engine.pods),

@@ -33,6 +33,7 @@ from events.types import (
     is_decision,
     is_output_of,
 )
+from shards.extenders.client import ExtenderClient, send_asks
 
 logger = logging.getLogger(__name__)
 SNAPSHOT_EVERY = 50_000
@@ -88,12 +89,20 @@ class ShardWorker:
         runs that pass even if nothing new arrives."""
         self.quarantined: set[int] = set()
         """Offsets of the records of this partition skipped and recorded as such."""
+        self.extender_client: ExtenderClient | None = None
+        """Calls the HTTP extenders (made at the first ask)."""
 
     def __repr__(self) -> str:
         return f"ShardWorker({self.name}, position={self.position}, passes={self.passes})"
 
     def stats(self) -> dict[str, float]:
-        return {"position": self.position, "passes": self.passes, "pass_seconds": self.pass_seconds}
+        extenders = self.extender_client.stats.as_dict() if self.extender_client else {}
+        return {
+            "position": self.position,
+            "passes": self.passes,
+            "pass_seconds": self.pass_seconds,
+            **extenders,
+        }
 
     @classmethod
     async def recover(
@@ -199,13 +208,14 @@ class ShardWorker:
         self.pass_seconds += time.perf_counter() - started
         self.passes += 1
         if not decisions:
-            return 0
+            return await self._ask_extenders()
         now = engine.now
         offsets = await self.log.append(
             [Envelope(event=d, time=now, causation=last_input, producer=name) for d in decisions],
             self.partition,
         )
         self._own_until = offsets[-1] + 1
+        asked = await self._ask_extenders()
         if snapshot_due(
             self.position - self.snapshot_at,
             len(engine.pods),
@@ -213,7 +223,23 @@ class ShardWorker:
             self.snapshot_per_pod,
         ):
             await self._snapshot(last_input)
-        return len(decisions)
+        return len(decisions) + asked
+
+    async def _ask_extenders(self) -> int:
+        """Call the extenders the pass asks for; their answers (inputs of the next
+        pass, producer ``shard-N/extenders``) are appended to the partition."""
+        if not self.engine.extenders.outbox:
+            return 0
+        if self.extender_client is None:
+            self.extender_client = ExtenderClient()
+        return await send_asks(
+            self.engine,
+            self.engine.config.extenders,
+            self.extender_client,
+            self.log,
+            self.partition,
+            f"{self.name}/extenders",
+        )
 
     async def _quarantine(self, skipped: list[tuple[int, str]]) -> None:
         """Record what was skipped (:func:`append_quarantined`); ``skipped`` is emptied."""

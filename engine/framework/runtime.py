@@ -32,7 +32,14 @@ from engine.framework.interfaces import (
     ScorePlugin,
 )
 from engine.framework.registry import Registry
-from engine.framework.results import Attempt, Diagnosis, NodeScore, full_scores, select
+from engine.framework.results import (
+    Attempt,
+    Diagnosis,
+    NodeScore,
+    Verdict,
+    full_scores,
+    select,
+)
 from engine.framework.status import SUCCESS, Code, Status
 from engine.model.changes import ClusterEvent
 from engine.model.pods import PodInfo
@@ -55,6 +62,8 @@ SCALAR_LIMIT = 8
 """Up to this many changed nodes are refreshed one by one in plain Python, beyond it
 with numpy over a gathered view."""
 SHAPE_CACHE_SIZE = 128
+EXTENDER = "extender "
+"""How rejections by HTTP extenders are named (``extender URLPREFIX``)."""
 
 
 @dataclass(slots=True)
@@ -175,6 +184,8 @@ class Framework:
 
     def events_for(self, plugins: tuple[str, ...]) -> frozenset[ClusterEvent]:
         """Events that may help a pod that ``plugins`` rejected."""
+        if any(name.startswith(EXTENDER) for name in plugins):
+            return frozenset(ClusterEvent)  # an extender says nothing of what may help
         out: set[ClusterEvent] = set()
         for name, events, _ in self._requeue:
             if name in plugins:
@@ -189,6 +200,8 @@ class Framework:
         slot: int,
         state: ClusterState,
     ) -> bool:
+        if any(name.startswith(EXTENDER) for name in plugins):
+            return True
         for name, events, hint in self._requeue:
             if name not in plugins or event not in events:
                 continue
@@ -412,8 +425,25 @@ class Framework:
                 return status.with_plugin(plugin.name)
         return SUCCESS
 
-    def schedule(self, pod: PodInfo, state: ClusterState, *, explain: bool = False) -> Attempt:
-        """Find a node for ``pod``; do not change ``state`` (the caller assumes)."""
+    def candidates(self, pod: PodInfo, state: ClusterState) -> Bools | None:
+        """The nodes that pass the pre-filters and filters (what kube-scheduler sends
+        its extenders); None if a pre-filter rejects the pod. Do not modify it."""
+        cycle = CycleState()
+        if not self.run_pre_filters(cycle, pod, state).ok:
+            return None
+        return self._shape_feasible(cycle, pod, state)[0]
+
+    def schedule(
+        self,
+        pod: PodInfo,
+        state: ClusterState,
+        *,
+        explain: bool = False,
+        verdict: Verdict | None = None,
+    ) -> Attempt:
+        """Find a node for ``pod``; do not change ``state`` (the caller assumes). With a
+        ``verdict``, the extenders' answers filter after the filters and add to the
+        scores, as kube-scheduler's extenders do."""
         cycle = CycleState()
         status = self.run_pre_filters(cycle, pod, state)
         if not status.ok:
@@ -422,11 +452,27 @@ class Framework:
             feasible, shape = self.feasible(cycle, pod, state), None
         else:
             feasible, shape = self._shape_feasible(cycle, pod, state)
+        if verdict is not None and verdict.error:
+            status = Status(Code.ERROR, (verdict.error,), verdict.plugin)
+            return Attempt(-1, status, diagnosis=Diagnosis(nodes=len(state.index), status=status))
+        passed = feasible
+        if verdict is not None and verdict.mask is not None:
+            feasible, shape = feasible & verdict.mask, None
         if not any_set(feasible):
             failure = self.diagnose(cycle, pod, state)
+            if verdict is not None and any_set(passed):
+                failure.plugins.update(verdict.rejections)
+                for name, reasons in verdict.rejections.items():
+                    failure.rejected[name] = sum(reasons.values())
+                failure.feasible = 0
             plugins = tuple(failure.plugins)
             code = Code.UNSCHEDULABLE
-            if plugins and all(self.plugins[n].unresolvable for n in plugins):  # type: ignore[attr-defined]
+            if plugins and all(
+                getattr(self.plugins[n], "unresolvable", False)
+                if n in self.plugins
+                else verdict_unresolvable(verdict)
+                for n in plugins
+            ):
                 code = Code.UNSCHEDULABLE_AND_UNRESOLVABLE
             status = Status(code, (failure.message(),), ",".join(plugins))
             failure.status = status
@@ -437,6 +483,10 @@ class Framework:
                 return Attempt(-1, status.with_plugin(pre.name))
         keep: dict[str, Ints] | None = {} if explain else None
         masked, constant = self.score(cycle, pod, state, feasible, keep, shape)
+        if verdict is not None and verdict.scores is not None:
+            masked = np.where(feasible, masked + verdict.scores, -1)
+            if keep is not None:
+                keep["extenders"] = verdict.scores
         slot = select(masked, state.high_water, pod.tiebreak)
         best = int(masked[slot]) + constant
         diagnosis = None
@@ -472,3 +522,7 @@ class Framework:
                 )
             )
         return out
+
+
+def verdict_unresolvable(verdict: Verdict | None) -> bool:
+    return verdict is not None and verdict.unresolvable

@@ -25,6 +25,7 @@ from engine.model.groups import SCHEDULED, advance, group_unit
 from engine.model.pods import PodInfo
 from engine.model.statement import Statement
 from engine.passes.dispatch import Placed
+from engine.passes.extenders import applicable, ask_if_needed, verdict_for
 from engine.passes.pods import may_preempt, no_profile, preempt_into
 from engine.passes.reservations import commit
 from events.types import ReservationDenied, ReservationGranted
@@ -44,9 +45,11 @@ def attempt_group(p: SchedulingPass, key: str) -> None:
     e = p.e
     group = e.groups[key]
     assert group.spec is not None
-    group.attempts += 1
     members = [e.pods[m] for m in group.members if m in e.pods]
     pending = [m for m in members if m.key not in e.state.pods]
+    if not group.reservation and _asks_extenders(p, pending, group_unit(key)):
+        return  # parked until every member's extenders answered
+    group.attempts += 1
     need = group.min_member - (len(members) - len(pending))
     planned = e.planned.pop(group_unit(key), None)
     later: list[PodInfo] = []
@@ -82,7 +85,9 @@ def attempt_group(p: SchedulingPass, key: str) -> None:
             else:
                 failures[pod.key] = failure
             continue
-        attempt = framework.schedule(pod, e.state, explain=pod.key == p.explain)
+        extenders = () if group.reservation else applicable(p, pod)
+        verdict = verdict_for(p, pod, extenders) if extenders else None
+        attempt = framework.schedule(pod, e.state, explain=pod.key == p.explain, verdict=verdict)
         p.record(pod, attempt)
         if attempt.slot >= 0:
             statement.assume_pod(pod, attempt.slot)
@@ -152,6 +157,18 @@ def attempt_group(p: SchedulingPass, key: str) -> None:
     )
 
 
+def _asks_extenders(p: SchedulingPass, pending: list[PodInfo], unit: str) -> bool:
+    """Whether the gang waits for extenders: each pending member they must judge is
+    asked about (unless it was), and the gang is attempted once all have answered."""
+    waiting = False
+    for pod in pending:
+        framework = p.profiles.framework_for(pod)
+        extenders = applicable(p, pod) if framework is not None else ()
+        if framework is not None and extenders:
+            waiting = ask_if_needed(p, pod, framework, extenders, unit) or waiting
+    return waiting
+
+
 def _directed(
     p: SchedulingPass, statement: Statement, pod: PodInfo, framework: Framework, node: str
 ) -> Failure | None:
@@ -185,8 +202,8 @@ def _preempt_for(
         if len(placed) >= need:
             break
         framework = p.profiles.framework_for(pod)
-        if pod.key not in failures or framework is None:
-            continue
+        if pod.key not in failures or framework is None or applicable(p, pod):
+            continue  # (preemption does not ask extenders: a member they judge does not)
         if not failures[pod.key][1] and not statement.evicted():
             continue  # no plugin to blame: nothing preemption could change
         from engine.framework.results import Attempt

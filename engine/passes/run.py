@@ -68,6 +68,9 @@ class SchedulingPass:
         """Failures of non-gang attempts by pod shape: within a pass capacity only
         shrinks (until something is evicted), so a shape that failed fails again."""
         self._capacity: dict[str, int] | None = None
+        self.extender_nodes: dict[tuple[object, ...], tuple[str, ...] | None] = {}
+        """Per (profile, pod shape, state position): the nodes extenders are asked
+        about (:mod:`engine.passes.extenders`)."""
         self.unit = ""
         """The unit being attempted."""
 

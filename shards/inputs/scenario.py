@@ -24,6 +24,7 @@ import msgspec
 from engine.config import API_VERSIONS as CONFIG_VERSIONS
 from engine.config import KIND as CONFIG_KIND
 from engine.config import SchedulerConfig, parse_config
+from engine.extenders import policy_to_config
 from engine.model.pools import MAX_SHARDS, PoolRule, Sharding
 from events.errors import InputError
 from events.types import (
@@ -206,6 +207,7 @@ def _load_scenario(paths: list[str]) -> Scenario:
                     raise InputError("only one KubeSchedulerConfiguration is allowed")
                 scenario.config = parse_config(doc.obj, "")
                 validate_plugins(scenario.config)
+                scenario.warnings += (doc.where(w) for w in scenario.config.warnings)
         except InputError as exc:
             raise _located(doc, exc) from None
     scenario.priority_classes = dict(classes)
@@ -542,11 +544,19 @@ def load_config(path: str) -> SchedulerConfig:
 
 def _load_config(path: str) -> SchedulerConfig:
     docs = list(_read_documents(path))
-    configs = [d for d in docs if d.obj.get("kind") == CONFIG_KIND]
+    configs = [d for d in docs if d.obj.get("kind") in (CONFIG_KIND, "Policy")]
     if len(configs) != 1 or len(docs) != 1:
-        raise InputError(f"must hold exactly one {CONFIG_KIND} document", location=path)
+        raise InputError(
+            f"must hold exactly one {CONFIG_KIND} (or legacy Policy) document", location=path
+        )
     try:
-        config = parse_config(configs[0].obj, "")
+        obj: Mapping[str, Any] = configs[0].obj
+        warned: list[str] = []
+        if obj.get("kind") == "Policy":
+            obj, warned = policy_to_config(dict(obj), "")
+        config = parse_config(obj, "")
+        if warned:
+            config = replace(config, warnings=(*warned, *config.warnings))
         validate_plugins(config)
         return config
     except InputError as exc:
