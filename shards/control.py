@@ -228,11 +228,15 @@ class ControlWorker:
                 self.partition,
                 f"{COORDINATOR}/extenders",
             )
-        if self._outputs and snapshot_due(
-            self.position - self.snapshot_at,
-            len(self.coordinator.engine.pods),
-            self.snapshot_every,
-            self.snapshot_per_pod,
+        if (
+            self._outputs
+            and not engine.extenders.in_flight
+            and snapshot_due(
+                self.position - self.snapshot_at,
+                len(self.coordinator.engine.pods),
+                self.snapshot_every,
+                self.snapshot_per_pod,
+            )
         ):
             await self._snapshot()
         return appended

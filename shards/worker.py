@@ -216,7 +216,7 @@ class ShardWorker:
         )
         self._own_until = offsets[-1] + 1
         asked = await self._ask_extenders()
-        if snapshot_due(
+        if not engine.extenders.in_flight and snapshot_due(
             self.position - self.snapshot_at,
             len(engine.pods),
             self.snapshot_every,

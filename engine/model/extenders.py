@@ -59,6 +59,11 @@ class ExtenderBook:
         self.outbox.append(ask)
         return ask
 
+    @property
+    def in_flight(self) -> bool:
+        """Asks made and not yet used: a snapshot now would lose them."""
+        return bool(self.outbox or self.waiting or self.ready)
+
     def take(self) -> list[Ask]:
         """The asks made since the last call (for the runtime to send)."""
         out, self.outbox = self.outbox, []

@@ -543,20 +543,28 @@ def load_config(path: str) -> SchedulerConfig:
 
 
 def _load_config(path: str) -> SchedulerConfig:
+    raws = [(n, raw) for n, raw in read_documents(path) if raw is not None]
+    if len(raws) == 1 and isinstance(raws[0][1], Mapping) and raws[0][1].get("kind") == "Policy":
+        number, raw = raws[0]
+        where = f"{path}: document {number} (Policy)"
+        try:
+            if raw.get("apiVersion", "v1") != "v1":
+                raise InputError("apiVersion must be v1", location="apiVersion")
+            converted, warned = policy_to_config(dict(raw), "")
+            config = parse_config(converted, "")
+            validate_plugins(config)
+        except InputError as exc:
+            field_ = exc.location.lstrip(".")
+            raise InputError(exc.message, location=f"{where}: {field_}") from None
+        return replace(config, warnings=tuple(w.lstrip(".") for w in (*warned, *config.warnings)))
     docs = list(_read_documents(path))
-    configs = [d for d in docs if d.obj.get("kind") in (CONFIG_KIND, "Policy")]
+    configs = [d for d in docs if d.obj.get("kind") == CONFIG_KIND]
     if len(configs) != 1 or len(docs) != 1:
         raise InputError(
             f"must hold exactly one {CONFIG_KIND} (or legacy Policy) document", location=path
         )
     try:
-        obj: Mapping[str, Any] = configs[0].obj
-        warned: list[str] = []
-        if obj.get("kind") == "Policy":
-            obj, warned = policy_to_config(dict(obj), "")
-        config = parse_config(obj, "")
-        if warned:
-            config = replace(config, warnings=(*warned, *config.warnings))
+        config = parse_config(configs[0].obj, "")
         validate_plugins(config)
         return config
     except InputError as exc:
