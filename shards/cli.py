@@ -122,6 +122,9 @@ async def _simulate(args: argparse.Namespace) -> int:
     finally:
         await log.close()
     summary = {"wall_seconds": round(result.wall_seconds, 6), "attempts": result.stats["attempts"]}
+    for key in ("extender_calls", "extender_failures", "extender_timeouts"):
+        if key in result.stats:
+            summary[key] = result.stats[key]
     if args.json:
         emit_json({**result.report.to_json(**summary), "warnings": scenario.warnings})
     else:

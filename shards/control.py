@@ -54,7 +54,7 @@ from shards.coordinator.snapshot import (
     restore_coordinator,
     snapshot_coordinator,
 )
-from shards.extenders.client import ExtenderClient, send_asks
+from shards.extenders.client import Asker
 from shards.worker import append_quarantined, append_snapshot, newest_snapshot, snapshot_due
 
 logger = logging.getLogger(__name__)
@@ -112,8 +112,9 @@ class ControlWorker:
         self.prepared_at: dict[str, float] = {}
         """Reservation → wall time its requests were appended (for commit latency)."""
         self.commit_seconds: list[float] = []
-        self.extender_client: ExtenderClient | None = None
-        """Calls the HTTP extenders for the units decided here (made at the first ask)."""
+        self.asker = Asker()
+        """Calls the HTTP extenders for the units decided here (``background`` in the
+        service)."""
         """Wall seconds from appending a gang's prepare to appending its commit."""
 
     def __repr__(self) -> str:
@@ -194,6 +195,7 @@ class ControlWorker:
                     appended += await self._append(coordinator.schedule(), env.offset, env.time)
         if last_input > max(passes, default=-1):
             self._owed = last_input
+        coordinator.engine.extenders.unanswered()  # asks with no answer in the log: again
         self._recovered = True
         await self._quarantine(skipped + coordinator.engine.unfolded)
         return appended
@@ -218,12 +220,9 @@ class ControlWorker:
         engine = self.coordinator.engine
         if engine.extenders.outbox:
             # the units the coordinator decides itself: it asks their extenders
-            if self.extender_client is None:
-                self.extender_client = ExtenderClient()
-            appended += await send_asks(
+            appended += await self.asker.run(
                 engine,
                 engine.config.extenders,
-                self.extender_client,
                 self.log,
                 self.partition,
                 f"{COORDINATOR}/extenders",

@@ -523,13 +523,15 @@ class Service:
 
     def _control_worker(self, sharding: Sharding, bus: EventLog) -> ControlWorker:
         every, per_pod = self.options.snapshot_every, self.options.snapshot_per_pod
-        return ControlWorker(
+        worker = ControlWorker(
             Coordinator(sharding, self.options.config),
             bus,
             snapshot_every=every,
             snapshot_per_pod=per_pod,
             config=self.options.config,
         )
+        worker.asker.background = True  # a slow extender delays only the pods it judges
+        return worker
 
     def _coordinator_metrics(self, worker: ControlWorker) -> None:
         """Counters from the fold's totals: a rebuilt fold counts from zero again, so
@@ -560,6 +562,13 @@ class Service:
             )
         worker.commit_seconds.clear()
 
+    def _extender_stat(self, shard: int, what: str) -> Callable[[], float]:
+        def read() -> float:
+            worker = self.workers.get(shard)
+            return float(getattr(worker.asker.stats, what)) if worker is not None else 0.0
+
+        return read
+
     async def _shard(self, shard: int) -> None:
         options = self.options
         config = options.config or default_config()
@@ -584,6 +593,17 @@ class Service:
             lambda: float(len(self.workers[shard].quarantined)) if shard in self.workers else 0.0,
             {"role": f"shard-{shard}"},
         )
+        for what, help_ in (
+            ("calls", "HTTP calls to extenders (filter and prioritize verbs)."),
+            ("failures", "Extender calls that failed (time-out, error, malformed answer)."),
+            ("timeouts", "Extender calls that got no answer within httpTimeout."),
+        ):
+            self.metrics.gauge(
+                f"extender_{what}",
+                help_,
+                self._extender_stat(shard, what),
+                {"role": f"shard-{shard}"},
+            )
         backoff = options.poll_interval
         worker: ShardWorker | None = None
         self.alive[f"shard-{shard}"] = time.monotonic()
@@ -600,6 +620,7 @@ class Service:
                         snapshot_every=options.snapshot_every,
                         snapshot_per_pod=options.snapshot_per_pod,
                     )
+                    worker.asker.background = True  # a slow extender delays its pods only
                     if not self.routed and shard not in self.workers:
                         # one shard: it records its own configuration (several: ingest)
                         await bus.append(

@@ -33,7 +33,7 @@ from events.types import (
     is_decision,
     is_output_of,
 )
-from shards.extenders.client import ExtenderClient, send_asks
+from shards.extenders.client import Asker
 
 logger = logging.getLogger(__name__)
 SNAPSHOT_EVERY = 50_000
@@ -89,14 +89,14 @@ class ShardWorker:
         runs that pass even if nothing new arrives."""
         self.quarantined: set[int] = set()
         """Offsets of the records of this partition skipped and recorded as such."""
-        self.extender_client: ExtenderClient | None = None
-        """Calls the HTTP extenders (made at the first ask)."""
+        self.asker = Asker()
+        """Calls the HTTP extenders (``background`` in the service)."""
 
     def __repr__(self) -> str:
         return f"ShardWorker({self.name}, position={self.position}, passes={self.passes})"
 
     def stats(self) -> dict[str, float]:
-        extenders = self.extender_client.stats.as_dict() if self.extender_client else {}
+        extenders = self.asker.stats.as_dict() if self.asker.stats.calls else {}
         return {
             "position": self.position,
             "passes": self.passes,
@@ -166,6 +166,7 @@ class ShardWorker:
         }
         await worker._quarantine(unreadable + result.engine.unfolded)
         worker.restored_from = found[0].offset if resume is not None and found else -1
+        worker.engine.extenders.unanswered()  # asks the log holds no answer to: sent again
         last_pass = max(
             (e.causation for e in records if e.producer == name and is_decision(e.event)),
             default=-1,
@@ -184,7 +185,7 @@ class ShardWorker:
             self.position = position
             await self._quarantine(unreadable)
         if not records and owed < 0:
-            return 0
+            return await self._ask_extenders()  # (a recovered worker's unanswered asks)
         engine = self.engine
         last_input = owed
         name = self.name
@@ -230,12 +231,9 @@ class ShardWorker:
         pass, producer ``shard-N/extenders``) are appended to the partition."""
         if not self.engine.extenders.outbox:
             return 0
-        if self.extender_client is None:
-            self.extender_client = ExtenderClient()
-        return await send_asks(
+        return await self.asker.run(
             self.engine,
             self.engine.config.extenders,
-            self.extender_client,
             self.log,
             self.partition,
             f"{self.name}/extenders",

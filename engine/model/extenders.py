@@ -69,6 +69,11 @@ class ExtenderBook:
         out, self.outbox = self.outbox, []
         return out
 
+    def unanswered(self) -> None:
+        """After a recovery (a replay of the log): keep in the outbox only the asks still
+        waiting for an answer, to be sent (again)."""
+        self.outbox = [a for a in self.outbox if self.waiting.get(a.pod) is a]
+
     def answered(self, event: ExtenderAnswered) -> list[str]:
         """Fold an answer; the units it completes (to put back in the queue)."""
         wake = []
