@@ -10,6 +10,7 @@ a whole batch).
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.config import SchedulerConfig, parse_config
 from engine.engine import Engine
 from engine.plugins import kernels
 from events.log import EventLog
@@ -49,6 +51,30 @@ class LoadShape:
     """At most this many batches submitted and not yet decided (0: no limit, every
     batch as fast as the log takes it). 1, a closed loop, measures latency as a
     batch's time through the system; more keeps every stage busy."""
+    extender: str = ""
+    """An extender's URL prefix: every pod is asked about (filter and prioritize)."""
+    node_names: bool = False
+    """The extender is ``nodeCacheCapable`` (sent node names, not whole nodes)."""
+
+
+def extender_config(shape: LoadShape) -> SchedulerConfig | None:
+    """The configuration of a run with ``shape.extender`` (None without one)."""
+    if not shape.extender:
+        return None
+    entry = {
+        "urlPrefix": shape.extender,
+        "filterVerb": "filter",
+        "prioritizeVerb": "prioritize",
+        "weight": 1,
+        "nodeCacheCapable": shape.node_names,
+    }
+    return parse_config(
+        {
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "extenders": [entry],
+        }
+    )
 
 
 async def run_loadtest(
@@ -58,9 +84,11 @@ async def run_loadtest(
     nodes = basic_nodes(shape.nodes, rng)
     batches = _batches(shape, rng)
     kernels.warm_up()  # its one-time load is not what the run measures
-    engine = Engine()
+    config = extender_config(shape)
+    engine = Engine(config)
     worker = ShardWorker(engine, log)
-    await log.append([Envelope(event=SchedulerConfigured(), producer="ingest")])
+    recorded = json.dumps(config.source, sort_keys=True) if config and config.source else ""
+    await log.append([Envelope(event=SchedulerConfigured(config=recorded), producer="ingest")])
     await log.append([Envelope(event=NodeAdded(node=n), producer="ingest") for n in nodes])
     await worker.poll()
     total = sum(sum(1 for e in b if isinstance(e, PodSubmitted)) for b in batches)
@@ -76,6 +104,8 @@ async def run_loadtest(
         if not last and (not shape.window or len(waiting) < shape.window):
             continue
         await worker.poll()  # one pass decides every batch appended so far
+        while engine.extenders.waiting:
+            await worker.poll()  # (with an extender: the pass after its answers decides)
         decided = time.perf_counter()
         for pods_in_chunk, submitted in waiting:
             latencies[done : done + pods_in_chunk] = decided - submitted
@@ -107,6 +137,7 @@ async def run_loadtest(
         "cpu_seconds": {"process": round(cpu, 3)},
         "cpu_microseconds_per_pod": round(cpu * 1e6 / max(total, 1), 1),
         "events": len(records),
+        **({"extender": worker.stats()} if shape.extender else {}),
     }
 
 

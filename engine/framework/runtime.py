@@ -359,11 +359,17 @@ class Framework:
         feasible: Bools,
         keep: dict[str, Ints] | None = None,
         shape: _ShapeEntry | None = None,
+        final: Bools | None = None,
     ) -> tuple[Ints, int]:
         """``where(feasible, weighted total, -1)`` over all slots, and the part of the
         total that is the same on every node (kept apart: it cannot change the choice).
+        With ``final`` (a subset of ``feasible``: what extenders let through), the
+        scores that look beyond one node see ``final``, and the result is masked by it.
         """
         masked = self._local_masked(cycle, pod, state, feasible, shape, keep)
+        if final is not None:
+            feasible = final
+            masked = np.where(final, masked, -1)
         constant = 0
         extra: Ints | None = None
         for entry in self._global_scores:
@@ -457,7 +463,7 @@ class Framework:
             return Attempt(-1, status, diagnosis=Diagnosis(nodes=len(state.index), status=status))
         passed = feasible
         if verdict is not None and verdict.mask is not None:
-            feasible, shape = feasible & verdict.mask, None
+            feasible = feasible & verdict.mask
         if not any_set(feasible):
             failure = self.diagnose(cycle, pod, state)
             if verdict is not None and any_set(passed):
@@ -482,7 +488,10 @@ class Framework:
             if not status.ok:
                 return Attempt(-1, status.with_plugin(pre.name))
         keep: dict[str, Ints] | None = {} if explain else None
-        masked, constant = self.score(cycle, pod, state, feasible, keep, shape)
+        if feasible is passed:
+            masked, constant = self.score(cycle, pod, state, feasible, keep, shape)
+        else:  # local scores as kept for the shape, the rest over what the extenders left
+            masked, constant = self.score(cycle, pod, state, passed, keep, shape, feasible)
         if verdict is not None and verdict.scores is not None:
             masked = np.where(feasible, masked + verdict.scores, -1)
             if keep is not None:

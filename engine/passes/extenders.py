@@ -108,10 +108,26 @@ def verdict_for(
     ask = p.e.extenders.ready.pop(pod.key, None)
     if ask is None:
         return None
-    return build_verdict(ask, extenders, p.e.state)
+    # pods asked about together share their answers (the same records): one verdict
+    key = (
+        tuple(id(ask.answers.get(x.url_prefix)) for x in extenders),
+        tuple(x.url_prefix for x in extenders),
+        p.e.state.static_version,
+    )
+    verdict = p.extender_verdicts.get(key)
+    if verdict is None:
+        verdict = p.extender_verdicts[key] = build_verdict(ask, extenders, p.e.state)
+    return verdict
+
+
+def _slots(names: tuple[str, ...] | list[str], index: dict[str, int]) -> list[int]:
+    get = index.get
+    return [slot for slot in map(get, names) if slot is not None]
 
 
 def build_verdict(ask: Ask, extenders: tuple[ExtenderConfig, ...], state: ClusterState) -> Verdict:
+    """What ``ask``'s answers say, over the nodes as they are in ``state`` (the answers
+    are the runtime's records: only the nodes it sent are named in them)."""
     verdict = Verdict()
     index = state.index
     unresolvable = True
@@ -128,37 +144,31 @@ def build_verdict(ask: Ask, extenders: tuple[ExtenderConfig, ...], state: Cluste
             continue  # ignorable, or only prioritize (kube-scheduler skips it)
         if ext.filter_verb and answer.passed is not None:
             mask = np.zeros(state.capacity, dtype=np.bool_)
-            sent = frozenset(answer.nodes)
-            for node in answer.passed:
-                slot = index.get(node)
-                if slot is not None and node in sent:
-                    mask[slot] = True
+            mask[_slots(answer.passed, index)] = True
             verdict.mask = mask if verdict.mask is None else verdict.mask & mask
             reasons: dict[str, int] = {}
-            for node, why in sorted(answer.failed.items()):
-                if node in sent:
-                    reasons[why or f"rejected by {ext.name}"] = (
-                        reasons.get(why or f"rejected by {ext.name}", 0) + 1
-                    )
-                    unresolvable = False
-            for node, why in sorted(answer.unresolvable.items()):
-                if node in sent:
-                    reasons[why or f"rejected by {ext.name}"] = (
-                        reasons.get(why or f"rejected by {ext.name}", 0) + 1
-                    )
+            fallback = f"rejected by {ext.name}"
+            for why in answer.failed.values():
+                reasons[why or fallback] = reasons.get(why or fallback, 0) + 1
+            for why in answer.unresolvable.values():
+                reasons[why or fallback] = reasons.get(why or fallback, 0) + 1
+            if answer.failed:
+                unresolvable = False
             named = len(answer.passed) + len(answer.failed) + len(answer.unresolvable)
-            if named < len(sent):
-                reasons[f"not returned by {ext.name}"] = len(sent) - named
+            if named < len(answer.nodes):
+                reasons[f"not returned by {ext.name}"] = len(answer.nodes) - named
                 unresolvable = False
             if reasons:
                 verdict.rejections[name] = reasons
         if ext.prioritize_verb and answer.scores:
+            hosts = list(answer.scores)
+            get = index.get
+            slots = [get(h) for h in hosts]
+            keep = [i for i, slot in enumerate(slots) if slot is not None]
+            values = np.fromiter(answer.scores.values(), dtype=np.int64, count=len(hosts))
             scores = np.zeros(state.capacity, dtype=np.int64)
-            for node, score in answer.scores.items():
-                slot = index.get(node)
-                if slot is not None:
-                    clipped = min(max(score, 0), MAX_EXTENDER_PRIORITY)
-                    scores[slot] = clipped * ext.weight * SCALE
+            clipped = np.clip(values[keep], 0, MAX_EXTENDER_PRIORITY)
+            scores[[s for s in slots if s is not None]] = clipped * ext.weight * SCALE
             verdict.scores = scores if verdict.scores is None else verdict.scores + scores
     verdict.unresolvable = unresolvable and bool(verdict.rejections)
     return verdict

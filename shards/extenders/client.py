@@ -38,9 +38,10 @@ from events.log import EventLog
 from events.types import Envelope, ExtenderAnswered, PodSpec
 from shards.extenders.wire import (
     MAX_ANSWER_BYTES,
+    NodeListCache,
     NodeRenderer,
     WireError,
-    args_json,
+    args_bytes,
     filter_result,
     pod_json,
     priority_list,
@@ -104,6 +105,7 @@ class ExtenderClient:
     def __init__(self, concurrency: int = CONCURRENCY) -> None:
         self.stats = ExtenderStats()
         self.nodes = NodeRenderer()
+        self.lists = NodeListCache(self.nodes)
         self._limit = asyncio.Semaphore(concurrency)
         self._ssl: dict[str, ssl.SSLContext | bool] = {}
 
@@ -131,11 +133,9 @@ class ExtenderClient:
                         timeout=timeout,
                         ssl=tls,
                     ) as response:
-                        raw = await response.content.read(MAX_ANSWER_BYTES + 1)
                         if response.status != 200:
                             raise CallFailed(f"{verb}: HTTP {response.status}")
-                        if len(raw) > MAX_ANSWER_BYTES:
-                            raise CallFailed(f"{verb}: answer larger than {MAX_ANSWER_BYTES} bytes")
+                        raw = await _read_body(response, verb)
                         try:
                             return orjson.loads(raw)
                         except orjson.JSONDecodeError as exc:
@@ -173,16 +173,14 @@ class ExtenderClient:
     ) -> dict[str, tuple[tuple[str, ...], ExtenderAnswered]]:
         """Ask ``extenders`` about one pod on ``nodes``; per extender, the answer (with
         ``pods`` and ``asked`` left for the caller)."""
-        pod = pod_json(spec)
+        pod = orjson.dumps(pod_json(spec))
         out: dict[str, tuple[tuple[str, ...], ExtenderAnswered]] = {}
         current = nodes
         stop = ""
 
         def args(ext: ExtenderConfig, names: tuple[str, ...]) -> bytes:
-            docs = None
-            if not ext.node_cache_capable:
-                docs = [d for n in names if (d := self.nodes.node(state, n)) is not None]
-            return orjson.dumps(args_json(pod, list(names), docs))
+            items = None if ext.node_cache_capable else self.lists.items(state, names)
+            return args_bytes(pod, names, items)
 
         for ext in extenders:
             if not ext.filter_verb:
@@ -320,6 +318,21 @@ class ExtenderClient:
                     )
                 out.append(_for(result[url][1], pods, asked))
         return out
+
+
+async def _read_body(response: aiohttp.ClientResponse, verb: str) -> bytes:
+    """The whole answer, refused past :data:`MAX_ANSWER_BYTES`."""
+    length = response.content_length
+    if length is not None and length > MAX_ANSWER_BYTES:
+        raise CallFailed(f"{verb}: answer larger than {MAX_ANSWER_BYTES} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > MAX_ANSWER_BYTES:
+            raise CallFailed(f"{verb}: answer larger than {MAX_ANSWER_BYTES} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _anonymous(spec: PodSpec) -> bytes:

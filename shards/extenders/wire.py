@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+import orjson
+
 from engine.model.state import ClusterState
 from events.types import PodSpec
 from shards.inputs.quantity import format_quantity
@@ -33,8 +35,10 @@ class WireError(ValueError):
 
 def get(doc: Mapping[str, Any], key: str) -> Any:
     """``doc[key]``, the key matched case-insensitively as Go's ``encoding/json`` does."""
-    if key in doc:
+    try:
         return doc[key]
+    except KeyError:
+        pass
     low = key.lower()
     for k, v in doc.items():
         if isinstance(k, str) and k.lower() == low:
@@ -124,6 +128,40 @@ class NodeRenderer:
         return doc
 
 
+class NodeListCache:
+    """The encoded ``items`` of the ``NodeList`` sent for one list of node names, reused
+    while no node changes (asks of several pod shapes often name the same nodes)."""
+
+    def __init__(self, renderer: NodeRenderer, size: int = 16) -> None:
+        self.renderer = renderer
+        self.size = size
+        self._version = -1
+        self._lists: dict[tuple[str, ...], bytes] = {}
+
+    def items(self, state: ClusterState, names: tuple[str, ...]) -> bytes:
+        if state.static_version != self._version:
+            self._lists.clear()
+            self._version = state.static_version
+        hit = self._lists.get(names)
+        if hit is None:
+            docs = [d for n in names if (d := self.renderer.node(state, n)) is not None]
+            hit = orjson.dumps(docs)
+            if len(self._lists) >= self.size:
+                self._lists.pop(next(iter(self._lists)))
+            self._lists[names] = hit
+        return hit
+
+
+def args_bytes(pod: bytes, names: tuple[str, ...], items: bytes | None) -> bytes:
+    """``ExtenderArgs`` encoded: with ``items`` (encoded nodes) the ``Nodes`` list, else
+    ``NodeNames``."""
+    if items is None:
+        return b'{"Pod":' + pod + b',"Nodes":null,"NodeNames":' + orjson.dumps(names) + b"}"
+    return (
+        b'{"Pod":' + pod + b',"Nodes":{"apiVersion":"v1","kind":"NodeList","items":' + items + b"}}"
+    )
+
+
 def args_json(
     pod: dict[str, Any], nodes: list[str], node_docs: list[dict[str, Any]] | None
 ) -> dict[str, Any]:
@@ -158,9 +196,12 @@ def node_names(result: Mapping[str, Any], field: str = "") -> list[str] | None:
         raise WireError(f"{field}Nodes must be a NodeList with items")
     out = []
     for i, item in enumerate(items):
-        meta = get(item, "metadata") if isinstance(item, dict) else None
-        name = get(meta, "name") if isinstance(meta, dict) else None
-        if not isinstance(name, str) or not name:
+        try:
+            name = item["metadata"]["name"]
+        except (KeyError, TypeError):
+            meta = get(item, "metadata") if isinstance(item, dict) else None
+            name = get(meta, "name") if isinstance(meta, dict) else None
+        if type(name) is not str or not name:
             raise WireError(f"{field}Nodes.items[{i}].metadata.name must be a string")
         out.append(name)
     return out
@@ -189,12 +230,15 @@ def priority_list(doc: Any) -> dict[str, int]:
     if not isinstance(doc, list):
         raise WireError("a HostPriorityList must be a JSON array")
     out: dict[str, int] = {}
-    for i, item in enumerate(doc):
-        host = get(item, "Host") if isinstance(item, dict) else None
-        score = get(item, "Score") if isinstance(item, dict) else None
-        if not isinstance(host, str) or not isinstance(score, int) or isinstance(score, bool):
-            raise WireError(f"[{i}] must be {{Host: string, Score: integer}}")
-        if not -(2**63) <= score < 2**63:
-            raise WireError(f"[{i}].Score is out of the 64-bit range")
+    for item in doc:
+        try:
+            host, score = item["Host"], item["Score"]
+        except (KeyError, TypeError):
+            host = get(item, "Host") if isinstance(item, dict) else None
+            score = get(item, "Score") if isinstance(item, dict) else None
+        if type(host) is not str or type(score) is not int:
+            raise WireError(f"[{len(out)}] must be {{Host: string, Score: integer}}")
         out[host] = score
+    if out and not -(2**63) <= min(out.values()) <= max(out.values()) < 2**63:
+        raise WireError("a Score is out of the 64-bit range")
     return out
