@@ -57,6 +57,7 @@ from shards.commands import (
     snapshot_option,
     snapshots,
 )
+from shards.extenders import command as extender_command
 from shards.inputs.scenario import load_config, load_scenario, load_sharding
 from shards.simulate import simulate
 
@@ -264,6 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
     work.add_argument("--config", help="KubeSchedulerConfiguration YAML (shards)")
     snapshot_option(work)
     logserve.add_arguments(sub.add_parser(logserve.NAME, help=logserve.HELP))
+    extender_command.add_arguments(
+        sub.add_parser(extender_command.NAME, help=extender_command.HELP)
+    )
 
     kafka = sub.add_parser("kafka", help="manage the Kafka topics shoal uses")
     kafka_sub = kafka.add_subparsers(dest="kafka_command", required=True, metavar="ACTION")
@@ -361,8 +365,9 @@ _COMMANDS = {
     "serve": _serve,
     "worker": _worker,
     logserve.NAME: logserve.run,
+    extender_command.NAME: extender_command.run,
 }
-BUILT_IN = ("simulate", "replay", "serve", "worker", logserve.NAME, "kafka")
+BUILT_IN = ("simulate", "replay", "serve", "worker", logserve.NAME, "kafka", extender_command.NAME)
 
 
 @functools.cache
