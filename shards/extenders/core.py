@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+import msgspec
 import numpy as np
 
 from engine.config import SchedulerConfig
@@ -26,14 +27,17 @@ from events.types import (
     Envelope,
     Event,
     ExtenderAnswered,
+    GroupSpec,
     NodeAdded,
     NodeSpec,
     NodeUpdated,
     PodBound,
+    PodGroupSubmitted,
     PodSpec,
     PodSubmitted,
 )
 from shards import plugins
+from shards.inputs.groups import group_membership
 from shards.inputs.objects import node_spec, pod_spec
 
 PRODUCER: Final = "extender"
@@ -88,8 +92,23 @@ class ExtenderCore:
         self.record(NodeAdded(node=spec) if known is None else NodeUpdated(node=spec), now)
 
     def learn_pod(self, doc: Mapping[str, Any], now: int) -> PodSpec:
-        """The request's pod (recorded when new or changed)."""
+        """The request's pod (recorded when new or changed); a group it names by the
+        older labels, with ``min-available``, is recorded too (a PodGroup comes from
+        ``--objects``)."""
         spec = _spec_of(doc)
+        group, minimum = group_membership(doc)
+        if group:
+            spec = msgspec.structs.replace(spec, group=group)
+            if minimum is not None and group not in self.engine.groups:
+                namespace, name = group.split("/", 1)
+                self.record(
+                    PodGroupSubmitted(
+                        group=GroupSpec(
+                            namespace=namespace, name=name, min_member=minimum, source="labels"
+                        )
+                    ),
+                    now,
+                )
         known = self.engine.pods.get(spec.key)
         if known is None or known.spec != spec:
             self.record(PodSubmitted(pod=spec), now)
