@@ -363,6 +363,9 @@ def extender_answered(m: ShardModel, event: ExtenderAnswered) -> None:
     for unit in m.extenders.answered(event):
         if unit in m.pods or (is_group_unit(unit) and unit[1:] in m.groups):
             m.dirty[unit] = None
+    for pod in event.pods:
+        if pod not in m.pods:
+            m.extenders.forget(pod)  # gone meanwhile: nothing will use the answer
 
 
 HANDLERS: Final[dict[type, Callable[[ShardModel, Any], None]]] = {
