@@ -55,7 +55,16 @@ _FIELDS: Final = {
 }
 _TLS: Final = {"insecure", "serverName", "caFile", "caData", "certFile", "keyFile"}
 _TLS_REFUSED: Final = {"certData", "keyData"}
-_DURATION: Final = re.compile(r"^(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?(?:(\d+)ms)?$")
+_DURATION_PART: Final = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_NS: Final = {
+    "ns": 1,
+    "us": 1_000,
+    "µs": 1_000,
+    "ms": 1_000_000,
+    "s": 1_000_000_000,
+    "m": 60_000_000_000,
+    "h": 3_600_000_000_000,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,11 +134,17 @@ def _str(raw: dict[str, Any], key: str, where: str) -> str:
 def parse_duration(value: Any, where: str) -> int:
     """``httpTimeout``: a Go duration string (``"5s"``, ``"1m30s"``, ``"500ms"``) as in a
     ``KubeSchedulerConfiguration``, or integer nanoseconds as in a legacy ``Policy``."""
+    text = value.strip() if isinstance(value, str) else None
     if isinstance(value, int) and not isinstance(value, bool):
         ns = value
-    elif isinstance(value, str) and (m := _DURATION.match(value.strip())) and value.strip():
-        h, mi, s, ms = (int(g) if g else 0 for g in m.groups())
-        ns = ((h * 60 + mi) * 60 + s) * 1_000_000_000 + ms * 1_000_000
+    elif text and len(text) <= 64 and _DURATION_PART.sub("", text) == "":
+        ns = 0
+        for number, unit in _DURATION_PART.findall(text):
+            whole, _, fraction = number.partition(".")
+            scale = _UNIT_NS[unit]
+            ns += int(whole or 0) * scale + int(fraction or 0) * scale // 10 ** len(fraction)
+    elif text == "0":
+        ns = 0
     else:
         raise InputError(
             f"must be a duration such as '5s' or '500ms' (or nanoseconds), got {value!r}",

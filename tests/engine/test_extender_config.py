@@ -105,12 +105,37 @@ def test_duplicate_url_prefixes_are_refused() -> None:
         parse_config(doc(entry, entry), "")
 
 
-@given(st.integers(0, 3600), st.integers(0, 999))
-def test_durations_read_as_go_writes_them(seconds: int, millis: int) -> None:
-    text = f"{seconds}s{millis}ms" if millis else f"{seconds}s"
-    expected = seconds * 10**9 + millis * 10**6
-    assert parse_duration(text, "t") == (expected or DEFAULT_TIMEOUT_NS)
-    assert parse_duration(expected, "t") == (expected or DEFAULT_TIMEOUT_NS)
+def go_duration(ns: int) -> str:
+    """How Go's ``time.Duration.String`` writes ``ns`` (``1h2m3.5s``, ``1.5ms``)."""
+    if ns == 0:
+        return "0s"
+    if ns < 1_000_000_000:
+        for unit, scale in (("ms", 10**6), ("µs", 10**3), ("ns", 1)):
+            if ns >= scale:
+                whole, rest = divmod(ns, scale)
+                digits = len(str(scale)) - 1
+                fraction = f"{rest:0{digits}d}".rstrip("0") if digits else ""
+                return f"{whole}.{fraction}{unit}" if fraction else f"{whole}{unit}"
+    h, rest = divmod(ns, 3600 * 10**9)
+    m, rest = divmod(rest, 60 * 10**9)
+    s, frac = divmod(rest, 10**9)
+    fraction = f"{frac:09d}".rstrip("0")
+    text = f"{s}.{fraction}s" if fraction else f"{s}s"
+    if h:
+        return f"{h}h{m}m{text}"
+    return f"{m}m{text}" if m else text
+
+
+@given(st.integers(0, 3600 * 10**9))
+def test_durations_read_as_go_writes_them(ns: int) -> None:
+    assert parse_duration(go_duration(ns), "t") == (ns or DEFAULT_TIMEOUT_NS)
+    assert parse_duration(ns, "t") == (ns or DEFAULT_TIMEOUT_NS)
+
+
+@pytest.mark.parametrize("text", ["", "5", "s", "1x", "-1s", "1.2.3s", "5s junk"])
+def test_other_durations_are_refused(text: str) -> None:
+    with pytest.raises(InputError, match="duration"):
+        parse_duration(text, "t")
 
 
 SEED_POLICY = {
