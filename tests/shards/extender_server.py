@@ -9,6 +9,7 @@ fail with. Every request body is kept (``calls``) for the test to look at.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -38,6 +39,7 @@ class ExtenderServer:
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
     _runner: web.AppRunner | None = None
+    _stopping: asyncio.Event | None = None
 
     @property
     def url(self) -> str:
@@ -51,8 +53,9 @@ class ExtenderServer:
         body = await request.json()
         self.calls.append((verb, body))
         b = self.behaviour
-        if b.delay:
-            await asyncio.sleep(b.delay)
+        if b.delay and self._stopping is not None:
+            with contextlib.suppress(TimeoutError):  # (cut short when the server stops)
+                await asyncio.wait_for(self._stopping.wait(), b.delay)
         if b.status != 200:
             return web.Response(status=b.status, text="failing on purpose")
         if body.get("NodeNames") is not None:
@@ -84,6 +87,7 @@ class ExtenderServer:
         def run() -> None:
             loop = asyncio.new_event_loop()
             self._loop = loop
+            self._stopping = asyncio.Event()
             app = web.Application()
             app.router.add_post("/{verb}", self._answer)
             runner = web.AppRunner(app)
@@ -107,6 +111,8 @@ class ExtenderServer:
 
     def stop(self) -> None:
         if self._loop is not None and self._thread is not None:
+            if self._stopping is not None:
+                self._loop.call_soon_threadsafe(self._stopping.set)
             self._loop.call_soon_threadsafe(self._loop.stop)
             deadline = time.monotonic() + 30
             self._thread.join(max(deadline - time.monotonic(), 0))

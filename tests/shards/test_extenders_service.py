@@ -100,3 +100,41 @@ async def test_a_recovered_worker_sends_again_what_was_never_answered(
     await until(placed, second)
     answers = [e.event for e in await log.read(0, 0) if isinstance(e.event, ExtenderAnswered)]
     assert [a.pods for a in answers] == [("default/p",)]
+
+
+async def test_a_hanging_extender_delays_only_the_pods_of_the_profiles_it_serves(
+    extender: ExtenderServer,
+) -> None:
+    extender.behaviour.delay = 30  # it answers nothing in time
+    engine = Engine(
+        parse_config(
+            {
+                "apiVersion": "kubescheduler.config.k8s.io/v1",
+                "kind": "KubeSchedulerConfiguration",
+                "profiles": [{"schedulerName": "default-scheduler"}, {"schedulerName": "guarded"}],
+                "extenders": [
+                    {
+                        "urlPrefix": extender.url,
+                        "filterVerb": "filter",
+                        "httpTimeout": "20s",
+                        "profiles": ["guarded"],
+                    }
+                ],
+            }
+        )
+    )
+    log = MemoryLog()
+    events = [make_node(n).cpu(8).memory("8Gi").added() for n in ("a", "b")]
+    events.append(make_pod("slow").cpu(1).scheduler("guarded").submitted())
+    await log.append([Envelope(event=e, producer="ingest") for e in events])
+    worker = ShardWorker(engine, log)
+    worker.asker.background = True
+    await worker.poll()  # "slow" is asked about, in the background
+    await log.append([Envelope(event=make_pod("free").cpu(1).submitted(), producer="ingest")])
+
+    async def free_placed() -> bool:
+        return "default/free" in await bound(log)
+
+    await until(free_placed, worker)  # long before the extender's 20 s are up
+    assert "default/slow" not in await bound(log)
+    await worker.asker.close()
