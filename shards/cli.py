@@ -44,6 +44,7 @@ from events.errors import (
     StuckError,
     cause,
 )
+from shards import extendercmd as extender_command
 from shards import logserve, render
 from shards.bus import check_new_log, open_bus
 from shards.commands import (
@@ -57,7 +58,6 @@ from shards.commands import (
     snapshot_option,
     snapshots,
 )
-from shards.extenders import command as extender_command
 from shards.inputs.scenario import load_config, load_scenario, load_sharding
 from shards.simulate import simulate
 

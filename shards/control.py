@@ -54,7 +54,7 @@ from shards.coordinator.snapshot import (
     restore_coordinator,
     snapshot_coordinator,
 )
-from shards.extenders.client import Asker
+from shards.extenders.asker import Asker
 from shards.worker import append_quarantined, append_snapshot, newest_snapshot, snapshot_due
 
 logger = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ from events.types import (
     is_decision,
     is_output_of,
 )
-from shards.extenders.client import Asker
+from shards.extenders.asker import Asker
 
 logger = logging.getLogger(__name__)
 SNAPSHOT_EVERY = 50_000

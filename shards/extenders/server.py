@@ -20,7 +20,8 @@ the order they asked), or with an ``Error`` after ``--gang-wait`` seconds (kube-
 then unreserves the pod and tries again). Bindings are made through the API server
 (``--kubeconfig``/``--host``); without either, they are only recorded (a dry run, for
 tests). Shoal sees the room a node has left through the bindings it makes: make it the
-binder (``bindVerb``) of the pods it judges.
+binder (``bindVerb``) of the pods it judges. It does not watch the cluster (yet): a pod
+that finishes or is deleted still counts on its node until the server restarts.
 
 Bad requests (not JSON, wrong types, missing fields, over ``--max-body`` bytes) get a
 4xx with a one-line reason; an unexpected failure is a 500, logged; the server goes on.

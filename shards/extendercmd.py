@@ -1,4 +1,5 @@
-"""``shoal extender``: the command line of :mod:`shards.extenders.server`."""
+"""``shoal extender``: the command line of :mod:`shards.extenders.server` (and of its
+``--verify``)."""
 
 from __future__ import annotations
 
