@@ -269,3 +269,29 @@ def test_wrong_types_anywhere_never_crash_it(
     status, _ = served.post(verb, body)
     assert status == 200 or 400 <= status < 500
     assert served.proc.poll() is None
+
+
+def test_elastic_quotas_of_objects_hold_a_namespace_to_its_max(tmp_path: Path) -> None:
+    objects = tmp_path / "objects.yaml"
+    objects.write_text(
+        "apiVersion: scheduling.x-k8s.io/v1alpha1\n"
+        "kind: ElasticQuota\n"
+        "metadata: {name: quota, namespace: default}\n"
+        "spec:\n"
+        '  min: {cpu: "2"}\n'
+        '  max: {cpu: "3"}\n'
+    )
+    s = start(tmp_path, "--objects", str(objects))
+    try:
+        status, result = s.post("filter", args(pod("first", "2")))
+        assert [n["metadata"]["name"] for n in result["Nodes"]["items"]] == ["small", "big"]
+        binding = {"PodName": "first", "PodNamespace": "default", "PodUID": "", "Node": "big"}
+        assert s.post("bind", binding) == (200, {"Error": ""})
+        # 2 of the namespace's max 3 cpu are used: a pod of 2 more is over it everywhere
+        status, result = s.post("filter", args(pod("second", "2")))
+        assert status == 200
+        assert result["Nodes"]["items"] == []
+        assert all("ElasticQuota" in why for why in result["FailedNodes"].values())
+    finally:
+        stop(s)
+    verify(s.log)

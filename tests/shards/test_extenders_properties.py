@@ -32,7 +32,7 @@ def extender() -> Iterator[ExtenderServer]:
 
 
 @st.composite
-def runs(draw: Any) -> tuple[Scenario, frozenset[str], int]:
+def runs(draw: Any) -> tuple[Scenario, frozenset[str], int, int]:
     items: list[tuple[int, Any]] = []
     nodes = [f"n{i}" for i in range(draw(st.integers(1, 5)))]
     for name in nodes:
@@ -46,7 +46,12 @@ def runs(draw: Any) -> tuple[Scenario, frozenset[str], int]:
     accepted = frozenset(draw(st.lists(st.sampled_from(nodes), unique=True)))
     events = [TimedEvent(t * SECOND, i, e) for i, (t, e) in enumerate(items)]
     events.sort(key=lambda e: (e.time, e.order))
-    return Scenario(events=events), accepted, draw(st.sampled_from([1, 2]))
+    return (
+        Scenario(events=events),
+        accepted,
+        draw(st.sampled_from([1, 2])),
+        draw(st.sampled_from([0, 4])),
+    )
 
 
 @settings(
@@ -54,9 +59,9 @@ def runs(draw: Any) -> tuple[Scenario, frozenset[str], int]:
 )
 @given(runs())
 async def test_no_pod_lands_where_the_extender_said_no(
-    extender: ExtenderServer, run: tuple[Scenario, frozenset[str], int]
+    extender: ExtenderServer, run: tuple[Scenario, frozenset[str], int, int]
 ) -> None:
-    scenario, accepted, shards = run
+    scenario, accepted, shards, every = run
     extender.behaviour = Behaviour(reject=lambda n: "" if n in accepted else "refused")
     config = parse_config(
         {
@@ -68,7 +73,11 @@ async def test_no_pod_lands_where_the_extender_said_no(
     routed = shards > 1
     log = MemoryLog(shards + 1 if routed else 1)
     result = await simulate(
-        scenario, log, config, sharding=Sharding(shards=shards) if routed else None
+        scenario,
+        log,
+        config,
+        sharding=Sharding(shards=shards) if routed else None,
+        snapshot_every=every,  # (none while an ask is in flight)
     )
     records = await read_all(log)
     placed = [e.event.node for e in records if isinstance(e.event, PodBound)]
