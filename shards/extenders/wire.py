@@ -10,8 +10,9 @@ so the keys are the field names, and Go decodes them case-insensitively: so do w
 
 Pods and nodes are rendered from what shoal knows of them (:class:`PodSpec`, a shard's
 columns): metadata (name, namespace, uid, labels, annotations), the scheduler name,
-priority, node selector, tolerations and one container with the pod's requests; a
-node's labels, annotations, taints, ``unschedulable`` and allocatable (as capacity too).
+priority, node selector, node affinity, tolerations and one container with the pod's
+requests (host ports are not sent); a node's labels, annotations, taints,
+``unschedulable`` and allocatable (as capacity too).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any, Final
 import orjson
 
 from engine.model.state import ClusterState
-from events.types import PodSpec
+from events.types import NodeSelectorTerm, PodSpec
 from shards.inputs.quantity import format_quantity
 
 MAX_ANSWER_BYTES: Final = 64 << 20
@@ -80,7 +81,36 @@ def pod_json(spec: PodSpec) -> dict[str, Any]:
         ]
     if spec.priority_class:
         body["priorityClassName"] = spec.priority_class
+    affinity: dict[str, Any] = {}
+    if spec.required_affinity is not None:
+        affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {
+            "nodeSelectorTerms": [_term(t) for t in spec.required_affinity]
+        }
+    if spec.preferred_affinity:
+        affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [
+            {"weight": p.weight, "preference": _term(p.preference)} for p in spec.preferred_affinity
+        ]
+    if affinity:
+        body["affinity"] = {"nodeAffinity": affinity}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": body}
+
+
+def _term(term: NodeSelectorTerm) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, requirements in (
+        ("matchExpressions", term.match_expressions),
+        ("matchFields", term.match_fields),
+    ):
+        if requirements:
+            out[key] = [
+                {
+                    "key": r.key,
+                    "operator": r.operator,
+                    **({"values": list(r.values)} if r.values else {}),
+                }
+                for r in requirements
+            ]
+    return out
 
 
 class NodeRenderer:

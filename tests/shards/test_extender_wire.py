@@ -80,7 +80,15 @@ def test_args_are_kube_schedulers_extender_args() -> None:
     )
     node = make_node("n1").cpu(4).memory("8Gi").label("zone", "a").taint("gpu").added()
     engine.apply(Envelope(event=node))
-    spec = make_pod("p").cpu("1500m").memory("1Gi").tolerate("gpu").spec()
+    spec = (
+        make_pod("p")
+        .cpu("1500m")
+        .memory("1Gi")
+        .tolerate("gpu")
+        .require("zone", "In", "a", "b")
+        .prefer(5, "disk", "Exists")
+        .spec()
+    )
     pod = orjson.dumps(pod_json(spec))
     whole = orjson.loads(
         args_bytes(pod, ("n1",), NodeListCache(NodeRenderer()).items(engine.state, ("n1",)))
@@ -91,6 +99,21 @@ def test_args_are_kube_schedulers_extender_args() -> None:
         "memory": "1Gi",
     }
     assert whole["Pod"]["spec"]["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
+    assert whole["Pod"]["spec"]["affinity"] == {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a", "b"]}]}
+                ]
+            },
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 5,
+                    "preference": {"matchExpressions": [{"key": "disk", "operator": "Exists"}]},
+                }
+            ],
+        }
+    }
     (item,) = whole["Nodes"]["items"]
     assert item["metadata"]["labels"]["zone"] == "a"
     assert item["spec"]["taints"] == [{"key": "gpu", "effect": "NoSchedule"}]
