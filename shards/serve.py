@@ -70,6 +70,12 @@ from shards.processes import recorded_sharding, tick_if_due, warm_up_when_idle
 from shards.worker import ShardWorker
 
 log = logging.getLogger(__name__)
+EXTENDER_METRICS = {
+    "calls": "HTTP calls to extenders (filter and prioritize verbs).",
+    "failures": "Extender calls that failed (time-out, error, malformed answer).",
+    "timeouts": "Extender calls that got no answer within httpTimeout.",
+}
+"""The extender counts exported per role (``shoal_extender_calls{role="shard-0"}``...)."""
 ROLES = ("ingest", "shard", "coordinator", "binder", "all")
 
 
@@ -493,6 +499,13 @@ class Service:
         sharding = Sharding.from_json(recorded.config)  # checked at start: ours
         worker = self.coordinator = self._control_worker(sharding, bus)
         self._lag_gauge("coordinator", self.control_partition)
+        for what, help_ in EXTENDER_METRICS.items():
+            self.metrics.gauge(
+                f"extender_{what}",
+                help_,
+                self._coordinator_extender_stat(what),
+                {"role": "coordinator"},
+            )
         self.metrics.gauge(
             "records_quarantined",
             "Records skipped because they could not be decoded or folded (RecordQuarantined).",
@@ -562,6 +575,13 @@ class Service:
             )
         worker.commit_seconds.clear()
 
+    def _coordinator_extender_stat(self, what: str) -> Callable[[], float]:
+        def read() -> float:
+            worker = self.coordinator
+            return float(getattr(worker.asker.stats, what)) if worker is not None else 0.0
+
+        return read
+
     def _extender_stat(self, shard: int, what: str) -> Callable[[], float]:
         def read() -> float:
             worker = self.workers.get(shard)
@@ -593,11 +613,7 @@ class Service:
             lambda: float(len(self.workers[shard].quarantined)) if shard in self.workers else 0.0,
             {"role": f"shard-{shard}"},
         )
-        for what, help_ in (
-            ("calls", "HTTP calls to extenders (filter and prioritize verbs)."),
-            ("failures", "Extender calls that failed (time-out, error, malformed answer)."),
-            ("timeouts", "Extender calls that got no answer within httpTimeout."),
-        ):
+        for what, help_ in EXTENDER_METRICS.items():
             self.metrics.gauge(
                 f"extender_{what}",
                 help_,
