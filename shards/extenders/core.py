@@ -177,7 +177,10 @@ class ExtenderCore:
             feasible = np.zeros(state.capacity, dtype=np.bool_)
             feasible[known] = True
             cycle = CycleState()
-            if framework.run_pre_filters(cycle, pod, state).ok:
+            ready = framework.run_pre_filters(cycle, pod, state).ok and all(
+                pre.pre_score(cycle, pod, state, feasible).ok for pre in framework.pre_scores
+            )
+            if ready:
                 masked, _ = framework.score(cycle, pod, state, feasible)
                 totals = masked[known]
                 low, high = int(totals.min()), int(totals.max())
