@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from engine.extenders import ExtenderConfig, parse_extenders
 from engine.model.retention import RETENTION_SECONDS
 from engine.model.topology import Topology, parse_topology
 from events.errors import InputError
@@ -109,6 +110,10 @@ class SchedulerConfig:
     topology: Topology = field(default_factory=Topology)
     """Network topology levels (``topology``, a shoal field; see
     :mod:`engine.model.topology`)."""
+    extenders: tuple[ExtenderConfig, ...] = ()
+    """HTTP extenders (:mod:`engine.extenders`), asked by the runtime between passes."""
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+    """Fields accepted but not acted on, each naming the field."""
 
 
 def default_profile(name: str = DEFAULT_SCHEDULER) -> ProfileConfig:
@@ -301,6 +306,11 @@ def parse_config(raw: Any, where: str = "config") -> SchedulerConfig:
             "must not be less than podInitialBackoffSeconds",
             location=f"{where}.podMaxBackoffSeconds",
         )
+    extenders, warnings = parse_extenders(
+        raw.get("extenders"),
+        f"{where}.extenders" if where else "extenders",
+        tuple(p.scheduler_name for p in profiles),
+    )
     return SchedulerConfig(
         profiles,
         initial,
@@ -308,4 +318,6 @@ def parse_config(raw: Any, where: str = "config") -> SchedulerConfig:
         retention,
         source=raw,
         topology=parse_topology(raw.get("topology"), f"{where}.topology"),
+        extenders=extenders,
+        warnings=warnings,
     )

@@ -23,11 +23,13 @@ from engine.model.groups import (
     advance,
     group_is_over,
     group_unit,
+    is_group_unit,
 )
 from engine.model.reservations import COMMITTING, HELD, STAGING, Reservation, decision_id
 from engine.model.shard import ShardModel
 from events.types import (
     BindFailed,
+    ExtenderAnswered,
     NodeAdded,
     NodeRemoved,
     NodeUpdated,
@@ -375,6 +377,16 @@ def node_removed(m: ShardModel, event: NodeRemoved) -> None:
     m.state.remove_node(event.name)
 
 
+def extender_answered(m: ShardModel, event: ExtenderAnswered) -> None:
+    """An extender's answer: the unit whose last answer this is goes back to the queue."""
+    for unit in m.extenders.answered(event):
+        if unit in m.pods or (is_group_unit(unit) and unit[1:] in m.groups):
+            m.dirty[unit] = None
+    for pod in event.pods:
+        if pod not in m.pods:
+            m.extenders.forget(pod)  # gone meanwhile: nothing will use the answer
+
+
 HANDLERS: Final[dict[type, Callable[[ShardModel, Any], None]]] = {
     PodSubmitted: submitted,
     PodGroupSubmitted: ShardModel.group_submitted,
@@ -406,6 +418,7 @@ HANDLERS: Final[dict[type, Callable[[ShardModel, Any], None]]] = {
     NodeAdded: node_added,
     NodeUpdated: node_added,
     NodeRemoved: node_removed,
+    ExtenderAnswered: extender_answered,
 }
 """Event kind → fold. Kinds not listed (ticks, snapshots, configuration: the engine's
 own) only advance time."""

@@ -108,9 +108,11 @@ DERIVED: Final[dict[type, frozenset[str]]] = {
 cheaper than writing thousands of nested tuples)."""
 NOT_STATE: Final = frozenset(
     {"config", "profiles", "hints", "_registry", "dispatch", "explain", "explanations", "unfolded"}
+    | {"extenders"}
 )
 """Engine attributes rebuilt from the configuration (and the component that runs the
-engine), or diagnostics of one replay."""
+engine), or diagnostics of one replay. ``extenders`` (asks in flight): format 5 has no
+place for them, so the components write no snapshot while an ask is in flight."""
 MAX_DEPTH: Final = 64
 
 

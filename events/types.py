@@ -628,6 +628,32 @@ class ReservationReleased(_Fact, frozen=True, kw_only=True, tag="rsv.rel"):
     shard: int = 0
 
 
+class ExtenderAnswered(_Fact, frozen=True, kw_only=True, tag="extender"):
+    """What an HTTP extender answered about ``pods`` (pods of one shape, asked once) on
+    ``nodes`` (the nodes sent), recorded by the component that asked, so that the engine
+    reads the answer from the log and replay needs no extender running.
+
+    ``passed`` is None when no filter verb was called (every node sent passes);
+    ``failed`` and ``unresolvable`` map node → reason (``FailedNodes`` and
+    ``FailedAndUnresolvableNodes``); ``scores`` the raw ``HostPriorityList`` (0..10, not
+    yet weighted). ``error`` (a time-out, a refused connection, an HTTP status, a
+    malformed answer, the answer's ``Error``) makes the rest void: the engine then
+    skips an ignorable extender and fails the attempt otherwise."""
+
+    extender: str
+    """The extender's ``urlPrefix``."""
+    pods: tuple[str, ...]
+    nodes: tuple[str, ...] = ()
+    passed: tuple[str, ...] | None = None
+    failed: dict[str, str] = {}
+    unresolvable: dict[str, str] = {}
+    scores: dict[str, int] = {}
+    error: str = ""
+    asked: tuple[int, ...] = ()
+    """Per pod, the ask this answers (the asking engine's count): an answer to an older
+    ask of a pod, arriving late, is not taken for a newer one's."""
+
+
 Event = (
     NodeAdded
     | NodeUpdated
@@ -668,6 +694,7 @@ Event = (
     | ReservationReleased
     | SnapshotTaken
     | RecordQuarantined
+    | ExtenderAnswered
 )
 """The closed union of every event kind."""
 

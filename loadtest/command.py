@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import statistics
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from events.errors import InputError
 from loadtest import render
@@ -106,6 +108,25 @@ def add_arguments(load: argparse.ArgumentParser) -> None:
         "and report medians and ratios (on a noisy machine, only runs made together "
         "compare)",
     )
+    load.add_argument(
+        "--extender",
+        metavar="URL",
+        default="",
+        help="ask this kube-scheduler extender (filter and prioritize verbs) about every pod; "
+        "'builtin': a trivial one shoal starts on 127.0.0.1 in a process of its own (lets "
+        "every node through, scores by name), so the run measures the protocol's cost",
+    )
+    load.add_argument(
+        "--extender-node-names",
+        action="store_true",
+        help="the extender is nodeCacheCapable: it is sent node names, not whole nodes",
+    )
+    load.add_argument(
+        "--extender-compare",
+        action="store_true",
+        help="alternate runs without and with --extender, --rounds times, and report "
+        "medians and the ratio (one shard)",
+    )
     load.add_argument("--rounds", type=positive, default=3, help="rounds of --scaling (default 3)")
     load.add_argument(
         "--workload",
@@ -145,6 +166,8 @@ async def run(args: argparse.Namespace) -> int:
         raise InputError("a workload's pods are its own: drop --gang-size", location="--workload")
     if args.scaling:
         return await _scaling(args, shape)
+    if args.extender:
+        return await _with_extender(args, shape)
     if args.spanning_gangs and args.shards < 2:
         raise InputError("gangs across shards need --shards 2 or more", location="--spanning-gangs")
     shape = dataclasses.replace(shape, shards=args.shards)
@@ -275,3 +298,64 @@ COMMAND = Command(
     add_arguments=add_arguments,
     run=run,
 )
+
+
+async def _with_extender(args: argparse.Namespace, shape: LoadShape) -> int:
+    """One shard asking an extender about every pod (``--extender-compare``: alternated
+    with runs without it, ``--rounds`` times)."""
+    from loadtest import extender
+    from loadtest.driver import run_loadtest
+
+    if args.shards > 1 or args.routed or args.direct or args.bus != "memory":
+        raise InputError("--extender runs one shard on the memory log", location="--extender")
+    proc = None
+    url = args.extender
+    if url == "builtin":
+        port = extender.free_port()
+        proc = extender.start(port)
+        url = f"http://127.0.0.1:{port}"
+    with_it = dataclasses.replace(shape, extender=url, node_names=args.extender_node_names)
+    runs: dict[str, list[dict[str, Any]]] = {"without": [], "with": []}
+    try:
+        for _ in range(args.rounds if args.extender_compare else 1):
+            plan = (
+                [("without", shape), ("with", with_it)]
+                if args.extender_compare
+                else [("with", with_it)]
+            )
+            for label, run_shape in plan:
+                log = await open_bus("memory")
+                try:
+                    runs[label].append(await run_loadtest(run_shape, log))
+                finally:
+                    await log.close()
+                if not args.json:
+                    print(
+                        f"{label:>7} extender: {runs[label][-1]['pods_per_second']:.0f} pods/s",
+                        file=sys.stderr,
+                    )
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+    if not args.extender_compare:
+        result = runs["with"][0]
+    else:
+        med = {k: statistics.median(r["pods_per_second"] for r in v) for k, v in runs.items()}
+        p99 = {k: statistics.median(r["latency_ms"]["p99"] for r in v) for k, v in runs.items()}
+        result = {
+            "shape": runs["with"][0]["shape"],
+            "rounds": args.rounds,
+            "pods_per_second": med,
+            "latency_ms_p99": p99,
+            "with_over_without": round(med["with"] / med["without"], 3) if med["without"] else 0,
+            "extender": runs["with"][-1].get("extender", {}),
+            "runs": runs,
+        }
+    if args.json:
+        emit_json(result)
+    elif args.extender_compare:
+        print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=2))
+    else:
+        render.loadtest_table(result)
+    return 0

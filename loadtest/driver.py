@@ -10,6 +10,7 @@ a whole batch).
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.config import SchedulerConfig, parse_config
 from engine.engine import Engine
 from engine.plugins import kernels
 from events.log import EventLog
@@ -55,6 +57,30 @@ class LoadShape:
     """A scheduler_perf workload (:mod:`loadtest.perfshapes`): its nodes, its init pods
     placed before the clock starts, then ``pods`` measured pods; empty: the synthetic
     mix."""
+    extender: str = ""
+    """An extender's URL prefix: every pod is asked about (filter and prioritize)."""
+    node_names: bool = False
+    """The extender is ``nodeCacheCapable`` (sent node names, not whole nodes)."""
+
+
+def extender_config(shape: LoadShape) -> SchedulerConfig | None:
+    """The configuration of a run with ``shape.extender`` (None without one)."""
+    if not shape.extender:
+        return None
+    entry = {
+        "urlPrefix": shape.extender,
+        "filterVerb": "filter",
+        "prioritizeVerb": "prioritize",
+        "weight": 1,
+        "nodeCacheCapable": shape.node_names,
+    }
+    return parse_config(
+        {
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "extenders": [entry],
+        }
+    )
 
 
 async def run_loadtest(
@@ -73,9 +99,11 @@ async def run_loadtest(
         nodes = basic_nodes(shape.nodes, rng)
         batches = _batches(shape, rng)
     kernels.warm_up()  # its one-time load is not what the run measures
-    engine = Engine()
+    config = extender_config(shape)
+    engine = Engine(config)
     worker = ShardWorker(engine, log)
-    await log.append([Envelope(event=SchedulerConfigured(), producer="ingest")])
+    recorded = json.dumps(config.source, sort_keys=True) if config and config.source else ""
+    await log.append([Envelope(event=SchedulerConfigured(config=recorded), producer="ingest")])
     await log.append([Envelope(event=NodeAdded(node=n), producer="ingest") for n in nodes])
     await worker.poll()
     for start in range(0, len(init), shape.batch):
@@ -96,6 +124,8 @@ async def run_loadtest(
         if not last and (not shape.window or len(waiting) < shape.window):
             continue
         await worker.poll()  # one pass decides every batch appended so far
+        while engine.extenders.waiting:
+            await worker.poll()  # (with an extender: the pass after its answers decides)
         decided = time.perf_counter()
         for pods_in_chunk, submitted in waiting:
             latencies[done : done + pods_in_chunk] = decided - submitted
@@ -127,6 +157,7 @@ async def run_loadtest(
         "cpu_seconds": {"process": round(cpu, 3)},
         "cpu_microseconds_per_pod": round(cpu * 1e6 / max(total, 1), 1),
         "events": len(records),
+        **({"extender": worker.stats()} if shape.extender else {}),
     }
 
 

@@ -44,6 +44,7 @@ from events.errors import (
     StuckError,
     cause,
 )
+from shards import extendercmd as extender_command
 from shards import logserve, render
 from shards.bus import check_new_log, open_bus
 from shards.commands import (
@@ -91,6 +92,7 @@ async def _simulate(args: argparse.Namespace) -> int:
     config = _config(args.config)
     scenario = load_scenario(args.scenario)
     if config is not None:
+        scenario.warnings[:0] = [f"{args.config}: {w}" for w in config.warnings]
         config = with_topology(config, scenario.topology)
     check_topology(config or scenario.config, scenario)
     for warning in scenario.warnings:
@@ -124,6 +126,9 @@ async def _simulate(args: argparse.Namespace) -> int:
     finally:
         await log.close()
     summary = {"wall_seconds": round(result.wall_seconds, 6), "attempts": result.stats["attempts"]}
+    for key in ("extender_calls", "extender_failures", "extender_timeouts"):
+        if key in result.stats:
+            summary[key] = result.stats[key]
     if args.json:
         emit_json({**result.report.to_json(**summary), "warnings": scenario.warnings})
     else:
@@ -263,6 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     work.add_argument("--config", help="KubeSchedulerConfiguration YAML (shards)")
     snapshot_option(work)
     logserve.add_arguments(sub.add_parser(logserve.NAME, help=logserve.HELP))
+    extender_command.add_arguments(
+        sub.add_parser(extender_command.NAME, help=extender_command.HELP)
+    )
 
     kafka = sub.add_parser("kafka", help="manage the Kafka topics shoal uses")
     kafka_sub = kafka.add_subparsers(dest="kafka_command", required=True, metavar="ACTION")
@@ -360,8 +368,9 @@ _COMMANDS = {
     "serve": _serve,
     "worker": _worker,
     logserve.NAME: logserve.run,
+    extender_command.NAME: extender_command.run,
 }
-BUILT_IN = ("simulate", "replay", "serve", "worker", logserve.NAME, "kafka")
+BUILT_IN = ("simulate", "replay", "serve", "worker", logserve.NAME, "kafka", extender_command.NAME)
 
 
 @functools.cache

@@ -54,6 +54,7 @@ from shards.coordinator.snapshot import (
     restore_coordinator,
     snapshot_coordinator,
 )
+from shards.extenders.asker import Asker
 from shards.worker import append_quarantined, append_snapshot, newest_snapshot, snapshot_due
 
 logger = logging.getLogger(__name__)
@@ -111,6 +112,9 @@ class ControlWorker:
         self.prepared_at: dict[str, float] = {}
         """Reservation → wall time its requests were appended (for commit latency)."""
         self.commit_seconds: list[float] = []
+        self.asker = Asker()
+        """Calls the HTTP extenders for the units decided here (``background`` in the
+        service)."""
         """Wall seconds from appending a gang's prepare to appending its commit."""
 
     def __repr__(self) -> str:
@@ -191,6 +195,7 @@ class ControlWorker:
                     appended += await self._append(coordinator.schedule(), env.offset, env.time)
         if last_input > max(passes, default=-1):
             self._owed = last_input
+        coordinator.engine.extenders.unanswered()  # asks with no answer in the log: again
         self._recovered = True
         await self._quarantine(skipped + coordinator.engine.unfolded)
         return appended
@@ -212,11 +217,25 @@ class ControlWorker:
         appended = 0 if self._recovered else await self.recover()
         appended += await self._relay()
         appended += await self._fold()
-        if self._outputs and snapshot_due(
-            self.position - self.snapshot_at,
-            len(self.coordinator.engine.pods),
-            self.snapshot_every,
-            self.snapshot_per_pod,
+        engine = self.coordinator.engine
+        if engine.extenders.outbox:
+            # the units the coordinator decides itself: it asks their extenders
+            appended += await self.asker.run(
+                engine,
+                engine.config.extenders,
+                self.log,
+                self.partition,
+                f"{COORDINATOR}/extenders",
+            )
+        if (
+            self._outputs
+            and not engine.extenders.in_flight
+            and snapshot_due(
+                self.position - self.snapshot_at,
+                len(self.coordinator.engine.pods),
+                self.snapshot_every,
+                self.snapshot_per_pod,
+            )
         ):
             await self._snapshot()
         return appended

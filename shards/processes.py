@@ -139,6 +139,7 @@ async def _run_shard(
         snapshot_every=snapshot_every,
         snapshot_per_pod=snapshot_per_pod,
     )
+    worker.asker.background = True  # a slow extender delays only the pods it judges
     log.info(
         "shard %d recovered at offset %d (from the snapshot at %d)",
         shard,
@@ -179,6 +180,7 @@ async def run_coordinator(
         snapshot_every=snapshot_every,
         snapshot_per_pod=snapshot_per_pod,
     )
+    worker.asker.background = True
     control = sharding.shards
     while not stop.is_set():
         moved = await worker.poll()

@@ -70,6 +70,12 @@ from shards.processes import recorded_sharding, tick_if_due, warm_up_when_idle
 from shards.worker import ShardWorker
 
 log = logging.getLogger(__name__)
+EXTENDER_METRICS = {
+    "calls": "HTTP calls to extenders (filter and prioritize verbs).",
+    "failures": "Extender calls that failed (time-out, error, malformed answer).",
+    "timeouts": "Extender calls that got no answer within httpTimeout.",
+}
+"""The extender counts exported per role (``shoal_extender_calls{role="shard-0"}``...)."""
 ROLES = ("ingest", "shard", "coordinator", "binder", "all")
 
 
@@ -493,6 +499,13 @@ class Service:
         sharding = Sharding.from_json(recorded.config)  # checked at start: ours
         worker = self.coordinator = self._control_worker(sharding, bus)
         self._lag_gauge("coordinator", self.control_partition)
+        for what, help_ in EXTENDER_METRICS.items():
+            self.metrics.gauge(
+                f"extender_{what}",
+                help_,
+                self._coordinator_extender_stat(what),
+                {"role": "coordinator"},
+            )
         self.metrics.gauge(
             "records_quarantined",
             "Records skipped because they could not be decoded or folded (RecordQuarantined).",
@@ -523,13 +536,15 @@ class Service:
 
     def _control_worker(self, sharding: Sharding, bus: EventLog) -> ControlWorker:
         every, per_pod = self.options.snapshot_every, self.options.snapshot_per_pod
-        return ControlWorker(
+        worker = ControlWorker(
             Coordinator(sharding, self.options.config),
             bus,
             snapshot_every=every,
             snapshot_per_pod=per_pod,
             config=self.options.config,
         )
+        worker.asker.background = True  # a slow extender delays only the pods it judges
+        return worker
 
     def _coordinator_metrics(self, worker: ControlWorker) -> None:
         """Counters from the fold's totals: a rebuilt fold counts from zero again, so
@@ -560,6 +575,20 @@ class Service:
             )
         worker.commit_seconds.clear()
 
+    def _coordinator_extender_stat(self, what: str) -> Callable[[], float]:
+        def read() -> float:
+            worker = self.coordinator
+            return float(getattr(worker.asker.stats, what)) if worker is not None else 0.0
+
+        return read
+
+    def _extender_stat(self, shard: int, what: str) -> Callable[[], float]:
+        def read() -> float:
+            worker = self.workers.get(shard)
+            return float(getattr(worker.asker.stats, what)) if worker is not None else 0.0
+
+        return read
+
     async def _shard(self, shard: int) -> None:
         options = self.options
         config = options.config or default_config()
@@ -584,6 +613,13 @@ class Service:
             lambda: float(len(self.workers[shard].quarantined)) if shard in self.workers else 0.0,
             {"role": f"shard-{shard}"},
         )
+        for what, help_ in EXTENDER_METRICS.items():
+            self.metrics.gauge(
+                f"extender_{what}",
+                help_,
+                self._extender_stat(shard, what),
+                {"role": f"shard-{shard}"},
+            )
         backoff = options.poll_interval
         worker: ShardWorker | None = None
         self.alive[f"shard-{shard}"] = time.monotonic()
@@ -600,6 +636,7 @@ class Service:
                         snapshot_every=options.snapshot_every,
                         snapshot_per_pod=options.snapshot_per_pod,
                     )
+                    worker.asker.background = True  # a slow extender delays its pods only
                     if not self.routed and shard not in self.workers:
                         # one shard: it records its own configuration (several: ingest)
                         await bus.append(

@@ -170,6 +170,10 @@ async def simulate(
         "snapshot_seconds": sum(w.snapshot_seconds for w in workers),
         **(router.control.stats() if router is not None else {}),
     }
+    askers = [w.asker for w in workers] + ([router.asker] if router is not None else [])
+    for asker in askers:
+        for key, value in asker.stats.as_dict().items() if asker.stats.calls else ():
+            stats[key] = stats.get(key, 0) + value
     for engine in engines:
         for key, value in engine.stats().items():
             stats[key] = stats.get(key, 0) + value

@@ -33,6 +33,7 @@ from events.types import (
     is_decision,
     is_output_of,
 )
+from shards.extenders.asker import Asker
 
 logger = logging.getLogger(__name__)
 SNAPSHOT_EVERY = 50_000
@@ -88,12 +89,20 @@ class ShardWorker:
         runs that pass even if nothing new arrives."""
         self.quarantined: set[int] = set()
         """Offsets of the records of this partition skipped and recorded as such."""
+        self.asker = Asker()
+        """Calls the HTTP extenders (``background`` in the service)."""
 
     def __repr__(self) -> str:
         return f"ShardWorker({self.name}, position={self.position}, passes={self.passes})"
 
     def stats(self) -> dict[str, float]:
-        return {"position": self.position, "passes": self.passes, "pass_seconds": self.pass_seconds}
+        extenders = self.asker.stats.as_dict() if self.asker.stats.calls else {}
+        return {
+            "position": self.position,
+            "passes": self.passes,
+            "pass_seconds": self.pass_seconds,
+            **extenders,
+        }
 
     @classmethod
     async def recover(
@@ -157,6 +166,7 @@ class ShardWorker:
         }
         await worker._quarantine(unreadable + result.engine.unfolded)
         worker.restored_from = found[0].offset if resume is not None and found else -1
+        worker.engine.extenders.unanswered()  # asks the log holds no answer to: sent again
         last_pass = max(
             (e.causation for e in records if e.producer == name and is_decision(e.event)),
             default=-1,
@@ -175,7 +185,7 @@ class ShardWorker:
             self.position = position
             await self._quarantine(unreadable)
         if not records and owed < 0:
-            return 0
+            return await self._ask_extenders()  # (a recovered worker's unanswered asks)
         engine = self.engine
         last_input = owed
         name = self.name
@@ -199,21 +209,35 @@ class ShardWorker:
         self.pass_seconds += time.perf_counter() - started
         self.passes += 1
         if not decisions:
-            return 0
+            return await self._ask_extenders()
         now = engine.now
         offsets = await self.log.append(
             [Envelope(event=d, time=now, causation=last_input, producer=name) for d in decisions],
             self.partition,
         )
         self._own_until = offsets[-1] + 1
-        if snapshot_due(
+        asked = await self._ask_extenders()
+        if not engine.extenders.in_flight and snapshot_due(
             self.position - self.snapshot_at,
             len(engine.pods),
             self.snapshot_every,
             self.snapshot_per_pod,
         ):
             await self._snapshot(last_input)
-        return len(decisions)
+        return len(decisions) + asked
+
+    async def _ask_extenders(self) -> int:
+        """Call the extenders the pass asks for; their answers (inputs of the next
+        pass, producer ``shard-N/extenders``) are appended to the partition."""
+        if not self.engine.extenders.outbox:
+            return 0
+        return await self.asker.run(
+            self.engine,
+            self.engine.config.extenders,
+            self.log,
+            self.partition,
+            f"{self.name}/extenders",
+        )
 
     async def _quarantine(self, skipped: list[tuple[int, str]]) -> None:
         """Record what was skipped (:func:`append_quarantined`); ``skipped`` is emptied."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.framework.status import Status
-from engine.model.state import Ints
+from engine.model.state import Bools, Ints
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +46,25 @@ class Diagnosis:
         parts = sorted(f"{count} {reason}" for reason, count in self.rejections().items())
         head = f"0/{self.nodes} nodes are available"
         return f"{head}: {', '.join(parts)}." if parts else f"{head}."
+
+
+@dataclass(slots=True)
+class Verdict:
+    """What HTTP extenders answered for one attempt of a pod (built by
+    :mod:`engine.passes.extenders` from the answers recorded in the log)."""
+
+    mask: Bools | None = None
+    """Nodes every filter extender let through (None: no filter extender)."""
+    scores: Ints | None = None
+    """The extenders' scores, weighted and scaled to plugin scores (None: none)."""
+    rejections: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Extender name → reason → nodes it rejected."""
+    unresolvable: bool = False
+    """Every node an extender rejected, it rejected as unresolvable."""
+    error: str = ""
+    """A failure of an extender that is not ignorable: the attempt fails with it."""
+    plugin: str = ""
+    """The extender that failed (``error``)."""
 
 
 @dataclass(slots=True)

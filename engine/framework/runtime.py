@@ -40,7 +40,14 @@ from engine.framework.interfaces import (
     ScorePlugin,
 )
 from engine.framework.registry import Registry
-from engine.framework.results import Attempt, Diagnosis, NodeScore, full_scores, select
+from engine.framework.results import (
+    Attempt,
+    Diagnosis,
+    NodeScore,
+    Verdict,
+    full_scores,
+    select,
+)
 from engine.framework.status import SUCCESS, Code, Status
 from engine.model.changes import EVERY, ClusterEvent
 from engine.model.pods import PodInfo
@@ -63,6 +70,8 @@ SCALAR_LIMIT = 8
 """Up to this many changed nodes are refreshed one by one in plain Python, beyond it
 with numpy over a gathered view."""
 SHAPE_CACHE_SIZE = 128
+EXTENDER = "extender "
+"""How rejections by HTTP extenders are named (``extender URLPREFIX``)."""
 
 
 @dataclass(slots=True)
@@ -189,6 +198,8 @@ class Framework:
 
     def events_for(self, plugins: tuple[str, ...]) -> frozenset[ClusterEvent]:
         """Events that may help a pod that ``plugins`` rejected."""
+        if any(name.startswith(EXTENDER) for name in plugins):
+            return frozenset(ClusterEvent)  # an extender says nothing of what may help
         out: set[ClusterEvent] = set()
         for name, events, _ in self._requeue:
             if name in plugins:
@@ -203,6 +214,8 @@ class Framework:
         slot: int,
         state: ClusterState,
     ) -> bool:
+        if any(name.startswith(EXTENDER) for name in plugins):
+            return True
         for name, events, hint in self._requeue:
             if name not in plugins or event not in events:
                 continue
@@ -386,14 +399,20 @@ class Framework:
         feasible: Bools,
         keep: dict[str, Ints] | None = None,
         shape: _ShapeEntry | None = None,
+        final: Bools | None = None,
     ) -> tuple[Ints, int]:
         """``where(feasible, weighted total, -1)`` over all slots, and the part of the
         total that is the same on every node (kept apart: it cannot change the choice).
+        With ``final`` (a subset of ``feasible``: what extenders let through), the
+        scores that look beyond one node see ``final``, and the result is masked by it.
         """
         local = feasible if shape is None else shape.feasible
         masked = self._local_masked(cycle, pod, state, local, shape, keep)
         if local is not feasible:  # the shape's scores, where the pod's own filters pass
             masked = np.where(feasible, masked, -1)
+        if final is not None:
+            feasible = final
+            masked = np.where(final, masked, -1)
         constant = 0
         extra: Ints | None = None
         for entry in self._global_scores:
@@ -459,6 +478,14 @@ class Framework:
                 return status.with_plugin(plugin.name)
         return SUCCESS
 
+    def candidates(self, pod: PodInfo, state: ClusterState) -> Bools | None:
+        """The nodes that pass the pre-filters and filters (what kube-scheduler sends
+        its extenders); None if a pre-filter rejects the pod. Do not modify it."""
+        cycle = CycleState()
+        if not self.run_pre_filters(cycle, pod, state).ok:
+            return None
+        return self._shape_feasible(cycle, pod, state)[0]
+
     def schedule(
         self,
         pod: PodInfo,
@@ -466,9 +493,12 @@ class Framework:
         *,
         explain: bool = False,
         within: Bools | None = None,
+        verdict: Verdict | None = None,
     ) -> Attempt:
         """Find a node for ``pod``; do not change ``state`` (the caller assumes).
-        ``within``: only among these slots (a gang's topology domain)."""
+        ``within``: only among these slots (a gang's topology domain). With a
+        ``verdict``, the extenders' answers filter after the filters and add to the
+        scores, as kube-scheduler's extenders do."""
         cycle = CycleState()
         status = self.run_pre_filters(cycle, pod, state)
         if not status.ok:
@@ -479,11 +509,27 @@ class Framework:
             feasible, shape = self.feasible(cycle, pod, state), None
         else:
             feasible, shape = self._shape_feasible(cycle, pod, state)
+        if verdict is not None and verdict.error:
+            status = Status(Code.ERROR, (verdict.error,), verdict.plugin)
+            return Attempt(-1, status, diagnosis=Diagnosis(nodes=len(state.index), status=status))
+        passed = feasible
+        if verdict is not None and verdict.mask is not None:
+            feasible = feasible & verdict.mask
         if not any_set(feasible):
             failure = self.diagnose(cycle, pod, state)
+            if verdict is not None and any_set(passed):
+                failure.plugins.update(verdict.rejections)
+                for name, reasons in verdict.rejections.items():
+                    failure.rejected[name] = sum(reasons.values())
+                failure.feasible = 0
             plugins = tuple(failure.plugins)
             code = Code.UNSCHEDULABLE
-            if plugins and all(self.plugins[n].unresolvable for n in plugins):  # type: ignore[attr-defined]
+            if plugins and all(
+                getattr(self.plugins[n], "unresolvable", False)
+                if n in self.plugins
+                else verdict_unresolvable(verdict)
+                for n in plugins
+            ):
                 code = Code.UNSCHEDULABLE_AND_UNRESOLVABLE
             status = Status(code, (failure.message(),), ",".join(plugins))
             failure.status = status
@@ -493,7 +539,14 @@ class Framework:
             if not status.ok:
                 return Attempt(-1, status.with_plugin(pre.name))
         keep: dict[str, Ints] | None = {} if explain else None
-        masked, constant = self.score(cycle, pod, state, feasible, keep, shape)
+        if feasible is passed:
+            masked, constant = self.score(cycle, pod, state, feasible, keep, shape)
+        else:  # local scores as kept for the shape, the rest over what the extenders left
+            masked, constant = self.score(cycle, pod, state, passed, keep, shape, feasible)
+        if verdict is not None and verdict.scores is not None:
+            masked = np.where(feasible, masked + verdict.scores, -1)
+            if keep is not None:
+                keep["extenders"] = verdict.scores
         slot = select(masked, state.high_water, pod.tiebreak)
         best = int(masked[slot]) + constant
         diagnosis = None
@@ -540,3 +593,7 @@ class Framework:
                 )
             )
         return out
+
+
+def verdict_unresolvable(verdict: Verdict | None) -> bool:
+    return verdict is not None and verdict.unresolvable

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Final, Protocol
 
 from engine.model.changes import EVERY, ClusterEvent
+from engine.model.extenders import ExtenderBook
 from engine.model.groups import (
     FAILED,
     PENDING,
@@ -206,12 +207,14 @@ class ShardModel:
         }
         self.hints: Hints | None = None
         """Set by the engine from its profiles; not state (a snapshot leaves it out)."""
+        self.extenders = ExtenderBook()
+        """Asks to HTTP extenders and their answers (:mod:`engine.model.extenders`)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(shard={self.shard}, now={self.now}, {self.state!r})"
 
     def count(self, counter: str, n: int = 1) -> None:
-        self.counters[counter] += n
+        self.counters[counter] = self.counters.get(counter, 0) + n
 
     # ------------------------------------------------------------------ lookups
 

@@ -28,6 +28,7 @@ from engine.model.pods import PodInfo
 from engine.model.state import Bools
 from engine.model.statement import Statement
 from engine.passes.dispatch import Placed
+from engine.passes.extenders import applicable, ask_if_needed, verdict_for
 from engine.passes.pods import may_preempt, no_profile, preempt_into
 from engine.passes.reservations import commit
 from engine.passes.topology import one_domain, plan
@@ -48,9 +49,11 @@ def attempt_group(p: SchedulingPass, key: str) -> None:
     e = p.e
     group = e.groups[key]
     assert group.spec is not None
-    group.attempts += 1
     members = [e.pods[m] for m in group.members if m in e.pods]
     pending = [m for m in members if m.key not in e.state.pods]
+    if not group.reservation and _asks_extenders(p, pending, group_unit(key)):
+        return  # parked until every member's extenders answered
+    group.attempts += 1
     need = group.min_member - (len(members) - len(pending))
     planned = e.planned.pop(group_unit(key), None)
     later: list[PodInfo] = []
@@ -81,7 +84,9 @@ def attempt_group(p: SchedulingPass, key: str) -> None:
     elif topology is not None:
         # the domain first, then the nodes inside it: each candidate in turn, staged
         for candidate in topology.candidates:
-            placed, failures = _members(p, statement, pending, directed, candidate.mask)
+            placed, failures = _members(
+                p, statement, pending, directed, candidate.mask, not group.reservation
+            )
             if len(placed) >= need:
                 break
             statement.discard()
@@ -95,9 +100,11 @@ def attempt_group(p: SchedulingPass, key: str) -> None:
                     within = max(
                         topology.candidates, key=lambda c: (int(c.mask.sum()), c.domains)
                     ).mask
-            placed, failures = _members(p, statement, pending, directed, within)
+            placed, failures = _members(
+                p, statement, pending, directed, within, not group.reservation
+            )
     else:
-        placed, failures = _members(p, statement, pending, directed, None)
+        placed, failures = _members(p, statement, pending, directed, None, not group.reservation)
     if len(placed) < need and not group.reservation and not isinstance(topology, str):
         _preempt_for(p, statement, pending, placed, failures, need, key)
     if topology is not None and not isinstance(topology, str) and topology.required is not None:
@@ -174,9 +181,11 @@ def _members(
     pending: list[PodInfo],
     directed: dict[str, str],
     within: Bools | None,
+    judged: bool = True,
 ) -> tuple[Placed, dict[str, Failure]]:
     """Stage each pending member where its profile puts it (``within``: only there), or
-    where the coordinator directed it; what found no node, and why."""
+    where the coordinator directed it; what found no node, and why. ``judged``: the
+    extenders' answers apply (not to a part held for the coordinator)."""
     e = p.e
     placed: Placed = []
     failures: dict[str, Failure] = {}
@@ -192,7 +201,11 @@ def _members(
             else:
                 failures[pod.key] = failure
             continue
-        attempt = framework.schedule(pod, e.state, explain=pod.key == p.explain, within=within)
+        extenders = applicable(p, pod) if judged else ()
+        verdict = verdict_for(p, pod, extenders) if extenders else None
+        attempt = framework.schedule(
+            pod, e.state, explain=pod.key == p.explain, within=within, verdict=verdict
+        )
         p.record(pod, attempt)
         if attempt.slot >= 0:
             statement.assume_pod(pod, attempt.slot)
@@ -204,6 +217,18 @@ def _members(
                 plugins = (attempt.status.plugin,)
             failures[pod.key] = (attempt.status.message(), plugins, d.rejections() if d else {})
     return placed, failures
+
+
+def _asks_extenders(p: SchedulingPass, pending: list[PodInfo], unit: str) -> bool:
+    """Whether the gang waits for extenders: each pending member they must judge is
+    asked about (unless it was), and the gang is attempted once all have answered."""
+    waiting = False
+    for pod in pending:
+        framework = p.profiles.framework_for(pod)
+        extenders = applicable(p, pod) if framework is not None else ()
+        if framework is not None and extenders:
+            waiting = ask_if_needed(p, pod, framework, extenders, unit) or waiting
+    return waiting
 
 
 def _directed(
@@ -241,8 +266,8 @@ def _preempt_for(
         if len(placed) >= need:
             break
         framework = p.profiles.framework_for(pod)
-        if pod.key not in failures or framework is None:
-            continue
+        if pod.key not in failures or framework is None or applicable(p, pod):
+            continue  # (preemption does not ask extenders: a member they judge does not)
         if not failures[pod.key][1] and not statement.evicted():
             continue  # no plugin to blame: nothing preemption could change
         from engine.framework.results import Attempt

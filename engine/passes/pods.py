@@ -20,6 +20,7 @@ from engine.framework.status import Code
 from engine.model.pods import PodInfo
 from engine.model.shard import QUOTA_PLUGIN
 from engine.model.statement import Statement
+from engine.passes.extenders import applicable, ask_if_needed, verdict_for
 from engine.plugins.rescheduler import CHEAPEST, PLACED, ROOM
 from engine.plugins.rescheduler import NAME as RESCHEDULER
 
@@ -42,15 +43,23 @@ def attempt_pod(p: SchedulingPass, pod: PodInfo) -> None:
         p.unschedulable(pod, no_profile(pod), ())
         return
     explain = pod.key == p.explain
+    verdict = None
+    extenders = applicable(p, pod)
+    if extenders:
+        if ask_if_needed(p, pod, framework, extenders, pod.key):
+            return  # parked until every extender answered (an input in the log)
+        verdict = verdict_for(p, pod, extenders)
     cache_key = (id(framework), pod.shape_key, pod.spec.namespace if e.quotas else "")
-    attempt = None if explain else p.failed.get(cache_key)
+    attempt = None if explain or verdict is not None else p.failed.get(cache_key)
     if attempt is None:
-        attempt = framework.schedule(pod, e.state, explain=explain)
+        attempt = framework.schedule(pod, e.state, explain=explain, verdict=verdict)
     if attempt.slot >= 0:
         p.record(pod, attempt)
         p.dispatch.commit(p, None, [(pod, attempt.slot, attempt.score)])
         return
-    if (
+    if verdict is not None:
+        pass  # this pod's own answers: not for other pods of its shape
+    elif (
         attempt.diagnosis is not None
         and (attempt.diagnosis.plugins or attempt.status.plugin)
         and not (framework.conditional and framework.cluster_wide(pod, e.state))
@@ -58,9 +67,10 @@ def attempt_pod(p: SchedulingPass, pod: PodInfo) -> None:
         # (not when inter-pod rules applied: they read the pod's labels, not its shape)
         p.failed[cache_key] = attempt
     note = ""
-    preempts = may_preempt(p, pod, attempt)
+    preempts = verdict is None and may_preempt(p, pod, attempt)
+    # (preemption does not ask extenders: a pod they judged is not preempted for)
     if attempt.status.code != Code.UNSCHEDULABLE_AND_UNRESOLVABLE and (
-        preempts or may_migrate(p, pod, framework, attempt)
+        preempts or (verdict is None and may_migrate(p, pod, framework, attempt))
     ):
         statement = Statement(e.state, e.quotas)
         cycle = CycleState()

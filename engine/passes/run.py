@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 from engine.framework.profiles import Profiles
-from engine.framework.results import Attempt
+from engine.framework.results import Attempt, Verdict
 from engine.model.changes import ClusterEvent
 from engine.model.groups import (
     FAILED,
@@ -68,6 +68,12 @@ class SchedulingPass:
         """Failures of non-gang attempts by pod shape: within a pass capacity only
         shrinks (until something is evicted), so a shape that failed fails again."""
         self._capacity: dict[str, int] | None = None
+        self.extender_nodes: dict[tuple[object, ...], tuple[str, ...] | None] = {}
+        """Per (profile, pod shape, state position): the nodes extenders are asked
+        about (:mod:`engine.passes.extenders`)."""
+        self.extender_verdicts: dict[tuple[object, ...], Verdict] = {}
+        """Per set of answers (shared by the pods asked about together): their verdict,
+        which only a node's arrival, departure or change alters."""
         self.unit = ""
         """The unit being attempted."""
 

@@ -45,6 +45,7 @@ from engine.model.pods import PodInfo
 from engine.model.state import Bools, Ints
 from engine.model.statement import Statement
 from engine.passes.dispatch import Placed, Route
+from engine.passes.extenders import applicable
 from engine.plugins.registry import builtin_registry
 from events.types import (
     GroupSpec,
@@ -125,6 +126,8 @@ class ShardDispatch:
             for pod, f in zip(pods, frameworks, strict=True)
         ):
             return False  # inter-pod rules apply: decided here, on the whole view
+        if e.config.extenders and any(applicable(p, pod) for pod in pods):
+            return False  # decided here, with the extenders' answers (a shard asks none)
         # the nodes of each shard that pass every filter for the unit: the same while
         # the view's nodes and placements stand (only what is handed over changes)
         counts = c.cached(

@@ -24,6 +24,7 @@ import msgspec
 from engine.config import API_VERSIONS as CONFIG_VERSIONS
 from engine.config import KIND as CONFIG_KIND
 from engine.config import SchedulerConfig, parse_config
+from engine.extenders import policy_to_config
 from engine.model.pools import MAX_SHARDS, PoolRule, Sharding
 from events.errors import InputError
 from events.types import (
@@ -223,6 +224,7 @@ def _load_scenario(paths: list[str]) -> Scenario:
                     raise InputError("only one KubeSchedulerConfiguration is allowed")
                 scenario.config = parse_config(doc.obj, "")
                 validate_plugins(scenario.config)
+                scenario.warnings += (doc.where(w) for w in scenario.config.warnings)
             elif is_topology_object(doc.obj):
                 scenario.topology.add(doc.obj)
         except InputError as exc:
@@ -574,10 +576,26 @@ def load_config(path: str) -> SchedulerConfig:
 
 
 def _load_config(path: str) -> SchedulerConfig:
+    raws = [(n, raw) for n, raw in read_documents(path) if raw is not None]
+    if len(raws) == 1 and isinstance(raws[0][1], Mapping) and raws[0][1].get("kind") == "Policy":
+        number, raw = raws[0]
+        where = f"{path}: document {number} (Policy)"
+        try:
+            if raw.get("apiVersion", "v1") != "v1":
+                raise InputError("apiVersion must be v1", location="apiVersion")
+            converted, warned = policy_to_config(dict(raw), "")
+            config = parse_config(converted, "")
+            validate_plugins(config)
+        except InputError as exc:
+            field_ = exc.location.lstrip(".")
+            raise InputError(exc.message, location=f"{where}: {field_}") from None
+        return replace(config, warnings=tuple(w.lstrip(".") for w in (*warned, *config.warnings)))
     docs = list(_read_documents(path))
     configs = [d for d in docs if d.obj.get("kind") == CONFIG_KIND]
     if len(configs) != 1 or len(docs) != 1:
-        raise InputError(f"must hold exactly one {CONFIG_KIND} document", location=path)
+        raise InputError(
+            f"must hold exactly one {CONFIG_KIND} (or legacy Policy) document", location=path
+        )
     try:
         config = parse_config(configs[0].obj, "")
         validate_plugins(config)
