@@ -215,6 +215,33 @@ class Rescheduler:
     ) -> bool:
         """Lift the plan's pods, place ``pod`` on its node and each lifted pod elsewhere
         (by its own profile); undo this trial and say False if any step fails."""
+        for where in self._destinations(state, plan.slot):
+            if self._stage_within(statement, framework, pod, state, plan, where):
+                return True
+        return False
+
+    def _destinations(self, state: ClusterState, slot: int) -> list[Bools | None]:
+        """Where moved pods may go, in the order tried: anywhere (an engine that owns
+        its nodes); for the coordinator's view, nodes of the shard that owns ``slot``
+        (a plan that shard carries out alone), then nodes of other shards (moves
+        across shards, carried out in two steps), then anywhere."""
+        owners = self.handle.slot_owners()
+        if owners is None or slot >= len(owners):
+            return [None]
+        column = np.full(state.capacity, -1, dtype=np.int64)
+        column[: min(len(owners), state.capacity)] = owners[: state.capacity]
+        same = column == owners[slot]
+        return [same, ~same & (column >= 0), None]
+
+    def _stage_within(
+        self,
+        statement: Statement,
+        framework: Any,
+        pod: PodInfo,
+        state: ClusterState,
+        plan: _Plan,
+        where: Bools | None,
+    ) -> bool:
         mark = len(statement.ops)
         pods = self.handle.pods
         for key in plan.moved:
@@ -231,6 +258,8 @@ class Rescheduler:
                     fits = False
                     break
                 feasible = own.feasible(CycleState(), moved, state)
+                if where is not None:
+                    feasible = feasible & where
                 feasible[plan.slot] = False  # a move back is no move
                 if not np.any(feasible):
                     fits = False
