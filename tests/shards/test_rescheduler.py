@@ -165,7 +165,9 @@ def test_a_plan_needing_too_many_moves_is_named_not_made(
 ) -> None:
     """node1 runs eight 1-card pods; node2 and node3 have 3 cards free each, held by
     pods that stay. A 4-card pod needs four of node1's pods moved: beyond the default
-    of 3 moves it waits, its reason naming that plan; allowed 4, it is placed."""
+    of 3 moves it waits, its reason naming that plan; allowed 4, it is placed. (At 4
+    shards node1 shares its shard with node2 or node3, so the four moves would mix moves
+    within and across shards, which are not carried out yet: the README says so.)"""
     text = "".join(gpu_node(f"node{i}", 8) for i in (1, 2, 3))
     text += "".join(gpu_pod(f"one-{i}", 1, on="node1") for i in range(8))
     text += gpu_pod("stay-2", 5, on="node2", migratable=False)
