@@ -116,6 +116,31 @@ class SchedulerConfig:
     """Fields accepted but not acted on, each naming the field."""
 
 
+NOT_ACTED: Final[dict[str, str]] = {
+    "parallelism": "not acted on: each shard decides one pass at a time; run more shards "
+    "(--shards) to schedule concurrently",
+    "percentageOfNodesToScore": "not acted on: shoal filters and scores every node, "
+    "vectorised",
+    "leaderElection": "not acted on: shoal elects its leaders with Leases of its own "
+    "(shoal serve --namespace, --lease-seconds)",
+    "clientConnection": "not acted on: the API client is set on the command line "
+    "(--kubeconfig, --kube-qps, --kube-burst)",
+    "healthzBindAddress": "not acted on: health and metrics are served on --listen",
+    "metricsBindAddress": "not acted on: health and metrics are served on --listen",
+    "enableProfiling": "not acted on: shoal serves no profiling endpoints",
+    "enableContentionProfiling": "not acted on: shoal serves no profiling endpoints",
+    "delayCacheUntilActive": "not acted on: every shoal component keeps its state from "
+    "the log, leader or not",
+}
+"""Top-level fields of ``KubeSchedulerConfiguration`` accepted with a warning: what they
+set in kube-scheduler is set elsewhere in shoal, or does not exist there."""
+PROFILE_NOT_ACTED: Final[dict[str, str]] = {
+    "percentageOfNodesToScore": "not acted on: shoal filters and scores every node, "
+    "vectorised",
+}
+"""The same, for fields of a profile."""
+
+
 def default_profile(name: str = DEFAULT_SCHEDULER) -> ProfileConfig:
     points = {
         point: tuple(PluginRef(n, w or 1) for n, w in plugins)
@@ -169,7 +194,7 @@ def _merge(
 
 def parse_profile(raw: Any, where: str) -> ProfileConfig:
     _expect(raw, dict, "a mapping", where)
-    unknown = set(raw) - {"schedulerName", "plugins", "pluginConfig"}
+    unknown = set(raw) - {"schedulerName", "plugins", "pluginConfig", *PROFILE_NOT_ACTED}
     if unknown:
         raise InputError(f"unknown field {sorted(unknown)[0]!r}", location=where)
     name = raw.get("schedulerName", DEFAULT_SCHEDULER)
@@ -310,6 +335,18 @@ def parse_config(raw: Any, where: str = "config") -> SchedulerConfig:
         raw.get("extenders"),
         f"{where}.extenders" if where else "extenders",
         tuple(p.scheduler_name for p in profiles),
+    )
+    prefix = f"{where}." if where else ""
+    warnings = (
+        *(f"{prefix}{key}: {why}" for key, why in NOT_ACTED.items() if key in raw),
+        *(
+            f"{prefix}profiles[{i}].{key}: {why}"
+            for i, profile in enumerate(raw_profiles)
+            if isinstance(profile, dict)
+            for key, why in PROFILE_NOT_ACTED.items()
+            if key in profile
+        ),
+        *warnings,
     )
     return SchedulerConfig(
         profiles,

@@ -190,14 +190,3 @@ def host_ports(spec: Mapping[str, Any], pod: str) -> tuple[HostPort, ...]:
     return tuple(
         HostPort(port=port, protocol=protocol, ip=ip) for protocol, ip, port in sorted(found)
     )
-
-
-def warn_unused(spec: Mapping[str, Any], pod: str) -> None:
-    """Pod fields that decide where a pod may run in Kubernetes and that shoal reads
-    but does not act on: a warning each, never silence."""
-    if spec.get("resources") is not None:
-        log.warning(
-            "pod %s: spec.resources (pod-level resources) is not acted on; "
-            "the containers' requests are counted",
-            pod,
-        )

@@ -20,7 +20,7 @@ from events.types import (
     Taint,
     Toleration,
 )
-from shards.inputs.containers import host_ports, pod_requests, warn_unused
+from shards.inputs.containers import host_ports, pod_requests
 from shards.inputs.fields import _labels, _list, _seconds, _str
 
 # re-exported: these helpers lived here before fields.py, and groups.py imports them from here
@@ -342,7 +342,6 @@ def pod_spec(obj: Mapping[str, Any], priority_classes: Mapping[str, int] | None 
             f"needs {RUNTIME} (when it fails)", location=f'metadata.annotations["{FAILS}"]'
         )
     name = _name(meta, "metadata")
-    warn_unused(spec, f"{namespace}/{name}")
     labels = _labels(meta.get("labels"), "metadata.labels")
     return PodSpec(
         fails=fails == "true",

@@ -52,6 +52,7 @@ from shards.inputs.groups import (
 )
 from shards.inputs.limits import MAX_OBJECTS, cut, shown
 from shards.inputs.objects import OWNER_SELECTOR, arrival, node_spec, pod_spec, priority_class
+from shards.inputs.podfields import gated, unused_fields
 from shards.inputs.topology import (
     KUEUE_VERSIONS,
     VOLCANO_VERSION,
@@ -240,6 +241,8 @@ def _load_scenario(paths: list[str]) -> Scenario:
     docs = _with_workload_pods(docs, classes, scenario.warnings)
     seen_nodes: set[str] = set()
     seen_pods: set[str] = set()
+    warned: set[tuple[str, str]] = set()
+    """(workload, field) already warned about (once per workload, not per replica)."""
     groups: dict[str, tuple[GroupSpec, _Doc]] = {}
     implicit: dict[str, int] = {}
     quotas: set[str] = set()
@@ -293,6 +296,19 @@ def _load_scenario(paths: list[str]) -> Scenario:
                 if pod.key in seen_pods:
                     raise InputError(f"duplicate pod {shown(pod.key)}", location="metadata.name")
                 seen_pods.add(pod.key)
+                raw_spec = doc.obj.get("spec")
+                raw_spec = raw_spec if isinstance(raw_spec, Mapping) else {}
+                for field_, message in unused_fields(raw_spec):
+                    if not doc.parent or (doc.parent, field_) not in warned:
+                        warned.add((doc.parent, field_))
+                        scenario.warnings.append(doc.where(field_) + f": {message}")
+                if gated(raw_spec):
+                    scenario.warnings.append(
+                        doc.where("spec.schedulingGates")
+                        + ": the pod waits until its scheduling gates are removed, which a "
+                        "scenario cannot do: it is not scheduled"
+                    )
+                    continue
                 group_key, minimum = group_membership(doc.obj)
                 pod = msgspec.structs.replace(
                     pod, group=group_key, depends_on=dependencies(pod.annotations, pod.namespace)

@@ -62,6 +62,7 @@ from events.types import (
 )
 from shards.inputs.groups import dependencies, elastic_quota, group_membership, pod_group
 from shards.inputs.objects import node_spec, pod_spec, priority_class
+from shards.inputs.podfields import gated, unused_fields
 from shards.kube.client import KubeError, checked
 from shards.kube.devices import cards_of
 
@@ -429,6 +430,8 @@ class KubeIngest:
             served = (spec.get("schedulerName") or DEFAULT_SCHEDULER) in self.served
             if phase in ("Succeeded", "Failed") or (not node and not served):
                 return []
+            if not node and gated(spec):
+                return []  # not to be scheduled until its gates are removed (an update)
             try:
                 parsed = pod_spec(obj, self.classes)
                 group, _ = group_membership(obj)
@@ -440,6 +443,9 @@ class KubeIngest:
                 )
             except InputError as exc:
                 return self._refuse_pod(key, meta, exc)
+            if not node:
+                for field, message in unused_fields(spec):
+                    log.warning("pod %s: %s: %s", key, field, message)
             self.pods[key] = node
             events: list[Event] = [PodSubmitted(pod=parsed)]
             if node:

@@ -427,3 +427,30 @@ async def test_the_built_in_system_priority_classes_are_taken(
     stop.set()
     apiserver.drop_watches()
     await asyncio.wait_for(task, 10)
+
+
+@pytest.mark.real_kube
+async def test_a_gated_pod_is_scheduled_once_its_gates_are_removed(
+    apiserver: FakeApiServer, api: Any
+) -> None:
+    """A pod created with scheduling gates (Kueue's, say) is not submitted, as
+    kube-scheduler does not schedule it; once an update removes them, it is."""
+    if not isinstance(apiserver, FakeApiServer):
+        pytest.skip("kube-apiserver v1.20 drops spec.schedulingGates (a field of 1.26+)")
+    apiserver.put("Node", node("n1"))
+    gated = pod("held")
+    gated["spec"]["schedulingGates"] = [{"name": "example.com/hold"}]
+    apiserver.put("Pod", gated)
+    log = MemoryLog()
+    ingest = KubeIngest(api, log, watch_seconds=1)
+    stop = asyncio.Event()
+    task = asyncio.create_task(ingest.run(stop))
+    await asyncio.wait_for(ingest.synced(), 5)
+    assert ("PodSubmitted", "default/held") not in kinds(log)
+    current = apiserver.get("Pod", "held", "default")
+    current["spec"]["schedulingGates"] = []
+    apiserver.put("Pod", current)
+    await eventually(lambda: ("PodSubmitted", "default/held") in kinds(log))
+    stop.set()
+    apiserver.drop_watches()
+    await asyncio.wait_for(task, 10)
