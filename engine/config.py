@@ -119,8 +119,7 @@ class SchedulerConfig:
 NOT_ACTED: Final[dict[str, str]] = {
     "parallelism": "not acted on: each shard decides one pass at a time; run more shards "
     "(--shards) to schedule concurrently",
-    "percentageOfNodesToScore": "not acted on: shoal filters and scores every node, "
-    "vectorised",
+    "percentageOfNodesToScore": "not acted on: shoal filters and scores every node, vectorised",
     "leaderElection": "not acted on: shoal elects its leaders with Leases of its own "
     "(shoal serve --namespace, --lease-seconds)",
     "clientConnection": "not acted on: the API client is set on the command line "
@@ -135,8 +134,7 @@ NOT_ACTED: Final[dict[str, str]] = {
 """Top-level fields of ``KubeSchedulerConfiguration`` accepted with a warning: what they
 set in kube-scheduler is set elsewhere in shoal, or does not exist there."""
 PROFILE_NOT_ACTED: Final[dict[str, str]] = {
-    "percentageOfNodesToScore": "not acted on: shoal filters and scores every node, "
-    "vectorised",
+    "percentageOfNodesToScore": "not acted on: shoal filters and scores every node, vectorised",
 }
 """The same, for fields of a profile."""
 
