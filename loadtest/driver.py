@@ -90,7 +90,7 @@ async def run_loadtest(
     init: list[PodSpec] = []
     if shape.workload:
         nodes = perf_nodes(shape.nodes)
-        init, measured = perf_pods(shape.workload, shape.pods)
+        init, measured = perf_pods(shape.workload, shape.pods, shape.nodes)
         batches: list[list[Event]] = [
             [PodSubmitted(pod=p) for p in measured[start : start + shape.batch]]
             for start in range(0, len(measured), shape.batch)

@@ -12,7 +12,10 @@ workload first creates ``INIT_PODS`` pods (not measured), then the measured ones
   ``sched-0`` and ``sched-1`` (init pods in one, measured ones in the other): one per node;
 - ``TopologySpreading``: plain pods, then pods labelled ``color: blue`` with
   ``DoNotSchedule`` constraints of maxSkew 5 on hostname and on zone;
-- ``PreferredTopologySpreading``: the same constraints, ``ScheduleAnyway``.
+- ``PreferredTopologySpreading``: the same constraints, ``ScheduleAnyway``;
+- ``Preemption``: four low-priority pods per node (900m and 500Mi each, priority 1:
+  the nodes are full), then high-priority pods (3 CPU, priority 10) that each preempt
+  three of them (its ``pod-low-priority`` and ``pod-high-priority`` templates).
 """
 
 from __future__ import annotations
@@ -37,7 +40,9 @@ WORKLOADS: Final = (
     "SchedulingPodAntiAffinity",
     "TopologySpreading",
     "PreferredTopologySpreading",
+    "Preemption",
 )
+LOW_PER_NODE: Final = 4
 REQUESTS: Final = {"cpu": 100, "memory": 500 * MI}
 
 
@@ -83,8 +88,30 @@ def _spread(name: str, when: str) -> PodSpec:
     )
 
 
-def perf_pods(workload: str, measured: int) -> tuple[list[PodSpec], list[PodSpec]]:
-    """The init pods and the measured pods of ``workload``."""
+def perf_pods(
+    workload: str, measured: int, nodes: int = 0
+) -> tuple[list[PodSpec], list[PodSpec]]:
+    """The init pods and the measured pods of ``workload`` (on ``nodes`` nodes)."""
+    if workload == "Preemption":
+        low = [
+            PodSpec(
+                namespace="sched-0",
+                name=f"init-{i:06d}",
+                requests={"cpu": 900, "memory": 500 * MI},
+                priority=1,
+            )
+            for i in range(LOW_PER_NODE * nodes)
+        ]
+        high = [
+            PodSpec(
+                namespace="sched-1",
+                name=f"pod-{i:06d}",
+                requests={"cpu": 3000, "memory": 500 * MI},
+                priority=10,
+            )
+            for i in range(measured)
+        ]
+        return low, high
     plain = [
         PodSpec(namespace="sched-0", name=f"init-{i:06d}", requests=dict(REQUESTS))
         for i in range(INIT_PODS)

@@ -180,7 +180,14 @@ def plan(
             return None
         return _victim(handle, state, key)
 
-    everyone = [v for key in state.pods if (v := eligible(key)) is not None]
+    if mode == Mode.PRIORITY and not (agg_short or max_short):
+        # room on a node is all that is missing: only pods on the nodes that lower
+        # priorities could free enough can be victims (found over the columns, not
+        # pod by pod: a cluster holds many more pods than candidate nodes)
+        keys = [k for s in _priority_candidates(pod, state, allowed) for k in state.node_pods[s]]
+    else:
+        keys = list(state.pods)
+    everyone = [v for key in keys if (v := eligible(key)) is not None]
     if not everyone:
         return None
     units = _units(everyone, state, handle)
@@ -241,6 +248,21 @@ def plan(
         if best is None or cost < best.cost:
             best = Plan(slot, tuple(expanded), cost)
     return best
+
+
+def _priority_candidates(pod: PodInfo, state: ClusterState, allowed: Bools) -> list[int]:
+    """The nodes where evicting every pod of lower priority would make room for
+    ``pod`` (its GPU cards aside: checked exactly per node later), fewest such pods
+    first, at most ``MAX_CANDIDATES`` of them."""
+    evictable = state.evictable_below(pod.priority)
+    fits = allowed & (evictable[PODS] > 0)
+    card_rows = state.cards.rows
+    for row, amount in pod.request:
+        if row not in card_rows:
+            fits &= state.free[row] + evictable[row] >= amount
+    slots = np.flatnonzero(fits)
+    order = np.lexsort((slots, evictable[PODS][slots]))
+    return [int(s) for s in slots[order][:MAX_CANDIDATES]]
 
 
 def _describe(handle: Handle, key: str) -> tuple[int, int]:

@@ -24,6 +24,7 @@ from events.types import (
     ClockTicked,
     LabelSelector,
     PodBound,
+    PodMigrated,
     PodPreempted,
     PodSpec,
     PodSubmitted,
@@ -496,6 +497,13 @@ def test_no_placement_breaks_a_required_rule(
             elif isinstance(decision, PodPreempted):
                 placed.pop(decision.pod, None)
                 ends.pop(decision.pod, None)
+            elif isinstance(decision, PodMigrated):
+                # moved to make room (the rescheduler): its new node must allow it too
+                spec, _ = placed.pop(decision.pod)
+                assert allowed(spec, decision.to_node, placed, labels), (decision, placed)
+                placed[decision.pod] = (spec, decision.to_node)
+                if spec.runtime is not None:
+                    ends[decision.pod] = t + spec.runtime // 1_000_000_000
             elif isinstance(decision, PodUnschedulable):
                 assert decision.reason
         engine.state.check_invariants()
