@@ -88,9 +88,7 @@ def _spread(name: str, when: str) -> PodSpec:
     )
 
 
-def perf_pods(
-    workload: str, measured: int, nodes: int = 0
-) -> tuple[list[PodSpec], list[PodSpec]]:
+def perf_pods(workload: str, measured: int, nodes: int = 0) -> tuple[list[PodSpec], list[PodSpec]]:
     """The init pods and the measured pods of ``workload`` (on ``nodes`` nodes)."""
     if workload == "Preemption":
         low = [
