@@ -600,6 +600,9 @@ class ShardSummary(_Fact, frozen=True, kw_only=True, tag="summary"):
     used: dict[str, int] = {}
     largest: dict[str, int] = {}
     pending: int = 0
+    devices: dict[str, tuple[int, ...]] = {}
+    """For pods of ``placed`` that hold GPU cards: which (so the coordinator's view
+    holds the same cards)."""
 
 
 class ReservationGranted(_Fact, frozen=True, kw_only=True, tag="rsv+"):
@@ -609,6 +612,8 @@ class ReservationGranted(_Fact, frozen=True, kw_only=True, tag="rsv+"):
     group: str
     placements: dict[str, str]
     shard: int = 0
+    devices: dict[str, tuple[int, ...]] = {}
+    """The GPU cards of the pods of ``placements`` that hold any."""
 
 
 class ReservationDenied(_Fact, frozen=True, kw_only=True, tag="rsv-"):

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import heapq
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -679,6 +679,16 @@ class ClusterState:
         if cards.rows:
             rows, counts = cards.counts(slice(None))
             assert np.array_equal(self.free[rows], counts), "card-need rows are stale"
+
+
+def held_devices(state: ClusterState, keys: Iterable[str]) -> dict[str, tuple[int, ...]]:
+    """The GPU cards each of ``keys`` holds, for those placed that hold any."""
+    out: dict[str, tuple[int, ...]] = {}
+    for key in keys:
+        placed = state.pods.get(key)
+        if placed is not None and placed.devices:
+            out[key] = placed.devices
+    return out
 
 
 def _gpu(cards: int, need: CardNeed) -> GpuRequest:

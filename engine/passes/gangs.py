@@ -25,7 +25,7 @@ from engine.framework.runtime import Framework
 from engine.model.changes import EVERY
 from engine.model.groups import SCHEDULED, advance, group_unit
 from engine.model.pods import PodInfo
-from engine.model.state import Bools
+from engine.model.state import Bools, held_devices
 from engine.model.statement import Statement
 from engine.passes.dispatch import Placed
 from engine.passes.extenders import applicable, ask_if_needed, verdict_for
@@ -125,6 +125,7 @@ def attempt_group(p: SchedulingPass, key: str) -> None:
             group=key,
             placements={pod.key: e.state.names[slot] or "" for pod, slot, _ in placed},
             shard=e.shard,
+            devices=held_devices(e.state, [pod.key for pod, _, _ in placed]),
         )
         granted(e, grant)  # already staged in state: records them as held
         p.out.append(grant)

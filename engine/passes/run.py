@@ -31,7 +31,7 @@ from engine.model.groups import (
 )
 from engine.model.pods import PodInfo
 from engine.model.shard import ShardModel
-from engine.model.state import Request
+from engine.model.state import Request, held_devices
 from engine.passes.dispatch import Dispatch, Route
 from engine.passes.explain import Explanation
 from engine.passes.reservations import RESOLVABLE, evict, hand_back, settle_reservations
@@ -149,7 +149,13 @@ class SchedulingPass:
         nodes = len(e.state.index)
         if e.placed_here or (e.seen >= 0 and nodes != e.reported_nodes):
             self.out.append(
-                ShardSummary(shard=e.shard, seen=e.seen, placed=e.placed_here, nodes=nodes)
+                ShardSummary(
+                    shard=e.shard,
+                    seen=e.seen,
+                    placed=e.placed_here,
+                    nodes=nodes,
+                    devices=held_devices(e.state, e.placed_here),
+                )
             )
             e.placed_here = {}
             e.reported_nodes = nodes

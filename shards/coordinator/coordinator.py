@@ -515,6 +515,7 @@ class Coordinator:
             case ShardSummary(placed=placed, nodes=nodes):
                 self.shard_nodes[shard] = nodes
                 self._placed(placed, shard)
+                self._align_devices(event.devices)
             case PodHandedBack(pod=key, group=""):
                 self._handed_back(key, shard, event.reason, event.decision_id)
             case ReservationGranted():
@@ -580,6 +581,16 @@ class Coordinator:
             BindFailed(pod=key, node=node, decision_id=decision or current, reason=reason)
         )
 
+    def _align_devices(self, devices: dict[str, tuple[int, ...]]) -> None:
+        """Hold, in the view, the GPU cards the shard chose for its pods (the view chose
+        its own when it placed them, perhaps others)."""
+        state = self.engine.state
+        for key, cards in sorted(devices.items()):
+            placed = state.pods.get(key)
+            if placed is not None and placed.devices != cards:
+                state.forget(key)
+                state.assume(key, placed.slot, placed.request, placed.priority, placed.ports, cards)
+
     def _granted(self, event: ReservationGranted, shard: int) -> None:
         claim = self.claims.get(event.rid)
         if claim is None or shard not in claim.open or claim.stage != PREPARING:
@@ -599,6 +610,7 @@ class Coordinator:
                 advance(group, SCHEDULED)
                 engine.group_changes[group.key] = None
                 engine.wake(group.key)
+        self._align_devices(event.devices)
         if len(claim.granted) == len(claim.parts):
             if len(claim.parts) > 1:
                 for part in sorted(claim.parts):

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from tests.shards.coordinator_kit import shoal
 
-SHARDS = (1, 2)
+SHARDS = (1, 2, 4)
 
 
 def gpu_node(name: str, cards: int, *, model: str = "", cpu: int = 64) -> str:
