@@ -158,6 +158,9 @@ class Engine(ShardModel):
         deadline = self.next_deadline()
         if deadline is not None:
             times.append(deadline)
+        expiry = self.next_hold_expiry()
+        if expiry is not None:
+            times.append(max(expiry, self.now))
         return min(times) if times else None
 
     def schedule(self) -> list[Event]:

@@ -30,6 +30,7 @@ from engine.model.shard import ShardModel
 from events.types import (
     BindFailed,
     ExtenderAnswered,
+    MigrationEvicted,
     NodeAdded,
     NodeRemoved,
     NodeUpdated,
@@ -90,6 +91,13 @@ def bound(m: ShardModel, event: PodBound) -> None:
     m.queue.remove(event.pod)
     pod.attempts = max(pod.attempts, event.attempt)
     m.place(event.pod, slot, event.decision_id, devices=event.devices)
+
+
+def migration_evicted(m: ShardModel, event: MigrationEvicted) -> None:
+    """The move was carried out by evicting the pod: once it is gone, its room on the
+    planned node is held for its replacement (:mod:`engine.model.holds`)."""
+    if m.bindings.get(event.pod) == event.decision_id:
+        m.replacing[event.pod] = event.decision_id
 
 
 def migrated(m: ShardModel, event: PodMigrated) -> None:
@@ -393,6 +401,7 @@ HANDLERS: Final[dict[type, Callable[[ShardModel, Any], None]]] = {
     QuotaDefined: quota_defined,
     PodBound: bound_seen,
     PodMigrated: migrated,
+    MigrationEvicted: migration_evicted,
     PodUnschedulable: unschedulable,
     BindFailed: bind_failed,
     PodSucceeded: finished(SUCCEEDED),

@@ -179,6 +179,9 @@ class PodSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """The selector of the ReplicaSet or StatefulSet that made the pod, where known:
     what the profile's default spread constraints select (kube-scheduler's
     ``DefaultSelector``); None: no default constraints apply."""
+    owner: str = ""
+    """Its controller (``KIND/NAME`` of the ``ownerReferences`` entry with
+    ``controller: true``), or empty: a moved pod's node is held for its replacement."""
 
     @property
     def key(self) -> str:
@@ -527,6 +530,16 @@ class PodMigrated(_Fact, frozen=True, kw_only=True, tag="migrate"):
     devices: tuple[int, ...] = ()
 
 
+class MigrationEvicted(_Fact, frozen=True, kw_only=True, tag="migrate.evicted"):
+    """The binder carried out ``PodMigrated`` ``decision_id`` as an eviction (a
+    Kubernetes pod cannot move): when the pod is gone, the node it was moved to is held
+    for the replacement its controller creates."""
+
+    pod: str
+    to_node: str
+    decision_id: str
+
+
 class PodGroupStatusChanged(_Fact, frozen=True, kw_only=True, tag="group~"):
     """A pod group changed phase (Pending, Scheduled, Succeeded, Failed)."""
 
@@ -676,6 +689,7 @@ Event = (
     | PodEvicted
     | PodPreempted
     | PodMigrated
+    | MigrationEvicted
     | PodGroupSubmitted
     | QuotaDefined
     | PodGroupStatusChanged

@@ -37,6 +37,7 @@ from engine.model.groups import (
     hold_for_next_run,
     is_group_unit,
 )
+from engine.model.holds import HOLD_PREFIX, Hold, hold_until, owner_of
 from engine.model.pods import PodInfo, pod_info
 from engine.model.pools import Pools
 from engine.model.queue import SchedulingQueue
@@ -50,7 +51,7 @@ from engine.model.retention import (
     next_deadline,
     timed_out,
 )
-from engine.model.state import ClusterState
+from engine.model.state import ClusterState, Request
 from events.types import (
     PodGroupSubmitted,
     PodSpec,
@@ -161,6 +162,11 @@ class ShardModel:
         self.migrates = True
         """Whether passes may move running pods (the rescheduler): an engine that owns
         its nodes. The coordinator's view does not (see ``shards.coordinator``)."""
+        self.replacing: dict[str, str] = {}
+        """Pods moved by evicting them (``MigrationEvicted``) → the move's decision id:
+        when one is gone, its room is held for its owner (:mod:`engine.model.holds`)."""
+        self.holds: dict[str, list[Hold]] = {}
+        """Owner (``ns/KIND/NAME``) → room held for its replacement pods."""
         self.reported_nodes = 0
         """The number of nodes the last summary said this shard had."""
         self.returning: dict[str, tuple[str, str]] = {}
@@ -454,8 +460,12 @@ class ShardModel:
                 self.finished_as(key, outcome)  # it ran on another shard: a dependency's fate
                 self.wake(key)
             return
+        moved = self.replacing.pop(key, None)
+        held = self.state.pods.get(key) if moved == self.bindings.get(key) else None
         slot = self.release(key)
         pod = self.pods.pop(key)
+        if held is not None and pod.spec.owner:
+            self.hold_for(pod, held.slot, held.request, held.priority)
         rid = self.reserved.pop(key, None)  # a finished pod holds no part of a reservation
         self.dispatched.pop(key, None)
         self.delegated.pop(key, None)
@@ -524,6 +534,47 @@ class ShardModel:
         self.broken.pop(key, None)
 
     # ------------------------------------------------------------------ what is over
+
+    def hold_for(self, pod: PodInfo, slot: int, request: Request, priority: int) -> None:
+        """Keep ``pod``'s room on ``slot`` for its owner's next pod (a moved pod, gone)."""
+        owner = owner_of(pod.spec.namespace, pod.spec.owner)
+        hold = Hold(f"{HOLD_PREFIX}{pod.key}", slot, hold_until(self.now))
+        self.state.assume(hold.key, slot, request, priority)
+        self.holds.setdefault(owner, []).append(hold)
+
+    def take_hold(self, pod: PodInfo) -> Hold | None:
+        """Let go of the oldest room held for ``pod``'s owner; it, or None."""
+        if not pod.spec.owner:
+            return None
+        owner = owner_of(pod.spec.namespace, pod.spec.owner)
+        holds = self.holds.get(owner)
+        if not holds:
+            return None
+        hold = holds.pop(0)
+        if not holds:
+            del self.holds[owner]
+        self.state.forget(hold.key)
+        self.fire(ClusterEvent.POD_FREED, hold.slot)
+        return hold
+
+    def expire_holds(self) -> None:
+        """Free the room held past its time for replacements that never came."""
+        for owner in sorted(self.holds):
+            kept = []
+            for hold in self.holds[owner]:
+                if hold.until <= self.now:
+                    if self.state.forget(hold.key) is not None:
+                        self.fire(ClusterEvent.POD_FREED, hold.slot)
+                else:
+                    kept.append(hold)
+            if kept:
+                self.holds[owner] = kept
+            else:
+                del self.holds[owner]
+
+    def next_hold_expiry(self) -> int | None:
+        times = [h.until for holds in self.holds.values() for h in holds]
+        return min(times) if times else None
 
     def finished_as(self, key: str, outcome: str) -> None:
         """Pod (or another shard's group) ``key`` is over with ``outcome``; kept for the

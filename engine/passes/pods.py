@@ -43,6 +43,8 @@ def attempt_pod(p: SchedulingPass, pod: PodInfo) -> None:
         p.unschedulable(pod, no_profile(pod), ())
         return
     explain = pod.key == p.explain
+    if e.holds and place_in_hold(p, pod, framework):
+        return
     verdict = None
     extenders = applicable(p, pod)
     if extenders:
@@ -90,6 +92,22 @@ def attempt_pod(p: SchedulingPass, pod: PodInfo) -> None:
     if note:
         message = f"{message}; {note}"
     p.unschedulable(pod, message, plugins, diagnosis.rejections() if diagnosis else {})
+
+
+def place_in_hold(p: SchedulingPass, pod: PodInfo, framework: Framework) -> bool:
+    """A replacement for a moved pod goes where the room was held for it, if its
+    pre-filters and filters allow (the room is let go either way)."""
+    e = p.e
+    hold = e.take_hold(pod)
+    if hold is None:
+        return False
+    cycle = CycleState()
+    if not framework.run_pre_filters(cycle, pod, e.state).ok:
+        return False
+    if not framework.feasible(cycle, pod, e.state)[hold.slot]:
+        return False
+    p.dispatch.commit(p, None, [(pod, hold.slot, 0)])
+    return True
 
 
 def may_preempt(p: SchedulingPass, pod: PodInfo, attempt: Attempt) -> bool:

@@ -99,6 +99,8 @@ class SchedulingPass:
         if e.releasing:
             self._hand_over_pools()
         self._timeouts()
+        if e.holds:
+            e.expire_holds()
         self._settle()
         e.queue.flush_backoff(e.now)
         dispatch = self.dispatch

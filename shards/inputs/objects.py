@@ -33,6 +33,7 @@ from shards.inputs.limits import (
     MAX_PRIORITY,
     MAX_USER_PRIORITY,
     MIN_PRIORITY,
+    cut,
     shown,
 )
 from shards.inputs.podaffinity import label_selector, pod_affinity, spread_constraints
@@ -260,6 +261,26 @@ def _tolerations(value: Any, where: str) -> tuple[Toleration, ...]:
     return tuple(out)
 
 
+def controller_of(meta: Mapping[str, Any]) -> str:
+    """``KIND/NAME`` of the ``ownerReferences`` entry with ``controller: true``, or ""."""
+    refs = meta.get("ownerReferences")
+    if refs is None:
+        return ""
+    if not isinstance(refs, list):
+        raise InputError("must be a list", location="metadata.ownerReferences")
+    for i, ref in enumerate(refs):
+        if not isinstance(ref, Mapping):
+            raise InputError("must be a mapping", location=f"metadata.ownerReferences[{i}]")
+        if ref.get("controller") is True:
+            kind, name = ref.get("kind"), ref.get("name")
+            if not isinstance(kind, str) or not isinstance(name, str) or not kind or not name:
+                raise InputError(
+                    "needs a kind and a name", location=f"metadata.ownerReferences[{i}]"
+                )
+            return f"{cut(kind, 63)}/{cut(name, 253)}"
+    return ""
+
+
 def pod_spec(obj: Mapping[str, Any], priority_classes: Mapping[str, int] | None = None) -> PodSpec:
     """A ``v1 Pod`` → :class:`PodSpec`. ``priority_classes`` maps class name → value
     (a :class:`PriorityClassValue` carries the class's preemption policy too); the name
@@ -364,6 +385,7 @@ def pod_spec(obj: Mapping[str, Any], priority_classes: Mapping[str, int] | None 
         host_ports=host_ports(spec, f"{namespace}/{name}"),
         spread_constraints=spread_constraints(spec, labels),
         owner_selector=label_selector(obj.get(OWNER_SELECTOR), OWNER_SELECTOR),
+        owner=controller_of(meta),
         **pod_affinity(spec, namespace, labels),
     )
 

@@ -7,8 +7,9 @@
   the pod is on the decided node is success.
 - ``PodPreempted`` / ``PodEvicted`` → the Eviction API (a pod already gone is fine).
   ``PodMigrated`` too: a pod cannot move, so the rescheduler's move is an eviction from
-  where it runs (its node held like a victim's); the replacement its controller creates
-  is placed like any new pod (the planned node is not held for it yet).
+  where it runs (its node held like a victim's), and says so (``MigrationEvicted``):
+  once the pod is gone, the engine holds its planned node for the replacement its
+  controller creates (``engine/model/holds.py``).
   A PodDisruptionBudget that forbids it (429) is waited out: the eviction is tried
   again with back-off (``eviction_backoff`` seconds, doubling, at most
   ``eviction_attempts`` times), without holding up the other decisions; given up, it is
@@ -64,6 +65,7 @@ from events.types import (
     BindFailed,
     Envelope,
     Event,
+    MigrationEvicted,
     NodeAdded,
     NodeRemoved,
     NodeUpdated,
@@ -383,7 +385,13 @@ class KubeBinder:
                     # like any new pod
                     self._hold(as_eviction(event))
                     self.counters["migrations"] += 1
-                    return await self._evict(event.pod, event.from_node, env.offset or 0)
+                    carried = MigrationEvicted(
+                        pod=event.pod, to_node=event.to_node, decision_id=event.decision_id
+                    )
+                    return [
+                        carried,
+                        *await self._evict(event.pod, event.from_node, env.offset or 0),
+                    ]
                 case PodUnschedulable() if from_shard and event.attempt > 0:
                     await self._warn(event.pod, "FailedScheduling", event.reason)
                 case PodRejected() if from_shard or env.producer in _ADMISSION:
