@@ -21,7 +21,7 @@ from engine.model.pods import PodInfo
 from engine.model.shard import QUOTA_PLUGIN
 from engine.model.statement import Statement
 from engine.passes.extenders import applicable, ask_if_needed, verdict_for
-from engine.plugins.rescheduler import CHEAPEST, PLACED, ROOM
+from engine.plugins.rescheduler import CHEAPEST, PLACED, ROOM, SKIP
 from engine.plugins.rescheduler import NAME as RESCHEDULER
 
 if TYPE_CHECKING:
@@ -68,14 +68,17 @@ def attempt_pod(p: SchedulingPass, pod: PodInfo) -> None:
     ):
         # (not when inter-pod rules applied: they read the pod's labels, not its shape)
         p.failed[cache_key] = attempt
-    note = ""
+    note = p.unmovable.get(cache_key, "")
     preempts = verdict is None and may_preempt(p, pod, attempt)
     # (preemption does not ask extenders: a pod they judged is not preempted for)
-    if attempt.status.code != Code.UNSCHEDULABLE_AND_UNRESOLVABLE and (
-        preempts or (verdict is None and may_migrate(p, pod, framework, attempt))
-    ):
+    migrates = (
+        verdict is None and cache_key not in p.unmovable and may_migrate(p, pod, framework, attempt)
+    )
+    if attempt.status.code != Code.UNSCHEDULABLE_AND_UNRESOLVABLE and (preempts or migrates):
         statement = Statement(e.state, e.quotas)
         cycle = CycleState()
+        if not migrates:
+            cycle.write(RESCHEDULER, SKIP, True)
         slot = preempt_into(p, statement, pod, framework, cycle=cycle, preempts=preempts)
         if slot is not None:
             p.record(pod, attempt)
@@ -83,6 +86,8 @@ def attempt_pod(p: SchedulingPass, pod: PodInfo) -> None:
             return
         statement.discard()
         note = str(cycle.read(RESCHEDULER, CHEAPEST, ""))
+        if migrates and not (framework.conditional and framework.cluster_wide(pod, e.state)):
+            p.unmovable[cache_key] = note
     p.record(pod, attempt)
     diagnosis = attempt.diagnosis
     plugins = tuple(diagnosis.plugins) if diagnosis else ()

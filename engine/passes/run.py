@@ -67,6 +67,10 @@ class SchedulingPass:
         self.failed: dict[tuple[object, ...], Attempt] = {}
         """Failures of non-gang attempts by pod shape: within a pass capacity only
         shrinks (until something is evicted), so a shape that failed fails again."""
+        self.unmovable: dict[tuple[object, ...], str] = {}
+        """Pod shapes (as ``failed``) for which the rescheduler found no plan this pass:
+        moves only ever take room, so none is found again until something is freed;
+        with the cheapest plan that would need too many moves, said in the reason."""
         self._capacity: dict[str, int] | None = None
         self.extender_nodes: dict[tuple[object, ...], tuple[str, ...] | None] = {}
         """Per (profile, pod shape, state position): the nodes extenders are asked
@@ -187,6 +191,7 @@ class SchedulingPass:
         """Room was freed on ``slots``: parked pods it may help go back to the queue."""
         if slots:
             self.failed.clear()
+            self.unmovable.clear()
             for slot in slots:
                 self.e.fire(ClusterEvent.POD_FREED, slot)
 

@@ -55,6 +55,8 @@ MAX_TRIALS: Final = 64
 MAX_COMBINATIONS: Final = 4096
 PLACED: Final = "placed"
 """Cycle key: the slot the waiting pod was placed on (the plan staged it already)."""
+SKIP: Final = "skip"
+"""Cycle key: not this attempt (no plan was found for the pod's shape in this pass)."""
 CHEAPEST: Final = "cheapest"
 """Cycle key: a plan found that needs more moves than allowed (said in the reason)."""
 ROOM: Final = "NodeResourcesFit"
@@ -98,6 +100,7 @@ class Rescheduler:
         handle = self.handle
         if (
             not isinstance(statement, Statement)
+            or cycle.read(NAME, SKIP, False)
             or not handle.migrates
             or pod.spec.group
             or self.max_moves == 0
