@@ -167,6 +167,9 @@ class ShardModel:
         when one is gone, its room is held for its owner (:mod:`engine.model.holds`)."""
         self.holds: dict[str, list[Hold]] = {}
         """Owner (``ns/KIND/NAME``) → room held for its replacement pods."""
+        self.defrag_moves: list[tuple[int, int]] = []
+        """(time, node slot) of the defragmentation's moves in the last minute (its
+        budget: :mod:`engine.passes.defrag`)."""
         self.reported_nodes = 0
         """The number of nodes the last summary said this shard had."""
         self.returning: dict[str, tuple[str, str]] = {}

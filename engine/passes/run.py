@@ -149,6 +149,8 @@ class SchedulingPass:
                 attempt_pod(self, e.pods[unit])
             if e.dirty:
                 self._settle()
+        if e.migrates and not waits:
+            self._defragment()
         self._report_groups()
         if e.next_runs:
             self._explain_next_runs()
@@ -166,6 +168,18 @@ class SchedulingPass:
             e.placed_here = {}
             e.reported_nodes = nodes
         return self.out
+
+    def _defragment(self) -> None:
+        """Empty nearly-empty GPU machines, if a profile asks for it (the first whose
+        ``Rescheduler`` has a ``defragmentation`` budget)."""
+        from engine.passes.defrag import defragment
+
+        for framework in self.profiles.frameworks.values():
+            plugin = framework.plugins.get("Rescheduler")
+            budget = getattr(plugin, "defrag", None)
+            if budget is not None:
+                defragment(self, budget)
+                return
 
     def _attempt_arrived(self) -> None:
         """What the coordinator handed over or asked to hold since the last pass, in the

@@ -65,6 +65,31 @@ NOTHING = PostFilterResult(unschedulable("no migration makes room"))
 
 
 @dataclass(frozen=True, slots=True)
+class Budget:
+    per_minute: int
+    per_node_per_minute: int
+
+    @classmethod
+    def parse(cls, raw: Any, where: str) -> Budget | None:
+        if raw is None:
+            return None
+        if not isinstance(raw, dict):
+            raise InputError("must be a mapping", location=where)
+        unknown = set(raw) - {"movesPerMinute", "movesPerNodePerMinute"}
+        if unknown:
+            raise InputError(f"unknown field {sorted(unknown)[0]!r}", location=where)
+        values = []
+        for key in ("movesPerMinute", "movesPerNodePerMinute"):
+            value = raw.get(key, 10 if key == "movesPerMinute" else 2)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 10_000:
+                raise InputError(
+                    f"must be an integer 0..10000, got {value!r}", location=f"{where}.{key}"
+                )
+            values.append(value)
+        return cls(values[0], values[1])
+
+
+@dataclass(frozen=True, slots=True)
 class _Plan:
     cost: tuple[int, int, int, int]
     slot: int
@@ -74,22 +99,30 @@ class _Plan:
 class Rescheduler:
     name = NAME
 
-    def __init__(self, handle: Handle, max_moves: int = MAX_MOVES) -> None:
+    def __init__(
+        self, handle: Handle, max_moves: int = MAX_MOVES, defrag: Budget | None = None
+    ) -> None:
         self.handle = handle
         self.max_moves = max_moves
+        self.defrag = defrag
+        """The defragmentation's budget (:mod:`engine.passes.defrag`); None: off."""
 
     def __repr__(self) -> str:
         return f"Rescheduler(max_moves={self.max_moves})"
 
     @classmethod
     def create(cls, args: Mapping[str, Any], where: str, handle: Handle) -> Rescheduler:
-        unknown = set(args) - {"maxMoves"}
+        unknown = set(args) - {"maxMoves", "defragmentation"}
         if unknown:
-            raise InputError(f"unknown args {sorted(unknown)} (maxMoves)", location=where)
+            raise InputError(
+                f"unknown args {sorted(unknown)} (maxMoves, defragmentation)", location=where
+            )
         moves = args.get("maxMoves", MAX_MOVES)
         if not isinstance(moves, int) or isinstance(moves, bool) or not 0 <= moves <= 8:
             raise InputError(f"maxMoves must be an integer 0..8, got {moves!r}", location=where)
-        return cls(handle, moves)
+        return cls(
+            handle, moves, Budget.parse(args.get("defragmentation"), f"{where}.defragmentation")
+        )
 
     def post_filter(
         self, cycle: CycleState, pod: PodInfo, state: ClusterState, feasible: Bools

@@ -207,3 +207,36 @@ def test_a_pod_that_fits_is_placed_without_moves(
     data = run(tmp_path, capsys, text, shards)
     assert data["migrations"] == []
     assert data["pods"]["default/podC"]["node"] == "node2"
+
+
+def defrag_config(per_minute: int, per_node: int = 2) -> str:
+    return f"""
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+profiles:
+- schedulerName: default-scheduler
+  pluginConfig:
+  - name: Rescheduler
+    args:
+      defragmentation: {{movesPerMinute: {per_minute}, movesPerNodePerMinute: {per_node}}}
+---"""
+
+
+@pytest.mark.parametrize("shards", (1, 2))
+@pytest.mark.parametrize(("budget", "moved"), [(10, 2), (1, 0), (0, 0)])
+def test_defragmentation_empties_nearly_empty_machines_within_its_budget(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int, budget: int, moved: int
+) -> None:
+    """Off by default. On, between passes: spare holds two 1-card pods (a quarter of
+    its cards, nearly empty) and busy holds 5 cards; both small pods move to busy, so
+    spare is whole. A budget smaller than what emptying spare takes moves nothing."""
+    text = defrag_config(budget) if budget else ""
+    text += gpu_node("spare", 8) + gpu_node("busy", 8)
+    text += gpu_pod("small-0", 1, on="spare") + gpu_pod("small-1", 1, on="spare")
+    text += gpu_pod("big-0", 5, on="busy", migratable=False)
+    data = run(tmp_path, capsys, text, shards)
+    moves = [m for m in data["migrations"] if m["by"] == "shoal.io/defragmentation"]
+    assert len(moves) == moved
+    if moved:
+        assert {m["from"] for m in moves} == {"spare"} and {m["to"] for m in moves} == {"busy"}
+        assert all(data["pods"][f"default/small-{i}"]["node"] == "busy" for i in range(2))

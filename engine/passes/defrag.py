@@ -1,0 +1,129 @@
+"""Defragmentation: between passes, empty nearly-empty GPU machines so that whole
+machines are free for large jobs (off by default).
+
+Enabled per profile with the ``Rescheduler`` plugin's args::
+
+    pluginConfig:
+    - name: Rescheduler
+      args:
+        defragmentation: {movesPerMinute: 10, movesPerNodePerMinute: 2}
+
+After each pass of an engine that owns its nodes, while the budget allows (at most
+``movesPerMinute`` moves in the last 60 s of log time in all, and
+``movesPerNodePerMinute`` off any one node), the GPU machine with the least busy
+compute among the *nearly empty* ones (some card busy, at most a quarter of its cards
+busy) is emptied: every pod on it moves, each to the busiest other GPU machine that is
+not nearly empty and that its profile's filters allow, all staged together and kept
+only if every pod found a place (the emptied machine is then whole). Pods the
+rescheduler may never move (``shoal.io/migratable: "false"``, gang members, pods not
+yet bound) keep a machine from being emptied. Each move is a ``PodMigrated`` made for
+``shoal.io/defragmentation``, replayed like any decision. At several shards each shard
+defragments its own machines.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
+
+from engine.framework.cycle import CycleState
+from engine.model.cards import ABSENT
+from engine.model.devices import WHOLE
+from engine.model.statement import Statement
+from engine.passes.dispatch import migrate
+from engine.plugins.rescheduler import MIGRATABLE, Budget, _unpinned
+from events.types import SECOND
+
+if TYPE_CHECKING:
+    from engine.passes.run import SchedulingPass
+
+BY: Final = "shoal.io/defragmentation"
+WINDOW: Final = 60 * SECOND
+NEARLY_EMPTY: Final = 4
+"""A machine is nearly empty when at most 1/NEARLY_EMPTY of its cards are busy."""
+MAX_SOURCES: Final = 16
+"""Machines tried per pass at most (each a staged trial)."""
+
+
+def defragment(p: SchedulingPass, budget: Budget) -> None:
+    """Empty nearly-empty GPU machines within ``budget`` (see the module docstring)."""
+    e = p.e
+    state = e.state
+    cards = state.cards
+    moves = e.defrag_moves
+    moves[:] = [(t, slot) for t, slot in moves if t > e.now - WINDOW]
+    left = budget.per_minute - len(moves)
+    if left <= 0 or (not cards.rows and not cards.count.any()):
+        return
+    count = cards.count
+    busy_cards = (cards.free != WHOLE).sum(axis=1) - (cards.free == ABSENT).sum(axis=1)
+    busy_milli = np.where(cards.free >= 0, WHOLE - cards.free, 0).sum(axis=1)
+    gpu = state.valid & (count > 0)
+    nearly = gpu & (busy_cards > 0) & (busy_cards * NEARLY_EMPTY <= count)
+    targets = gpu & ~nearly & (busy_cards > 0)
+    if not nearly.any() or not targets.any():
+        return
+    sources = np.flatnonzero(nearly)
+    order = np.lexsort((sources, busy_milli[sources]))
+    per_node: dict[int, int] = {}
+    for _, slot in moves:
+        per_node[slot] = per_node.get(slot, 0) + 1
+    for source in (int(s) for s in sources[order][:MAX_SOURCES]):
+        keys = sorted(state.node_pods[source])
+        allowed = budget.per_node_per_minute - per_node.get(source, 0)
+        if not keys or len(keys) > min(left, allowed) or not all(_movable(p, k) for k in keys):
+            continue
+        landed = _empty(p, source, keys, targets, busy_milli)
+        if landed is None:
+            continue
+        for key, slot in landed:
+            migrate(p, key, source, slot, BY)
+            moves.append((e.now, source))
+        left -= len(landed)
+        per_node[source] = per_node.get(source, 0) + len(landed)
+        targets[source] = False
+        if left <= 0:
+            return
+
+
+def _movable(p: SchedulingPass, key: str) -> bool:
+    e = p.e
+    pod = e.pods.get(key)
+    return (
+        pod is not None
+        and key in e.bindings
+        and not pod.spec.group
+        and pod.spec.annotations.get(MIGRATABLE, "").lower() != "false"
+    )
+
+
+def _empty(
+    p: SchedulingPass, source: int, keys: list[str], targets: Any, busy: Any
+) -> list[tuple[str, int]] | None:
+    """Stage every pod of ``source`` onto the busiest allowed target; the moves, or None
+    (nothing staged) if any pod finds no place."""
+    e = p.e
+    state = e.state
+    statement = Statement(state, e.quotas)
+    for key in keys:
+        statement.lift(key, e.pods[key].spec.namespace, BY)
+    landed: list[tuple[str, int]] = []
+    for key in keys:
+        pod = _unpinned(e.pods[key])
+        framework = p.profiles.framework_for(pod)
+        if framework is None:
+            statement.discard()
+            return None
+        feasible = framework.feasible(CycleState(), pod, state) & targets
+        feasible[source] = False
+        slots = np.flatnonzero(feasible)
+        if slots.size == 0:
+            statement.discard()
+            return None
+        slot = int(slots[np.lexsort((slots, -busy[slots]))[0]])
+        spec = pod.spec
+        statement.land(key, spec.namespace, slot, pod.request, pod.priority, spec.host_ports, BY)
+        landed.append((key, slot))
+    statement.commit()
+    return landed
