@@ -137,9 +137,23 @@ def add_arguments(load: argparse.ArgumentParser) -> None:
     )
     snapshot_option(load)
     load.add_argument("--json", action="store_true")
+    modes = load.add_subparsers(dest="loadtest_mode", metavar="MODE")
+    from loadtest.kube import add_arguments as kube_arguments
+
+    kube = modes.add_parser(
+        "kube",
+        help="scheduler_perf's SchedulingBasic through an API server, for shoal or any "
+        "scheduler (--scheduler-name)",
+    )
+    kube_arguments(kube)
+    kube.add_argument("--json", action="store_true")
 
 
 async def run(args: argparse.Namespace) -> int:
+    if getattr(args, "loadtest_mode", None) == "kube":
+        from loadtest import kube
+
+        return await kube.run(args)
     from loadtest.driver import LoadShape, run_loadtest
 
     sharding_for(args.shards)

@@ -89,6 +89,7 @@ class Kind:
 
 KINDS = [
     Kind("", "v1", "nodes", "Node", False),
+    Kind("", "v1", "namespaces", "Namespace", False),
     Kind("", "v1", "pods", "Pod", True),
     Kind("", "v1", "events", "Event", True),
     Kind("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False),
