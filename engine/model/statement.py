@@ -65,32 +65,22 @@ class Statement:
         )
 
     def evict(self, key: str, namespace: str, by: str = "") -> int:
-        placed = self.state.pods[key]
-        self.state.forget(key)
-        self.quotas.remove(namespace, placed.request)
-        self.ops.append(
-            _Op(
-                "evict",
-                key,
-                placed.slot,
-                placed.request,
-                namespace,
-                by,
-                placed.priority,
-                placed.ports,
-                placed.devices,
-            )
-        )
-        return placed.slot
+        slot = self._take_off("evict", key, namespace, by)
+        self.quotas.remove(namespace, self.ops[-1].request)
+        return slot
 
     def lift(self, key: str, namespace: str, by: str) -> int:
         """Take running pod ``key`` off its node, to :meth:`land` it on another (a
         migration; its quota is unchanged: it stays placed, elsewhere)."""
+        return self._take_off("lift", key, namespace, by)
+
+    def _take_off(self, kind: str, key: str, namespace: str, by: str) -> int:
+        """Forget placed pod ``key``, recording how to put it back (its cards too)."""
         placed = self.state.pods[key]
         self.state.forget(key)
         self.ops.append(
             _Op(
-                "lift",
+                kind,
                 key,
                 placed.slot,
                 placed.request,

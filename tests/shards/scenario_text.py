@@ -78,3 +78,80 @@ spec:
   - name: c
     resources: {{requests: {{cpu: "{cpu}", memory: {memory}{gpus}}}}}
 ---"""
+
+
+def gpu_node(name: str, cards: int, *, model: str = "", cpu: int = 64) -> str:
+    """A node with ``cards`` GPU cards (of ``model``, as GPU feature discovery labels it)."""
+    labels = f"nvidia.com/gpu.product: {model}" if model else ""
+    return f"""
+apiVersion: v1
+kind: Node
+metadata: {{name: {name}, labels: {{{labels}}}}}
+status: {{allocatable: {{cpu: "{cpu}", memory: 512Gi, pods: "110", nvidia.com/gpu: "{cards}"}}}}
+---"""
+
+
+def gpu_pod(
+    name: str,
+    *,
+    cards: int = 0,
+    milli: int = 0,
+    at: float = 0,
+    priority: int | None = None,
+    group: str = "",
+    models: tuple[str, ...] = (),
+    on: str = "",
+    migratable: bool = True,
+    runtime: float | None = None,
+) -> str:
+    """A pod asking for ``cards`` whole cards or ``milli`` of one card; ``models``: the
+    GPU models its node affinity allows; ``on``: the node it runs on (``nodeName``)."""
+    resources = ['cpu: "1"']
+    if cards:
+        resources.append(f'nvidia.com/gpu: "{cards}"')
+    if milli:
+        resources.append(f'shoal.io/gpu-milli: "{milli}"')
+    annotations = [f'shoal.io/arrive-at: "{at:g}"']
+    if not migratable:
+        annotations.append('shoal.io/migratable: "false"')
+    if runtime is not None:
+        annotations.append(f'shoal.io/runtime: "{runtime:g}"')
+    spec = []
+    if on:
+        spec.append(f"  nodeName: {on}")
+    if priority is not None:
+        spec.append(f"  priority: {priority}")
+    if models:
+        values = ", ".join(models)
+        spec.append(
+            "  affinity:\n    nodeAffinity:\n      requiredDuringSchedulingIgnoredDuringExecution:"
+            "\n        nodeSelectorTerms:\n        - matchExpressions:\n"
+            f"          - {{key: nvidia.com/gpu.product, operator: In, values: [{values}]}}"
+        )
+    labels = f"scheduling.x-k8s.io/pod-group: {group}" if group else ""
+    extra = "\n".join(spec)
+    return f"""
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  labels: {{{labels}}}
+  annotations: {{{", ".join(annotations)}}}
+spec:
+{extra}
+  containers:
+  - name: c
+    resources: {{limits: {{{", ".join(resources)}}}}}
+---"""
+
+
+def pod_group(name: str, min_member: int, *, ns: str = "default", at: float = 0) -> str:
+    return f"""
+apiVersion: scheduling.x-k8s.io/v1alpha1
+kind: PodGroup
+metadata:
+  name: {name}
+  namespace: {ns}
+  annotations: {{shoal.io/arrive-at: "{at:g}"}}
+spec: {{minMember: {min_member}}}
+---"""

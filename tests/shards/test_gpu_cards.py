@@ -18,69 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.shards.coordinator_kit import shoal
+from tests.shards.scenario_text import gpu_node, gpu_pod
+from tests.shards.scenario_text import pod_group as podgroup
 
 SHARDS = (1, 2, 4)
-
-
-def gpu_node(name: str, cards: int, *, model: str = "", cpu: int = 64) -> str:
-    labels = f"nvidia.com/gpu.product: {model}" if model else ""
-    return f"""
-apiVersion: v1
-kind: Node
-metadata: {{name: {name}, labels: {{{labels}}}}}
-status: {{allocatable: {{cpu: "{cpu}", memory: 512Gi, pods: "110", nvidia.com/gpu: "{cards}"}}}}
----"""
-
-
-def gpu_pod(
-    name: str,
-    *,
-    cards: int = 0,
-    milli: int = 0,
-    at: float = 0,
-    priority: int | None = None,
-    group: str = "",
-    models: tuple[str, ...] = (),
-) -> str:
-    resources = []
-    if cards:
-        resources.append(f'nvidia.com/gpu: "{cards}"')
-    if milli:
-        resources.append(f'shoal.io/gpu-milli: "{milli}"')
-    spec = []
-    if priority is not None:
-        spec.append(f"  priority: {priority}")
-    if models:
-        values = ", ".join(models)
-        spec.append(
-            "  affinity:\n    nodeAffinity:\n      requiredDuringSchedulingIgnoredDuringExecution:"
-            "\n        nodeSelectorTerms:\n        - matchExpressions:\n"
-            f"          - {{key: nvidia.com/gpu.product, operator: In, values: [{values}]}}"
-        )
-    labels = f"scheduling.x-k8s.io/pod-group: {group}" if group else ""
-    extra = "\n".join(spec)
-    return f"""
-apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-  labels: {{{labels}}}
-  annotations: {{shoal.io/arrive-at: "{at:g}"}}
-spec:
-{extra}
-  containers:
-  - name: c
-    resources: {{limits: {{cpu: "1", {", ".join(resources)}}}}}
----"""
-
-
-def podgroup(name: str, min_member: int) -> str:
-    return f"""
-apiVersion: scheduling.x-k8s.io/v1alpha1
-kind: PodGroup
-metadata: {{name: {name}}}
-spec: {{minMember: {min_member}}}
----"""
 
 
 def run(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, shards: int) -> Any:

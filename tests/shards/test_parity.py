@@ -17,7 +17,7 @@ import pytest
 
 from events.types import PodHandedBack
 from tests.shards.coordinator_kit import shoal
-from tests.shards.scenario_text import node, pod
+from tests.shards.scenario_text import node, pod, pod_group
 
 SHARDS = (1, 2)
 
@@ -212,15 +212,6 @@ spec:
   - name: worker
     ports: [{{containerPort: {port}, hostPort: {port}}}]
     resources: {{requests: {{cpu: "1"}}}}
----"""
-
-
-def pod_group(name: str, min_member: int) -> str:
-    return f"""
-apiVersion: scheduling.x-k8s.io/v1alpha1
-kind: PodGroup
-metadata: {{name: {name}}}
-spec: {{minMember: {min_member}}}
 ---"""
 
 

@@ -16,64 +16,18 @@ import pytest
 
 from shards.cli import main
 from tests.shards.coordinator_kit import shoal
+from tests.shards.scenario_text import gpu_node, pod_group
+from tests.shards.scenario_text import gpu_pod as _gpu_pod
 
 SHARDS = (1, 2, 4)
 
 
-def gpu_node(name: str, cards: int) -> str:
-    return f"""
-apiVersion: v1
-kind: Node
-metadata: {{name: {name}}}
-status: {{allocatable: {{cpu: "64", memory: 512Gi, pods: "110", nvidia.com/gpu: "{cards}"}}}}
----"""
-
-
-def gpu_pod(
-    name: str,
-    cards: int,
-    *,
-    on: str = "",
-    at: float = 0,
-    priority: int | None = None,
-    migratable: bool = True,
-    group: str = "",
-    runtime: float | None = None,
-) -> str:
-    annotations = [f'shoal.io/arrive-at: "{at:g}"']
-    if not migratable:
-        annotations.append('shoal.io/migratable: "false"')
-    if runtime is not None:
-        annotations.append(f'shoal.io/runtime: "{runtime:g}"')
-    spec = []
-    if on:
-        spec.append(f"  nodeName: {on}")
-    if priority is not None:
-        spec.append(f"  priority: {priority}")
-    labels = f"scheduling.x-k8s.io/pod-group: {group}" if group else ""
-    extra = "\n".join(spec)
-    return f"""
-apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-  labels: {{{labels}}}
-  annotations: {{{", ".join(annotations)}}}
-spec:
-{extra}
-  containers:
-  - name: c
-    resources: {{limits: {{nvidia.com/gpu: "{cards}"}}}}
----"""
+def gpu_pod(name: str, cards: int, **args: Any) -> str:
+    return _gpu_pod(name, cards=cards, **args)
 
 
 def podgroup(name: str, min_member: int) -> str:
-    return f"""
-apiVersion: scheduling.x-k8s.io/v1alpha1
-kind: PodGroup
-metadata: {{name: {name}}}
-spec: {{minMember: {min_member}}}
----"""
+    return pod_group(name, min_member)
 
 
 def max_moves(moves: int) -> str:
