@@ -84,16 +84,24 @@ def test_a_part_is_granted_and_held_on_the_chosen_nodes_until_committed() -> Non
     shard = two_nodes()
     chosen = {"ml/m0": "n1", "ml/m1": "n0", "ml/m2": "n1"}
     (grant,) = shard(part("ml/g#5", 3, placements=chosen))
+    # nothing bound yet; each member's GPU card said (n1's two members on two cards)
+    devices = {"ml/m0": (0,), "ml/m1": (0,), "ml/m2": (1,)}
     assert grant == ReservationGranted(
-        rid="ml/g#5", group="ml/g#5", placements=chosen, shard=0
-    )  # nothing bound yet
+        rid="ml/g#5", group="ml/g#5", placements=chosen, shard=0, devices=devices
+    )
     engine = shard.engine
     assert state_of(engine, "ml/g#5") == HELD
     held = {key: engine.state.names[p.slot] for key, p in engine.state.pods.items()}
     assert held == chosen
     out = shard(ReservationCommitted(rid="ml/g#5"))
     assert out == [
-        PodBound(pod=key, node=node_name, decision_id=f"{key}@ml/g#5", attempt=1)
+        PodBound(
+            pod=key,
+            node=node_name,
+            decision_id=f"{key}@ml/g#5",
+            attempt=1,
+            devices=devices[key],
+        )
         for key, node_name in chosen.items()
     ]
     assert state_of(engine, "ml/g#5") == COMMITTED
