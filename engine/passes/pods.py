@@ -46,6 +46,8 @@ def attempt_pod(p: SchedulingPass, pod: PodInfo) -> None:
         attempt = framework.schedule(pod, e.state, explain=explain)
     if attempt.slot >= 0:
         p.record(pod, attempt)
+        if attempt.devices is not None:
+            p.devices[pod.key] = attempt.devices
         p.dispatch.commit(p, None, [(pod, attempt.slot, attempt.score)])
         return
     if attempt.diagnosis is not None and (attempt.diagnosis.plugins or attempt.status.plugin):

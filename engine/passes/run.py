@@ -70,6 +70,8 @@ class SchedulingPass:
         self._capacity: dict[str, int] | None = None
         self.unit = ""
         """The unit being attempted."""
+        self.devices: dict[str, tuple[int, ...]] = {}
+        """Pod → the GPU cards its attempt chose (a score plugin's choice), until bound."""
 
     def run(self) -> list[Event]:
         from engine.passes.gangs import attempt_group

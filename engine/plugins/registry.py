@@ -11,6 +11,15 @@ from engine.framework.interfaces import Plugin
 from engine.framework.registry import PluginFactory, Registry
 from engine.plugins.coscheduling import Coscheduling
 from engine.plugins.fit import NodeResourcesBalancedAllocation, NodeResourcesFit
+from engine.plugins.gpu.baselines import (
+    GpuBestFit,
+    GpuClustering,
+    GpuDotProduct,
+    GpuMMinusN,
+    GpuPacking,
+    GpuRandom,
+)
+from engine.plugins.gpu.fgd import GpuFragmentation, ShoalGpu
 from engine.plugins.kernels import ResourceKernel
 from engine.plugins.node_affinity import NodeAffinity
 from engine.plugins.node_name import NodeName
@@ -60,6 +69,14 @@ def builtin_registry() -> Registry:
             "ElasticQuota": _handle(ElasticQuota),
             "Coscheduling": _handle(Coscheduling),
             "DefaultPreemption": _handle(DefaultPreemption),
+            "GpuBestFit": _no_args(GpuBestFit),
+            "GpuDotProduct": _no_args(GpuDotProduct),
+            "GpuPacking": _no_args(GpuPacking),
+            "GpuClustering": _no_args(GpuClustering),
+            "GpuRandom": _args(GpuRandom),
+            "GpuMMinusN": _no_args(GpuMMinusN),
+            "GpuFragmentation": _args(GpuFragmentation),
+            "ShoalGpu": _args(ShoalGpu),
         },
         kernel=ResourceKernel.for_plugins,
     )

@@ -1,0 +1,188 @@
+"""Fragmentation gradient descent (FGD) and shoal's own GPU policy.
+
+**GpuFragmentation** (FGD, Weng et al., ATC'23): place a pod on the node, and a sharing
+pod on the card, where the node's fragmentation ``F_n`` against the target workload
+(:mod:`engine.plugins.gpu.fragment`) grows least. Score: ``bound - ΔF`` (exact integers;
+``bound`` keeps it non-negative), so the smallest increase wins; the card is given to
+the framework through ``choose_cards`` (least ΔF, then least free milli, then lowest
+index). ``F_n`` before placement is kept per slot and refreshed only where the journal
+says a node changed; ``ΔF`` per pod shape likewise (:class:`CachedScore`).
+
+**ShoalGpu**: FGD's gradient with the target workload weighted by GPU demand
+(a shape's frequency times its milli-GPU: the GPU a fragment strands is GPU that the
+pods asking for it would have used, and an 8-card pod that finds no whole machine strands
+8 cards of demand where a 100-milli pod strands 0.1), CPU-only shapes kept at the
+weight of one card's worth so that CPU starvation of GPU nodes still counts; ties broken
+towards the node with the least idle GPU (packing, so idle machines stay whole).
+
+Args of both (``pluginConfig``)::
+
+    targetWorkload: [...]   # see engine.plugins.gpu.workload; absent: learned
+    coverage: 0.95          # learned workloads: shapes kept
+
+A learned workload counts the shapes of the pods the plugin scores (each pod once) and
+is rebuilt when the count reaches a power of two, then every 1,024 pods: deterministic
+from the log, as replay needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+import numpy as np
+
+from engine.framework.cycle import CycleState
+from engine.model.devices import WHOLE
+from engine.model.pods import PodInfo
+from engine.model.state import Bools, ClusterState, Ints
+from engine.plugins.gpu.cache import CachedScore
+from engine.plugins.gpu.fragment import (
+    Resolved,
+    after_share,
+    after_whole,
+    fragmentation,
+    model_codes,
+    node_states,
+    resolve,
+)
+from engine.plugins.gpu.workload import (
+    Shape,
+    TargetWorkload,
+    parse_coverage,
+    parse_workload,
+    pod_shape,
+)
+from events.errors import InputError
+
+_ARGS: Final = frozenset({"targetWorkload", "coverage"})
+_RELEARN_EVERY: Final = 1024
+
+
+class GpuFragmentation(CachedScore):
+    name = "GpuFragmentation"
+
+    def __init__(self, args: Mapping[str, Any], where: str) -> None:
+        super().__init__()
+        unknown = set(args) - _ARGS
+        if unknown:
+            raise InputError(f"unknown arg {sorted(unknown)[0]!r}", location=where)
+        raw = args.get("targetWorkload")
+        self.given = None if raw is None else parse_workload(raw, f"{where}.targetWorkload")
+        if raw is not None and "coverage" in args:
+            raise InputError("applies to learned workloads only", location=f"{where}.coverage")
+        self.coverage = parse_coverage(args.get("coverage"), f"{where}.coverage")
+        self.workload = self.given or TargetWorkload((), ())
+        self._seen: dict[str, None] = {}
+        self._counts: dict[Shape, int] = {}
+        self._shapes: Resolved | None = None
+        self._frag = np.zeros(0, dtype=np.int64)
+        self._models = np.zeros(0, dtype=np.int64)
+        self._position = 0
+
+    def __repr__(self) -> str:
+        source = "given" if self.given is not None else f"learned from {len(self._seen)} pods"
+        return f"{type(self).__name__}(shapes={len(self.workload.shapes)}, {source})"
+
+    # ------------------------------------------------------------------ the workload
+
+    def weights(self, workload: TargetWorkload) -> TargetWorkload:
+        """The weights the gradient uses (FGD: the workload's own)."""
+        return workload
+
+    def _learn(self, pod: PodInfo) -> None:
+        if self.given is not None or pod.key in self._seen:
+            return
+        self._seen[pod.key] = None
+        shape = pod_shape(pod)
+        self._counts[shape] = self._counts.get(shape, 0) + 1
+        seen = len(self._seen)
+        if (seen & (seen - 1)) == 0 or seen % _RELEARN_EVERY == 0:
+            self.workload = TargetWorkload.from_counts(self._counts, self.coverage)
+            self._state = None  # every cached score is against the old workload
+
+    def score(self, cycle: CycleState, pod: PodInfo, state: ClusterState, feasible: Bools) -> Ints:
+        self._learn(pod)
+        return super().score(cycle, pod, state, feasible)
+
+    # ------------------------------------------------------------------ per-node caches
+
+    def reset(self, state: ClusterState) -> None:
+        self._shapes = resolve(self.weights(self.workload), state)
+        self._models = model_codes(state)
+        slots = np.arange(state.capacity, dtype=np.int64)
+        cpu, free = node_states(state, slots)
+        self._frag = fragmentation(self._shapes, cpu, free, self._models)
+        self._position = state.journal_end
+
+    def prepare(self, state: ClusterState) -> None:
+        changed = state.changed_since(self._position)
+        if changed is None:
+            self.reset(state)
+            return
+        if changed:
+            assert self._shapes is not None
+            slots = np.unique(np.array(changed, dtype=np.int64))
+            cpu, free = node_states(state, slots)
+            self._frag[slots] = fragmentation(self._shapes, cpu, free, self._models[slots])
+        self._position = state.journal_end
+
+    def node_fragmentation(self, state: ClusterState) -> Ints:
+        """F_n of every slot now (weights as :meth:`weights` gives them)."""
+        self._sync(state)
+        self.prepare(state)
+        return self._frag
+
+    # ------------------------------------------------------------------ scores
+
+    def deltas(self, pod: PodInfo, state: ClusterState, slots: Ints) -> tuple[Ints, Ints, Ints]:
+        """ΔF of ``pod`` on each of ``slots`` (its best card for a share), that card
+        (-1: whole cards or none) and the node's idle GPU after it."""
+        shapes = self._shapes
+        assert shapes is not None
+        cpu, free = node_states(state, slots)
+        models = self._models[slots]
+        before = self._frag[slots]
+        pod_cpu = pod_shape(pod).cpu
+        gpu = pod.gpu
+        if gpu is not None and not gpu.whole and gpu.cards == 1:
+            milli = gpu.need.milli
+            width = free.shape[1]
+            cpu_a, free_a, possible = after_share(cpu, free, pod_cpu, milli)
+            after = fragmentation(shapes, cpu_a, free_a, np.repeat(models, width))
+            delta = after.reshape(-1, width) - before[:, None]
+            # least ΔF, then the card with least free milli, then the lowest index
+            order = (delta * (WHOLE + 1) + free) * 64 + np.arange(width)[None, :]
+            order = np.where(possible.reshape(-1, width), order, np.iinfo(np.int64).max)
+            card = order.argmin(axis=1)
+            rows = np.arange(slots.shape[0])
+            ok = possible.reshape(-1, width)[rows, card]
+            best = np.where(ok, delta[rows, card], 0)
+            idle = free.sum(axis=1) - milli
+            return best, np.where(ok, card, -1), idle
+        cpu_a, free_a = after_whole(cpu, free, pod_cpu, gpu)
+        after = fragmentation(shapes, cpu_a, free_a, models)
+        return after - before, np.full(slots.shape[0], -1, dtype=np.int64), free_a.sum(axis=1)
+
+    def evaluate(self, pod: PodInfo, state: ClusterState, slots: Ints) -> tuple[Ints, Ints]:
+        assert self._shapes is not None
+        delta, card, _ = self.deltas(pod, state, slots)
+        return self._shapes.bound - delta, card
+
+
+class ShoalGpu(GpuFragmentation):
+    name = "ShoalGpu"
+
+    def weights(self, workload: TargetWorkload) -> TargetWorkload:
+        weights = tuple(
+            count * (shape.milli * shape.cards if shape.cards else WHOLE)
+            for shape, count in zip(workload.shapes, workload.weights, strict=True)
+        )
+        return TargetWorkload(workload.shapes, weights)
+
+    def evaluate(self, pod: PodInfo, state: ClusterState, slots: Ints) -> tuple[Ints, Ints]:
+        assert self._shapes is not None
+        delta, card, idle = self.deltas(pod, state, slots)
+        # ties of ΔF: the node left with the least idle GPU
+        scale = max(state.cards.width, 1) * WHOLE + 1
+        return (self._shapes.bound - delta) * scale + (scale - 1 - np.maximum(idle, 0)), card

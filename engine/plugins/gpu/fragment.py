@@ -1,0 +1,123 @@
+"""Fragmentation of nodes against a target workload, vectorised (FGD's definition).
+
+For a node with free cpu ``c`` and free milli-GPU per card ``g_1..g_k`` (idle GPU
+``G = sum g_i``), the fragment for one shape ``m`` of the target workload is
+
+* all of ``G`` if ``m`` asks for no GPU, if ``m``'s models exclude the node's model, or
+  if ``m`` does not fit (``c`` below its cpu, or fewer than its cards with at least its
+  per-card milli free);
+* otherwise the sum of the ``g_i`` that are smaller than ``m``'s per-card milli.
+
+``F = sum_m w_m * fragment(m)`` with the workload's integer weights ``w_m``
+(proportional to the probabilities p_m, so the node that FGD prefers is the same; and
+exact integers, so every machine and every replay agrees). All functions take K node
+*states* at once (rows of arrays), so a caller evaluates hypothetical states (a pod
+placed on this card or that one) in one call; nothing here reads a ``ClusterState``
+apart from :func:`resolve` and :func:`node_states`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.model.devices import MODEL_LABEL, WHOLE, GpuRequest
+from engine.model.resources import CPU
+from engine.model.state import Bools, ClusterState, Ints
+from engine.plugins.gpu.workload import TargetWorkload
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """A target workload as arrays, its models resolved to one state's label codes."""
+
+    cpu: Ints
+    milli: Ints
+    cards: Ints
+    weight: Ints
+    allowed: Bools
+    """(shapes, models + 1): may shape m run on model code c (column c + 1; column 0 is
+    a node without a model label)?"""
+    gpu: Bools
+    """Shapes that ask for GPU."""
+    bound: int
+    """An upper bound of ``|F|`` (and of a change of it) on the state's nodes."""
+
+
+def resolve(workload: TargetWorkload, state: ClusterState) -> Resolved:
+    """``workload`` as arrays against ``state``'s model label codes."""
+    codes = state.label_values.get(MODEL_LABEL, {})
+    shapes = workload.shapes
+    allowed = np.ones((len(shapes), len(codes) + 1), dtype=np.bool_)
+    for i, shape in enumerate(shapes):
+        if shape.models:
+            allowed[i] = False
+            for model in shape.models:
+                code = codes.get(model)
+                if code is not None:
+                    allowed[i, code + 1] = True
+    milli = np.array([s.milli for s in shapes], dtype=np.int64)
+    return Resolved(
+        cpu=np.array([s.cpu for s in shapes], dtype=np.int64),
+        milli=milli,
+        cards=np.array([s.cards for s in shapes], dtype=np.int64),
+        weight=np.array(workload.weights, dtype=np.int64),
+        allowed=allowed,
+        gpu=milli > 0,
+        bound=sum(workload.weights) * max(state.cards.width, 1) * WHOLE,
+    )
+
+
+def model_codes(state: ClusterState) -> Ints:
+    """Each slot's GPU model code (-1: no model label)."""
+    column = state.label_columns.get(MODEL_LABEL)
+    if column is None:
+        return np.full(state.capacity, -1, dtype=np.int64)
+    return column.astype(np.int64)
+
+
+def node_states(state: ClusterState, slots: Ints) -> tuple[Ints, Ints]:
+    """Free cpu and free milli-GPU per card (0 for absent cards) of ``slots``."""
+    return state.free[CPU, slots], np.maximum(state.cards.free[slots], 0)
+
+
+def fragmentation(shapes: Resolved, cpu: Ints, free: Ints, model: Ints) -> Ints:
+    """F of K node states: ``cpu`` (K,), ``free`` (K, W) milli per card (absent cards 0)
+    and ``model`` (K,) codes."""
+    if free.shape[1] == 0 or not shapes.weight.size:
+        return np.zeros(cpu.shape[0], dtype=np.int64)
+    total = free.sum(axis=1)
+    enough = free[:, None, :] >= shapes.milli[None, :, None]  # (K, M, W)
+    count = enough.sum(axis=2)
+    small = np.where(enough, 0, free[:, None, :]).sum(axis=2)
+    fits = (
+        (count >= shapes.cards[None, :])
+        & (cpu[:, None] >= shapes.cpu[None, :])
+        & shapes.allowed[:, model + 1].T
+        & shapes.gpu[None, :]
+    )
+    frag = np.where(fits, small, total[:, None])
+    out: Ints = frag @ shapes.weight
+    return out
+
+
+def after_whole(cpu: Ints, free: Ints, pod_cpu: int, gpu: GpuRequest | None) -> tuple[Ints, Ints]:
+    """States after a pod of ``pod_cpu`` and whole cards (or none) lands on each row:
+    the lowest-index idle cards are taken (as :meth:`Cards.choose` takes them)."""
+    if gpu is None or gpu.cards == 0:
+        return cpu - pod_cpu, free
+    idle = free >= WHOLE
+    take = idle & (np.cumsum(idle, axis=1) <= gpu.cards)
+    return cpu - pod_cpu, free - WHOLE * take
+
+
+def after_share(cpu: Ints, free: Ints, pod_cpu: int, milli: int) -> tuple[Ints, Ints, Bools]:
+    """States after a pod taking ``milli`` of one card lands on each (row, card): K * W
+    rows, row ``k * W + w`` for card ``w`` of row ``k``, and which of them are possible."""
+    k, w = free.shape
+    states = np.repeat(free, w, axis=0)
+    cards = np.tile(np.arange(w), k)
+    states[np.arange(k * w), cards] -= milli
+    possible = (free >= milli).reshape(-1)
+    return np.repeat(cpu - pod_cpu, w), states, possible
