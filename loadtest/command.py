@@ -108,9 +108,22 @@ def add_arguments(load: argparse.ArgumentParser) -> None:
     load.add_argument("--rounds", type=positive, default=3, help="rounds of --scaling (default 3)")
     snapshot_option(load)
     load.add_argument("--json", action="store_true")
+    modes = load.add_subparsers(dest="loadtest_mode", metavar="MODE")
+    from loadtest.fragreport import add_arguments as fragmentation_arguments
+
+    fragmentation_arguments(
+        modes.add_parser(
+            "fragmentation",
+            help="FGD's GPU fragmentation benchmark on the Alibaba GPU trace (PROTOCOL.md)",
+        )
+    )
 
 
 async def run(args: argparse.Namespace) -> int:
+    if getattr(args, "loadtest_mode", None) == "fragmentation":
+        from loadtest.fragreport import run as fragmentation
+
+        return fragmentation(args)
     from loadtest.driver import LoadShape, run_loadtest
 
     sharding_for(args.shards)

@@ -24,12 +24,13 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 from engine.config import parse_config
 from engine.engine import Engine
 from events.types import Envelope, NodeAdded, PodBound, PodDeleted, PodSubmitted
 from loadtest.gputrace import (
+    POLICIES,
     TARGET_PCT,
     TraceNode,
     TracePod,
@@ -39,26 +40,6 @@ from loadtest.gputrace import (
     read_pods,
     target_workload,
 )
-
-POLICIES: Final = {
-    "random": "GpuRandom",
-    "dotprod": "GpuDotProduct",
-    "gpuclustering": "GpuClustering",
-    "gpupacking": "GpuPacking",
-    "bestfit": "GpuBestFit",
-    "fgd": "GpuFragmentation",
-    "m-minus-n": "GpuMMinusN",
-    "shoal": "ShoalGpu",
-}
-"""``--policy`` name → the score plugin that is the policy."""
-PUBLISHED_NAMES: Final = {
-    "random": "01-Random",
-    "dotprod": "02-DotProd",
-    "gpuclustering": "03-GpuClustering",
-    "gpupacking": "04-GpuPacking",
-    "bestfit": "05-BestFit",
-    "fgd": "06-FGD",
-}
 
 
 @dataclass(frozen=True, slots=True, order=True)

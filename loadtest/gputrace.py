@@ -36,6 +36,25 @@ TARGET_PCT: Final = 130
 MIB: Final = 1 << 20
 NODE_PODS: Final = 1_000_000
 """``pods`` allocatable of every node: the trace bounds nodes by cpu, memory and GPU only."""
+POLICIES: Final = {
+    "random": "GpuRandom",
+    "dotprod": "GpuDotProduct",
+    "gpuclustering": "GpuClustering",
+    "gpupacking": "GpuPacking",
+    "bestfit": "GpuBestFit",
+    "fgd": "GpuFragmentation",
+    "m-minus-n": "GpuMMinusN",
+    "shoal": "ShoalGpu",
+}
+"""``--policy`` name → the score plugin that is the policy."""
+PUBLISHED_NAMES: Final = {
+    "random": "01-Random",
+    "dotprod": "02-DotProd",
+    "gpuclustering": "03-GpuClustering",
+    "gpupacking": "04-GpuPacking",
+    "bestfit": "05-BestFit",
+    "fgd": "06-FGD",
+}
 _NODE_COLUMNS: Final = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 _POD_COLUMNS: Final = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 

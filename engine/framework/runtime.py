@@ -148,9 +148,7 @@ class Framework:
         nodes runs them in plain Python (same results; numpy costs more per call)."""
         self._global_scores = [e for e in self.scores if not e.plugin.local]
         self._card_choosers: list[CardChooserPlugin] = [
-            e.plugin
-            for e in self.scores
-            if isinstance(e.plugin, CardChooserPlugin)
+            e.plugin for e in self.scores if isinstance(e.plugin, CardChooserPlugin)
         ]
         """Score plugins that also choose a GPU pod's cards on the chosen node."""
         self.kernel = (
