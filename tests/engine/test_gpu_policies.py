@@ -26,6 +26,7 @@ from engine.plugins.gpu.workload import Shape, TargetWorkload
 from events.types import NodeSelectorRequirement, NodeSelectorTerm, NodeSpec, PodSpec
 
 MIB = 1 << 20
+RAW = {"tieBreak": "none"}  # the 0..100 scores, without the name order folded in
 
 
 def node(name: str, cpu: int, cards: int, model: str = "G2") -> NodeSpec:
@@ -85,40 +86,49 @@ def test_best_fit() -> None:
     state = two_nodes()
     # pod 8 cpu, 1 card: a: c-c' = 52000, G-G' = 7500-1000 = 6500: (52000 + 16*6500)/256000
     # = 0.609 -> floor(100 - 60.9) = 39; b: 24000 + 16*1000 = 40000 -> 100 - 15.6 -> 84
-    assert scores(GpuBestFit(), state, pod("p", 8000, 1)) == [39, 84]
+    assert scores(GpuBestFit(RAW), state, pod("p", 8000, 1)) == [39, 84]
 
 
 def test_dot_product() -> None:
     state = two_nodes()
     # pod 8 cpu, 1 card: a: (60000*8000 + 256*7500*1000) / 128000^2 = 0.1465 -> 100 - 7.3 = 92
     # b: (32000*8000 + 256*2000*1000) / 128000^2 = 0.0469 -> 100 - 2.3 = 97
-    assert scores(GpuDotProduct(), state, pod("p", 8000, 1)) == [92, 97]
+    assert scores(GpuDotProduct(RAW), state, pod("p", 8000, 1)) == [92, 97]
 
 
 def test_packing() -> None:
     state = two_nodes()
     # share of 300: a shares its used card (500 free): 100 - (50/10) = 95; b all idle: 33 - 2
-    assert scores(GpuPacking(), state, pod("p", 1000, 1, 300)) == [95, 31]
+    assert scores(GpuPacking(RAW), state, pod("p", 1000, 1, 300)) == [95, 31]
     # two whole cards: a is used, takes 2 idle: 50 - 2 = 48; b: 33 - 2 = 31
-    assert scores(GpuPacking(), state, pod("q", 1000, 2)) == [48, 31]
-    assert scores(GpuPacking(), state, pod("r", 1000)) == [0, 0]  # CPU only
+    assert scores(GpuPacking(RAW), state, pod("q", 1000, 2)) == [48, 31]
+    assert scores(GpuPacking(RAW), state, pod("r", 1000)) == [0, 0]  # CPU only
 
 
 def test_clustering() -> None:
     state = two_nodes()
     # a holds one sharing pod (idle 7500): 25*(8000-7500)//8000 = 1; b none yet (idle 2000): 18
     # sharing pod: a has only its kind: 1 + 75; b no GPU pod: 18 + 25
-    assert scores(GpuClustering(), state, pod("p", 1000, 1, 300)) == [76, 43]
+    assert scores(GpuClustering(RAW), state, pod("p", 1000, 1, 300)) == [76, 43]
     # one whole card: a has only other kinds: 1 + 0
-    assert scores(GpuClustering(), state, pod("q", 1000, 1)) == [1, 43]
+    assert scores(GpuClustering(RAW), state, pod("q", 1000, 1)) == [1, 43]
 
 
 def test_m_minus_n() -> None:
     state = two_nodes()
     # 2 cards: a has m = 7 idle: 100 - 5; b m = 2: 100 - 0
-    assert scores(GpuMMinusN(), state, pod("p", 1000, 2)) == [95, 100]
+    assert scores(GpuMMinusN(RAW), state, pod("p", 1000, 2)) == [95, 100]
     # share of 300: a's best card has 500: 100 - 200//10 = 80; b: 1000 free: 100 - 70 = 30
-    assert scores(GpuMMinusN(), state, pod("q", 1000, 1, 300)) == [80, 30]
+    assert scores(GpuMMinusN(RAW), state, pod("q", 1000, 1, 300)) == [80, 30]
+
+
+def test_ties_go_to_the_smallest_node_name() -> None:
+    state = ClusterState()
+    state.add_node(node("b", 32_000, 2))
+    state.add_node(node("a", 32_000, 2))
+    # equal nodes, 0..100 score 84 on both: score * (slots + 1) + rank, "a" ranks 2
+    slots = state.capacity + 1
+    assert scores(GpuBestFit(), state, pod("p", 8000, 1)) == [84 * slots + 1, 84 * slots + 2]
 
 
 def test_random_is_seeded_and_deterministic() -> None:
@@ -137,7 +147,7 @@ def test_fgd_chooses_the_card_with_least_fragmentation() -> None:
     place(state, pod("x", 0, 1, 400), 0, devices=(1,))
     place(state, pod("y", 0, 1, 500), 0, devices=(2,))
     workload = [{"cpu": 0, "gpuMilli": 500, "gpus": 1, "weight": 1}]
-    plugin = GpuFragmentation({"targetWorkload": workload}, "here")
+    plugin = GpuFragmentation({"targetWorkload": workload, "resolution": "exact"}, "here")
     p = info(state, pod("p", 0, 1, 500))
     plugin.score(CycleState(), p, state, state.valid.copy())
     # F before: no card below 500: 0. On card 0 (1000 -> 500): 0; on card 1 (600 -> 100):

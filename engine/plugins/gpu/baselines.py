@@ -25,6 +25,15 @@ GpuRandom      a hash of (seed, pod name, node slot): the best node is uniformly
 GpuMMinusN     seed 001: m idle cards, n asked: ``100 - (m - n)``; a share of ``u`` milli
                on its card with ``f`` free: ``100 - ⌊(f - u)/10⌋``; CPU-only: ``100 - m``
 ============== ==========================================================================
+
+**Ties.** The simulator's scheduler takes, among nodes of equal score, the one with the
+smallest name (its ``selectHost`` was changed so for reproducibility); with scores this
+coarse that rule is half the policy (GpuPacking and GpuClustering leave 3 points more
+GPU idle under a random tie-break). So each of these plugins (arg ``tieBreak``, default
+``name``) returns ``score * (slots + 1) + rank``, ``rank`` being the node's place in
+name order (the smallest name highest): the same order as the 0..100 score, equal
+scores to the smallest name. ``tieBreak: none`` returns the 0..100 score and leaves ties
+to the framework's rotation by pod.
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ from engine.model.devices import WHOLE
 from engine.model.pods import PodInfo
 from engine.model.resources import CPU
 from engine.model.state import Bools, ClusterState, Ints
-from engine.plugins.gpu.cache import CachedScore, best_fit_card
+from engine.plugins.gpu.cache import CachedScore, best_fit_card, check_args, parse_tie_break
 from events.errors import InputError
 
 MAX_SPEC_CPU: Final = 128_000
@@ -74,7 +83,17 @@ def _no_card(slots: Ints) -> Ints:
     return np.full(slots.shape[0], -1, dtype=np.int64)
 
 
-class GpuBestFit(CachedScore):
+class Baseline(CachedScore):
+    """A baseline's args: ``tieBreak`` only."""
+
+    def __init__(self, args: Mapping[str, Any] | None = None, where: str = "") -> None:
+        super().__init__()
+        args = args or {}
+        check_args(args, frozenset({"tieBreak"}), where)
+        self.tie_break = parse_tie_break(args, where)
+
+
+class GpuBestFit(Baseline):
     name = "GpuBestFit"
 
     def evaluate(self, pod: PodInfo, state: ClusterState, slots: Ints) -> tuple[Ints, Ints]:
@@ -86,7 +105,7 @@ class GpuBestFit(CachedScore):
         return np.maximum(score, 0), _no_card(slots)
 
 
-class GpuDotProduct(CachedScore):
+class GpuDotProduct(Baseline):
     name = "GpuDotProduct"
 
     def evaluate(self, pod: PodInfo, state: ClusterState, slots: Ints) -> tuple[Ints, Ints]:
@@ -99,7 +118,7 @@ class GpuDotProduct(CachedScore):
         return np.maximum(score, 0), _no_card(slots)
 
 
-class GpuPacking(CachedScore):
+class GpuPacking(Baseline):
     name = "GpuPacking"
 
     def evaluate(self, pod: PodInfo, state: ClusterState, slots: Ints) -> tuple[Ints, Ints]:
@@ -124,11 +143,11 @@ def _tag(cards: int, milli: int) -> int:
     return 0 if milli < WHOLE else cards
 
 
-class GpuClustering(CachedScore):
+class GpuClustering(Baseline):
     name = "GpuClustering"
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, args: Mapping[str, Any] | None = None, where: str = "") -> None:
+        super().__init__(args, where)
         self._tags = np.zeros((0, TAGS), dtype=np.int64)
         self._position = 0
 
@@ -168,7 +187,7 @@ class GpuClustering(CachedScore):
         return base + bonus, none
 
 
-class GpuMMinusN(CachedScore):
+class GpuMMinusN(Baseline):
     name = "GpuMMinusN"
 
     def evaluate(self, pod: PodInfo, state: ClusterState, slots: Ints) -> tuple[Ints, Ints]:

@@ -12,6 +12,7 @@ call. A change of labels or of the node set (``static_version``), another state 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -21,6 +22,7 @@ from engine.framework.cycle import CycleState
 from engine.model.pods import PodInfo
 from engine.model.resources import CPU
 from engine.model.state import Bools, ClusterState, Ints
+from events.errors import InputError
 
 SHAPES: Final = 256
 """Pod shapes kept per plugin (least recently used dropped)."""
@@ -51,6 +53,9 @@ class CachedScore:
 
     name = ""
     local = False
+    tie_break = True
+    """Break equal scores by node name (the smallest first), as FGD's simulator does;
+    the score returned is then ``score * (slots + 1) + rank``."""
 
     def __init__(self) -> None:
         self._state: ClusterState | None = None
@@ -58,6 +63,10 @@ class CachedScore:
         self._capacity = -1
         self._entries: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
         self.counters = {"full": 0, "refreshed": 0, "reused": 0}
+        self.rank = np.zeros(0, dtype=np.int64)
+        """Per slot, the node's place in name order, the first name highest (1..n; 0
+        for slots without a node): the tie-break of FGD's simulator, which takes the
+        node with the smallest name among equal scores."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(shapes={len(self._entries)})"
@@ -79,6 +88,7 @@ class CachedScore:
             self._version = state.static_version
             self._capacity = state.capacity
             self._entries.clear()
+            self.rank = name_rank(state)
             self.reset(state)
             return True
         return False
@@ -117,6 +127,8 @@ class CachedScore:
         if slots.size:
             self.prepare(state)
             scores, cards = self.evaluate(pod, state, slots)
+            if self.tie_break:
+                scores = scores * (state.capacity + 1) + self.rank[slots]
             entry.scores[slots] = scores
             entry.cards[slots] = cards
         entry.position = end
@@ -132,6 +144,35 @@ class CachedScore:
             return None
         card = int(entry.cards[slot])
         return (card,) if card >= 0 else None
+
+
+TIE_BREAKS: Final = ("name", "none")
+
+
+def parse_tie_break(args: Mapping[str, Any], where: str) -> bool:
+    """The ``tieBreak`` arg: ``name`` (default: equal scores go to the smallest node
+    name, as in FGD's simulator) or ``none`` (the framework's rotation by pod)."""
+    raw = args.get("tieBreak", "name")
+    if raw not in TIE_BREAKS:
+        raise InputError(
+            f"must be one of {', '.join(TIE_BREAKS)}, got {raw!r}", location=f"{where}.tieBreak"
+        )
+    return bool(raw == "name")
+
+
+def check_args(args: Mapping[str, Any], known: frozenset[str], where: str) -> None:
+    unknown = set(args) - known
+    if unknown:
+        raise InputError(f"unknown arg {sorted(unknown)[0]!r}", location=where)
+
+
+def name_rank(state: ClusterState) -> Ints:
+    """See :attr:`CachedScore.rank`."""
+    rank = np.zeros(state.capacity, dtype=np.int64)
+    named = sorted((name, slot) for slot, name in enumerate(state.names) if name is not None)
+    for place, (_, slot) in enumerate(named):
+        rank[slot] = len(named) - place
+    return rank
 
 
 def best_fit_card(free: Ints, milli: int) -> tuple[Ints, Ints]:

@@ -2,23 +2,30 @@
 
 **GpuFragmentation** (FGD, Weng et al., ATC'23): place a pod on the node, and a sharing
 pod on the card, where the node's fragmentation ``F_n`` against the target workload
-(:mod:`engine.plugins.gpu.fragment`) grows least. Score: ``bound - ΔF`` (exact integers;
-``bound`` keeps it non-negative), so the smallest increase wins; the card is given to
-the framework through ``choose_cards`` (least ΔF, then least free milli, then lowest
-index). ``F_n`` before placement is kept per slot and refreshed only where the journal
-says a node changed; ``ΔF`` per pod shape likewise (:class:`CachedScore`).
+(:mod:`engine.plugins.gpu.fragment`) grows least. The card goes to the framework through
+``choose_cards`` (least ΔF, then least free milli, then lowest index). ``F_n`` before
+placement is kept per slot and refreshed only where the journal says a node changed;
+``ΔF`` per pod shape likewise (:class:`CachedScore`).
 
-**ShoalGpu**: FGD's gradient with the target workload weighted by GPU demand
-(a shape's frequency times its milli-GPU: the GPU a fragment strands is GPU that the
-pods asking for it would have used, and an 8-card pod that finds no whole machine strands
-8 cards of demand where a 100-milli pod strands 0.1), CPU-only shapes kept at the
-weight of one card's worth so that CPU starvation of GPU nodes still counts; ties broken
-towards the node with the least idle GPU (packing, so idle machines stay whole).
+Score (arg ``resolution``): ``simulator`` (default) is the published simulator's
+``int(100 * sigmoid(-ΔF / 1000))``, ΔF in milli-GPU at the workload's probabilities,
+evaluated with integer thresholds (so exact and the same everywhere); ``exact`` is
+``bound - ΔF`` in the workload's integer weights (every difference counts). Ties go to
+the smallest node name (``tieBreak``, see :mod:`engine.plugins.gpu.baselines`). On
+the default workload the simulator's resolution leaves 5.0% of GPU unallocated and the
+exact one 5.9%: ΔF differences of a few milli-GPU are noise against the workload's
+uncertainty, and the coarse score lets the name order consolidate pods.
+
+**ShoalGpu**: FGD's gradient (same resolutions), and among nodes of equal gradient:
+first a node already in use (an idle machine is kept whole for the pods that need
+one), then the node left with the least idle GPU (best fit), then the smallest name.
 
 Args of both (``pluginConfig``)::
 
     targetWorkload: [...]   # see engine.plugins.gpu.workload; absent: learned
     coverage: 0.95          # learned workloads: shapes kept
+    resolution: simulator   # or exact
+    tieBreak: name          # or none
 
 A learned workload counts the shapes of the pods the plugin scores (each pod once) and
 is rebuilt when the count reaches a power of two, then every 1,024 pods: deterministic
@@ -27,6 +34,7 @@ from the log, as replay needs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -36,7 +44,7 @@ from engine.framework.cycle import CycleState
 from engine.model.devices import WHOLE
 from engine.model.pods import PodInfo
 from engine.model.state import Bools, ClusterState, Ints
-from engine.plugins.gpu.cache import CachedScore
+from engine.plugins.gpu.cache import CachedScore, check_args, parse_tie_break
 from engine.plugins.gpu.fragment import (
     Resolved,
     after_share,
@@ -55,7 +63,9 @@ from engine.plugins.gpu.workload import (
 )
 from events.errors import InputError
 
-_ARGS: Final = frozenset({"targetWorkload", "coverage"})
+_ARGS: Final = frozenset({"targetWorkload", "coverage", "resolution", "tieBreak"})
+RESOLUTIONS: Final = ("simulator", "exact")
+LEVELS: Final = 100
 _RELEARN_EVERY: Final = 1024
 
 
@@ -64,9 +74,16 @@ class GpuFragmentation(CachedScore):
 
     def __init__(self, args: Mapping[str, Any], where: str) -> None:
         super().__init__()
-        unknown = set(args) - _ARGS
-        if unknown:
-            raise InputError(f"unknown arg {sorted(unknown)[0]!r}", location=where)
+        check_args(args, _ARGS, where)
+        self.tie_break = parse_tie_break(args, where)
+        resolution = args.get("resolution", "simulator")
+        if resolution not in RESOLUTIONS:
+            raise InputError(
+                f"must be one of {', '.join(RESOLUTIONS)}, got {resolution!r}",
+                location=f"{where}.resolution",
+            )
+        self.exact = resolution == "exact"
+        self._thresholds = np.zeros(0, dtype=np.int64)
         raw = args.get("targetWorkload")
         self.given = None if raw is None else parse_workload(raw, f"{where}.targetWorkload")
         if raw is not None and "coverage" in args:
@@ -109,6 +126,12 @@ class GpuFragmentation(CachedScore):
 
     def reset(self, state: ClusterState) -> None:
         self._shapes = resolve(self.weights(self.workload), state)
+        # int(100 * sigmoid(x)) >= k  <=>  x >= logit(k / 100), x = -ΔF / (Σw * 1000)
+        total = int(self._shapes.weight.sum())
+        self._thresholds = np.array(
+            [math.ceil(math.log(k / (LEVELS - k)) * total * WHOLE) for k in range(1, LEVELS)],
+            dtype=np.int64,
+        )
         self._models = model_codes(state)
         slots = np.arange(state.capacity, dtype=np.int64)
         cpu, free = node_states(state, slots)
@@ -164,25 +187,28 @@ class GpuFragmentation(CachedScore):
         after = fragmentation(shapes, cpu_a, free_a, models)
         return after - before, np.full(slots.shape[0], -1, dtype=np.int64), free_a.sum(axis=1)
 
+    def quantised(self, delta: Ints) -> Ints:
+        """The simulator's score of a change ``delta``: ``int(100 * sigmoid(-ΔF / 1000))``
+        with ΔF in milli-GPU at the workload's probabilities, as integer thresholds."""
+        return np.searchsorted(self._thresholds, -delta, side="right").astype(np.int64)
+
     def evaluate(self, pod: PodInfo, state: ClusterState, slots: Ints) -> tuple[Ints, Ints]:
         assert self._shapes is not None
         delta, card, _ = self.deltas(pod, state, slots)
-        return self._shapes.bound - delta, card
+        if self.exact:
+            return self._shapes.bound - delta, card
+        return self.quantised(delta), card
 
 
 class ShoalGpu(GpuFragmentation):
     name = "ShoalGpu"
 
-    def weights(self, workload: TargetWorkload) -> TargetWorkload:
-        weights = tuple(
-            count * (shape.milli * shape.cards if shape.cards else WHOLE)
-            for shape, count in zip(workload.shapes, workload.weights, strict=True)
-        )
-        return TargetWorkload(workload.shapes, weights)
-
     def evaluate(self, pod: PodInfo, state: ClusterState, slots: Ints) -> tuple[Ints, Ints]:
         assert self._shapes is not None
         delta, card, idle = self.deltas(pod, state, slots)
-        # ties of ΔF: the node left with the least idle GPU
-        scale = max(state.cards.width, 1) * WHOLE + 1
-        return (self._shapes.bound - delta) * scale + (scale - 1 - np.maximum(idle, 0)), card
+        gradient = self._shapes.bound - delta if self.exact else self.quantised(delta)
+        # among equal gradients: a node already in use, then the least idle GPU after
+        cards = state.cards
+        fresh = (cards.free[slots] >= WHOLE).sum(axis=1) == cards.count[slots]
+        scale = max(cards.width, 1) * WHOLE + 1
+        return (gradient * 2 + ~fresh) * scale + (scale - 1 - np.maximum(idle, 0)), card
