@@ -21,7 +21,7 @@ from engine.plugins.gpu.baselines import (
 )
 from engine.plugins.gpu.cache import CachedScore
 from engine.plugins.gpu.fgd import GpuFragmentation
-from engine.plugins.gpu.fragment import Resolved, fragmentation
+from engine.plugins.gpu.fragment import Resolved, fragmentation, fragmentation_after_share
 from engine.plugins.gpu.workload import Shape, TargetWorkload
 from events.types import NodeSelectorRequirement, NodeSelectorTerm, NodeSpec, PodSpec
 
@@ -234,6 +234,57 @@ def test_fragmentation_is_the_protocols_definition(
     )
     expected = [_reference(shapes, cpu, cards, m) for cpu, cards, m in nodes]
     assert got.tolist() == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    shapes=st.lists(st.tuples(shape_st, st.integers(1, 50)), min_size=1, max_size=5),
+    nodes=st.lists(
+        st.tuples(
+            st.integers(0, 8).map(lambda x: x * 1000),
+            st.lists(st.integers(0, 1000), min_size=3, max_size=3),
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+    pod_cpu=st.integers(0, 4).map(lambda x: x * 1000),
+    milli=st.integers(1, 1000),
+)
+def test_the_share_shortcut_is_fragmentation_of_each_state_after(
+    shapes: list[tuple[Shape, int]], nodes: list[tuple[int, list[int]]], pod_cpu: int, milli: int
+) -> None:
+    resolved = Resolved(
+        cpu=np.array([s.cpu for s, _ in shapes]),
+        milli=np.array([s.milli for s, _ in shapes]),
+        cards=np.array([s.cards for s, _ in shapes]),
+        weight=np.array([w for _, w in shapes]),
+        allowed=np.ones((len(shapes), 2), dtype=np.bool_),
+        gpu=np.array([s.milli > 0 for s, _ in shapes]),
+        bound=0,
+    )
+    cpu = np.array([c for c, _ in nodes])
+    free = np.array([cards for _, cards in nodes])
+    model = np.zeros(len(nodes), dtype=np.int64)
+    got = fragmentation_after_share(resolved, cpu, free, model, pod_cpu, milli)
+    for k in range(len(nodes)):
+        for w in range(3):
+            if free[k, w] < milli:
+                continue
+            after = free[k : k + 1].copy()
+            after[0, w] -= milli
+            expected = fragmentation(resolved, cpu[k : k + 1] - pod_cpu, after, model[:1])
+            assert got[k, w] == expected[0]
+
+
+def test_simulator_resolution_is_the_published_sigmoid() -> None:
+    state = two_nodes()
+    workload = [{"cpu": 0, "gpuMilli": 500, "gpus": 1, "weight": 3}, {"cpu": 0, "weight": 1}]
+    plugin = GpuFragmentation({"targetWorkload": workload}, "here")
+    plugin.node_fragmentation(state)
+    # ΔF in weight units; the simulator's x = -ΔF / (Σw * 1000) with Σw = 4
+    for delta in (-9000, -4000, -1, 0, 1, 2000, 4000, 30000):
+        expected = int(100 / (1 + np.exp(delta / 4000)))
+        assert int(plugin.quantised(np.array([delta]))[0]) == expected, delta
 
 
 def test_target_workload_keeps_shapes_covering_95_percent() -> None:

@@ -21,7 +21,8 @@ GpuClustering  ``⌊25·(8000 - G)/8000⌋`` plus 75 (the node holds only pods o
                kind: sharing, or k whole cards), 50 (that kind among others), 25 (no GPU
                pod yet) or 0 (only other kinds). CPU-only pods: 0
 GpuRandom      a hash of (seed, pod name, node slot): the best node is uniformly random
-               and the same in every replay (``seed`` arg, default 0)
+               and the same in every replay (``seed`` arg, default 0); a sharing pod's
+               card is drawn from the same stream among those that hold it
 GpuMMinusN     seed 001: m idle cards, n asked: ``100 - (m - n)``; a share of ``u`` milli
                on its card with ``f`` free: ``100 - ⌊(f - u)/10⌋``; CPU-only: ``100 - m``
 ============== ==========================================================================
@@ -241,3 +242,16 @@ class GpuRandom:
             mixed = mix64(slots + np.uint64(base))
         out: Ints = (mixed >> np.uint64(2)).astype(np.int64)
         return out
+
+    def choose_cards(self, pod: PodInfo, state: ClusterState, slot: int) -> tuple[int, ...] | None:
+        """A sharing pod's card: one of those that hold it, drawn from the same stream
+        (the simulator's ``gpuSelMethod: random``); whole cards: the default."""
+        gpu = pod.gpu
+        if gpu is None or gpu.whole or gpu.cards != 1:
+            return None
+        fits = np.flatnonzero(state.cards.free[slot] >= gpu.need.milli)
+        if not fits.size:
+            return None
+        key = (self.seed * 0x9E3779B97F4A7C15 + zlib.crc32(pod.key.encode()) + 1) & (2**64 - 1)
+        draw = int(mix64(np.array([key], dtype=np.uint64))[0])
+        return (int(fits[draw % fits.size]),)

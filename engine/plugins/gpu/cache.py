@@ -122,7 +122,7 @@ class CachedScore:
             self.counters["full"] += 1
         else:
             self._entries.move_to_end(key)
-            slots = np.unique(np.array(changed, dtype=np.int64))
+            slots = np.array(sorted(set(changed)), dtype=np.int64)
             self.counters["refreshed" if slots.size else "reused"] += 1
         if slots.size:
             self.prepare(state)

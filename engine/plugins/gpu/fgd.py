@@ -47,9 +47,9 @@ from engine.model.state import Bools, ClusterState, Ints
 from engine.plugins.gpu.cache import CachedScore, check_args, parse_tie_break
 from engine.plugins.gpu.fragment import (
     Resolved,
-    after_share,
     after_whole,
     fragmentation,
+    fragmentation_after_share,
     model_codes,
     node_states,
     resolve,
@@ -171,9 +171,9 @@ class GpuFragmentation(CachedScore):
         if gpu is not None and not gpu.whole and gpu.cards == 1:
             milli = gpu.need.milli
             width = free.shape[1]
-            cpu_a, free_a, possible = after_share(cpu, free, pod_cpu, milli)
-            after = fragmentation(shapes, cpu_a, free_a, np.repeat(models, width))
-            delta = after.reshape(-1, width) - before[:, None]
+            after = fragmentation_after_share(shapes, cpu, free, models, pod_cpu, milli)
+            possible = free >= milli
+            delta = after - before[:, None]
             # least ΔF, then the card with least free milli, then the lowest index
             order = (delta * (WHOLE + 1) + free) * 64 + np.arange(width)[None, :]
             order = np.where(possible.reshape(-1, width), order, np.iinfo(np.int64).max)

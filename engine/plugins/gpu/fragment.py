@@ -112,12 +112,31 @@ def after_whole(cpu: Ints, free: Ints, pod_cpu: int, gpu: GpuRequest | None) -> 
     return cpu - pod_cpu, free - WHOLE * take
 
 
-def after_share(cpu: Ints, free: Ints, pod_cpu: int, milli: int) -> tuple[Ints, Ints, Bools]:
-    """States after a pod taking ``milli`` of one card lands on each (row, card): K * W
-    rows, row ``k * W + w`` for card ``w`` of row ``k``, and which of them are possible."""
-    k, w = free.shape
-    states = np.repeat(free, w, axis=0)
-    cards = np.tile(np.arange(w), k)
-    states[np.arange(k * w), cards] -= milli
-    possible = (free >= milli).reshape(-1)
-    return np.repeat(cpu - pod_cpu, w), states, possible
+def fragmentation_after_share(
+    shapes: Resolved, cpu: Ints, free: Ints, model: Ints, pod_cpu: int, milli: int
+) -> Ints:
+    """F of each state after a pod of ``pod_cpu`` and ``milli`` of one card lands on card
+    w of row k: (K, W), from each row's per-shape counts and small-card sums, changed
+    only by the one card that changes (K x M x W work rather than K x W x M x W).
+    Entries for cards that do not hold ``milli`` are meaningless."""
+    k, width = free.shape
+    if width == 0 or not shapes.weight.size:
+        return np.zeros((k, width), dtype=np.int64)
+    need = shapes.milli[None, :, None]
+    card = free[:, None, :]  # (K, 1, W)
+    enough = card >= need  # (K, M, W)
+    count = enough.sum(axis=2)
+    small = np.where(enough, 0, card).sum(axis=2)
+    taken = card - milli
+    still = taken >= need
+    count_after = count[:, :, None] - enough + still
+    small_after = small[:, :, None] - np.where(enough, 0, card) + np.where(still, 0, taken)
+    total_after = free.sum(axis=1) - milli
+    fits = (
+        (count_after >= shapes.cards[None, :, None])
+        & ((cpu - pod_cpu)[:, None] >= shapes.cpu[None, :])[:, :, None]
+        & (shapes.allowed[:, model + 1].T & shapes.gpu[None, :])[:, :, None]
+    )
+    frag = np.where(fits, small_after, total_after[:, None, None])
+    out: Ints = np.einsum("kmw,m->kw", frag, shapes.weight)
+    return out
