@@ -103,3 +103,22 @@ def test_a_missing_trace_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[s
         main(["loadtest", "fragmentation", "--trace", str(tmp_path)])
     assert refused.value.code == 2
     assert "the Alibaba GPU trace is not there" in capsys.readouterr().err
+
+
+def test_a_gpu_policy_run_replays_exactly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ShoalGpu chooses sharing pods' cards; the log records them and replay re-derives
+    every decision (examples/gpu-sharing.yaml)."""
+    example = Path(__file__).parent.parent.parent / "examples" / "gpu-sharing.yaml"
+    log = tmp_path / "run.events"
+    assert main(["simulate", str(example), "--log", str(log), "--json"]) == 0
+    pods = json.loads(capsys.readouterr().out)["pods"]
+    # the shares fill one machine; the other stays whole for the 4-card pod
+    assert {k: v["node"] for k, v in pods.items()} == {
+        "default/share-1": "gpu-a",
+        "default/share-2": "gpu-a",
+        "default/share-3": "gpu-a",
+        "default/whole-4": "gpu-b",
+    }
+    assert main(["replay", str(log), "--verify"]) == 0
