@@ -118,13 +118,15 @@ def run(args: argparse.Namespace) -> int:
     runs = [Run(w, p, s) for w in chosen for p in policies for s in seeds if (w, p, s) not in have]
     results = [r for r in results if r["workload"] in chosen and r["policy"] in policies]
     total, started = len(runs), time.monotonic()
+    finished = 0
 
     def done(result: dict[str, Any]) -> None:
+        nonlocal finished
+        finished += 1
         results.append(result)
         if args.results is not None:
             with args.results.open("a") as out:
                 out.write(json.dumps(result) + "\n")
-        finished = len(results) - (len(have) if have else 0)
         print(
             f"[{finished}/{total}] {result['workload']} {result['policy']} seed "
             f"{result['seed']}: unallocated {result['unallocated_pct_at_100']:.2f}% at 100%, "
