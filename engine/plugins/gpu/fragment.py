@@ -18,7 +18,7 @@ apart from :func:`resolve` and :func:`node_states`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -43,6 +43,16 @@ class Resolved:
     """Shapes that ask for GPU."""
     bound: int
     """An upper bound of ``|F|`` (and of a change of it) on the state's nodes."""
+    levels: Ints = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """The distinct per-card milli of the shapes (what card counts depend on)."""
+    level: Ints = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Each shape's index in ``levels``."""
+
+    def __post_init__(self) -> None:
+        if self.level.shape[0] != self.milli.shape[0]:
+            levels, level = np.unique(self.milli, return_inverse=True)
+            object.__setattr__(self, "levels", levels.astype(np.int64))
+            object.__setattr__(self, "level", level.reshape(-1).astype(np.int64))
 
 
 def resolve(workload: TargetWorkload, state: ClusterState) -> Resolved:
@@ -88,9 +98,9 @@ def fragmentation(shapes: Resolved, cpu: Ints, free: Ints, model: Ints) -> Ints:
     if free.shape[1] == 0 or not shapes.weight.size:
         return np.zeros(cpu.shape[0], dtype=np.int64)
     total = free.sum(axis=1)
-    enough = free[:, None, :] >= shapes.milli[None, :, None]  # (K, M, W)
-    count = enough.sum(axis=2)
-    small = np.where(enough, 0, free[:, None, :]).sum(axis=2)
+    enough = free[:, None, :] >= shapes.levels[None, :, None]  # (K, levels, W)
+    count = enough.sum(axis=2)[:, shapes.level]
+    small = np.where(enough, 0, free[:, None, :]).sum(axis=2)[:, shapes.level]
     fits = (
         (count >= shapes.cards[None, :])
         & (cpu[:, None] >= shapes.cpu[None, :])
@@ -122,15 +132,17 @@ def fragmentation_after_share(
     k, width = free.shape
     if width == 0 or not shapes.weight.size:
         return np.zeros((k, width), dtype=np.int64)
-    need = shapes.milli[None, :, None]
+    need = shapes.levels[None, :, None]
     card = free[:, None, :]  # (K, 1, W)
-    enough = card >= need  # (K, M, W)
+    enough = card >= need  # (K, levels, W)
     count = enough.sum(axis=2)
     small = np.where(enough, 0, card).sum(axis=2)
     taken = card - milli
     still = taken >= need
-    count_after = count[:, :, None] - enough + still
-    small_after = small[:, :, None] - np.where(enough, 0, card) + np.where(still, 0, taken)
+    count_after = (count[:, :, None] - enough + still)[:, shapes.level]  # (K, M, W)
+    small_after = (small[:, :, None] - np.where(enough, 0, card) + np.where(still, 0, taken))[
+        :, shapes.level
+    ]
     total_after = free.sum(axis=1) - milli
     fits = (
         (count_after >= shapes.cards[None, :, None])
