@@ -179,16 +179,16 @@ def table(results: list[dict[str, Any]], paper: dict[tuple[str, str, int], float
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:
-    """Allocation % against arrived GPU % per policy (mean over seeds), one panel per
-    workload."""
+    """Allocation % against arrived GPU % per policy (mean over seeds): per workload a
+    panel of the whole run and one of its end (from 70% arrival), where they differ."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     chosen = list(dict.fromkeys(r["workload"] for r in results))
-    fig, axes = plt.subplots(len(chosen), 1, figsize=(7, 4 * len(chosen)), squeeze=False)
-    for ax, workload in zip(axes[:, 0], chosen, strict=True):
+    fig, axes = plt.subplots(len(chosen), 2, figsize=(12, 4 * len(chosen)), squeeze=False)
+    for (ax, zoom), workload in zip(axes, chosen, strict=True):
         by_policy: dict[str, list[list[float]]] = {}
         for r in results:
             if r["workload"] == workload and r.get("curve"):
@@ -197,11 +197,15 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
             size = min(len(c) for c in curves)
             mean = [statistics.mean(c[i] for c in curves) for i in range(size)]
             ax.plot(range(size), mean, label=policy)
-        ax.plot([0, 100], [0, 100], color="grey", linewidth=0.5, linestyle=":")
-        ax.set_title(workload)
-        ax.set_xlabel("arrived GPU (% of capacity)")
-        ax.set_ylabel("allocated GPU (%)")
-        ax.legend(loc="lower right", fontsize="small")
+            zoom.plot(range(70, size), mean[70:], label=policy)
+        for panel, title in ((ax, workload), (zoom, f"{workload}, from 70% arrival")):
+            panel.plot([0, 100], [0, 100], color="grey", linewidth=0.5, linestyle=":")
+            panel.set_title(title)
+            panel.set_xlabel("arrived GPU (% of capacity)")
+            panel.set_ylabel("allocated GPU (%)")
+            panel.legend(loc="lower right", fontsize="small")
+        zoom.set_xlim(70, 131)
+        zoom.set_ylim(70, 100)
     fig.tight_layout()
     try:
         fig.savefig(path)
