@@ -122,3 +122,20 @@ def test_a_gpu_policy_run_replays_exactly(
         "default/whole-4": "gpu-b",
     }
     assert main(["replay", str(log), "--verify"]) == 0
+
+
+@pytest.mark.parametrize(
+    "policy",
+    ["random", "dotprod", "gpuclustering", "gpupacking", "bestfit", "fgd", "m-minus-n", "shoal"],
+)
+def test_the_protocol_arithmetic_by_hand(policy: str) -> None:
+    """One node of two cards (capacity 2,000 milli-GPU, 130% = 2,600) and five pods of
+    600 milli (3,000): a random pod is removed, leaving four (2,400). Whatever the order
+    and the policy: the first two take a card each, the other two find 400 free and fail.
+    Arrival reaches 100% (2,000) at the fourth pod (1,800 before it), when 1,200 are
+    allocated: 40% unallocated; at the end 60% allocated."""
+    result = run_one(TRACE.parent / "gputrace-one", Run("share600", policy, 7))
+    assert (result["pods"], result["bound"]) == (4, 2)
+    assert result["unallocated_pct_at_100"] == 40.0
+    assert result["alloc_pct_at_130"] == 60.0
+    assert result["curve"][:3] == [0.0, 30.0, 30.0]  # 1% arrived: the first pod (30%) is in
