@@ -52,6 +52,7 @@ from engine.model.quota import Quota, QuotaTable
 from engine.model.reservations import Reservation, ReservationState
 from engine.model.resources import ResourceIndex
 from engine.model.retention import Deadlines, Retired
+from engine.model.shapes import ShapeCounts
 from engine.model.state import ClusterState, PlacedPod
 from events.errors import InputError
 from events.types import SnapshotTaken
@@ -68,6 +69,7 @@ STATE_CLASSES: Final[dict[str, type]] = {
     for cls in (
         ClusterState,
         Cards,
+        ShapeCounts,
         CardNeed,
         GpuRequest,
         PlacedPod,

@@ -138,6 +138,7 @@ def add_arguments(load: argparse.ArgumentParser) -> None:
     snapshot_option(load)
     load.add_argument("--json", action="store_true")
     modes = load.add_subparsers(dest="loadtest_mode", metavar="MODE")
+    from loadtest.fragreport import add_arguments as fragmentation_arguments
     from loadtest.kube import add_arguments as kube_arguments
 
     kube = modes.add_parser(
@@ -147,6 +148,12 @@ def add_arguments(load: argparse.ArgumentParser) -> None:
     )
     kube_arguments(kube)
     kube.add_argument("--json", action="store_true")
+    fragmentation_arguments(
+        modes.add_parser(
+            "fragmentation",
+            help="FGD's GPU fragmentation benchmark on the Alibaba GPU trace (PROTOCOL.md)",
+        )
+    )
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -154,6 +161,10 @@ async def run(args: argparse.Namespace) -> int:
         from loadtest import kube
 
         return await kube.run(args)
+    if getattr(args, "loadtest_mode", None) == "fragmentation":
+        from loadtest.fragreport import run as fragmentation
+
+        return fragmentation(args)
     from loadtest.driver import LoadShape, run_loadtest
 
     sharding_for(args.shards)

@@ -48,6 +48,12 @@ class Handle(Protocol):
         ...
 
     @property
+    def shapes(self) -> Any:
+        """The pod shapes submitted to this engine (an
+        :class:`~engine.model.shapes.ShapeCounts`)."""
+        ...
+
+    @property
     def migrates(self) -> bool:
         """Whether this engine may move running pods (one that owns its nodes)."""
         ...

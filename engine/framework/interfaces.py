@@ -134,6 +134,18 @@ class NormalizeScorePlugin(ScorePlugin, Protocol):
 
 
 @runtime_checkable
+class CardChooserPlugin(ScorePlugin, Protocol):
+    def choose_cards(self, pod: PodInfo, state: ClusterState, slot: int) -> tuple[int, ...] | None:
+        """The GPU cards ``pod`` should take on ``slot`` (the node the attempt chose,
+        after this plugin scored it in the same attempt), or None to leave the choice to
+        the state (:meth:`engine.model.cards.Cards.choose`). Must be deterministic and
+        name cards that satisfy the pod's need; the framework asks the score plugins in
+        profile order and takes the first answer. The choice is recorded in
+        ``PodBound.devices`` and replayed as recorded."""
+        ...
+
+
+@runtime_checkable
 class ReservePlugin(Plugin, Protocol):
     def reserve(self, cycle: CycleState, pod: PodInfo, state: ClusterState, slot: int) -> Status:
         """The pod is about to be assumed on ``slot``; a failure undoes the attempt."""

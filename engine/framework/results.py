@@ -73,6 +73,9 @@ class Attempt:
     status: Status
     score: int = 0
     diagnosis: Diagnosis | None = None
+    devices: tuple[int, ...] | None = None
+    """The GPU cards a score plugin chose on ``slot`` (None: the state's default
+    choice, :meth:`engine.model.cards.Cards.choose`)."""
 
 
 def select(masked: Ints, used: int, tiebreak: int) -> int:

@@ -27,6 +27,7 @@ from engine.config import ProfileConfig
 from engine.framework.cycle import CycleState
 from engine.framework.handle import Handle
 from engine.framework.interfaces import (
+    CardChooserPlugin,
     FilterPlugin,
     NormalizeScorePlugin,
     PermitPlugin,
@@ -169,6 +170,10 @@ class Framework:
         """Every dynamic filter and local score has a one-slot form: a refresh of a few
         nodes runs them in plain Python (same results; numpy costs more per call)."""
         self._global_scores = [e for e in self.scores if not e.plugin.local]
+        self._card_choosers: list[CardChooserPlugin] = [
+            e.plugin for e in self.scores if isinstance(e.plugin, CardChooserPlugin)
+        ]
+        """Score plugins that also choose a GPU pod's cards on the chosen node."""
         self.kernel = (
             registry.kernel(
                 list(self.dynamic_filters), [(e.plugin, e.weight) for e in self._local_scores]
@@ -565,7 +570,16 @@ class Framework:
                 for done in reversed(self.reserves):
                     done.unreserve(cycle, pod, state, slot)
                 return Attempt(-1, status.with_plugin(permit.name), diagnosis=diagnosis)
-        return Attempt(slot, SUCCESS, best, diagnosis)
+        return Attempt(slot, SUCCESS, best, diagnosis, self._choose_cards(pod, state, slot))
+
+    def _choose_cards(self, pod: PodInfo, state: ClusterState, slot: int) -> tuple[int, ...] | None:
+        if pod.gpu is None:
+            return None
+        for plugin in self._card_choosers:
+            devices = plugin.choose_cards(pod, state, slot)
+            if devices is not None:
+                return devices
+        return None
 
     def schedule_among(self, pod: PodInfo, state: ClusterState, feasible: Bools) -> int:
         """The slot the profile's scores choose for ``pod`` among ``feasible`` (the

@@ -51,6 +51,7 @@ from engine.model.retention import (
     next_deadline,
     timed_out,
 )
+from engine.model.shapes import ShapeCounts
 from engine.model.state import ClusterState, Request
 from events.types import (
     PodGroupSubmitted,
@@ -167,6 +168,8 @@ class ShardModel:
         when one is gone, its room is held for its owner (:mod:`engine.model.holds`)."""
         self.holds: dict[str, list[Hold]] = {}
         """Owner (``ns/KIND/NAME``) → room held for its replacement pods."""
+        self.shapes = ShapeCounts()
+        """Pod shapes submitted here (what learned target workloads come from)."""
         self.defrag_moves: list[tuple[int, int]] = []
         """(time, node slot) of the defragmentation's moves in the last minute (its
         budget: :mod:`engine.passes.defrag`)."""
@@ -353,6 +356,7 @@ class ShardModel:
         self.submissions += 1
         self.state.ensure_rows()
         self.pods[key] = info
+        self.shapes.add(info)
         if spec.depends_on:
             self.depending[key] = None
         if info.spec.group:

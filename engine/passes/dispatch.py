@@ -147,7 +147,7 @@ def bind(p: SchedulingPass, pod: PodInfo, slot: int, score: int) -> None:
     e = p.e
     delegated = e.delegated.get(pod.key)
     decision_id = delegated or f"{pod.key}@{pod.seq}#{pod.attempts}"
-    e.place(pod.key, slot, decision_id)
+    e.place(pod.key, slot, decision_id, devices=p.devices.pop(pod.key, None))
     node = e.state.names[slot]
     assert node is not None
     if delegated is not None:

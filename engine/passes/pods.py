@@ -57,6 +57,8 @@ def attempt_pod(p: SchedulingPass, pod: PodInfo) -> None:
         attempt = framework.schedule(pod, e.state, explain=explain, verdict=verdict)
     if attempt.slot >= 0:
         p.record(pod, attempt)
+        if attempt.devices is not None:
+            p.devices[pod.key] = attempt.devices
         p.dispatch.commit(p, None, [(pod, attempt.slot, attempt.score)])
         return
     if verdict is not None:

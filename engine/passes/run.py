@@ -80,6 +80,8 @@ class SchedulingPass:
         which only a node's arrival, departure or change alters."""
         self.unit = ""
         """The unit being attempted."""
+        self.devices: dict[str, tuple[int, ...]] = {}
+        """Pod → the GPU cards its attempt chose (a score plugin's choice), until bound."""
 
     def run(self) -> list[Event]:
         from engine.passes.gangs import attempt_group

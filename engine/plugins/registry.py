@@ -11,6 +11,15 @@ from engine.framework.interfaces import Plugin
 from engine.framework.registry import PluginFactory, Registry
 from engine.plugins.coscheduling import Coscheduling
 from engine.plugins.fit import NodeResourcesBalancedAllocation, NodeResourcesFit
+from engine.plugins.gpu.baselines import (
+    GpuBestFit,
+    GpuClustering,
+    GpuDotProduct,
+    GpuMMinusN,
+    GpuPacking,
+    GpuRandom,
+)
+from engine.plugins.gpu.fgd import GpuFragmentation, ShoalGpu
 from engine.plugins.interpod_affinity import InterPodAffinity
 from engine.plugins.kernels import ResourceKernel
 from engine.plugins.node_affinity import NodeAffinity
@@ -72,6 +81,14 @@ def builtin_registry() -> Registry:
             "ElasticQuota": _handle(ElasticQuota),
             "Coscheduling": _handle(Coscheduling),
             "DefaultPreemption": _handle(DefaultPreemption),
+            "GpuBestFit": _args(GpuBestFit),
+            "GpuDotProduct": _args(GpuDotProduct),
+            "GpuPacking": _args(GpuPacking),
+            "GpuClustering": _args(GpuClustering),
+            "GpuRandom": _args(GpuRandom),
+            "GpuMMinusN": _args(GpuMMinusN),
+            "GpuFragmentation": _args_handle(GpuFragmentation),
+            "ShoalGpu": _args_handle(ShoalGpu),
             "Rescheduler": Rescheduler.create,
         },
         kernel=ResourceKernel.for_plugins,

@@ -1,0 +1,1 @@
+"""GPU placement policies: FGD's baselines, fragmentation gradient descent and shoal's own."""

@@ -1,0 +1,154 @@
+"""Fragmentation of nodes against a target workload, vectorised (FGD's definition).
+
+For a node with free cpu ``c`` and free milli-GPU per card ``g_1..g_k`` (idle GPU
+``G = sum g_i``), the fragment for one shape ``m`` of the target workload is
+
+* all of ``G`` if ``m`` asks for no GPU, if ``m``'s models exclude the node's model, or
+  if ``m`` does not fit (``c`` below its cpu, or fewer than its cards with at least its
+  per-card milli free);
+* otherwise the sum of the ``g_i`` that are smaller than ``m``'s per-card milli.
+
+``F = sum_m w_m * fragment(m)`` with the workload's integer weights ``w_m``
+(proportional to the probabilities p_m, so the node that FGD prefers is the same; and
+exact integers, so every machine and every replay agrees). All functions take K node
+*states* at once (rows of arrays), so a caller evaluates hypothetical states (a pod
+placed on this card or that one) in one call; nothing here reads a ``ClusterState``
+apart from :func:`resolve` and :func:`node_states`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.model.devices import MODEL_LABEL, WHOLE, GpuRequest
+from engine.model.resources import CPU
+from engine.model.state import Bools, ClusterState, Ints
+from engine.plugins.gpu.workload import TargetWorkload
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """A target workload as arrays, its models resolved to one state's label codes."""
+
+    cpu: Ints
+    milli: Ints
+    cards: Ints
+    weight: Ints
+    allowed: Bools
+    """(shapes, models + 1): may shape m run on model code c (column c + 1; column 0 is
+    a node without a model label)?"""
+    gpu: Bools
+    """Shapes that ask for GPU."""
+    bound: int
+    """An upper bound of ``|F|`` (and of a change of it) on the state's nodes."""
+    levels: Ints = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """The distinct per-card milli of the shapes (what card counts depend on)."""
+    level: Ints = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Each shape's index in ``levels``."""
+
+    def __post_init__(self) -> None:
+        if self.level.shape[0] != self.milli.shape[0]:
+            levels, level = np.unique(self.milli, return_inverse=True)
+            object.__setattr__(self, "levels", levels.astype(np.int64))
+            object.__setattr__(self, "level", level.reshape(-1).astype(np.int64))
+
+
+def resolve(workload: TargetWorkload, state: ClusterState) -> Resolved:
+    """``workload`` as arrays against ``state``'s model label codes."""
+    codes = state.label_values.get(MODEL_LABEL, {})
+    shapes = workload.shapes
+    allowed = np.ones((len(shapes), len(codes) + 1), dtype=np.bool_)
+    for i, shape in enumerate(shapes):
+        if shape.models:
+            allowed[i] = False
+            for model in shape.models:
+                code = codes.get(model)
+                if code is not None:
+                    allowed[i, code + 1] = True
+    milli = np.array([s.milli for s in shapes], dtype=np.int64)
+    return Resolved(
+        cpu=np.array([s.cpu for s in shapes], dtype=np.int64),
+        milli=milli,
+        cards=np.array([s.cards for s in shapes], dtype=np.int64),
+        weight=np.array(workload.weights, dtype=np.int64),
+        allowed=allowed,
+        gpu=milli > 0,
+        bound=sum(workload.weights) * max(state.cards.width, 1) * WHOLE,
+    )
+
+
+def model_codes(state: ClusterState) -> Ints:
+    """Each slot's GPU model code (-1: no model label)."""
+    column = state.label_columns.get(MODEL_LABEL)
+    if column is None:
+        return np.full(state.capacity, -1, dtype=np.int64)
+    return column.astype(np.int64)
+
+
+def node_states(state: ClusterState, slots: Ints) -> tuple[Ints, Ints]:
+    """Free cpu and free milli-GPU per card (0 for absent cards) of ``slots``."""
+    return state.free[CPU, slots], np.maximum(state.cards.free[slots], 0)
+
+
+def fragmentation(shapes: Resolved, cpu: Ints, free: Ints, model: Ints) -> Ints:
+    """F of K node states: ``cpu`` (K,), ``free`` (K, W) milli per card (absent cards 0)
+    and ``model`` (K,) codes."""
+    if free.shape[1] == 0 or not shapes.weight.size:
+        return np.zeros(cpu.shape[0], dtype=np.int64)
+    total = free.sum(axis=1)
+    enough = free[:, None, :] >= shapes.levels[None, :, None]  # (K, levels, W)
+    count = enough.sum(axis=2)[:, shapes.level]
+    small = np.where(enough, 0, free[:, None, :]).sum(axis=2)[:, shapes.level]
+    fits = (
+        (count >= shapes.cards[None, :])
+        & (cpu[:, None] >= shapes.cpu[None, :])
+        & shapes.allowed[:, model + 1].T
+        & shapes.gpu[None, :]
+    )
+    frag = np.where(fits, small, total[:, None])
+    out: Ints = frag @ shapes.weight
+    return out
+
+
+def after_whole(cpu: Ints, free: Ints, pod_cpu: int, gpu: GpuRequest | None) -> tuple[Ints, Ints]:
+    """States after a pod of ``pod_cpu`` and whole cards (or none) lands on each row:
+    the lowest-index idle cards are taken (as :meth:`Cards.choose` takes them)."""
+    if gpu is None or gpu.cards == 0:
+        return cpu - pod_cpu, free
+    idle = free >= WHOLE
+    take = idle & (np.cumsum(idle, axis=1) <= gpu.cards)
+    return cpu - pod_cpu, free - WHOLE * take
+
+
+def fragmentation_after_share(
+    shapes: Resolved, cpu: Ints, free: Ints, model: Ints, pod_cpu: int, milli: int
+) -> Ints:
+    """F of each state after a pod of ``pod_cpu`` and ``milli`` of one card lands on card
+    w of row k: (K, W), from each row's per-shape counts and small-card sums, changed
+    only by the one card that changes (K x M x W work rather than K x W x M x W).
+    Entries for cards that do not hold ``milli`` are meaningless."""
+    k, width = free.shape
+    if width == 0 or not shapes.weight.size:
+        return np.zeros((k, width), dtype=np.int64)
+    need = shapes.levels[None, :, None]
+    card = free[:, None, :]  # (K, 1, W)
+    enough = card >= need  # (K, levels, W)
+    count = enough.sum(axis=2)
+    small = np.where(enough, 0, card).sum(axis=2)
+    taken = card - milli
+    still = taken >= need
+    count_after = (count[:, :, None] - enough + still)[:, shapes.level]  # (K, M, W)
+    small_after = (small[:, :, None] - np.where(enough, 0, card) + np.where(still, 0, taken))[
+        :, shapes.level
+    ]
+    total_after = free.sum(axis=1) - milli
+    fits = (
+        (count_after >= shapes.cards[None, :, None])
+        & ((cpu - pod_cpu)[:, None] >= shapes.cpu[None, :])[:, :, None]
+        & (shapes.allowed[:, model + 1].T & shapes.gpu[None, :])[:, :, None]
+    )
+    frag = np.where(fits, small_after, total_after[:, None, None])
+    out: Ints = np.einsum("kmw,m->kw", frag, shapes.weight)
+    return out

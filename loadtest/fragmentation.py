@@ -1,0 +1,153 @@
+"""``shoal loadtest fragmentation``: FGD's GPU fragmentation benchmark on the real engine.
+
+One run is one (workload, policy, seed): the trace's nodes are added to an
+:class:`~engine.engine.Engine` whose profile scores with the policy alone (every
+default score plugin disabled, no preemption), then the protocol's pods arrive one at a
+time, each followed by a scheduling pass; a pod the pass does not bind is deleted at
+once (no retries), nothing departs. After each pod: GPU allocated (milli-GPU of the pods
+bound) and GPU arrived (of every pod so far), over the cluster's GPU capacity. Reported:
+the unallocated GPU % at the first pod whose arrival reaches 100% of capacity, and the
+allocation % at the end (the arrival just under 130%).
+
+FGD and ShoalGpu are given the target workload of PROTOCOL.md (the file's shapes that
+cover 95% of its pods) as ``targetWorkload`` args; GpuRandom gets the run's seed.
+Runs are independent and spread over ``jobs`` processes; each result is handed to the
+caller as it completes.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.config import parse_config
+from engine.engine import Engine
+from events.types import Envelope, NodeAdded, PodBound, PodDeleted, PodSubmitted
+from loadtest.gputrace import (
+    POLICIES,
+    TARGET_PCT,
+    TraceNode,
+    TracePod,
+    arrivals,
+    node_order,
+    read_nodes,
+    read_pods,
+    target_workload,
+)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Run:
+    workload: str
+    policy: str
+    seed: int
+
+
+def profile_config(policy: str, seed: int, pods: list[TracePod]) -> dict[str, Any]:
+    """The ``KubeSchedulerConfiguration`` of a run: the policy is the only score."""
+    plugin = POLICIES[policy]
+    config: list[dict[str, Any]] = []
+    if plugin == "GpuRandom":
+        config.append({"name": plugin, "args": {"seed": seed}})
+    elif plugin in ("GpuFragmentation", "ShoalGpu"):
+        config.append({"name": plugin, "args": {"targetWorkload": target_workload(pods).to_args()}})
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "profiles": [
+            {
+                "schedulerName": "default-scheduler",
+                "plugins": {
+                    "score": {"disabled": [{"name": "*"}], "enabled": [{"name": plugin}]},
+                    "postFilter": {"disabled": [{"name": "*"}]},
+                },
+                "pluginConfig": config,
+            }
+        ],
+    }
+
+
+@functools.lru_cache(maxsize=4)
+def _nodes(trace: Path) -> list[TraceNode]:
+    return read_nodes(trace)
+
+
+@functools.lru_cache(maxsize=4)
+def _pods(trace: Path, workload: str) -> list[TracePod]:
+    return read_pods(trace, workload)
+
+
+def run_one(trace: Path, run: Run) -> dict[str, Any]:
+    """Run the protocol once; the result row (with the allocation curve at every whole
+    percent of arrival, ``curve[k]`` = allocation % once k% had arrived)."""
+    nodes = _nodes(trace)
+    pods = _pods(trace, run.workload)
+    capacity = sum(n.gpus for n in nodes) * 1000
+    sequence = arrivals(pods, capacity, run.seed)
+    engine = Engine(parse_config(profile_config(run.policy, run.seed, pods)))
+    for node in node_order(nodes, run.seed):
+        engine.apply(Envelope(event=NodeAdded(node=node.spec()), producer="ingest"))
+    engine.schedule()
+    allocated = arrived = bound = 0
+    at_100: int | None = None
+    curve = [0.0]
+    started = time.process_time()
+    for i, pod in enumerate(sequence):
+        spec = pod.spec(f"{pod.name}-{i}")
+        engine.apply(Envelope(event=PodSubmitted(pod=spec), producer="ingest"))
+        if any(isinstance(e, PodBound) for e in engine.schedule()):
+            allocated += pod.gpu_milli
+            bound += 1
+        else:
+            engine.apply(Envelope(event=PodDeleted(pod=spec.key), producer="ingest"))
+        arrived += pod.gpu_milli
+        if at_100 is None and arrived >= capacity:
+            at_100 = allocated
+        while len(curve) <= TARGET_PCT and arrived * 100 >= len(curve) * capacity:
+            curve.append(round(allocated * 100 / capacity, 3))
+    seconds = time.process_time() - started
+    if at_100 is None:
+        at_100 = allocated
+    return {
+        "workload": run.workload,
+        "policy": run.policy,
+        "seed": run.seed,
+        "unallocated_pct_at_100": round(100 - at_100 * 100 / capacity, 3),
+        "alloc_pct_at_130": round(allocated * 100 / capacity, 3),
+        "pods": len(sequence),
+        "bound": bound,
+        "cpu_seconds": round(seconds, 3),
+        "pods_per_second": round(len(sequence) / seconds, 1) if seconds > 0 else 0.0,
+        "curve": curve,
+    }
+
+
+def run_all(
+    trace: Path,
+    runs: Iterable[Run],
+    jobs: int,
+    done: Callable[[dict[str, Any]], None],
+) -> None:
+    """Run every run, ``jobs`` at a time in worker processes (1: in this process),
+    calling ``done`` with each result as it completes."""
+    todo = sorted(runs)
+    if jobs <= 1 or len(todo) <= 1:
+        for run in todo:
+            done(run_one(trace, run))
+        return
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        pending: set[Future[dict[str, Any]]] = {pool.submit(run_one, trace, r) for r in todo}
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in sorted(finished, key=id):
+                done(future.result())
+
+
+def default_jobs() -> int:
+    return max(1, len(os.sched_getaffinity(0)))

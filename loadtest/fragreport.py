@@ -1,0 +1,213 @@
+"""``shoal loadtest fragmentation``: arguments, the published means, the table and the plot."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from events.errors import InputError
+from loadtest.gputrace import POD_PREFIX, POLICIES, PUBLISHED_FILE, PUBLISHED_NAMES, workloads
+
+DEFAULT_TRACE = Path("..") / "shared" / "traces" / "alibaba-gpu-v2023"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workload", default="default", help="default, all, or a NAME")
+    parser.add_argument("--policy", default="all", help=f"all, or one of {', '.join(POLICIES)}")
+    parser.add_argument("--seeds", default="42-51", help="A-B or A,B,C (default 42-51)")
+    parser.add_argument("--trace", type=Path, default=None, help="the trace folder")
+    parser.add_argument("--jobs", type=int, default=0, help="processes (default: CPUs)")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--plot", type=Path, default=None, metavar="FILE.png")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        metavar="FILE.jsonl",
+        help="append each run's result here as it completes, and skip runs already there",
+    )
+
+
+def _seeds(raw: str) -> list[int]:
+    try:
+        if "-" in raw:
+            low, high = (int(x) for x in raw.split("-", 1))
+            seeds = list(range(low, high + 1))
+        else:
+            seeds = [int(x) for x in raw.split(",")]
+    except ValueError:
+        raise InputError(f"must be A-B or A,B,C, got {raw!r}", location="--seeds") from None
+    if not seeds or any(s < 0 for s in seeds):
+        raise InputError(f"no seeds, or a negative one, in {raw!r}", location="--seeds")
+    return seeds
+
+
+def _trace(given: Path | None) -> Path:
+    trace = given if given is not None else DEFAULT_TRACE
+    if not (trace / "openb_node_list_gpu_node.csv").is_file():
+        raise InputError(
+            "the Alibaba GPU trace is not there (openb_node_list_gpu_node.csv missing)",
+            location=f"--trace {trace}",
+        )
+    return trace.resolve()
+
+
+def published(trace: Path) -> dict[tuple[str, str, int], float]:
+    """(workload, policy, arrived %) → published mean allocation %."""
+    path = trace / PUBLISHED_FILE
+    out: dict[tuple[str, str, int], float] = {}
+    if not path.is_file():
+        return out
+    names = {v: k for k, v in PUBLISHED_NAMES.items()}
+    with path.open(newline="") as handle:
+        for row in csv.DictReader(handle):
+            policy = names.get(row.get("policy", ""))
+            workload = row.get("workload", "").removeprefix(POD_PREFIX)
+            try:
+                out[(workload, policy or "", int(row["arrived_pct"]))] = float(
+                    row["alloc_pct_mean"]
+                )
+            except (KeyError, ValueError):
+                continue
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from loadtest.fragmentation import Run, default_jobs, run_all
+
+    trace = _trace(args.trace)
+    known = workloads(trace)
+    if args.workload == "all":
+        chosen = known
+    elif args.workload in known:
+        chosen = [args.workload]
+    else:
+        raise InputError(
+            f"unknown workload {args.workload!r} (all, {', '.join(known)})", location="--workload"
+        )
+    if args.policy == "all":
+        policies = list(POLICIES)
+    elif args.policy in POLICIES:
+        policies = [args.policy]
+    else:
+        raise InputError(
+            f"unknown policy {args.policy!r} (all, {', '.join(POLICIES)})", location="--policy"
+        )
+    seeds = _seeds(args.seeds)
+    if args.jobs < 0:
+        raise InputError("must be at least 1 (0: the CPU count)", location="--jobs")
+    if args.plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise InputError(
+                "needs matplotlib: pip install 'shoal[plot]'", location="--plot"
+            ) from None
+    results: list[dict[str, Any]] = []
+    if args.results is not None and args.results.is_file():
+        for line in args.results.read_text().splitlines():
+            if line.strip():
+                results.append(json.loads(line))
+    have = {(r["workload"], r["policy"], r["seed"]) for r in results}
+    runs = [Run(w, p, s) for w in chosen for p in policies for s in seeds if (w, p, s) not in have]
+    results = [r for r in results if r["workload"] in chosen and r["policy"] in policies]
+    total, started = len(runs), time.monotonic()
+    finished = 0
+
+    def done(result: dict[str, Any]) -> None:
+        nonlocal finished
+        finished += 1
+        results.append(result)
+        if args.results is not None:
+            with args.results.open("a") as out:
+                out.write(json.dumps(result) + "\n")
+        print(
+            f"[{finished}/{total}] {result['workload']} {result['policy']} seed "
+            f"{result['seed']}: unallocated {result['unallocated_pct_at_100']:.2f}% at 100%, "
+            f"{result['pods_per_second']:.0f} pods/s ({time.monotonic() - started:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    run_all(trace, runs, args.jobs or default_jobs(), done)
+    results.sort(
+        key=lambda r: (chosen.index(r["workload"]), policies.index(r["policy"]), r["seed"])
+    )
+    if args.json:
+        keys = ("workload", "policy", "seed", "unallocated_pct_at_100", "alloc_pct_at_130")
+        print(json.dumps({"results": [{k: r[k] for k in keys} for r in results]}))
+    else:
+        print(table(results, published(trace)))
+    if args.plot is not None:
+        plot(results, args.plot)
+    return 0
+
+
+def _mean_std(values: list[float]) -> str:
+    if not values:
+        return "-"
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):6.2f} ± {std:4.2f}"
+
+
+def table(results: list[dict[str, Any]], paper: dict[tuple[str, str, int], float]) -> str:
+    """Per workload and policy: means ± std over seeds, beside the published means."""
+    lines = [
+        f"{'workload':<12} {'policy':<14} {'seeds':>5}  {'unalloc% @100':>15} {'paper':>6}"
+        f"  {'alloc% @130':>15} {'paper':>6}"
+    ]
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in results:
+        groups.setdefault((r["workload"], r["policy"]), []).append(r)
+    for (workload, policy), rows in groups.items():
+        at_100 = paper.get((workload, policy, 100))
+        at_130 = paper.get((workload, policy, 130))
+        lines.append(
+            f"{workload:<12} {policy:<14} {len(rows):>5}  "
+            f"{_mean_std([r['unallocated_pct_at_100'] for r in rows]):>15} "
+            f"{'-' if at_100 is None else f'{100 - at_100:.2f}':>6}  "
+            f"{_mean_std([r['alloc_pct_at_130'] for r in rows]):>15} "
+            f"{'-' if at_130 is None else f'{at_130:.2f}':>6}"
+        )
+    return "\n".join(lines)
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> None:
+    """Allocation % against arrived GPU % per policy (mean over seeds): per workload a
+    panel of the whole run and one of its end (from 70% arrival), where they differ."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    chosen = list(dict.fromkeys(r["workload"] for r in results))
+    fig, axes = plt.subplots(len(chosen), 2, figsize=(12, 4 * len(chosen)), squeeze=False)
+    for (ax, zoom), workload in zip(axes, chosen, strict=True):
+        by_policy: dict[str, list[list[float]]] = {}
+        for r in results:
+            if r["workload"] == workload and r.get("curve"):
+                by_policy.setdefault(r["policy"], []).append(r["curve"])
+        for policy, curves in by_policy.items():
+            size = min(len(c) for c in curves)
+            mean = [statistics.mean(c[i] for c in curves) for i in range(size)]
+            ax.plot(range(size), mean, label=policy)
+            zoom.plot(range(70, size), mean[70:], label=policy)
+        for panel, title in ((ax, workload), (zoom, f"{workload}, from 70% arrival")):
+            panel.plot([0, 100], [0, 100], color="grey", linewidth=0.5, linestyle=":")
+            panel.set_title(title)
+            panel.set_xlabel("arrived GPU (% of capacity)")
+            panel.set_ylabel("allocated GPU (%)")
+            panel.legend(loc="lower right", fontsize="small")
+        zoom.set_xlim(70, 131)
+        zoom.set_ylim(70, 100)
+    fig.tight_layout()
+    try:
+        fig.savefig(path)
+    except OSError as err:
+        raise InputError(f"cannot write: {err.strerror}", location=f"--plot {path}") from None
