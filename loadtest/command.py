@@ -148,6 +148,14 @@ def add_arguments(load: argparse.ArgumentParser) -> None:
     )
     kube_arguments(kube)
     kube.add_argument("--json", action="store_true")
+    from loadtest.defragbench import add_arguments as defrag_arguments
+
+    defrag_arguments(
+        modes.add_parser(
+            "defrag",
+            help="the Alibaba GPU trace with departures, with and without defragmentation",
+        )
+    )
     fragmentation_arguments(
         modes.add_parser(
             "fragmentation",
@@ -161,6 +169,10 @@ async def run(args: argparse.Namespace) -> int:
         from loadtest import kube
 
         return await kube.run(args)
+    if getattr(args, "loadtest_mode", None) == "defrag":
+        from loadtest.defragbench import run as defrag
+
+        return defrag(args)
     if getattr(args, "loadtest_mode", None) == "fragmentation":
         from loadtest.fragreport import run as fragmentation
 

@@ -48,7 +48,7 @@ def _seeds(raw: str) -> list[int]:
     return seeds
 
 
-def _trace(given: Path | None) -> Path:
+def trace_folder(given: Path | None) -> Path:
     trace = given if given is not None else DEFAULT_TRACE
     if not (trace / "openb_node_list_gpu_node.csv").is_file():
         raise InputError(
@@ -81,7 +81,7 @@ def published(trace: Path) -> dict[tuple[str, str, int], float]:
 def run(args: argparse.Namespace) -> int:
     from loadtest.fragmentation import Run, default_jobs, run_all
 
-    trace = _trace(args.trace)
+    trace = trace_folder(args.trace)
     known = workloads(trace)
     if args.workload == "all":
         chosen = known
