@@ -363,9 +363,10 @@ def _plot(results: list[dict[str, Any]], path: Path) -> None:
     names = [r["defragmentation"] for r in results]
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
     left.bar(names, [r["eight_card_placed"] for r in results], color="tab:blue")
-    left.set_title("8-card pods placed")
-    right.bar(names, [r["idle_gpu_pct_while_waiting"] for r in results], color="tab:orange")
-    right.set_title("idle GPU % while pods waited")
+    left.set_title(f"8-card pods placed (of {results[0]['eight_card_arrived']})")
+    idle = "idle_gpu_pct" if "idle_gpu_pct" in results[0] else "idle_gpu_pct_while_waiting"
+    right.bar(names, [r[idle] for r in results], color="tab:orange")
+    right.set_title("idle GPU %" if idle == "idle_gpu_pct" else "idle GPU % while pods waited")
     for axis in (left, right):
         axis.set_xlabel("defragmentation budget")
     fig.tight_layout()
