@@ -25,23 +25,12 @@ import pytest
 from shards.cli import main
 from tests.shards.coordinator_kit import shoal
 from tests.shards.scenario_text import node, pod
+from tests.shards.scenario_text import pod_group as podgroup
 
 SHARDS = (1, 2, 4)
 
 
 # ----------------------------------------------------------------------------- scenario text
-
-
-def podgroup(name: str, min_member: int, *, ns: str = "default", at: float = 0) -> str:
-    return f"""
-apiVersion: scheduling.x-k8s.io/v1alpha1
-kind: PodGroup
-metadata:
-  name: {name}
-  namespace: {ns}
-  annotations: {{shoal.io/arrive-at: "{at:g}"}}
-spec: {{minMember: {min_member}}}
----"""
 
 
 def quota(ns: str, minimum: dict[str, str], maximum: dict[str, str]) -> str:
