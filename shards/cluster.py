@@ -17,13 +17,11 @@ import heapq
 from dataclasses import dataclass, field
 
 from engine.model.devices import (
-    CARDS_LABEL,
-    GPU,
-    MEMORY_LABEL,
     WHOLE,
     GpuRequest,
     GpuRequestError,
     gpu_request,
+    node_cards,
     scalar_requests,
 )
 from events.types import (
@@ -57,17 +55,8 @@ class _Node:
     card_mib: int = 0
 
 
-def _cards_of(spec: _NodeSpec) -> tuple[int, int]:
-    count = spec.allocatable.get(GPU, 0)
-    label = spec.labels.get(CARDS_LABEL, "")
-    if label.isdigit() and int(label) <= 1024:
-        count = int(label)
-    memory = spec.labels.get(MEMORY_LABEL, "")
-    return max(count, 0), int(memory) if memory.isdigit() else 0
-
-
 def _set_cards(node: _Node, spec: _NodeSpec) -> None:
-    count, mib = _cards_of(spec)
+    count, mib = node_cards(spec.allocatable, spec.labels)
     have = node.cards
     node.cards = [have[i] if i < len(have) else [0, 0] for i in range(count)]
     node.card_mib = mib

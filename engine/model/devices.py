@@ -240,6 +240,19 @@ def _koordinator(requests: Mapping[str, int], gpus: int) -> GpuRequest:
     return GpuRequest(1, CardNeed(core * 10, (core if ratio is None else ratio) * 10), KOORDINATOR)
 
 
+def node_cards(allocatable: Mapping[str, int], labels: Mapping[str, str]) -> tuple[int, int]:
+    """A node's card count (``nvidia.com/gpu``, or the ``shoal.io/gpu-cards`` label where
+    that resource counts something else) and one card's memory in MiB (the
+    ``nvidia.com/gpu.memory`` label; 0: unknown), as the engine, the simulated cluster
+    and the binder read them."""
+    count = max(allocatable.get(GPU, 0), 0)
+    label = labels.get(CARDS_LABEL, "")
+    if label.isdigit() and int(label) <= 1024:
+        count = int(label)
+    memory = labels.get(MEMORY_LABEL, "")
+    return count, int(memory) if memory.isdigit() else 0
+
+
 def scalar_requests(requests: Mapping[str, int], gpu: GpuRequest | None) -> dict[str, int]:
     """``requests`` as scalar rows: sharing resources left to the card table, and
     ``nvidia.com/gpu`` kept only for whole cards."""

@@ -39,7 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.model.cards import Cards
-from engine.model.devices import CARDS_LABEL, GPU, MEMORY_LABEL, CardNeed, GpuRequest
+from engine.model.devices import CardNeed, GpuRequest, node_cards
 from engine.model.resources import (
     CPU,
     DEFAULT_MEMORY_REQUEST,
@@ -352,17 +352,12 @@ class ClusterState:
 
     def _write_cards(self, slot: int, spec: NodeSpec) -> None:
         """The node's cards as its spec says, with its pods' shares charged again."""
-        count = spec.allocatable.get(GPU, 0)
-        label = spec.labels.get(CARDS_LABEL, "")
-        if _INTEGER.fullmatch(label) and 0 <= int(label) <= 1024:
-            count = int(label)
-        memory = spec.labels.get(MEMORY_LABEL, "")
-        mib = int(memory) if _INTEGER.fullmatch(memory) and int(memory) > 0 else 0
+        count, mib = node_cards(spec.allocatable, spec.labels)
         cards = self.cards
         if not count and not cards.count[slot]:
             self._count_cards(np.array([slot]))
             return
-        cards.set_node(slot, max(count, 0), mib)
+        cards.set_node(slot, count, mib)
         for key in self.node_pods[slot]:
             placed = self.pods[key]
             if placed.gpu is not None:

@@ -58,7 +58,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from engine.model.devices import GPU, MEMORY_LABEL, GpuRequest
+from engine.model.devices import GpuRequest, node_cards
 from engine.model.pods import pod_gpu
 from events.log import EventLog, read_past_unreadable
 from events.types import (
@@ -221,9 +221,8 @@ class KubeBinder:
                 for spec in specs:
                     self._learn_pod(spec)
             case NodeAdded(node=node) | NodeUpdated(node=node):
-                if node.allocatable.get(GPU, 0) > 0 or node.name in self.gpu_nodes:
-                    memory = node.labels.get(MEMORY_LABEL, "")
-                    mib = int(memory) if memory.isdigit() else 0
+                count, mib = node_cards(node.allocatable, node.labels)
+                if count > 0 or node.name in self.gpu_nodes:
                     self.gpu_nodes[node.name] = (mib, dict(node.annotations))
             case NodeRemoved(name=name):
                 self.gpu_nodes.pop(name, None)
