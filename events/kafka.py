@@ -13,11 +13,16 @@ Contract notes, backend by backend:
   (``max_batch_bytes``); a larger call is split and is then atomic per batch. Correctness
   never rests on Kafka transactions (the test broker does not isolate them): decisions
   carry ids and every handler is idempotent.
-- ``read`` fetches from ``offset`` to the partition's high-water mark as a fetch of its
-  own learnt it (not the tail as it moves meanwhile: a read while others append ends);
-  on its time-out it returns what it has fetched, and fails only if it fetched nothing.
-  The end is learnt from a fetch (``highwater``), not from ``end_offsets``, which some
-  brokers answer wrongly.
+- ``read`` first learns where the partition ends, from the first answer to a fetch
+  sent after the call began (a fresh assignment of a small "probe" consumer, whose
+  fetches wait only ``fetch_max_wait_ms`` at the end of the log), then fetches up to
+  that end with a consumer whose fetches may wait ``catch_up_wait_ms``: Kafka answers
+  as soon as it has records, but a broker that stops gathering at the wait (the test
+  broker's object store lists every batch of the partition at each fetch, about 1 µs a
+  batch) must be given long enough, or a large log is read a record at a time, or not
+  at all. A read while others append ends at the end it learnt; on its time-out it
+  returns what it has fetched, and fails only if it fetched nothing. Between reads
+  neither consumer fetches (paused): each fetch costs the broker work.
 - Producer idempotence is off by default (``idempotence=True`` turns it on); TLS and
   SASL (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) pass through to aiokafka.
 
@@ -50,6 +55,8 @@ FAILURES = (KafkaError, ConsumerStoppedError, OSError)
 """What a client raises when the broker goes away, or when another caller sharing this
 log restarted the clients under it: each becomes a :class:`LogError`."""
 T = TypeVar("T")
+_STEP_MS = 5
+"""How often a read looks whether a fetch has been answered."""
 
 
 async def create_topic(
@@ -86,6 +93,12 @@ class KafkaLog:
         self.settings = settings
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
+        """Fetches the records of a read (waits up to ``catch_up_wait_ms``)."""
+        self._probe_consumer: AIOKafkaConsumer | None = None
+        """Learns where a partition ends (waits up to ``fetch_max_wait_ms``)."""
+        self._marks: dict[int, int] = {}
+        """The highest high-water mark learnt per partition (where ``end_offset``
+        probes from)."""
         self._read_lock = asyncio.Lock()
         self._restart_lock = asyncio.Lock()
         self._needs_restart = False
@@ -122,10 +135,17 @@ class KafkaLog:
             self._consumer = AIOKafkaConsumer(
                 **options,
                 enable_auto_commit=False,
-                fetch_max_wait_ms=self.settings.fetch_max_wait_ms,
+                fetch_max_wait_ms=self.settings.catch_up_wait_ms,
                 max_partition_fetch_bytes=4 * 1024 * 1024,
             )
             await self._consumer.start()
+            self._probe_consumer = AIOKafkaConsumer(
+                **options,
+                enable_auto_commit=False,
+                fetch_max_wait_ms=self.settings.fetch_max_wait_ms,
+                max_partition_fetch_bytes=1024 * 1024,
+            )
+            await self._probe_consumer.start()
             await self._consumer.topics()  # refreshes the cluster metadata
             found = self._consumer.partitions_for_topic(self.settings.topic)
         except (KafkaError, OSError, TimeoutError) as exc:
@@ -221,65 +241,85 @@ class KafkaLog:
         limit: int | None,
         kinds: frozenset[bytes] | None = None,
     ) -> tuple[int, list[Envelope]]:
-        consumer = self._need(self._consumer)
         tp = TopicPartition(self.settings.topic, partition)
         offset = max(offset, 0)
         out: list[Envelope] = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.request_timeout_ms / 1000
+
+        def take(records: list[Any]) -> None:
+            nonlocal offset
+            for record in records:
+                if record.offset < offset:
+                    continue  # a batch is fetched whole: the records before the offset asked
+                offset = record.offset + 1
+                key = record.key
+                if kinds is not None and key and not key.isdigit() and key not in kinds:
+                    continue  # a kind not asked for, told by the key
+                env = self._decode(record.value, partition, record.offset)
+                if kinds is not None and kind_of(env).encode() not in kinds:
+                    continue  # an older record keyed by its partition
+                out.append(env)
+                if limit is not None and len(out) >= limit:
+                    break
+
         async with self._read_lock:
+            # 1. Where the partition ends now, from the first answer to a fetch of a
+            # fresh assignment (so sent after this call began: it sees every append
+            # that returned before), by the probe, whose fetches wait little.
+            end, records = await self._probe(partition, offset, deadline)
+            take(records)
+            if offset >= end or (limit is not None and len(out) >= limit):
+                return offset, out
+            # 2. The records up to that end, by the consumer whose fetches may take
+            # long enough to gather them (a broker may stop gathering at the wait).
+            consumer = self._need(self._consumer)
             consumer.assign([tp])
             consumer.seek(tp, offset)
-            end: int | None = None
-            idle = answers = 0
             start = offset
-            deadline = asyncio.get_running_loop().time() + self.settings.request_timeout_ms / 1000
-            while limit is None or len(out) < limit:
-                if asyncio.get_running_loop().time() > deadline:
-                    if offset > start:
-                        break  # what was fetched is kept: the caller reads on from here
-                    raise LogError(
-                        f"kafka read of partition {partition} made no progress from offset "
-                        f"{offset} in {self.settings.request_timeout_ms} ms "
-                        f"(high-water mark {end})"
+            try:
+                while offset < end and (limit is None or len(out) < limit):
+                    if loop.time() > deadline:
+                        if offset > start:
+                            break  # what was fetched is kept: the caller reads on from here
+                        raise LogError(
+                            f"kafka read of partition {partition} made no progress from "
+                            f"offset {offset} in {self.settings.request_timeout_ms} ms "
+                            f"(high-water mark {end})"
+                        )
+                    batch = await consumer.getmany(
+                        tp,
+                        timeout_ms=_STEP_MS * 20,
+                        max_records=None if limit is None else limit - len(out),
                     )
-                batch = await consumer.getmany(
-                    tp,
-                    timeout_ms=self.settings.fetch_max_wait_ms * 4 + 50,
-                    max_records=None if limit is None else limit - len(out),
-                )
-                # A fetch already in flight before the caller's append may answer with
-                # an old high-water mark: keep the newest one seen. The read ends at the
-                # mark a fetch of its own learnt (the second answer on, or an empty
-                # one), not at whatever the tail has become since: appends that go on
-                # meanwhile are the next read's.
-                mark = consumer.highwater(tp)
-                if mark is not None:
-                    end = mark if end is None else max(end, mark)
-                    answers += 1
-                records = batch.get(tp, [])
-                if not records:
-                    idle += 1
-                    if end is not None and offset >= end:
-                        break
-                    if end is None and idle >= 3:
-                        # every fetch answer carries the high-water mark: none means
-                        # no answer (aiokafka logs fetch errors and returns nothing)
-                        raise KafkaTimeoutError(f"no fetch answer for partition {partition}")
-                    continue
-                idle = 0
-                for record in records:
-                    offset = record.offset + 1
-                    key = record.key
-                    if kinds is not None and key and not key.isdigit() and key not in kinds:
-                        continue  # a kind not asked for, told by the key
-                    env = self._decode(record.value, partition, record.offset)
-                    if kinds is not None and kind_of(env).encode() not in kinds:
-                        continue  # an older record keyed by its partition
-                    out.append(env)
-                    if limit is not None and len(out) >= limit:
-                        break
-                if answers >= 2 and end is not None and offset >= end:
-                    break  # at the high-water mark this read learnt
+                    take(batch.get(tp, []))
+            finally:
+                consumer.pause(tp)  # no fetching in the background between reads
         return offset, out
+
+    async def _probe(self, partition: int, offset: int, deadline: float) -> tuple[int, list[Any]]:
+        """(the partition's high-water mark, records the answer brought from ``offset``),
+        from the first answer to a fetch sent after this call began (a fresh assignment:
+        answers to fetches sent before are dropped). At the end of the log the broker
+        holds the fetch for ``fetch_max_wait_ms``; elsewhere it answers at once."""
+        probe = self._need(self._probe_consumer)
+        tp = TopicPartition(self.settings.topic, partition)
+        probe.assign([tp])
+        probe.seek(tp, offset)
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                batch = await probe.getmany(tp, timeout_ms=_STEP_MS)
+                mark = probe.highwater(tp)
+                if mark is not None:
+                    self._marks[partition] = max(self._marks.get(partition, 0), int(mark))
+                    return int(mark), batch.get(tp, [])
+                if loop.time() > deadline:
+                    # every fetch answer carries the high-water mark: none means no
+                    # answer (aiokafka logs fetch errors and returns nothing)
+                    raise KafkaTimeoutError(f"no fetch answer for partition {partition}")
+        finally:
+            probe.pause(tp)
 
     def _decode(self, value: bytes | None, partition: int, offset: int) -> Envelope:
         if value is None:
@@ -303,38 +343,15 @@ class KafkaLog:
         return await self._call("end offset", lambda: self._end_offset(partition))
 
     async def _end_offset(self, partition: int) -> int:
-        consumer = self._need(self._consumer)
-        tp = TopicPartition(self.settings.topic, partition)
         async with self._read_lock:
-            consumer.assign([tp])
-            # end_offsets is a lower bound on some brokers (the first offset of the last
-            # batch + 1); fetching from just below it teaches the consumer the true
-            # high-water mark, confirmed by a fetch that brings nothing more.
-            lower = int((await consumer.end_offsets([tp]))[tp])
-            position = max(lower - 1, 0)
-            consumer.seek(tp, position)
-            end = lower
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + self.settings.request_timeout_ms / 1000
-            while loop.time() < deadline:
-                batch = await consumer.getmany(
-                    tp, timeout_ms=self.settings.fetch_max_wait_ms * 4 + 50
-                )
-                mark = consumer.highwater(tp)
-                if mark is not None:
-                    end = max(end, int(mark))
-                records = batch.get(tp, [])
-                if records:
-                    position = records[-1].offset + 1
-                    end = max(end, position)
-                elif position >= end:
-                    return end
-            raise LogError(f"kafka end offset of partition {partition} not learnt in time")
+            deadline = asyncio.get_running_loop().time() + self.settings.request_timeout_ms / 1000
+            end, _ = await self._probe(partition, self._marks.get(partition, 0), deadline)
+            return end
 
     async def close(self) -> None:
-        producer, consumer = self._producer, self._consumer
-        self._producer = self._consumer = None
-        for client in (producer, consumer):
+        clients = (self._producer, self._consumer, self._probe_consumer)
+        self._producer = self._consumer = self._probe_consumer = None
+        for client in clients:
             if client is not None:
                 try:  # each one stopped, whatever the other did
                     await client.stop()

@@ -50,6 +50,12 @@ class KafkaSettings:
     sasl_username: str | None = None
     sasl_password_file: str | None = None
     fetch_max_wait_ms: int = 10
+    """How long the broker may hold a fetch at the end of the log (each read asks
+    where the log ends this way)."""
+    catch_up_wait_ms: int = 2000
+    """How long the broker may take to gather a read's records. Kafka answers as soon
+    as it has some; a broker that stops gathering at this wait (tansu's object store
+    lists every stored batch of the partition at each fetch) needs it long enough."""
     linger_ms: int = 2
     request_timeout_ms: int = 30000
     max_batch_bytes: int = 900_000

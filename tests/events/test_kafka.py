@@ -206,3 +206,37 @@ async def test_a_read_while_others_append_ends_and_keeps_what_it_fetched(
     finally:
         await writer.close()
         await reader.close()
+
+
+async def test_a_log_of_many_small_batches_is_read_whole_from_anywhere(
+    kafka_bootstrap: str,
+) -> None:
+    """The test broker lists every stored batch of a partition at each fetch and stops
+    at the fetch's wait: with thousands of one-record batches a fetch that may wait a
+    few milliseconds brought one record, or none from late offsets, and shards stalled
+    (the stall of a real cluster's pod creation over Kafka). Learning the end with a
+    short wait and gathering with a long one reads everything, from any offset."""
+    settings = KafkaSettings(
+        bootstrap=kafka_bootstrap,
+        topic=f"small-{uuid.uuid4().hex[:8]}",
+        request_timeout_ms=20000,
+        fetch_max_wait_ms=1,  # far too short to list a few thousand batches
+    )
+    await create_topic(settings)
+    writer, reader = KafkaLog(settings), KafkaLog(settings)
+    await writer.start()
+    await reader.start()
+    try:
+        total = 3000
+        for i in range(total):
+            await writer.append([Envelope(event=PodDeleted(pod=f"ns/p-{i}"))])
+        for start in (0, total // 2, total - 7):
+            got = await reader.read(0, start)
+            assert [e.offset for e in got] == list(range(start, total))
+        assert await reader.read(0, total) == []
+        assert await reader.end_offset(0) == total
+        offset, kept = await reader.read_kinds(0, total - 3, ["pod-"])
+        assert (offset, len(kept)) == (total, 3)
+    finally:
+        await writer.close()
+        await reader.close()
