@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from events.types import (
     PodSucceeded,
     QuotaDefined,
 )
-from shards.kube.ingest import KubeIngest, Reflector
+from shards.kube.ingest import WATCH_BATCH, KubeIngest, Reflector
 from tests.kube.apiserver import FakeApiServer
 
 
@@ -335,13 +336,12 @@ def _key(event: Any) -> str:
     return str(getattr(subject, "key", None) or getattr(subject, "name", ""))
 
 
-async def test_a_watch_with_data_buffered_yields_to_the_other_tasks() -> None:
-    """The watch loop yields between events: with a whole stream already buffered (a
-    busy API server), the binder and the shards in the same event loop still run
-    between two events instead of after the last one."""
+def buffered_watch(count: int, tail: bytes = b"") -> Callable[..., Any]:
+    """A watch call answering ``count`` node events already buffered (a busy server),
+    then ``tail`` and the end of the stream."""
     protocol = mock.Mock(_reading_paused=False)
     content = aiohttp.StreamReader(protocol, limit=1 << 16, loop=asyncio.get_running_loop())
-    for i in range(200):
+    for i in range(count):
         content.feed_data(
             orjson.dumps(
                 {
@@ -351,6 +351,8 @@ async def test_a_watch_with_data_buffered_yields_to_the_other_tasks() -> None:
             )
             + b"\n"
         )
+    if tail:
+        content.feed_data(tail)
     content.feed_eof()
 
     class Response:
@@ -366,28 +368,98 @@ async def test_a_watch_with_data_buffered_yields_to_the_other_tasks() -> None:
         assert kwargs["watch"] is True and kwargs["_preload_content"] is False
         return Response()
 
+    return call
+
+
+async def no_relist(items: list[dict[str, Any]]) -> None:
+    pass
+
+
+async def test_a_watch_with_data_buffered_yields_to_the_other_tasks() -> None:
+    """The watch loop yields between batches of events: with a whole stream already
+    buffered (a busy API server), the binder and the shards in the same event loop
+    still run between two batches instead of after the last event."""
+    total = 3 * WATCH_BATCH + 10
     seen: list[int] = []
     turns: list[int] = []
 
     async def on_event(kind: str, obj: dict[str, Any]) -> None:
         seen.append(len(turns))  # how often the other task had run before this event
 
-    async def on_relist(items: list[dict[str, Any]]) -> None:
-        pass
-
-    reflector = Reflector("nodes", call, on_event, on_relist)
+    reflector = Reflector("nodes", buffered_watch(total), on_event, no_relist)
 
     async def other_task() -> None:
-        while len(seen) < 200:
+        while len(seen) < total:
             turns.append(len(seen))
             await asyncio.sleep(0)
 
     other = asyncio.create_task(other_task())
     version = await reflector._watch("0", asyncio.Event())
     await other
-    assert version == "200" and len(seen) == 200
-    # the other task ran between events all along, not only once the stream was read
-    assert seen[100] >= 50 and seen[-1] >= 150, (seen[:5], seen[-5:])
+    assert version == str(total) and len(seen) == total
+    # the other task ran between batches all along, not only once the stream was read
+    for k in range(1, 4):
+        assert seen[k * WATCH_BATCH] > seen[k * WATCH_BATCH - 1], k
+
+
+async def test_the_events_already_received_are_handled_and_appended_together() -> None:
+    """Each batch of buffered watch events is handled inside one ``batch`` context (ingest
+    appends it as one record batch), at most WATCH_BATCH events each, in order; an
+    unfinished last line is an event of its own when the stream ends."""
+    total = 2 * WATCH_BATCH + 5
+    last = orjson.dumps(
+        {"type": "ADDED", "object": {"metadata": {"name": "last", "resourceVersion": "999"}}}
+    )
+    batches: list[list[str]] = []
+    current: list[str] = []
+
+    @contextlib.asynccontextmanager
+    async def batch() -> AsyncIterator[None]:
+        current.clear()
+        yield
+        batches.append(list(current))
+
+    async def on_event(kind: str, obj: dict[str, Any]) -> None:
+        current.append(obj["metadata"]["name"])
+
+    reflector = Reflector("nodes", buffered_watch(total, tail=last), on_event, no_relist)
+    reflector.batch = batch
+    version = await reflector._watch("0", asyncio.Event())
+    assert version == "999"
+    names = [name for b in batches for name in b]
+    assert names == [f"n{i}" for i in range(total)] + ["last"]
+    assert all(len(b) <= WATCH_BATCH for b in batches) and len(batches) <= 4
+
+
+async def test_ingest_appends_a_busy_watch_in_few_batches(
+    apiserver: FakeApiServer, api: Any
+) -> None:
+    """Pods created faster than ingest appends go to the log in fewer appends than
+    events (each append is one record batch every reader goes through)."""
+
+    class Counting(MemoryLog):
+        appends = 0
+
+        async def append(self, envelopes: Any, partition: int = 0) -> list[int]:
+            Counting.appends += 1
+            await asyncio.sleep(0.005)  # a broker's answer takes a while
+            return await super().append(envelopes, partition)
+
+    log = Counting()
+    ingest = KubeIngest(api, log, scheduler_names=["default-scheduler"], watch_seconds=5)
+    stop = asyncio.Event()
+    task = asyncio.create_task(ingest.run(stop))
+    try:
+        await asyncio.wait_for(ingest.synced(), 5)
+        before = Counting.appends
+        for i in range(300):
+            apiserver.put("Pod", pod(f"p{i}"))
+        await eventually(lambda: sum(1 for k, _ in kinds(log) if k == "PodSubmitted") == 300)
+        assert Counting.appends - before < 300
+    finally:
+        stop.set()
+        apiserver.drop_watches()
+        await asyncio.wait_for(task, 10)
 
 
 @pytest.mark.real_kube
