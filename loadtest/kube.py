@@ -9,7 +9,10 @@ A watch on the measured namespace sees each pod bound; every second the number b
 that second is sampled (as scheduler_perf's throughput collector samples, from the
 first create until the last is bound); per pod, the latency from just before its create
 request to the watch event that shows it bound. ``--proc NAME=PID`` (repeatable) adds
-each process's CPU seconds over the measured phase (from ``/proc``). At the end no node
+each process's CPU seconds over the measured phase (from ``/proc``); the whole machine's
+busy cores while the pods are being created and after (``/proc/stat``) show whether the
+machine itself was the limit, and the bound pods/s of both phases show where a scheduler
+is held back. At the end no node
 may hold more than it has (CPU, memory, pods): the over-commit check.
 
 Every call is bounded: a create is retried on 429/5xx and connection errors at most
@@ -255,6 +258,21 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, from ``/proc/stat``."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    total = sum(fields[:8])  # guest time is already counted in user time
+    return (total - idle) / CLK_TCK, total / CLK_TCK
+
+
+def busy_cores(before: tuple[float, float], after: tuple[float, float]) -> float:
+    """How many of the machine's cores were busy, on average, between two readings."""
+    busy, total = after[0] - before[0], after[1] - before[1]
+    return (os.cpu_count() or 1) * busy / total if total > 0 else 0.0
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     k = min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))
@@ -341,6 +359,7 @@ async def _measure(
     created_at: dict[str, float] = {}
     samples: list[int] = []
     cpu_before = {name: cpu_seconds(pid) for name, pid in processes.items()}
+    machine_start = machine_busy()
     start = time.monotonic()
 
     async def sample() -> None:
@@ -363,10 +382,13 @@ async def _measure(
 
     await in_parallel(args.pods, args.creators, create)
     created = time.monotonic()
+    machine_created = machine_busy()
+    bound_while_creating = sum(1 for t in measured.bound_at.values() if t <= created)
     complete = await wait_bound(measured, names, args.timeout)
     end = max(measured.bound_at.values(), default=time.monotonic())
     sampler.cancel()
     cpu_after = {name: cpu_seconds(pid) for name, pid in processes.items()}
+    machine_end = machine_busy()
     measured.stop()
     init.stop()
     whole = int(end - start)
@@ -383,6 +405,15 @@ async def _measure(
             "bound": bound,
             "pods_per_second": bound / wall,
             "create_seconds": created - start,
+            "bound_while_creating": bound_while_creating,
+            "pods_per_second_while_creating": bound_while_creating / max(created - start, 1e-9),
+            "pods_per_second_after_creating": (bound - bound_while_creating)
+            / max(end - created, 1e-9),
+            "machine": {
+                "cores": os.cpu_count() or 1,
+                "busy_cores_while_creating": busy_cores(machine_start, machine_created),
+                "busy_cores_after_creating": busy_cores(machine_created, machine_end),
+            },
             "wall_seconds": wall,
             "throughput": {
                 "average": statistics.mean(samples) if samples else 0.0,
@@ -426,7 +457,11 @@ async def run(args: argparse.Namespace) -> int:
         latency = result["latency_ms"]
         print(
             f"{result['bound']}/{args.pods} bound at {result['pods_per_second']:.1f} pods/s "
-            f"(p50 {latency['p50']:.0f} ms, p99 {latency['p99']:.0f} ms create→bound); "
+            f"(p50 {latency['p50']:.0f} ms, p99 {latency['p99']:.0f} ms create→bound; "
+            f"{result['pods_per_second_while_creating']:.0f}/s while creating with "
+            f"{result['machine']['busy_cores_while_creating']:.1f} of "
+            f"{result['machine']['cores']} cores busy, "
+            f"{result['pods_per_second_after_creating']:.0f}/s after); "
             f"{result['overcommitted_nodes']} over-committed nodes"
         )
     return 0 if result["all_bound"] and not result["overcommitted_nodes"] else 1

@@ -45,6 +45,11 @@ async def test_a_run_through_the_api_is_measured(apiserver: FakeApiServer) -> No
     assert sum(result["throughput"]["samples"]) <= 30
     assert "shoal" in result["cpu_seconds"]
     assert result["shape"]["workload"] == "SchedulingBasic"
+    assert result["bound_while_creating"] <= 30
+    machine = result["machine"]
+    assert machine["cores"] >= 1
+    assert 0 <= machine["busy_cores_while_creating"] <= machine["cores"]
+    assert 0 <= machine["busy_cores_after_creating"] <= machine["cores"]
 
 
 @pytest.mark.parametrize(
