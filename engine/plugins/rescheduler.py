@@ -42,6 +42,7 @@ from engine.framework.cycle import CycleState
 from engine.framework.handle import STATEMENT, Handle
 from engine.framework.interfaces import PostFilterResult
 from engine.framework.status import SUCCESS, unschedulable
+from engine.model.disruption import broken_by
 from engine.model.pods import PodInfo
 from engine.model.state import Bools, ClusterState
 from engine.model.statement import Statement
@@ -142,7 +143,8 @@ class Rescheduler:
         framework = handle.framework_for(pod)
         if framework is None or not framework.run_pre_filters(CycleState(), pod, state).ok:
             return NOTHING  # moves free room on nodes, nothing else (a quota, a gang)
-        movable = self._movable(pod, state)
+        allowances = handle.disruptions_allowed(pod.key)
+        movable = self._movable(pod, state, allowances)
         candidates = [
             slot
             for slot in sorted(movable, key=lambda s: (len(movable[s]), s))
@@ -151,8 +153,9 @@ class Rescheduler:
         if not candidates:
             return NOTHING
         trials = 0
+        refused: list[str] = []
         for size in range(1, self.max_moves + 2):
-            plans = self._plans(pod, state, candidates, movable, size)
+            plans = self._plans(pod, state, candidates, movable, size, allowances, refused)
             if size > self.max_moves:
                 if plans:
                     cheapest = plans[0]
@@ -163,6 +166,8 @@ class Rescheduler:
                         f"moving {', '.join(cheapest.moved)} off {node} would make room, "
                         f"but that is {size} moves (maxMoves {self.max_moves})",
                     )
+                elif refused:
+                    cycle.write(NAME, CHEAPEST, refused[0])
                 return NOTHING
             for plan in plans:
                 trials += 1
@@ -171,12 +176,17 @@ class Rescheduler:
                 if self._stage(statement, framework, pod, state, plan):
                     cycle.write(NAME, PLACED, plan.slot)
                     return PostFilterResult(SUCCESS, plan.slot)
+        if refused:
+            cycle.write(NAME, CHEAPEST, refused[0])
         return NOTHING
 
-    def _movable(self, pod: PodInfo, state: ClusterState) -> dict[int, list[str]]:
-        """Per node, the pods there that may be moved for ``pod``."""
+    def _movable(
+        self, pod: PodInfo, state: ClusterState, allowances: Mapping[str, int] | None
+    ) -> dict[int, list[str]]:
+        """Per node, the pods there that may be moved for ``pod`` (one at a time: a
+        budget that lets none of its pods go rules them out here already)."""
         handle = self.handle
-        pods, started = handle.pods, handle.started
+        pods, started, budgets = handle.pods, handle.started, handle.budgets
         out: dict[int, list[str]] = {}
         for key, placed in state.pods.items():
             info = pods.get(key)
@@ -186,6 +196,7 @@ class Rescheduler:
                 or info.spec.group
                 or info.priority > pod.priority
                 or info.spec.annotations.get(MIGRATABLE, "").lower() == "false"
+                or (allowances is None and broken_by(budgets, None, (info.spec,)))
             ):
                 continue
             out.setdefault(placed.slot, []).append(key)
@@ -216,9 +227,13 @@ class Rescheduler:
         candidates: list[int],
         movable: dict[int, list[str]],
         size: int,
+        allowances: Mapping[str, int] | None,
+        refused: list[str],
     ) -> list[_Plan]:
-        """Every plan of ``size`` moves that frees enough room, cheapest first."""
-        pods, started = self.handle.pods, self.handle.started
+        """Every plan of ``size`` moves that frees enough room and breaks no disruption
+        budget (its moves counted together), cheapest first; a plan a budget refused is
+        said in ``refused``."""
+        pods, started, budgets = self.handle.pods, self.handle.started, self.handle.budgets
         plans: list[_Plan] = []
         combinations = 0
         for slot in candidates:
@@ -230,6 +245,15 @@ class Rescheduler:
                 if combinations > MAX_COMBINATIONS:
                     break
                 if not self._fits_without(pod, state, slot, list(moved)):
+                    continue
+                broken = broken_by(budgets, allowances, (pods[k].spec for k in moved))
+                if broken:
+                    if not refused:
+                        refused.append(
+                            f"moving {', '.join(moved)} off {state.names[slot] or '?'} would "
+                            f"make room, but PodDisruptionBudget {broken} allows no more "
+                            "disruptions"
+                        )
                     continue
                 cost = (
                     sum(pods[k].priority for k in moved),

@@ -235,13 +235,17 @@ class ShardDispatch:
         order = candidates[start:] + candidates[:start]
         return max(order, key=lambda s: int(total[s]))
 
-    def _hand_pod(self, pod: PodInfo, shard: int) -> None:
+    def _hand_pod(self, pod: PodInfo, shard: int, *, moves: bool = False) -> None:
+        """Hand ``pod`` to ``shard``; ``moves``: for a plan of moves there, with the
+        disruptions each budget allows, counted over every shard (the shard sees its
+        own pods only)."""
         c = self.c
         decision = f"{pod.key}#{c.next_seq()}"
         spec = pod.spec
         if spec.group or spec.depends_on:  # the shard places it as a pod of its own
             spec = msgspec.structs.replace(spec, group="", depends_on=())
-        c.send(shard, PodRouted(pod=spec, decision_id=decision))
+        disruptions = c.engine.disruptions_allowed(pod.key) if moves else None
+        c.send(shard, PodRouted(pod=spec, decision_id=decision, disruptions=disruptions))
         c.fly(pod.key, shard, [pod])
         c.decisions[pod.key] = decision
         c.counters["handed"] += 1
@@ -380,7 +384,7 @@ class ShardDispatch:
         statement.discard()
         lead = placed[0][0]
         if len(involved) == 1:
-            self._hand_pod(lead, involved.pop())
+            self._hand_pod(lead, involved.pop(), moves=True)
             c.counters["migrations_handed"] += 1
             return True
         if c.moves_refused.get(p.unit, 0) >= MAX_MOVES_REFUSED:
