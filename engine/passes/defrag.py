@@ -33,7 +33,9 @@ from engine.model.devices import WHOLE
 from engine.model.disruption import broken_by
 from engine.model.statement import Statement
 from engine.passes.dispatch import migrate
-from engine.plugins.rescheduler import MIGRATABLE, Budget, _unpinned
+from engine.plugins.migration import MIGRATABLE
+from engine.plugins.migration import unpinned as _unpinned
+from engine.plugins.rescheduler import Budget
 from events.types import SECOND
 
 if TYPE_CHECKING:

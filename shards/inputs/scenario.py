@@ -30,8 +30,8 @@ from engine.model.pools import MAX_SHARDS, PoolRule, Sharding
 from events.errors import InputError
 from events.types import (
     SECOND,
-    Event,
     DisruptionBudgetSet,
+    Event,
     GroupSpec,
     NodeAdded,
     PodGroupSubmitted,
