@@ -308,6 +308,8 @@ def take_on(m: ShardModel, event: ReservationRequested) -> str:
     for spec in event.pods:
         m.reserved[spec.key] = event.rid
         m.submit(spec)
+        if event.disruptions is not None:
+            m.routed_disruptions[spec.key] = dict(event.disruptions)
     m.dirty[group_unit(event.group.key)] = None
     return ""
 

@@ -474,6 +474,9 @@ class ReservationRequested(_Fact, frozen=True, kw_only=True, tag="rsv?"):
     at_once: bool = False
     moves: dict[str, str] = {}
     moved_for: str = ""
+    disruptions: dict[str, int] | None = None
+    """For a gang handed whole to be placed with moves within this shard: the
+    disruptions each budget allows, counted over every shard (as ``PodRouted``'s)."""
 
 
 class PreemptionRequested(_Fact, frozen=True, kw_only=True, tag="preempt?"):
