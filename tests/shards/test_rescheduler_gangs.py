@@ -121,3 +121,21 @@ def test_a_small_gang_moves_whole_when_that_is_the_cheapest_plan(
     ]
     assert {pods[f"default/s-{i}"]["node"] for i in range(2)} == {"node2", "node3"}
     assert pods["default/podC"]["node"] == "node1"
+
+
+@pytest.mark.parametrize("shards", SHARDS)
+@pytest.mark.parametrize(("budget", "moves"), [("minAvailable: 1", 0), ("maxUnavailable: 1", 1)])
+def test_a_waiting_gang_keeps_within_disruption_budgets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int, budget: str, moves: int
+) -> None:
+    """podB's budget decides: its one pod must stay up (no plan at all), or one may go."""
+    pdb = f"""
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {{name: b}}
+spec: {{selector: {{matchLabels: {{app: b}}}}, {budget}}}
+---"""
+    data, _ = shoal(tmp_path, capsys, pdb + waiting_gang(labels={"app": "b"}), shards)
+    assert len(data["migrations"]) == moves
+    phases = {data["pods"][f"default/g-{i}"]["phase"] for i in range(2)}
+    assert phases == ({"Bound"} if moves else {"Pending"})
