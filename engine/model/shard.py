@@ -167,8 +167,9 @@ class ShardModel:
         self.placed_here: dict[str, str] = {}
         """Delegated pods placed since the last summary → node (what the summary says)."""
         self.migrates = True
-        """Whether passes may move running pods (the rescheduler): an engine that owns
-        its nodes. The coordinator's view does not (see ``shards.coordinator``)."""
+        """Whether passes may plan moves of running pods (the rescheduler). The
+        coordinator's view plans them too, and has the shards carry them out (see
+        ``shards.coordinator.dispatch``)."""
         self.replacing: dict[str, str] = {}
         """Pods moved by evicting them (``MigrationEvicted``) → the move's decision id:
         when one is gone, its room is held for its owner (:mod:`engine.model.holds`)."""

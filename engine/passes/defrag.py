@@ -16,9 +16,11 @@ busy) is emptied: every pod on it moves, each to the busiest other GPU machine t
 not nearly empty and that its profile's filters allow, all staged together and kept
 only if every pod found a place (the emptied machine is then whole). Pods the
 rescheduler may never move (``shoal.io/migratable: "false"``, gang members, pods not
-yet bound) keep a machine from being emptied. Each move is a ``PodMigrated`` made for
-``shoal.io/defragmentation``, replayed like any decision. At several shards each shard
-defragments its own machines.
+yet bound) keep a machine from being emptied, and so does a PodDisruptionBudget the
+machine's moves would break (the moves of one pass counted together). Each move is a
+``PodMigrated`` made for ``shoal.io/defragmentation``, replayed like any decision. At
+several shards each shard defragments its own machines; not seeing the other shards'
+pods, it cannot count a budget, and moves no pod a budget picks.
 """
 
 from __future__ import annotations

@@ -21,10 +21,14 @@ then the most valuable (highest priority, earliest start), while the pod still f
 node and its quota: what remains is a minimal set biased to the fewest pods, then to
 the least valuable ones. A victim whose gang would drop below ``minMember`` takes its
 whole gang: the gang is one unit in the choice on a node, in the namespaces' floors and
-in the cost. The node chosen minimises, in order: the number of victims (gangs
-expanded), the highest victim priority, the sum of their priorities; then it prefers
-victims that started last (kube-scheduler's "latest start time" rule), then the lowest
-slot. The per-node work runs on at most ``MAX_CANDIDATES`` nodes, those with the fewest
+in the cost. The node chosen minimises, in order: the number of victims whose eviction
+would break a PodDisruptionBudget (kube-scheduler's first rule; the most valuable
+victims use a budget's allowance first), the number of victims (gangs expanded), the
+highest victim priority, the sum of their priorities; then it prefers victims that
+started last (kube-scheduler's "latest start time" rule), then the lowest slot. On a
+node, victims whose eviction would break a budget are reprieved first, as
+kube-scheduler's ``selectVictimsOnNode`` does; a budget never forbids a preemption.
+The per-node work runs on at most ``MAX_CANDIDATES`` nodes, those with the fewest
 eligible pods first.
 
 The victims and the pod are staged in the attempt's statement; the pass commits them

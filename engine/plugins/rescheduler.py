@@ -3,24 +3,30 @@
 After preemption (the post-filter before it) found nothing, or may not evict anyone, the
 rescheduler looks for a *migration plan*: pods to move off one node so that the waiting
 pod fits there, each moved pod placed on another node by its own profile, all staged in
-the attempt's statement and committed whole (or discarded whole).
+the attempt's statement and committed whole (or discarded whole). The search itself is
+:mod:`engine.plugins.migration`.
 
 Which plan: the fewest moves, then the least work lost (the lowest priorities, then the
 pods that started last), then the lowest node slot. Searched over at most
-``MAX_CANDIDATES`` nodes (those with the fewest movable pods first), plans of up to
+``MAX_CANDIDATES`` nodes (those with the fewest movable units first), plans of up to
 ``maxMoves`` pods (default 3) and at most ``MAX_TRIALS`` staged trials, so an attempt
 stays bounded. A pod that fits nowhere even then is told the cheapest plan found that
-needs more moves than allowed, in its reason.
+needs more moves than allowed, or the plan a disruption budget refused, in its reason.
 
 Never moved: a pod that says no (annotation ``shoal.io/migratable: "false"``), one of
-higher priority than the waiting pod, a member
-of a gang (gangs move whole or not at all, and whole-gang moves are not planned yet),
-a pod not yet bound, and the waiting pod's own gang. A gang that cannot be placed is not
-helped by migrations yet. A pod that named its node (``nodeName``, how a scenario says
-"node1 runs podA") is where it runs, not a constraint on where it may restart: a move
-places it by its other filters (in Kubernetes its controller's replacement is placed).
-Disruption budgets are not known to the engine: in Kubernetes the Eviction API enforces
-them when the move is carried out.
+higher priority than the waiting pod, a pod not yet bound, the waiting pod's own gang,
+and pods whose PodDisruptionBudgets would be broken (the plan's moves counted
+together, :mod:`engine.model.disruption`; an engine that cannot count a budget, a
+shard under a coordinator without the coordinator's count, moves none of its pods).
+A gang moves only whole: every bound member of a Scheduled gang in one plan, each a
+move. A pod that named its node (``nodeName``, how a scenario says "node1 runs podA")
+is where it runs, not a constraint on where it may restart: a move places it by its
+other filters (in Kubernetes its controller's replacement is placed).
+
+A waiting gang's members are planned for within the gang's attempt
+(:func:`engine.passes.gangs.attempt_group`): the cycle names the gang (``GANG``) and the
+moves its earlier members left (``MOVES_LEFT``), so that ``maxMoves`` bounds the whole
+gang's plan.
 
 What a plan becomes: ``PodMigrated`` for each moved pod (from, to, the pod it made room
 for), then the waiting pod's ``PodBound``. In the simulated cluster a moved pod restarts
