@@ -5,14 +5,22 @@ whose eviction breaks no budget, and a malformed budget is refused naming its fi
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from engine.model.disruption import allowed
-from events.types import BudgetSpec
+from engine.model.pools import Sharding
+from engine.snapshot import encode_state
+from events.memory import MemoryLog
+from events.types import BudgetSpec, Envelope, PodMigrated
 from shards.cli import main
+from shards.inputs.scenario import load_scenario
+from shards.replay import replay, replay_routed
+from shards.simulate import simulate
+from shards.worker import ShardWorker
 from tests.shards.coordinator_kit import shoal
 from tests.shards.scenario_text import gpu_node, gpu_pod
 
@@ -252,3 +260,40 @@ def test_disruptions_allowed_round_as_kubernetes_does(
         max_unavailable=max_unavailable,
     )
     assert allowed(spec, expected, healthy) == allows
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_budgets_are_in_snapshots_and_a_restored_engine_counts_them_alike(
+    tmp_path: Path, shards: int
+) -> None:
+    """Snapshots taken every few records hold the budgets (and, at several shards, what
+    the coordinator counted for a pod it handed over): recovery from the newest one
+    reaches the state of a full replay, and replay checks every snapshot."""
+    scenario_file = tmp_path / "pdb.yaml"
+    scenario_file.write_text(budget("b", "b", max_unavailable=1) + seed())
+    scenario = load_scenario([str(scenario_file)])
+
+    async def go() -> list[list[Envelope]]:
+        log = MemoryLog(shards + 1 if shards > 1 else 1)
+        sharding = Sharding(shards=shards) if shards > 1 else None
+        await simulate(scenario, log, sharding=sharding, snapshot_every=2)
+        return [await log.read(p, 0) for p in range(log.partitions)]
+
+    parts = asyncio.run(go())
+    assert any(isinstance(e.event, PodMigrated) for part in parts for e in part)
+    if shards == 1:
+        (records,) = parts
+
+        async def recover() -> ShardWorker:
+            log = MemoryLog()
+            await log.append(records)
+            return await ShardWorker.recover(log)
+
+        worker = asyncio.run(recover())
+        assert worker.restored_from >= 0 and len(worker.engine.budgets) == 1
+        full = replay(records, verify=True)
+        assert full.mismatch is None and full.snapshots > 0
+        assert encode_state(worker.engine) == encode_state(full.engine)
+    else:
+        result = replay_routed(parts, verify=True)
+        assert result.mismatch is None and result.snapshots > 0
