@@ -47,6 +47,7 @@ from events.errors import InputError
 from events.log import EventLog
 from events.tasks import being_cancelled
 from events.types import (
+    BudgetSpec,
     DisruptionBudgetDeleted,
     DisruptionBudgetSet,
     Envelope,
@@ -235,6 +236,8 @@ class KubeIngest:
         """Pods refused at admission (ignored until deleted)."""
         self.groups: set[str] = set()
         self.quotas: dict[str, JSON] = {}
+        self.budgets: dict[str, BudgetSpec] = {}
+        """The PodDisruptionBudgets told, by ``namespace/name``."""
         self.budget_versions: tuple[str, ...] = ("v1beta1",)
         """The PodDisruptionBudget version asked (``v1beta1``, then ``v1`` for good
         where that is not served)."""
@@ -462,12 +465,16 @@ class KubeIngest:
         meta = obj.get("metadata") or {}
         key = f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"
         if kind == "DELETED":
-            return [DisruptionBudgetDeleted(budget=key)]
+            known = self.budgets.pop(key, None) is not None
+            return [DisruptionBudgetDeleted(budget=key)] if known else []
         version = f"policy/{self.budget_versions[0]}"
         try:
             budget, _ = disruption_budget({**obj, "apiVersion": version, "kind": BUDGET_KIND})
         except InputError as exc:
             return self._reject(f"PodDisruptionBudget {key}", exc)
+        if self.budgets.get(key) == budget:
+            return []  # its status changed (the disruption controller's count), not it
+        self.budgets[key] = budget
         return [DisruptionBudgetSet(budget=budget)]
 
     def _pod(self, kind: str, obj: JSON) -> list[Event]:

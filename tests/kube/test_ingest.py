@@ -489,6 +489,10 @@ async def test_disruption_budgets_are_watched_at_the_version_served(version: str
 
         assert [(b.budget.key, b.budget.min_available) for b in budgets()] == [("default/web", 1)]
         assert any("default/bad" in r and "spec.minAvailable" in r for r in ingest.rejected)
+        # a status update (the disruption controller's count) tells nothing new
+        stored = server.get("PodDisruptionBudget", "web", "default")
+        assert stored is not None
+        server.put("PodDisruptionBudget", {**stored, "status": {"disruptionsAllowed": 1}})
         server.put(
             "PodDisruptionBudget",
             _budget("web", {"maxUnavailable": "50%", "selector": {"matchLabels": {"a": "b"}}}),
