@@ -4,10 +4,11 @@ Members are tried in arrival order, each through its profile (pre-filters, among
 ElasticQuota and Coscheduling's minResources; filters; scores); if fewer than minMember
 can be placed, members that failed may preempt (the profile's post-filters), still
 staged, and if that staged no eviction and still falls short, may have room made by
-moving running pods (the rescheduler, at most ``maxMoves`` pods for the whole gang). Only when minMember is reached does anything leave the statement, through the
-dispatch: evictions first, then the bindings. Members beyond minMember that did not fit
-become ordinary pods, tried again at once on their own (where they may preempt, as any
-pod may).
+moving running pods (the rescheduler, at most ``maxMoves`` pods for the whole gang).
+Only when minMember is reached does anything leave the statement, through the dispatch:
+evictions first, moves next, then the bindings. Members beyond minMember that did not
+fit become ordinary pods, tried again at once on their own (where they may preempt, as
+any pod may).
 
 A part of a gang the coordinator asked this shard to hold (a reservation) is a gang of
 its own whose every pod must be placed, never by preemption: on the nodes the
