@@ -261,7 +261,9 @@ class ShardDispatch:
         key = unit[1:] if is_group_unit(unit) else pods[0].spec.group
         group = c.engine.groups[key]
         assert group.spec is not None
-        rid = f"{key}#{c.next_seq()}"
+        # a hand-off for moves is named as a part of moves: its refusals are counted,
+        # and after MAX_MOVES_REFUSED the unit's plans of moves are not tried again
+        rid = f"{key}{MOVES if moves else '#'}{c.next_seq()}"
         part = _part_spec(group.spec, rid, len(pods))
         specs = tuple(_member_spec(pod.spec, part) for pod in pods)
         keys = tuple(pod.key for pod in pods)
@@ -401,25 +403,23 @@ class ShardDispatch:
         statement.discard()
         lead = placed[0][0]
         gang = is_group_unit(p.unit)
+        if c.moves_refused.get(p.unit, 0) >= MAX_MOVES_REFUSED:
+            refusal = (
+                f"no node fits; moving {described} would make room, but the shards "
+                f"refused to take moved pods in {MAX_MOVES_REFUSED} times"
+            )
+            if gang:
+                # not placed: the gang waits whole (its members are told why)
+                park_gang(p, p.unit[1:], p.unit_pods(p.unit), refusal, ("Rescheduler",))
+                return False
+            p.unschedulable(lead, refusal, ("Rescheduler",))
+            return True
         if len(involved) == 1:
             if gang:
                 self._hand_gang(p.unit, p.unit_pods(p.unit), involved.pop(), moves=True)
             else:
                 self._hand_pod(lead, involved.pop(), moves=True)
             c.counters["migrations_handed"] += 1
-            return True
-        refusal = ""
-        if c.moves_refused.get(p.unit, 0) >= MAX_MOVES_REFUSED:
-            refusal = (
-                f"no node fits; moving {described} would make room, but the shards "
-                f"refused to take moved pods in {MAX_MOVES_REFUSED} times"
-            )
-        if refusal and gang:
-            # not placed: the gang waits whole (its members are told why)
-            park_gang(p, p.unit[1:], p.unit_pods(p.unit), refusal, ("Rescheduler",))
-            return False
-        if refusal:
-            p.unschedulable(lead, refusal, ("Rescheduler",))
             return True
         by_shard: dict[tuple[int, bool], list[tuple[str, int, int]]] = {}
         for key, origin, slot, _ in moves:
