@@ -29,6 +29,8 @@ from engine.model.reservations import COMMITTING, HELD, STAGING, Reservation, de
 from engine.model.shard import ShardModel
 from events.types import (
     BindFailed,
+    DisruptionBudgetDeleted,
+    DisruptionBudgetSet,
     ExtenderAnswered,
     MigrationEvicted,
     NodeAdded,
@@ -74,6 +76,8 @@ def routed(m: ShardModel, event: PodRouted) -> None:
     if key in m.pods or (key in m.outcomes and not m.another_pod(spec)):
         return
     m.delegated[key] = event.decision_id
+    if event.disruptions is not None:
+        m.routed_disruptions[key] = dict(event.disruptions)
     m.arrived[key] = None
     m.submit(spec)
 
@@ -81,6 +85,17 @@ def routed(m: ShardModel, event: PodRouted) -> None:
 def quota_defined(m: ShardModel, event: QuotaDefined) -> None:
     m.quotas.define(event.quota)
     m.fire(ClusterEvent.QUOTA_CHANGED, -1)
+
+
+def budget_set(m: ShardModel, event: DisruptionBudgetSet) -> None:
+    """A disruption budget set or deleted: it limits moves and evictions from the next
+    pass on. It frees no room, so no parked pod is woken (as in kube-scheduler, a pod
+    waiting on moves is tried again when pods or nodes change)."""
+    m.budgets.set(event.budget)
+
+
+def budget_deleted(m: ShardModel, event: DisruptionBudgetDeleted) -> None:
+    m.budgets.delete(event.budget)
 
 
 def bound(m: ShardModel, event: PodBound) -> None:
@@ -293,6 +308,8 @@ def take_on(m: ShardModel, event: ReservationRequested) -> str:
     for spec in event.pods:
         m.reserved[spec.key] = event.rid
         m.submit(spec)
+        if event.disruptions is not None:
+            m.routed_disruptions[spec.key] = dict(event.disruptions)
     m.dirty[group_unit(event.group.key)] = None
     return ""
 
@@ -399,6 +416,8 @@ HANDLERS: Final[dict[type, Callable[[ShardModel, Any], None]]] = {
     PodSubmitted: submitted,
     PodGroupSubmitted: ShardModel.group_submitted,
     QuotaDefined: quota_defined,
+    DisruptionBudgetSet: budget_set,
+    DisruptionBudgetDeleted: budget_deleted,
     PodBound: bound_seen,
     PodMigrated: migrated,
     MigrationEvicted: migration_evicted,

@@ -44,6 +44,7 @@ from engine.framework.registry import Registry
 from engine.model.cards import Cards
 from engine.model.changes import ClusterEvent
 from engine.model.devices import CardNeed, GpuRequest
+from engine.model.disruption import DisruptionBudgets
 from engine.model.groups import GroupInfo, GroupPhase
 from engine.model.pods import PodInfo, pod_info
 from engine.model.pools import PoolRule, Pools
@@ -57,11 +58,12 @@ from engine.model.state import ClusterState, PlacedPod
 from events.errors import InputError
 from events.types import SnapshotTaken
 
-FORMAT: Final = 6
+FORMAT: Final = 7
 """Bumped whenever the state classes change shape: a snapshot of another format is
 refused (and its component folds its partition from the start instead). 5: nodes keep
 their annotations (``ClusterState.node_annotations``). 6: GPU cards (``Cards``, the
-devices of ``PlacedPod``, ``ResourceIndex.card_needs``)."""
+devices of ``PlacedPod``, ``ResourceIndex.card_needs``). 7: pod disruption budgets
+(``DisruptionBudgets``, ``routed_disruptions``)."""
 CHUNK_BYTES: Final = 256 * 1024
 MAX_STATE_BYTES: Final = 1 << 31
 STATE_CLASSES: Final[dict[str, type]] = {
@@ -78,6 +80,7 @@ STATE_CLASSES: Final[dict[str, type]] = {
         _Entry,
         QuotaTable,
         Quota,
+        DisruptionBudgets,
         PodInfo,
         GroupInfo,
         Reservation,

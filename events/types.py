@@ -227,6 +227,25 @@ class QuotaSpec(msgspec.Struct, frozen=True, kw_only=True):
     max: dict[str, int] = {}
 
 
+class BudgetSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A ``PodDisruptionBudget``: of the pods of ``namespace`` that ``selector`` picks
+    (None: none), at least ``min_available`` stay bound, or at most ``max_unavailable``
+    are not, each an int or a percent (``"50%"``) of those pods, rounded up as the
+    disruption controller rounds them (:mod:`engine.model.disruption`). Neither set:
+    ``min_available`` 1 (the API's default)."""
+
+    namespace: str
+    name: str
+    selector: LabelSelector | None = None
+    min_available: int | str | None = None
+    max_unavailable: int | str | None = None
+    uid: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
 class NodeSpec(msgspec.Struct, frozen=True, kw_only=True):
     """A node as the scheduler sees it."""
 
@@ -317,6 +336,19 @@ class QuotaDefined(_Fact, frozen=True, kw_only=True, tag="quota"):
     quota: QuotaSpec
 
 
+class DisruptionBudgetSet(_Fact, frozen=True, kw_only=True, tag="pdb"):
+    """A ``PodDisruptionBudget`` was created or replaced."""
+
+    budget: BudgetSpec
+
+
+class DisruptionBudgetDeleted(_Fact, frozen=True, kw_only=True, tag="pdb-"):
+    """A ``PodDisruptionBudget`` is gone."""
+
+    budget: str
+    """``namespace/name``."""
+
+
 class PositionRecorded(_Fact, frozen=True, kw_only=True, tag="pos"):
     """A component applied everything before ``position``; after a restart it resumes
     there instead of applying the log again from the start."""
@@ -378,6 +410,11 @@ class PodRouted(_Fact, frozen=True, kw_only=True, tag="route"):
     hops: int = 0
     final: bool = False
     answers: tuple[str, ...] = ()
+    disruptions: dict[str, int] | None = None
+    """How many more pods each disruption budget lets go (budget key → count), as the
+    coordinator counted them over every shard when it handed the pod over for a plan
+    of moves within this shard; None: not counted (a pod a budget covers is then not
+    moved here)."""
 
 
 class PodRecalled(_Fact, frozen=True, kw_only=True, tag="recall"):
@@ -437,6 +474,9 @@ class ReservationRequested(_Fact, frozen=True, kw_only=True, tag="rsv?"):
     at_once: bool = False
     moves: dict[str, str] = {}
     moved_for: str = ""
+    disruptions: dict[str, int] | None = None
+    """For a gang handed whole to be placed with moves within this shard: the
+    disruptions each budget allows, counted over every shard (as ``PodRouted``'s)."""
 
 
 class PreemptionRequested(_Fact, frozen=True, kw_only=True, tag="preempt?"):
@@ -692,6 +732,8 @@ Event = (
     | MigrationEvicted
     | PodGroupSubmitted
     | QuotaDefined
+    | DisruptionBudgetSet
+    | DisruptionBudgetDeleted
     | PodGroupStatusChanged
     | PodRejected
     | ShardingConfigured

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final, Protocol
 
+from engine.model.disruption import DisruptionBudgets
 from engine.model.groups import GroupInfo
 from engine.model.pods import PodInfo
 from engine.model.quota import QuotaTable
@@ -51,6 +52,17 @@ class Handle(Protocol):
     def shapes(self) -> Any:
         """The pod shapes submitted to this engine (an
         :class:`~engine.model.shapes.ShapeCounts`)."""
+        ...
+
+    @property
+    def budgets(self) -> DisruptionBudgets:
+        """The pod disruption budgets."""
+        ...
+
+    def disruptions_allowed(self, for_pod: str) -> Mapping[str, int] | None:
+        """Per budget, how many of its pods may be taken away now to make room for
+        ``for_pod``; None where this engine cannot count them (then no pod a budget
+        picks may be taken). Read once per attempt, before anything is staged."""
         ...
 
     @property

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Final, Protocol
 
 from engine.model.changes import EVERY, ClusterEvent
+from engine.model.disruption import DisruptionBudgets
 from engine.model.extenders import ExtenderBook
 from engine.model.groups import (
     FAILED,
@@ -109,6 +110,8 @@ class ShardModel:
         self.state = ClusterState()
         self.queue = SchedulingQueue(initial_backoff_seconds, max_backoff_seconds)
         self.quotas = QuotaTable(self.state.resources)
+        self.budgets = DisruptionBudgets()
+        """Pod disruption budgets (:mod:`engine.model.disruption`)."""
         self.pools = Pools()
         """Pool rules and tenants' exclusive pools (``ShardingConfigured``)."""
         self.pods: dict[str, PodInfo] = {}
@@ -158,11 +161,15 @@ class ShardModel:
         self.delegated: dict[str, str] = {}
         """Pods the coordinator handed this shard to place → the decision id to use:
         placed at once or handed back, never kept waiting here."""
+        self.routed_disruptions: dict[str, dict[str, int]] = {}
+        """Delegated pods → the disruptions each budget allows, as the coordinator
+        counted them over every shard (``PodRouted.disruptions``)."""
         self.placed_here: dict[str, str] = {}
         """Delegated pods placed since the last summary → node (what the summary says)."""
         self.migrates = True
-        """Whether passes may move running pods (the rescheduler): an engine that owns
-        its nodes. The coordinator's view does not (see ``shards.coordinator``)."""
+        """Whether passes may plan moves of running pods (the rescheduler). The
+        coordinator's view plans them too, and has the shards carry them out (see
+        ``shards.coordinator.dispatch``)."""
         self.replacing: dict[str, str] = {}
         """Pods moved by evicting them (``MigrationEvicted``) → the move's decision id:
         when one is gone, its room is held for its owner (:mod:`engine.model.holds`)."""
@@ -241,6 +248,21 @@ class ShardModel:
         if pod.spec.group and (group is None or group.phase == PENDING):
             return group_unit(pod.spec.group)
         return key
+
+    def disruptions_allowed(self, for_pod: str) -> dict[str, int] | None:
+        """Per disruption budget, how many of its pods may be taken away now for
+        ``for_pod`` (moved or evicted): counted here where this engine sees every pod (one
+        shard, the coordinator's view); for a pod the coordinator handed a shard, as
+        the coordinator counted them; None where not known (a shard under a
+        coordinator, for its own defragmentation): no pod a budget picks is taken."""
+        if not self.budgets:
+            return {}
+        given = self.routed_disruptions.get(for_pod)
+        if given is not None:
+            return given
+        if self.seen >= 0:
+            return None
+        return self.budgets.allowances(self.pods, self.state.pods)
 
     def preemptible_below(self, priority: int) -> bool:
         """Is any placed pod of lower priority than ``priority``?"""
@@ -476,6 +498,7 @@ class ShardModel:
         rid = self.reserved.pop(key, None)  # a finished pod holds no part of a reservation
         self.dispatched.pop(key, None)
         self.delegated.pop(key, None)
+        self.routed_disruptions.pop(key, None)
         self.returning.pop(key, None)
         self.finished_as(key, outcome)
         if pod.spec.uid:
@@ -522,6 +545,7 @@ class ShardModel:
         self.waiting.pop(key, None)
         self.said.pop(key, None)
         self.delegated.pop(key, None)
+        self.routed_disruptions.pop(key, None)
         self.dispatched.pop(key, None)
         self.reserved.pop(key, None)
         group = self.groups.get(pod.spec.group) if pod.spec.group else None

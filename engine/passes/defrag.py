@@ -16,9 +16,11 @@ busy) is emptied: every pod on it moves, each to the busiest other GPU machine t
 not nearly empty and that its profile's filters allow, all staged together and kept
 only if every pod found a place (the emptied machine is then whole). Pods the
 rescheduler may never move (``shoal.io/migratable: "false"``, gang members, pods not
-yet bound) keep a machine from being emptied. Each move is a ``PodMigrated`` made for
-``shoal.io/defragmentation``, replayed like any decision. At several shards each shard
-defragments its own machines.
+yet bound) keep a machine from being emptied, and so does a PodDisruptionBudget the
+machine's moves would break (the moves of one pass counted together). Each move is a
+``PodMigrated`` made for ``shoal.io/defragmentation``, replayed like any decision. At
+several shards each shard defragments its own machines; not seeing the other shards'
+pods, it cannot count a budget, and moves no pod a budget picks.
 """
 
 from __future__ import annotations
@@ -30,9 +32,12 @@ import numpy as np
 from engine.framework.cycle import CycleState
 from engine.model.cards import ABSENT
 from engine.model.devices import WHOLE
+from engine.model.disruption import broken_by
 from engine.model.statement import Statement
 from engine.passes.dispatch import migrate
-from engine.plugins.rescheduler import MIGRATABLE, Budget, _unpinned
+from engine.plugins.migration import MIGRATABLE
+from engine.plugins.migration import unpinned as _unpinned
+from engine.plugins.rescheduler import Budget
 from events.types import SECOND
 
 if TYPE_CHECKING:
@@ -69,10 +74,14 @@ def defragment(p: SchedulingPass, budget: Budget) -> None:
     per_node: dict[int, int] = {}
     for _, slot in moves:
         per_node[slot] = per_node.get(slot, 0) + 1
+    counted = e.disruptions_allowed(BY)
+    allowances = dict(counted) if counted is not None else None
     for source in (int(s) for s in sources[order][:MAX_SOURCES]):
         keys = sorted(state.node_pods[source])
         allowed = budget.per_node_per_minute - per_node.get(source, 0)
         if not keys or len(keys) > min(left, allowed) or not all(_movable(p, k) for k in keys):
+            continue
+        if broken_by(e.budgets, allowances, (e.pods[k].spec for k in keys)):
             continue
         landed = _empty(p, source, keys, targets, busy_milli)
         if landed is None:
@@ -80,6 +89,11 @@ def defragment(p: SchedulingPass, budget: Budget) -> None:
         for key, slot in landed:
             migrate(p, key, source, slot, BY)
             moves.append((e.now, source))
+        if allowances:
+            # the pass's moves count together (in Kubernetes each is an eviction first)
+            for key in keys:
+                for covering in e.budgets.covering(e.pods[key].spec):
+                    allowances[covering] = allowances.get(covering, 0) - 1
         left -= len(landed)
         per_node[source] = per_node.get(source, 0) + len(landed)
         targets[source] = False

@@ -3,15 +3,18 @@
 Members are tried in arrival order, each through its profile (pre-filters, among them
 ElasticQuota and Coscheduling's minResources; filters; scores); if fewer than minMember
 can be placed, members that failed may preempt (the profile's post-filters), still
-staged. Only when minMember is reached does anything leave the statement, through the
-dispatch: evictions first, then the bindings. Members beyond minMember that did not fit
-become ordinary pods, tried again at once on their own (where they may preempt, as any
-pod may).
+staged, and if that staged no eviction and still falls short, may have room made by
+moving running pods (the rescheduler, at most ``maxMoves`` pods for the whole gang).
+Only when minMember is reached does anything leave the statement, through the dispatch:
+evictions first, moves next, then the bindings. Members beyond minMember that did not
+fit become ordinary pods, tried again at once on their own (where they may preempt, as
+any pod may).
 
 A part of a gang the coordinator asked this shard to hold (a reservation) is a gang of
 its own whose every pod must be placed, never by preemption: on the nodes the
 coordinator chose for them, checked against this shard's own state, or (a gang handed
-over whole) where the profile puts them. It is granted or denied at once.
+over whole) where the profile puts them, with moves if need be (the coordinator hands a
+gang whole for a plan of moves within this shard). It is granted or denied at once.
 """
 
 from __future__ import annotations
@@ -27,11 +30,12 @@ from engine.model.groups import SCHEDULED, advance, group_unit
 from engine.model.pods import PodInfo
 from engine.model.state import Bools, held_devices
 from engine.model.statement import Statement
-from engine.passes.dispatch import Placed
+from engine.passes.dispatch import Placed, migrate
 from engine.passes.extenders import applicable, ask_if_needed, verdict_for
 from engine.passes.pods import may_preempt, no_profile, preempt_into
 from engine.passes.reservations import commit
 from engine.passes.topology import one_domain, plan
+from engine.plugins.rescheduler import NAME as NAME_RESCHEDULER
 from events.types import ReservationDenied, ReservationGranted
 
 if TYPE_CHECKING:
@@ -107,6 +111,8 @@ def attempt_group(p: SchedulingPass, key: str) -> None:
         placed, failures = _members(p, statement, pending, directed, None, not group.reservation)
     if len(placed) < need and not group.reservation and not isinstance(topology, str):
         _preempt_for(p, statement, pending, placed, failures, need, key)
+    if len(placed) < need and topology is None and _moves_allowed(p, group.reservation):
+        _migrate_for(p, statement, pending, placed, failures, need, key)
     if topology is not None and not isinstance(topology, str) and topology.required is not None:
         slots = [slot for _, slot, _ in placed]
         slots += [e.state.pods[m].slot for m in group.members if m in e.state.pods]
@@ -119,6 +125,8 @@ def attempt_group(p: SchedulingPass, key: str) -> None:
                 pending[0].key: (topology.reason, (), {})
             }
     if placed and len(placed) >= need and group.reservation:
+        for moved, origin, slot, by in statement.moves():
+            migrate(p, moved, origin, slot, by)  # made room for the part (handed whole)
         statement.commit()
         grant = ReservationGranted(
             rid=group.reservation,
@@ -157,8 +165,23 @@ def attempt_group(p: SchedulingPass, key: str) -> None:
         part_closed(e, denial)
         p.out.append(denial)
         return
+    park_gang(p, key, pending, reason, plugins, failures)
+
+
+def park_gang(
+    p: SchedulingPass,
+    key: str,
+    pending: list[PodInfo],
+    reason: str,
+    plugins: tuple[str, ...],
+    failures: dict[str, Failure] | None = None,
+) -> None:
+    """Gang ``key`` found no place this attempt: its pending members are told why, and
+    it waits in the queue for the cluster events that may help."""
+    e = p.e
+    group = e.groups[key]
     for pod in pending:
-        _, _, rejections = failures.get(pod.key, ("", (), {}))
+        _, _, rejections = (failures or {}).get(pod.key, ("", (), {}))
         p.unschedulable(pod, reason, plugins, rejections, unit=group_unit(key))
     group.reason = reason
     e.group_changes[key] = None
@@ -251,6 +274,60 @@ def _directed(
         return (f"{pod.key} no longer fits node {node}", ("NodeResourcesFit",), {})
     statement.assume_pod(pod, slot)
     return None
+
+
+def _moves_allowed(p: SchedulingPass, rid: str) -> bool:
+    """Whether moves may place this gang: an engine that owns its nodes, for a gang of
+    its own or one the coordinator handed it whole to place at once (a part whose nodes
+    the coordinator chose is placed there or not at all)."""
+    e = p.e
+    if not e.migrates:
+        return False
+    res = e.reservations.get(rid) if rid else None
+    return not rid or (res is not None and res.at_once and not res.placements)
+
+
+def _migrate_for(
+    p: SchedulingPass,
+    statement: Statement,
+    pending: list[PodInfo],
+    placed: Placed,
+    failures: dict[str, Failure],
+    need: int,
+    key: str,
+) -> None:
+    """Members that found no room may have it made by moving running pods (the
+    rescheduler, staged), in order, until minMember is reached, with at most
+    ``maxMoves`` pods moved for the whole gang. Not after evictions were staged (a
+    gang is placed by preemption or by moves, not both). What a member was told (the
+    cheapest plan beyond the moves left, a budget that refused one) joins its reason."""
+    from engine.plugins.rescheduler import CHEAPEST, GANG, MOVES_LEFT, PLACED, Rescheduler
+
+    if statement.evicted():
+        return
+    for pod in pending:
+        if len(placed) >= need:
+            break
+        framework = p.profiles.framework_for(pod)
+        failure = failures.get(pod.key)
+        if failure is None or framework is None or "NodeResourcesFit" not in failure[1]:
+            continue
+        rescheduler = next((f for f in framework.post_filters if isinstance(f, Rescheduler)), None)
+        if rescheduler is None:
+            continue
+        cycle = CycleState()
+        cycle.write(NAME_RESCHEDULER, GANG, key)
+        cycle.write(NAME_RESCHEDULER, MOVES_LEFT, rescheduler.max_moves - len(statement.moves()))
+        slot = preempt_into(
+            p, statement, pod, framework, exclude_group=key, cycle=cycle, preempts=False
+        )
+        if slot is not None and cycle.read(NAME_RESCHEDULER, PLACED, -1) == slot:
+            placed.append((pod, slot, 0))
+            del failures[pod.key]
+            continue
+        note = str(cycle.read(NAME_RESCHEDULER, CHEAPEST, ""))
+        if note:
+            failures[pod.key] = (f"{failure[0]}; {note}", failure[1], failure[2])
 
 
 def _preempt_for(

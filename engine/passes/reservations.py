@@ -4,7 +4,9 @@ Parts held for the coordinator (:mod:`engine.model.reservations`) are committed 
 ``PodBound`` for each pod), released (aborted, broken by a failed bind, or expired:
 ``PodUnbound`` for what was bound, then ``ReservationReleased``), and what the
 coordinator asked to evict is evicted (``PodPreempted``). A pod or gang the coordinator
-handed over and this shard cannot place is handed back (``PodHandedBack``).
+handed over and this shard cannot place is handed back (``PodHandedBack``). A part
+whose every pod runs here already, on the node the request says it moves from, is
+moves within this shard (:func:`move_here`).
 """
 
 from __future__ import annotations
@@ -12,14 +14,23 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from engine.fold import handed_back, part_closed
+from engine.framework.cycle import CycleState
 from engine.model.reservations import COMMITTED, COMMITTING, HELD, STAGING, Reservation, decision_id
+from engine.model.shard import ShardModel
+from engine.model.state import held_devices
+from engine.model.statement import Statement
+from engine.passes.dispatch import migrate
+from engine.plugins.migration import unpinned
 from events.types import (
     PodBound,
     PodHandedBack,
     PodMigrated,
     PodPreempted,
     PodUnbound,
+    ReservationDenied,
+    ReservationGranted,
     ReservationReleased,
+    ReservationRequested,
 )
 
 if TYPE_CHECKING:
@@ -141,3 +152,66 @@ def hand_back(
     )
     handed_back(p.e, event)
     p.out.append(event)
+
+
+def moves_within(m: ShardModel, request: ReservationRequested) -> bool:
+    """Whether ``request`` asks this shard to move pods it runs to other nodes of its
+    own (the coordinator's plan of moves within one shard, when it also moves pods
+    across shards or places on another shard): every pod of it runs here, on the node
+    it moves from."""
+    if not request.moves or set(request.moves) != {spec.key for spec in request.pods}:
+        return False
+    state = m.state
+    for key, node in request.moves.items():
+        placed = state.pods.get(key)
+        if key not in m.pods or placed is None or state.names[placed.slot] != node:
+            return False
+    return True
+
+
+def move_here(p: SchedulingPass, request: ReservationRequested) -> None:
+    """Move the pods of ``request`` to the nodes it names, all or none: each must pass
+    its profile's filters there (this shard's own pods; the coordinator checked the
+    rest), then each is a ``PodMigrated`` made for ``moved_for`` and the part is
+    granted (so the coordinator's claim completes as for moves across shards), or it
+    is denied, nothing moved."""
+    e = p.e
+    statement = Statement(e.state, e.quotas)
+    keys = sorted(request.moves)
+    for key in keys:
+        statement.lift(key, e.pods[key].spec.namespace, request.moved_for)
+    why = ""
+    for key in keys:
+        node = request.placements.get(key, "")
+        slot = e.state.index.get(node)
+        pod = unpinned(e.pods[key])
+        framework = p.profiles.framework_for(pod)
+        if (
+            slot is None
+            or framework is None
+            or not framework.feasible(CycleState(), pod, e.state, local_only=True)[slot]
+        ):
+            why = f"{key} no longer fits node {node or '?'}"
+            break
+        spec = pod.spec
+        statement.land(
+            key, spec.namespace, slot, pod.request, pod.priority, spec.host_ports, request.moved_for
+        )
+    if why:
+        statement.discard()
+        p.out.append(
+            ReservationDenied(rid=request.rid, group=request.group.key, reason=why, shard=e.shard)
+        )
+        return
+    for key, origin, slot, by in statement.moves():
+        migrate(p, key, origin, slot, by)
+    statement.commit()
+    p.out.append(
+        ReservationGranted(
+            rid=request.rid,
+            group=request.group.key,
+            placements={k: e.state.names[e.state.pods[k].slot] or "" for k in keys},
+            shard=e.shard,
+            devices=held_devices(e.state, keys),
+        )
+    )

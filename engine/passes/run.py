@@ -34,7 +34,14 @@ from engine.model.shard import ShardModel
 from engine.model.state import Request, held_devices
 from engine.passes.dispatch import Dispatch, Route
 from engine.passes.explain import Explanation
-from engine.passes.reservations import RESOLVABLE, evict, hand_back, settle_reservations
+from engine.passes.reservations import (
+    RESOLVABLE,
+    evict,
+    hand_back,
+    move_here,
+    moves_within,
+    settle_reservations,
+)
 from events.types import (
     SECOND,
     Event,
@@ -219,6 +226,9 @@ class SchedulingPass:
         e = self.e
         requests, e.requests = e.requests, {}
         for rid, request in requests.items():
+            if rid not in e.refused and moves_within(e, request):
+                move_here(self, request)
+                continue
             why = take_on(e, request)
             if why:
                 self.out.append(

@@ -21,10 +21,14 @@ then the most valuable (highest priority, earliest start), while the pod still f
 node and its quota: what remains is a minimal set biased to the fewest pods, then to
 the least valuable ones. A victim whose gang would drop below ``minMember`` takes its
 whole gang: the gang is one unit in the choice on a node, in the namespaces' floors and
-in the cost. The node chosen minimises, in order: the number of victims (gangs
-expanded), the highest victim priority, the sum of their priorities; then it prefers
-victims that started last (kube-scheduler's "latest start time" rule), then the lowest
-slot. The per-node work runs on at most ``MAX_CANDIDATES`` nodes, those with the fewest
+in the cost. The node chosen minimises, in order: the number of victims whose eviction
+would break a PodDisruptionBudget (kube-scheduler's first rule; the most valuable
+victims use a budget's allowance first), the number of victims (gangs expanded), the
+highest victim priority, the sum of their priorities; then it prefers victims that
+started last (kube-scheduler's "latest start time" rule), then the lowest slot. On a
+node, victims whose eviction would break a budget are reprieved first, as
+kube-scheduler's ``selectVictimsOnNode`` does; a budget never forbids a preemption.
+The per-node work runs on at most ``MAX_CANDIDATES`` nodes, those with the fewest
 eligible pods first.
 
 The victims and the pod are staged in the attempt's statement; the pass commits them
@@ -45,6 +49,7 @@ from engine.framework.handle import STATEMENT, Handle
 from engine.framework.interfaces import PostFilterResult
 from engine.framework.status import SUCCESS, unschedulable
 from engine.model.devices import GpuRequest
+from engine.model.disruption import violating
 from engine.model.groups import SCHEDULED
 from engine.model.pods import PodInfo
 from engine.model.quota import QuotaTable
@@ -73,7 +78,7 @@ class Mode(Enum):
 class Plan:
     slot: int
     victims: tuple[str, ...]
-    cost: tuple[int, int, int, int, int]
+    cost: tuple[int, int, int, int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +220,15 @@ def plan(
         return None
     order = np.lexsort((slots, extra[PODS][slots]))
     least_first = sorted(everyone, key=lambda v: v.rank(), reverse=True)
+    budgets = handle.budgets
+    allowances = handle.disruptions_allowed(pod.key) if budgets else {}
+
+    def breaking(victims: list[_Victim]) -> set[str]:
+        """The victims whose eviction would break a disruption budget, the most
+        valuable using its allowance first (kube-scheduler's order)."""
+        ranked = sorted(victims, key=lambda v: v.rank())
+        return violating(budgets, allowances, (handle.pods[v.key].spec for v in ranked))
+
     best: Plan | None = None
     for slot in (int(s) for s in slots[order][:MAX_CANDIDATES]):
         chosen = _victims_for(
@@ -229,6 +243,7 @@ def plan(
             quotas,
             mode,
             units,
+            breaking,
         )
         if chosen is None:
             continue
@@ -237,8 +252,9 @@ def plan(
             expanded.update(dict.fromkeys(_gang_of(handle, state, victim.key)))
         infos = [_describe(handle, key) for key in expanded]
         if not infos:
-            return Plan(slot, (), (0, 0, 0, 0, slot))  # fits already (staged room)
+            return Plan(slot, (), (0, 0, 0, 0, 0, slot))  # fits already (staged room)
         cost = (
+            len(breaking([_victim(handle, state, k) for k in expanded])),
             len(infos),
             max(p for p, _ in infos),
             sum(p for p, _ in infos),
@@ -282,6 +298,7 @@ def _victims_for(
     quotas: QuotaTable,
     mode: Mode,
     units: dict[str, tuple[_Victim, ...]],
+    breaking: Callable[[list[_Victim]], set[str]],
 ) -> list[_Victim] | None:
     """A minimal set of victims that lets ``pod`` fit ``slot`` and its quota, or None.
     A victim is taken with its unit (the gang that would fall with it), so the floor of
@@ -355,12 +372,15 @@ def _victims_for(
                 break
         else:
             return None
-    # reprieve a unit at a time, the largest first (fewest pods go, as nodes are
+    # reprieve a unit at a time: those whose eviction would break a disruption budget
+    # first (kube-scheduler's rule), then the largest (fewest pods go, as nodes are
     # compared), then the most valuable; whoever cannot be spared stays a victim
     kept = list(chosen)
+    breaks = breaking(chosen)
 
-    def order(victim: _Victim) -> tuple[int, tuple[int, int, str]]:
-        return (-len(units[victim.key]), victim.rank())
+    def order(victim: _Victim) -> tuple[bool, int, tuple[int, int, str]]:
+        unit_breaks = any(m.key in breaks for m in units[victim.key])
+        return (not unit_breaks, -len(units[victim.key]), victim.rank())
 
     for victim in sorted(chosen, key=order):
         unit = {m.key for m in units[victim.key]}

@@ -3,24 +3,30 @@
 After preemption (the post-filter before it) found nothing, or may not evict anyone, the
 rescheduler looks for a *migration plan*: pods to move off one node so that the waiting
 pod fits there, each moved pod placed on another node by its own profile, all staged in
-the attempt's statement and committed whole (or discarded whole).
+the attempt's statement and committed whole (or discarded whole). The search itself is
+:mod:`engine.plugins.migration`.
 
 Which plan: the fewest moves, then the least work lost (the lowest priorities, then the
 pods that started last), then the lowest node slot. Searched over at most
-``MAX_CANDIDATES`` nodes (those with the fewest movable pods first), plans of up to
+``MAX_CANDIDATES`` nodes (those with the fewest movable units first), plans of up to
 ``maxMoves`` pods (default 3) and at most ``MAX_TRIALS`` staged trials, so an attempt
 stays bounded. A pod that fits nowhere even then is told the cheapest plan found that
-needs more moves than allowed, in its reason.
+needs more moves than allowed, or the plan a disruption budget refused, in its reason.
 
 Never moved: a pod that says no (annotation ``shoal.io/migratable: "false"``), one of
-higher priority than the waiting pod, a member
-of a gang (gangs move whole or not at all, and whole-gang moves are not planned yet),
-a pod not yet bound, and the waiting pod's own gang. A gang that cannot be placed is not
-helped by migrations yet. A pod that named its node (``nodeName``, how a scenario says
-"node1 runs podA") is where it runs, not a constraint on where it may restart: a move
-places it by its other filters (in Kubernetes its controller's replacement is placed).
-Disruption budgets are not known to the engine: in Kubernetes the Eviction API enforces
-them when the move is carried out.
+higher priority than the waiting pod, a pod not yet bound, the waiting pod's own gang,
+and pods whose PodDisruptionBudgets would be broken (the plan's moves counted
+together, :mod:`engine.model.disruption`; an engine that cannot count a budget, a
+shard under a coordinator without the coordinator's count, moves none of its pods).
+A gang moves only whole: every bound member of a Scheduled gang in one plan, each a
+move. A pod that named its node (``nodeName``, how a scenario says "node1 runs podA")
+is where it runs, not a constraint on where it may restart: a move places it by its
+other filters (in Kubernetes its controller's replacement is placed).
+
+A waiting gang's members are planned for within the gang's attempt
+(:func:`engine.passes.gangs.attempt_group`): the cycle names the gang (``GANG``) and the
+moves its earlier members left (``MOVES_LEFT``), so that ``maxMoves`` bounds the whole
+gang's plan.
 
 What a plan becomes: ``PodMigrated`` for each moved pod (from, to, the pod it made room
 for), then the waiting pod's ``PodBound``. In the simulated cluster a moved pod restarts
@@ -29,14 +35,9 @@ on its new node (its ``shoal.io/runtime`` starts again).
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
-
-import msgspec
-import numpy as np
 
 from engine.framework.cycle import CycleState
 from engine.framework.handle import STATEMENT, Handle
@@ -45,20 +46,29 @@ from engine.framework.status import SUCCESS, unschedulable
 from engine.model.pods import PodInfo
 from engine.model.state import Bools, ClusterState
 from engine.model.statement import Statement
+from engine.plugins.migration import (
+    fits_without,
+    movable_units,
+    plans,
+    stage,
+)
 from events.errors import InputError
 
 NAME: Final = "Rescheduler"
-MIGRATABLE: Final = "shoal.io/migratable"
 MAX_MOVES: Final = 3
 MAX_CANDIDATES: Final = 32
 MAX_TRIALS: Final = 64
-MAX_COMBINATIONS: Final = 4096
 PLACED: Final = "placed"
 """Cycle key: the slot the waiting pod was placed on (the plan staged it already)."""
 SKIP: Final = "skip"
 """Cycle key: not this attempt (no plan was found for the pod's shape in this pass)."""
 CHEAPEST: Final = "cheapest"
 """Cycle key: a plan found that needs more moves than allowed (said in the reason)."""
+GANG: Final = "gang"
+"""Cycle key: the gang whose attempt plans for one of its members."""
+MOVES_LEFT: Final = "moves_left"
+"""Cycle key: the moves a gang's attempt has left for this member (its earlier members'
+plans used the others)."""
 ROOM: Final = "NodeResourcesFit"
 """The filter whose rejections moves can answer (room on a node, GPU cards included)."""
 NOTHING = PostFilterResult(unschedulable("no migration makes room"))
@@ -87,13 +97,6 @@ class Budget:
                 )
             values.append(value)
         return cls(values[0], values[1])
-
-
-@dataclass(frozen=True, slots=True)
-class _Plan:
-    cost: tuple[int, int, int, int]
-    slot: int
-    moved: tuple[str, ...]
 
 
 class Rescheduler:
@@ -128,203 +131,71 @@ class Rescheduler:
         self, cycle: CycleState, pod: PodInfo, state: ClusterState, feasible: Bools
     ) -> PostFilterResult:
         """Stage the cheapest migration plan for ``pod`` in the cycle's statement, the
-        pod's own placement included (``PLACED``); nothing staged when none exists."""
+        pod's own placement included (``PLACED``); nothing staged when none exists. A
+        gang's member is planned for only within its gang's attempt (``GANG``), with
+        the moves its gang has left (``MOVES_LEFT``)."""
         statement = cycle.read("", STATEMENT)
         handle = self.handle
+        gang = cycle.read(NAME, GANG, "")
+        limit = min(self.max_moves, int(cycle.read(NAME, MOVES_LEFT, self.max_moves)))
         if (
             not isinstance(statement, Statement)
             or cycle.read(NAME, SKIP, False)
             or not handle.migrates
-            or pod.spec.group
-            or self.max_moves == 0
+            or (pod.spec.group and pod.spec.group != gang)
+            or limit <= 0
         ):
             return NOTHING
         framework = handle.framework_for(pod)
         if framework is None or not framework.run_pre_filters(CycleState(), pod, state).ok:
             return NOTHING  # moves free room on nodes, nothing else (a quota, a gang)
-        movable = self._movable(pod, state)
+        allowances = handle.disruptions_allowed(pod.key)
+        moved = frozenset(key for key, _, _, _ in statement.moves())
+        if moved and allowances:
+            # the moves this attempt staged already (a gang's earlier members) count too
+            left = dict(allowances)
+            for key in sorted(moved):
+                for budget in handle.budgets.covering(handle.pods[key].spec):
+                    left[budget] = left.get(budget, 0) - 1
+            allowances = left
+        movable = movable_units(handle, pod, state, allowances, pod.spec.group, moved)
         candidates = [
             slot
             for slot in sorted(movable, key=lambda s: (len(movable[s]), s))
-            if feasible[slot] and self._fits_without(pod, state, slot, movable[slot])
+            if feasible[slot]
+            and fits_without(pod, state, slot, [k for unit in movable[slot] for k in unit])
         ][:MAX_CANDIDATES]
         if not candidates:
             return NOTHING
         trials = 0
-        for size in range(1, self.max_moves + 2):
-            plans = self._plans(pod, state, candidates, movable, size)
-            if size > self.max_moves:
-                if plans:
-                    cheapest = plans[0]
+        refused: list[str] = []
+        for size in range(1, limit + 2):
+            found = plans(handle, pod, state, candidates, movable, size, allowances, refused)
+            if size > limit:
+                if found:
+                    cheapest = found[0]
                     node = state.names[cheapest.slot] or "?"
+                    allowed = (
+                        f"maxMoves {self.max_moves}"
+                        if limit == self.max_moves
+                        else f"{limit} left of maxMoves {self.max_moves} for the gang"
+                    )
                     cycle.write(
                         NAME,
                         CHEAPEST,
                         f"moving {', '.join(cheapest.moved)} off {node} would make room, "
-                        f"but that is {size} moves (maxMoves {self.max_moves})",
+                        f"but that is {size} moves ({allowed})",
                     )
+                elif refused:
+                    cycle.write(NAME, CHEAPEST, refused[0])
                 return NOTHING
-            for plan in plans:
+            for plan in found:
                 trials += 1
                 if trials > MAX_TRIALS:
                     return NOTHING
-                if self._stage(statement, framework, pod, state, plan):
+                if stage(handle, statement, framework, pod, state, plan):
                     cycle.write(NAME, PLACED, plan.slot)
                     return PostFilterResult(SUCCESS, plan.slot)
+        if refused:
+            cycle.write(NAME, CHEAPEST, refused[0])
         return NOTHING
-
-    def _movable(self, pod: PodInfo, state: ClusterState) -> dict[int, list[str]]:
-        """Per node, the pods there that may be moved for ``pod``."""
-        handle = self.handle
-        pods, started = handle.pods, handle.started
-        out: dict[int, list[str]] = {}
-        for key, placed in state.pods.items():
-            info = pods.get(key)
-            if (
-                info is None
-                or key not in started
-                or info.spec.group
-                or info.priority > pod.priority
-                or info.spec.annotations.get(MIGRATABLE, "").lower() == "false"
-            ):
-                continue
-            out.setdefault(placed.slot, []).append(key)
-        return out
-
-    @staticmethod
-    def _fits_without(pod: PodInfo, state: ClusterState, slot: int, keys: list[str]) -> bool:
-        """Whether ``pod`` fits ``slot``'s resources with ``keys`` gone from it."""
-        card_rows = state.cards.rows
-        room = {row: int(state.free[row, slot]) for row, _ in pod.request if row not in card_rows}
-        released = []
-        for key in keys:
-            placed = state.pods[key]
-            for row, amount in placed.request:
-                if row in room:
-                    room[row] += amount
-            if placed.gpu is not None:
-                released.append((placed.devices, placed.gpu))
-        if any(room[row] < amount for row, amount in pod.request if row in room):
-            return False
-        gpu = state.gpu_of(pod.request)
-        return gpu is None or state.cards.fits_after(slot, gpu, released)
-
-    def _plans(
-        self,
-        pod: PodInfo,
-        state: ClusterState,
-        candidates: list[int],
-        movable: dict[int, list[str]],
-        size: int,
-    ) -> list[_Plan]:
-        """Every plan of ``size`` moves that frees enough room, cheapest first."""
-        pods, started = self.handle.pods, self.handle.started
-        plans: list[_Plan] = []
-        combinations = 0
-        for slot in candidates:
-            keys = sorted(movable[slot])
-            if len(keys) < size:
-                continue
-            for moved in itertools.combinations(keys, size):
-                combinations += 1
-                if combinations > MAX_COMBINATIONS:
-                    break
-                if not self._fits_without(pod, state, slot, list(moved)):
-                    continue
-                cost = (
-                    sum(pods[k].priority for k in moved),
-                    -sum(started.get(k, 0) for k in moved),
-                    slot,
-                    0,
-                )
-                plans.append(_Plan(cost, slot, moved))
-        plans.sort(key=lambda p: (p.cost, p.moved))
-        return plans
-
-    def _stage(
-        self,
-        statement: Statement,
-        framework: Any,
-        pod: PodInfo,
-        state: ClusterState,
-        plan: _Plan,
-    ) -> bool:
-        """Lift the plan's pods, place ``pod`` on its node and each lifted pod elsewhere
-        (by its own profile); undo this trial and say False if any step fails."""
-        for where in self._destinations(state, plan.slot):
-            if self._stage_within(statement, framework, pod, state, plan, where):
-                return True
-        return False
-
-    def _destinations(self, state: ClusterState, slot: int) -> list[Bools | None]:
-        """Where moved pods may go, in the order tried: anywhere (an engine that owns
-        its nodes); for the coordinator's view, nodes of the shard that owns ``slot``
-        (a plan that shard carries out alone), then nodes of other shards (moves
-        across shards, carried out in two steps), then anywhere."""
-        owners = self.handle.slot_owners()
-        if owners is None or slot >= len(owners):
-            return [None]
-        column = np.full(state.capacity, -1, dtype=np.int64)
-        column[: min(len(owners), state.capacity)] = owners[: state.capacity]
-        same = column == owners[slot]
-        return [same, ~same & (column >= 0), None]
-
-    def _stage_within(
-        self,
-        statement: Statement,
-        framework: Any,
-        pod: PodInfo,
-        state: ClusterState,
-        plan: _Plan,
-        where: Bools | None,
-    ) -> bool:
-        mark = len(statement.ops)
-        pods = self.handle.pods
-        for key in plan.moved:
-            statement.lift(key, pods[key].spec.namespace, pod.key)
-        fits = framework is not None and bool(
-            framework.feasible(CycleState(), pod, state)[plan.slot]
-        )
-        if fits:
-            statement.assume_pod(pod, plan.slot)
-            for key in plan.moved:
-                moved = _unpinned(pods[key])
-                own = self.handle.framework_for(moved)
-                if own is None:
-                    fits = False
-                    break
-                feasible = own.feasible(CycleState(), moved, state)
-                if where is not None:
-                    feasible = feasible & where
-                feasible[plan.slot] = False  # a move back is no move
-                if not np.any(feasible):
-                    fits = False
-                    break
-                attempt = own.schedule_among(moved, state, feasible)
-                if attempt < 0:
-                    fits = False
-                    break
-                spec = moved.spec
-                statement.land(
-                    key,
-                    spec.namespace,
-                    attempt,
-                    moved.request,
-                    moved.priority,
-                    spec.host_ports,
-                    pod.key,
-                )
-        if not fits:
-            statement.rollback(mark)
-        return fits
-
-
-def _unpinned(pod: PodInfo) -> PodInfo:
-    """``pod`` as a move places it: without the node it named (see the docstring)."""
-    if not pod.spec.node_name:
-        return pod
-    spec = msgspec.structs.replace(pod.spec, node_name="")
-    static_key = ("", *pod.static_key[1:])
-    return dataclasses.replace(
-        pod, spec=spec, static_key=static_key, shape_key=(pod.request, static_key)
-    )

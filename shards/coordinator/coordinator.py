@@ -45,6 +45,8 @@ from engine.refusals import CHECKED, MAX_TIME, refused
 from events.types import (
     BindFailed,
     ClockTicked,
+    DisruptionBudgetDeleted,
+    DisruptionBudgetSet,
     Envelope,
     Event,
     NodeAdded,
@@ -399,7 +401,8 @@ class Coordinator:
                         if slot is not None:
                             self.routing._set_slot(slot, NONE)
                     self.send(old, PoolReleased(pool=pool, nodes=nodes, to=shard))
-            case SchedulerConfigured():
+            case SchedulerConfigured() | DisruptionBudgetSet() | DisruptionBudgetDeleted():
+                # every shard knows the budgets (its plans count against them)
                 engine.apply(env)
                 for shard in range(self.n):
                     self.send(shard, event)

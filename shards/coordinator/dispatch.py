@@ -46,6 +46,7 @@ from engine.model.state import Bools, Ints
 from engine.model.statement import Statement
 from engine.passes.dispatch import Placed, Route
 from engine.passes.extenders import applicable
+from engine.passes.gangs import park_gang
 from engine.plugins.registry import builtin_registry
 from events.types import (
     GroupSpec,
@@ -235,30 +236,48 @@ class ShardDispatch:
         order = candidates[start:] + candidates[:start]
         return max(order, key=lambda s: int(total[s]))
 
-    def _hand_pod(self, pod: PodInfo, shard: int) -> None:
+    def _hand_pod(self, pod: PodInfo, shard: int, *, moves: bool = False) -> None:
+        """Hand ``pod`` to ``shard``; ``moves``: for a plan of moves there, with the
+        disruptions each budget allows, counted over every shard (the shard sees its
+        own pods only)."""
         c = self.c
         decision = f"{pod.key}#{c.next_seq()}"
         spec = pod.spec
         if spec.group or spec.depends_on:  # the shard places it as a pod of its own
             spec = msgspec.structs.replace(spec, group="", depends_on=())
-        c.send(shard, PodRouted(pod=spec, decision_id=decision))
+        disruptions = c.engine.disruptions_allowed(pod.key) if moves and c.engine.budgets else None
+        c.send(shard, PodRouted(pod=spec, decision_id=decision, disruptions=disruptions))
         c.fly(pod.key, shard, [pod])
         c.decisions[pod.key] = decision
         c.counters["handed"] += 1
 
-    def _hand_gang(self, unit: str, pods: list[PodInfo], shard: int) -> None:
+    def _hand_gang(
+        self, unit: str, pods: list[PodInfo], shard: int, *, moves: bool = False
+    ) -> None:
+        """Hand gang ``unit`` (its pending ``pods``) whole to ``shard``; ``moves``: for
+        a plan of moves there, with the disruptions each budget allows over every
+        shard."""
         c = self.c
         key = unit[1:] if is_group_unit(unit) else pods[0].spec.group
         group = c.engine.groups[key]
         assert group.spec is not None
-        rid = f"{key}#{c.next_seq()}"
+        # a hand-off for moves is named as a part of moves: its refusals are counted,
+        # and after MAX_MOVES_REFUSED the unit's plans of moves are not tried again
+        rid = f"{key}{MOVES if moves else '#'}{c.next_seq()}"
         part = _part_spec(group.spec, rid, len(pods))
         specs = tuple(_member_spec(pod.spec, part) for pod in pods)
         keys = tuple(pod.key for pod in pods)
         c.send(
             shard,
             ReservationRequested(
-                rid=rid, group=part, pods=specs, expires_at=c.expiry(), at_once=True
+                rid=rid,
+                group=part,
+                pods=specs,
+                expires_at=c.expiry(),
+                at_once=True,
+                disruptions=c.engine.disruptions_allowed(pods[0].key)
+                if moves and c.engine.budgets
+                else None,
             ),
         )
         c.claim(Claim(rid, unit, {shard: keys}, c.now, directed=False, open={shard: None}))
@@ -367,8 +386,12 @@ class ShardDispatch:
         moved pod is held on its new node by a part of its own, committed at once on
         its new shard (``PodMigrated`` there; its old shard is told to forget it), and
         the pod waits, nominated, until every move is done, then is placed again on the
-        exact view. A plan mixing moves within a shard and across shards is not carried
-        out (said in the pod's reason)."""
+        exact view. A plan that also moves pods within a shard (or moves pods within one
+        shard and places the pod or gang on another) is carried out the same way: the
+        moves within a shard are a part of their own there, which that shard carries
+        out at once as moves of its own pods
+        (:func:`engine.passes.reservations.move_here`). A gang is handed whole, or waits
+        whole."""
         c = self.c
         shard_of = c.routing.slot_shard
         involved = {int(shard_of[s]) for _, origin, slot, _ in moves for s in (origin, slot)}
@@ -379,30 +402,30 @@ class ShardDispatch:
         )
         statement.discard()
         lead = placed[0][0]
+        gang = is_group_unit(p.unit)
+        if c.moves_refused.get(p.unit, 0) >= MAX_MOVES_REFUSED:
+            refusal = (
+                f"no node fits; moving {described} would make room, but the shards "
+                f"refused to take moved pods in {MAX_MOVES_REFUSED} times"
+            )
+            if gang:
+                # not placed: the gang waits whole (its members are told why)
+                park_gang(p, p.unit[1:], p.unit_pods(p.unit), refusal, ("Rescheduler",))
+                return False
+            p.unschedulable(lead, refusal, ("Rescheduler",))
+            return True
         if len(involved) == 1:
-            self._hand_pod(lead, involved.pop())
+            if gang:
+                self._hand_gang(p.unit, p.unit_pods(p.unit), involved.pop(), moves=True)
+            else:
+                self._hand_pod(lead, involved.pop(), moves=True)
             c.counters["migrations_handed"] += 1
             return True
-        if c.moves_refused.get(p.unit, 0) >= MAX_MOVES_REFUSED:
-            p.unschedulable(
-                lead,
-                f"no node fits; moving {described} would make room, but the shards "
-                f"refused to take moved pods in {MAX_MOVES_REFUSED} times",
-                ("Rescheduler",),
-            )
-            return True
-        if any(shard_of[origin] == shard_of[slot] for _, origin, slot, _ in moves):
-            p.unschedulable(
-                lead,
-                f"no node fits; moving {described} would make room, but that plan mixes "
-                "moves within a shard and across shards, which are not carried out yet",
-                ("Rescheduler",),
-            )
-            return True
-        by_shard: dict[int, list[tuple[str, int, int]]] = {}
+        by_shard: dict[tuple[int, bool], list[tuple[str, int, int]]] = {}
         for key, origin, slot, _ in moves:
-            by_shard.setdefault(int(shard_of[slot]), []).append((key, origin, slot))
-        for shard, moving in sorted(by_shard.items()):
+            within = bool(shard_of[origin] == shard_of[slot])
+            by_shard.setdefault((int(shard_of[slot]), within), []).append((key, origin, slot))
+        for (shard, _), moving in sorted(by_shard.items()):
             self._move_in(lead, p.unit, shard, moving)
         c.nominate(p.unit, [key for key, _, _, _ in moves])
         c.counters["migrations_across"] += 1

@@ -1,7 +1,8 @@
 """Scenario files: multi-document YAML of Kubernetes objects → timed events.
 
 Kinds read: ``v1 Node``, ``v1 Pod``, ``v1 List`` (its items), ``scheduling.k8s.io/v1
-PriorityClass``, ``KubeSchedulerConfiguration``, the pod-group and quota kinds of
+PriorityClass``, ``KubeSchedulerConfiguration``, ``policy/v1`` (and ``v1beta1``)
+``PodDisruptionBudget`` (:mod:`shards.inputs.disruption`), the pod-group and quota kinds of
 :mod:`shards.inputs.groups` and the workload objects of :mod:`shards.inputs.workloads`
 (replaced by the pods their controllers create). ``shoal.io/arrive-at`` (seconds)
 sets when an object appears; document order breaks ties, across files in the order
@@ -29,6 +30,7 @@ from engine.model.pools import MAX_SHARDS, PoolRule, Sharding
 from events.errors import InputError
 from events.types import (
     SECOND,
+    DisruptionBudgetSet,
     Event,
     GroupSpec,
     NodeAdded,
@@ -37,6 +39,9 @@ from events.types import (
     PoolReassigned,
     QuotaDefined,
 )
+from shards.inputs.disruption import KIND as BUDGET_KIND
+from shards.inputs.disruption import VERSIONS as BUDGET_VERSIONS
+from shards.inputs.disruption import disruption_budget
 from shards.inputs.groups import (
     DEPENDS_ON,
     GROUP_KINDS,
@@ -78,6 +83,7 @@ KINDS: Final = {
     *((version, "Workload") for version in WORKLOAD_VERSIONS),
     *WORKLOAD_KINDS,
     *((version, "ElasticQuota") for version in QUOTA_VERSIONS),
+    *((version, BUDGET_KIND) for version in BUDGET_VERSIONS),
     (SHARDING_VERSION, SHARDING_KIND),
     (SHARDING_VERSION, "PoolReassignment"),
     *((version, "Topology") for version in KUEUE_VERSIONS),
@@ -246,6 +252,7 @@ def _load_scenario(paths: list[str]) -> Scenario:
     groups: dict[str, tuple[GroupSpec, _Doc]] = {}
     implicit: dict[str, int] = {}
     quotas: set[str] = set()
+    budgets: set[str] = set()
     members: dict[str, list[str]] = {}
     waits: dict[str, tuple[str, ...]] = {}
     where_of: dict[str, _Doc] = {}
@@ -279,6 +286,16 @@ def _load_scenario(paths: list[str]) -> Scenario:
                 quotas.add(quota.namespace)
                 event = QuotaDefined(quota=quota)
                 scenario.quotas += 1
+            elif kind == BUDGET_KIND:
+                budget, unused = disruption_budget(doc.obj)
+                if budget.key in budgets:
+                    raise InputError(
+                        f"duplicate PodDisruptionBudget {shown(budget.key)}",
+                        location="metadata.name",
+                    )
+                budgets.add(budget.key)
+                scenario.warnings += (doc.where(f) + f": {m}" for f, m in unused)
+                event = DisruptionBudgetSet(budget=budget)
             elif kind == "PoolReassignment":
                 event = pool_reassignment(doc.obj)
             elif kind == "Node":

@@ -17,7 +17,9 @@ the repeated events are absorbed by the shards' idempotent handlers.
 Kinds: Nodes; Pods (unbound ones whose ``schedulerName`` one of the profiles serves,
 and bound ones of any scheduler, for accounting; listed once nodes are, so that the
 first pods find them); PriorityClasses (listed first, since pods need them); the
-pod-group kinds of scheduler-plugins; ElasticQuotas. An object the
+pod-group kinds of scheduler-plugins; ElasticQuotas; PodDisruptionBudgets
+(``policy/v1beta1``, which every server up to v1.24 serves, v1.20 only that; where it is
+not served, ``policy/v1``). An object the
 scheduler cannot accept is skipped with a warning naming it and the field, and counted
 (``stats()["rejected"]``); nothing else is lost.
 """
@@ -44,6 +46,9 @@ from events.errors import InputError
 from events.log import EventLog
 from events.tasks import being_cancelled
 from events.types import (
+    BudgetSpec,
+    DisruptionBudgetDeleted,
+    DisruptionBudgetSet,
     Envelope,
     Event,
     NodeAdded,
@@ -59,6 +64,8 @@ from events.types import (
     PodSucceeded,
     QuotaDefined,
 )
+from shards.inputs.disruption import KIND as BUDGET_KIND
+from shards.inputs.disruption import disruption_budget
 from shards.inputs.groups import dependencies, elastic_quota, group_membership, pod_group
 from shards.inputs.objects import node_spec, pod_spec, priority_class
 from shards.inputs.podfields import gated, unused_fields
@@ -273,6 +280,11 @@ class KubeIngest:
         """Pods refused at admission (ignored until deleted)."""
         self.groups: set[str] = set()
         self.quotas: dict[str, JSON] = {}
+        self.budgets: dict[str, BudgetSpec] = {}
+        """The PodDisruptionBudgets told, by ``namespace/name``."""
+        self.budget_versions: tuple[str, ...] = ("v1beta1",)
+        """The PodDisruptionBudget version asked (``v1beta1``, then ``v1`` for good
+        where that is not served)."""
         self.classes: dict[str, int] = {}
         self.rejected: list[str] = []
         self.appended = 0
@@ -298,6 +310,7 @@ class KubeIngest:
             self._reflector("nodes", core.list_node, self._node),
             self._reflector("podgroups", crd("podgroups"), self._pod_group),
             self._reflector("elasticquotas", crd("elasticquotas"), self._quota),
+            self._reflector("poddisruptionbudgets", self._budgets_call(), self._budget),
             self._reflector("pods", core.list_pod_for_all_namespaces, self._pod),
         ]
 
@@ -484,6 +497,56 @@ class KubeIngest:
         except InputError as exc:
             return self._reject(f"ElasticQuota {meta.get('namespace')}/{meta.get('name')}", exc)
 
+    def _budgets_call(self) -> Callable[..., Awaitable[Any]]:
+        """List or watch PodDisruptionBudgets at ``policy/v1beta1`` (kubernetes-asyncio
+        no longer has it: a raw call), or at ``policy/v1`` once the former answers 404
+        (not served); the version answering is kept."""
+        api = self.api
+        policy = client.PolicyV1Api(api)
+        names = {
+            "watch": "watch",
+            "resource_version": "resourceVersion",
+            "timeout_seconds": "timeoutSeconds",
+            "allow_watch_bookmarks": "allowWatchBookmarks",
+        }
+
+        async def call(**kwargs: Any) -> Any:
+            if self.budget_versions[0] == "v1beta1":
+                query = [(names[k], v) for k, v in kwargs.items() if k in names and v is not None]
+                response = await api.call_api(
+                    "/apis/policy/v1beta1/poddisruptionbudgets",
+                    "GET",
+                    query_params=query,
+                    header_params={"Accept": "application/json"},
+                    auth_settings=["BearerToken"],
+                    _return_http_data_only=True,
+                    _preload_content=False,
+                    _request_timeout=kwargs.get("_request_timeout"),
+                )
+                if response.status != 404:
+                    return response
+                response.release()
+                self.budget_versions = ("v1",)
+            return await policy.list_pod_disruption_budget_for_all_namespaces(**kwargs)
+
+        return call
+
+    def _budget(self, kind: str, obj: JSON) -> list[Event]:
+        meta = obj.get("metadata") or {}
+        key = f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"
+        if kind == "DELETED":
+            known = self.budgets.pop(key, None) is not None
+            return [DisruptionBudgetDeleted(budget=key)] if known else []
+        version = f"policy/{self.budget_versions[0]}"
+        try:
+            budget, _ = disruption_budget({**obj, "apiVersion": version, "kind": BUDGET_KIND})
+        except InputError as exc:
+            return self._reject(f"PodDisruptionBudget {key}", exc)
+        if self.budgets.get(key) == budget:
+            return []  # its status changed (the disruption controller's count), not it
+        self.budgets[key] = budget
+        return [DisruptionBudgetSet(budget=budget)]
+
     def _pod(self, kind: str, obj: JSON) -> list[Event]:
         meta = obj.get("metadata") or {}
         spec = obj.get("spec") or {}
@@ -575,6 +638,7 @@ STARTS_AFTER: Final = {
     "nodes": ("priorityclasses",),
     "podgroups": ("priorityclasses",),
     "elasticquotas": ("priorityclasses",),
+    "poddisruptionbudgets": ("priorityclasses",),
     "pods": ("priorityclasses", "nodes"),
 }
 """The kinds each kind's reflector waits to see listed before it starts."""

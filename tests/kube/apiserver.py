@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import datetime
 import json
 from collections import deque
@@ -164,7 +165,16 @@ class _Watch:
 class FakeApiServer:
     """Serve the slice above on 127.0.0.1 and a free port (``url`` once started)."""
 
-    def __init__(self, *, history: int = 10_000) -> None:
+    def __init__(self, *, history: int = 10_000, budget_version: str = "v1beta1") -> None:
+        self.budget_version = budget_version
+        """The one version PodDisruptionBudgets are served at (v1.20: ``v1beta1``;
+        v1.25 and later: ``v1``)."""
+        self.kinds = [
+            dataclasses.replace(k, version=budget_version)
+            if k.plural == "poddisruptionbudgets"
+            else k
+            for k in KINDS
+        ]
         self.objects: dict[str, dict[tuple[str, str], JSON]] = {k.plural: {} for k in KINDS}
         self.rv = 1
         self._history: deque[tuple[int, Kind, str, JSON]] = deque(maxlen=history)
@@ -187,7 +197,7 @@ class FakeApiServer:
 
     async def start(self) -> str:
         app = web.Application(middlewares=[self._middleware])
-        for kind in KINDS:
+        for kind in self.kinds:
             base = (
                 f"/api/{kind.version}" if not kind.group else f"/apis/{kind.group}/{kind.version}"
             )
@@ -267,7 +277,7 @@ class FakeApiServer:
 
     def put(self, kind_name: str, obj: JSON) -> JSON:
         """Create or replace an object directly (for tests); returns the stored copy."""
-        kind = next(k for k in KINDS if k.kind == kind_name)
+        kind = next(k for k in self.kinds if k.kind == kind_name)
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
         if kind.namespaced:
@@ -286,7 +296,7 @@ class FakeApiServer:
         return copy.deepcopy(obj)
 
     def remove(self, kind_name: str, name: str, namespace: str | None = None) -> JSON | None:
-        kind = next(k for k in KINDS if k.kind == kind_name)
+        kind = next(k for k in self.kinds if k.kind == kind_name)
         obj = self.objects[kind.plural].pop(self._key(kind, namespace, name), None)
         if obj is not None:
             self.rv += 1
@@ -295,12 +305,12 @@ class FakeApiServer:
         return obj
 
     def get(self, kind_name: str, name: str, namespace: str | None = None) -> JSON | None:
-        kind = next(k for k in KINDS if k.kind == kind_name)
+        kind = next(k for k in self.kinds if k.kind == kind_name)
         obj = self.objects[kind.plural].get(self._key(kind, namespace, name))
         return copy.deepcopy(obj) if obj is not None else None
 
     def all(self, kind_name: str) -> list[JSON]:
-        kind = next(k for k in KINDS if k.kind == kind_name)
+        kind = next(k for k in self.kinds if k.kind == kind_name)
         return [copy.deepcopy(o) for o in self.objects[kind.plural].values()]
 
     # ------------------------------------------------------------------ handlers

@@ -16,6 +16,8 @@ import pytest
 from events.filelog import FileLog
 from events.memory import MemoryLog
 from events.types import (
+    DisruptionBudgetDeleted,
+    DisruptionBudgetSet,
     NodeAdded,
     NodeRemoved,
     NodeUpdated,
@@ -26,6 +28,7 @@ from events.types import (
     PodSucceeded,
     QuotaDefined,
 )
+from shards.kube.client import api_client
 from shards.kube.ingest import WATCH_BATCH, KubeIngest, Reflector
 from tests.kube.apiserver import FakeApiServer
 
@@ -526,3 +529,56 @@ async def test_a_gated_pod_is_scheduled_once_its_gates_are_removed(
     stop.set()
     apiserver.drop_watches()
     await asyncio.wait_for(task, 10)
+
+
+def _budget(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "default"}, "spec": spec}
+
+
+@pytest.mark.parametrize("version", ["v1beta1", "v1"])
+async def test_disruption_budgets_are_watched_at_the_version_served(version: str) -> None:
+    """v1.20 serves ``policy/v1beta1`` only, v1.25 and later ``policy/v1`` only: ingest
+    asks for the first and goes on with the second where it is not served. A budget
+    set, replaced, deleted; a malformed one skipped with a reason."""
+    server = FakeApiServer(budget_version=version)
+    await server.start()
+    api = await api_client(host=server.url, token="test-token")
+    try:
+        server.put("PodDisruptionBudget", _budget("web", {"minAvailable": 1}))
+        server.put("PodDisruptionBudget", _budget("bad", {"minAvailable": "150%"}))
+        log = MemoryLog()
+        ingest = KubeIngest(api, log, watch_seconds=1)
+        stop = asyncio.Event()
+        task = asyncio.create_task(ingest.run(stop))
+        await asyncio.wait_for(ingest.synced(), 5)
+
+        def budgets() -> list[Any]:
+            return [
+                e.event
+                for e in log._parts[0]
+                if isinstance(e.event, DisruptionBudgetSet | DisruptionBudgetDeleted)
+            ]
+
+        assert [(b.budget.key, b.budget.min_available) for b in budgets()] == [("default/web", 1)]
+        assert any("default/bad" in r and "spec.minAvailable" in r for r in ingest.rejected)
+        # a status update (the disruption controller's count) tells nothing new
+        stored = server.get("PodDisruptionBudget", "web", "default")
+        assert stored is not None
+        server.put("PodDisruptionBudget", {**stored, "status": {"disruptionsAllowed": 1}})
+        server.put(
+            "PodDisruptionBudget",
+            _budget("web", {"maxUnavailable": "50%", "selector": {"matchLabels": {"a": "b"}}}),
+        )
+        server.remove("PodDisruptionBudget", "web", "default")
+        await eventually(lambda: len(budgets()) == 3)
+        replaced, deleted = budgets()[1:]
+        assert isinstance(replaced, DisruptionBudgetSet)
+        assert replaced.budget.max_unavailable == "50%" and replaced.budget.min_available is None
+        assert isinstance(deleted, DisruptionBudgetDeleted) and deleted.budget == "default/web"
+        assert ingest.budget_versions == (version,)
+        stop.set()
+        server.drop_watches()
+        await asyncio.wait_for(task, 10)
+    finally:
+        await api.close()
+        await server.stop()

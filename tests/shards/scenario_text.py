@@ -103,6 +103,7 @@ def gpu_pod(
     on: str = "",
     migratable: bool = True,
     runtime: float | None = None,
+    labels: dict[str, str] | None = None,
 ) -> str:
     """A pod asking for ``cards`` whole cards or ``milli`` of one card; ``models``: the
     GPU models its node affinity allows; ``on``: the node it runs on (``nodeName``)."""
@@ -128,14 +129,15 @@ def gpu_pod(
             "\n        nodeSelectorTerms:\n        - matchExpressions:\n"
             f"          - {{key: nvidia.com/gpu.product, operator: In, values: [{values}]}}"
         )
-    labels = f"scheduling.x-k8s.io/pod-group: {group}" if group else ""
+    pairs = {**({"scheduling.x-k8s.io/pod-group": group} if group else {}), **(labels or {})}
+    labels_text = ", ".join(f"{k}: {v}" for k, v in pairs.items())
     extra = "\n".join(spec)
     return f"""
 apiVersion: v1
 kind: Pod
 metadata:
   name: {name}
-  labels: {{{labels}}}
+  labels: {{{labels_text}}}
   annotations: {{{", ".join(annotations)}}}
 spec:
 {extra}

@@ -104,7 +104,9 @@ def test_a_pod_that_may_not_move_is_not_moved(
     elif rule == "higher priority":
         b_args["priority"] = 10
     else:
-        text += podgroup("pair", 1)
+        # podB's gang has podE on node2 too: only the whole gang may move, and podE
+        # finds no other node (node1 is the room being made), so no plan moves podB
+        text += podgroup("pair", 2) + gpu_pod("podE", 1, on="node2", group="pair")
         b_args["group"] = "pair"
     text += seed(8, 4, 3, 5, 4, **b_args)
     data = run(tmp_path, capsys, text, shards)
@@ -113,15 +115,15 @@ def test_a_pod_that_may_not_move_is_not_moved(
     assert data["pods"]["default/podB"]["node"] == "node1"
 
 
-@pytest.mark.parametrize("shards", (1, 2))
+@pytest.mark.parametrize("shards", SHARDS)
 def test_a_plan_needing_too_many_moves_is_named_not_made(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
 ) -> None:
     """node1 runs eight 1-card pods; node2 and node3 have 3 cards free each, held by
     pods that stay. A 4-card pod needs four of node1's pods moved: beyond the default
     of 3 moves it waits, its reason naming that plan; allowed 4, it is placed. (At 4
-    shards node1 shares its shard with node2 or node3, so the four moves would mix moves
-    within and across shards, which are not carried out yet: the README says so.)"""
+    shards node1 shares its shard with node3: the four moves mix moves within a shard
+    and across shards, carried out as parts of the plan on each shard.)"""
     text = "".join(gpu_node(f"node{i}", 8) for i in (1, 2, 3))
     text += "".join(gpu_pod(f"one-{i}", 1, on="node1") for i in range(8))
     text += gpu_pod("stay-2", 5, on="node2", migratable=False)

@@ -1,0 +1,254 @@
+"""The rescheduler's search: which running pods to move, and where (see
+:mod:`engine.plugins.rescheduler` for the rules).
+
+What moves is a *unit*: a pod, or a gang whole (every bound member of a Scheduled gang,
+each counted as a move; a gang is never split). A plan is units whose members on one
+node free enough room there for the waiting pod; the members of a gang that run
+elsewhere move too, to any node but their own. Plans are searched by size (pods moved),
+then cost (the lowest priorities, the pods that started last, the lowest slot), and
+staged one by one until one lands every moved pod: all in the attempt's statement,
+undone on failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgspec
+import numpy as np
+
+from engine.framework.cycle import CycleState
+from engine.framework.handle import Handle
+from engine.model.disruption import broken_by
+from engine.model.groups import SCHEDULED
+from engine.model.pods import PodInfo
+from engine.model.state import Bools, ClusterState
+from engine.model.statement import Statement
+
+MIGRATABLE: Final = "shoal.io/migratable"
+MAX_COMBINATIONS: Final = 4096
+
+Unit = tuple[str, ...]
+"""Pods that move together: one pod, or every bound member of a gang (sorted)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    cost: tuple[int, int, int, int]
+    slot: int
+    moved: tuple[str, ...]
+
+
+def _may_move(handle: Handle, info: PodInfo, key: str, pod: PodInfo) -> bool:
+    return (
+        key in handle.started
+        and info.priority <= pod.priority
+        and info.spec.annotations.get(MIGRATABLE, "").lower() != "false"
+    )
+
+
+def movable_units(
+    handle: Handle,
+    pod: PodInfo,
+    state: ClusterState,
+    allowances: Mapping[str, int] | None,
+    own_group: str = "",
+    moved: frozenset[str] = frozenset(),
+) -> dict[int, list[Unit]]:
+    """Per node, the units with a member there that may be moved for ``pod`` (never
+    ``own_group``, the waiting pod's gang, nor a unit with a pod of ``moved``, those
+    this attempt moved already; a budget that lets none of its pods go rules them out
+    here already)."""
+    pods, budgets, groups = handle.pods, handle.budgets, handle.groups
+    out: dict[int, list[Unit]] = {}
+    gangs: dict[str, Unit | None] = {}
+    for key, placed in state.pods.items():
+        info = pods.get(key)
+        if info is None or not _may_move(handle, info, key, pod):
+            continue
+        unit: Unit | None = (key,)
+        name = info.spec.group
+        if name:
+            if name not in gangs:
+                group = groups.get(name)
+                members = sorted(m for m in group.members if m in state.pods) if group else []
+                fine = (
+                    group is not None
+                    and name != own_group
+                    and group.phase == SCHEDULED
+                    and all(m in pods and _may_move(handle, pods[m], m, pod) for m in members)
+                )
+                gangs[name] = tuple(members) if fine else None
+            unit = gangs[name]
+        if (
+            unit is None
+            or not moved.isdisjoint(unit)
+            or (allowances is None and broken_by(budgets, None, (pods[k].spec for k in unit)))
+        ):
+            continue
+        here = out.setdefault(placed.slot, [])
+        if unit not in here:
+            here.append(unit)
+    return out
+
+
+def fits_without(pod: PodInfo, state: ClusterState, slot: int, keys: list[str]) -> bool:
+    """Whether ``pod`` fits ``slot``'s resources with ``keys`` (those there) gone."""
+    card_rows = state.cards.rows
+    room = {row: int(state.free[row, slot]) for row, _ in pod.request if row not in card_rows}
+    released = []
+    for key in keys:
+        placed = state.pods[key]
+        if placed.slot != slot:
+            continue
+        for row, amount in placed.request:
+            if row in room:
+                room[row] += amount
+        if placed.gpu is not None:
+            released.append((placed.devices, placed.gpu))
+    if any(room[row] < amount for row, amount in pod.request if row in room):
+        return False
+    gpu = state.gpu_of(pod.request)
+    return gpu is None or state.cards.fits_after(slot, gpu, released)
+
+
+def plans(
+    handle: Handle,
+    pod: PodInfo,
+    state: ClusterState,
+    candidates: list[int],
+    movable: dict[int, list[Unit]],
+    size: int,
+    allowances: Mapping[str, int] | None,
+    refused: list[str],
+) -> list[Plan]:
+    """Every plan of ``size`` moved pods that frees enough room and breaks no disruption
+    budget (its moves counted together), cheapest first; the first plan a budget
+    refused is said in ``refused``."""
+    pods, started, budgets = handle.pods, handle.started, handle.budgets
+    out: list[Plan] = []
+    combinations = 0
+    for slot in candidates:
+        units = sorted(movable[slot])
+        for count in range(1, min(size, len(units)) + 1):
+            for chosen in itertools.combinations(units, count):
+                moved = tuple(sorted(k for unit in chosen for k in unit))
+                if len(moved) != size:
+                    continue
+                combinations += 1
+                if combinations > MAX_COMBINATIONS:
+                    break
+                if not fits_without(pod, state, slot, list(moved)):
+                    continue
+                broken = broken_by(budgets, allowances, (pods[k].spec for k in moved))
+                if broken:
+                    if not refused:
+                        refused.append(
+                            f"moving {', '.join(moved)} off {state.names[slot] or '?'} would "
+                            f"make room, but PodDisruptionBudget {broken} allows no more "
+                            "disruptions"
+                        )
+                    continue
+                cost = (
+                    sum(pods[k].priority for k in moved),
+                    -sum(started.get(k, 0) for k in moved),
+                    slot,
+                    0,
+                )
+                out.append(Plan(cost, slot, moved))
+    out.sort(key=lambda p: (p.cost, p.moved))
+    return out
+
+
+def stage(
+    handle: Handle,
+    statement: Statement,
+    framework: Any,
+    pod: PodInfo,
+    state: ClusterState,
+    plan: Plan,
+) -> bool:
+    """Lift the plan's pods, place ``pod`` on its node and each lifted pod elsewhere (by
+    its own profile); undo this trial and say False if any step fails."""
+    for where in _destinations(handle, state, plan.slot):
+        if _stage_within(handle, statement, framework, pod, state, plan, where):
+            return True
+    return False
+
+
+def _destinations(handle: Handle, state: ClusterState, slot: int) -> list[Bools | None]:
+    """Where moved pods may go, in the order tried: anywhere (an engine that owns its
+    nodes); for the coordinator's view, nodes of the shard that owns ``slot`` (a plan
+    that shard carries out alone), then nodes of other shards (moves across shards,
+    carried out in two steps), then anywhere."""
+    owners = handle.slot_owners()
+    if owners is None or slot >= len(owners):
+        return [None]
+    column = np.full(state.capacity, -1, dtype=np.int64)
+    column[: min(len(owners), state.capacity)] = owners[: state.capacity]
+    same = column == owners[slot]
+    return [same, ~same & (column >= 0), None]
+
+
+def _stage_within(
+    handle: Handle,
+    statement: Statement,
+    framework: Any,
+    pod: PodInfo,
+    state: ClusterState,
+    plan: Plan,
+    where: Bools | None,
+) -> bool:
+    mark = len(statement.ops)
+    pods = handle.pods
+    origins = {key: statement.lift(key, pods[key].spec.namespace, pod.key) for key in plan.moved}
+    fits = framework is not None and bool(framework.feasible(CycleState(), pod, state)[plan.slot])
+    if fits:
+        statement.assume_pod(pod, plan.slot)
+        for key in plan.moved:
+            moved = unpinned(pods[key])
+            own = handle.framework_for(moved)
+            if own is None:
+                fits = False
+                break
+            feasible = own.feasible(CycleState(), moved, state)
+            if where is not None:
+                feasible = feasible & where
+            feasible[plan.slot] = False  # a move back is no move
+            feasible[origins[key]] = False
+            if not np.any(feasible):
+                fits = False
+                break
+            attempt = own.schedule_among(moved, state, feasible)
+            if attempt < 0:
+                fits = False
+                break
+            spec = moved.spec
+            statement.land(
+                key,
+                spec.namespace,
+                attempt,
+                moved.request,
+                moved.priority,
+                spec.host_ports,
+                pod.key,
+            )
+    if not fits:
+        statement.rollback(mark)
+    return fits
+
+
+def unpinned(pod: PodInfo) -> PodInfo:
+    """``pod`` as a move places it: without the node it named (a pod that named its node
+    says where it runs, not where it may restart)."""
+    if not pod.spec.node_name:
+        return pod
+    spec = msgspec.structs.replace(pod.spec, node_name="")
+    static_key = ("", *pod.static_key[1:])
+    return dataclasses.replace(
+        pod, spec=spec, static_key=static_key, shape_key=(pod.request, static_key)
+    )
