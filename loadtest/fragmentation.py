@@ -56,7 +56,8 @@ def profile_config(policy: str, seed: int, pods: list[TracePod]) -> dict[str, An
     if plugin == "GpuRandom":
         config.append({"name": plugin, "args": {"seed": seed}})
     elif plugin in ("GpuFragmentation", "ShoalGpu"):
-        config.append({"name": plugin, "args": {"targetWorkload": target_workload(pods).to_args()}})
+        workload = target_workload(pods, memory=plugin == "ShoalGpu")
+        config.append({"name": plugin, "args": {"targetWorkload": workload.to_args()}})
     return {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
