@@ -55,10 +55,16 @@ def test_a_cpu_only_pod_goes_where_it_strands_no_gpu() -> None:
     state = ClusterState()
     state.add_node(gpu_node("a", 32_000, 8))
     state.add_node(gpu_node("b", 128_000, 8))
-    fgd, shoal = both([{"cpu": 4000, "gpuMilli": 1000, "gpus": 1, "weight": 1}])
+    workload = [{"cpu": 4000, "gpuMilli": 1000, "gpus": 1, "weight": 1}]
+    fgd, shoal = both(workload)
     spec = pod("p", 8000)
     assert chosen(fgd, state, spec) == "a"
     assert chosen(shoal, state, spec) == "b"
+    # every change counts at the exact resolution, and scores stay non-negative
+    exact = ShoalGpu({"targetWorkload": workload, "resolution": "exact", "tieBreak": "none"}, "")
+    scores = exact.score(CycleState(), info(state, spec), state, state.valid.copy())
+    bound = 3 * 1 * 8 * 1000  # 3 * W * cards per node * 1000
+    assert scores[:2].tolist() == [bound - 2000, bound]
 
 
 def test_memory_counts_like_cpu() -> None:
