@@ -10,7 +10,8 @@ the unallocated GPU % at the first pod whose arrival reaches 100% of capacity, a
 allocation % at the end (the arrival just under 130%).
 
 FGD and ShoalGpu are given the target workload of PROTOCOL.md (the file's shapes that
-cover 95% of its pods) as ``targetWorkload`` args; GpuRandom gets the run's seed.
+cover 95% of its pods) as ``targetWorkload`` args, ShoalGpu's with each shape's median
+memory (which it counts and FGD does not); GpuRandom gets the run's seed.
 Runs are independent and spread over ``jobs`` processes; each result is handed to the
 caller as it completes.
 """
