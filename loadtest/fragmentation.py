@@ -10,7 +10,8 @@ the unallocated GPU % at the first pod whose arrival reaches 100% of capacity, a
 allocation % at the end (the arrival just under 130%).
 
 FGD and ShoalGpu are given the target workload of PROTOCOL.md (the file's shapes that
-cover 95% of its pods) as ``targetWorkload`` args; GpuRandom gets the run's seed.
+cover 95% of its pods) as ``targetWorkload`` args, ShoalGpu's with each shape's median
+memory (which it counts and FGD does not); GpuRandom gets the run's seed.
 Runs are independent and spread over ``jobs`` processes; each result is handed to the
 caller as it completes.
 """
@@ -56,7 +57,8 @@ def profile_config(policy: str, seed: int, pods: list[TracePod]) -> dict[str, An
     if plugin == "GpuRandom":
         config.append({"name": plugin, "args": {"seed": seed}})
     elif plugin in ("GpuFragmentation", "ShoalGpu"):
-        config.append({"name": plugin, "args": {"targetWorkload": target_workload(pods).to_args()}})
+        workload = target_workload(pods, memory=plugin == "ShoalGpu")
+        config.append({"name": plugin, "args": {"targetWorkload": workload.to_args()}})
     return {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 
@@ -181,9 +181,20 @@ def workloads(trace: Path) -> list[str]:
     return sorted(names, key=lambda n: (n != "default", n))
 
 
-def target_workload(pods: list[TracePod]) -> TargetWorkload:
-    """FGD's target workload of a pod file (PROTOCOL.md: shapes covering 95% of pods)."""
-    return TargetWorkload.of_shapes(pod.shape() for pod in pods)
+def target_workload(pods: list[TracePod], memory: bool = False) -> TargetWorkload:
+    """FGD's target workload of a pod file (PROTOCOL.md: shapes covering 95% of pods);
+    with ``memory``, each shape also carries the median memory of its pods (bytes)."""
+    workload = TargetWorkload.of_shapes(pod.shape() for pod in pods)
+    if not memory:
+        return workload
+    sizes: dict[Shape, list[int]] = {}
+    for pod in pods:
+        sizes.setdefault(pod.shape(), []).append(pod.memory_mib * MIB)
+    shapes = []
+    for shape in workload.shapes:
+        ordered = sorted(sizes[shape])
+        shapes.append(replace(shape, memory=ordered[(len(ordered) - 1) // 2]))
+    return TargetWorkload(tuple(shapes), workload.weights)
 
 
 def arrivals(pods: list[TracePod], capacity_milli: int, seed: int) -> list[TracePod]:

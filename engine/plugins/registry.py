@@ -19,7 +19,8 @@ from engine.plugins.gpu.baselines import (
     GpuPacking,
     GpuRandom,
 )
-from engine.plugins.gpu.fgd import GpuFragmentation, ShoalGpu
+from engine.plugins.gpu.fgd import GpuFragmentation
+from engine.plugins.gpu.shoal import ShoalGpu
 from engine.plugins.interpod_affinity import InterPodAffinity
 from engine.plugins.kernels import ResourceKernel
 from engine.plugins.node_affinity import NodeAffinity

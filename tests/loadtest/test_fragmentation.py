@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,11 @@ def test_trace_rows() -> None:
     # 2/6, then 3/6, 4/6, 5/6 (83%) and 6/6: all kept to reach 95%
     workload = target_workload(list(pods.values()))
     assert workload.weights[0] == 2 and sum(workload.weights) == 6
+    # ShoalGpu's copy: the same shapes and weights, each with its pods' median memory
+    with_memory = target_workload(list(pods.values()), memory=True)
+    assert with_memory.weights == workload.weights
+    assert with_memory.shapes[0].memory == 4096 << 20  # the two sharing pods
+    assert [replace(s, memory=0) for s in with_memory.shapes] == list(workload.shapes)
 
 
 @pytest.mark.parametrize("policy", ["random", "bestfit", "fgd", "shoal", "gpupacking"])

@@ -1,4 +1,4 @@
-"""Fragmentation gradient descent (FGD) and shoal's own GPU policy.
+"""Fragmentation gradient descent (FGD), the base of shoal's own GPU policy.
 
 **GpuFragmentation** (FGD, Weng et al., ATC'23): place a pod on the node, and a sharing
 pod on the card, where the node's fragmentation ``F_n`` against the target workload
@@ -16,11 +16,9 @@ the default workload the simulator's resolution leaves 5.0% of GPU unallocated a
 exact one 5.9%: ΔF differences of a few milli-GPU are noise against the workload's
 uncertainty, and the coarse score lets the name order consolidate pods.
 
-**ShoalGpu**: FGD's gradient (same resolutions), and among nodes of equal gradient:
-first a node already in use (an idle machine is kept whole for the pods that need
-one), then the node left with the least idle GPU (best fit), then the smallest name.
+ShoalGpu (:mod:`engine.plugins.gpu.shoal`) builds on this class.
 
-Args of both (``pluginConfig``)::
+Args (``pluginConfig``; ShoalGpu takes the same)::
 
     targetWorkload: [...]   # see engine.plugins.gpu.workload; absent: learned
     coverage: 0.95          # learned workloads: shapes kept
@@ -44,6 +42,7 @@ from engine.framework.cycle import CycleState
 from engine.framework.handle import Handle
 from engine.model.devices import WHOLE
 from engine.model.pods import PodInfo
+from engine.model.resources import MEMORY
 from engine.model.state import Bools, ClusterState, Ints
 from engine.plugins.gpu.cache import CachedScore, check_args, parse_tie_break
 from engine.plugins.gpu.fragment import (
@@ -52,6 +51,7 @@ from engine.plugins.gpu.fragment import (
     fragmentation,
     fragmentation_after_share,
     model_codes,
+    node_memory,
     node_states,
     resolve,
 )
@@ -70,8 +70,18 @@ LEVELS: Final = 100
 _RELEARN_EVERY: Final = 1024
 
 
+def pod_memory(pod: PodInfo) -> int:
+    """Bytes of memory ``pod`` asks for."""
+    for row, amount in pod.request:
+        if row == MEMORY:
+            return amount
+    return 0
+
+
 class GpuFragmentation(CachedScore):
     name = "GpuFragmentation"
+    counts_memory = False
+    """Count the target shapes' memory (where given) as a fit condition, like cpu."""
 
     def __init__(self, args: Mapping[str, Any], where: str, handle: Handle | None = None) -> None:
         super().__init__()
@@ -141,8 +151,17 @@ class GpuFragmentation(CachedScore):
 
     # ------------------------------------------------------------------ per-node caches
 
+    def key(self, pod: PodInfo) -> tuple[Any, ...]:
+        key = super().key(pod)
+        return (*key, pod_memory(pod)) if self.counts_memory else key
+
+    def _memory(self, state: ClusterState, slots: Ints) -> Ints | None:
+        """Free memory of ``slots`` where the workload counts memory (else None)."""
+        assert self._shapes is not None
+        return node_memory(state, slots) if self._shapes.memory_aware else None
+
     def reset(self, state: ClusterState) -> None:
-        self._shapes = resolve(self.weights(self.workload), state)
+        self._shapes = resolve(self.weights(self.workload), state, self.counts_memory)
         # int(100 * sigmoid(x)) >= k  <=>  x >= logit(k / 100), x = -ΔF / (Σw * 1000)
         total = int(self._shapes.weight.sum())
         self._thresholds = np.array(
@@ -152,7 +171,9 @@ class GpuFragmentation(CachedScore):
         self._models = model_codes(state)
         slots = np.arange(state.capacity, dtype=np.int64)
         cpu, free = node_states(state, slots)
-        self._frag = fragmentation(self._shapes, cpu, free, self._models)
+        self._frag = fragmentation(
+            self._shapes, cpu, free, self._models, self._memory(state, slots)
+        )
         self._position = state.journal_end
 
     def prepare(self, state: ClusterState) -> None:
@@ -164,7 +185,9 @@ class GpuFragmentation(CachedScore):
             assert self._shapes is not None
             slots = np.unique(np.array(changed, dtype=np.int64))
             cpu, free = node_states(state, slots)
-            self._frag[slots] = fragmentation(self._shapes, cpu, free, self._models[slots])
+            self._frag[slots] = fragmentation(
+                self._shapes, cpu, free, self._models[slots], self._memory(state, slots)
+            )
         self._position = state.journal_end
 
     def node_fragmentation(self, state: ClusterState) -> Ints:
@@ -184,11 +207,14 @@ class GpuFragmentation(CachedScore):
         models = self._models[slots]
         before = self._frag[slots]
         pod_cpu = pod_shape(pod).cpu
+        memory = self._memory(state, slots)
+        if memory is not None:
+            memory = memory - pod_memory(pod)
         gpu = pod.gpu
         if gpu is not None and not gpu.whole and gpu.cards == 1:
             milli = gpu.need.milli
             width = free.shape[1]
-            after = fragmentation_after_share(shapes, cpu, free, models, pod_cpu, milli)
+            after = fragmentation_after_share(shapes, cpu, free, models, pod_cpu, milli, memory)
             possible = free >= milli
             delta = after - before[:, None]
             # least ΔF, then the card with least free milli, then the lowest index
@@ -201,7 +227,7 @@ class GpuFragmentation(CachedScore):
             idle = free.sum(axis=1) - milli
             return best, np.where(ok, card, -1), idle
         cpu_a, free_a = after_whole(cpu, free, pod_cpu, gpu)
-        after = fragmentation(shapes, cpu_a, free_a, models)
+        after = fragmentation(shapes, cpu_a, free_a, models, memory)
         return after - before, np.full(slots.shape[0], -1, dtype=np.int64), free_a.sum(axis=1)
 
     def quantised(self, delta: Ints) -> Ints:
@@ -215,17 +241,3 @@ class GpuFragmentation(CachedScore):
         if self.exact:
             return self._shapes.bound - delta, card
         return self.quantised(delta), card
-
-
-class ShoalGpu(GpuFragmentation):
-    name = "ShoalGpu"
-
-    def evaluate(self, pod: PodInfo, state: ClusterState, slots: Ints) -> tuple[Ints, Ints]:
-        assert self._shapes is not None
-        delta, card, idle = self.deltas(pod, state, slots)
-        gradient = self._shapes.bound - delta if self.exact else self.quantised(delta)
-        # among equal gradients: a node already in use, then the least idle GPU after
-        cards = state.cards
-        fresh = (cards.free[slots] >= WHOLE).sum(axis=1) == cards.count[slots]
-        scale = max(cards.width, 1) * WHOLE + 1
-        return (gradient * 2 + ~fresh) * scale + (scale - 1 - np.maximum(idle, 0)), card

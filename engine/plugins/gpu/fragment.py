@@ -8,6 +8,10 @@ For a node with free cpu ``c`` and free milli-GPU per card ``g_1..g_k`` (idle GP
   per-card milli free);
 * otherwise the sum of the ``g_i`` that are smaller than ``m``'s per-card milli.
 
+ShoalGpu also counts memory as FGD counts cpu (``m`` does not fit a node with less free
+memory than ``m``'s): pass ``memory`` (free bytes per node) and resolve the workload with
+``memory=True``; without them memory is ignored, as FGD defines it.
+
 ``F = sum_m w_m * fragment(m)`` with the workload's integer weights ``w_m``
 (proportional to the probabilities p_m, so the node that FGD prefers is the same; and
 exact integers, so every machine and every replay agrees). All functions take K node
@@ -23,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.model.devices import MODEL_LABEL, WHOLE, GpuRequest
-from engine.model.resources import CPU
+from engine.model.resources import CPU, MEMORY
 from engine.model.state import Bools, ClusterState, Ints
 from engine.plugins.gpu.workload import TargetWorkload
 
@@ -43,6 +47,8 @@ class Resolved:
     """Shapes that ask for GPU."""
     bound: int
     """An upper bound of ``|F|`` (and of a change of it) on the state's nodes."""
+    memory: Ints = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Each shape's memory in bytes (all 0: memory not considered)."""
     levels: Ints = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     """The distinct per-card milli of the shapes (what card counts depend on)."""
     level: Ints = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
@@ -53,10 +59,17 @@ class Resolved:
             levels, level = np.unique(self.milli, return_inverse=True)
             object.__setattr__(self, "levels", levels.astype(np.int64))
             object.__setattr__(self, "level", level.reshape(-1).astype(np.int64))
+        if self.memory.shape[0] != self.milli.shape[0]:
+            object.__setattr__(self, "memory", np.zeros_like(self.milli))
+
+    @property
+    def memory_aware(self) -> bool:
+        return bool(self.memory.any())
 
 
-def resolve(workload: TargetWorkload, state: ClusterState) -> Resolved:
-    """``workload`` as arrays against ``state``'s model label codes."""
+def resolve(workload: TargetWorkload, state: ClusterState, memory: bool = False) -> Resolved:
+    """``workload`` as arrays against ``state``'s model label codes (with the shapes'
+    memory if ``memory``)."""
     codes = state.label_values.get(MODEL_LABEL, {})
     shapes = workload.shapes
     allowed = np.ones((len(shapes), len(codes) + 1), dtype=np.bool_)
@@ -76,6 +89,7 @@ def resolve(workload: TargetWorkload, state: ClusterState) -> Resolved:
         allowed=allowed,
         gpu=milli > 0,
         bound=sum(workload.weights) * max(state.cards.width, 1) * WHOLE,
+        memory=np.array([s.memory if memory else 0 for s in shapes], dtype=np.int64),
     )
 
 
@@ -92,9 +106,17 @@ def node_states(state: ClusterState, slots: Ints) -> tuple[Ints, Ints]:
     return state.free[CPU, slots], np.maximum(state.cards.free[slots], 0)
 
 
-def fragmentation(shapes: Resolved, cpu: Ints, free: Ints, model: Ints) -> Ints:
-    """F of K node states: ``cpu`` (K,), ``free`` (K, W) milli per card (absent cards 0)
-    and ``model`` (K,) codes."""
+def node_memory(state: ClusterState, slots: Ints) -> Ints:
+    """Free memory (bytes) of ``slots``."""
+    out: Ints = state.free[MEMORY, slots]
+    return out
+
+
+def fragmentation(
+    shapes: Resolved, cpu: Ints, free: Ints, model: Ints, memory: Ints | None = None
+) -> Ints:
+    """F of K node states: ``cpu`` (K,), ``free`` (K, W) milli per card (absent cards 0),
+    ``model`` (K,) codes and free ``memory`` (K,; None: not considered)."""
     if free.shape[1] == 0 or not shapes.weight.size:
         return np.zeros(cpu.shape[0], dtype=np.int64)
     total = free.sum(axis=1)
@@ -107,6 +129,8 @@ def fragmentation(shapes: Resolved, cpu: Ints, free: Ints, model: Ints) -> Ints:
         & shapes.allowed[:, model + 1].T
         & shapes.gpu[None, :]
     )
+    if memory is not None and shapes.memory_aware:
+        fits &= memory[:, None] >= shapes.memory[None, :]
     frag = np.where(fits, small, total[:, None])
     out: Ints = frag @ shapes.weight
     return out
@@ -123,12 +147,19 @@ def after_whole(cpu: Ints, free: Ints, pod_cpu: int, gpu: GpuRequest | None) -> 
 
 
 def fragmentation_after_share(
-    shapes: Resolved, cpu: Ints, free: Ints, model: Ints, pod_cpu: int, milli: int
+    shapes: Resolved,
+    cpu: Ints,
+    free: Ints,
+    model: Ints,
+    pod_cpu: int,
+    milli: int,
+    memory: Ints | None = None,
 ) -> Ints:
     """F of each state after a pod of ``pod_cpu`` and ``milli`` of one card lands on card
     w of row k: (K, W), from each row's per-shape counts and small-card sums, changed
     only by the one card that changes (K x M x W work rather than K x W x M x W).
-    Entries for cards that do not hold ``milli`` are meaningless."""
+    Entries for cards that do not hold ``milli`` are meaningless. ``memory``: each
+    row's free memory after the pod (None: not considered)."""
     k, width = free.shape
     if width == 0 or not shapes.weight.size:
         return np.zeros((k, width), dtype=np.int64)
@@ -149,6 +180,8 @@ def fragmentation_after_share(
         & ((cpu - pod_cpu)[:, None] >= shapes.cpu[None, :])[:, :, None]
         & (shapes.allowed[:, model + 1].T & shapes.gpu[None, :])[:, :, None]
     )
+    if memory is not None and shapes.memory_aware:
+        fits &= (memory[:, None] >= shapes.memory[None, :])[:, :, None]
     frag = np.where(fits, small_after, total_after[:, None, None])
     out: Ints = np.einsum("kmw,m->kw", frag, shapes.weight)
     return out

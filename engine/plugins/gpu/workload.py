@@ -16,6 +16,7 @@ Given in a profile's ``pluginConfig`` (FGD, Shoal)::
         - {cpu: 4000, gpuMilli: 500, gpus: 1, weight: 30}
         - {cpu: 8000, gpuMilli: 1000, gpus: 8, models: [G2, G3], weight: 5}
         - {cpu: 2000, weight: 10}            # CPU only
+        - {cpu: 4000, memory: 17179869184, gpuMilli: 1000, gpus: 1, weight: 8}
       coverage: 0.95           # learned workloads only
 """
 
@@ -32,7 +33,7 @@ from events.errors import InputError
 
 COVERAGE: Final = 0.95
 MAX_WEIGHT: Final = 10**6
-_ARG_FIELDS: Final = frozenset({"cpu", "gpuMilli", "gpus", "models", "weight"})
+_ARG_FIELDS: Final = frozenset({"cpu", "memory", "gpuMilli", "gpus", "models", "weight"})
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -45,6 +46,9 @@ class Shape:
     cards: int
     models: tuple[str, ...] = ()
     """GPU models (``nvidia.com/gpu.product``) the shape accepts; empty: any."""
+    memory: int = 0
+    """Bytes of memory a typical pod of the shape asks for (0: memory not considered).
+    Only given workloads have it; FGD ignores it, ShoalGpu counts it like cpu."""
 
 
 def pod_shape(pod: PodInfo) -> Shape:
@@ -98,6 +102,8 @@ class TargetWorkload:
                 item["gpus"] = shape.cards
             if shape.models:
                 item["models"] = list(shape.models)
+            if shape.memory:
+                item["memory"] = shape.memory
             out.append(item)
         return out
 
@@ -120,12 +126,13 @@ def parse_workload(raw: Any, where: str) -> TargetWorkload:
         loc = f"{where}[{i}]"
         if not isinstance(item, dict):
             raise InputError(
-                "must be a mapping {cpu, gpuMilli, gpus, models, weight}", location=loc
+                "must be a mapping {cpu, memory, gpuMilli, gpus, models, weight}", location=loc
             )
         unknown = set(item) - _ARG_FIELDS
         if unknown:
             raise InputError(f"unknown field {sorted(unknown)[0]!r}", location=loc)
         cpu = _int(item, "cpu", 0, 2**40, 0, loc)
+        memory = _int(item, "memory", 0, 2**60, 0, loc)
         gpus = _int(item, "gpus", 0, 64, 1 if "gpuMilli" in item else 0, loc)
         milli = _int(item, "gpuMilli", 0 if not gpus else 1, WHOLE, WHOLE if gpus else 0, loc)
         if gpus > 1 and milli != WHOLE:
@@ -138,7 +145,7 @@ def parse_workload(raw: Any, where: str) -> TargetWorkload:
             raise InputError("must be a list of GPU model names", location=f"{loc}.models")
         if models and not gpus:
             raise InputError("models apply to GPU shapes only", location=f"{loc}.models")
-        shape = Shape(cpu, milli, gpus, tuple(sorted(set(models))))
+        shape = Shape(cpu, milli, gpus, tuple(sorted(set(models))), memory)
         counts[shape] = counts.get(shape, 0) + weight
     shapes = tuple(counts)
     return TargetWorkload(shapes, tuple(counts[s] for s in shapes))

@@ -1,0 +1,142 @@
+"""ShoalGpu: shoal's own GPU placement policy, FGD's gradient plus what FGD leaves out.
+
+FGD (:mod:`engine.plugins.gpu.fgd`) asks of each node only "which shapes of the target
+workload still fit here now". On the Alibaba trace most of the GPU it leaves idle is lost
+otherwise: single-card and sharing pods fail because every node with a free card has run
+out of cpu or memory, and model-restricted pods fail because pods that could have run
+anywhere took their models' cards. ShoalGpu scores a pod on a node by the change of
+
+    F_n + W * S_n + W * milli * pressure(model_n) / 1000
+
+(W: the workload's total weight, so every term is in FGD's units of weighted milli-GPU):
+
+* ``F_n``: FGD's fragmentation, with memory counted like cpu where the target workload
+  gives the shapes' memory (a shape does not fit a node short of its memory).
+* ``S_n``, **stranded GPU**: the node's idle milli-GPU that its free cpu (or memory)
+  cannot feed at the workload's average cpu (memory) per GPU,
+  ``max(0, G - C * gpu/cpu, G - M * gpu/memory)`` with the ratios of the GPU shapes'
+  weighted sums. A pod that eats the cpu its node's idle cards need pays for them;
+  cpu-only pods go to the nodes with cpu to spare per idle GPU.
+* **model pressure**, charged per milli-GPU the pod takes on a node of model ``c``: the
+  share of ``c``'s cards that the workload's model-restricted shapes are expected to
+  need when the cluster's capacity has arrived, each restricted shape's GPU demand spread
+  over its allowed models in proportion to their cards, capped at 1 (1000 permille).
+  A pod that may run anywhere then keeps off the models restricted pods depend on.
+
+Both added terms depend on one node's state and on the node set (the pressure is
+computed when the nodes or the workload change), so the per-shape cached scores of
+:class:`~engine.plugins.gpu.cache.CachedScore` stay valid. Everything is integer (the
+pressure an exact fraction floored to permille), so replay reproduces every decision.
+Quantised (``resolution: simulator``) as FGD's score; ties go to the smallest node name.
+Same args as GpuFragmentation; a target workload with ``memory`` per shape turns the
+memory terms on (a learned workload has none, and then only cpu counts).
+
+The look-ahead is the workload distribution only, never pods that have not arrived.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from fractions import Fraction
+from typing import Any, Final
+
+import numpy as np
+
+from engine.framework.handle import Handle
+from engine.model.devices import WHOLE
+from engine.model.pods import PodInfo
+from engine.model.resources import CPU, MEMORY
+from engine.model.state import ClusterState, Ints
+from engine.plugins.gpu.fgd import GpuFragmentation, pod_memory
+from engine.plugins.gpu.fragment import Resolved
+from engine.plugins.gpu.workload import pod_shape
+
+PERMILLE: Final = 1000
+_MIB_SHIFT: Final = 20
+"""Memory is compared in MiB, so products with milli-GPU sums stay within int64."""
+
+
+def stranded(shapes: Resolved, idle: Ints, cpu: Ints, memory: Ints) -> Ints:
+    """Per node, the idle milli-GPU its free ``cpu`` (and ``memory``, where the shapes
+    give memory) cannot feed at the GPU shapes' weighted cpu (memory) per milli-GPU."""
+    gpu = shapes.gpu
+    weight = shapes.weight[gpu]
+    gpu_sum = int((weight * shapes.milli[gpu] * shapes.cards[gpu]).sum())
+    cpu_sum = int((weight * shapes.cpu[gpu]).sum())
+    out: Ints = np.zeros(idle.shape[0], dtype=np.int64)
+    if not gpu_sum:
+        return out
+    if cpu_sum:
+        out = np.maximum(out, (idle * cpu_sum - cpu * gpu_sum) // cpu_sum)
+    mib_sum = int((weight * (shapes.memory[gpu] >> _MIB_SHIFT)).sum())
+    if mib_sum:
+        out = np.maximum(out, (idle * mib_sum - (memory >> _MIB_SHIFT) * gpu_sum) // mib_sum)
+    return out
+
+
+def model_pressure(shapes: Resolved, models: Ints, cards: Ints) -> Ints:
+    """Per model column (``shapes.allowed``'s: column 0 no model, c + 1 model code c),
+    the permille of its cards the restricted shapes are expected to need once the
+    cluster's capacity has arrived (capped at 1000). ``models``/``cards``: per slot."""
+    columns = shapes.allowed.shape[1]
+    capacity = np.zeros(columns, dtype=np.int64)
+    np.add.at(capacity, models + 1, cards * WHOLE)
+    demand = shapes.weight * shapes.milli * shapes.cards
+    total_demand = int(demand.sum())
+    out = np.zeros(columns, dtype=np.int64)
+    restricted = shapes.gpu & ~shapes.allowed.all(axis=1)
+    if not total_demand or not restricted.any():
+        return out
+    total_capacity = int(capacity.sum())
+    share = [Fraction(0)] * columns
+    for m in np.flatnonzero(restricted):
+        allowed = np.flatnonzero(shapes.allowed[m] & (capacity > 0))
+        reach = int(capacity[allowed].sum())
+        for code in allowed.tolist():
+            # demand spread by cards: each allowed card carries demand / reach
+            share[code] += Fraction(int(demand[m]), reach)
+    for column in range(columns):
+        need = share[column] * total_capacity * PERMILLE / total_demand
+        out[column] = min(PERMILLE, int(need))
+    return out
+
+
+class ShoalGpu(GpuFragmentation):
+    name = "ShoalGpu"
+    counts_memory = True
+
+    def __init__(self, args: Mapping[str, Any], where: str, handle: Handle | None = None) -> None:
+        super().__init__(args, where, handle)
+        self._pressure = np.zeros(0, dtype=np.int64)
+
+    def reset(self, state: ClusterState) -> None:
+        super().reset(state)
+        assert self._shapes is not None
+        slots = np.arange(state.capacity, dtype=np.int64)
+        self._pressure = model_pressure(self._shapes, self._models, state.cards.count[slots])
+
+    def stats(self) -> dict[str, int]:
+        return {**super().stats(), "pressured_models": int((self._pressure > 0).sum())}
+
+    def evaluate(self, pod: PodInfo, state: ClusterState, slots: Ints) -> tuple[Ints, Ints]:
+        shapes = self._shapes
+        assert shapes is not None
+        delta, card, idle = self.deltas(pod, state, slots)
+        cpu = state.free[CPU, slots]
+        memory = state.free[MEMORY, slots]
+        before = stranded(shapes, np.maximum(state.cards.free[slots], 0).sum(axis=1), cpu, memory)
+        after = stranded(
+            shapes,
+            np.maximum(idle, 0),
+            cpu - pod_shape(pod).cpu,
+            memory - (pod_memory(pod) if shapes.memory_aware else 0),
+        )
+        gpu = pod.gpu
+        milli = 0 if gpu is None else gpu.cards * (WHOLE if gpu.whole else gpu.need.milli)
+        pressure = self._pressure[self._models[slots] + 1]
+        total = int(shapes.weight.sum())
+        delta = delta + total * (after - before) + total * milli * pressure // PERMILLE
+        if self.exact:
+            # |ΔF| <= bound, and each added term is at most W * the node's milli-GPU
+            return 3 * shapes.bound - delta, card
+        return self.quantised(delta), card
