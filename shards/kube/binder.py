@@ -51,7 +51,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, TypeVar, cast
+from typing import Any, Final, TypeVar
 
 import aiohttp
 from kubernetes_asyncio import client
@@ -252,39 +252,37 @@ class KubeBinder:
             log.warning("record skipped partition=%d offset=%d: %s", self.partition, offset, reason)
         out: list[Envelope] = []
         applied = False
-        binding: list[Envelope] = []
-
-        async def flush() -> None:
-            # the bindings collected, sent together; each finished before anything after
-            # them in the log is applied
-            results = await asyncio.gather(
-                *(self._apply(env) for env in binding), return_exceptions=True
-            )
-            for env, caused in zip(binding, results, strict=True):
-                if isinstance(caused, BaseException):
-                    raise caused
-                out.extend(
-                    Envelope(event=e, time=self.clock(), causation=env.offset, producer="binder")
-                    for e in caused
-                )
-            binding.clear()
-
-        for env in records:
-            if isinstance(env.event, PositionRecorded):
-                continue
-            applied = applied or env.producer.startswith("shard-")
-            if self._independent(env, binding):
-                binding.append(env)
-                if len(binding) >= self.in_flight:
-                    await flush()
-                continue
-            await flush()
-            caused = await self._apply(env)
+        window = _Window(self.in_flight)
+        try:
+            for env in records:
+                event = env.event
+                if isinstance(event, PositionRecorded):
+                    continue
+                from_shard = env.producer.startswith("shard-")
+                applied = applied or from_shard
+                if self._independent(env, window):
+                    assert isinstance(event, PodBound)
+                    await window.room()
+                    window.start(env, event, self._apply(env))
+                elif (
+                    not from_shard
+                    and not (isinstance(event, PodRejected) and env.producer in _ADMISSION)
+                    and not (_subjects(event) & window.subjects)
+                ):
+                    # what a later decision needs (a uid, a node's cards), of no pod
+                    # or node being bound now: no need to wait for the bindings
+                    self._learn(event)
+                else:
+                    await window.settle()  # what came before is done first
+                    window.done(env, await self._apply(env))
+            await window.settle()
+        finally:
+            window.cancel()  # only left running if this poll failed or was cancelled
+        for env, caused in window.results():
             out.extend(
                 Envelope(event=e, time=self.clock(), causation=env.offset, producer="binder")
                 for e in caused
             )
-        await flush()
         due = await self._due()
         out.extend(Envelope(event=e, time=self.clock(), producer="binder") for e in due)
         if not records and not due:
@@ -308,15 +306,16 @@ class KubeBinder:
         self.position = position
         return sum(1 for e in out if not isinstance(e.event, PositionRecorded))
 
-    def _independent(self, env: Envelope, binding: list[Envelope]) -> bool:
-        """Whether ``env`` is a binding that may be sent with ``binding``: a shard's
-        ``PodBound`` onto a node no eviction holds, of a pod none of them binds."""
+    def _independent(self, env: Envelope, window: _Window) -> bool:
+        """Whether ``env`` is a binding that may be sent while the window's are in
+        flight: a shard's ``PodBound`` onto a node no eviction holds, of a pod none of
+        them binds."""
         event = env.event
         return (
             isinstance(event, PodBound)
             and env.producer.startswith("shard-")
             and not self.victims.holds(event.node)
-            and all(cast(PodBound, other.event).pod != event.pod for other in binding)
+            and event.pod not in window.subjects
         )
 
     async def run(self, stop: asyncio.Event, interval: float = 0.05) -> None:
@@ -635,3 +634,69 @@ def _message(exc: ApiException) -> str:
         except ValueError:
             return ""
     return ""
+
+
+class _Window:
+    """Bindings in flight, at most ``size``, each started as soon as there is room (not
+    in lockstep groups: one slow answer holds up nothing but its own slot), and every
+    result kept in log order."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.running: dict[asyncio.Task[list[Event]], tuple[str, str]] = {}
+        self.subjects: set[str] = set()
+        """The pods and nodes of the bindings in flight."""
+        self._results: list[tuple[Envelope, asyncio.Task[list[Event]] | list[Event]]] = []
+
+    def start(self, env: Envelope, event: PodBound, work: Awaitable[list[Event]]) -> None:
+        task = asyncio.ensure_future(work)
+        self.running[task] = (event.pod, event.node)
+        self.subjects.update((event.pod, event.node))
+        self._results.append((env, task))
+
+    def done(self, env: Envelope, caused: list[Event]) -> None:
+        self._results.append((env, caused))
+
+    async def room(self) -> None:
+        while len(self.running) >= self.size:
+            finished, _ = await asyncio.wait(self.running, return_when=asyncio.FIRST_COMPLETED)
+            self._forget(finished)
+
+    async def settle(self) -> None:
+        if self.running:
+            finished, _ = await asyncio.wait(self.running)
+            self._forget(finished)
+
+    def _forget(self, finished: set[asyncio.Task[list[Event]]]) -> None:
+        for task in finished:
+            del self.running[task]
+        self.subjects = {subject for both in self.running.values() for subject in both}
+
+    def cancel(self) -> None:
+        for task in self.running:
+            task.cancel()
+
+    def results(self) -> list[tuple[Envelope, list[Event]]]:
+        """Each record's events, in log order; a binding that failed raises here."""
+        out: list[tuple[Envelope, list[Event]]] = []
+        for env, result in self._results:
+            out.append((env, result.result() if isinstance(result, asyncio.Task) else result))
+        return out
+
+
+def _subjects(event: Event) -> set[str]:
+    """The pods and nodes whose binding an input's lesson could change."""
+    match event:
+        case PodSubmitted(pod=spec) | PodRouted(pod=spec):
+            return {spec.key}
+        case PodAdopted(placement=placement):
+            return {placement.pod.key}
+        case ReservationRequested(pods=specs):
+            return {spec.key for spec in specs}
+        case PodDeleted(pod=key) | PodSucceeded(pod=key) | PodFailed(pod=key):
+            return {key}
+        case NodeAdded(node=node) | NodeUpdated(node=node):
+            return {node.name}
+        case NodeRemoved(name=name):
+            return {name}
+    return set()

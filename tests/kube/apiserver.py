@@ -186,6 +186,11 @@ class FakeApiServer:
         etcd write); bindings in flight at once are counted in ``bindings_at_once``."""
         self.bindings_in_flight = 0
         self.bindings_at_once = 0
+        self.held_bindings: dict[str, int] = {}
+        """Pod name → bindings that must be done before its own is answered (at most
+        30 s): a slow answer."""
+        self.bound_order: list[str] = []
+        """Pods in the order their bindings were answered."""
         self.requests: list[tuple[str, str]] = []
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -546,7 +551,16 @@ class FakeApiServer:
         try:
             if self.binding_seconds:
                 await asyncio.sleep(self.binding_seconds)
-            return await self._bind(request)
+            name = request.match_info["name"]
+            if name in self.held_bindings:  # a slow answer: until others are bound
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + 30
+                while len(self.bound_order) < self.held_bindings[name] and loop.time() < deadline:
+                    await asyncio.sleep(0.01)
+            response = await self._bind(request)
+            if response.status == 201:
+                self.bound_order.append(name)
+            return response
         finally:
             self.bindings_in_flight -= 1
 

@@ -408,3 +408,26 @@ async def test_bindings_go_out_together_up_to_a_bound(
         assert apiserver.bindings_at_once == 1
     else:
         assert 1 < apiserver.bindings_at_once <= in_flight
+
+
+async def test_a_slow_binding_holds_up_only_its_own_slot(
+    apiserver: FakeApiServer, api: Any
+) -> None:
+    """Bindings are not sent in lockstep groups: while one waits for a slow answer (a
+    busy API server), the others go on through the remaining slots, and inputs between
+    decisions (ingest's records in the same partition) do not stop them either."""
+    names = [f"p{i}" for i in range(40)]
+    for name in names:
+        apiserver.put("Pod", pod(name))
+    apiserver.held_bindings["p0"] = len(names) - 1  # answered once all the others are
+    log = MemoryLog()
+    binder = KubeBinder(api, log, initial_backoff=0.01, in_flight=4)
+    records = []
+    for n in names:
+        records.append(Envelope(event=PodDeleted(pod=f"default/gone-{n}"), producer="ingest"))
+        records.append(decision(PodBound(pod=f"default/{n}", node="n1", decision_id=n, attempt=1)))
+    await log.append(records)
+    assert await binder.poll() == 0
+    assert binder.counters["bound"] == len(names)
+    assert apiserver.bound_order[-1] == "p0" and sorted(apiserver.bound_order) == sorted(names)
+    assert apiserver.bindings_at_once <= 4
