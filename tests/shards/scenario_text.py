@@ -157,3 +157,16 @@ metadata:
   annotations: {{shoal.io/arrive-at: "{at:g}"}}
 spec: {{minMember: {min_member}}}
 ---"""
+
+
+def rescheduler_config(args: str) -> str:
+    """A profile whose Rescheduler has ``args`` (a YAML flow mapping)."""
+    return f"""
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+profiles:
+- schedulerName: default-scheduler
+  pluginConfig:
+  - name: Rescheduler
+    args: {args}
+---"""

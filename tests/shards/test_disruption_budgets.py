@@ -23,6 +23,7 @@ from shards.simulate import simulate
 from shards.worker import ShardWorker
 from tests.shards.coordinator_kit import shoal
 from tests.shards.scenario_text import gpu_node, gpu_pod
+from tests.shards.test_rescheduler import defrag_config
 
 SHARDS = (1, 2, 4)
 
@@ -162,19 +163,6 @@ def test_preemption_still_evicts_when_every_candidate_breaks_a_budget(
     assert data["pods"]["default/high"]["phase"] == "Bound"
 
 
-def defrag_config(per_minute: int) -> str:
-    return f"""
-apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-profiles:
-- schedulerName: default-scheduler
-  pluginConfig:
-  - name: Rescheduler
-    args:
-      defragmentation: {{movesPerMinute: {per_minute}, movesPerNodePerMinute: 4}}
----"""
-
-
 @pytest.mark.parametrize(
     ("shards", "max_unavailable", "moved"),
     # at several shards a shard defragments its own machines and cannot count a budget
@@ -188,7 +176,7 @@ def test_defragmentation_keeps_within_disruption_budgets(
     max_unavailable: int,
     moved: int,
 ) -> None:
-    text = defrag_config(10) + budget("s", "s", max_unavailable=max_unavailable)
+    text = defrag_config(10, 4) + budget("s", "s", max_unavailable=max_unavailable)
     text += gpu_node("spare", 8) + gpu_node("busy", 8)
     text += gpu_pod("small-0", cards=1, on="spare", labels={"app": "s"})
     text += gpu_pod("small-1", cards=1, on="spare", labels={"app": "s"})

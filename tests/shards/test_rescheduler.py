@@ -16,7 +16,7 @@ import pytest
 
 from shards.cli import main
 from tests.shards.coordinator_kit import shoal
-from tests.shards.scenario_text import gpu_node, pod_group
+from tests.shards.scenario_text import gpu_node, pod_group, rescheduler_config
 from tests.shards.scenario_text import gpu_pod as _gpu_pod
 
 SHARDS = (1, 2, 4)
@@ -31,15 +31,7 @@ def podgroup(name: str, min_member: int) -> str:
 
 
 def max_moves(moves: int) -> str:
-    return f"""
-apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-profiles:
-- schedulerName: default-scheduler
-  pluginConfig:
-  - name: Rescheduler
-    args: {{maxMoves: {moves}}}
----"""
+    return rescheduler_config(f"{{maxMoves: {moves}}}")
 
 
 def run(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, shards: int) -> Any:
@@ -166,16 +158,9 @@ def test_a_pod_that_fits_is_placed_without_moves(
 
 
 def defrag_config(per_minute: int, per_node: int = 2) -> str:
-    return f"""
-apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-profiles:
-- schedulerName: default-scheduler
-  pluginConfig:
-  - name: Rescheduler
-    args:
-      defragmentation: {{movesPerMinute: {per_minute}, movesPerNodePerMinute: {per_node}}}
----"""
+    return rescheduler_config(
+        f"{{defragmentation: {{movesPerMinute: {per_minute}, movesPerNodePerMinute: {per_node}}}}}"
+    )
 
 
 @pytest.mark.parametrize("shards", (1, 2))

@@ -10,21 +10,13 @@ from typing import Any
 import pytest
 
 from tests.shards.coordinator_kit import shoal
-from tests.shards.scenario_text import gpu_node, gpu_pod, pod_group
+from tests.shards.scenario_text import gpu_node, gpu_pod, pod_group, rescheduler_config
 
 SHARDS = (1, 2, 4)
 
 
 def max_moves(moves: int) -> str:
-    return f"""
-apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-profiles:
-- schedulerName: default-scheduler
-  pluginConfig:
-  - name: Rescheduler
-    args: {{maxMoves: {moves}}}
----"""
+    return rescheduler_config(f"{{maxMoves: {moves}}}")
 
 
 def waiting_gang(third: str = "node3", **b_args: Any) -> str:
