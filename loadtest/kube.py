@@ -261,16 +261,17 @@ def cpu_seconds(pid: int) -> float:
 def machine_busy() -> tuple[float, float]:
     """(busy, total) CPU seconds of the whole machine so far, from ``/proc/stat``."""
     with open("/proc/stat") as f:
-        fields = [int(v) for v in f.readline().split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    total = sum(fields[:8])  # guest time is already counted in user time
-    return (total - idle) / CLK_TCK, total / CLK_TCK
+        fields = [int(v) for v in f.readline().split()[1:]] + [0] * 8
+    # user, nice, system, irq, softirq, steal: each only grows (iowait can go back)
+    busy = sum(fields[i] for i in (0, 1, 2, 5, 6, 7))
+    return busy / CLK_TCK, (busy + fields[3] + fields[4]) / CLK_TCK
 
 
 def busy_cores(before: tuple[float, float], after: tuple[float, float]) -> float:
     """How many of the machine's cores were busy, on average, between two readings."""
     busy, total = after[0] - before[0], after[1] - before[1]
-    return (os.cpu_count() or 1) * busy / total if total > 0 else 0.0
+    cores = os.cpu_count() or 1
+    return min(max(cores * busy / total, 0.0), float(cores)) if total > 0 else 0.0
 
 
 def percentile(values: list[float], q: float) -> float:

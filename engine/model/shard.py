@@ -472,8 +472,11 @@ class ShardModel:
         return self.release(key) if key in self.pods else None
 
     def wake(self, key: str) -> None:
-        """``key`` changed: settle again whatever waits on it."""
-        waiting = self.dependents.pop(key, None)
+        """``key`` changed: settle again whatever waits on it. What waits stays
+        registered (until ``key`` is forgotten): settling a unit again registers it again,
+        and a pass that changes nothing else is not in the log, so replay could not
+        register it again."""
+        waiting = self.dependents.get(key)
         if waiting:
             self.dirty.update(waiting)
 

@@ -28,6 +28,7 @@ from engine.model.groups import SCHEDULED
 from engine.model.pods import PodInfo
 from engine.model.state import Bools, ClusterState
 from engine.model.statement import Statement
+from events.types import PodSpec
 
 MIGRATABLE: Final = "shoal.io/migratable"
 MAX_COMBINATIONS: Final = 4096
@@ -44,10 +45,23 @@ class Plan:
 
 
 def _may_move(handle: Handle, info: PodInfo, key: str, pod: PodInfo) -> bool:
+    spec = info.spec
     return (
         key in handle.started
         and info.priority <= pod.priority
-        and info.spec.annotations.get(MIGRATABLE, "").lower() != "false"
+        and spec.annotations.get(MIGRATABLE, "").lower() != "false"
+        and not _placement_rules(spec)
+    )
+
+
+def _placement_rules(spec: PodSpec) -> bool:
+    """Whether a pod has required rules about the pods around it (inter-pod affinity or
+    anti-affinity, a DoNotSchedule spread): such a pod is not moved, since where it
+    may go can change with every other move of the same plan."""
+    return bool(
+        spec.pod_affinity
+        or spec.pod_anti_affinity
+        or any(c.when_unsatisfiable == "DoNotSchedule" for c in spec.spread_constraints)
     )
 
 
