@@ -14,11 +14,27 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from engine.extenders import ExtenderConfig, parse_extenders
+from engine.foreign import (
+    EXTENSION_POINTS,
+    EXTRA_POINTS,
+    SHOAL_POINTS,
+    GangArgs,
+    gang_args,
+    plugin_args,
+    resolve,
+)
 from engine.model.retention import RETENTION_SECONDS
 from engine.model.topology import Topology, parse_topology
 from events.errors import InputError
 
-API_VERSIONS: Final = ("kubescheduler.config.k8s.io/v1", "kubescheduler.config.k8s.io/v1beta3")
+API_VERSIONS: Final = (
+    "kubescheduler.config.k8s.io/v1",
+    "kubescheduler.config.k8s.io/v1beta3",
+    "kubescheduler.config.k8s.io/v1beta2",
+    "kubescheduler.config.k8s.io/v1beta1",
+)
+"""The versions kube-scheduler and scheduler-plugins have documented; their profiles
+have one shape (v1beta1 and v1beta2 lack ``multiPoint``, which shoal reads anyway)."""
 KIND: Final = "KubeSchedulerConfiguration"
 DEFAULT_SCHEDULER: Final = "default-scheduler"
 MAX_SECONDS: Final = 100_000_000
@@ -28,7 +44,9 @@ nanoseconds; bounded durations keep every sum of a few of them far inside that."
 MAX_DOCUMENT_NODES: Final = 100_000
 """The most values (mappings, lists and scalars) a configuration document may hold."""
 _INT64: Final = (-(2**63), 2**63 - 1)
-POINTS: Final = ("preFilter", "filter", "postFilter", "preScore", "score", "reserve", "permit")
+POINTS: Final = SHOAL_POINTS
+"""The extension points shoal runs plugins at; at kube-scheduler's others (preEnqueue,
+queueSort, preBind, bind, postBind) shoal does the work itself (:mod:`engine.foreign`)."""
 
 DEFAULT_PLUGINS: Final[dict[str, tuple[tuple[str, int], ...]]] = {
     "preFilter": (("ElasticQuota", 0), ("Coscheduling", 0)),
@@ -92,9 +110,12 @@ class PluginRef:
 class ProfileConfig:
     scheduler_name: str = DEFAULT_SCHEDULER
     points: Mapping[str, tuple[PluginRef, ...]] = field(default_factory=dict)
-    multi_point: tuple[str, ...] = ()
-    """Plugins enabled through ``multiPoint``: placed at every point they implement."""
+    multi_point: tuple[PluginRef, ...] = ()
+    """Plugins enabled through ``multiPoint``: placed at every point they implement
+    (the weight is a score plugin's)."""
     args: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    gang: GangArgs = field(default_factory=GangArgs)
+    """scheduler-plugins' ``CoschedulingArgs`` of the profile."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +135,22 @@ class SchedulerConfig:
     """HTTP extenders (:mod:`engine.extenders`), asked by the runtime between passes."""
     warnings: tuple[str, ...] = field(default=(), compare=False)
     """Fields accepted but not acted on, each naming the field."""
+
+    @property
+    def reservation_timeout_seconds(self) -> int | None:
+        """Coscheduling's ``permitWaitingTimeSeconds`` (the least any profile states):
+        the coordinator's reservation time-out (None: the ``ShardingConfiguration``'s)."""
+        stated = [
+            p.gang.permit_waiting_seconds
+            for p in self.profiles
+            if p.gang.permit_waiting_seconds is not None
+        ]
+        return min(stated) if stated else None
+
+    @property
+    def group_backoff_seconds(self) -> int:
+        """Coscheduling's ``podGroupBackoffSeconds`` (the most any profile states)."""
+        return max((p.gang.backoff_seconds for p in self.profiles), default=0)
 
 
 NOT_ACTED: Final[dict[str, str]] = {
@@ -157,7 +194,7 @@ def _expect(value: Any, kind: type | tuple[type, ...], what: str, where: str) ->
     return value
 
 
-def _plugin_list(raw: Any, where: str) -> list[PluginRef]:
+def _plugin_list(raw: Any, where: str) -> list[tuple[str, int]]:
     if raw is None:
         return []
     _expect(raw, list, "a list of {name, weight}", where)
@@ -171,8 +208,28 @@ def _plugin_list(raw: Any, where: str) -> list[PluginRef]:
         weight = item.get("weight", 0)
         if not isinstance(weight, int) or isinstance(weight, bool) or not 0 <= weight <= 100:
             raise InputError(f"weight must be an integer 0..100, got {weight!r}", location=loc)
-        out.append(PluginRef(name, weight))
+        out.append((name, weight))
     return out
+
+
+def _refs(section: Any, point: str, where: str, warnings: list[str]) -> tuple[list[PluginRef], ...]:
+    """The (enabled, disabled) plugins of one extension point's section, as shoal's
+    (:func:`engine.foreign.resolve`)."""
+    loc = f"{where}.{point}"
+    _expect(section, dict, "a mapping with enabled/disabled", loc)
+    return tuple(
+        [
+            PluginRef(name, weight)
+            for name, weight in resolve(
+                _plugin_list(section.get(key), f"{loc}.{key}"),
+                point,
+                f"{loc}.{key}",
+                warnings,
+                disabled=key == "disabled",
+            )
+        ]
+        for key in ("enabled", "disabled")
+    )
 
 
 def _merge(
@@ -190,7 +247,9 @@ def _merge(
     return tuple(current)
 
 
-def parse_profile(raw: Any, where: str) -> ProfileConfig:
+def parse_profile(raw: Any, where: str, warnings: list[str] | None = None) -> ProfileConfig:
+    """One profile; what it names that shoal does not act on is added to ``warnings``."""
+    warnings = [] if warnings is None else warnings
     _expect(raw, dict, "a mapping", where)
     unknown = set(raw) - {"schedulerName", "plugins", "pluginConfig", *PROFILE_NOT_ACTED}
     if unknown:
@@ -200,48 +259,58 @@ def parse_profile(raw: Any, where: str) -> ProfileConfig:
     plugins = raw.get("plugins") or {}
     _expect(plugins, dict, "a mapping of extension points", f"{where}.plugins")
     for point in plugins:
-        if point != "multiPoint" and point not in POINTS:
+        if point != "multiPoint" and point not in EXTENSION_POINTS:
             raise InputError(
-                f"unknown extension point {point!r} (one of multiPoint, {', '.join(POINTS)})",
+                f"unknown extension point {point!r} "
+                f"(one of multiPoint, {', '.join(EXTENSION_POINTS)})",
                 location=f"{where}.plugins",
             )
     base = {point: default_profile().points[point] for point in POINTS}
-    multi = plugins.get("multiPoint") or {}
-    _expect(multi, dict, "a mapping with enabled/disabled", f"{where}.plugins.multiPoint")
-    multi_off = _plugin_list(multi.get("disabled"), f"{where}.plugins.multiPoint.disabled")
-    multi_on = _plugin_list(multi.get("enabled"), f"{where}.plugins.multiPoint.enabled")
+    loc = f"{where}.plugins"
+    multi_on, multi_off = _refs(plugins.get("multiPoint") or {}, "multiPoint", loc, warnings)
     if multi_off:
         base = {point: _merge(refs, [], multi_off) for point, refs in base.items()}
     points: dict[str, tuple[PluginRef, ...]] = {}
     for point in POINTS:
-        section = plugins.get(point) or {}
-        loc = f"{where}.plugins.{point}"
-        _expect(section, dict, "a mapping with enabled/disabled", loc)
-        points[point] = _merge(
-            base[point],
-            _plugin_list(section.get("enabled"), f"{loc}.enabled"),
-            _plugin_list(section.get("disabled"), f"{loc}.disabled"),
-        )
+        enabled, disabled = _refs(plugins.get(point) or {}, point, loc, warnings)
+        points[point] = _merge(base[point], enabled, disabled)
+    for point in EXTRA_POINTS:
+        enabled, _ = _refs(plugins.get(point) or {}, point, loc, warnings)
+        if enabled:
+            raise InputError(
+                f"plugin {enabled[0].name!r} cannot run at {point}: shoal runs no plugins "
+                f"there (its queue order, scheduling gates and binding are its own)",
+                location=f"{loc}.{point}.enabled",
+            )
     args: dict[str, Mapping[str, Any]] = {}
+    gang = GangArgs()
     config = raw.get("pluginConfig") or []
     _expect(config, list, "a list of {name, args}", f"{where}.pluginConfig")
+    seen: set[str] = set()
     for i, item in enumerate(config):
         loc = f"{where}.pluginConfig[{i}]"
         _expect(item, dict, "a mapping with name and args", loc)
         pname = item.get("name")
         if not isinstance(pname, str) or not pname:
             raise InputError("needs a plugin name", location=loc)
-        if pname in args:
+        if pname in seen:
             raise InputError(f"duplicate pluginConfig for {pname!r}", location=loc)
+        seen.add(pname)
         pargs = item.get("args") or {}
         _expect(pargs, dict, "a mapping", f"{loc}.args")
         pargs = {k: v for k, v in pargs.items() if k not in ("apiVersion", "kind")}
-        args[pname] = pargs
+        if pname == "Coscheduling":
+            gang = gang_args(pargs, f"{loc}.args", warnings, MAX_SECONDS)
+            continue
+        kept = plugin_args(pname, pargs, f"{loc}.args", warnings)
+        if kept is not None:
+            args[pname] = kept
     return ProfileConfig(
         scheduler_name=name,
         points=points,
-        multi_point=tuple(ref.name for ref in multi_on),
+        multi_point=tuple(multi_on),
         args=args,
+        gang=gang,
     )
 
 
@@ -281,6 +350,23 @@ def _plain(raw: Mapping[str, Any], where: str) -> None:
             )
 
 
+def _gang_differences(profiles: tuple[ProfileConfig, ...], where: str) -> list[str]:
+    """A warning for each Coscheduling arg that profiles state differently: shoal keeps
+    one reservation time-out and one gang back-off for every profile."""
+    out = []
+    for key, attr, rule in (
+        ("permitWaitingTimeSeconds", "permit_waiting_seconds", "the least"),
+        ("podGroupBackoffSeconds", "backoff_seconds", "the most"),
+    ):
+        values = {getattr(p.gang, attr) for p in profiles} - {None}
+        if len(values) > 1:
+            out.append(
+                f"{where}.profiles: Coscheduling's {key} differs between profiles "
+                f"({', '.join(map(str, sorted(values)))}); shoal applies {rule} to every gang"
+            )
+    return out
+
+
 def parse_config(raw: Any, where: str = "config") -> SchedulerConfig:
     """Validate a ``KubeSchedulerConfiguration`` document (already parsed from YAML)."""
     _expect(raw, dict, "a KubeSchedulerConfiguration mapping", where)
@@ -297,7 +383,12 @@ def parse_config(raw: Any, where: str = "config") -> SchedulerConfig:
     _plain(raw, where)
     raw_profiles = raw.get("profiles") or [{}]
     _expect(raw_profiles, list, "a list of profiles", f"{where}.profiles")
-    profiles = tuple(parse_profile(p, f"{where}.profiles[{i}]") for i, p in enumerate(raw_profiles))
+    profile_warnings: list[str] = []
+    profiles = tuple(
+        parse_profile(p, f"{where}.profiles[{i}]", profile_warnings)
+        for i, p in enumerate(raw_profiles)
+    )
+    profile_warnings += _gang_differences(profiles, where)
     seen: set[str] = set()
     for i, profile in enumerate(profiles):
         if profile.scheduler_name in seen:
@@ -344,6 +435,7 @@ def parse_config(raw: Any, where: str = "config") -> SchedulerConfig:
             for key, why in PROFILE_NOT_ACTED.items()
             if key in profile
         ),
+        *(w.removeprefix(".") for w in profile_warnings),
         *warnings,
     )
     return SchedulerConfig(

@@ -51,7 +51,7 @@ def named_in(config: SchedulerConfig | None) -> list[str]:
     for profile in config.profiles:
         for refs in profile.points.values():
             names.update((ref.name, None) for ref in refs)
-        names.update((name, None) for name in profile.multi_point)
+        names.update((ref.name, None) for ref in profile.multi_point)
         names.update((name, None) for name in profile.args)
     return list(names)
 

@@ -120,10 +120,10 @@ class Framework:
         chosen: dict[str, list[tuple[Plugin, int]]] = {}
         for point, proto in _PROTOCOLS.items():
             entries = [(get(ref.name), ref.weight) for ref in profile.points.get(point, ())]
-            for name in profile.multi_point:
-                plugin = get(name)
-                if isinstance(plugin, proto) and all(p.name != name for p, _ in entries):
-                    entries.append((plugin, 1))
+            for ref in profile.multi_point:
+                plugin = get(ref.name)
+                if isinstance(plugin, proto) and all(p.name != ref.name for p, _ in entries):
+                    entries.append((plugin, ref.weight or 1))
             for plugin, _ in entries:
                 if not isinstance(plugin, proto):
                     raise InputError(
