@@ -56,6 +56,7 @@ class Engine(ShardModel):
             retention_seconds=config.retention_seconds,
         )
         self.config = config
+        self.queue.group_backoff = config.group_backoff_seconds * SECOND
         self._registry = registry or builtin_registry()
         self.profiles = Profiles(config, self._registry, self)
         self.hints = self.profiles
@@ -136,6 +137,7 @@ class Engine(ShardModel):
         self.profiles = self.hints = Profiles(config, self._registry, self)
         self.queue.initial_backoff = config.initial_backoff_seconds * SECOND
         self.queue.max_backoff = config.max_backoff_seconds * SECOND
+        self.queue.group_backoff = config.group_backoff_seconds * SECOND
         self.retired.window = config.retention_seconds * SECOND
 
     def sharded(self, event: ShardingConfigured) -> None:

@@ -2,7 +2,7 @@
 
 - *active*: a heap ordered by priority (high first), then arrival order, then name;
 - *back-off*: pods that may be retried once their back-off expires (simulated time),
-  ``initial * 2**(attempts-1)`` capped at ``maximum``;
+  ``initial * 2**(attempts-1)`` capped at ``maximum`` (a gang: at least ``group_backoff``);
 - *unschedulable*: pods whose last attempt failed, parked until a cluster event that
   one of the rejecting plugins declared (``events()``, refined by ``worth_retrying``)
   arrives. There is no polling: a pod nobody can help stays parked, with its reason.
@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from itertools import islice
 
 from engine.model.changes import ClusterEvent
+from engine.model.groups import is_group_unit
 from events.types import SECOND
 
 
@@ -62,6 +63,8 @@ class SchedulingQueue:
     def __init__(self, initial_backoff_seconds: int = 1, max_backoff_seconds: int = 10) -> None:
         self.initial_backoff = initial_backoff_seconds * SECOND
         self.max_backoff = max_backoff_seconds * SECOND
+        self.group_backoff = 0
+        """The least back-off of a gang (Coscheduling's ``podGroupBackoffSeconds``)."""
         self._entries: dict[str, _Entry] = {}
         self._active: dict[str, list[tuple[int, int, str, int]]] = {}
         self._backoff: list[tuple[int, int, str, int]] = []
@@ -191,6 +194,8 @@ class SchedulingQueue:
         (the pod's equivalence class) lets similar pods share hints and wake-ups."""
         self.remove(key)
         backoff = min(self.initial_backoff << max(attempts - 1, 0), self.max_backoff)
+        if is_group_unit(key):
+            backoff = max(backoff, self.group_backoff)
         entry = _Entry(
             "unschedulable",
             self._next_generation(),

@@ -43,6 +43,7 @@ from engine.model.reservations import decision_id
 from engine.model.state import Bools, request_delta
 from engine.refusals import CHECKED, MAX_TIME, refused
 from events.types import (
+    SECOND,
     BindFailed,
     ClockTicked,
     DisruptionBudgetDeleted,
@@ -201,11 +202,19 @@ class Coordinator:
         self.seq += 1
         return self.seq
 
+    @property
+    def reservation_timeout(self) -> int:
+        """How long a reservation may hold capacity before it commits: Coscheduling's
+        ``permitWaitingTimeSeconds`` where the configuration states it, else the
+        sharding's ``reservationTimeoutSeconds``."""
+        stated = self.engine.config.reservation_timeout_seconds
+        return self.sharding.reservation_timeout if stated is None else stated * SECOND
+
     def expiry(self) -> int:
-        return self.now + self.sharding.reservation_timeout
+        return self.now + self.reservation_timeout
 
     def fresh(self, since: int) -> bool:
-        return self.now < since + self.sharding.reservation_timeout
+        return self.now < since + self.reservation_timeout
 
     def flights_under_way(self) -> bool:
         """Handed units not answered (and not so old that their shard is presumed
@@ -732,7 +741,7 @@ class Coordinator:
     def next_wakeup(self) -> int | None:
         """When a pass would act without new records: the view's next back-off or
         group time-out, or a time-out of what the shards were asked."""
-        timeout = self.sharding.reservation_timeout
+        timeout = self.reservation_timeout
         times = [c.since + timeout for c in self.claims.values() if c.stage == PREPARING]
         times.extend(f.since + timeout for f in self.flights.values())
         times.extend(since + timeout for since, _ in self.nominated.values())
