@@ -112,7 +112,10 @@ class ProfileConfig:
     points: Mapping[str, tuple[PluginRef, ...]] = field(default_factory=dict)
     multi_point: tuple[PluginRef, ...] = ()
     """Plugins enabled through ``multiPoint``: placed at every point they implement
-    (the weight is a score plugin's)."""
+    (the weight is a score plugin's), except where :attr:`multi_point_off` says."""
+    multi_point_off: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    """Point → the names disabled there (``*``: all), which ``multiPoint`` does not
+    place there either (kube-scheduler's rule)."""
     args: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     gang: GangArgs = field(default_factory=GangArgs)
     """scheduler-plugins' ``CoschedulingArgs`` of the profile."""
@@ -271,9 +274,12 @@ def parse_profile(raw: Any, where: str, warnings: list[str] | None = None) -> Pr
     if multi_off:
         base = {point: _merge(refs, [], multi_off) for point, refs in base.items()}
     points: dict[str, tuple[PluginRef, ...]] = {}
+    excluded: dict[str, frozenset[str]] = {}
     for point in POINTS:
         enabled, disabled = _refs(plugins.get(point) or {}, point, loc, warnings)
         points[point] = _merge(base[point], enabled, disabled)
+        if disabled:
+            excluded[point] = frozenset(ref.name for ref in disabled)
     for point in EXTRA_POINTS:
         enabled, _ = _refs(plugins.get(point) or {}, point, loc, warnings)
         if enabled:
@@ -309,6 +315,7 @@ def parse_profile(raw: Any, where: str, warnings: list[str] | None = None) -> Pr
         scheduler_name=name,
         points=points,
         multi_point=tuple(multi_on),
+        multi_point_off=excluded,
         args=args,
         gang=gang,
     )

@@ -120,7 +120,10 @@ class Framework:
         chosen: dict[str, list[tuple[Plugin, int]]] = {}
         for point, proto in _PROTOCOLS.items():
             entries = [(get(ref.name), ref.weight) for ref in profile.points.get(point, ())]
+            off = profile.multi_point_off.get(point, frozenset())
             for ref in profile.multi_point:
+                if ref.name in off or "*" in off:
+                    continue
                 plugin = get(ref.name)
                 if isinstance(plugin, proto) and all(p.name != ref.name for p, _ in entries):
                     entries.append((plugin, ref.weight or 1))

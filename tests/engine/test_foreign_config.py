@@ -191,7 +191,6 @@ def test_profiles_that_differ_on_coscheduling_args_share_the_strictest() -> None
             {"plugins": {"bind": {"enabled": refs("NodeResourcesFit")}}},
             r"plugins\.bind\.enabled: plugin 'NodeResourcesFit' cannot run at bind",
         ),
-        ({"plugins": {"sideways": {}}}, "unknown extension point 'sideways'"),
     ],
 )
 def test_what_no_project_has_is_still_refused(profile: dict[str, Any], message: str) -> None:
@@ -209,6 +208,22 @@ def test_a_multipoint_weight_is_the_score_weight() -> None:
     raw = config({"plugins": {"multiPoint": {"enabled": [{"name": "GpuPacking", "weight": 4}]}}})
     fw = framework(raw)
     assert ("GpuPacking", 4) in [(s.plugin.name, s.weight) for s in fw.scores]
+
+
+@pytest.mark.parametrize("disabled", ["GpuPacking", "*"])
+def test_a_point_that_disables_a_multipoint_plugin_does_not_run_it(disabled: str) -> None:
+    """kube-scheduler's rule (the NodeResourceTopologyMatch manifest relies on it):
+    ``multiPoint`` places a plugin at each point it implements, but where that point
+    disables it, by name or with ``*``."""
+    raw = config(
+        {
+            "plugins": {
+                "multiPoint": {"enabled": refs("GpuPacking")},
+                "score": {"disabled": refs(disabled)},
+            }
+        }
+    )
+    assert "GpuPacking" not in [s.plugin.name for s in framework(raw).scores]
 
 
 SECTIONS = st.lists(
