@@ -5,7 +5,9 @@ naming what is wrong; an empty list means the text is sound. The tests run them 
 every page, and over bad samples to show that they catch what they should.
 
 - ``yaml`` blocks parse as multi-document YAML, ``json`` blocks as JSON, ``toml`` as
-  TOML, ``python`` blocks compile;
+  TOML, ``python`` blocks compile; a ``yaml`` block whose documents are all kinds a
+  scenario holds (Nodes, Pods, PodGroups, a ``KubeSchedulerConfiguration``...) is read
+  by shoal's scenario loader, as ``shoal simulate`` reads it;
 - in ``sh`` blocks, every ``shoal`` command line (``shoal``, ``.venv/bin/shoal``, after
   any ``VAR=value``) is accepted by shoal's own argument parser: a real subcommand with
   real options; ``./dev`` names one of its commands;
@@ -25,12 +27,16 @@ import io
 import json
 import re
 import shlex
+import tempfile
 import tomllib
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+from events.errors import ShoalError
+from shards.inputs.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -113,6 +119,49 @@ def check_yaml(text: str) -> list[str]:
         list(yaml.safe_load_all(text))
     except yaml.YAMLError as exc:
         return [f"YAML does not parse: {' '.join(str(exc).split())}"]
+    return []
+
+
+SCENARIO_KINDS = {
+    "Node",
+    "Pod",
+    "List",
+    "PriorityClass",
+    "KubeSchedulerConfiguration",
+    "ShardingConfiguration",
+    "PodGroup",
+    "ElasticQuota",
+    "Workload",
+    "PodDisruptionBudget",
+    "Deployment",
+    "ReplicaSet",
+    "StatefulSet",
+    "DaemonSet",
+    "Job",
+    "Topology",
+    "HyperNode",
+}
+
+
+def check_scenario(text: str) -> list[str]:
+    """A block of scenario kinds only is read as ``shoal simulate`` reads a file (any
+    other block, a kustomization or a fragment, is left to ``check_yaml``)."""
+    try:
+        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError:
+        return []  # check_yaml says so
+    if not documents or not all(
+        isinstance(d, dict) and "apiVersion" in d and d.get("kind") in SCENARIO_KINDS
+        for d in documents
+    ):
+        return []
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "block.yaml"
+        path.write_text(text)
+        try:
+            load_scenario([str(path)])
+        except ShoalError as exc:
+            return [f"shoal refuses it as a scenario: {exc}".replace(str(path), "block")]
     return []
 
 
@@ -285,8 +334,8 @@ def check_page(
     problems = [f"{name}: {p}" for p in check_links(text, page)]
     problems += [f"{name}: {p}" for p in check_paths(text, root)]
     checks = {
-        "yaml": check_yaml,
-        "yml": check_yaml,
+        "yaml": lambda text: check_yaml(text) + check_scenario(text),
+        "yml": lambda text: check_yaml(text) + check_scenario(text),
         "json": check_json,
         "toml": check_toml,
         "python": check_python,

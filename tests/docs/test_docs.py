@@ -16,6 +16,7 @@ from tests.docs.blocks import (
     check_links,
     check_page,
     check_paths,
+    check_scenario,
     check_shell,
     check_yaml,
     code_blocks,
@@ -79,6 +80,17 @@ def test_bad_yaml_and_json_are_caught() -> None:
     assert check_yaml("a: 1\n---\nb: [2\n") != []
     assert check_json('{"a": 1}') == []
     assert check_json('{"a": 1,}') != []
+
+
+def test_scenario_blocks_are_read_as_shoal_reads_them() -> None:
+    group = "apiVersion: scheduling.x-k8s.io/v1alpha1\nkind: PodGroup\nmetadata: {{name: g}}\nspec: {{minMember: {}}}\n"
+    assert check_scenario(group.format(2)) == []
+    assert check_scenario(group.format(0)) != []  # minMember must be at least 1
+    # not a scenario (a kustomization, a fragment): left to the YAML check
+    assert (
+        check_scenario("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n") == []
+    )
+    assert check_scenario("topology:\n  levels: []\n") == []
 
 
 def test_shell_lines_are_split_into_commands() -> None:
