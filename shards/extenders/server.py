@@ -226,8 +226,13 @@ class ExtenderServer:
         records are appended even when the request is given up meanwhile."""
         task = asyncio.ensure_future(self._judge(work))
         self._running.add(task)
-        task.add_done_callback(self._running.discard)
+        task.add_done_callback(self._finished)
         return await asyncio.shield(task)
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        self._running.discard(task)
+        if not task.cancelled():
+            task.exception()  # its request (if still there) says what it was
 
     async def _judge(self, work: Callable[[], T]) -> T:
         async with self._lock:
