@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import ssl
 import sys
 
 from aiohttp import web
@@ -23,6 +24,7 @@ from events.types import (
 )
 from shards.bus import open_bus
 from shards.commands import EXIT_MISMATCH
+from shards.extenders.access import Access, check_exposure, read_token, server_context
 from shards.extenders.core import ExtenderCore, verify
 from shards.extenders.server import GANG_WAIT, MAX_BODY, Binder, ExtenderServer, record_only
 from shards.inputs.scenario import load_config, load_scenario
@@ -53,7 +55,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=GANG_WAIT,
         help=f"seconds a gang member's bind waits for the rest of its gang ({GANG_WAIT:g})",
     )
-    parser.add_argument("--max-body", type=int, default=MAX_BODY, help="largest request, bytes")
+    parser.add_argument(
+        "--max-body", type=int, default=MAX_BODY, help=f"largest request, bytes ({MAX_BODY})"
+    )
+    parser.add_argument(
+        "--tls-cert", help="serve HTTPS with this certificate (PEM; with --tls-key)"
+    )
+    parser.add_argument("--tls-key", help="the private key of --tls-cert (PEM)")
+    parser.add_argument(
+        "--client-ca",
+        help="CA bundle (PEM): callers must present a client certificate it signed (mTLS)",
+    )
+    parser.add_argument(
+        "--token-file", help="callers must send 'Authorization: Bearer <the file's token>'"
+    )
+    parser.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help="serve a non-loopback --listen address without --client-ca or --token-file",
+    )
     parser.add_argument(
         "--verify", metavar="LOG", help="derive every answer in LOG again and compare; exit"
     )
@@ -64,6 +84,27 @@ def _listen(text: str) -> tuple[str, int]:
     if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise InputError(f"must be HOST:PORT, got {text!r}", location="--listen")
     return host, int(port)
+
+
+def _access(args: argparse.Namespace, host: str) -> tuple[Access, ssl.SSLContext | None]:
+    """Who may call the verbs, and the TLS of the socket (:mod:`shards.extenders.access`)."""
+    if args.max_body < 1:
+        raise InputError(
+            f"must be a positive number of bytes, got {args.max_body}", location="--max-body"
+        )
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise InputError("--tls-cert and --tls-key go together", location="--tls-cert")
+    if args.client_ca and not args.tls_cert:
+        raise InputError(
+            "client certificates need TLS: give --tls-cert and --tls-key", location="--client-ca"
+        )
+    tls = server_context(args.tls_cert, args.tls_key, args.client_ca) if args.tls_cert else None
+    token = read_token(args.token_file) if args.token_file else b""
+    access = Access(token=token, client_certs=bool(args.client_ca))
+    warning = check_exposure(host, access, tls is not None, args.allow_unauthenticated)
+    if warning:
+        print(f"shoal: warning: {warning}", file=sys.stderr)
+    return access, tls
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -82,6 +123,7 @@ async def run(args: argparse.Namespace) -> int:
         print(f"verified: {answers} answers match the log")
         return 0
     host, port = _listen(args.listen)
+    access, tls = _access(args, host)
     core = ExtenderCore(config)
     if args.objects:
         scenario = load_scenario(args.objects)
@@ -105,23 +147,27 @@ async def run(args: argparse.Namespace) -> int:
 
         api = await api_client(host=args.host, kubeconfig=args.kubeconfig)
         binder = kube_binder(kube.CoreV1Api(api))
-    server = ExtenderServer(core, log, binder=binder, gang_wait=args.gang_wait)
+    server = ExtenderServer(
+        core, log, binder=binder, gang_wait=args.gang_wait, access=access, max_body=args.max_body
+    )
     records = core.take()
     if records:
         await log.append(records)
-    runner = web.AppRunner(server.app(args.max_body), access_log=None)
+    runner = web.AppRunner(server.app(), access_log=None)
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, host, port, ssl_context=tls)
         await site.start()
-        print(f"shoal extender listening on {host}:{port}", file=sys.stderr, flush=True)
+        scheme = "https" if tls is not None else "http"
+        print(f"shoal extender listening on {scheme}://{host}:{port}", file=sys.stderr, flush=True)
         await stop.wait()
     finally:
         await runner.cleanup()
+        await server.close()
         if api is not None:
             await api.close()
         await log.close()

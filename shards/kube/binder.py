@@ -33,10 +33,12 @@
   ones are aggregated and rate-limited per pod (``shards/kube/recorder.py``).
 - ``PodGroupStatusChanged`` → the ``status`` of scheduler-plugins PodGroups (a merge
   patch of the status subresource).
-- A ``PodBound`` naming GPU cards first patches the pod's annotations with them, where
-  the device plugin of the pod's convention reads them (``shards/kube/devices.py``);
-  when that patch fails, so does the binding (``BindFailed``), since the pod would
-  otherwise run on cards nobody chose.
+- A ``PodBound`` naming GPU cards carries them as annotations of the Binding itself,
+  in the form the device plugin of the pod's convention reads (``shards/kube/devices.py``):
+  the API server copies a Binding's annotations onto the pod in the same write that sets
+  its node, so a pod is never bound without its cards, nor given cards without being
+  bound, and the binder needs no right to patch pods (one that could rewrite any pod's
+  spec, its image included).
 
 The API being unreachable is retried with back-off; a decision is never dropped
 silently: after ``max_attempts`` it becomes ``BindFailed`` (for bindings) or a logged
@@ -478,41 +480,26 @@ class KubeBinder:
             pod=event.pod, node=event.node, decision_id=event.decision_id, reason=reason
         )
 
-    async def _annotate_devices(self, event: PodBound) -> str | None:
-        """Patch the pod's annotations with its cards; the reason when that failed."""
+    def _device_annotations(self, event: PodBound) -> dict[str, str] | None:
+        """The annotations that tell the pod's device plugin its cards (None: no cards)."""
         gpu = self.gpus.get(event.pod)
         if gpu is None or not event.devices:
             return None
         mib, annotations = self.gpu_nodes.get(event.node, (0, {}))
-        patch, warning = device_annotations(gpu, event.devices, event.node, mib, annotations)
+        cards, warning = device_annotations(gpu, event.devices, event.node, mib, annotations)
         if warning:
             log.warning("pod=%s %s", event.pod, warning)
-        namespace, name = self._split(event.pod)
-        body = {"metadata": {"annotations": patch}}
-        try:
-            await self._retry(
-                lambda: self._raw(
-                    self.core.patch_namespaced_pod(
-                        name, namespace, body, **AS_MERGE_PATCH, _preload_content=False
-                    )
-                )
-            )
-        except ApiException as exc:
-            return f"GPU cards not written to the pod: {exc.status} {exc.reason}: {_message(exc)}"
-        self.counters["devices_written"] += 1
-        return None
+        return cards
 
     async def _bind(self, event: PodBound) -> list[Event]:
         namespace, name = self._split(event.pod)
-        refused = await self._annotate_devices(event)
-        if refused is not None:
-            self.counters["bind_failed"] += 1
-            return [self._failed(event, refused)]
+        cards = self._device_annotations(event)
         body = client.V1Binding(
             # the uid is a precondition: the API server refuses to bind another pod
-            # that has taken the name since (409)
+            # that has taken the name since (409); the annotations are copied onto the
+            # pod with its node
             metadata=client.V1ObjectMeta(
-                name=name, namespace=namespace, uid=self.uids.get(event.pod)
+                name=name, namespace=namespace, uid=self.uids.get(event.pod), annotations=cards
             ),
             target=client.V1ObjectReference(api_version="v1", kind="Node", name=event.node),
         )
@@ -531,6 +518,8 @@ class KubeBinder:
             self.counters["bind_failed"] += 1
             return [self._failed(event, f"{exc.status} {exc.reason}: {_message(exc)}")]
         self.counters["bound"] += 1
+        if cards is not None:
+            self.counters["devices_written"] += 1
         return []
 
     async def _bound_to(self, namespace: str, name: str) -> str | None:

@@ -1,9 +1,9 @@
 """Where the binder writes a pod's GPU cards, so that the device plugin gives it those.
 
 The engine decides the cards (``PodBound.devices``: indices on the node, in the order
-the node's device plugin lists them); before the binding, the binder patches the pod's
-annotations with the assignment in the form the pod's convention's device plugin reads,
-and always with shoal's own:
+the node's device plugin lists them); the binder puts the assignment on the Binding's
+own annotations, which the API server copies onto the pod as it binds it, in the form
+the pod's convention's device plugin reads, and always with shoal's own:
 
 - ``shoal.io/gpu-devices: "0,3"``: the card indices, for any tooling (and for the
   NVIDIA device plugin's users, who read it to set ``NVIDIA_VISIBLE_DEVICES``);
@@ -63,7 +63,7 @@ def device_annotations(
     card_mib: int = 0,
     node_annotations: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, str], str | None]:
-    """The annotations to patch onto a pod holding ``devices`` of ``node``, and a
+    """The annotations for a pod holding ``devices`` of ``node``, and a
     warning when the convention's device plugin cannot be told exactly."""
     out = {SHOAL_DEVICES: ",".join(map(str, devices))}
     warning = None

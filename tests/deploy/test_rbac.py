@@ -245,7 +245,6 @@ def test_the_calls_read_from_the_code_are_the_ones_expected() -> None:
     assert needed("ingest") == watched | lease
     assert needed("binder") == lease | {
         ("", "pods", "get"),
-        ("", "pods", "patch"),
         ("", "pods/binding", "create"),
         ("", "pods/eviction", "create"),
         ("", "events", "create"),
@@ -342,6 +341,15 @@ def test_a_component_reads_and_renews_only_its_own_lease(
                 assert rule["verbs"] == ["create"], rule
     roles = [d for d in docs if d["kind"] == "Role"]
     assert all(r["metadata"]["name"].endswith("-lease") for r in roles), "leases only"
+
+
+@pytest.mark.parametrize("component", sorted(MODULES))
+def test_no_component_may_rewrite_a_pod(docs: list[dict[str, Any]], component: str) -> None:
+    """A grant to patch or update pods would let its holder change a running pod's
+    image in any namespace: the binder's GPU cards travel on the Binding instead."""
+    have, _ = granted(docs, f"shoal-{component}")
+    for verb in ("patch", "update", "delete", "deletecollection"):
+        assert ("", "pods", verb) not in have, f"{component} may {verb} pods"
 
 
 def test_a_shard_has_no_token_and_no_api_access(docs: list[dict[str, Any]]) -> None:

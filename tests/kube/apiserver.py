@@ -24,7 +24,10 @@ stays honest. It is faithful to the real server in what shoal depends on:
   ``status.nominatedNodeName`` is written through ``pods/status``);
 - ``pods/binding`` (201; 409 if the pod is already bound or being deleted, or is not the
   one whose ``metadata.uid`` the Binding names; 404 if it does not exist). The uid
-  check is what later releases do: v1.20 ignores the uid a Binding names;
+  check is what later releases do: v1.20 ignores the uid a Binding names. The
+  Binding's ``metadata.annotations`` are copied onto the pod with its node, in the same
+  write (``BindingREST.setPodHostAndAnnotations``); annotations that are not strings
+  are a 400;
 - ``pods/eviction`` as v1.20's: a pod that is Pending, finished or already terminating
   is deleted without looking at budgets; otherwise the one PodDisruptionBudget
   (``policy/v1beta1``) whose selector matches it must allow a disruption (its status is
@@ -573,8 +576,13 @@ class FakeApiServer:
             body = await request.json()
             target = body["target"]["name"]
             wanted_uid = (body.get("metadata") or {}).get("uid")
+            annotations = (body.get("metadata") or {}).get("annotations") or {}
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
             return status(400, "BadRequest", "a Binding needs target.name")
+        if not isinstance(annotations, dict) or not all(
+            isinstance(v, str) for v in annotations.values()
+        ):
+            return status(400, "BadRequest", "metadata.annotations of a Binding must be strings")
         uid = pod["metadata"].get("uid")
         if wanted_uid and wanted_uid != uid:
             return status(
@@ -600,6 +608,11 @@ class FakeApiServer:
             )
         pod = copy.deepcopy(pod)
         pod.setdefault("spec", {})["nodeName"] = target
+        if annotations:
+            pod["metadata"]["annotations"] = {
+                **(pod["metadata"].get("annotations") or {}),
+                **annotations,
+            }
         self.put("Pod", pod)
         return created()
 

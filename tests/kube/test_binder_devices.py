@@ -1,5 +1,6 @@
 """The binder writes each pod's GPU cards where its convention's device plugin reads
-them, before binding; against the in-repo API server and a real kube-apiserver."""
+them, as the annotations of its Binding (the API server copies them onto the pod);
+against the in-repo API server and a real kube-apiserver."""
 
 from __future__ import annotations
 
@@ -124,26 +125,37 @@ async def test_the_binder_writes_the_cards_then_binds(apiserver: FakeApiServer, 
     hami = got["hami"]["metadata"]["annotations"]
     assert hami["hami.io/vgpu-devices-to-allocate"] == "GPU-x0,NVIDIA,1024,20:;"
     assert binder.counters["devices_written"] == 3
+    if isinstance(apiserver, FakeApiServer):  # (the real one keeps no list of requests)
+        assert not [r for r in apiserver.requests if r[0] in ("PATCH", "PUT") and "/pods/" in r[1]]
 
 
 @pytest.mark.real_kube
-async def test_a_pod_whose_cards_cannot_be_written_is_not_bound(
+async def test_a_pod_whose_binding_is_refused_gets_no_cards(
     apiserver: FakeApiServer, api: Any
 ) -> None:
+    """The cards and the node are one write: a pod some other scheduler bound first
+    keeps its own annotations, and the decision fails."""
+    taken = _gpu_pod("taken", {"nvidia.com/gpu": "1"})
+    taken["spec"]["nodeName"] = "n2"
+    apiserver.put("Pod", taken)
     log = MemoryLog()
     binder = KubeBinder(api, log, initial_backoff=0.01, max_attempts=2)
-    spec = PodSpec(namespace="default", name="gone", requests={"nvidia.com/gpu": 1})
+    spec = PodSpec(namespace="default", name="taken", requests={"nvidia.com/gpu": 1})
     await log.append(
         [
             decision(PodSubmitted(pod=spec)),
             decision(
-                PodBound(pod="default/gone", node="n1", decision_id="d", attempt=1, devices=(0,))
+                PodBound(pod="default/taken", node="n1", decision_id="d", attempt=1, devices=(0,))
             ),
         ]
     )
     assert await binder.poll() == 1
     failed = [e.event for e in log._parts[0] if isinstance(e.event, BindFailed)]
-    assert len(failed) == 1 and "GPU cards not written" in failed[0].reason
+    assert len(failed) == 1 and "409" in failed[0].reason
+    found = apiserver.get("Pod", "taken", "default")
+    assert found["spec"]["nodeName"] == "n2"
+    assert "shoal.io/gpu-devices" not in (found["metadata"].get("annotations") or {})
+    assert binder.counters["devices_written"] == 0
 
 
 @pytest.mark.parametrize(

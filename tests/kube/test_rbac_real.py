@@ -15,6 +15,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from engine.engine import Engine
 from events.memory import MemoryLog
+from events.types import Envelope, NodeAdded, NodeSpec, PodBound, PodSpec, PodSubmitted
 from shards.kube.binder import KubeBinder
 from shards.kube.client import api_client
 from shards.kube.ingest import KubeIngest
@@ -156,3 +157,53 @@ async def test_binder_and_ingest_need_nothing_beyond_their_roles(
         await binder_api.close()
     assert replay(await log.read(0, 0), verify=True).mismatch is None
     assert binder.counters["bind_failed"] == 0, binder.stats()
+
+
+async def test_the_binders_cards_arrive_with_the_binding_and_it_cannot_patch_a_pod(
+    rbac_apiserver: RealApiServer,
+) -> None:
+    """deploy/'s binder role: a binding with GPU cards lands them on the pod (the API
+    server copies the Binding's annotations), and the binder cannot rewrite a pod, its
+    annotations or its image."""
+    server = rbac_apiserver
+    gpu_pod = pod("trainer")
+    gpu_pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "2"}}
+    server.put("Pod", gpu_pod)
+    binder_api = await api_client(
+        kubeconfig=server.kubeconfig_for("binder", "binder-token-0123456789")
+    )
+    try:
+        log = MemoryLog()
+        binder = KubeBinder(binder_api, log, initial_backoff=0.01)
+        gpu_node = NodeSpec(name="gpu-1", allocatable={"cpu": 8000, "nvidia.com/gpu": 4})
+        spec = PodSpec(namespace="default", name="trainer", requests={"nvidia.com/gpu": 2})
+        bound = PodBound(
+            pod="default/trainer", node="gpu-1", decision_id="d", attempt=1, devices=(1, 3)
+        )
+        await log.append(
+            [
+                Envelope(event=NodeAdded(node=gpu_node), producer="shard-0"),
+                Envelope(event=PodSubmitted(pod=spec), producer="shard-0"),
+                Envelope(event=bound, producer="shard-0"),
+            ]
+        )
+        assert await binder.poll() == 0
+        found = server.get("Pod", "trainer", "default") or {}
+        assert found["spec"]["nodeName"] == "gpu-1"
+        assert found["metadata"]["annotations"]["shoal.io/gpu-devices"] == "1,3"
+        assert binder.counters["devices_written"] == 1, binder.stats()
+        core = client.CoreV1Api(binder_api)
+        for patch in (
+            {"metadata": {"annotations": {"shoal.io/gpu-devices": "0"}}},
+            {"spec": {"containers": [{"name": "c", "image": "evil:latest"}]}},
+        ):
+            with pytest.raises(ApiException) as refused:
+                await core.patch_namespaced_pod("trainer", "default", patch)
+            assert refused.value.status == 403
+        with pytest.raises(ApiException) as refused:
+            await core.replace_namespaced_pod("trainer", "default", found)
+        assert refused.value.status == 403
+    finally:
+        await binder_api.close()
+    found = server.get("Pod", "trainer", "default") or {}
+    assert found["metadata"]["annotations"]["shoal.io/gpu-devices"] == "1,3"
