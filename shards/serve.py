@@ -23,10 +23,22 @@ With ``--shards N`` (N > 1) the log has N + 1 partitions: one per shard and the 
 partition last, as with ``shoal simulate --shards N``; every process of a deployment
 must be given the same N.
 
-Each process serves ``/healthz`` (alive), ``/readyz`` (its roles are serving: the bus
-answered recently, ingest has listed everything) and ``/metrics`` (Prometheus) on
-``--listen``, 127.0.0.1:9090 by default. SIGTERM or SIGINT stops it cleanly: in-flight
-work finishes, the bus is closed.
+Each process serves ``/healthz``, ``/readyz`` and ``/metrics`` (Prometheus,
+``shards.metrics``) on ``--listen``, 127.0.0.1:9090 by default. SIGTERM or SIGINT stops
+it cleanly: in-flight work finishes, the bus is closed.
+
+- ``/readyz`` says whether the process can do its work now: the bus answered recently;
+  where it runs ingest, the coordinator or the binder, the API server answered its
+  Lease loops within ``--lease-seconds`` and none of them is failing (unreachable, the
+  Lease's namespace missing, forbidden...: ``shards.kube.apihealth``; a standby whose
+  Lease another process holds is ready); ingest, once leading, has listed everything.
+  503 with the reason otherwise. Each kind of failure is logged once at ERROR with its
+  cause and remedy, and ``recovered`` once at INFO.
+- ``/healthz`` says whether the process is alive: it fails only when a role it leads
+  has made no progress for ``--stuck-after`` (a bus down, a record that crashes it
+  again and again), so that Kubernetes restarts it. An API server outage does not fail
+  it: the electors lose leadership (no role is then led, so none is stuck) and
+  restarting the process would not bring the server back.
 
 Why one module of over 500 lines: the roles share one service object (its options,
 its bus, its health and its metrics), and the metrics read the roles' state directly;
@@ -61,6 +73,7 @@ from shards import plugins
 from shards.bus import open_bus
 from shards.control import ControlWorker
 from shards.coordinator.coordinator import Coordinator
+from shards.kube.apihealth import ApiHealth
 from shards.kube.binder import KubeBinder
 from shards.kube.client import RateLimit, api_client
 from shards.kube.ingest import KubeIngest
@@ -103,6 +116,9 @@ class ServeOptions:
     watch_seconds: int = 30
     lease_seconds: int = 15
     stale_after: float = 10.0
+    """Seconds without a successful bus operation (or, for the roles that use it, an
+    answer from the API server, at least ``lease_seconds``) after which /readyz says
+    503."""
     bind_in_flight: int = 16
     """Bindings the binder sends at once, at most."""
     kube_qps: float = 0.0
@@ -113,7 +129,6 @@ class ServeOptions:
     """``/healthz`` fails once a running role has made no progress for this long (a
     bus down, a record that crashes it again and again), so that Kubernetes restarts
     the process rather than leave it retrying for ever."""
-    """Seconds without a successful bus operation after which /readyz says 503."""
 
     def validate(self) -> None:
         if self.role not in ROLES:
@@ -195,6 +210,8 @@ class Service:
         self.coordinator: ControlWorker | None = None
         self.binders: list[KubeBinder] = []
         self.leaders: dict[str, LeaderElector] = {}
+        self.api_health = ApiHealth()
+        """What the API server last did for the Lease loops (``ready`` reads it)."""
         self.ends = [0] * self.partitions
         """The end of each partition, as last measured (for consumer lag)."""
         self.url = ""
@@ -230,6 +247,11 @@ class Service:
             return False, "the bus is not open"
         if time.monotonic() - self.last_poll > self.options.stale_after:
             return False, f"the bus has not answered for {self.options.stale_after:g}s"
+        if self.leaders:
+            within = max(self.options.lease_seconds, self.options.stale_after)
+            problem = self.api_health.problem(within=within)
+            if problem is not None:
+                return False, problem
         leading = self.ingest is not None and self.leaders["ingest"].leader
         if leading and not all(r.synced.is_set() for r in self.ingest.reflectors):  # type: ignore[union-attr]
             return False, "ingest is still listing the cluster"
@@ -319,6 +341,7 @@ class Service:
                             name=f"shoal-{role}",
                             identity=options.identity,
                             lease_seconds=options.lease_seconds,
+                            health=self.api_health,
                         )
                         tasks.create_task(
                             self.leaders[role].run(self.stop, renew_every=options.lease_seconds / 3)
