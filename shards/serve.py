@@ -88,7 +88,8 @@ EXTENDER_METRICS = {
     "failures": "Extender calls that failed (time-out, error, malformed answer).",
     "timeouts": "Extender calls that got no answer within httpTimeout.",
 }
-"""The extender counts exported per role (``shoal_extender_calls{role="shard-0"}``...)."""
+"""The extender counts exported per role, as counters (``shoal_extender_calls_total{role=
+"shard-0"}``...; before prometheus_client, gauges named without ``_total``)."""
 ROLES = ("ingest", "shard", "coordinator", "binder", "all")
 
 
@@ -179,6 +180,11 @@ def shard_ordinal(hostname: str) -> int:
     return int(match.group(1)) if match else 0
 
 
+def _shard_of(role: str) -> int:
+    """The shard a role's name names (``shard-2`` → 2)."""
+    return int(role.removeprefix("shard-"))
+
+
 def _recorded_config(config: SchedulerConfig) -> SchedulerConfigured:
     source = config.source
     return SchedulerConfigured(
@@ -216,6 +222,8 @@ class Service:
         """The end of each partition, as last measured (for consumer lag)."""
         self.url = ""
         self._coordinated = {"prepared": 0, "committed": 0, "aborted": 0, "handbacks": 0}
+        self._retired: dict[tuple[str, str], int] = {}
+        """(role, extender count) → what the folds of that role replaced so far had."""
 
     def __repr__(self) -> str:
         return (
@@ -274,10 +282,9 @@ class Service:
             ok, why = self.ready()
             return web.Response(text=why + "\n", status=200 if ok else 503)
 
-        async def metrics(_: web.Request) -> web.Response:
-            return web.Response(
-                text=self.metrics.render(), content_type="text/plain", charset="utf-8"
-            )
+        async def metrics(request: web.Request) -> web.Response:
+            body, content_type = self.metrics.exposition(request.headers.get("Accept", ""))
+            return web.Response(body=body, headers={"Content-Type": content_type})
 
         app = web.Application()
         app.router.add_get("/healthz", healthz)
@@ -520,18 +527,19 @@ class Service:
         if recorded is None:
             return
         sharding = Sharding.from_json(recorded.config)  # checked at start: ours
-        worker = self.coordinator = self._control_worker(sharding, bus)
+        worker = self._new_coordinator(sharding, bus)
         self._lag_gauge("coordinator", self.control_partition)
         for what, help_ in EXTENDER_METRICS.items():
-            self.metrics.gauge(
+            self.metrics.counted(
                 f"extender_{what}",
                 help_,
-                self._coordinator_extender_stat(what),
+                self._extender_count("coordinator", what),
                 {"role": "coordinator"},
             )
         self.metrics.gauge(
             "records_quarantined",
-            "Records skipped because they could not be decoded or folded (RecordQuarantined).",
+            "Records the current fold skipped because they could not be decoded or folded "
+            "(RecordQuarantined; a rebuilt fold counts again).",
             lambda: float(len(self.coordinator.quarantined) if self.coordinator else 0),
             {"role": "coordinator"},
         )
@@ -545,7 +553,7 @@ class Service:
                 moved = await worker.poll()
             except LogError as exc:
                 backoff = await self._bus_failed("coordinator", exc, backoff)
-                worker = self.coordinator = self._control_worker(sharding, bus)
+                worker = self._new_coordinator(sharding, bus)
                 continue
             backoff = self.options.poll_interval
             self._progress("coordinator")
@@ -598,17 +606,27 @@ class Service:
             )
         worker.commit_seconds.clear()
 
-    def _coordinator_extender_stat(self, what: str) -> Callable[[], float]:
-        def read() -> float:
-            worker = self.coordinator
-            return float(getattr(worker.asker.stats, what)) if worker is not None else 0.0
+    def _new_coordinator(self, sharding: Sharding, bus: EventLog) -> ControlWorker:
+        """A fresh fold of the control partition, in place of the last one."""
+        self._retire("coordinator", self.coordinator)
+        self.coordinator = self._control_worker(sharding, bus)
+        return self.coordinator
 
-        return read
+    def _retire(self, role: str, fold: ShardWorker | ControlWorker | None) -> None:
+        """Keep the extender counts of a fold being replaced, for the counters."""
+        if fold is not None:
+            for what in EXTENDER_METRICS:
+                key = (role, what)
+                self._retired[key] = self._retired.get(key, 0) + getattr(fold.asker.stats, what)
 
-    def _extender_stat(self, shard: int, what: str) -> Callable[[], float]:
+    def _extender_count(self, role: str, what: str) -> Callable[[], float]:
+        """Extender calls (failures, time-outs) of ``role``'s folds so far: those
+        replaced since (a bus failure, a new leadership) and the current one."""
+
         def read() -> float:
-            worker = self.workers.get(shard)
-            return float(getattr(worker.asker.stats, what)) if worker is not None else 0.0
+            fold = self.coordinator if role == "coordinator" else self.workers.get(_shard_of(role))
+            now = getattr(fold.asker.stats, what) if fold is not None else 0
+            return float(self._retired.get((role, what), 0) + now)
 
         return read
 
@@ -632,15 +650,16 @@ class Service:
         self._lag_gauge(f"shard-{shard}", partition)
         self.metrics.gauge(
             "records_quarantined",
-            "Records skipped because they could not be decoded or folded (RecordQuarantined).",
+            "Records the current fold skipped because they could not be decoded or folded "
+            "(RecordQuarantined; a rebuilt fold counts again).",
             lambda: float(len(self.workers[shard].quarantined)) if shard in self.workers else 0.0,
             {"role": f"shard-{shard}"},
         )
         for what, help_ in EXTENDER_METRICS.items():
-            self.metrics.gauge(
+            self.metrics.counted(
                 f"extender_{what}",
                 help_,
-                self._extender_stat(shard, what),
+                self._extender_count(f"shard-{shard}", what),
                 {"role": f"shard-{shard}"},
             )
         backoff = options.poll_interval
@@ -674,6 +693,7 @@ class Service:
                 except LogError as exc:
                     backoff = await self._bus_failed("shard", exc, backoff)
                     continue
+                self._retire(f"shard-{shard}", self.workers.get(shard))
                 self.workers[shard] = worker
             engine = worker.engine
             before = engine.stats()
