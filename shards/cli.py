@@ -206,7 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument(
         "--bus", default="memory", help="memory (--role all only), file:PATH, kafka://..."
     )
-    srv.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else in-cluster)")
+    srv.add_argument(
+        "--kubeconfig",
+        help="kubeconfig file (default: $KUBECONFIG, else the in-cluster service account, "
+        "else ~/.kube/config)",
+    )
     srv.add_argument("--host", help="API server URL (instead of a kubeconfig)")
     srv.add_argument("--token", help="bearer token for --host (or $SHOAL_KUBE_TOKEN)")
     srv.add_argument("--shard-id", type=non_negative, help="default: the StatefulSet ordinal")

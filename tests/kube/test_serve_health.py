@@ -13,8 +13,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from shards.kube.apihealth import ApiHealth
+from shards.kube.lease import LeaderElector
 from shards.serve import ServeOptions, Service, serve
 from tests.kube.apiserver import FakeApiServer
 from tests.kube.realkube import RealApiServer
@@ -184,3 +186,28 @@ def test_each_kind_of_failure_is_logged_once_until_no_source_has_it(
         ("INFO", "recovered kind=forbidden"),
         ("ERROR", "cannot reach again kind=unreachable"),
     ]
+
+
+async def test_a_refused_lease_is_reported_as_forbidden_with_the_rbac_to_grant(
+    apiserver: FakeApiServer, api: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The in-repo server authorizes everything: a 403 is played here as the real
+    server words it."""
+    elector = LeaderElector(api, namespace="shoal", name="shoal-binder", identity="a")
+
+    async def refused(*args: Any, **kwargs: Any) -> Any:
+        exc = ApiException(status=403, reason="Forbidden")
+        exc.body = (
+            b'{"kind":"Status","message":"leases.coordination.k8s.io \\"shoal-binder\\" is '
+            b'forbidden: User \\"x\\" cannot get resource \\"leases\\"","code":403}'
+        )
+        raise exc
+
+    elector.api.read_namespaced_lease = refused  # type: ignore[method-assign]
+    assert await elector.try_acquire_or_renew() is False
+    assert await elector.try_acquire_or_renew() is False
+    problem = elector.health.problem(within=10)
+    assert problem is not None and 'cannot get resource "leases"' in problem, problem
+    assert "get, create and update leases in shoal" in problem
+    (line,) = _logged(caplog, logging.ERROR, "refused")
+    assert line.endswith("kind=forbidden")
