@@ -9,9 +9,10 @@ Each round reports to an :class:`~shards.kube.apihealth.ApiHealth` (shared by th
 process's electors) what the API server did: answered usefully (a lease taken, renewed,
 held by another, a race lost), or failed, by kind: ``unreachable`` (no answer: refused,
 timed out), ``lease-namespace-missing`` (404 on create: the namespace does not exist),
-``forbidden`` (401/403: RBAC), ``http-NNN`` (any other status). Every call carries a
-time-out of two thirds of the lease (client-go's renew deadline for its defaults, 10 s
-of 15 s), so that a server that accepts connections and never answers is a failure too.
+``forbidden`` (401/403: RBAC), ``http-NNN`` (any other status), ``error`` (an answer the
+client could not take). Every call carries a time-out of two thirds of the lease
+(client-go's renew deadline for its defaults, 10 s of 15 s), so that a server that
+accepts connections and never answers is a failure too.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -188,8 +190,16 @@ class LeaderElector:
         while not stop.is_set():
             try:
                 await self.try_acquire_or_renew()
-            except Exception as exc:  # no answer: refused, reset, timed out, TLS...
-                self._unreachable(exc)
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                self._unreachable(exc)  # no answer: refused, reset, timed out, TLS...
+            except Exception as exc:  # an answer the client could not take, a bug
+                self.health.failed(
+                    self.name,
+                    "error",
+                    f"Lease {self.namespace}/{self.name}: round failed: {cause(exc)}",
+                    answered=False,
+                )
+                self._set(False, cause(exc))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
 
