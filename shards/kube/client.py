@@ -74,7 +74,7 @@ async def _configure(
         return await _kubeconfig(configuration, kubeconfig, "--kubeconfig")
     if os.environ.get("KUBECONFIG"):
         return await _kubeconfig(configuration, os.environ["KUBECONFIG"], "$KUBECONFIG")
-    in_cluster = "not in a pod (KUBERNETES_SERVICE_HOST/PORT unset)"
+    in_cluster = "not in a pod: KUBERNETES_SERVICE_HOST/PORT unset"
     if all(os.environ.get(name) for name in IN_CLUSTER_ENVIRONMENT):
         try:
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
