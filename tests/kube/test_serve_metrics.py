@@ -4,9 +4,13 @@ digits (issue #28, item 12)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any
+
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from shards.serve import ServeOptions, Service
 from tests.kube.apiserver import FakeApiServer
 from tests.kube.test_ingest import eventually, node, pod
 from tests.kube.test_serve import running
@@ -45,3 +49,21 @@ async def test_metrics_scrape_parses_with_the_types_prometheus_expects(
     ]
     assert bound.value >= 1
     assert families["shoal_test_large"].samples[0].value == 1234567891
+
+
+def test_extender_counters_carry_on_across_a_rebuilt_fold() -> None:
+    """A shard's fold is rebuilt after a bus failure with its extender counts at zero;
+    the counter goes on from where the old fold left it, never down."""
+    service = Service(ServeOptions())
+
+    def fold(calls: int) -> Any:
+        stats = SimpleNamespace(calls=calls, failures=0, timeouts=0)
+        return SimpleNamespace(asker=SimpleNamespace(stats=stats))
+
+    read = service._extender_count("shard-0", "calls")
+    assert read() == 0
+    service.workers[0] = fold(5)
+    assert read() == 5
+    service._retire("shard-0", service.workers[0])
+    service.workers[0] = fold(2)
+    assert read() == 7
