@@ -8,7 +8,7 @@ loser's write gets 409 Conflict.
 Each round reports to an :class:`~shards.kube.apihealth.ApiHealth` (shared by the
 process's electors) what the API server did: answered usefully (a lease taken, renewed,
 held by another, a race lost), or failed, by kind: ``unreachable`` (no answer: refused,
-timed out), ``lease-namespace-missing`` (404 on create: the namespace does not exist),
+timed out), ``lease-namespace-missing`` (on create, 404 ``namespaces "X" not found``),
 ``forbidden`` (401/403: RBAC), ``http-NNN`` (any other status), ``error`` (an answer the
 client could not take). Every call carries a time-out of two thirds of the lease
 (client-go's renew deadline for its defaults, 10 s of 15 s), so that a server that
@@ -130,7 +130,7 @@ class LeaderElector:
         status = exc.status or 0
         said = f"{status} {exc.reason or ''}".strip() + f": {_message(exc)}"
         lease = f"Lease {self.namespace}/{self.name}"
-        if verb == "create" and status == 404:
+        if verb == "create" and status == 404 and _message(exc).startswith("namespaces "):
             kind = "lease-namespace-missing"
             message = (
                 f"cannot create {lease}: its namespace {self.namespace!r} does not exist "
