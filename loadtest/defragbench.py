@@ -359,7 +359,11 @@ def _plot(results: list[dict[str, Any]], path: Path) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise InputError("needs matplotlib: pip install -e '.[plot]'", location="--plot") from None
+        raise InputError(
+            "needs matplotlib: pip install matplotlib (in a checkout of shoal: "
+            "pip install -e '.[plot]')",
+            location="--plot",
+        ) from None
     names = [r["defragmentation"] for r in results]
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
     left.bar(names, [r["eight_card_placed"] for r in results], color="tab:blue")

@@ -107,7 +107,9 @@ def run(args: argparse.Namespace) -> int:
             import matplotlib  # noqa: F401
         except ImportError:
             raise InputError(
-                "needs matplotlib: pip install 'shoal[plot]'", location="--plot"
+                "needs matplotlib: pip install matplotlib (in a checkout of shoal: "
+                "pip install -e '.[plot]')",
+                location="--plot",
             ) from None
     results: list[dict[str, Any]] = []
     if args.results is not None and args.results.is_file():

@@ -31,7 +31,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from importlib.metadata import entry_points
+from importlib.metadata import PackageNotFoundError, entry_points, version
 from pathlib import Path
 from typing import NoReturn
 
@@ -72,6 +72,14 @@ def _configure_logging(verbose: int) -> None:
     # third-party clients log connection trouble that shoal reports itself
     for name in ("aiokafka", "kafka"):
         logging.getLogger(name).setLevel(logging.DEBUG if verbose > 1 else logging.CRITICAL)
+
+
+def _version() -> str:
+    """The installed distribution's version (``pip install -e .`` counts)."""
+    try:
+        return version("shoal")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def _fail(message: str) -> NoReturn:
@@ -152,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="shoal", description="Event-sourced batch scheduler for Kubernetes."
     )
+    parser.add_argument("--version", action="version", version=f"shoal {_version()}")
     parser.add_argument(
         "-v",
         "--verbose",
@@ -197,7 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument(
         "--bus", default="memory", help="memory (--role all only), file:PATH, kafka://..."
     )
-    srv.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else in-cluster)")
+    srv.add_argument(
+        "--kubeconfig",
+        help="kubeconfig file (default: $KUBECONFIG, else the in-cluster service account, "
+        "else ~/.kube/config)",
+    )
     srv.add_argument("--host", help="API server URL (instead of a kubeconfig)")
     srv.add_argument("--token", help="bearer token for --host (or $SHOAL_KUBE_TOKEN)")
     srv.add_argument("--shard-id", type=non_negative, help="default: the StatefulSet ordinal")

@@ -23,10 +23,22 @@ With ``--shards N`` (N > 1) the log has N + 1 partitions: one per shard and the 
 partition last, as with ``shoal simulate --shards N``; every process of a deployment
 must be given the same N.
 
-Each process serves ``/healthz`` (alive), ``/readyz`` (its roles are serving: the bus
-answered recently, ingest has listed everything) and ``/metrics`` (Prometheus) on
-``--listen``, 127.0.0.1:9090 by default. SIGTERM or SIGINT stops it cleanly: in-flight
-work finishes, the bus is closed.
+Each process serves ``/healthz``, ``/readyz`` and ``/metrics`` (Prometheus,
+``shards.metrics``) on ``--listen``, 127.0.0.1:9090 by default. SIGTERM or SIGINT stops
+it cleanly: in-flight work finishes, the bus is closed.
+
+- ``/readyz`` says whether the process can do its work now: the bus answered recently;
+  where it runs ingest, the coordinator or the binder, the API server answered its
+  Lease loops within ``--lease-seconds`` and none of them is failing (unreachable, the
+  Lease's namespace missing, forbidden...: ``shards.kube.apihealth``; a standby whose
+  Lease another process holds is ready); ingest, once leading, has listed everything.
+  503 with the reason otherwise. Each kind of failure is logged once at ERROR with its
+  cause and remedy, and ``recovered`` once at INFO.
+- ``/healthz`` says whether the process is alive: it fails only when a role it leads
+  has made no progress for ``--stuck-after`` (a bus down, a record that crashes it
+  again and again), so that Kubernetes restarts it. An API server outage does not fail
+  it: the electors lose leadership (no role is then led, so none is stuck) and
+  restarting the process would not bring the server back.
 
 Why one module of over 500 lines: the roles share one service object (its options,
 its bus, its health and its metrics), and the metrics read the roles' state directly;
@@ -61,6 +73,7 @@ from shards import plugins
 from shards.bus import open_bus
 from shards.control import ControlWorker
 from shards.coordinator.coordinator import Coordinator
+from shards.kube.apihealth import ApiHealth
 from shards.kube.binder import KubeBinder
 from shards.kube.client import RateLimit, api_client
 from shards.kube.ingest import KubeIngest
@@ -75,7 +88,8 @@ EXTENDER_METRICS = {
     "failures": "Extender calls that failed (time-out, error, malformed answer).",
     "timeouts": "Extender calls that got no answer within httpTimeout.",
 }
-"""The extender counts exported per role (``shoal_extender_calls{role="shard-0"}``...)."""
+"""The extender counts exported per role, as counters (``shoal_extender_calls_total{role=
+"shard-0"}``...; before prometheus_client, gauges named without ``_total``)."""
 ROLES = ("ingest", "shard", "coordinator", "binder", "all")
 
 
@@ -103,6 +117,9 @@ class ServeOptions:
     watch_seconds: int = 30
     lease_seconds: int = 15
     stale_after: float = 10.0
+    """Seconds without a successful bus operation (or, for the roles that use it, an
+    answer from the API server, at least ``lease_seconds``) after which /readyz says
+    503."""
     bind_in_flight: int = 16
     """Bindings the binder sends at once, at most."""
     kube_qps: float = 0.0
@@ -113,7 +130,6 @@ class ServeOptions:
     """``/healthz`` fails once a running role has made no progress for this long (a
     bus down, a record that crashes it again and again), so that Kubernetes restarts
     the process rather than leave it retrying for ever."""
-    """Seconds without a successful bus operation after which /readyz says 503."""
 
     def validate(self) -> None:
         if self.role not in ROLES:
@@ -164,6 +180,11 @@ def shard_ordinal(hostname: str) -> int:
     return int(match.group(1)) if match else 0
 
 
+def _shard_of(role: str) -> int:
+    """The shard a role's name names (``shard-2`` → 2)."""
+    return int(role.removeprefix("shard-"))
+
+
 def _recorded_config(config: SchedulerConfig) -> SchedulerConfigured:
     source = config.source
     return SchedulerConfigured(
@@ -195,10 +216,14 @@ class Service:
         self.coordinator: ControlWorker | None = None
         self.binders: list[KubeBinder] = []
         self.leaders: dict[str, LeaderElector] = {}
+        self.api_health = ApiHealth()
+        """What the API server last did for the Lease loops (``ready`` reads it)."""
         self.ends = [0] * self.partitions
         """The end of each partition, as last measured (for consumer lag)."""
         self.url = ""
         self._coordinated = {"prepared": 0, "committed": 0, "aborted": 0, "handbacks": 0}
+        self._retired: dict[tuple[str, str], int] = {}
+        """(role, extender count) → what the folds of that role replaced so far had."""
 
     def __repr__(self) -> str:
         return (
@@ -230,6 +255,11 @@ class Service:
             return False, "the bus is not open"
         if time.monotonic() - self.last_poll > self.options.stale_after:
             return False, f"the bus has not answered for {self.options.stale_after:g}s"
+        if self.leaders:
+            within = max(self.options.lease_seconds, self.options.stale_after)
+            problem = self.api_health.problem(within=within)
+            if problem is not None:
+                return False, problem
         leading = self.ingest is not None and self.leaders["ingest"].leader
         if leading and not all(r.synced.is_set() for r in self.ingest.reflectors):  # type: ignore[union-attr]
             return False, "ingest is still listing the cluster"
@@ -252,10 +282,9 @@ class Service:
             ok, why = self.ready()
             return web.Response(text=why + "\n", status=200 if ok else 503)
 
-        async def metrics(_: web.Request) -> web.Response:
-            return web.Response(
-                text=self.metrics.render(), content_type="text/plain", charset="utf-8"
-            )
+        async def metrics(request: web.Request) -> web.Response:
+            body, content_type = self.metrics.exposition(request.headers.get("Accept", ""))
+            return web.Response(body=body, headers={"Content-Type": content_type})
 
         app = web.Application()
         app.router.add_get("/healthz", healthz)
@@ -319,6 +348,7 @@ class Service:
                             name=f"shoal-{role}",
                             identity=options.identity,
                             lease_seconds=options.lease_seconds,
+                            health=self.api_health,
                         )
                         tasks.create_task(
                             self.leaders[role].run(self.stop, renew_every=options.lease_seconds / 3)
@@ -497,18 +527,19 @@ class Service:
         if recorded is None:
             return
         sharding = Sharding.from_json(recorded.config)  # checked at start: ours
-        worker = self.coordinator = self._control_worker(sharding, bus)
+        worker = self._new_coordinator(sharding, bus)
         self._lag_gauge("coordinator", self.control_partition)
         for what, help_ in EXTENDER_METRICS.items():
-            self.metrics.gauge(
+            self.metrics.counted(
                 f"extender_{what}",
                 help_,
-                self._coordinator_extender_stat(what),
+                self._extender_count("coordinator", what),
                 {"role": "coordinator"},
             )
         self.metrics.gauge(
             "records_quarantined",
-            "Records skipped because they could not be decoded or folded (RecordQuarantined).",
+            "Records the current fold skipped because they could not be decoded or folded "
+            "(RecordQuarantined; a rebuilt fold counts again).",
             lambda: float(len(self.coordinator.quarantined) if self.coordinator else 0),
             {"role": "coordinator"},
         )
@@ -522,7 +553,7 @@ class Service:
                 moved = await worker.poll()
             except LogError as exc:
                 backoff = await self._bus_failed("coordinator", exc, backoff)
-                worker = self.coordinator = self._control_worker(sharding, bus)
+                worker = self._new_coordinator(sharding, bus)
                 continue
             backoff = self.options.poll_interval
             self._progress("coordinator")
@@ -575,17 +606,27 @@ class Service:
             )
         worker.commit_seconds.clear()
 
-    def _coordinator_extender_stat(self, what: str) -> Callable[[], float]:
-        def read() -> float:
-            worker = self.coordinator
-            return float(getattr(worker.asker.stats, what)) if worker is not None else 0.0
+    def _new_coordinator(self, sharding: Sharding, bus: EventLog) -> ControlWorker:
+        """A fresh fold of the control partition, in place of the last one."""
+        self._retire("coordinator", self.coordinator)
+        self.coordinator = self._control_worker(sharding, bus)
+        return self.coordinator
 
-        return read
+    def _retire(self, role: str, fold: ShardWorker | ControlWorker | None) -> None:
+        """Keep the extender counts of a fold being replaced, for the counters."""
+        if fold is not None:
+            for what in EXTENDER_METRICS:
+                key = (role, what)
+                self._retired[key] = self._retired.get(key, 0) + getattr(fold.asker.stats, what)
 
-    def _extender_stat(self, shard: int, what: str) -> Callable[[], float]:
+    def _extender_count(self, role: str, what: str) -> Callable[[], float]:
+        """Extender calls (failures, time-outs) of ``role``'s folds so far: those
+        replaced since (a bus failure, a new leadership) and the current one."""
+
         def read() -> float:
-            worker = self.workers.get(shard)
-            return float(getattr(worker.asker.stats, what)) if worker is not None else 0.0
+            fold = self.coordinator if role == "coordinator" else self.workers.get(_shard_of(role))
+            now = getattr(fold.asker.stats, what) if fold is not None else 0
+            return float(self._retired.get((role, what), 0) + now)
 
         return read
 
@@ -609,15 +650,16 @@ class Service:
         self._lag_gauge(f"shard-{shard}", partition)
         self.metrics.gauge(
             "records_quarantined",
-            "Records skipped because they could not be decoded or folded (RecordQuarantined).",
+            "Records the current fold skipped because they could not be decoded or folded "
+            "(RecordQuarantined; a rebuilt fold counts again).",
             lambda: float(len(self.workers[shard].quarantined)) if shard in self.workers else 0.0,
             {"role": f"shard-{shard}"},
         )
         for what, help_ in EXTENDER_METRICS.items():
-            self.metrics.gauge(
+            self.metrics.counted(
                 f"extender_{what}",
                 help_,
-                self._extender_stat(shard, what),
+                self._extender_count(f"shard-{shard}", what),
                 {"role": f"shard-{shard}"},
             )
         backoff = options.poll_interval
@@ -651,6 +693,7 @@ class Service:
                 except LogError as exc:
                     backoff = await self._bus_failed("shard", exc, backoff)
                     continue
+                self._retire(f"shard-{shard}", self.workers.get(shard))
                 self.workers[shard] = worker
             engine = worker.engine
             before = engine.stats()

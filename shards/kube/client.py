@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import ssl
 import time
@@ -16,30 +17,38 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from events.errors import ShoalError
 
+log = logging.getLogger(__name__)
+
 
 class KubeError(ShoalError):
     """The Kubernetes API could not be reached, or answered something unusable."""
 
 
+IN_CLUSTER = "in-cluster service account"
+IN_CLUSTER_ENVIRONMENT = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")
+"""What the kubelet sets in every pod; with them set, the service account is tried."""
+HOME_KUBECONFIG = "~/.kube/config"
+
+
 async def api_client(
     *, host: str | None = None, kubeconfig: str | None = None, token: str | None = None
 ) -> ApiClient:
-    """A client for ``host`` (with an optional bearer token), a kubeconfig file, or the
-    in-cluster service account, in that order of preference."""
+    """A client for the cluster, configured from the first of (controller-runtime's
+    order, which kubectl shares but for the service account):
+
+    1. ``host`` (``--host``), with an optional bearer token;
+    2. ``kubeconfig`` (``--kubeconfig``);
+    3. ``$KUBECONFIG`` (one file or several, ``:``-separated, merged as kubectl does);
+    4. the in-cluster service account, where ``KUBERNETES_SERVICE_HOST`` and
+       ``KUBERNETES_SERVICE_PORT`` are set (in a pod);
+    5. ``~/.kube/config``.
+
+    The service account comes before ``~/.kube/config`` so that a stray file in an image
+    never wins over the pod's own identity. Which one was used is logged (INFO);
+    none at all is a :class:`KubeError` that names all five."""
     configuration = Configuration()
-    if host is not None:
-        configuration.host = host
-        if token:
-            # the only spelling the client honours; any other key sends no header
-            configuration.api_key = {"BearerToken": token}
-            configuration.api_key_prefix = {"BearerToken": "Bearer"}
-    elif kubeconfig is not None or os.environ.get("KUBECONFIG"):
-        await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    else:
-        try:
-            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        except config.ConfigException as exc:
-            raise KubeError(f"no cluster configuration: {exc}") from None
+    source = await _configure(configuration, host, kubeconfig, token)
+    log.info("kubernetes client configured from=%s host=%s", source, configuration.host)
     # The generated models reject some valid server answers (a Binding's Status):
     # validate on the server, not in the client.
     configuration.client_side_validation = False
@@ -47,6 +56,50 @@ async def api_client(
     if not any(os.environ.get(name) for name in ENVIRONMENT_SETTINGS):
         await _without_environment(api, configuration)
     return api
+
+
+async def _configure(
+    configuration: Configuration, host: str | None, kubeconfig: str | None, token: str | None
+) -> str:
+    """Fill ``configuration`` from the first source :func:`api_client` lists; return
+    which, in words."""
+    if host is not None:
+        configuration.host = host
+        if token:
+            # the only spelling the client honours; any other key sends no header
+            configuration.api_key = {"BearerToken": token}
+            configuration.api_key_prefix = {"BearerToken": "Bearer"}
+        return "--host"
+    if kubeconfig is not None:
+        return await _kubeconfig(configuration, kubeconfig, "--kubeconfig")
+    if os.environ.get("KUBECONFIG"):
+        return await _kubeconfig(configuration, os.environ["KUBECONFIG"], "$KUBECONFIG")
+    in_cluster = "not in a pod: KUBERNETES_SERVICE_HOST/PORT unset"
+    if all(os.environ.get(name) for name in IN_CLUSTER_ENVIRONMENT):
+        try:
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        except config.ConfigException as exc:
+            in_cluster = str(exc)
+        else:
+            return IN_CLUSTER
+    home = os.path.expanduser(HOME_KUBECONFIG)
+    if os.path.exists(home):
+        return await _kubeconfig(configuration, home, HOME_KUBECONFIG)
+    raise KubeError(
+        "no cluster configuration: no --host, no --kubeconfig, no $KUBECONFIG, no service "
+        f"account ({in_cluster}) and no {HOME_KUBECONFIG}"
+    )
+
+
+async def _kubeconfig(configuration: Configuration, paths: str, given_by: str) -> str:
+    found = [p for p in paths.split(os.pathsep) if p and os.path.exists(os.path.expanduser(p))]
+    if not found:
+        raise KubeError(f"kubeconfig {paths} ({given_by}): no such file")
+    try:
+        await config.load_kube_config(config_file=paths, client_configuration=configuration)
+    except (config.ConfigException, OSError, ValueError) as exc:
+        raise KubeError(f"kubeconfig {paths} ({given_by}): {exc}") from None
+    return f"{given_by} {paths}" if given_by != HOME_KUBECONFIG else HOME_KUBECONFIG
 
 
 ENVIRONMENT_SETTINGS = (

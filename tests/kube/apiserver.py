@@ -51,8 +51,15 @@ stays honest. It is faithful to the real server in what shoal depends on:
 Where it is not faithful: no authentication or authorization (any token passes); no
 schema validation or defaulting beyond the above (a pod without containers is taken;
 ``spec`` of a pod may be replaced); strategic merge patch merges lists as a merge patch
-does; ``resourceVersion`` is one counter for all kinds; no admission plugins, no
-garbage collection, no finalizers.
+does; ``resourceVersion`` is one counter for all kinds; no admission plugins (but
+see ``check_namespaces``), no garbage collection, no finalizers.
+
+``check_namespaces`` (off by default, as the tests that predate it create objects in
+namespaces they never made): creating a namespaced object in a namespace that has no
+``Namespace`` object gets the real server's 404 (``namespaces "X" not found``, from
+its NamespaceLifecycle admission); ``default``, ``kube-system``, ``kube-public`` and
+``kube-node-lease`` always exist. ``namespace(name)`` creates one, as the real
+server's stand-in in ``realkube.py`` does.
 
 Fault injection for tests: ``drop_watches()`` cuts every open watch mid-stream,
 ``garbage`` answers the next N requests with a body that is not JSON, ``compact()``
@@ -123,7 +130,16 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def status(code: int, reason: str, message: str, causes: list[JSON] | None = None) -> web.Response:
+BUILT_IN_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
+
+
+def status(
+    code: int,
+    reason: str,
+    message: str,
+    causes: list[JSON] | None = None,
+    details: JSON | None = None,
+) -> web.Response:
     body: JSON = {
         "kind": "Status",
         "apiVersion": "v1",
@@ -133,8 +149,8 @@ def status(code: int, reason: str, message: str, causes: list[JSON] | None = Non
         "reason": reason,
         "code": code,
     }
-    if causes:
-        body["details"] = {"causes": causes}
+    if causes or details:
+        body["details"] = {**(details or {}), **({"causes": causes} if causes else {})}
     return web.json_response(body, status=code)
 
 
@@ -195,6 +211,8 @@ class FakeApiServer:
         self.bound_order: list[str] = []
         """Pods in the order their bindings were answered."""
         self.requests: list[tuple[str, str]] = []
+        self.check_namespaces = False
+        """Refuse to create objects in a namespace that does not exist (see above)."""
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -203,7 +221,8 @@ class FakeApiServer:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def start(self) -> str:
+    async def start(self, port: int = 0) -> str:
+        """Serve on ``port`` (0: a free one); returns the URL."""
         app = web.Application(middlewares=[self._middleware])
         for kind in self.kinds:
             base = (
@@ -228,7 +247,7 @@ class FakeApiServer:
         app.router.add_route("POST", f"{pods}/eviction", self._eviction)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", port)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.url = f"http://127.0.0.1:{port}"
@@ -312,6 +331,11 @@ class FakeApiServer:
             self._record(kind, "DELETED", obj)
         return obj
 
+    def namespace(self, name: str) -> None:
+        """Create namespace ``name`` unless it exists."""
+        if self.get("Namespace", name) is None:
+            self.put("Namespace", {"metadata": {"name": name}})
+
     def get(self, kind_name: str, name: str, namespace: str | None = None) -> JSON | None:
         kind = next(k for k in self.kinds if k.kind == kind_name)
         obj = self.objects[kind.plural].get(self._key(kind, namespace, name))
@@ -372,6 +396,9 @@ class FakeApiServer:
             }
         )
 
+    def _namespace_exists(self, name: str) -> bool:
+        return name in BUILT_IN_NAMESPACES or ("", name) in self.objects["namespaces"]
+
     def _write(
         self, kind: Kind, verb: str, namespace: str | None, name: str, body: JSON
     ) -> web.Response:
@@ -384,6 +411,13 @@ class FakeApiServer:
                 return status(422, "Invalid", "metadata.name: Required value")
             if kind.namespaced:
                 meta["namespace"] = namespace
+                if self.check_namespaces and not self._namespace_exists(namespace or ""):
+                    return status(
+                        404,
+                        "NotFound",
+                        f'namespaces "{namespace}" not found',
+                        details={"name": namespace, "kind": "namespaces"},
+                    )
             if kind.kind == "Event":
                 involved = (body.get("involvedObject") or {}).get("namespace")
                 if involved and involved != namespace:
