@@ -43,7 +43,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=defaults.max_frame >> 20,
         help="MiB in one request or answer",
     )
-    parser.add_argument("--max-connections", type=positive, default=defaults.max_connections)
+    parser.add_argument(
+        "--max-connections",
+        type=positive,
+        default=defaults.max_connections,
+        help="authenticated clients served at once",
+    )
+    parser.add_argument(
+        "--max-pending",
+        type=positive,
+        default=defaults.max_pending,
+        help="connections kept while they have not said hello (the longest-waiting makes "
+        "room for a new one)",
+    )
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -61,6 +73,7 @@ async def run(args: argparse.Namespace) -> int:
         max_buffered=args.max_buffered_mib << 20,
         max_frame=args.max_frame_mib << 20,
         max_connections=args.max_connections,
+        max_pending=args.max_pending,
     )
     server = LogServer(
         args.partitions, host, port, token=load_token(args.token_file), limits=limits
