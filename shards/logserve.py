@@ -5,7 +5,7 @@ port) and runs until SIGTERM or SIGINT; the log is lost when it stops. With a to
 (``--token-file PATH``, else the file ``$SHOAL_LOG_TOKEN_FILE`` names) clients must
 send the same token; without one it listens only on a loopback address and warns that
 it is unauthenticated, and any other address is refused (exit 2 naming
-``--token-file``). The memory bound and limits are :class:`~events.logserver.ServerLimits`.
+``--token-file``). The memory bound and limits are :class:`~events.limits.ServerLimits`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import argparse
 import asyncio
 
 from events.errors import InputError
-from events.logserver import LogServer, ServerLimits
+from events.limits import ServerLimits
+from events.logserver import LogServer
 from events.wire import load_token
 from shards.commands import positive
 
