@@ -91,11 +91,15 @@ class Engine(ShardModel):
     def apply(self, envelope: Envelope) -> None:
         """Fold one event. Idempotent for decisions and duplicate submissions. A record
         no column can hold (:func:`engine.refusals.refusal`) changes nothing, not even
-        the time; it is added to ``unfolded``."""
+        the time; it is added to ``unfolded``. So is a recorded configuration that
+        cannot be run here (:meth:`unrunnable`)."""
         event = envelope.event
         if (type(event) in CHECKED or not 0 <= envelope.time <= MAX_TIME) and (
             reason := refused(envelope)
         ):
+            self.unfolded.append((envelope.offset, reason))
+            return
+        if type(event) is SchedulerConfigured and (reason := self.unrunnable(event)):
             self.unfolded.append((envelope.offset, reason))
             return
         self.counters["events"] += 1
@@ -119,11 +123,36 @@ class Engine(ShardModel):
         elif isinstance(event, ShardingConfigured):
             self.sharded(event)
 
+    def unrunnable(self, event: SchedulerConfigured) -> str | None:
+        """Why the configuration ``event`` records cannot be run with this engine's
+        registry (it or its list of plugins used names a plugin the registry lacks, or
+        it gives one arguments it refuses), or None. Such a record is refused like one
+        no column can hold: the component that runs the engine quarantines it, and
+        replay, whose registry holds the plugins of the configurations the run did not
+        quarantine, refuses it too."""
+        for used in event.plugins:
+            if used.name not in self._registry:
+                return f"recorded configuration names plugin {used.name!r}, which is not loaded"
+        if not event.config:
+            return None
+        try:
+            config = parse_config(json.loads(event.config), "recorded configuration")
+        except (ValueError, InputError):
+            return None  # skipped by ``configured`` (replay reports it)
+        if config == self.config:
+            return None
+        try:
+            Profiles(config, self._registry, self)
+        except InputError as exc:
+            return f"recorded configuration cannot be run: {exc}"
+        return None
+
     def configured(self, event: SchedulerConfigured) -> None:
         """A configuration recorded in the log (a service restarted with a new one):
         profiles and back-off follow it; the cluster state stays. One naming a plugin
         the registry lacks raises an :class:`InputError` naming it (the component that
-        runs the engine loads the plugins the log's configurations name)."""
+        runs the engine loads the plugins the log's configurations name); :meth:`apply`
+        refuses such a record before it gets here."""
         if not event.config:
             config = default_config()
         else:

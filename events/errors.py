@@ -33,6 +33,16 @@ class NotALogError(LogError):
     """The file is not a shoal event log (wrong or missing header)."""
 
 
+class LogInUseError(LogError):
+    """Another writer holds the event log's lock (another process, or another open in
+    this one): two writers would each append at their own idea of the end and lose
+    each other's records. ``holder`` says who holds it ("pid 123 on host h")."""
+
+    def __init__(self, message: str, *, holder: str) -> None:
+        self.holder = holder
+        super().__init__(message)
+
+
 class LogCorruptedError(LogError):
     """A record inside the log fails its checksum or cannot be decoded.
 

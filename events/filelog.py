@@ -45,20 +45,35 @@ Crash handling, decided on open:
 - reading a record also checks that the envelope in it names the partition and offset
   it is read at (every version stores them in the envelope), and raises
   :class:`~events.errors.LogCorruptedError` otherwise.
+
+One writer at a time: a writable open takes an exclusive ``flock`` on the file beside
+the log, ``PATH.lock`` (every partition is in the one file, so one lock covers them
+all), and writes "pid host" in it; a second writable open, from another process or
+from this one, fails at once with :class:`~events.errors.LogInUseError` naming that
+holder. Two writers would each append at their own idea of the end, overwriting each
+other's records. The lock is the kernel's, so it goes with the process that held it
+(a crash included), and ``close`` gives it up; the lock file stays (removing it would
+let a third writer lock a new file while a second still holds the old one). The lock
+is taken before the log is opened, so a writer never truncates a torn tail another
+writer is still appending to, nor replaces (``replace=True``) a log in use. A
+read-only open (replay) takes no lock and reads what the writer has flushed.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import socket
 import struct
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 import msgspec
 
 from events.codec import DecodeError, decode, encode
-from events.errors import LogCorruptedError, LogError, NotALogError
+from events.errors import LogCorruptedError, LogError, LogInUseError, NotALogError
 from events.log import check_partition
 from events.types import Envelope
 
@@ -77,6 +92,45 @@ _HEAD = struct.Struct("<IIQIII")  # a version 2 header without its checksum
 _HEAD_V1 = struct.Struct("<III")
 _CRC = struct.Struct("<I")
 
+LOCK_SUFFIX = ".lock"
+"""The lock file of the log at ``PATH`` is ``PATH.lock``."""
+
+
+def lock_path(path: Path) -> Path:
+    """Where the writer's lock of the log at ``path`` is."""
+    return path.with_name(path.name + LOCK_SUFFIX)
+
+
+def take_lock(path: Path) -> BinaryIO:
+    """Lock the log at ``path`` for writing (see the module docstring): the open lock
+    file, locked and holding "pid host", to keep open while writing (closing it
+    releases the lock). :class:`~events.errors.LogInUseError` when another open holds
+    it, naming the holder; :class:`~events.errors.LogError` when it cannot be taken."""
+    where = lock_path(path)
+    try:
+        file = open(where, "a+b")  # noqa: SIM115 - held open for as long as the lock
+    except OSError as exc:
+        raise LogError(f"{where}: cannot open the writer's lock: {exc.strerror}") from None
+    try:
+        fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        file.seek(0)
+        pid, _, host = file.read(256).decode("utf-8", "replace").strip().partition(" ")
+        file.close()
+        holder = f"pid {pid} on host {host}" if pid and host else "another process"
+        raise LogInUseError(
+            f"{path}: the log is being written by {holder} (it holds {where}); "
+            "one log takes one writer",
+            holder=holder,
+        ) from None
+    except OSError as exc:
+        file.close()
+        raise LogError(f"{where}: cannot lock the log for writing: {exc.strerror}") from None
+    file.truncate(0)
+    file.write(f"{os.getpid()} {socket.gethostname()}\n".encode())
+    file.flush()
+    return file
+
 
 class FileLog:
     """An ``EventLog`` in one append-only file; see the module docstring for the format."""
@@ -88,12 +142,16 @@ class FileLog:
         partitions: int = 1,
         readonly: bool = False,
         fsync: bool = False,
+        replace: bool = False,
     ) -> None:
         """Open or create the log at ``path``.
 
         ``partitions`` is used when creating; an existing log keeps the partitions its
         records use (at least ``partitions``). ``fsync=True`` syncs after every append;
-        otherwise data is flushed to the OS on every append and synced on close.
+        otherwise data is flushed to the OS on every append and synced on close. A
+        writable open holds the log's lock until :meth:`close` (``LogInUseError`` when
+        another writer holds it); ``replace=True`` then starts a new, empty log in
+        place of the one at ``path``.
         """
         if partitions < 1:
             raise ValueError("a log needs at least one partition")
@@ -104,10 +162,32 @@ class FileLog:
         self.torn_bytes = 0
         self.version = VERSION
         self._chain = zlib.crc32(FILE_HEADER.pack(MAGIC, VERSION))
+        self._lock: BinaryIO | None = None if readonly else take_lock(self.path)
+        try:
+            exists = self._open(replace)
+        except BaseException:
+            self._unlock()
+            raise
+        if not exists:
+            self._file.write(FILE_HEADER.pack(MAGIC, VERSION))
+            self._file.flush()
+        self._end = self._file.seek(0, os.SEEK_END)
+        self._hsize = RECORD_HEADER.size if self.version == 2 else RECORD_HEADER_V1.size
+
+    def __repr__(self) -> str:
+        return (
+            f"FileLog({str(self.path)!r}, partitions={self.partitions}, readonly={self.readonly})"
+        )
+
+    def _open(self, replace: bool) -> bool:
+        """Open the file (writable ones under the lock) and index it; whether it held a
+        log."""
+        if replace and not self.readonly:
+            self.path.unlink(missing_ok=True)
         exists = self.path.exists() and self.path.stat().st_size > 0
-        if readonly and not exists:
+        if self.readonly and not exists:
             raise LogError(f"{self.path}: no such event log")
-        mode = "rb" if readonly else ("r+b" if exists else "w+b")
+        mode = "rb" if self.readonly else ("r+b" if exists else "w+b")
         try:
             self._file = open(self.path, mode)  # noqa: SIM115 - owned for the log's life
         except OSError as exc:
@@ -118,16 +198,13 @@ class FileLog:
             except BaseException:
                 self._file.close()
                 raise
-        else:
-            self._file.write(FILE_HEADER.pack(MAGIC, VERSION))
-            self._file.flush()
-        self._end = self._file.seek(0, os.SEEK_END)
-        self._hsize = RECORD_HEADER.size if self.version == 2 else RECORD_HEADER_V1.size
+        return exists
 
-    def __repr__(self) -> str:
-        return (
-            f"FileLog({str(self.path)!r}, partitions={self.partitions}, readonly={self.readonly})"
-        )
+    def _unlock(self) -> None:
+        """Give up the writer's lock (closing its file releases it)."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     # ------------------------------------------------------------------ opening
 
@@ -336,10 +413,13 @@ class FileLog:
     async def close(self) -> None:
         if self._file.closed:
             return
-        if not self.readonly:
-            self._file.flush()
-            os.fsync(self._file.fileno())
-        self._file.close()
+        try:
+            if not self.readonly:
+                self._file.flush()
+                os.fsync(self._file.fileno())
+            self._file.close()
+        finally:
+            self._unlock()
 
     def stats(self) -> dict[str, int]:
         return {

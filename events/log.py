@@ -16,7 +16,7 @@ complete without suspending.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from events.codec import kind_of
@@ -152,8 +152,14 @@ async def read_quarantined(log: EventLog, partition: int) -> tuple[list[Envelope
     of those: replay skips them as the run did. Any other record that cannot be read is
     an error, as in :meth:`EventLog.read`."""
     records, unreadable, _ = await read_rest(log, partition)
-    excused = {e.event.offset for e in records if isinstance(e.event, RecordQuarantined)}
+    excused = quarantined_in(records)
     for at, reason in unreadable:
         if at not in excused:
             raise LogCorruptedError(reason, partition=partition, offset=at)
     return records, [at for at, _ in unreadable]
+
+
+def quarantined_in(records: Iterable[Envelope]) -> set[int]:
+    """The offsets that the ``RecordQuarantined`` records among ``records`` (all of one
+    partition) name: the records of that partition a component of the run skipped."""
+    return {e.event.offset for e in records if isinstance(e.event, RecordQuarantined)}

@@ -9,20 +9,38 @@ The protocol (handshake with the shared token, then requests) is described in
   one it serves only a loopback address and warns once at start that it is
   unauthenticated; any other address without a token is an ``InputError`` naming
   ``--token-file``.
+- **The door.** A connection that has not said hello yet is *pending*: it is closed
+  unless its hello comes within ``hello_seconds``, and at most ``max_pending`` are
+  kept; one more takes the place of the pending connection that has waited longest
+  (closed, counted as refused). Authenticated clients are counted apart, at most
+  ``max_connections``; pending ones never count against them. So connections that
+  never say hello cannot lock token holders out: a client that sends its hello at
+  once (as :class:`~events.remote.RemoteLog` does) is admitted unless ``max_pending``
+  more connections arrive in the moment before its hello is read.
 - **Bounded memory.** Bytes of frames being read or answered, across all connections,
   are held in one :class:`~events.budget.ByteBudget` (``max_buffered``). A frame's
-  length is reserved before its body is read; when the budget is spent the server
-  stops reading (TCP back-pressure reaches the clients) and resumes as answers go out.
+  length is reserved once its body begins to arrive (a header alone reserves
+  nothing), before the rest is read; when the budget is spent the server stops
+  reading (TCP back-pressure reaches the clients) and resumes as answers go out. A
+  connection holds at most one frame at a time (its request, then its answer), so
+  one client's share is at most ``max_frame``, which is at most half of
+  ``max_buffered``: one client stalled mid-frame leaves the other half to the rest.
   Frames are at most ``max_frame`` bytes (a client learns the limit in the hello
-  answer), a read's answer is cut to fit one (the client asks again for the rest), and
-  at most ``max_connections`` clients are served at once. Outside the count: each
-  connection's socket buffers (at most ``READ_BUFFER`` bytes read ahead, and the
-  kernel's), and the copy of a frame decoding makes while its request runs.
+  answer), a read's answer is cut to fit one (the client asks again for the rest).
+  Outside the count: each connection's socket buffers (at most ``READ_BUFFER`` bytes
+  read ahead, the first bytes of a body among them, and the kernel's), and the copies
+  of a frame that joining its first bytes to the rest and decoding it make while its
+  request runs.
 - **One bad client costs only its own connection.** A frame that is not msgpack, too
   large, cut short, of the wrong shape, or that stalls for ``stall_seconds`` mid-frame or
   mid-answer gets an error answer or a closed connection and one log line; every other
   client is served on. A request of the right frame but a wrong shape gets an error
-  answer and the connection stays open.
+  answer and the connection stays open. A client that sends a frame's header and
+  stalls holds no bytes of the budget; one that stalls inside a body holds that
+  frame's (at most ``max_frame``) until ``stall_seconds`` pass.
+- **Quiet under a flood.** Refusals and closed connections are logged at most one line
+  per kind every ``log_every_seconds`` (:class:`~events.throttle.Throttled`), the next
+  line saying how many were left out; ``stats()`` counts every one.
 
 The records themselves (the log) are the server's content, not a buffer: they grow
 with every append and are lost when it stops (use ``file:`` or Kafka for a durable log).
@@ -36,17 +54,17 @@ import ipaddress
 import logging
 from array import array
 from bisect import bisect_right
-from dataclasses import dataclass
 from typing import Any, Final
 
 import msgspec
 
 from events.budget import ByteBudget
 from events.errors import InputError
+from events.limits import ServerLimits
 from events.log import check_partition
+from events.throttle import Throttled
 from events.wire import (
     KIND_CODES,
-    MAX_FRAME,
     MAX_TOKEN,
     PROTOCOL,
     TOKEN_FILE_ENV,
@@ -73,35 +91,6 @@ RECORD_OVERHEAD: Final = 16
 
 class BadRequest(ValueError):
     """A request of the right frame but not of a shape the server serves."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class ServerLimits:
-    """What one log server may hold at once (see the module's docstring)."""
-
-    max_buffered: int = 128 << 20
-    """Bytes of frames read or being answered, across all connections."""
-    max_frame: int = 16 << 20
-    """Bytes in one frame, either way; at most ``max_buffered``."""
-    max_connections: int = 128
-    stall_seconds: float = 60.0
-    """How long a frame, once begun, may take to arrive, and an answer to be taken."""
-    hello_seconds: float = 10.0
-    """How long a new connection may take to send its hello."""
-    max_wait_seconds: float = 60.0
-    """The longest a read waits for an append (long polling)."""
-
-    def __post_init__(self) -> None:
-        for name in ("max_buffered", "max_frame", "max_connections"):
-            if getattr(self, name) < 1:
-                raise InputError("must be at least 1", location=f"--{name.replace('_', '-')}")
-        if self.max_frame > min(self.max_buffered, MAX_FRAME):
-            raise InputError(
-                f"a frame may not be larger than --max-buffered nor {MAX_FRAME >> 20} MiB",
-                location="--max-frame",
-            )
-        if not (self.stall_seconds > 0 and self.hello_seconds > 0 and self.max_wait_seconds > 0):
-            raise ValueError("time-outs must be positive")
 
 
 _SHAPES: Final[dict[str, Any]] = {
@@ -167,6 +156,9 @@ class LogServer:
         self._grew: list[asyncio.Event] = [asyncio.Event() for _ in range(partitions)]
         self._server: asyncio.Server | None = None
         self._clients: set[asyncio.StreamWriter] = set()
+        self._pending: dict[asyncio.StreamWriter, None] = {}
+        """Connections waiting for their hello, longest-waiting first."""
+        self._quiet = Throttled(log, self.limits.log_every_seconds)
         self.refused = 0
         """Connections refused at the door or at the hello."""
         self.dropped = 0
@@ -179,12 +171,14 @@ class LogServer:
         """Counters for debugging and for the tests of the memory bound."""
         return {
             "connections": len(self._clients),
+            "pending": len(self._pending),
             "buffered_bytes": self._budget.held,
             "peak_buffered_bytes": self._budget.peak,
             "max_buffered_bytes": self._budget.limit,
             "back_pressure_waits": self._budget.waits,
             "refused": self.refused,
             "dropped": self.dropped,
+            "lines_left_out": sum(self._quiet.stats().values()),
             "records": sum(map(len, self._records)),
         }
 
@@ -213,10 +207,11 @@ class LogServer:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-            for writer in list(self._clients):
+            for writer in [*self._clients, *self._pending]:
                 writer.close()
             await self._server.wait_closed()
             self._server = None
+            self._quiet.flush()
 
     async def __aenter__(self) -> LogServer:
         return await self.start()
@@ -229,12 +224,22 @@ class LogServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = _peer(writer)
         try:
+            self._pending[writer] = None
+            if len(self._pending) > self.limits.max_pending:
+                self._evict_oldest()
+            try:
+                welcome = await self._hello(reader, writer, peer)
+            finally:
+                self._pending.pop(writer, None)
+            if not welcome:
+                return
             if len(self._clients) >= self.limits.max_connections:
                 limit = self.limits.max_connections
                 await self._refuse(writer, peer, f"too many connections (the limit is {limit})")
                 return
             self._clients.add(writer)
-            if await self._hello(reader, writer, peer):
+            welcome_answer = {"partitions": self.partitions, "max_frame": self.limits.max_frame}
+            if await self._send(writer, peer, [True, welcome_answer]):
                 await self._requests(reader, writer, peer)
         except asyncio.IncompleteReadError as exc:
             if exc.partial:  # between frames, a client leaving is ordinary
@@ -248,10 +253,24 @@ class LogServer:
             self._clients.discard(writer)
             writer.close()
 
+    def _evict_oldest(self) -> None:
+        """Close the pending connection that has waited longest for its hello."""
+        oldest = next(iter(self._pending))
+        del self._pending[oldest]
+        self.refused += 1
+        self._quiet.warning(
+            "log server closed a connection that sent no hello to admit a newer one "
+            "peer=%s pending_limit=%d",
+            _peer(oldest),
+            self.limits.max_pending,
+        )
+        oldest.transport.abort()
+
     async def _hello(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
     ) -> bool:
-        """Read and check the client's hello; answer it. False: refused (logged)."""
+        """Read and check the client's hello. False: refused (logged), or the
+        connection was closed before it came."""
         try:
             async with asyncio.timeout(self.limits.hello_seconds):
                 hello = await read_frame(reader, HELLO_FRAME)
@@ -278,12 +297,11 @@ class LogServer:
             if not token_matches(given, self._digest):
                 await self._refuse(writer, peer, f"{UNAUTHORIZED}: wrong token")
                 return False
-        welcome = {"partitions": self.partitions, "max_frame": self.limits.max_frame}
-        return await self._send(writer, peer, [True, welcome])
+        return True
 
     async def _refuse(self, writer: asyncio.StreamWriter, peer: str, reason: str) -> None:
         self.refused += 1
-        log.warning("log server refused a client peer=%s reason=%s", peer, reason)
+        self._quiet.warning("log server refused a client peer=%s reason=%s", peer, reason)
         writer.write(encode_frame([False, reason]))
         with contextlib.suppress(ConnectionError, TimeoutError):
             async with asyncio.timeout(self.limits.stall_seconds):
@@ -291,7 +309,7 @@ class LogServer:
 
     def _drop(self, peer: str, reason: str) -> None:
         self.dropped += 1
-        log.warning("log server closed a connection peer=%s reason=%s", peer, reason)
+        self._quiet.warning("log server closed a connection peer=%s reason=%s", peer, reason)
 
     async def _requests(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
@@ -308,13 +326,25 @@ class LogServer:
                 self._drop(peer, str(exc))
                 await self._send(writer, peer, [False, f"bad request: {exc}"])
                 return  # its body is not read: the stream can no longer be followed
+            try:  # nothing is reserved for a body that has not begun to arrive
+                async with asyncio.timeout(self.limits.stall_seconds):
+                    first = await reader.readexactly(min(size, READ_BUFFER))
+            except TimeoutError:
+                self._drop(peer, f"a frame of {size} bytes stalled before its body")
+                return
             async with self._budget.holding(size):  # waits here: back-pressure
                 try:
                     async with asyncio.timeout(self.limits.stall_seconds):
-                        body = await reader.readexactly(size)
+                        rest = (
+                            await reader.readexactly(size - len(first))
+                            if size > len(first)
+                            else b""
+                        )
                 except TimeoutError:
                     self._drop(peer, f"a frame of {size} bytes stalled")
                     return
+                body = first + rest if rest else first
+                del first, rest
                 try:
                     request = decode_body(body)
                 except ValueError as exc:
@@ -325,7 +355,7 @@ class LogServer:
                 try:
                     answer: list[Any] = [True, await self._handle(request)]
                 except BadRequest as exc:
-                    log.warning("log server bad request peer=%s error=%s", peer, exc)
+                    self._quiet.warning("log server bad request peer=%s error=%s", peer, exc)
                     answer = [False, f"bad request: {exc}"]
                 del request
             if not await self._send(writer, peer, answer):

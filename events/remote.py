@@ -64,8 +64,9 @@ import msgspec
 
 from events.codec import DecodeError, decode, encode, kind_of
 from events.errors import InputError, LogAuthError, LogCorruptedError, LogError
+from events.limits import ServerLimits
 from events.log import check_partition
-from events.logserver import LogServer, ServerLimits
+from events.logserver import LogServer
 from events.types import Envelope
 from events.wire import KIND_CODES, MAX_FRAME, PROTOCOL, UNAUTHORIZED, encode_frame, read_frame
 

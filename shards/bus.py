@@ -33,7 +33,8 @@ async def open_bus(
 ) -> EventLog:
     """The log named by ``url``, ready to use. A file log that exists is continued when
     ``resume`` (a long-running service started again on its own log), replaced when
-    ``overwrite``, and refused otherwise (a new run never writes over an old one). A
+    ``overwrite``, and refused otherwise (a new run never writes over an old one); one
+    another process writes is refused (``LogInUseError``, naming it) either way. A
     Kafka topic must exist (``shoal kafka init``). A log server (``tcp://``) gets the
     token in ``token_file`` (``--token-file``), else in the file
     ``$SHOAL_LOG_TOKEN_FILE`` names, else none; a refused token is an ``InputError``
@@ -49,9 +50,8 @@ async def open_bus(
                 raise InputError(f"{path} is a directory", location="--bus")
             return FileLog(path, partitions=partitions)
         check_new_log(path, overwrite=overwrite)
-        if path.exists():
-            path.unlink()
-        return FileLog(path, partitions=partitions)
+        # replaced under the writer's lock: a log another process writes stays whole
+        return FileLog(path, partitions=partitions, replace=True)
     if url.startswith("kafka://"):
         from events.kafka import KafkaLog, KafkaSettings
 

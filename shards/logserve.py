@@ -5,7 +5,7 @@ port) and runs until SIGTERM or SIGINT; the log is lost when it stops. With a to
 (``--token-file PATH``, else the file ``$SHOAL_LOG_TOKEN_FILE`` names) clients must
 send the same token; without one it listens only on a loopback address and warns that
 it is unauthenticated, and any other address is refused (exit 2 naming
-``--token-file``). The memory bound and limits are :class:`~events.logserver.ServerLimits`.
+``--token-file``). The memory bound and limits are :class:`~events.limits.ServerLimits`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import argparse
 import asyncio
 
 from events.errors import InputError
-from events.logserver import LogServer, ServerLimits
+from events.limits import ServerLimits
+from events.logserver import LogServer
 from events.wire import load_token
 from shards.commands import positive
 
@@ -43,7 +44,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=defaults.max_frame >> 20,
         help="MiB in one request or answer",
     )
-    parser.add_argument("--max-connections", type=positive, default=defaults.max_connections)
+    parser.add_argument(
+        "--max-connections",
+        type=positive,
+        default=defaults.max_connections,
+        help="authenticated clients served at once",
+    )
+    parser.add_argument(
+        "--max-pending",
+        type=positive,
+        default=defaults.max_pending,
+        help="connections kept while they have not said hello (the longest-waiting makes "
+        "room for a new one)",
+    )
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -61,6 +74,7 @@ async def run(args: argparse.Namespace) -> int:
         max_buffered=args.max_buffered_mib << 20,
         max_frame=args.max_frame_mib << 20,
         max_connections=args.max_connections,
+        max_pending=args.max_pending,
     )
     server = LogServer(
         args.partitions, host, port, token=load_token(args.token_file), limits=limits

@@ -30,6 +30,7 @@ from engine.framework.registry import Registry
 from engine.framework.userplugins import plugin_factory
 from engine.plugins.registry import builtin_registry
 from events.errors import InputError, cause
+from events.log import quarantined_in
 from events.types import Envelope, PluginUsed, SchedulerConfigured
 
 GROUP: Final = "shoal.plugins"
@@ -132,12 +133,16 @@ def for_config(config: SchedulerConfig | None) -> Plugins:
 
 
 def for_records(records: Iterable[Envelope], config: SchedulerConfig | None = None) -> Plugins:
-    """The plugins ``config`` and every configuration recorded in ``records`` name (a
-    service restarted with another configuration records it again)."""
+    """The plugins ``config`` and every configuration recorded in ``records`` (one
+    partition) name (a service restarted with another configuration records it again),
+    less those the run quarantined (:meth:`~engine.engine.Engine.unrunnable`: it had
+    not loaded a plugin they name); the fold of replay refuses those again."""
+    records = list(records)
+    skipped = quarantined_in(records)
     names = named_in(config)
     for env in records:
         event = env.event
-        if isinstance(event, SchedulerConfigured):
+        if isinstance(event, SchedulerConfigured) and env.offset not in skipped:
             names.extend(p.name for p in event.plugins)
             if event.config:
                 try:
@@ -154,9 +159,12 @@ def installed() -> Plugins:
 
 
 def recorded_in(records: Iterable[Envelope]) -> tuple[PluginUsed, ...]:
-    """The user plugins the first ``SchedulerConfigured`` of ``records`` lists."""
+    """The user plugins the first ``SchedulerConfigured`` of ``records`` (one
+    partition) lists that the run did not quarantine."""
+    records = list(records)
+    skipped = quarantined_in(records)
     for env in records:
-        if isinstance(env.event, SchedulerConfigured):
+        if isinstance(env.event, SchedulerConfigured) and env.offset not in skipped:
             return env.event.plugins
     return ()
 

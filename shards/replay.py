@@ -28,6 +28,7 @@ from events.errors import (
     ReplayMismatchError,
     UnverifiableLogError,
 )
+from events.log import quarantined_in
 from events.types import (
     Envelope,
     Event,
@@ -136,9 +137,11 @@ def _first_difference(derived: Sequence[Event], recorded: Sequence[Envelope]) ->
 
 
 def recorded_config(records: Sequence[Envelope]) -> SchedulerConfig | None:
-    """The configuration recorded at the start of the log (None: the defaults)."""
+    """The configuration recorded at the start of the log (None: the defaults), past
+    any the run quarantined."""
+    skipped = quarantined_in(records)
     for env in records:
-        if isinstance(env.event, SchedulerConfigured):
+        if isinstance(env.event, SchedulerConfigured) and env.offset not in skipped:
             if not env.event.config:
                 return None
             try:

@@ -10,8 +10,8 @@ from typing import Any
 from engine.config import SchedulerConfig
 from events.errors import InputError, UnverifiableLogError
 from events.filelog import FileLog
-from events.log import EventLog, read_quarantined
-from events.types import Envelope
+from events.log import EventLog, quarantined_in, read_quarantined
+from events.types import Envelope, RecordQuarantined
 from shards import plugins, render
 from shards.bus import open_bus
 from shards.commands import EXIT_MISMATCH, emit_json
@@ -20,8 +20,10 @@ from shards.report import merge
 
 
 async def _read(log: EventLog, partition: int) -> list[Envelope]:
-    """A partition to replay, past the records the run quarantined (said on stderr)."""
-    records, skipped = await read_quarantined(log, partition)
+    """A partition to replay, past the records the run quarantined (said on stderr):
+    those that cannot be read are left out, the others the fold refuses again."""
+    records, _ = await read_quarantined(log, partition)
+    skipped = sorted(quarantined_in(records))
     if skipped:
         print(
             f"shoal: note: partition {partition}: {len(skipped)} record(s) the run "
@@ -88,6 +90,12 @@ async def run_replay(args: argparse.Namespace, config: SchedulerConfig | None) -
             data: dict[str, Any] = render.explanation_json(args.explain, result)
         else:
             data = result.report.to_json()
+            data["quarantined"] = [
+                {"partition": env.partition, "offset": env.event.offset, "reason": env.event.reason}
+                for part in parts
+                for env in part
+                if isinstance(env.event, RecordQuarantined)
+            ]
             data["events"] = [
                 render.envelope_json(env)
                 for env in records

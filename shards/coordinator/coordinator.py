@@ -412,7 +412,10 @@ class Coordinator:
                     self.send(old, PoolReleased(pool=pool, nodes=nodes, to=shard))
             case SchedulerConfigured() | DisruptionBudgetSet() | DisruptionBudgetDeleted():
                 # every shard knows the budgets (its plans count against them)
+                refused = len(engine.unfolded)
                 engine.apply(env)
+                if len(engine.unfolded) > refused:
+                    return  # a configuration that cannot be run: quarantined, not sent
                 for shard in range(self.n):
                     self.send(shard, event)
             case PodRejected() if env.producer == "ingest":
