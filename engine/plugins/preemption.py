@@ -16,20 +16,26 @@ kube-scheduler's priority preemption wherever no elastic quota is involved:
 Which: per candidate node (one that only resources keep the pod from), every eligible
 pod there is removed; if the quota still refuses (the cluster is larger than the quotas'
 ``min``, so room on a node is not what is missing), eligible pods elsewhere are added,
-least valuable first; then victims are reprieved one by one, the largest units first,
-then the most valuable (highest priority, earliest start), while the pod still fits the
-node and its quota: what remains is a minimal set biased to the fewest pods, then to
-the least valuable ones. A victim whose gang would drop below ``minMember`` takes its
-whole gang: the gang is one unit in the choice on a node, in the namespaces' floors and
-in the cost. The node chosen minimises, in order: the number of victims whose eviction
-would break a PodDisruptionBudget (kube-scheduler's first rule; the most valuable
-victims use a budget's allowance first), the number of victims (gangs expanded), the
-highest victim priority, the sum of their priorities; then it prefers victims that
-started last (kube-scheduler's "latest start time" rule), then the lowest slot. On a
-node, victims whose eviction would break a budget are reprieved first, as
-kube-scheduler's ``selectVictimsOnNode`` does; a budget never forbids a preemption.
-The per-node work runs on at most ``MAX_CANDIDATES`` nodes, those with the fewest
-eligible pods first.
+least valuable first; then victims are reprieved one unit at a time while the pod still
+fits the node and its quota, as kube-scheduler's ``selectVictimsOnNode`` does: those
+whose eviction would break a PodDisruptionBudget first, then the most valuable first
+(highest priority, then earliest start). A victim whose gang would drop below
+``minMember`` takes its whole gang: the gang is one unit in the choice on a node (as
+valuable as its most valuable member), in the namespaces' floors and in the cost.
+
+The node chosen is kube-scheduler's (``pickOneNodeForPreemption``): it minimises, in
+order, the number of victims whose eviction would break a budget (the most valuable
+victims use a budget's allowance first), the highest victim priority, the sum of the
+victims' priorities (each counted as ``priority + 2**31``, as kube-scheduler does, so
+that one more victim always costs more than any difference of priorities), the number
+of victims (gangs expanded); then it prefers the node whose highest-priority victims
+started last, then the first node by name. So a priority-1000 pod evicts two
+priority-100 pods before one priority-500 pod: priority comes before count, as in
+kube-scheduler, CapacityScheduling and Volcano. A budget never forbids a preemption.
+The per-node work runs on at most ``MAX_CANDIDATES`` nodes, those whose victims could
+have the lowest highest priority first (then the fewest eligible pods). The coordinator
+decides the preemptions of several shards with this same plugin on its exact view, so
+the choice is the same at any number of shards.
 
 The victims and the pod are staged in the attempt's statement; the pass commits them
 (evictions first) or discards them whole, so nothing half-done is ever visible.
@@ -37,7 +43,7 @@ The victims and the pod are staged in the attempt's statement; the pass commits 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Final
@@ -54,7 +60,7 @@ from engine.model.groups import SCHEDULED
 from engine.model.pods import PodInfo
 from engine.model.quota import QuotaTable
 from engine.model.resources import PODS
-from engine.model.state import Bools, ClusterState
+from engine.model.state import Bools, ClusterState, Request
 from engine.model.statement import Statement
 
 NAME: Final = "DefaultPreemption"
@@ -63,6 +69,9 @@ EXCLUDE: Final = "exclude_group"
 """Cycle key: a gang whose members are never victims of its own attempt."""
 SKIP: Final = "skip"
 """Cycle key: this attempt may not evict (only a later post-filter may act)."""
+CAP: Final = "cap"
+"""Cycle key: the highest priority a victim may have (a gang's attempt tries its plans
+by the highest victim priority, :func:`engine.passes.gangs.attempt_group`)."""
 NOTHING = PostFilterResult(unschedulable("no victims make room"))
 
 
@@ -74,11 +83,17 @@ class Mode(Enum):
     OWN = "own"
 
 
+Cost = tuple[int, int, int, int, int, str]
+"""A plan's cost, least first (see :func:`cost_of`)."""
+PRIORITY_OFFSET: Final = 2**31
+"""Added to each victim's priority in the sum (kube-scheduler's ``MaxInt32 + 1``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     slot: int
     victims: tuple[str, ...]
-    cost: tuple[int, int, int, int, int, int]
+    cost: Cost
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +104,9 @@ class _Victim:
     namespace: str
     slot: int
     request: dict[str, int]
+    """What it holds on its node, by resource name (its cards' rows aside)."""
+    counted: dict[str, int]
+    """What it counts in quotas (:meth:`QuotaTable.named`: its cards in milli-cards)."""
 
     def rank(self) -> tuple[int, int, str]:
         """Most valuable first: higher priority, then earlier start."""
@@ -117,7 +135,15 @@ class DefaultPreemption:
             or cycle.read(NAME, SKIP, False)
         ):
             return NOTHING
-        chosen = plan(pod, state, feasible, self.handle, cycle.read(NAME, EXCLUDE, ""))
+        cap = cycle.read(NAME, CAP, None)
+        chosen = plan(
+            pod,
+            state,
+            feasible,
+            self.handle,
+            cycle.read(NAME, EXCLUDE, ""),
+            cap if isinstance(cap, int) else None,
+        )
         if chosen is None:
             return NOTHING
         pods = self.handle.pods
@@ -150,13 +176,19 @@ def mode_of(pod: PodInfo, quotas: QuotaTable) -> Mode:
 
 
 def plan(
-    pod: PodInfo, state: ClusterState, allowed: Bools, handle: Handle, exclude_group: str = ""
+    pod: PodInfo,
+    state: ClusterState,
+    allowed: Bools,
+    handle: Handle,
+    exclude_group: str = "",
+    cap: int | None = None,
 ) -> Plan | None:
-    """The cheapest way to make room for ``pod``, or None (see the module docstring)."""
+    """The cheapest way to make room for ``pod``, or None (see the module docstring).
+    ``cap``: no victim (gangs expanded) of a priority above it."""
     quotas = handle.quotas
     mode = mode_of(pod, quotas)
     exclude = exclude_group or pod.spec.group
-    wanted = quotas.named(pod.request)
+    wanted = _names(state, pod.request)
     quota = quotas.get(pod.spec.namespace)
     agg_short: dict[str, int] = {}
     max_short: dict[str, int] = {}
@@ -164,7 +196,7 @@ def plan(
         counted = quotas.wanted(quota, pod.request)
         agg_short = quotas.short(counted)
         for resource, amount in counted.items():
-            limit = quota.spec.max.get(resource)
+            limit = quota.max_of(resource)
             if limit is not None and quota.used.get(resource, 0) + amount > limit:
                 max_short[resource] = quota.used.get(resource, 0) + amount - limit
 
@@ -181,7 +213,7 @@ def plan(
             ok = namespace == pod.spec.namespace and victim.priority < pod.priority
         else:
             ok = namespace != pod.spec.namespace and theirs is not None and theirs.borrowing()
-        if not ok:
+        if not ok or (cap is not None and victim.priority > cap):
             return None
         return _victim(handle, state, key)
 
@@ -189,7 +221,9 @@ def plan(
         # room on a node is all that is missing: only pods on the nodes that lower
         # priorities could free enough can be victims (found over the columns, not
         # pod by pod: a cluster holds many more pods than candidate nodes)
-        keys = [k for s in _priority_candidates(pod, state, allowed) for k in state.node_pods[s]]
+        keys = [
+            k for s in _priority_candidates(pod, state, allowed, cap) for k in state.node_pods[s]
+        ]
     else:
         keys = list(state.pods)
     everyone = [v for key in keys if (v := eligible(key)) is not None]
@@ -252,32 +286,70 @@ def plan(
             expanded.update(dict.fromkeys(_gang_of(handle, state, victim.key)))
         infos = [_describe(handle, key) for key in expanded]
         if not infos:
-            return Plan(slot, (), (0, 0, 0, 0, 0, slot))  # fits already (staged room)
-        cost = (
-            len(breaking([_victim(handle, state, k) for k in expanded])),
-            len(infos),
-            max(p for p, _ in infos),
-            sum(p for p, _ in infos),
-            -max(s for _, s in infos),
-            slot,
-        )
+            return Plan(slot, (), cost_of(0, [], state.names[slot] or ""))  # fits already
+        if cap is not None and any(p > cap for p, _ in infos):
+            continue  # a gang that would fall with a victim holds a pod above the cap
+        broken = len(breaking([_victim(handle, state, k) for k in expanded]))
+        cost = cost_of(broken, infos, state.names[slot] or "")
         if best is None or cost < best.cost:
             best = Plan(slot, tuple(expanded), cost)
     return best
 
 
-def _priority_candidates(pod: PodInfo, state: ClusterState, allowed: Bools) -> list[int]:
+def cost_of(broken: int, victims: list[tuple[int, int]], node: str) -> Cost:
+    """kube-scheduler's order of candidate nodes (``pickOneNodeForPreemption``), least
+    first: the victims that break a disruption budget (``broken``), the highest victim
+    priority, the sum of ``priority + 2**31`` over the victims, their number, then the
+    latest start of the highest-priority victims (the node whose most valuable victims
+    have run the least), then the node's name. ``victims``: (priority, start)."""
+    if not victims:
+        return (broken, 0, 0, 0, 0, node)
+    top = max(p for p, _ in victims)
+    return (
+        broken,
+        top,
+        sum(p + PRIORITY_OFFSET for p, _ in victims),
+        len(victims),
+        -min(s for p, s in victims if p == top),
+        node,
+    )
+
+
+def cost_of_victims(handle: Handle, keys: list[str], allowances: Mapping[str, int] | None) -> Cost:
+    """The cost (:func:`cost_of`) of evicting ``keys`` together, wherever they run (a
+    gang's whole plan; the node left out): ``allowances`` as read for the attempt."""
+    pods = handle.pods
+    known = [key for key in keys if key in pods]
+    ranked = sorted(known, key=lambda k: (-pods[k].priority, handle.started.get(k, 0), k))
+    broken = violating(handle.budgets, allowances, (pods[k].spec for k in ranked))
+    return cost_of(len(broken), [_describe(handle, key) for key in known], "")
+
+
+def _priority_candidates(
+    pod: PodInfo, state: ClusterState, allowed: Bools, cap: int | None = None
+) -> list[int]:
     """The nodes where evicting every pod of lower priority would make room for
-    ``pod`` (its GPU cards aside: checked exactly per node later), fewest such pods
-    first, at most ``MAX_CANDIDATES`` of them."""
-    evictable = state.evictable_below(pod.priority)
-    fits = allowed & (evictable[PODS] > 0)
+    ``pod`` (its GPU cards aside: checked exactly per node later), at most
+    ``MAX_CANDIDATES`` of them: those where the lowest priorities suffice first (the
+    highest victim priority comes first in the choice), then those with the fewest such
+    pods."""
+    levels = sorted(
+        level
+        for level in state.used_by_priority
+        if level < pod.priority and (cap is None or level <= cap)
+    )
     card_rows = state.cards.rows
-    for row, amount in pod.request:
-        if row not in card_rows:
+    scalar = [(row, amount) for row, amount in pod.request if row not in card_rows]
+    evictable = np.zeros_like(state.used)
+    first = np.full(state.capacity, len(levels), dtype=np.int64)
+    for index, level in enumerate(levels):
+        evictable += state.used_by_priority[level]
+        fits = allowed & (evictable[PODS] > 0) & (first == len(levels))
+        for row, amount in scalar:
             fits &= state.free[row] + evictable[row] >= amount
-    slots = np.flatnonzero(fits)
-    order = np.lexsort((slots, evictable[PODS][slots]))
+        first[fits] = index
+    slots = np.flatnonzero(first < len(levels))
+    order = np.lexsort((slots, evictable[PODS][slots], first[slots]))
     return [int(s) for s in slots[order][:MAX_CANDIDATES]]
 
 
@@ -330,12 +402,12 @@ def _victims_for(
             took = taken.get(member.namespace, {})
             left = after.setdefault(member.namespace, {})
             for resource in reclaimed:
-                floor = quota.spec.min.get(resource)
-                if floor is None or not quota.names(resource):
+                if resource not in quota.spec.min or not quota.names(resource):
                     continue
+                floor = quota.min_of(resource)
                 if resource not in left:
                     left[resource] = quota.used.get(resource, 0) - took.get(resource, 0)
-                left[resource] -= member.request.get(resource, 0)
+                left[resource] -= member.counted.get(resource, 0)
                 if left[resource] < floor:
                     return False
         return True
@@ -347,7 +419,7 @@ def _victims_for(
             chosen.append(member)
             chosen_keys.add(member.key)
             took = taken.setdefault(member.namespace, {})
-            for resource, amount in member.request.items():
+            for resource, amount in member.counted.items():
                 took[resource] = took.get(resource, 0) + amount
 
     chosen: list[_Victim] = []
@@ -365,22 +437,23 @@ def _victims_for(
         for victim in least_first:  # the quota is what is short: victims anywhere
             if victim.slot == slot or victim.key in chosen_keys or not floor_ok(victim):
                 continue
-            if not any(victim.request.get(r, 0) > 0 for r in (*agg_short, *max_short)):
+            if not any(victim.counted.get(r, 0) > 0 for r in (*agg_short, *max_short)):
                 continue
             take(victim, chosen)
             if covers(chosen):
                 break
         else:
             return None
-    # reprieve a unit at a time: those whose eviction would break a disruption budget
-    # first (kube-scheduler's rule), then the largest (fewest pods go, as nodes are
-    # compared), then the most valuable; whoever cannot be spared stays a victim
+    # reprieve a unit at a time, as kube-scheduler's selectVictimsOnNode does: those
+    # whose eviction would break a disruption budget first, then the most valuable (a
+    # gang as valuable as its most valuable member); whoever cannot be spared stays
     kept = list(chosen)
     breaks = breaking(chosen)
 
-    def order(victim: _Victim) -> tuple[bool, int, tuple[int, int, str]]:
-        unit_breaks = any(m.key in breaks for m in units[victim.key])
-        return (not unit_breaks, -len(units[victim.key]), victim.rank())
+    def order(victim: _Victim) -> tuple[bool, tuple[int, int, str], tuple[int, int, str]]:
+        unit = units[victim.key]
+        unit_breaks = any(m.key in breaks for m in unit)
+        return (not unit_breaks, min(m.rank() for m in unit), victim.rank())
 
     for victim in sorted(chosen, key=order):
         unit = {m.key for m in units[victim.key]}
@@ -422,8 +495,15 @@ def _victim(handle: Handle, state: ClusterState, key: str) -> _Victim:
         handle.started.get(key, 0),
         pod.spec.namespace,
         placed.slot,
+        _names(state, placed.request),
         handle.quotas.named(placed.request),
     )
+
+
+def _names(state: ClusterState, request: Request) -> dict[str, int]:
+    """``request`` by resource name (what it takes on a node)."""
+    names = state.resources
+    return {names.name(row): amount for row, amount in request}
 
 
 def _coverage(
@@ -448,10 +528,10 @@ def _coverage(
             theirs = quotas.get(victim.namespace)
             for resource in agg:
                 if theirs is not None and theirs.names(resource):
-                    agg[resource] += victim.request.get(resource, 0)
+                    agg[resource] += victim.counted.get(resource, 0)
             if victim.namespace == pod.spec.namespace:
                 for resource in own:
-                    own[resource] += victim.request.get(resource, 0)
+                    own[resource] += victim.counted.get(resource, 0)
         return (
             all(room.get(r, 0) >= amount for r, amount in wanted.items())
             and all(agg[r] >= need for r, need in agg_short.items())
