@@ -64,7 +64,8 @@ refused (and its component folds its partition from the start instead). 5: nodes
 their annotations (``ClusterState.node_annotations``). 6: GPU cards (``Cards``, the
 devices of ``PlacedPod``, ``ResourceIndex.card_needs``). 7: pod disruption budgets
 (``DisruptionBudgets``, ``routed_disruptions``). 8: quotas count GPU cards in
-milli-cards, shares included (``QuotaTable``); ``CardNeed.vgpu``."""
+milli-cards, shares included (``QuotaTable``); ``CardNeed.vgpu``; ``planned`` keeps
+each member's node."""
 CHUNK_BYTES: Final = 256 * 1024
 MAX_STATE_BYTES: Final = 1 << 31
 STATE_CLASSES: Final[dict[str, type]] = {

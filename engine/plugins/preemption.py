@@ -69,9 +69,6 @@ EXCLUDE: Final = "exclude_group"
 """Cycle key: a gang whose members are never victims of its own attempt."""
 SKIP: Final = "skip"
 """Cycle key: this attempt may not evict (only a later post-filter may act)."""
-CAP: Final = "cap"
-"""Cycle key: the highest priority a victim may have (a gang's attempt tries its plans
-by the highest victim priority, :func:`engine.passes.gangs.attempt_group`)."""
 NOTHING = PostFilterResult(unschedulable("no victims make room"))
 
 
@@ -135,15 +132,7 @@ class DefaultPreemption:
             or cycle.read(NAME, SKIP, False)
         ):
             return NOTHING
-        cap = cycle.read(NAME, CAP, None)
-        chosen = plan(
-            pod,
-            state,
-            feasible,
-            self.handle,
-            cycle.read(NAME, EXCLUDE, ""),
-            cap if isinstance(cap, int) else None,
-        )
+        chosen = plan(pod, state, feasible, self.handle, cycle.read(NAME, EXCLUDE, ""))
         if chosen is None:
             return NOTHING
         pods = self.handle.pods
@@ -181,10 +170,8 @@ def plan(
     allowed: Bools,
     handle: Handle,
     exclude_group: str = "",
-    cap: int | None = None,
 ) -> Plan | None:
-    """The cheapest way to make room for ``pod``, or None (see the module docstring).
-    ``cap``: no victim (gangs expanded) of a priority above it."""
+    """The cheapest way to make room for ``pod``, or None (see the module docstring)."""
     quotas = handle.quotas
     mode = mode_of(pod, quotas)
     exclude = exclude_group or pod.spec.group
@@ -213,7 +200,7 @@ def plan(
             ok = namespace == pod.spec.namespace and victim.priority < pod.priority
         else:
             ok = namespace != pod.spec.namespace and theirs is not None and theirs.borrowing()
-        if not ok or (cap is not None and victim.priority > cap):
+        if not ok:
             return None
         return _victim(handle, state, key)
 
@@ -221,9 +208,7 @@ def plan(
         # room on a node is all that is missing: only pods on the nodes that lower
         # priorities could free enough can be victims (found over the columns, not
         # pod by pod: a cluster holds many more pods than candidate nodes)
-        keys = [
-            k for s in _priority_candidates(pod, state, allowed, cap) for k in state.node_pods[s]
-        ]
+        keys = [k for s in _priority_candidates(pod, state, allowed) for k in state.node_pods[s]]
     else:
         keys = list(state.pods)
     everyone = [v for key in keys if (v := eligible(key)) is not None]
@@ -287,8 +272,6 @@ def plan(
         infos = [_describe(handle, key) for key in expanded]
         if not infos:
             return Plan(slot, (), cost_of(0, [], state.names[slot] or ""))  # fits already
-        if cap is not None and any(p > cap for p, _ in infos):
-            continue  # a gang that would fall with a victim holds a pod above the cap
         broken = len(breaking([_victim(handle, state, k) for k in expanded]))
         cost = cost_of(broken, infos, state.names[slot] or "")
         if best is None or cost < best.cost:
@@ -325,19 +308,13 @@ def cost_of_victims(handle: Handle, keys: list[str], allowances: Mapping[str, in
     return cost_of(len(broken), [_describe(handle, key) for key in known], "")
 
 
-def _priority_candidates(
-    pod: PodInfo, state: ClusterState, allowed: Bools, cap: int | None = None
-) -> list[int]:
+def _priority_candidates(pod: PodInfo, state: ClusterState, allowed: Bools) -> list[int]:
     """The nodes where evicting every pod of lower priority would make room for
     ``pod`` (its GPU cards aside: checked exactly per node later), at most
     ``MAX_CANDIDATES`` of them: those where the lowest priorities suffice first (the
     highest victim priority comes first in the choice), then those with the fewest such
     pods."""
-    levels = sorted(
-        level
-        for level in state.used_by_priority
-        if level < pod.priority and (cap is None or level <= cap)
-    )
+    levels = sorted(level for level in state.used_by_priority if level < pod.priority)
     card_rows = state.cards.rows
     scalar = [(row, amount) for row, amount in pod.request if row not in card_rows]
     evictable = np.zeros_like(state.used)

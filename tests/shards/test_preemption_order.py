@@ -104,3 +104,28 @@ def test_a_gang_takes_the_lowest_priorities_too(
     assert all(data["pods"][m]["phase"] == "Bound" for m in members)
     assert data["pods"]["default/one"]["phase"] == "Bound"
     assert preempted(data) == {f"default/low-{n}-{i}" for n in range(size) for i in range(2)}
+
+
+@pytest.mark.parametrize("shards", SHARDS)
+def test_a_gang_is_judged_whole_not_member_by_member(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
+) -> None:
+    """A priority-1000 gang of a 4-cpu member (first) and an 8-cpu member. Node b runs
+    two 4-cpu pods of priority 100, node a a 4-cpu pod of priority 200 beside one the
+    gang may not evict, node c one 8-cpu pod of priority 500. Member by member, the
+    small member takes half of b and the large one then needs c (highest victim 500);
+    judged whole, the large member takes b and the small one a (highest victim 200)."""
+    text = "".join(node(n, cpu=8, labels={"shoal.io/pool": f"p{n}"}) for n in "abc")
+    text += pinned("keep", "pa", cpu="4", priority=2000)
+    text += pinned("mid", "pa", cpu="4", priority=200)
+    text += pinned("low-0", "pb", cpu="4", priority=100)
+    text += pinned("low-1", "pb", cpu="4", priority=100)
+    text += pinned("high", "pc", cpu="8", priority=500)
+    text += pod_group("job", 2, at=10)
+    text += pod("job-small", cpu="4", priority=1000, group="job", at=10)
+    text += pod("job-large", cpu="8", priority=1000, group="job", at=10)
+    data = simulate(tmp_path, capsys, text, shards)
+    assert data["pods"]["default/job-large"]["node"] == "b"
+    assert data["pods"]["default/job-small"]["node"] == "a"
+    assert preempted(data) == {"default/low-0", "default/low-1", "default/mid"}
+    assert data["pods"]["default/high"]["phase"] == "Bound"
