@@ -204,9 +204,7 @@ class QuotaTable:
         if over is not None:
             limit = quota.spec.max[over]
             return Refusal(
-                f"elastic quota {namespace}: {over} would exceed its max ({limit}; "
-                f"{shown(over, quota.used.get(over, 0))} used, {shown(over, wanted[over])} "
-                "asked)",
+                f"elastic quota {namespace}: {over} would exceed its max ({limit})",
                 (over,),
                 False,
             )
