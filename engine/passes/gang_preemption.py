@@ -5,7 +5,7 @@ Members that found no room preempt in turn (each through its profile's post-filt
 staged with the members already placed, until ``minMember`` is reached. What is
 compared is the gang's whole plan: every victim its members' evictions take (a victim's
 gang whole, where it would fall below its ``minMember``), in the order of
-:func:`engine.plugins.preemption.cost_of` (the victims that break a disruption budget,
+:func:`engine.model.victims.cost_of` (the victims that break a disruption budget,
 the highest victim priority, the sum of priorities, the number of victims, the latest
 start of the most valuable).
 
@@ -28,10 +28,10 @@ from engine.model.pods import PodInfo
 from engine.model.resources import CPU, MEMORY
 from engine.model.state import ClusterState
 from engine.model.statement import Statement
+from engine.model.victims import cost_of_victims
 from engine.passes.dispatch import Placed
 from engine.passes.extenders import applicable
 from engine.passes.pods import may_preempt, preempt_into
-from engine.plugins.preemption import cost_of_victims
 
 if TYPE_CHECKING:
     from engine.passes.run import SchedulingPass
@@ -61,12 +61,15 @@ def preempt_for(
     if len(placed) < need or not victims or largest == pending:
         return
     allowances = e.disruptions_allowed(pending[0].key) if e.budgets else None
-    first = cost_of_victims(e, victims, allowances)
+    first = cost_of_victims(e.pods, e.started, e.budgets, victims, allowances)
     statement.rollback(mark)
     trial_placed, trial_failures = list(start_placed), dict(start_failures)
     _members(p, statement, largest, trial_placed, trial_failures, need, key)
     victims = [op.key for op in statement.ops[mark:] if op.kind == "evict"]
-    if len(trial_placed) >= need and cost_of_victims(e, victims, allowances) < first:
+    if (
+        len(trial_placed) >= need
+        and cost_of_victims(e.pods, e.started, e.budgets, victims, allowances) < first
+    ):
         placed[:] = trial_placed
         failures.clear()
         failures.update(trial_failures)

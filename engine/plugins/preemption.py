@@ -43,7 +43,7 @@ The victims and the pod are staged in the attempt's statement; the pass commits 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Final
@@ -62,6 +62,7 @@ from engine.model.quota import QuotaTable
 from engine.model.resources import PODS
 from engine.model.state import Bools, ClusterState, Request
 from engine.model.statement import Statement
+from engine.model.victims import Cost, cost_of
 
 NAME: Final = "DefaultPreemption"
 MAX_CANDIDATES: Final = 64
@@ -78,12 +79,6 @@ class Mode(Enum):
     PRIORITY = "priority"
     RECLAIM = "reclaim"
     OWN = "own"
-
-
-Cost = tuple[int, int, int, int, int, str]
-"""A plan's cost, least first (see :func:`cost_of`)."""
-PRIORITY_OFFSET: Final = 2**31
-"""Added to each victim's priority in the sum (kube-scheduler's ``MaxInt32 + 1``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,35 +272,6 @@ def plan(
         if best is None or cost < best.cost:
             best = Plan(slot, tuple(expanded), cost)
     return best
-
-
-def cost_of(broken: int, victims: list[tuple[int, int]], node: str) -> Cost:
-    """kube-scheduler's order of candidate nodes (``pickOneNodeForPreemption``), least
-    first: the victims that break a disruption budget (``broken``), the highest victim
-    priority, the sum of ``priority + 2**31`` over the victims, their number, then the
-    latest start of the highest-priority victims (the node whose most valuable victims
-    have run the least), then the node's name. ``victims``: (priority, start)."""
-    if not victims:
-        return (broken, 0, 0, 0, 0, node)
-    top = max(p for p, _ in victims)
-    return (
-        broken,
-        top,
-        sum(p + PRIORITY_OFFSET for p, _ in victims),
-        len(victims),
-        -min(s for p, s in victims if p == top),
-        node,
-    )
-
-
-def cost_of_victims(handle: Handle, keys: list[str], allowances: Mapping[str, int] | None) -> Cost:
-    """The cost (:func:`cost_of`) of evicting ``keys`` together, wherever they run (a
-    gang's whole plan; the node left out): ``allowances`` as read for the attempt."""
-    pods = handle.pods
-    known = [key for key in keys if key in pods]
-    ranked = sorted(known, key=lambda k: (-pods[k].priority, handle.started.get(k, 0), k))
-    broken = violating(handle.budgets, allowances, (pods[k].spec for k in ranked))
-    return cost_of(len(broken), [_describe(handle, key) for key in known], "")
 
 
 def _priority_candidates(pod: PodInfo, state: ClusterState, allowed: Bools) -> list[int]:
