@@ -141,11 +141,13 @@ def plans(
     size: int,
     allowances: Mapping[str, int] | None,
     refused: list[tuple[Plan, str]],
+    max_combinations: int = MAX_COMBINATIONS,
 ) -> list[Plan]:
     """Every plan of ``size`` moved pods that frees enough room and breaks no disruption
-    budget (its moves counted together), cheapest first; the first ``MAX_REFUSED``
-    plans a budget refused go to ``refused``, each with the budget's name (whether one
-    could be carried out is for the caller to try)."""
+        budget (its moves counted together), cheapest first; the first ``MAX_REFUSED``
+        plans a budget refused go to ``refused``, each with the budget's name (whether one
+        could be carried out is for the caller to try). At most ``max_combinations`` sets
+    of pods are looked at."""
     pods, started, budgets = handle.pods, handle.started, handle.budgets
     out: list[Plan] = []
     combinations = 0
@@ -157,7 +159,7 @@ def plans(
                 if len(moved) != size:
                     continue
                 combinations += 1
-                if combinations > MAX_COMBINATIONS:
+                if combinations > max_combinations:
                     break
                 if not fits_without(pod, state, slot, list(moved)):
                     continue

@@ -51,6 +51,7 @@ from engine.model.pods import PodInfo
 from engine.model.state import Bools, ClusterState
 from engine.model.statement import Statement
 from engine.plugins.migration import (
+    MAX_COMBINATIONS,
     Plan,
     Unit,
     fits_without,
@@ -66,6 +67,8 @@ MAX_CANDIDATES: Final = 32
 MAX_TRIALS: Final = 64
 MAX_REPORTED: Final = 8
 """The largest plan a reason names (``maxMoves`` is at most 8 too)."""
+REPORT_TRIALS: Final = 16
+"""Plans beyond ``maxMoves`` tried (staged, then undone) before a reason names one."""
 PLACED: Final = "placed"
 """Cycle key: the slot the waiting pod was placed on (the plan staged it already)."""
 SKIP: Final = "skip"
@@ -221,12 +224,16 @@ class Rescheduler:
     ) -> tuple[Plan, int] | None:
         """The cheapest plan of more than ``limit`` moves (at most ``MAX_REPORTED``) that
         could be carried out: every moved pod lands elsewhere (tried, then undone), and
-        its size; None when there is none within ``MAX_TRIALS`` trials."""
+        its size; None when there is none within ``REPORT_TRIALS`` trials (and as many
+        sets of pods looked at, over all sizes, as one size of the search may)."""
         trials = 0
-        for size in range(limit + 1, MAX_REPORTED + 1):
-            for plan in plans(handle, pod, state, candidates, movable, size, allowances, []):
+        sizes = range(limit + 1, MAX_REPORTED + 1)
+        share = MAX_COMBINATIONS // max(len(sizes), 1)
+        for size in sizes:
+            found = plans(handle, pod, state, candidates, movable, size, allowances, [], share)
+            for plan in found:
                 trials += 1
-                if trials > MAX_TRIALS:
+                if trials > REPORT_TRIALS:
                     return None
                 if _would_stage(handle, statement, framework, pod, state, plan):
                     return plan, size
