@@ -41,7 +41,7 @@ def pinned(name: str, where: str, *, cpu: str, priority: int, at: float = 0) -> 
 
 
 @pytest.mark.parametrize("shards", SHARDS)
-@pytest.mark.parametrize(("high", "low", "many"), [(500, 100, 2), (101, 100, 4), (7, 0, 3)])
+@pytest.mark.parametrize(("high", "low", "many"), [(500, 100, 2), (101, 100, 4)])
 def test_lower_priorities_go_before_fewer_victims(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
