@@ -29,8 +29,20 @@ Koordinator                   ``koordinator.sh/gpu-core: P`` (percent; a multipl
 Mixing conventions in one pod is refused (the request would mean two things). The names
 of the sharing resources are never scalar requests: a node does not advertise them, the
 card table (:mod:`engine.model.cards`) accounts for them. ``nvidia.com/gpu`` stays a
-scalar request for whole-card pods only (so that quotas count whole cards); a share of a
-card counts in no quota (there is no convention for it yet).
+scalar request for whole-card pods only (a node's ``nvidia.com/gpu`` counts whole cards).
+
+**In quotas** every request that takes a card counts (:func:`quota_milli`; the rule of
+:mod:`engine.model.quota`), in milli-cards so that a share can count a part of a card:
+a whole card (device plugin, shoal ``gpu-milli: 1000``, Koordinator ``gpu-core: 100``)
+and a HAMi vGPU, whatever its ``gpucores`` and ``gpumem``, count 1000 each, as
+CapacityScheduling counts the requested ``nvidia.com/gpu`` (a HAMi vGPU holds a card
+for its pod; a namespace allowed 2 cards does not hold 4 through ``gpucores: 99``); a
+milli-card share (``shoal.io/gpu-milli: M``, Koordinator ``gpu-core: P`` below 100)
+counts M (10·P) milli-cards, or its share of the card's memory where that is larger
+(Koordinator's ``gpu-memory-ratio``; a memory in bytes is not a share of a known card
+and does not count). So a quota's ``nvidia.com/gpu: 2`` admits two whole cards, two
+HAMi vGPUs, or four 500m shares. HAMi shares are told apart from milli-card shares by
+:attr:`CardNeed.vgpu` (their need rows differ: a row counts the cards of one need).
 
 A GPU model is not part of the request: it is a node label (``nvidia.com/gpu.product``,
 as NVIDIA's GPU feature discovery sets it) that node affinity selects, as users already
@@ -99,6 +111,8 @@ class CardNeed:
     """Memory, per mille of the card's."""
     memory_mib: int = 0
     """Memory in MiB (0: none named; then ``memory`` applies)."""
+    vgpu: bool = False
+    """A HAMi vGPU: counts as a whole card in quotas (see the module docstring)."""
 
     @property
     def whole(self) -> bool:
@@ -113,7 +127,8 @@ class CardNeed:
             parts.append(f"{self.memory_mib}Mi memory")
         elif self.memory:
             parts.append(f"{self.memory / 10:g}% memory")
-        return f"{GPU}: cards with {' and '.join(parts)} free"
+        vgpu = " (HAMi vGPU)" if self.vgpu else ""
+        return f"{GPU}: cards with {' and '.join(parts)} free{vgpu}"
 
 
 WHOLE_CARD: Final = CardNeed(WHOLE, WHOLE)
@@ -200,9 +215,11 @@ def _hami(requests: Mapping[str, int], gpus: int) -> GpuRequest:
     if mib is not None:
         if mib <= 0:
             raise GpuRequestError(f"{HAMI_MEMORY} must be a positive number of MiB", HAMI_MEMORY)
-        return GpuRequest(cards, CardNeed(cores * 10, 0, mib), HAMI)
+        return GpuRequest(cards, CardNeed(cores * 10, 0, mib, vgpu=True), HAMI)
     memory = WHOLE if percent is None else percent * 10
-    return GpuRequest(cards, CardNeed(cores * 10, memory), HAMI)
+    if cores * 10 == WHOLE and memory == WHOLE:
+        return GpuRequest(cards, WHOLE_CARD, HAMI)
+    return GpuRequest(cards, CardNeed(cores * 10, memory, vgpu=True), HAMI)
 
 
 def _koordinator(requests: Mapping[str, int], gpus: int) -> GpuRequest:
@@ -238,6 +255,15 @@ def _koordinator(requests: Mapping[str, int], gpus: int) -> GpuRequest:
     if ratio is not None and not 0 <= ratio <= 100:
         raise GpuRequestError(f"{KOORD_RATIO} must be 0..100 (percent), got {ratio}", KOORD_RATIO)
     return GpuRequest(1, CardNeed(core * 10, (core if ratio is None else ratio) * 10), KOORDINATOR)
+
+
+def quota_milli(need: CardNeed, cards: int) -> int:
+    """Milli-cards that ``cards`` cards of ``need`` count in quotas (see the module
+    docstring): 1000 per whole card or HAMi vGPU; a milli-card share its compute, or
+    its share of the card's memory where that is larger."""
+    if need.whole or need.vgpu:
+        return cards * WHOLE
+    return cards * min(max(need.milli, need.memory), WHOLE)
 
 
 def node_cards(allocatable: Mapping[str, int], labels: Mapping[str, str]) -> tuple[int, int]:

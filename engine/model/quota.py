@@ -16,16 +16,45 @@ own lower-priority pods can make room.
 
 Usage is kept for every namespace, quota or not, so that a quota defined late starts
 from the truth.
+
+**GPUs.** Every request that takes a card counts in ``nvidia.com/gpu`` (the rule is
+:func:`engine.model.devices.quota_milli`): whole cards and HAMi vGPUs (whatever their
+``gpucores``/``gpumem``: CapacityScheduling counts the requested ``nvidia.com/gpu``)
+one card each, a milli-card share (``shoal.io/gpu-milli``, Koordinator's
+``gpu-core`` below 100) its part of a card. So the table keeps ``nvidia.com/gpu`` in
+milli-cards (:data:`GPU_SCALE` times the quota's own unit, compared with ``min`` and
+``max`` scaled alike); a quota may also name ``shoal.io/gpu-milli``, the same count in
+milli-cards. The resources that describe a share (``nvidia.com/gpucores``,
+``koordinator.sh/gpu-core``...) are not counted by name (they are never requests of
+their own): ``nvidia.com/gpu`` is how a quota bounds them. A quota's max is never
+exceeded, however the cards are shared.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Final
 
+from engine.model.devices import GPU, SHOAL_MILLI, WHOLE, quota_milli
 from engine.model.resources import ResourceIndex
 from engine.model.state import Request
 from events.types import QuotaSpec
+
+GPU_SCALE: Final = WHOLE
+"""The table counts ``nvidia.com/gpu`` in milli-cards: a quota's amount times this."""
+
+
+def scale(resource: str) -> int:
+    """Units of the table per unit of a quota's ``min``/``max`` of ``resource``."""
+    return GPU_SCALE if resource == GPU else 1
+
+
+def shown(resource: str, amount: int) -> str:
+    """``amount`` of the table in a quota's units (``1.5`` cards)."""
+    if resource == GPU:
+        return f"{amount / GPU_SCALE:g}"
+    return str(amount)
 
 
 @dataclass(slots=True)
@@ -40,9 +69,18 @@ class Quota:
     def names(self, resource: str) -> bool:
         return resource in self.spec.min or resource in self.spec.max
 
+    def max_of(self, resource: str) -> int | None:
+        """The ``max`` of ``resource`` in the table's units (None: no max)."""
+        limit = self.spec.max.get(resource)
+        return None if limit is None else limit * scale(resource)
+
+    def min_of(self, resource: str) -> int:
+        """The ``min`` of ``resource`` in the table's units (0 when not named)."""
+        return self.spec.min.get(resource, 0) * scale(resource)
+
     def over_max_with(self, wanted: Mapping[str, int]) -> str | None:
         for resource, amount in wanted.items():
-            limit = self.spec.max.get(resource)
+            limit = self.max_of(resource)
             if limit is not None and self.used.get(resource, 0) + amount > limit:
                 return resource
         return None
@@ -50,7 +88,7 @@ class Quota:
     def within_min_with(self, wanted: Mapping[str, int]) -> bool:
         """With ``wanted`` on top, still within ``min`` in every resource it names."""
         return all(
-            self.used.get(r, 0) + amount <= self.spec.min.get(r, 0)
+            self.used.get(r, 0) + amount <= self.min_of(r)
             for r, amount in wanted.items()
             if self.names(r)
         )
@@ -58,7 +96,7 @@ class Quota:
     def borrowing(self, resources: Iterable[str] | None = None) -> bool:
         """Uses more than its ``min`` of some resource (of ``resources``, if given)."""
         names = self.used if resources is None else resources
-        return any(self.used.get(r, 0) > self.spec.min.get(r, 0) for r in names if self.names(r))
+        return any(self.used.get(r, 0) > self.min_of(r) for r in names if self.names(r))
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,18 +134,37 @@ class QuotaTable:
         return self.quotas.get(namespace)
 
     def named(self, request: Request) -> dict[str, int]:
-        return {self.resources.name(row): amount for row, amount in request}
+        """What ``request`` counts in quotas, by resource name: its rows, with its GPU
+        cards (whole or shares) in milli-cards as ``nvidia.com/gpu`` and
+        ``shoal.io/gpu-milli`` (see the module docstring)."""
+        resources = self.resources
+        needs = resources.card_needs
+        out: dict[str, int] = {}
+        milli = 0
+        gpu_row = resources.get(GPU)
+        cards = any(row in needs for row, _ in request)
+        for row, amount in request:
+            need = needs.get(row)
+            if need is not None:
+                milli += quota_milli(need, amount)
+            elif row == gpu_row:
+                if not cards:  # (a request built without its card row: tools, tests)
+                    milli += amount * GPU_SCALE
+            else:
+                out[resources.name(row)] = amount
+        if milli:
+            out[GPU] = milli
+            out[SHOAL_MILLI] = milli
+        return out
 
     def add(self, namespace: str, request: Request) -> None:
         used = self._usage.setdefault(namespace, {})
-        for row, amount in request:
-            name = self.resources.name(row)
+        for name, amount in self.named(request).items():
             used[name] = used.get(name, 0) + amount
 
     def remove(self, namespace: str, request: Request) -> None:
         used = self._usage.setdefault(namespace, {})
-        for row, amount in request:
-            name = self.resources.name(row)
+        for name, amount in self.named(request).items():
             used[name] = used.get(name, 0) - amount
 
     def wanted(self, quota: Quota, request: Request) -> dict[str, int]:
@@ -125,7 +182,7 @@ class QuotaTable:
         for quota in self.quotas.values():
             if quota.names(resource):
                 used += quota.used.get(resource, 0)
-                guaranteed += quota.spec.min.get(resource, 0)
+                guaranteed += quota.min_of(resource)
         return used, guaranteed
 
     def short(self, wanted: Mapping[str, int]) -> dict[str, int]:
@@ -164,7 +221,7 @@ class QuotaTable:
         used, guaranteed = self.aggregate(resource)
         return Refusal(
             f"elastic quota {namespace}: no idle guaranteed {resource} to borrow "
-            f"(quotas use {used} of {guaranteed} guaranteed)",
+            f"(quotas use {shown(resource, used)} of {shown(resource, guaranteed)} guaranteed)",
             tuple(short),
             False,
         )
@@ -180,8 +237,8 @@ class QuotaTable:
         used = self._usage.get(namespace, {})
         share = 0.0
         for resource, amount in used.items():
-            total = capacity.get(resource, 0)
-            if total > 0 and amount > 0:
+            total = capacity.get(resource, 0) * scale(resource)
+            if total > 0 and amount > 0 and resource != SHOAL_MILLI:
                 share = max(share, amount / total)
         return share
 
@@ -189,5 +246,6 @@ class QuotaTable:
         """Quotas above their max (never expected; used by invariant checks)."""
         for quota in self.quotas.values():
             for resource, limit in quota.spec.max.items():
-                if quota.used.get(resource, 0) > limit:
-                    yield f"{quota.namespace} uses {quota.used[resource]} {resource} > max {limit}"
+                used = quota.used.get(resource, 0)
+                if used > limit * scale(resource):
+                    yield f"{quota.namespace} uses {shown(resource, used)} {resource} > max {limit}"

@@ -190,10 +190,11 @@ class ShardModel:
         """Units the coordinator handed this shard or asked it to hold since the last
         pass, in the order it decided them: the pass attempts them first, in that order
         (the coordinator counted on it), before anything else in the queue."""
-        self.planned: dict[str, tuple[str, ...]] = {}
+        self.planned: dict[str, dict[str, str]] = {}
         """Gangs waiting for their victims (the coordinator's view) → the members the
-        evictions make room for: the attempt after them places those, and the others go
-        back to the queue as ordinary pods, as one scheduler's evicting attempt does."""
+        evictions make room for, each with the node planned for it: the attempt after
+        them places those, there first, and the others go back to the queue as ordinary
+        pods, as one scheduler's evicting attempt does."""
         self.held: dict[str, list[int]] = {}
         """Units → nodes their victims left (the coordinator's view, which sees the
         evictions one by one): parked pods hear of that room only once the unit was

@@ -3,8 +3,10 @@
 Members are tried in arrival order, each through its profile (pre-filters, among them
 ElasticQuota and Coscheduling's minResources; filters; scores); if fewer than minMember
 can be placed, members that failed may preempt (the profile's post-filters), still
-staged, and if that staged no eviction and still falls short, may have room made by
-moving running pods (the rescheduler, at most ``maxMoves`` pods for the whole gang).
+staged, the gang's plan judged whole in kube-scheduler's order
+(:mod:`engine.passes.gang_preemption`), and if that staged no eviction and still falls
+short, may have room made by moving running pods (the rescheduler, at most
+``maxMoves`` pods for the whole gang).
 Only when minMember is reached does anything leave the statement, through the dispatch:
 evictions first, moves next, then the bindings. Members beyond minMember that did not
 fit become ordinary pods, tried again at once on their own (where they may preempt, as
@@ -32,7 +34,8 @@ from engine.model.state import Bools, held_devices
 from engine.model.statement import Statement
 from engine.passes.dispatch import Placed, migrate
 from engine.passes.extenders import applicable, ask_if_needed, verdict_for
-from engine.passes.pods import may_preempt, no_profile, preempt_into
+from engine.passes.gang_preemption import Failure, preempt_for
+from engine.passes.pods import no_profile, preempt_into
 from engine.passes.reservations import commit
 from engine.passes.topology import one_domain, plan
 from engine.plugins.rescheduler import NAME as NAME_RESCHEDULER
@@ -40,9 +43,6 @@ from events.types import ReservationDenied, ReservationGranted
 
 if TYPE_CHECKING:
     from engine.passes.run import SchedulingPass
-
-Failure = tuple[str, tuple[str, ...], dict[str, int]]
-"""Why a member found no node: the message, the rejecting plugins, nodes by reason."""
 
 
 def attempt_group(p: SchedulingPass, key: str) -> None:
@@ -75,7 +75,10 @@ def attempt_group(p: SchedulingPass, key: str) -> None:
         for pod in pending + later:
             e.queue.add(pod.key, pod.priority, pod.seq, e.queue_of(pod.spec.namespace))
         return
-    directed = e.reservations[group.reservation].placements if group.reservation else {}
+    # a part held for the coordinator goes where it chose; a gang after the evictions
+    # planned for it goes first where the plan put each member (its nominated nodes,
+    # as kube-scheduler tries a preemptor's nominated node first), else anywhere
+    directed = e.reservations[group.reservation].placements if group.reservation else planned or {}
     for pod in pending:
         pod.attempts += 1
         e.count("attempts")
@@ -110,7 +113,7 @@ def attempt_group(p: SchedulingPass, key: str) -> None:
     else:
         placed, failures = _members(p, statement, pending, directed, None, not group.reservation)
     if len(placed) < need and not group.reservation and not isinstance(topology, str):
-        _preempt_for(p, statement, pending, placed, failures, need, key)
+        preempt_for(p, statement, pending, placed, failures, need, key)
     if len(placed) < need and topology is None and _moves_allowed(p, group.reservation):
         _migrate_for(p, statement, pending, placed, failures, need, key)
     if topology is not None and not isinstance(topology, str) and topology.required is not None:
@@ -219,12 +222,14 @@ def _members(
             failures[pod.key] = (no_profile(pod), (), {})
             continue
         if pod.key in directed:
-            failure = _directed(p, statement, pod, framework, directed[pod.key])
+            failure = _directed(p, statement, pod, framework, directed[pod.key], not judged)
             if failure is None:
                 placed.append((pod, e.state.pods[pod.key].slot, 0))
-            else:
+                continue
+            if not judged:
                 failures[pod.key] = failure
-            continue
+                continue
+            # a nominated node that no longer holds it: wherever the profile puts it
         extenders = applicable(p, pod) if judged else ()
         verdict = verdict_for(p, pod, extenders) if extenders else None
         attempt = framework.schedule(
@@ -256,10 +261,16 @@ def _asks_extenders(p: SchedulingPass, pending: list[PodInfo], unit: str) -> boo
 
 
 def _directed(
-    p: SchedulingPass, statement: Statement, pod: PodInfo, framework: Framework, node: str
+    p: SchedulingPass,
+    statement: Statement,
+    pod: PodInfo,
+    framework: Framework,
+    node: str,
+    local_only: bool = True,
 ) -> Failure | None:
-    """Stage ``pod`` on ``node`` (the coordinator's choice) if this shard's own state
-    agrees it fits there: the profile's pre-filters, and its filters on that node."""
+    """Stage ``pod`` on ``node`` (the coordinator's choice, or a nomination) if this
+    engine's state agrees it fits there: the profile's pre-filters, and its filters on
+    that node (``local_only``: those that read no other node's pods)."""
     e = p.e
     slot = e.state.index.get(node)
     if slot is None:
@@ -270,7 +281,7 @@ def _directed(
         return (status.message(), (status.plugin,) if status.plugin else (), {})
     # the rules that read pods on other nodes were checked by the coordinator on its
     # whole view; this shard sees only its own pods
-    if not framework.feasible(cycle, pod, e.state, local_only=True)[slot]:
+    if not framework.feasible(cycle, pod, e.state, local_only=local_only)[slot]:
         return (f"{pod.key} no longer fits node {node}", ("NodeResourcesFit",), {})
     statement.assume_pod(pod, slot)
     return None
@@ -328,33 +339,3 @@ def _migrate_for(
         note = str(cycle.read(NAME_RESCHEDULER, CHEAPEST, ""))
         if note:
             failures[pod.key] = (f"{failure[0]}; {note}", failure[1], failure[2])
-
-
-def _preempt_for(
-    p: SchedulingPass,
-    statement: Statement,
-    pending: list[PodInfo],
-    placed: Placed,
-    failures: dict[str, Failure],
-    need: int,
-    key: str,
-) -> None:
-    """Members that failed may preempt (staged), in order, until minMember is reached."""
-    for pod in pending:
-        if len(placed) >= need:
-            break
-        framework = p.profiles.framework_for(pod)
-        if pod.key not in failures or framework is None or applicable(p, pod):
-            continue  # (preemption does not ask extenders: a member they judge does not)
-        if not failures[pod.key][1] and not statement.evicted():
-            continue  # no plugin to blame: nothing preemption could change
-        from engine.framework.results import Attempt
-        from engine.framework.status import Status
-
-        refused = Attempt(-1, Status(plugin=",".join(failures[pod.key][1])))
-        if not may_preempt(p, pod, refused):
-            continue
-        slot = preempt_into(p, statement, pod, framework, exclude_group=key)
-        if slot is not None:
-            placed.append((pod, slot, 0))
-            del failures[pod.key]

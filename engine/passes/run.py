@@ -444,8 +444,7 @@ class SchedulingPass:
             return (-priority, 0, 0.0, seq, unit)
         wanted: dict[str, int] = {}
         for pod in self.unit_pods(unit):
-            for row, amount in pod.request:
-                name = e.state.resources.name(row)
+            for name, amount in e.quotas.named(pod.request).items():
                 wanted[name] = wanted.get(name, 0) + amount
         if quota.within_min_with(wanted):
             return (-priority, 0, 0.0, seq, unit)

@@ -32,6 +32,8 @@ from events.types import PodSpec
 
 MIGRATABLE: Final = "shoal.io/migratable"
 MAX_COMBINATIONS: Final = 4096
+MAX_REFUSED: Final = 4
+"""Plans refused by a disruption budget kept per search (to say why, if one works)."""
 
 Unit = tuple[str, ...]
 """Pods that move together: one pod, or every bound member of a gang (sorted)."""
@@ -138,11 +140,14 @@ def plans(
     movable: dict[int, list[Unit]],
     size: int,
     allowances: Mapping[str, int] | None,
-    refused: list[str],
+    refused: list[tuple[Plan, str]],
+    max_combinations: int = MAX_COMBINATIONS,
 ) -> list[Plan]:
     """Every plan of ``size`` moved pods that frees enough room and breaks no disruption
-    budget (its moves counted together), cheapest first; the first plan a budget
-    refused is said in ``refused``."""
+        budget (its moves counted together), cheapest first; the first ``MAX_REFUSED``
+        plans a budget refused go to ``refused``, each with the budget's name (whether one
+        could be carried out is for the caller to try). At most ``max_combinations`` sets
+    of pods are looked at."""
     pods, started, budgets = handle.pods, handle.started, handle.budgets
     out: list[Plan] = []
     combinations = 0
@@ -154,25 +159,21 @@ def plans(
                 if len(moved) != size:
                     continue
                 combinations += 1
-                if combinations > MAX_COMBINATIONS:
+                if combinations > max_combinations:
                     break
                 if not fits_without(pod, state, slot, list(moved)):
                     continue
                 broken = broken_by(budgets, allowances, (pods[k].spec for k in moved))
-                if broken:
-                    if not refused:
-                        refused.append(
-                            f"moving {', '.join(moved)} off {state.names[slot] or '?'} would "
-                            f"make room, but PodDisruptionBudget {broken} allows no more "
-                            "disruptions"
-                        )
-                    continue
                 cost = (
                     sum(pods[k].priority for k in moved),
                     -sum(started.get(k, 0) for k in moved),
                     slot,
                     0,
                 )
+                if broken:
+                    if len(refused) < MAX_REFUSED:
+                        refused.append((Plan(cost, slot, moved), broken))
+                    continue
                 out.append(Plan(cost, slot, moved))
     out.sort(key=lambda p: (p.cost, p.moved))
     return out

@@ -16,20 +16,26 @@ kube-scheduler's priority preemption wherever no elastic quota is involved:
 Which: per candidate node (one that only resources keep the pod from), every eligible
 pod there is removed; if the quota still refuses (the cluster is larger than the quotas'
 ``min``, so room on a node is not what is missing), eligible pods elsewhere are added,
-least valuable first; then victims are reprieved one by one, the largest units first,
-then the most valuable (highest priority, earliest start), while the pod still fits the
-node and its quota: what remains is a minimal set biased to the fewest pods, then to
-the least valuable ones. A victim whose gang would drop below ``minMember`` takes its
-whole gang: the gang is one unit in the choice on a node, in the namespaces' floors and
-in the cost. The node chosen minimises, in order: the number of victims whose eviction
-would break a PodDisruptionBudget (kube-scheduler's first rule; the most valuable
-victims use a budget's allowance first), the number of victims (gangs expanded), the
-highest victim priority, the sum of their priorities; then it prefers victims that
-started last (kube-scheduler's "latest start time" rule), then the lowest slot. On a
-node, victims whose eviction would break a budget are reprieved first, as
-kube-scheduler's ``selectVictimsOnNode`` does; a budget never forbids a preemption.
-The per-node work runs on at most ``MAX_CANDIDATES`` nodes, those with the fewest
-eligible pods first.
+least valuable first; then victims are reprieved one unit at a time while the pod still
+fits the node and its quota, as kube-scheduler's ``selectVictimsOnNode`` does: those
+whose eviction would break a PodDisruptionBudget first, then the most valuable first
+(highest priority, then earliest start). A victim whose gang would drop below
+``minMember`` takes its whole gang: the gang is one unit in the choice on a node (as
+valuable as its most valuable member), in the namespaces' floors and in the cost.
+
+The node chosen is kube-scheduler's (``pickOneNodeForPreemption``): it minimises, in
+order, the number of victims whose eviction would break a budget (the most valuable
+victims use a budget's allowance first), the highest victim priority, the sum of the
+victims' priorities (each counted as ``priority + 2**31``, as kube-scheduler does, so
+that one more victim always costs more than any difference of priorities), the number
+of victims (gangs expanded); then it prefers the node whose highest-priority victims
+started last, then the first node by name. So a priority-1000 pod evicts two
+priority-100 pods before one priority-500 pod: priority comes before count, as in
+kube-scheduler, CapacityScheduling and Volcano. A budget never forbids a preemption.
+The per-node work runs on at most ``MAX_CANDIDATES`` nodes, those whose victims could
+have the lowest highest priority first (then the fewest eligible pods). The coordinator
+decides the preemptions of several shards with this same plugin on its exact view, so
+the choice is the same at any number of shards.
 
 The victims and the pod are staged in the attempt's statement; the pass commits them
 (evictions first) or discards them whole, so nothing half-done is ever visible.
@@ -54,8 +60,9 @@ from engine.model.groups import SCHEDULED
 from engine.model.pods import PodInfo
 from engine.model.quota import QuotaTable
 from engine.model.resources import PODS
-from engine.model.state import Bools, ClusterState
+from engine.model.state import Bools, ClusterState, Request
 from engine.model.statement import Statement
+from engine.model.victims import Cost, cost_of
 
 NAME: Final = "DefaultPreemption"
 MAX_CANDIDATES: Final = 64
@@ -78,7 +85,7 @@ class Mode(Enum):
 class Plan:
     slot: int
     victims: tuple[str, ...]
-    cost: tuple[int, int, int, int, int, int]
+    cost: Cost
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +96,9 @@ class _Victim:
     namespace: str
     slot: int
     request: dict[str, int]
+    """What it holds on its node, by resource name (its cards' rows aside)."""
+    counted: dict[str, int]
+    """What it counts in quotas (:meth:`QuotaTable.named`: its cards in milli-cards)."""
 
     def rank(self) -> tuple[int, int, str]:
         """Most valuable first: higher priority, then earlier start."""
@@ -150,13 +160,17 @@ def mode_of(pod: PodInfo, quotas: QuotaTable) -> Mode:
 
 
 def plan(
-    pod: PodInfo, state: ClusterState, allowed: Bools, handle: Handle, exclude_group: str = ""
+    pod: PodInfo,
+    state: ClusterState,
+    allowed: Bools,
+    handle: Handle,
+    exclude_group: str = "",
 ) -> Plan | None:
     """The cheapest way to make room for ``pod``, or None (see the module docstring)."""
     quotas = handle.quotas
     mode = mode_of(pod, quotas)
     exclude = exclude_group or pod.spec.group
-    wanted = quotas.named(pod.request)
+    wanted = _names(state, pod.request)
     quota = quotas.get(pod.spec.namespace)
     agg_short: dict[str, int] = {}
     max_short: dict[str, int] = {}
@@ -164,7 +178,7 @@ def plan(
         counted = quotas.wanted(quota, pod.request)
         agg_short = quotas.short(counted)
         for resource, amount in counted.items():
-            limit = quota.spec.max.get(resource)
+            limit = quota.max_of(resource)
             if limit is not None and quota.used.get(resource, 0) + amount > limit:
                 max_short[resource] = quota.used.get(resource, 0) + amount - limit
 
@@ -252,15 +266,9 @@ def plan(
             expanded.update(dict.fromkeys(_gang_of(handle, state, victim.key)))
         infos = [_describe(handle, key) for key in expanded]
         if not infos:
-            return Plan(slot, (), (0, 0, 0, 0, 0, slot))  # fits already (staged room)
-        cost = (
-            len(breaking([_victim(handle, state, k) for k in expanded])),
-            len(infos),
-            max(p for p, _ in infos),
-            sum(p for p, _ in infos),
-            -max(s for _, s in infos),
-            slot,
-        )
+            return Plan(slot, (), cost_of(0, [], state.names[slot] or ""))  # fits already
+        broken = len(breaking([_victim(handle, state, k) for k in expanded]))
+        cost = cost_of(broken, infos, state.names[slot] or "")
         if best is None or cost < best.cost:
             best = Plan(slot, tuple(expanded), cost)
     return best
@@ -268,16 +276,23 @@ def plan(
 
 def _priority_candidates(pod: PodInfo, state: ClusterState, allowed: Bools) -> list[int]:
     """The nodes where evicting every pod of lower priority would make room for
-    ``pod`` (its GPU cards aside: checked exactly per node later), fewest such pods
-    first, at most ``MAX_CANDIDATES`` of them."""
-    evictable = state.evictable_below(pod.priority)
-    fits = allowed & (evictable[PODS] > 0)
+    ``pod`` (its GPU cards aside: checked exactly per node later), at most
+    ``MAX_CANDIDATES`` of them: those where the lowest priorities suffice first (the
+    highest victim priority comes first in the choice), then those with the fewest such
+    pods."""
+    levels = sorted(level for level in state.used_by_priority if level < pod.priority)
     card_rows = state.cards.rows
-    for row, amount in pod.request:
-        if row not in card_rows:
+    scalar = [(row, amount) for row, amount in pod.request if row not in card_rows]
+    evictable = np.zeros_like(state.used)
+    first = np.full(state.capacity, len(levels), dtype=np.int64)
+    for index, level in enumerate(levels):
+        evictable += state.used_by_priority[level]
+        fits = allowed & (evictable[PODS] > 0) & (first == len(levels))
+        for row, amount in scalar:
             fits &= state.free[row] + evictable[row] >= amount
-    slots = np.flatnonzero(fits)
-    order = np.lexsort((slots, evictable[PODS][slots]))
+        first[fits] = index
+    slots = np.flatnonzero(first < len(levels))
+    order = np.lexsort((slots, evictable[PODS][slots], first[slots]))
     return [int(s) for s in slots[order][:MAX_CANDIDATES]]
 
 
@@ -330,12 +345,12 @@ def _victims_for(
             took = taken.get(member.namespace, {})
             left = after.setdefault(member.namespace, {})
             for resource in reclaimed:
-                floor = quota.spec.min.get(resource)
-                if floor is None or not quota.names(resource):
+                if resource not in quota.spec.min or not quota.names(resource):
                     continue
+                floor = quota.min_of(resource)
                 if resource not in left:
                     left[resource] = quota.used.get(resource, 0) - took.get(resource, 0)
-                left[resource] -= member.request.get(resource, 0)
+                left[resource] -= member.counted.get(resource, 0)
                 if left[resource] < floor:
                     return False
         return True
@@ -347,7 +362,7 @@ def _victims_for(
             chosen.append(member)
             chosen_keys.add(member.key)
             took = taken.setdefault(member.namespace, {})
-            for resource, amount in member.request.items():
+            for resource, amount in member.counted.items():
                 took[resource] = took.get(resource, 0) + amount
 
     chosen: list[_Victim] = []
@@ -365,22 +380,23 @@ def _victims_for(
         for victim in least_first:  # the quota is what is short: victims anywhere
             if victim.slot == slot or victim.key in chosen_keys or not floor_ok(victim):
                 continue
-            if not any(victim.request.get(r, 0) > 0 for r in (*agg_short, *max_short)):
+            if not any(victim.counted.get(r, 0) > 0 for r in (*agg_short, *max_short)):
                 continue
             take(victim, chosen)
             if covers(chosen):
                 break
         else:
             return None
-    # reprieve a unit at a time: those whose eviction would break a disruption budget
-    # first (kube-scheduler's rule), then the largest (fewest pods go, as nodes are
-    # compared), then the most valuable; whoever cannot be spared stays a victim
+    # reprieve a unit at a time, as kube-scheduler's selectVictimsOnNode does: those
+    # whose eviction would break a disruption budget first, then the most valuable (a
+    # gang as valuable as its most valuable member); whoever cannot be spared stays
     kept = list(chosen)
     breaks = breaking(chosen)
 
-    def order(victim: _Victim) -> tuple[bool, int, tuple[int, int, str]]:
-        unit_breaks = any(m.key in breaks for m in units[victim.key])
-        return (not unit_breaks, -len(units[victim.key]), victim.rank())
+    def order(victim: _Victim) -> tuple[bool, tuple[int, int, str], tuple[int, int, str]]:
+        unit = units[victim.key]
+        unit_breaks = any(m.key in breaks for m in unit)
+        return (not unit_breaks, min(m.rank() for m in unit), victim.rank())
 
     for victim in sorted(chosen, key=order):
         unit = {m.key for m in units[victim.key]}
@@ -422,8 +438,15 @@ def _victim(handle: Handle, state: ClusterState, key: str) -> _Victim:
         handle.started.get(key, 0),
         pod.spec.namespace,
         placed.slot,
+        _names(state, placed.request),
         handle.quotas.named(placed.request),
     )
+
+
+def _names(state: ClusterState, request: Request) -> dict[str, int]:
+    """``request`` by resource name (what it takes on a node)."""
+    names = state.resources
+    return {names.name(row): amount for row, amount in request}
 
 
 def _coverage(
@@ -448,10 +471,10 @@ def _coverage(
             theirs = quotas.get(victim.namespace)
             for resource in agg:
                 if theirs is not None and theirs.names(resource):
-                    agg[resource] += victim.request.get(resource, 0)
+                    agg[resource] += victim.counted.get(resource, 0)
             if victim.namespace == pod.spec.namespace:
                 for resource in own:
-                    own[resource] += victim.request.get(resource, 0)
+                    own[resource] += victim.counted.get(resource, 0)
         return (
             all(room.get(r, 0) >= amount for r, amount in wanted.items())
             and all(agg[r] >= need for r, need in agg_short.items())

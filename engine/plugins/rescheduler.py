@@ -10,8 +10,12 @@ Which plan: the fewest moves, then the least work lost (the lowest priorities, t
 pods that started last), then the lowest node slot. Searched over at most
 ``MAX_CANDIDATES`` nodes (those with the fewest movable units first), plans of up to
 ``maxMoves`` pods (default 3) and at most ``MAX_TRIALS`` staged trials, so an attempt
-stays bounded. A pod that fits nowhere even then is told the cheapest plan found that
-needs more moves than allowed, or the plan a disruption budget refused, in its reason.
+stays bounded. A pod that fits nowhere even then is told, in its reason, the plan a
+disruption budget refused, or else the cheapest plan that needs more moves than allowed
+(the fewest moves, up to ``MAX_REPORTED``), but only a plan that could be carried out:
+it is staged (every moved pod landing on another node by its profile) and undone. A
+plan that frees room on a node but whose pods can go nowhere else (a one-node cluster)
+is never offered as a fix.
 
 Never moved: a pod that says no (annotation ``shoal.io/migratable: "false"``), one of
 higher priority than the waiting pod, a pod not yet bound, the waiting pod's own gang,
@@ -47,6 +51,9 @@ from engine.model.pods import PodInfo
 from engine.model.state import Bools, ClusterState
 from engine.model.statement import Statement
 from engine.plugins.migration import (
+    MAX_COMBINATIONS,
+    Plan,
+    Unit,
     fits_without,
     movable_units,
     plans,
@@ -58,6 +65,10 @@ NAME: Final = "Rescheduler"
 MAX_MOVES: Final = 3
 MAX_CANDIDATES: Final = 32
 MAX_TRIALS: Final = 64
+MAX_REPORTED: Final = 8
+"""The largest plan a reason names (``maxMoves`` is at most 8 too)."""
+REPORT_TRIALS: Final = 16
+"""Plans beyond ``maxMoves`` tried (staged, then undone) before a reason names one."""
 PLACED: Final = "placed"
 """Cycle key: the slot the waiting pod was placed on (the plan staged it already)."""
 SKIP: Final = "skip"
@@ -168,27 +179,9 @@ class Rescheduler:
         if not candidates:
             return NOTHING
         trials = 0
-        refused: list[str] = []
-        for size in range(1, limit + 2):
+        refused: list[tuple[Plan, str]] = []
+        for size in range(1, limit + 1):
             found = plans(handle, pod, state, candidates, movable, size, allowances, refused)
-            if size > limit:
-                if found:
-                    cheapest = found[0]
-                    node = state.names[cheapest.slot] or "?"
-                    allowed = (
-                        f"maxMoves {self.max_moves}"
-                        if limit == self.max_moves
-                        else f"{limit} left of maxMoves {self.max_moves} for the gang"
-                    )
-                    cycle.write(
-                        NAME,
-                        CHEAPEST,
-                        f"moving {', '.join(cheapest.moved)} off {node} would make room, "
-                        f"but that is {size} moves ({allowed})",
-                    )
-                elif refused:
-                    cycle.write(NAME, CHEAPEST, refused[0])
-                return NOTHING
             for plan in found:
                 trials += 1
                 if trials > MAX_TRIALS:
@@ -196,6 +189,88 @@ class Rescheduler:
                 if stage(handle, statement, framework, pod, state, plan):
                     cycle.write(NAME, PLACED, plan.slot)
                     return PostFilterResult(SUCCESS, plan.slot)
-        if refused:
-            cycle.write(NAME, CHEAPEST, refused[0])
+        note = _why_not(handle, statement, framework, pod, state, refused, MAX_TRIALS - trials)
+        if not note:
+            cheapest = self._beyond(
+                handle, statement, framework, pod, state, candidates, movable, limit, allowances
+            )
+            if cheapest is not None:
+                plan, size = cheapest
+                allowed = (
+                    f"maxMoves {self.max_moves}"
+                    if limit == self.max_moves
+                    else f"{limit} left of maxMoves {self.max_moves} for the gang"
+                )
+                node = state.names[plan.slot] or "?"
+                note = (
+                    f"moving {', '.join(plan.moved)} off {node} would make room, "
+                    f"but that is {size} moves ({allowed})"
+                )
+        if note:
+            cycle.write(NAME, CHEAPEST, note)
         return NOTHING
+
+    def _beyond(
+        self,
+        handle: Handle,
+        statement: Statement,
+        framework: Any,
+        pod: PodInfo,
+        state: ClusterState,
+        candidates: list[int],
+        movable: dict[int, list[Unit]],
+        limit: int,
+        allowances: Mapping[str, int] | None,
+    ) -> tuple[Plan, int] | None:
+        """The cheapest plan of more than ``limit`` moves (at most ``MAX_REPORTED``) that
+        could be carried out: every moved pod lands elsewhere (tried, then undone), and
+        its size; None when there is none within ``REPORT_TRIALS`` trials (and as many
+        sets of pods looked at, over all sizes, as one size of the search may)."""
+        trials = 0
+        sizes = range(limit + 1, MAX_REPORTED + 1)
+        share = MAX_COMBINATIONS // max(len(sizes), 1)
+        for size in sizes:
+            found = plans(handle, pod, state, candidates, movable, size, allowances, [], share)
+            for plan in found:
+                trials += 1
+                if trials > REPORT_TRIALS:
+                    return None
+                if _would_stage(handle, statement, framework, pod, state, plan):
+                    return plan, size
+        return None
+
+
+def _would_stage(
+    handle: Handle,
+    statement: Statement,
+    framework: Any,
+    pod: PodInfo,
+    state: ClusterState,
+    plan: Plan,
+) -> bool:
+    """Whether ``plan`` could be carried out (staged, then undone)."""
+    mark = len(statement.ops)
+    if not stage(handle, statement, framework, pod, state, plan):
+        return False
+    statement.rollback(mark)
+    return True
+
+
+def _why_not(
+    handle: Handle,
+    statement: Statement,
+    framework: Any,
+    pod: PodInfo,
+    state: ClusterState,
+    refused: list[tuple[Plan, str]],
+    trials: int,
+) -> str:
+    """The first plan a disruption budget refused that could otherwise be carried out,
+    said; "" when there is none."""
+    for plan, budget in refused[: max(trials, 0)]:
+        if _would_stage(handle, statement, framework, pod, state, plan):
+            return (
+                f"moving {', '.join(plan.moved)} off {state.names[plan.slot] or '?'} would "
+                f"make room, but PodDisruptionBudget {budget} allows no more disruptions"
+            )
+    return ""

@@ -326,7 +326,7 @@ class ShardDispatch:
                 c.send(shard, PreemptionRequested(victims=victims[shard]))
             c.nominate(unit, [v for part in victims.values() for v in part])
             if is_group_unit(unit):
-                e.planned[unit] = tuple(pod.key for pod, _, _ in placed)
+                e.planned[unit] = {pod.key: e.state.names[slot] or "" for pod, slot, _ in placed}
             return False
         if statement is not None:
             statement.commit()

@@ -46,14 +46,15 @@ GI = 1 << 30
         # 1000 milli is the whole card
         ({"shoal.io/gpu-milli": 1000}, GpuRequest(1, WHOLE_CARD, SHOAL)),
         # HAMi: 2 vGPUs, each 30% of a card's compute (300m) and 4000 MiB of its memory
+        # (a vGPU: it counts as a card in quotas)
         (
             {"nvidia.com/gpu": 2, "nvidia.com/gpucores": 30, "nvidia.com/gpumem": 4000},
-            GpuRequest(2, CardNeed(300, 0, 4000), HAMI),
+            GpuRequest(2, CardNeed(300, 0, 4000, vgpu=True), HAMI),
         ),
         # HAMi: memory as a percentage (25% = 250 per mille); cores default to 0
         (
             {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 25},
-            GpuRequest(1, CardNeed(0, 250), HAMI),
+            GpuRequest(1, CardNeed(0, 250, vgpu=True), HAMI),
         ),
         # HAMi: no memory named takes the whole memory, as HAMi defaults it
         ({"nvidia.com/gpu": 1, "nvidia.com/gpucores": 100}, GpuRequest(1, WHOLE_CARD, HAMI)),

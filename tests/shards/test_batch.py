@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from engine.model.quota import GPU_SCALE
 from events.memory import MemoryLog
 from shards.inputs.scenario import load_scenario
 from shards.replay import replay
@@ -314,8 +315,9 @@ def test_borrow_then_reclaim(tmp_path: Path) -> None:
     assert {p["pod"] for p in data["preemptions"]} == {"team-a/a5", "team-a/a4"}
     assert all(p["by"].startswith("team-b/") for p in data["preemptions"])
     engine = data["engine"]
-    assert engine.quotas.get("team-a").used["nvidia.com/gpu"] == 4
-    assert engine.quotas.get("team-b").used["nvidia.com/gpu"] == 6
+    # (the table keeps nvidia.com/gpu in milli-cards, so that shares count their part)
+    assert engine.quotas.get("team-a").used["nvidia.com/gpu"] == 4 * GPU_SCALE
+    assert engine.quotas.get("team-b").used["nvidia.com/gpu"] == 6 * GPU_SCALE
 
 
 def test_quota_max_is_never_exceeded(tmp_path: Path) -> None:
@@ -400,21 +402,21 @@ def test_equal_priority_is_never_preempted(tmp_path: Path) -> None:
 
 
 def test_gang_aware_preemption_counts_the_whole_gang(tmp_path: Path) -> None:
-    """Evicting one member of a gang at minMember evicts the gang: a node with a lone
-    low-priority pod is the cheaper victim even though its pod has higher priority."""
+    """Evicting one member of a gang at minMember evicts the gang: of equal priorities,
+    a node with a lone pod is the cheaper victim (one pod against the gang's two)."""
     text = PRIORITIES + node("a", cpu=2) + node("b", cpu=2) + node("c", cpu=2)
     text += group("g", 2)
     text += pod(
         "g0",
         cpu="2",
         labels="scheduling.x-k8s.io/pod-group: g",
-        spec="  priority: 5\n  nodeName: a",
+        spec="  priority: 10\n  nodeName: a",
     )
     text += pod(
         "g1",
         cpu="2",
         labels="scheduling.x-k8s.io/pod-group: g",
-        spec="  priority: 5\n  nodeName: b",
+        spec="  priority: 10\n  nodeName: b",
     )
     text += pod("lone", cpu="2", spec="  priorityClassName: low\n  nodeName: c")
     text += pod(

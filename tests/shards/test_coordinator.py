@@ -24,6 +24,7 @@ import msgspec
 import pytest
 
 from engine.model.pools import POOL_LABEL, Sharding
+from engine.model.quota import GPU_SCALE
 from events.types import (
     SECOND,
     ClockTicked,
@@ -467,7 +468,7 @@ def test_a_handed_gang_whose_part_is_denied_leaves_its_quota_as_it_was(shards: i
         shard=last,
     )
     control.report(last, grant)
-    assert quota.used.get(gpu, 0) == 2, quota.used
+    assert quota.used.get(gpu, 0) == 2 * GPU_SCALE, quota.used  # (kept in milli-cards)
     out = control.input(*[make_pod(f"x{i}", "ml").gpu(1).submitted() for i in range(3)])
     assert [e.pod.key for _, e in sent(out, PodRouted)] == ["ml/x0"]
 

@@ -108,6 +108,44 @@ def test_a_pod_that_may_not_move_is_not_moved(
 
 
 @pytest.mark.parametrize("shards", SHARDS)
+@pytest.mark.parametrize(("nodes", "moves"), [(1, 3), (1, 8), (2, 3)])
+def test_a_reason_never_offers_moves_that_have_nowhere_to_go(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int, nodes: int, moves: int
+) -> None:
+    """Each node runs eight 1-card pods and is full; a 4-card pod waits. Moving four
+    pods would free room on a node, but there is nowhere to move them (one node, or
+    every other node full as well): whatever ``maxMoves``, the reason offers no moves
+    (issue #28, item 4)."""
+    text = max_moves(moves) + "".join(gpu_node(f"node{i}", 8) for i in range(1, nodes + 1))
+    for n in range(1, nodes + 1):
+        text += "".join(gpu_pod(f"one-{n}-{i}", 1, on=f"node{n}") for i in range(8))
+    text += gpu_pod("big", 4, at=10)
+    data = run(tmp_path, capsys, text, shards)
+    big = data["pods"]["default/big"]
+    assert big["phase"] == "Pending" and data["migrations"] == []
+    assert "would make room" not in big["reason"] and "moves" not in big["reason"], big
+
+
+@pytest.mark.parametrize("shards", SHARDS)
+def test_the_reason_names_the_fewest_moves_that_could_be_made(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
+) -> None:
+    """node1 runs eight 1-card pods; node2 has room for two of them, node3 for three.
+    A 5-card pod needs five of node1's pods moved, and all five can go: with maxMoves 3
+    its reason names that plan, with its real size (the fewest moves that could be made,
+    not merely one more than allowed)."""
+    text = "".join(gpu_node(f"node{i}", 8) for i in (1, 2, 3))
+    text += "".join(gpu_pod(f"one-{i}", 1, on="node1") for i in range(8))
+    text += gpu_pod("stay-2", 6, on="node2", migratable=False)
+    text += gpu_pod("stay-3", 5, on="node3", migratable=False)
+    text += gpu_pod("big", 5, at=10)
+    data = run(tmp_path, capsys, text, shards)
+    big = data["pods"]["default/big"]
+    assert big["phase"] == "Pending" and data["migrations"] == []
+    assert "5 moves (maxMoves 3)" in big["reason"] and "off node1" in big["reason"], big
+
+
+@pytest.mark.parametrize("shards", SHARDS)
 def test_a_plan_needing_too_many_moves_is_named_not_made(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
 ) -> None:
