@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import statistics
 import sys
@@ -12,16 +13,24 @@ from pathlib import Path
 from typing import Any
 
 from events.errors import InputError
-from loadtest.gputrace import POD_PREFIX, POLICIES, PUBLISHED_FILE, PUBLISHED_NAMES, workloads
-
-DEFAULT_TRACE = Path("..") / "shared" / "traces" / "alibaba-gpu-v2023"
+from loadtest.gputrace import (
+    NODE_FILE,
+    POD_PREFIX,
+    POLICIES,
+    PUBLISHED_FILE,
+    PUBLISHED_NAMES,
+    workloads,
+)
+from loadtest.tracefiles import has, read_text, trace_source
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default="default", help="default, all, or a NAME")
     parser.add_argument("--policy", default="all", help=f"all, or one of {', '.join(POLICIES)}")
     parser.add_argument("--seeds", default="42-51", help="A-B or A,B,C (default 42-51)")
-    parser.add_argument("--trace", type=Path, default=None, help="the trace folder")
+    parser.add_argument(
+        "--trace", type=Path, default=None, help="the trace folder (default: the bundled trace)"
+    )
     parser.add_argument("--jobs", type=int, default=0, help="processes (default: CPUs)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--plot", type=Path, default=None, metavar="FILE.png")
@@ -48,40 +57,26 @@ def _seeds(raw: str) -> list[int]:
     return seeds
 
 
-def trace_folder(given: Path | None) -> Path:
-    trace = given if given is not None else DEFAULT_TRACE
-    if not (trace / "openb_node_list_gpu_node.csv").is_file():
-        raise InputError(
-            "the Alibaba GPU trace is not there (openb_node_list_gpu_node.csv missing)",
-            location=f"--trace {trace}",
-        )
-    return trace.resolve()
-
-
 def published(trace: Path) -> dict[tuple[str, str, int], float]:
     """(workload, policy, arrived %) → published mean allocation %."""
-    path = trace / PUBLISHED_FILE
     out: dict[tuple[str, str, int], float] = {}
-    if not path.is_file():
+    if not has(trace, PUBLISHED_FILE):
         return out
     names = {v: k for k, v in PUBLISHED_NAMES.items()}
-    with path.open(newline="") as handle:
-        for row in csv.DictReader(handle):
-            policy = names.get(row.get("policy", ""))
-            workload = row.get("workload", "").removeprefix(POD_PREFIX)
-            try:
-                out[(workload, policy or "", int(row["arrived_pct"]))] = float(
-                    row["alloc_pct_mean"]
-                )
-            except (KeyError, ValueError):
-                continue
+    for row in csv.DictReader(io.StringIO(read_text(trace, PUBLISHED_FILE), newline="")):
+        policy = names.get(row.get("policy", ""))
+        workload = row.get("workload", "").removeprefix(POD_PREFIX)
+        try:
+            out[(workload, policy or "", int(row["arrived_pct"]))] = float(row["alloc_pct_mean"])
+        except (KeyError, ValueError):
+            continue
     return out
 
 
 def run(args: argparse.Namespace) -> int:
     from loadtest.fragmentation import Run, default_jobs, run_all
 
-    trace = trace_folder(args.trace)
+    trace = trace_source(args.trace, NODE_FILE)
     known = workloads(trace)
     if args.workload == "all":
         chosen = known
