@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from events.errors import InputError
+from loadtest.fragplot import plot
 from loadtest.gputrace import (
     NODE_FILE,
     POD_PREFIX,
@@ -57,8 +58,9 @@ def _seeds(raw: str) -> list[int]:
     return seeds
 
 
-def published(trace: Path) -> dict[tuple[str, str, int], float]:
-    """(workload, policy, arrived %) → published mean allocation %."""
+def published(trace: Path, column: str = "alloc_pct_mean") -> dict[tuple[str, str, int], float]:
+    """(workload, policy, arrived %) → published mean allocation % (or ``column``:
+    ``alloc_pct_std``, its standard deviation over the published seeds)."""
     out: dict[tuple[str, str, int], float] = {}
     if not has(trace, PUBLISHED_FILE):
         return out
@@ -67,7 +69,7 @@ def published(trace: Path) -> dict[tuple[str, str, int], float]:
         policy = names.get(row.get("policy", ""))
         workload = row.get("workload", "").removeprefix(POD_PREFIX)
         try:
-            out[(workload, policy or "", int(row["arrived_pct"]))] = float(row["alloc_pct_mean"])
+            out[(workload, policy or "", int(row["arrived_pct"]))] = float(row[column])
         except (KeyError, ValueError):
             continue
     return out
@@ -140,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(table(results, published(trace)))
     if args.plot is not None:
-        plot(results, args.plot)
+        plot(results, args.plot, published(trace), published(trace, "alloc_pct_std"))
     return 0
 
 
@@ -171,38 +173,3 @@ def table(results: list[dict[str, Any]], paper: dict[tuple[str, str, int], float
             f"{'-' if at_130 is None else f'{at_130:.2f}':>6}"
         )
     return "\n".join(lines)
-
-
-def plot(results: list[dict[str, Any]], path: Path) -> None:
-    """Allocation % against arrived GPU % per policy (mean over seeds): per workload a
-    panel of the whole run and one of its end (from 70% arrival), where they differ."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    chosen = list(dict.fromkeys(r["workload"] for r in results))
-    fig, axes = plt.subplots(len(chosen), 2, figsize=(12, 4 * len(chosen)), squeeze=False)
-    for (ax, zoom), workload in zip(axes, chosen, strict=True):
-        by_policy: dict[str, list[list[float]]] = {}
-        for r in results:
-            if r["workload"] == workload and r.get("curve"):
-                by_policy.setdefault(r["policy"], []).append(r["curve"])
-        for policy, curves in by_policy.items():
-            size = min(len(c) for c in curves)
-            mean = [statistics.mean(c[i] for c in curves) for i in range(size)]
-            ax.plot(range(size), mean, label=policy)
-            zoom.plot(range(70, size), mean[70:], label=policy)
-        for panel, title in ((ax, workload), (zoom, f"{workload}, from 70% arrival")):
-            panel.plot([0, 100], [0, 100], color="grey", linewidth=0.5, linestyle=":")
-            panel.set_title(title)
-            panel.set_xlabel("arrived GPU (% of capacity)")
-            panel.set_ylabel("allocated GPU (%)")
-            panel.legend(loc="lower right", fontsize="small")
-        zoom.set_xlim(70, 131)
-        zoom.set_ylim(70, 100)
-    fig.tight_layout()
-    try:
-        fig.savefig(path)
-    except OSError as err:
-        raise InputError(f"cannot write: {err.strerror}", location=f"--plot {path}") from None
