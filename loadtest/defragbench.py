@@ -51,7 +51,7 @@ from loadtest.gputrace import (
     read_pods,
     target_workload,
 )
-from loadtest.tracefiles import location, read_text, trace_source
+from loadtest.tracefiles import TRACE_HELP, location, read_text, trace_source
 
 BUDGETS: Final = {
     "off": None,
@@ -76,9 +76,7 @@ class Timed:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default="default", help="a pod file with times (default)")
-    parser.add_argument(
-        "--trace", type=Path, default=None, help="the trace folder (default: the bundled trace)"
-    )
+    parser.add_argument("--trace", type=Path, default=None, help=TRACE_HELP)
     parser.add_argument(
         "--budgets",
         default=",".join(BUDGETS),

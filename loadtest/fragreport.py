@@ -22,16 +22,14 @@ from loadtest.gputrace import (
     PUBLISHED_NAMES,
     workloads,
 )
-from loadtest.tracefiles import has, read_text, trace_source
+from loadtest.tracefiles import TRACE_HELP, has, read_text, trace_source
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default="default", help="default, all, or a NAME")
     parser.add_argument("--policy", default="all", help=f"all, or one of {', '.join(POLICIES)}")
     parser.add_argument("--seeds", default="42-51", help="A-B or A,B,C (default 42-51)")
-    parser.add_argument(
-        "--trace", type=Path, default=None, help="the trace folder (default: the bundled trace)"
-    )
+    parser.add_argument("--trace", type=Path, default=None, help=TRACE_HELP)
     parser.add_argument("--jobs", type=int, default=0, help="processes (default: CPUs)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--plot", type=Path, default=None, metavar="FILE.png")

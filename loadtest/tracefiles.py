@@ -31,6 +31,10 @@ BUNDLED: Final = DATA / "csv.tar.xz"
 """The trace the package ships: every ``openb_*.csv`` and ``fgd_published_summary.csv``."""
 SUMS: Final = "SHA256SUMS"
 ARCHIVE_SUFFIX: Final = ".tar.xz"
+TRACE_HELP: Final = (
+    "a folder of the trace's CSV files, or a .tar.xz of them with SHA256SUMS beside it "
+    "(default: the trace shoal ships)"
+)
 
 
 def is_archive(trace: Path) -> bool:
