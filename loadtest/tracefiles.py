@@ -52,10 +52,13 @@ def _sums(path: Path) -> dict[str, str]:
         ) from None
     out = {}
     for line, row in enumerate(text.splitlines(), start=1):
-        digest, _, name = row.partition("  ")
+        if not row.strip():
+            continue
+        digest, _, name = row.partition(" ")
+        name = name[1:] if name[:1] in (" ", "*") else name  # text or binary mode
         if len(digest) != 64 or not name:
             raise InputError("not 'DIGEST  NAME'", location=f"{path}: line {line}")
-        out[name.removeprefix("*")] = digest.lower()
+        out[name] = digest.lower()
     return out
 
 
