@@ -71,7 +71,7 @@ def curves(results: list[dict[str, Any]], workload: str) -> list[PolicyCurve]:
                 mean=tuple(statistics.fmean(c) for c in columns),
                 low=tuple(min(c) for c in columns),
                 high=tuple(max(c) for c in columns),
-                unallocated=statistics.fmean(idle),
+                unallocated=statistics.mean(idle),  # as the table rounds it
                 spread=statistics.stdev(idle) if len(idle) > 1 else 0.0,
             )
         )
