@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import sys
 import time
@@ -41,6 +42,7 @@ from events.types import (
     PodSubmitted,
 )
 from loadtest.gputrace import (
+    NODE_FILE,
     POD_PREFIX,
     TracePod,
     arrivals,
@@ -49,6 +51,7 @@ from loadtest.gputrace import (
     read_pods,
     target_workload,
 )
+from loadtest.tracefiles import TRACE_HELP, location, read_text, trace_source
 
 BUDGETS: Final = {
     "off": None,
@@ -73,7 +76,7 @@ class Timed:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default="default", help="a pod file with times (default)")
-    parser.add_argument("--trace", type=Path, default=None, help="the trace folder")
+    parser.add_argument("--trace", type=Path, default=None, help=TRACE_HELP)
     parser.add_argument(
         "--budgets",
         default=",".join(BUDGETS),
@@ -103,33 +106,31 @@ def timeline(trace: Path, workload: str, copies: int = 1) -> list[Timed]:
     """Arrivals and departures of the pod file, each pod ``copies`` times, in time
     order (a pod that never leaves stays to the end)."""
     pods = {pod.name: pod for pod in read_pods(trace, workload)}
-    path = trace / f"{POD_PREFIX}{workload}.csv"
+    name = f"{POD_PREFIX}{workload}.csv"
+    path = location(trace, name)
     out: list[Timed] = []
-    with path.open(newline="") as handle:
-        reader = csv.DictReader(handle)
-        for column in ("creation_time", "deletion_time"):
-            if column not in (reader.fieldnames or ()):
-                raise InputError(
-                    f"has no {column} column: departures need a pod file with times",
-                    location=str(path),
-                )
-        for line, row in enumerate(reader, start=2):
-            pod = pods.get(row["name"])
-            try:
-                created = int(row["creation_time"] or 0)
-                deleted = int(row["deletion_time"] or 0)
-            except ValueError:
-                raise InputError(
-                    "times must be integers", location=f"{path}: line {line}"
-                ) from None
-            if pod is None:
-                continue
-            for copy in range(copies):
-                twin = pod if copy == 0 else replace(pod, name=f"{pod.name}-{copy}")
-                order = 2 * (line * copies + copy)
-                out.append(Timed(created, order, twin, False))
-                if deleted > created:
-                    out.append(Timed(deleted, order + 1, twin, True))
+    reader = csv.DictReader(io.StringIO(read_text(trace, name), newline=""))
+    for column in ("creation_time", "deletion_time"):
+        if column not in (reader.fieldnames or ()):
+            raise InputError(
+                f"has no {column} column: departures need a pod file with times",
+                location=path,
+            )
+    for line, row in enumerate(reader, start=2):
+        pod = pods.get(row["name"])
+        try:
+            created = int(row["creation_time"] or 0)
+            deleted = int(row["deletion_time"] or 0)
+        except ValueError:
+            raise InputError("times must be integers", location=f"{path}: line {line}") from None
+        if pod is None:
+            continue
+        for copy in range(copies):
+            twin = pod if copy == 0 else replace(pod, name=f"{pod.name}-{copy}")
+            order = 2 * (line * copies + copy)
+            out.append(Timed(created, order, twin, False))
+            if deleted > created:
+                out.append(Timed(deleted, order + 1, twin, True))
     out.sort(key=lambda t: (t.at, not t.leaves, t.order))
     return out
 
@@ -305,9 +306,7 @@ def run_churn(trace: Path, workload: str, name: str, steps: int, seed: int = 42)
 
 
 def run(args: argparse.Namespace) -> int:
-    from loadtest.fragreport import trace_folder
-
-    trace = trace_folder(args.trace)
+    trace = trace_source(args.trace, NODE_FILE)
     names = [n.strip() for n in args.budgets.split(",") if n.strip()]
     if not 1 <= args.copies <= 10:
         raise InputError(f"must be 1..10, got {args.copies}", location="--copies")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import statistics
 import sys
@@ -12,16 +13,23 @@ from pathlib import Path
 from typing import Any
 
 from events.errors import InputError
-from loadtest.gputrace import POD_PREFIX, POLICIES, PUBLISHED_FILE, PUBLISHED_NAMES, workloads
-
-DEFAULT_TRACE = Path("..") / "shared" / "traces" / "alibaba-gpu-v2023"
+from loadtest.fragplot import plot
+from loadtest.gputrace import (
+    NODE_FILE,
+    POD_PREFIX,
+    POLICIES,
+    PUBLISHED_FILE,
+    PUBLISHED_NAMES,
+    workloads,
+)
+from loadtest.tracefiles import TRACE_HELP, has, read_text, trace_source
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default="default", help="default, all, or a NAME")
     parser.add_argument("--policy", default="all", help=f"all, or one of {', '.join(POLICIES)}")
     parser.add_argument("--seeds", default="42-51", help="A-B or A,B,C (default 42-51)")
-    parser.add_argument("--trace", type=Path, default=None, help="the trace folder")
+    parser.add_argument("--trace", type=Path, default=None, help=TRACE_HELP)
     parser.add_argument("--jobs", type=int, default=0, help="processes (default: CPUs)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--plot", type=Path, default=None, metavar="FILE.png")
@@ -48,40 +56,27 @@ def _seeds(raw: str) -> list[int]:
     return seeds
 
 
-def trace_folder(given: Path | None) -> Path:
-    trace = given if given is not None else DEFAULT_TRACE
-    if not (trace / "openb_node_list_gpu_node.csv").is_file():
-        raise InputError(
-            "the Alibaba GPU trace is not there (openb_node_list_gpu_node.csv missing)",
-            location=f"--trace {trace}",
-        )
-    return trace.resolve()
-
-
-def published(trace: Path) -> dict[tuple[str, str, int], float]:
-    """(workload, policy, arrived %) → published mean allocation %."""
-    path = trace / PUBLISHED_FILE
+def published(trace: Path, column: str = "alloc_pct_mean") -> dict[tuple[str, str, int], float]:
+    """(workload, policy, arrived %) → published mean allocation % (or ``column``:
+    ``alloc_pct_std``, its standard deviation over the published seeds)."""
     out: dict[tuple[str, str, int], float] = {}
-    if not path.is_file():
+    if not has(trace, PUBLISHED_FILE):
         return out
     names = {v: k for k, v in PUBLISHED_NAMES.items()}
-    with path.open(newline="") as handle:
-        for row in csv.DictReader(handle):
-            policy = names.get(row.get("policy", ""))
-            workload = row.get("workload", "").removeprefix(POD_PREFIX)
-            try:
-                out[(workload, policy or "", int(row["arrived_pct"]))] = float(
-                    row["alloc_pct_mean"]
-                )
-            except (KeyError, ValueError):
-                continue
+    for row in csv.DictReader(io.StringIO(read_text(trace, PUBLISHED_FILE), newline="")):
+        policy = names.get(row.get("policy", ""))
+        workload = row.get("workload", "").removeprefix(POD_PREFIX)
+        try:
+            out[(workload, policy or "", int(row["arrived_pct"]))] = float(row[column])
+        except (KeyError, ValueError):
+            continue
     return out
 
 
 def run(args: argparse.Namespace) -> int:
     from loadtest.fragmentation import Run, default_jobs, run_all
 
-    trace = trace_folder(args.trace)
+    trace = trace_source(args.trace, NODE_FILE)
     known = workloads(trace)
     if args.workload == "all":
         chosen = known
@@ -147,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(table(results, published(trace)))
     if args.plot is not None:
-        plot(results, args.plot)
+        plot(results, args.plot, published(trace), published(trace, "alloc_pct_std"))
     return 0
 
 
@@ -178,38 +173,3 @@ def table(results: list[dict[str, Any]], paper: dict[tuple[str, str, int], float
             f"{'-' if at_130 is None else f'{at_130:.2f}':>6}"
         )
     return "\n".join(lines)
-
-
-def plot(results: list[dict[str, Any]], path: Path) -> None:
-    """Allocation % against arrived GPU % per policy (mean over seeds): per workload a
-    panel of the whole run and one of its end (from 70% arrival), where they differ."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    chosen = list(dict.fromkeys(r["workload"] for r in results))
-    fig, axes = plt.subplots(len(chosen), 2, figsize=(12, 4 * len(chosen)), squeeze=False)
-    for (ax, zoom), workload in zip(axes, chosen, strict=True):
-        by_policy: dict[str, list[list[float]]] = {}
-        for r in results:
-            if r["workload"] == workload and r.get("curve"):
-                by_policy.setdefault(r["policy"], []).append(r["curve"])
-        for policy, curves in by_policy.items():
-            size = min(len(c) for c in curves)
-            mean = [statistics.mean(c[i] for c in curves) for i in range(size)]
-            ax.plot(range(size), mean, label=policy)
-            zoom.plot(range(70, size), mean[70:], label=policy)
-        for panel, title in ((ax, workload), (zoom, f"{workload}, from 70% arrival")):
-            panel.plot([0, 100], [0, 100], color="grey", linewidth=0.5, linestyle=":")
-            panel.set_title(title)
-            panel.set_xlabel("arrived GPU (% of capacity)")
-            panel.set_ylabel("allocated GPU (%)")
-            panel.legend(loc="lower right", fontsize="small")
-        zoom.set_xlim(70, 131)
-        zoom.set_ylim(70, 100)
-    fig.tight_layout()
-    try:
-        fig.savefig(path)
-    except OSError as err:
-        raise InputError(f"cannot write: {err.strerror}", location=f"--plot {path}") from None

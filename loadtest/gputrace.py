@@ -1,7 +1,8 @@
 """The Alibaba GPU trace (cluster-trace-gpu-v2023) as nodes, pods and FGD's protocol.
 
 Reads ``openb_node_list_gpu_node.csv`` and ``openb_pod_list_<workload>.csv`` from the
-trace folder (``PROTOCOL.md`` there describes the benchmark) and builds, per seed, the
+trace (a folder, or the archive the package ships: :mod:`loadtest.tracefiles`;
+``data/alibaba-gpu-v2023/PROTOCOL.md`` describes the benchmark) and builds, per seed, the
 arrival sequence the protocol prescribes:
 
 1. nodes in an order shuffled with the seed;
@@ -17,6 +18,7 @@ be reproduced, so only means over seeds compare).
 from __future__ import annotations
 
 import csv
+import io
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,6 +30,7 @@ from engine.model.devices import GPU, MODEL_LABEL, SHOAL_MILLI, WHOLE
 from engine.plugins.gpu.workload import Shape, TargetWorkload
 from events.errors import InputError
 from events.types import NodeSelectorRequirement, NodeSelectorTerm, NodeSpec, PodSpec
+from loadtest.tracefiles import location, names, read_text
 
 NODE_FILE: Final = "openb_node_list_gpu_node.csv"
 PUBLISHED_FILE: Final = "fgd_published_summary.csv"
@@ -113,17 +116,14 @@ class TracePod:
         )
 
 
-def _rows(path: Path, columns: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
-    try:
-        handle = path.open(newline="")
-    except OSError as err:
-        raise InputError(f"cannot read: {err.strerror}", location=str(path)) from None
-    with handle:
-        reader = csv.DictReader(handle)
-        missing = [c for c in columns if c not in (reader.fieldnames or ())]
-        if missing:
-            raise InputError(f"missing column {missing[0]!r}", location=str(path))
-        yield from enumerate(reader, start=2)
+def rows(trace: Path, name: str, columns: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
+    """The rows of CSV file ``name`` of ``trace`` with their line numbers; refused, naming
+    the file, if one of ``columns`` is missing."""
+    reader = csv.DictReader(io.StringIO(read_text(trace, name), newline=""))
+    missing = [c for c in columns if c not in (reader.fieldnames or ())]
+    if missing:
+        raise InputError(f"missing column {missing[0]!r}", location=location(trace, name))
+    yield from enumerate(reader, start=2)
 
 
 def _int(row: dict[str, str], column: str, where: str, low: int, high: int) -> int:
@@ -138,9 +138,9 @@ def _int(row: dict[str, str], column: str, where: str, low: int, high: int) -> i
 
 
 def read_nodes(trace: Path) -> list[TraceNode]:
-    path = trace / NODE_FILE
+    path = location(trace, NODE_FILE)
     out = []
-    for line, row in _rows(path, _NODE_COLUMNS):
+    for line, row in rows(trace, NODE_FILE, _NODE_COLUMNS):
         where = f"{path}: line {line}"
         gpus = _int(row, "gpu", where, 0, 64)
         model = (row.get("model") or "").strip()
@@ -150,14 +150,15 @@ def read_nodes(trace: Path) -> list[TraceNode]:
         memory = _int(row, "memory_mib", where, 0, 2**30)
         out.append(TraceNode(row["sn"], cpu, memory, gpus, model))
     if not out:
-        raise InputError("no nodes", location=str(path))
+        raise InputError("no nodes", location=path)
     return out
 
 
 def read_pods(trace: Path, workload: str) -> list[TracePod]:
-    path = trace / f"{POD_PREFIX}{workload}.csv"
+    name = f"{POD_PREFIX}{workload}.csv"
+    path = location(trace, name)
     out = []
-    for line, row in _rows(path, _POD_COLUMNS):
+    for line, row in rows(trace, name, _POD_COLUMNS):
         where = f"{path}: line {line}"
         gpus = _int(row, "num_gpu", where, 0, 64)
         milli = _int(row, "gpu_milli", where, 0, WHOLE)
@@ -171,14 +172,18 @@ def read_pods(trace: Path, workload: str) -> list[TracePod]:
         memory = _int(row, "memory_mib", where, 0, 2**30)
         out.append(TracePod(row["name"], cpu, memory, gpus, milli, models))
     if not out:
-        raise InputError("no pods", location=str(path))
+        raise InputError("no pods", location=path)
     return out
 
 
 def workloads(trace: Path) -> list[str]:
     """The workload names the trace folder has (``default`` first)."""
-    names = sorted(p.name[len(POD_PREFIX) : -4] for p in trace.glob(f"{POD_PREFIX}*.csv"))
-    return sorted(names, key=lambda n: (n != "default", n))
+    found = [
+        n[len(POD_PREFIX) : -4]
+        for n in names(trace)
+        if n.startswith(POD_PREFIX) and n.endswith(".csv")
+    ]
+    return sorted(found, key=lambda n: (n != "default", n))
 
 
 def target_workload(pods: list[TracePod], memory: bool = False) -> TargetWorkload:
