@@ -55,9 +55,11 @@ from shards.inputs.groups import (
     pod_group,
     workload_warnings,
 )
+from shards.inputs.kinds import skip_warning, unknown_kind_message
 from shards.inputs.limits import MAX_OBJECTS, cut, shown
 from shards.inputs.objects import OWNER_SELECTOR, arrival, node_spec, pod_spec, priority_class
-from shards.inputs.podfields import gated, unused_fields
+from shards.inputs.podfields import check_spelling, gated, unused_fields
+from shards.inputs.progress import Progress
 from shards.inputs.topology import (
     KUEUE_VERSIONS,
     VOLCANO_VERSION,
@@ -127,6 +129,9 @@ class _Doc:
     """For a pod a workload object created: that object's kind and name."""
     at: int | None = None
     """For such a pod: when it arrives (ns), instead of its annotation."""
+    skipped: str = ""
+    """Why a document of a kind shoal does not read is skipped (the warning), if it is
+    (:mod:`shards.inputs.kinds`)."""
 
     def where(self, field_: str = "") -> str:
         meta = self.obj.get("metadata")
@@ -141,8 +146,12 @@ class _Doc:
         return f"{head}: {field_}" if field_ else head
 
 
-def _read_documents(path: str) -> Iterator[_Doc]:
-    for number, raw in read_documents(path):
+def _read_documents(path: str, progress: Progress | None = None) -> Iterator[_Doc]:
+    def told(done: int, total: int) -> None:
+        assert progress is not None
+        progress(f"reading {cut(path, 80)}", done, total, "characters")
+
+    for number, raw in read_documents(path, progress=None if progress is None else told):
         if raw is None:
             continue
         if not isinstance(raw, Mapping):
@@ -162,12 +171,11 @@ def _expand(path: str, number: int, raw: Mapping[str, Any]) -> Iterator[_Doc]:
     doc = _Doc(path, number, raw)
     version, kind = raw.get("apiVersion"), raw.get("kind")
     if not isinstance(version, str) or not isinstance(kind, str) or (version, kind) not in KINDS:
-        known = ", ".join(sorted({f"{v} {k}" for v, k in KINDS if k != CONFIG_KIND}))
-        raise InputError(
-            f"unknown kind {shown(kind)} with apiVersion {shown(version)} "
-            f"(shoal reads {known}, {CONFIG_KIND})",
-            location=doc.where(),
-        )
+        warning = skip_warning(version, kind, KINDS)
+        if warning is None:
+            raise InputError(unknown_kind_message(version, kind, KINDS), location=doc.where())
+        yield replace(doc, skipped=warning)
+        return
     key = (version, kind)
     if key == ("v1", "List"):
         items = raw.get("items")
@@ -185,11 +193,12 @@ def _located(doc: _Doc, exc: InputError) -> InputError:
     return InputError(exc.message, location=doc.where(exc.location.lstrip(".")))
 
 
-def load_scenario(paths: list[str]) -> Scenario:
+def load_scenario(paths: list[str], progress: Progress | None = None) -> Scenario:
     """Read scenario files; raise :class:`InputError` naming file, document and field,
-    on one line of bounded length."""
+    on one line of bounded length. ``progress`` hears of each step (reading each file,
+    expanding workloads, checking the objects)."""
     try:
-        return _load_scenario(paths)
+        return _load_scenario(paths, progress)
     except InputError as exc:
         raise _tidy(exc) from None
 
@@ -199,10 +208,12 @@ def _tidy(exc: InputError) -> InputError:
     return InputError(cut(exc.message), location=cut(exc.location))
 
 
-def _load_scenario(paths: list[str]) -> Scenario:
-    docs = [doc for path in paths for doc in _read_documents(path)]
+def _load_scenario(paths: list[str], progress: Progress | None = None) -> Scenario:
+    docs = [doc for path in paths for doc in _read_documents(path, progress)]
     totals = ScenarioTotals()
     scenario = Scenario()
+    scenario.warnings += (f"{d.where()}: {d.skipped}" for d in docs if d.skipped)
+    docs = [d for d in docs if not d.skipped]
     classes: dict[str, int] = {}
     default_class: tuple[str, int] | None = None
     for doc in docs:
@@ -244,7 +255,7 @@ def _load_scenario(paths: list[str]) -> Scenario:
     scenario.priority_classes = dict(classes)
     if default_class is not None:
         classes[""] = default_class[1]
-    docs = _with_workload_pods(docs, classes, scenario.warnings)
+    docs = _with_workload_pods(docs, classes, scenario.warnings, progress)
     seen_nodes: set[str] = set()
     seen_pods: set[str] = set()
     warned: set[tuple[str, str]] = set()
@@ -258,6 +269,8 @@ def _load_scenario(paths: list[str]) -> Scenario:
     where_of: dict[str, _Doc] = {}
     for order, doc in enumerate(docs):
         kind = doc.obj.get("kind")
+        if progress is not None:
+            progress("checking objects", order + 1, len(docs), "objects")
         try:
             totals.add_object()
             if kind == "PodGroup":
@@ -315,6 +328,7 @@ def _load_scenario(paths: list[str]) -> Scenario:
                 seen_pods.add(pod.key)
                 raw_spec = doc.obj.get("spec")
                 raw_spec = raw_spec if isinstance(raw_spec, Mapping) else {}
+                check_spelling(raw_spec)
                 for field_, message in unused_fields(raw_spec):
                     if not doc.parent or (doc.parent, field_) not in warned:
                         warned.add((doc.parent, field_))
@@ -376,7 +390,10 @@ def _load_scenario(paths: list[str]) -> Scenario:
 
 
 def _with_workload_pods(
-    docs: list[_Doc], classes: dict[str, int], warnings: list[str]
+    docs: list[_Doc],
+    classes: dict[str, int],
+    warnings: list[str],
+    progress: Progress | None = None,
 ) -> list[_Doc]:
     """``docs`` with each workload object (Deployment, StatefulSet, Job...) replaced by the
     pods its controller creates (see :mod:`shards.inputs.workloads`)."""
@@ -392,7 +409,9 @@ def _with_workload_pods(
                 except InputError as exc:
                     raise _located(doc, exc) from None
     out: list[_Doc] = []
-    for doc in docs:
+    for i, doc in enumerate(docs):
+        if progress is not None:
+            progress("creating the workloads' pods", i + 1, len(docs), "objects")
         if (doc.obj.get("apiVersion"), doc.obj.get("kind")) not in WORKLOAD_KINDS:
             out.append(doc)
             continue
