@@ -56,6 +56,8 @@ from shards.inputs.groups import (
     workload_warnings,
 )
 from shards.inputs.kinds import skip_warning, unknown_kind_message
+from shards.inputs.kueue import KINDS as KUEUE_KINDS
+from shards.inputs.kueue import QUEUE_LABEL, KueueQueues, queue_label
 from shards.inputs.limits import MAX_OBJECTS, cut, shown
 from shards.inputs.objects import OWNER_SELECTOR, arrival, node_spec, pod_spec, priority_class
 from shards.inputs.podfields import check_spelling, gated, unused_fields
@@ -90,6 +92,7 @@ KINDS: Final = {
     (SHARDING_VERSION, "PoolReassignment"),
     *((version, "Topology") for version in KUEUE_VERSIONS),
     (VOLCANO_VERSION, "HyperNode"),
+    *KUEUE_KINDS,
 }
 
 
@@ -214,6 +217,7 @@ def _load_scenario(paths: list[str], progress: Progress | None = None) -> Scenar
     scenario = Scenario()
     scenario.warnings += (f"{d.where()}: {d.skipped}" for d in docs if d.skipped)
     docs = [d for d in docs if not d.skipped]
+    queues = KueueQueues()
     classes: dict[str, int] = {}
     default_class: tuple[str, int] | None = None
     for doc in docs:
@@ -245,8 +249,11 @@ def _load_scenario(paths: list[str], progress: Progress | None = None) -> Scenar
                 scenario.warnings += (doc.where(w) for w in scenario.config.warnings)
             elif is_topology_object(doc.obj):
                 scenario.topology.add(doc.obj)
+            elif (doc.obj.get("apiVersion"), kind) in KUEUE_KINDS:
+                queues.add(id(doc.obj), doc.obj)
         except InputError as exc:
             raise _located(doc, exc) from None
+    _queue_warnings(docs, queues, scenario.warnings)
     try:
         scenario.config = with_topology(scenario.config, scenario.topology)
     except InputError as exc:
@@ -289,11 +296,15 @@ def _load_scenario(paths: list[str], progress: Progress | None = None) -> Scenar
                 where_of[group.key] = doc
                 event: Event = PodGroupSubmitted(group=group)
                 scenario.groups += 1
-            elif kind == "ElasticQuota":
-                quota = elastic_quota(doc.obj)
+            elif kind in {"ElasticQuota", "LocalQueue"}:
+                chosen = queues.chosen.get(id(doc.obj))
+                if kind == "LocalQueue" and chosen is None:
+                    continue  # not acted on: a warning says why
+                quota = elastic_quota(doc.obj) if chosen is None else chosen
                 if quota.namespace in quotas:
                     raise InputError(
-                        f"a second ElasticQuota for namespace {shown(quota.namespace)}",
+                        f"a second quota for namespace {shown(quota.namespace)} (an "
+                        "ElasticQuota, or a Kueue LocalQueue's ClusterQueue)",
                         location="metadata.namespace",
                     )
                 quotas.add(quota.namespace)
@@ -387,6 +398,37 @@ def _load_scenario(paths: list[str], progress: Progress | None = None) -> Scenar
         key=lambda e: (e.time, e.order, not isinstance(e.event, PodGroupSubmitted))
     )
     return scenario
+
+
+def _queue_warnings(docs: list[_Doc], queues: KueueQueues, warnings: list[str]) -> None:
+    """Warnings for Kueue objects and for the queue-name labels of pods and workload
+    objects, once per namespace and queue (:mod:`shards.inputs.kueue`)."""
+    if queues:
+        queues.resolve()
+        by_id = {id(d.obj): d for d in docs}
+        warnings += (by_id[i].where(f) + f": {m}" for i, f, m in queues.warnings)
+    told: set[tuple[str, str | None]] = set()
+    for doc in docs:
+        if doc.obj.get("kind") != "Pod" and (
+            (doc.obj.get("apiVersion"), doc.obj.get("kind")) not in WORKLOAD_KINDS
+        ):
+            continue
+        try:
+            namespace, queue = queue_label(doc.obj)
+        except InputError as exc:
+            raise _located(doc, exc) from None
+        if (namespace, queue) in told:
+            continue
+        if queues:
+            message = queues.queue_warning(namespace, queue)
+        elif queue is not None:
+            message = "not acted on: the scenario defines no Kueue LocalQueue"
+        else:
+            message = None
+        if message is not None:
+            told.add((namespace, queue))
+            field_ = f"metadata.labels.{QUEUE_LABEL}" if queue is not None else "metadata.labels"
+            warnings.append(f"{doc.where(field_)}: {message}")
 
 
 def _with_workload_pods(
