@@ -105,8 +105,8 @@ def group_of(api_version: str) -> str:
 
 
 def skipped(api_version: str, kind: str) -> str | None:
-    """Why a document of a kind shoal does not read is skipped (rule 1 or 3), or None
-    when it is refused (rule 2: it looks like a kind shoal reads)."""
+    """Why a document of a kind known not to concern scheduling is skipped (rule 1), or
+    None for any other kind."""
     return SKIPPED.get((group_of(api_version), kind))
 
 
@@ -114,10 +114,10 @@ def nearest(kind: str, read: Iterable[tuple[str, str]]) -> tuple[str, tuple[str,
     """The kind shoal reads that ``kind`` names or resembles, with the apiVersions shoal
     reads it under; None when it resembles none."""
     versions: dict[str, list[str]] = {}
-    for version, name in read:
-        versions.setdefault(name, []).append(version)
-    name = typo_of(kind, versions)
-    return None if name is None else (name, tuple(sorted(versions[name])))
+    for version, known in read:
+        versions.setdefault(known, []).append(version)
+    meant = typo_of(kind, versions)
+    return None if meant is None else (meant, tuple(sorted(versions[meant])))
 
 
 def is_object(version: object, kind: object) -> bool:
