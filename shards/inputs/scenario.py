@@ -3,8 +3,10 @@
 Kinds read: ``v1 Node``, ``v1 Pod``, ``v1 List`` (its items), ``scheduling.k8s.io/v1
 PriorityClass``, ``KubeSchedulerConfiguration``, ``policy/v1`` (and ``v1beta1``)
 ``PodDisruptionBudget`` (:mod:`shards.inputs.disruption`), the pod-group and quota kinds of
-:mod:`shards.inputs.groups` and the workload objects of :mod:`shards.inputs.workloads`
-(replaced by the pods their controllers create). ``shoal.io/arrive-at`` (seconds)
+:mod:`shards.inputs.groups`, Kueue's ``ClusterQueue``, ``LocalQueue`` and
+``ResourceFlavor`` (:mod:`shards.inputs.kueue`: namespaces' quotas) and the workload
+objects of :mod:`shards.inputs.workloads`, Volcano's Job among them (replaced by the
+pods, and pod group, their controllers create). ``shoal.io/arrive-at`` (seconds)
 sets when an object appears; document order breaks ties, across files in the order
 given. Every error names the file, the document and the field; a field read but not
 acted on is a warning (:attr:`Scenario.warnings`), named the same way.
