@@ -61,7 +61,28 @@ _MARKER: Final = re.compile(rb"^(?:---|\.\.\.)(?=[ \t\r\n]|$)", re.MULTILINE)
 document, so the text between two of them holds at most one document."""
 
 
-class _Loader(yaml.SafeLoader):
+class _Resolved:
+    """The tag of a plain scalar from its text, remembered: the resolver tries up to a
+    dozen patterns per scalar, and a file of many objects repeats the same keys and
+    values (no path resolvers are set, so the tag depends on the text alone)."""
+
+    _tags: dict[tuple[str, tuple[bool, bool]], str]
+
+    def resolve(self, kind: type, value: Any, implicit: Any) -> str:
+        if kind is not yaml.ScalarNode or type(value) is not str:
+            return super().resolve(kind, value, implicit)  # type: ignore[misc,no-any-return]
+        try:
+            tags = self._tags
+        except AttributeError:
+            tags = self._tags = {}
+        key = (value, (bool(implicit[0]), bool(implicit[1])))
+        tag = tags.get(key)
+        if tag is None:
+            tag = tags[key] = super().resolve(kind, value, implicit)  # type: ignore[misc]
+        return tag
+
+
+class _Loader(_Resolved, yaml.SafeLoader):
     """The safe loader, with scalar constructors that fail as YAML errors."""
 
 
@@ -112,7 +133,7 @@ def _libyaml_loader() -> type[yaml.CSafeLoader] | None:
         return None
     if _libyaml_version() < LIBYAML_NESTING:
         return None
-    loader = type("_CLoader", (_CSafeLoader,), {})
+    loader = type("_CLoader", (_Resolved, _CSafeLoader), {})
     _with_guards(loader)
     return loader
 
