@@ -32,6 +32,7 @@ from shards.inputs.controllers import Expansion, Workload, prefixed
 from shards.inputs.fields import _list
 from shards.inputs.limits import MAX_MIN_MEMBER, MAX_OBJECTS, shown
 from shards.inputs.objects import ARRIVE_AT, _map, _name, _string_map, pod_spec
+from shards.inputs.podfields import check_spelling
 
 API_VERSION: Final = "batch.volcano.sh/v1alpha1"
 GROUP_VERSION: Final = "scheduling.volcano.sh/v1beta1"
@@ -176,6 +177,7 @@ def volcano_job(
         if queue:
             marks[QUEUE_NAME] = queue
         try:  # the template, checked once as a pod: errors name the Job's field
+            check_spelling(template_spec)
             pod_spec(workload.pod(f"{name}-{task_name}-0", owner), classes)
         except InputError as exc:
             raise InputError(exc.message, location=f"{where}.template.{exc.location}") from None

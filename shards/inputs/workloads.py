@@ -76,6 +76,7 @@ from shards.inputs.objects import (
     _string_map,
     pod_spec,
 )
+from shards.inputs.podfields import check_spelling
 from shards.inputs.volcano import API_VERSION as VOLCANO_JOB
 from shards.inputs.volcano import volcano_job
 
@@ -240,6 +241,7 @@ def _read(
     )
     # the template, checked once as a pod: errors name the workload's field
     try:
+        check_spelling(template_spec)
         pod_spec(workload.pod(name, workload.owner()), classes)
     except InputError as exc:
         raise InputError(exc.message, location=f"spec.template.{exc.location}") from None

@@ -397,7 +397,14 @@ spec:
             "document 1 (Pod p): spec.containers[0].resource: unknown field 'resource': "
             "did you mean resources?",
         ),
-        (DEPLOYMENT, "document 1 (Deployment web, its Pod web-"),
+        (
+            DEPLOYMENT,
+            "document 1 (Deployment web): spec.template.spec.containers[0].resources.requets",
+        ),
+        (
+            DEPLOYMENT.replace("replicas: 2", "replicas: 0"),
+            "document 1 (Deployment web): spec.template.spec.containers[0].resources.requets",
+        ),
     ],
 )
 def test_a_scenario_with_a_misspelt_request_is_refused(
