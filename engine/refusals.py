@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from engine.model.devices import GpuRequestError, gpu_request
+from engine.model.devices import MAX_NODE_CARDS, GpuRequestError, gpu_request, node_cards
 from events.types import (
     Envelope,
     Event,
@@ -80,6 +80,9 @@ def _quantities(what: str, values: dict[str, int]) -> str | None:
 
 
 def _node(node: NodeSpec) -> str | None:
+    cards, _ = node_cards(node.allocatable, node.labels)
+    if cards > MAX_NODE_CARDS:
+        return f"node {node.name} has {cards} GPU cards, more than {MAX_NODE_CARDS}"
     return _quantities(f"node {node.name} allocatable", node.allocatable)
 
 

@@ -58,6 +58,7 @@ from shards.commands import (
     snapshot_option,
     snapshots,
 )
+from shards.inputs.progress import ProgressLines
 from shards.inputs.scenario import check_topology, load_config, load_scenario, load_sharding
 from shards.inputs.topology import with_topology
 from shards.simulate import simulate
@@ -98,7 +99,7 @@ def _config(path: str | None) -> SchedulerConfig | None:
 
 async def _simulate(args: argparse.Namespace) -> int:
     config = _config(args.config)
-    scenario = load_scenario(args.scenario)
+    scenario = load_scenario(args.scenario, None if args.quiet else ProgressLines())
     if config is not None:
         scenario.warnings[:0] = [f"{args.config}: {w}" for w in config.warnings]
         config = with_topology(config, scenario.topology)
@@ -117,7 +118,7 @@ async def _simulate(args: argparse.Namespace) -> int:
             check_new_log(Path(copy_to), overwrite=args.overwrite)  # fail before running
     log = await open_bus(bus, partitions=partitions, overwrite=args.overwrite)
     try:
-        progress = render.progress_printer(args.json or args.quiet)
+        progress = render.progress_printer(args.quiet)
         result = await simulate(
             scenario,
             log,

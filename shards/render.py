@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +11,7 @@ from rich.table import Table
 
 from events.codec import to_builtins
 from events.types import SECOND, Envelope, SnapshotTaken
+from shards.inputs.progress import ProgressLines
 from shards.replay import ReplayResult
 from shards.report import RunReport
 
@@ -81,23 +81,15 @@ def report_table(report: RunReport, summary: dict[str, Any]) -> None:
 
 
 def progress_printer(silent: bool) -> Callable[[int, int, int], None] | None:
-    """A progress callback that prints at most twice a second, on stderr, on a terminal."""
-    if silent or not sys.stderr.isatty():
+    """A progress callback for a simulation, on stderr (:class:`ProgressLines`: quiet
+    for a short run; a line every two seconds, or on a terminal one line twice a
+    second)."""
+    if silent:
         return None
-    last = [0.0]
+    lines = ProgressLines()
 
     def show(now: int, done: int, total: int) -> None:
-        tick = time.monotonic()
-        if tick - last[0] < 0.5 and done < total:
-            return
-        last[0] = tick
-        print(
-            f"\rsimulated {now / SECOND:,.1f}s: {done}/{total} objects ingested",
-            end="",
-            file=sys.stderr,
-        )
-        if done >= total:
-            print(file=sys.stderr)
+        lines("simulating", done, total, f"objects ingested, {now / SECOND:,.1f}s simulated")
 
     return show
 

@@ -85,6 +85,10 @@ CARDS_LABEL: Final = "shoal.io/gpu-cards"
 WHOLE: Final = 1000
 """Milli-cards (and per mille of memory) in one card."""
 MAX_CARDS: Final = 64
+MAX_NODE_CARDS: Final = 1024
+"""The most cards one node may have: the card table has a column per card of the
+largest node (2 int64 per node and card), so a node stating 200,000 would cost
+gigabytes. Input beyond it is refused; a log record beyond it is quarantined."""
 MIB: Final = 1 << 20
 
 SHOAL: Final = "shoal"
@@ -273,7 +277,7 @@ def node_cards(allocatable: Mapping[str, int], labels: Mapping[str, str]) -> tup
     and the binder read them."""
     count = max(allocatable.get(GPU, 0), 0)
     label = labels.get(CARDS_LABEL, "")
-    if label.isdigit() and int(label) <= 1024:
+    if label.isdigit() and int(label) <= MAX_NODE_CARDS:
         count = int(label)
     memory = labels.get(MEMORY_LABEL, "")
     return count, int(memory) if memory.isdigit() else 0

@@ -5,7 +5,7 @@ document."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from events.errors import InputError
@@ -110,3 +110,33 @@ def quantities(value: Any, where: str, *, required: bool = False) -> dict[str, i
         except InputError as exc:
             raise InputError(exc.message, location=loc) from None
     return out
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Damerau-Levenshtein distance (optimal string alignment): insertions, deletions,
+    substitutions and swaps of two neighbours each count one."""
+    previous2: list[int] = []
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i] + [0] * len(b)
+        for j, cb in enumerate(b, 1):
+            current[j] = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                current[j] = min(current[j], previous2[j - 2] + 1)
+        previous2, previous = previous, current
+    return previous[-1]
+
+
+def typo_of(word: str, known: Iterable[str]) -> str | None:
+    """The name in ``known`` that ``word`` is a typo of (case aside, one edit from a name
+    of up to 4 characters, two from a longer one), or None. The closest wins; ties go
+    to the first in ``known``'s sorted order."""
+    folded = word.lower()
+    best: tuple[int, str] | None = None
+    for name in sorted(known):
+        if abs(len(name) - len(word)) > 2:
+            continue
+        distance = edit_distance(folded, name.lower())
+        if distance <= (1 if len(name) <= 4 else 2) and (best is None or distance < best[0]):
+            best = (distance, name)
+    return None if best is None else best[1]

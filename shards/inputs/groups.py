@@ -58,6 +58,11 @@ GROUP_KINDS: Final = {
 WORKLOAD_VERSIONS: Final = ("scheduling.k8s.io/v1alpha2", "scheduling.k8s.io/v1beta1")
 """Kubernetes' ``Workload`` (templates of PodGroups)."""
 SCHEDULING_GROUP: Final = "spec.schedulingGroup.podGroupName"
+QUEUE_NOT_MODELLED: Final = (
+    "Volcano and KAI queues are not modelled: shoal's quotas are per namespace (an "
+    "ElasticQuota, or a Kueue ClusterQueue through a LocalQueue); the group is "
+    "scheduled without its queue's capacity"
+)
 _GROUP_FIELDS: Final[dict[str, dict[str, str]]] = {
     "scheduler-plugins": {
         "minMember": "",
@@ -67,7 +72,7 @@ _GROUP_FIELDS: Final[dict[str, dict[str, str]]] = {
     "volcano": {
         "minMember": "",
         "minResources": "",
-        "queue": "",
+        "queue": QUEUE_NOT_MODELLED,
         "priorityClassName": "",
         "minTaskMember": "members are not counted per task",
         "networkTopology": "",
@@ -76,7 +81,7 @@ _GROUP_FIELDS: Final[dict[str, dict[str, str]]] = {
     "tencent": {"minMember": "", "minResources": "", "maxScheduleTime": ""},
     "kai": {
         "minMember": "",
-        "queue": "",
+        "queue": QUEUE_NOT_MODELLED,
         "priorityClassName": "",
         "preemptibility": "preemptibility follows the pods' own preemption rules",
         "parallelism": "KAI's pod-grouper reads it; the scheduler places the pods given",
@@ -267,8 +272,11 @@ def group_warnings(obj: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(field, message) for each ``spec`` field of a PodGroup that shoal does not act on."""
     fields = _GROUP_FIELDS[GROUP_KINDS[obj["apiVersion"]]]
     out = []
-    for key in _map(obj.get("spec"), "spec", required=True):
+    spec = _map(obj.get("spec"), "spec", required=True)
+    for key in spec:
         why = fields.get(key, f"not a field shoal knows (it reads: {', '.join(fields)})")
+        if key == "queue" and spec[key] in ("", "default"):
+            continue  # the queue every Volcano cluster has, unbounded unless configured
         if why:
             out.append((f"spec.{key}", f"not acted on: {why}"))
     return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+from engine.model.devices import CARDS_LABEL, GPU, MAX_NODE_CARDS
 from events.errors import InputError
 from events.types import (
     NodeSelectorRequirement,
@@ -124,6 +125,27 @@ def _well_known_labels(name: str, labels: dict[str, str]) -> dict[str, str]:
     return {**labels, **{k: v for k, v in defaults.items() if k not in labels}}
 
 
+def _check_cards(allocatable: Mapping[str, int], labels: Mapping[str, str], field: str) -> None:
+    """A node's GPU cards (``nvidia.com/gpu``, or the ``shoal.io/gpu-cards`` label that
+    overrides it) are at most :data:`~engine.model.devices.MAX_NODE_CARDS`: the card
+    table has a column per card of the largest node."""
+    label = labels.get(CARDS_LABEL)
+    if label is not None:
+        if not (label.isascii() and label.isdigit()) or int(label) > MAX_NODE_CARDS:
+            raise InputError(
+                f"must be a number of GPU cards, 0 to {MAX_NODE_CARDS}, got {shown(label)}",
+                location=f"metadata.labels.{CARDS_LABEL}",
+            )
+        return
+    if allocatable.get(GPU, 0) > MAX_NODE_CARDS:
+        raise InputError(
+            f"{allocatable[GPU]} GPU cards on one node; shoal models at most "
+            f"{MAX_NODE_CARDS} (if it counts shared replicas, label the node "
+            f"{CARDS_LABEL} with its physical cards)",
+            location=f"status.{field}.{GPU}",
+        )
+
+
 def node_spec(obj: Mapping[str, Any]) -> NodeSpec:
     """A ``v1 Node`` → :class:`NodeSpec` (allocatable, else capacity), with the
     well-known labels a kubelet sets where the node does not state them."""
@@ -141,10 +163,12 @@ def node_spec(obj: Mapping[str, Any]) -> NodeSpec:
     if not isinstance(unschedulable, bool):
         raise InputError("must be true or false", location="spec.unschedulable")
     name = _name(meta, "metadata")
+    labels = _labels(meta.get("labels"), "metadata.labels")
+    _check_cards(allocatable, labels, "allocatable" if "allocatable" in status else "capacity")
     return NodeSpec(
         name=name,
         allocatable=allocatable,
-        labels=_well_known_labels(name, _labels(meta.get("labels"), "metadata.labels")),
+        labels=_well_known_labels(name, labels),
         taints=_taints(spec.get("taints"), "spec.taints"),
         unschedulable=unschedulable,
         annotations=_string_map(meta.get("annotations"), "metadata.annotations"),

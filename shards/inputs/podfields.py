@@ -8,12 +8,25 @@ read and *not acted on*, with why: such a field, when set, gives a warning namin
 A field missing from the table (one a later Kubernetes adds) is reported too, so a pod
 never carries something shoal silently drops. ``tests/shards/inputs/test_podfields.py``
 walks every field and checks each is honoured or reported.
+
+The same holds one level down: :data:`CONTAINER_FIELDS` and :data:`RESOURCES_FIELDS`
+(``spec.containers[i]`` and its ``resources``). A field that none of the tables knows is
+reported as not acted on (a later Kubernetes may add fields); but in a scenario file an
+unknown field that is *spelled nearly like* a known one (``resource:``, ``requets:``,
+``limit:``, ``imag:``, ``nodeSelecter:``) is a typo, refused with exit 2 naming it and
+the field it resembles (:func:`check_spelling`), as ``kubectl``'s strict field
+validation refuses it: a pod whose requests were misspelt would otherwise ask for
+nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Final
+
+from events.errors import InputError
+from shards.inputs.fields import typo_of
+from shards.inputs.limits import shown
 
 ACTED: Final = ""
 RUNTIME: Final = "runtime"
@@ -52,6 +65,7 @@ POD_SPEC_FIELDS: Final[dict[str, str]] = {
     "not read (state them in spec.overhead and spec.nodeSelector)",
     "schedulerName": ACTED,
     "schedulingGates": ACTED,
+    "schedulingGroup": ACTED,
     "securityContext": RUNTIME,
     "serviceAccount": RUNTIME,
     "serviceAccountName": RUNTIME,
@@ -63,7 +77,48 @@ POD_SPEC_FIELDS: Final[dict[str, str]] = {
     "topologySpreadConstraints": ACTED,
     "volumes": ACTED,
 }
-"""core/v1 PodSpec field → ``ACTED``, ``RUNTIME``, or why it is read and not acted on."""
+"""core/v1 PodSpec field → ``ACTED``, ``RUNTIME``, or why it is read and not acted on.
+``schedulingGroup`` is Kubernetes 1.36's (the pod's PodGroup: a gang shoal enforces)."""
+
+CONTAINER_FIELDS: Final[dict[str, str]] = {
+    "args": RUNTIME,
+    "command": RUNTIME,
+    "env": RUNTIME,
+    "envFrom": RUNTIME,
+    "image": RUNTIME,
+    "imagePullPolicy": RUNTIME,
+    "lifecycle": RUNTIME,
+    "livenessProbe": RUNTIME,
+    "name": RUNTIME,
+    "ports": ACTED,
+    "readinessProbe": RUNTIME,
+    "resizePolicy": RUNTIME,
+    "resources": ACTED,
+    "restartPolicy": ACTED,
+    "restartPolicyRules": RUNTIME,
+    "securityContext": RUNTIME,
+    "startupProbe": RUNTIME,
+    "stdin": RUNTIME,
+    "stdinOnce": RUNTIME,
+    "terminationMessagePath": RUNTIME,
+    "terminationMessagePolicy": RUNTIME,
+    "tty": RUNTIME,
+    "volumeDevices": RUNTIME,
+    "volumeMounts": RUNTIME,
+    "workingDir": RUNTIME,
+}
+"""core/v1 Container field (Kubernetes 1.34) → ``ACTED`` or ``RUNTIME`` (ports: host
+ports; resources: requests; restartPolicy: an init container that is a sidecar)."""
+RESOURCES_FIELDS: Final[dict[str, str]] = {
+    "limits": ACTED,
+    "requests": ACTED,
+    "claims": "not acted on: resource claims (dynamic resource allocation) are not "
+    "modelled; the pod is placed by its other requests",
+}
+"""core/v1 ResourceRequirements field → ``ACTED`` or why it is not acted on."""
+CONTAINER_LISTS: Final = ("containers", "initContainers")
+"""The container lists whose requests and host ports count (``ephemeralContainers``
+request nothing: the API forbids them resources and ports)."""
 
 VOLUME_SOURCES_PLACED: Final = frozenset({"persistentVolumeClaim", "ephemeral", "csi"})
 """Volume sources whose binding or attach limits decide where a pod may run
@@ -79,6 +134,12 @@ def unused_fields(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
             out.append((f"spec.{key}", "not acted on: not a pod field shoal knows"))
         elif meaning not in (ACTED, RUNTIME) and spec[key] not in (None, [], {}, ""):
             out.append((f"spec.{key}", meaning))
+    for where, key, meaning in _nested_fields(spec):
+        if meaning is None:
+            what = "container" if "resources" not in where else "resources"
+            out.append((f"{where}.{key}", f"not acted on: not a {what} field shoal knows"))
+        elif meaning not in (ACTED, RUNTIME):
+            out.append((f"{where}.{key}", meaning))
     volumes = spec.get("volumes")
     if isinstance(volumes, list):
         for i, volume in enumerate(volumes):
@@ -94,6 +155,47 @@ def unused_fields(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
                     )
                 )
     return out
+
+
+def _nested_fields(spec: Mapping[str, Any]) -> Iterator[tuple[str, str, str | None]]:
+    """(where, field, its meaning or None if unknown) for each field of each container
+    and of its ``resources`` (shapes are checked where the fields are read)."""
+    for list_name in CONTAINER_LISTS:
+        containers = spec.get(list_name)
+        if not isinstance(containers, list):
+            continue
+        for i, container in enumerate(containers):
+            if not isinstance(container, Mapping):
+                continue
+            where = f"spec.{list_name}[{i}]"
+            for key in container:
+                yield where, str(key), CONTAINER_FIELDS.get(key)
+            resources = container.get("resources")
+            if isinstance(resources, Mapping):
+                for key in resources:
+                    yield f"{where}.resources", str(key), RESOURCES_FIELDS.get(key)
+
+
+def check_spelling(spec: Mapping[str, Any]) -> None:
+    """Refuse an unknown field of the pod spec, of a container or of its ``resources``
+    that is spelt nearly like a known one (a typo, which would drop what it meant)."""
+    candidates = [("spec", str(key), POD_SPEC_FIELDS.get(key)) for key in spec]
+    candidates += _nested_fields(spec)
+    for where, key, meaning in candidates:
+        if meaning is not None:
+            continue
+        table = (
+            POD_SPEC_FIELDS
+            if where == "spec"
+            else RESOURCES_FIELDS
+            if where.endswith(".resources")
+            else CONTAINER_FIELDS
+        )
+        near = typo_of(key, table)
+        if near is not None:
+            raise InputError(
+                f"unknown field {shown(key)}: did you mean {near}?", location=f"{where}.{key}"
+            )
 
 
 def gated(spec: Mapping[str, Any]) -> bool:

@@ -3,22 +3,24 @@
 Kinds read: ``v1 Node``, ``v1 Pod``, ``v1 List`` (its items), ``scheduling.k8s.io/v1
 PriorityClass``, ``KubeSchedulerConfiguration``, ``policy/v1`` (and ``v1beta1``)
 ``PodDisruptionBudget`` (:mod:`shards.inputs.disruption`), the pod-group and quota kinds of
-:mod:`shards.inputs.groups` and the workload objects of :mod:`shards.inputs.workloads`
-(replaced by the pods their controllers create). ``shoal.io/arrive-at`` (seconds)
+:mod:`shards.inputs.groups`, Kueue's ``ClusterQueue``, ``LocalQueue`` and
+``ResourceFlavor`` (:mod:`shards.inputs.kueue`: namespaces' quotas) and the workload
+objects of :mod:`shards.inputs.workloads`, Volcano's Job among them (replaced by the
+pods, and pod group, their controllers create). ``shoal.io/arrive-at`` (seconds)
 sets when an object appears; document order breaks ties, across files in the order
 given. Every error names the file, the document and the field; a field read but not
 acted on is a warning (:attr:`Scenario.warnings`), named the same way.
 
-Why over 500 lines: the dispatch by kind and the readers of the sharding documents
-share the document type and its error locations; the sharding readers (the second half)
-are the part to move out when this grows again.
+The sharding documents are read by :mod:`shards.inputs.sharding`, Kueue's queues by
+:mod:`shards.inputs.kueue`, and kinds shoal does not read are sorted out by
+:mod:`shards.inputs.kinds` (skipped with a warning, or refused).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Final, TypeGuard
+from typing import Any, Final
 
 import msgspec
 
@@ -26,17 +28,14 @@ from engine.config import API_VERSIONS as CONFIG_VERSIONS
 from engine.config import KIND as CONFIG_KIND
 from engine.config import SchedulerConfig, parse_config
 from engine.extenders import policy_to_config
-from engine.model.pools import MAX_SHARDS, PoolRule, Sharding
 from events.errors import InputError
 from events.types import (
-    SECOND,
     DisruptionBudgetSet,
     Event,
     GroupSpec,
     NodeAdded,
     PodGroupSubmitted,
     PodSubmitted,
-    PoolReassigned,
     QuotaDefined,
 )
 from shards.inputs.disruption import KIND as BUDGET_KIND
@@ -55,9 +54,20 @@ from shards.inputs.groups import (
     pod_group,
     workload_warnings,
 )
+from shards.inputs.kinds import skip_warning, unknown_kind_message
+from shards.inputs.kueue import KINDS as KUEUE_KINDS
+from shards.inputs.kueue import QUEUE_LABEL, KueueQueues, queue_label
 from shards.inputs.limits import MAX_OBJECTS, cut, shown
 from shards.inputs.objects import OWNER_SELECTOR, arrival, node_spec, pod_spec, priority_class
-from shards.inputs.podfields import gated, unused_fields
+from shards.inputs.podfields import check_spelling, gated, unused_fields
+from shards.inputs.progress import Progress
+from shards.inputs.sharding import (
+    SHARDING_KIND,
+    SHARDING_VERSION,
+    parse_sharding,
+    pool_reassignment,
+)
+from shards.inputs.sharding import ShardingSpec as ShardingSpec  # noqa: PLC0414 (re-exported)
 from shards.inputs.topology import (
     KUEUE_VERSIONS,
     VOLCANO_VERSION,
@@ -71,8 +81,6 @@ from shards.inputs.totals import ScenarioTotals
 from shards.inputs.workloads import WORKLOAD_KINDS, NodeArrival, expand
 from shards.inputs.yamlfile import read_documents
 
-SHARDING_VERSION: Final = "shoal.io/v1alpha1"
-SHARDING_KIND: Final = "ShardingConfiguration"
 KINDS: Final = {
     ("v1", "Node"),
     ("v1", "Pod"),
@@ -88,6 +96,7 @@ KINDS: Final = {
     (SHARDING_VERSION, "PoolReassignment"),
     *((version, "Topology") for version in KUEUE_VERSIONS),
     (VOLCANO_VERSION, "HyperNode"),
+    *KUEUE_KINDS,
 }
 
 
@@ -127,6 +136,9 @@ class _Doc:
     """For a pod a workload object created: that object's kind and name."""
     at: int | None = None
     """For such a pod: when it arrives (ns), instead of its annotation."""
+    skipped: str = ""
+    """Why a document of a kind shoal does not read is skipped (the warning), if it is
+    (:mod:`shards.inputs.kinds`)."""
 
     def where(self, field_: str = "") -> str:
         meta = self.obj.get("metadata")
@@ -141,8 +153,12 @@ class _Doc:
         return f"{head}: {field_}" if field_ else head
 
 
-def _read_documents(path: str) -> Iterator[_Doc]:
-    for number, raw in read_documents(path):
+def _read_documents(path: str, progress: Progress | None = None) -> Iterator[_Doc]:
+    def told(done: int, total: int) -> None:
+        assert progress is not None
+        progress(f"reading {cut(path, 80)}", done, total, "characters")
+
+    for number, raw in read_documents(path, progress=None if progress is None else told):
         if raw is None:
             continue
         if not isinstance(raw, Mapping):
@@ -162,12 +178,11 @@ def _expand(path: str, number: int, raw: Mapping[str, Any]) -> Iterator[_Doc]:
     doc = _Doc(path, number, raw)
     version, kind = raw.get("apiVersion"), raw.get("kind")
     if not isinstance(version, str) or not isinstance(kind, str) or (version, kind) not in KINDS:
-        known = ", ".join(sorted({f"{v} {k}" for v, k in KINDS if k != CONFIG_KIND}))
-        raise InputError(
-            f"unknown kind {shown(kind)} with apiVersion {shown(version)} "
-            f"(shoal reads {known}, {CONFIG_KIND})",
-            location=doc.where(),
-        )
+        warning = skip_warning(version, kind, KINDS)
+        if warning is None:
+            raise InputError(unknown_kind_message(version, kind, KINDS), location=doc.where())
+        yield replace(doc, skipped=warning)
+        return
     key = (version, kind)
     if key == ("v1", "List"):
         items = raw.get("items")
@@ -185,11 +200,12 @@ def _located(doc: _Doc, exc: InputError) -> InputError:
     return InputError(exc.message, location=doc.where(exc.location.lstrip(".")))
 
 
-def load_scenario(paths: list[str]) -> Scenario:
+def load_scenario(paths: list[str], progress: Progress | None = None) -> Scenario:
     """Read scenario files; raise :class:`InputError` naming file, document and field,
-    on one line of bounded length."""
+    on one line of bounded length. ``progress`` hears of each step (reading each file,
+    expanding workloads, checking the objects)."""
     try:
-        return _load_scenario(paths)
+        return _load_scenario(paths, progress)
     except InputError as exc:
         raise _tidy(exc) from None
 
@@ -199,10 +215,13 @@ def _tidy(exc: InputError) -> InputError:
     return InputError(cut(exc.message), location=cut(exc.location))
 
 
-def _load_scenario(paths: list[str]) -> Scenario:
-    docs = [doc for path in paths for doc in _read_documents(path)]
+def _load_scenario(paths: list[str], progress: Progress | None = None) -> Scenario:
+    docs = [doc for path in paths for doc in _read_documents(path, progress)]
     totals = ScenarioTotals()
     scenario = Scenario()
+    scenario.warnings += (f"{d.where()}: {d.skipped}" for d in docs if d.skipped)
+    docs = [d for d in docs if not d.skipped]
+    queues = KueueQueues()
     classes: dict[str, int] = {}
     default_class: tuple[str, int] | None = None
     for doc in docs:
@@ -234,8 +253,11 @@ def _load_scenario(paths: list[str]) -> Scenario:
                 scenario.warnings += (doc.where(w) for w in scenario.config.warnings)
             elif is_topology_object(doc.obj):
                 scenario.topology.add(doc.obj)
+            elif (doc.obj.get("apiVersion"), kind) in KUEUE_KINDS:
+                queues.add(id(doc.obj), doc.obj)
         except InputError as exc:
             raise _located(doc, exc) from None
+    _queue_warnings(docs, queues, scenario.warnings)
     try:
         scenario.config = with_topology(scenario.config, scenario.topology)
     except InputError as exc:
@@ -244,7 +266,7 @@ def _load_scenario(paths: list[str]) -> Scenario:
     scenario.priority_classes = dict(classes)
     if default_class is not None:
         classes[""] = default_class[1]
-    docs = _with_workload_pods(docs, classes, scenario.warnings)
+    docs = _with_workload_pods(docs, classes, scenario.warnings, progress)
     seen_nodes: set[str] = set()
     seen_pods: set[str] = set()
     warned: set[tuple[str, str]] = set()
@@ -258,6 +280,8 @@ def _load_scenario(paths: list[str]) -> Scenario:
     where_of: dict[str, _Doc] = {}
     for order, doc in enumerate(docs):
         kind = doc.obj.get("kind")
+        if progress is not None:
+            progress("checking objects", order + 1, len(docs), "objects")
         try:
             totals.add_object()
             if kind == "PodGroup":
@@ -276,11 +300,15 @@ def _load_scenario(paths: list[str]) -> Scenario:
                 where_of[group.key] = doc
                 event: Event = PodGroupSubmitted(group=group)
                 scenario.groups += 1
-            elif kind == "ElasticQuota":
-                quota = elastic_quota(doc.obj)
+            elif kind in {"ElasticQuota", "LocalQueue"}:
+                chosen = queues.chosen.get(id(doc.obj))
+                if kind == "LocalQueue" and chosen is None:
+                    continue  # not acted on: a warning says why
+                quota = elastic_quota(doc.obj) if chosen is None else chosen
                 if quota.namespace in quotas:
                     raise InputError(
-                        f"a second ElasticQuota for namespace {shown(quota.namespace)}",
+                        f"a second quota for namespace {shown(quota.namespace)} (an "
+                        "ElasticQuota, or a Kueue LocalQueue's ClusterQueue)",
                         location="metadata.namespace",
                     )
                 quotas.add(quota.namespace)
@@ -315,6 +343,7 @@ def _load_scenario(paths: list[str]) -> Scenario:
                 seen_pods.add(pod.key)
                 raw_spec = doc.obj.get("spec")
                 raw_spec = raw_spec if isinstance(raw_spec, Mapping) else {}
+                check_spelling(raw_spec)
                 for field_, message in unused_fields(raw_spec):
                     if not doc.parent or (doc.parent, field_) not in warned:
                         warned.add((doc.parent, field_))
@@ -375,8 +404,42 @@ def _load_scenario(paths: list[str]) -> Scenario:
     return scenario
 
 
+def _queue_warnings(docs: list[_Doc], queues: KueueQueues, warnings: list[str]) -> None:
+    """Warnings for Kueue objects and for the queue-name labels of pods and workload
+    objects, once per namespace and queue (:mod:`shards.inputs.kueue`)."""
+    if queues:
+        queues.resolve()
+        by_id = {id(d.obj): d for d in docs}
+        warnings += (by_id[i].where(f) + f": {m}" for i, f, m in queues.warnings)
+    told: set[tuple[str, str | None]] = set()
+    for doc in docs:
+        if doc.obj.get("kind") != "Pod" and (
+            (doc.obj.get("apiVersion"), doc.obj.get("kind")) not in WORKLOAD_KINDS
+        ):
+            continue
+        try:
+            namespace, queue = queue_label(doc.obj)
+        except InputError as exc:
+            raise _located(doc, exc) from None
+        if (namespace, queue) in told:
+            continue
+        if queues:
+            message = queues.queue_warning(namespace, queue)
+        elif queue is not None:
+            message = "not acted on: the scenario defines no Kueue LocalQueue"
+        else:
+            message = None
+        if message is not None:
+            told.add((namespace, queue))
+            field_ = f"metadata.labels.{QUEUE_LABEL}" if queue is not None else "metadata.labels"
+            warnings.append(f"{doc.where(field_)}: {message}")
+
+
 def _with_workload_pods(
-    docs: list[_Doc], classes: dict[str, int], warnings: list[str]
+    docs: list[_Doc],
+    classes: dict[str, int],
+    warnings: list[str],
+    progress: Progress | None = None,
 ) -> list[_Doc]:
     """``docs`` with each workload object (Deployment, StatefulSet, Job...) replaced by the
     pods its controller creates (see :mod:`shards.inputs.workloads`)."""
@@ -392,7 +455,9 @@ def _with_workload_pods(
                 except InputError as exc:
                     raise _located(doc, exc) from None
     out: list[_Doc] = []
-    for doc in docs:
+    for i, doc in enumerate(docs):
+        if progress is not None:
+            progress("creating the workloads' pods", i + 1, len(docs), "objects")
         if (doc.obj.get("apiVersion"), doc.obj.get("kind")) not in WORKLOAD_KINDS:
             out.append(doc)
             continue
@@ -428,158 +493,6 @@ def _implicit_groups(
         spec = GroupSpec(namespace=namespace, name=name, min_member=minimum, source="labels")
         scenario.events.append(TimedEvent(first.time, first.order, PodGroupSubmitted(group=spec)))
         scenario.groups += 1
-
-
-@dataclass(frozen=True, slots=True)
-class ShardingSpec:
-    """A ``ShardingConfiguration`` document: pools, their shards, tenants' pools."""
-
-    pools: tuple[tuple[str, int | None, tuple[tuple[str, str], ...]], ...] = ()
-    """(pool, shard or None for "spread", node labels that put a node in it)."""
-    tenants: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    reservation_timeout: int | None = None
-    where: str = SHARDING_KIND
-    """Where it was read (file and document), to name in errors."""
-
-    def sharding(self, shards: int) -> Sharding:
-        """The router's configuration for ``shards`` shards; a pool pinned to a shard
-        that does not exist is an input error."""
-        for i, (name, shard, _) in enumerate(self.pools):
-            if shard is not None and shard >= shards:
-                raise InputError(
-                    f"pool {shown(name)} is assigned to shard {shard}, but there are {shards} "
-                    f"(shards 0..{shards - 1})",
-                    location=f"{self.where}: pools[{i}].shard",
-                )
-        extra = (
-            {}
-            if self.reservation_timeout is None
-            else {"reservation_timeout": self.reservation_timeout}
-        )
-        return Sharding(
-            shards=shards,
-            pools=tuple((name, shard) for name, shard, _ in self.pools if shard is not None),
-            rules=tuple(PoolRule(match, name) for name, _, match in self.pools if match),
-            tenants=self.tenants,
-            **extra,
-        )
-
-
-def parse_sharding(raw: Mapping[str, Any]) -> ShardingSpec:
-    """Validate a ``ShardingConfiguration``::
-
-    apiVersion: shoal.io/v1alpha1
-    kind: ShardingConfiguration
-    pools:
-    - name: a100            # nodes labelled shoal.io/pool=a100 belong to it, and
-      shard: 0              # (optional) pinned to shard 0; else spread in turn
-      nodeSelector:         # (optional) ...and so do nodes with these labels
-        gpu-model: a100
-    tenants:
-    - namespace: research   # research's pods run only on these pools, and nobody
-      pools: [a100]         # else's pods run there
-    reservationTimeoutSeconds: 30
-    """
-    _only(
-        raw, ("apiVersion", "kind", "metadata", "pools", "tenants", "reservationTimeoutSeconds"), ""
-    )
-    pools: list[tuple[str, int | None, tuple[tuple[str, str], ...]]] = []
-    names: set[str] = set()
-    raw_pools = raw.get("pools", [])
-    if not isinstance(raw_pools, list):
-        raise InputError("must be a list", location="pools")
-    for i, item in enumerate(raw_pools):
-        where = f"pools[{i}]"
-        if not isinstance(item, Mapping):
-            raise InputError("must be a mapping", location=where)
-        _only(item, ("name", "shard", "nodeSelector"), where)
-        name = item.get("name")
-        if not isinstance(name, str) or not name:
-            raise InputError("needs a name", location=f"{where}.name")
-        if name in names:
-            raise InputError(f"duplicate pool {shown(name)}", location=f"{where}.name")
-        names.add(name)
-        shard = item.get("shard")
-        if shard is not None and not _is_shard(shard):
-            raise InputError(_SHARD_NUMBER, location=f"{where}.shard")
-        selector = item.get("nodeSelector", {})
-        if not isinstance(selector, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in selector.items()
-        ):
-            raise InputError("must map label keys to values", location=f"{where}.nodeSelector")
-        pools.append((name, shard, tuple(sorted(selector.items()))))
-    tenants: list[tuple[str, tuple[str, ...]]] = []
-    raw_tenants = raw.get("tenants", [])
-    if not isinstance(raw_tenants, list):
-        raise InputError("must be a list", location="tenants")
-    owned: dict[str, str] = {}
-    for i, item in enumerate(raw_tenants):
-        where = f"tenants[{i}]"
-        if not isinstance(item, Mapping):
-            raise InputError("must be a mapping", location=where)
-        _only(item, ("namespace", "pools"), where)
-        namespace = item.get("namespace")
-        wanted = item.get("pools")
-        if not isinstance(namespace, str) or not namespace:
-            raise InputError("needs a namespace", location=f"{where}.namespace")
-        if (
-            not isinstance(wanted, list)
-            or not wanted
-            or not all(isinstance(p, str) for p in wanted)
-        ):
-            raise InputError("must be a non-empty list of pool names", location=f"{where}.pools")
-        for pool in wanted:
-            if pool in owned:
-                raise InputError(
-                    f"pool {shown(pool)} is already owned by {shown(owned[pool])}",
-                    location=f"{where}.pools",
-                )
-            owned[pool] = namespace
-        tenants.append((namespace, tuple(wanted)))
-    timeout = raw.get("reservationTimeoutSeconds")
-    if timeout is not None and (
-        not isinstance(timeout, int | float)
-        or isinstance(timeout, bool)
-        or not 1 / SECOND <= timeout <= 3600
-    ):
-        raise InputError(
-            "must be a number of seconds in (0, 3600]", location="reservationTimeoutSeconds"
-        )
-    return ShardingSpec(
-        pools=tuple(pools),
-        tenants=tuple(tenants),
-        reservation_timeout=None if timeout is None else max(int(timeout * SECOND), 1),
-    )
-
-
-_SHARD_NUMBER: Final = f"must be a shard number, 0 to {MAX_SHARDS - 1}"
-
-
-def _is_shard(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_SHARDS
-
-
-def _only(raw: Mapping[str, Any], known: tuple[str, ...], where: str) -> None:
-    """Refuse a field shoal would otherwise ignore (a typo must not pass silently)."""
-    for key in raw:
-        if key not in known:
-            location = f"{where}.{key}" if where else str(key)
-            raise InputError(f"unknown field (known: {', '.join(known)})", location=location)
-
-
-def pool_reassignment(raw: Mapping[str, Any]) -> PoolReassigned:
-    """``kind: PoolReassignment`` (``spec: {pool: a100, shard: 1}``; the
-    ``shoal.io/arrive-at`` annotation says when): move a node pool to another shard."""
-    spec = raw.get("spec")
-    if not isinstance(spec, Mapping):
-        raise InputError("must be a mapping", location="spec")
-    _only(spec, ("pool", "shard"), "spec")
-    pool, shard = spec.get("pool"), spec.get("shard")
-    if not isinstance(pool, str) or not pool:
-        raise InputError("needs a pool name", location="spec.pool")
-    if not _is_shard(shard):
-        raise InputError(_SHARD_NUMBER, location="spec.shard")
-    return PoolReassigned(pool=pool, shard=shard)
 
 
 def load_sharding(path: str) -> ShardingSpec:

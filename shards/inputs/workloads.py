@@ -1,6 +1,7 @@
 """Workload objects → the pods their controllers would create.
 
-Kinds: ``apps/v1`` Deployment, ReplicaSet, StatefulSet, DaemonSet and ``batch/v1`` Job.
+Kinds: ``apps/v1`` Deployment, ReplicaSet, StatefulSet, DaemonSet and ``batch/v1`` Job
+(and Volcano's ``batch.volcano.sh/v1alpha1`` Job: :mod:`shards.inputs.volcano`).
 Each is expanded, when the scenario is read, into ``v1 Pod`` manifests named and
 labelled as the Kubernetes controllers name and label them (``pkg/controller`` of
 kubernetes/kubernetes):
@@ -75,10 +76,14 @@ from shards.inputs.objects import (
     _string_map,
     pod_spec,
 )
+from shards.inputs.podfields import check_spelling
+from shards.inputs.volcano import API_VERSION as VOLCANO_JOB
+from shards.inputs.volcano import volcano_job
 
 __all__ = ["WORKLOAD_KINDS", "Expansion", "NodeArrival", "expand"]
 
 WORKLOAD_KINDS: Final = {
+    (VOLCANO_JOB, "Job"),
     ("apps/v1", "Deployment"),
     ("apps/v1", "ReplicaSet"),
     ("apps/v1", "StatefulSet"),
@@ -236,6 +241,7 @@ def _read(
     )
     # the template, checked once as a pod: errors name the workload's field
     try:
+        check_spelling(template_spec)
         pod_spec(workload.pod(name, workload.owner()), classes)
     except InputError as exc:
         raise InputError(exc.message, location=f"spec.template.{exc.location}") from None
@@ -281,6 +287,8 @@ def expand(
 ) -> Expansion:
     """The pods of one workload object created at ``at`` (ns): at most ``budget`` of
     them, else an :class:`InputError` naming the count's field."""
+    if obj.get("apiVersion") == VOLCANO_JOB:
+        return volcano_job(obj, at, classes, budget)
     out = Expansion()
     workload = _read(obj, classes, out.warnings)
     kind = workload.kind

@@ -225,6 +225,21 @@ async def test_bad_objects_are_skipped_with_a_reason(
     assert ("PodSubmitted", "default/negative") not in kinds(log)
 
 
+async def test_a_node_with_more_cards_than_a_table_holds_is_skipped_with_a_reason(
+    apiserver: FakeApiServer, running: tuple[KubeIngest, MemoryLog]
+) -> None:
+    """One node stating 200,000 cards would size every shard's card table: ingest
+    skips it (logged and kept in ``rejected``); the other nodes are added."""
+    ingest, log = running
+    huge = node("huge")
+    huge["status"]["allocatable"]["nvidia.com/gpu"] = "200000"
+    apiserver.put("Node", huge)
+    apiserver.put("Node", node("fine"))
+    await eventually(lambda: ("NodeAdded", "fine") in kinds(log))
+    assert any("Node huge" in r and "200000 GPU cards" in r for r in ingest.rejected)
+    assert ("NodeAdded", "huge") not in kinds(log)
+
+
 async def test_deleted_pod_and_observed_binding(
     apiserver: FakeApiServer, running: tuple[KubeIngest, MemoryLog]
 ) -> None:

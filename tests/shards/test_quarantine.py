@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.model.devices import CARDS_LABEL, GPU, MAX_NODE_CARDS
 from engine.refusals import MAX_QUANTITY, refusal
 from engine.snapshot import encode_state
 from events.errors import LogCorruptedError
@@ -131,6 +132,10 @@ async def test_a_node_no_column_can_hold_is_quarantined_and_the_shard_goes_on() 
         _node("n", -1),
         PodSubmitted(pod=PodSpec(namespace="a", name="p", requests={"memory": 1 << 64})),
         PodSubmitted(pod=PodSpec(namespace="a", name="p", priority=-(1 << 63))),
+        NodeAdded(node=NodeSpec(name="n", allocatable={GPU: MAX_NODE_CARDS + 1})),
+        NodeAdded(
+            node=NodeSpec(name="n", allocatable={GPU: 200_000}, labels={CARDS_LABEL: "99999"})
+        ),
     ],
 )
 def test_values_beyond_the_columns_are_refused(event: Event) -> None:
@@ -139,6 +144,10 @@ def test_values_beyond_the_columns_are_refused(event: Event) -> None:
 
 def test_values_within_the_columns_are_folded() -> None:
     assert refusal(_node("n", MAX_QUANTITY)) is None
+    assert refusal(NodeAdded(node=NodeSpec(name="n", allocatable={GPU: MAX_NODE_CARDS}))) is None
+    # the label states the physical cards where the resource counts shared replicas
+    labelled = NodeSpec(name="n", allocatable={GPU: 200_000}, labels={CARDS_LABEL: "8"})
+    assert refusal(NodeAdded(node=labelled)) is None
     assert refusal(PodSubmitted(pod=PodSpec(namespace="a", name="p", priority=-5))) is None
 
 

@@ -23,6 +23,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from engine.model.devices import CARDS_LABEL, MAX_NODE_CARDS
 from events.codec import encode
 from events.errors import InputError
 from events.types import Envelope
@@ -172,11 +173,19 @@ FIELDS = [
     ),
     Field("node pods", lambda v: [node(pods=v)], QUANTITY, OVER, "status.allocatable.pods"),
     Field(
+        # each card is a column of the card table: a node's count is bounded by itself
         "node gpus",
         lambda v: [node(**{"nvidia.com/gpu": v})],
-        QUANTITY,
-        OVER,
+        ints(0, MAX_NODE_CARDS),
+        beyond(None, MAX_NODE_CARDS),
         "status.allocatable.nvidia.com/gpu",
+    ),
+    Field(
+        "node gpu-cards label",
+        lambda v: [{**node(), "metadata": {"name": "n", "labels": {CARDS_LABEL: str(v)}}}],
+        ints(0, MAX_NODE_CARDS),
+        beyond(0, MAX_NODE_CARDS),
+        f"metadata.labels.{CARDS_LABEL}",
     ),
     Field(
         "node capacity",

@@ -215,7 +215,8 @@ kind: Workload
 metadata: {name: w}
 spec: {podGroups: []}
 """,
-        "unknown kind 'Workload' with apiVersion 'scheduling.k8s.io/v1alpha1'",
+        "shoal reads Workload with apiVersion scheduling.k8s.io/v1alpha2 or "
+        "scheduling.k8s.io/v1beta1, not 'scheduling.k8s.io/v1alpha1'",
     ),
 ]
 

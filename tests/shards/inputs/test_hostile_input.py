@@ -124,7 +124,7 @@ def test_a_kind_that_is_not_a_string(tmp_path: Path, capsys: pytest.CaptureFixtu
     err = refused(
         capsys, tmp_path / "kind.yaml", "apiVersion: v1\nkind: [Pod]\nmetadata: {name: p}\n"
     )
-    assert "document 1 (['Pod'] p): unknown kind ['Pod'] with apiVersion 'v1'" in err
+    assert "document 1 (['Pod'] p): not a Kubernetes object: needs an apiVersion" in err
 
 
 @pytest.mark.parametrize(

@@ -9,14 +9,28 @@ table the code keeps, so a field the code forgot fails here.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from engine.config import default_config, parse_config
 from events.errors import InputError
+from shards.inputs.groups import group_membership
 from shards.inputs.objects import pod_spec
-from shards.inputs.podfields import ACTED, POD_SPEC_FIELDS, RUNTIME, gated, unused_fields
+from shards.inputs.podfields import (
+    ACTED,
+    CONTAINER_FIELDS,
+    POD_SPEC_FIELDS,
+    RESOURCES_FIELDS,
+    RUNTIME,
+    check_spelling,
+    gated,
+    unused_fields,
+)
+from shards.inputs.scenario import load_scenario
 
 POD_SPEC = [
     "activeDeadlineSeconds",
@@ -49,6 +63,7 @@ POD_SPEC = [
     "runtimeClassName",
     "schedulerName",
     "schedulingGates",
+    "schedulingGroup",  # Kubernetes 1.36: the pod's PodGroup
     "securityContext",
     "serviceAccount",
     "serviceAccountName",
@@ -100,6 +115,7 @@ SAMPLES: dict[str, Any] = {
     "runtimeClassName": "kata",
     "schedulerName": "other",
     "schedulingGates": [{"name": "kueue"}],
+    "schedulingGroup": {"podGroupName": "g"},
     "securityContext": {"runAsUser": 1000},
     "serviceAccount": "sa",
     "serviceAccountName": "sa",
@@ -141,7 +157,11 @@ def test_a_field_that_can_move_a_pod_is_honoured_or_reported(field: str) -> None
     meaning = POD_SPEC_FIELDS[field]
     if meaning == ACTED:
         try:
-            honoured = pod_spec(obj, CLASSES) != plain or gated(obj["spec"])
+            honoured = (
+                pod_spec(obj, CLASSES) != plain
+                or gated(obj["spec"])
+                or group_membership(obj) != ("", None)
+            )
         except InputError:
             honoured = True  # refused, naming the field
         # volumes: the field is read; a claim in it is reported (not modelled)
@@ -152,6 +172,141 @@ def test_a_field_that_can_move_a_pod_is_honoured_or_reported(field: str) -> None
         assert not reported, field
     else:
         assert f"spec.{field}" in reported, field
+
+
+CONTAINER = [
+    "args",
+    "command",
+    "env",
+    "envFrom",
+    "image",
+    "imagePullPolicy",
+    "lifecycle",
+    "livenessProbe",
+    "name",
+    "ports",
+    "readinessProbe",
+    "resizePolicy",
+    "resources",
+    "restartPolicy",
+    "restartPolicyRules",
+    "securityContext",
+    "startupProbe",
+    "stdin",
+    "stdinOnce",
+    "terminationMessagePath",
+    "terminationMessagePolicy",
+    "tty",
+    "volumeDevices",
+    "volumeMounts",
+    "workingDir",
+]
+"""core/v1 Container, Kubernetes 1.34."""
+
+
+def test_every_container_field_is_classified() -> None:
+    assert set(CONTAINER) == set(CONTAINER_FIELDS)
+    assert set(RESOURCES_FIELDS) == {"limits", "requests", "claims"}
+
+
+def test_a_scheduling_group_is_acted_on_not_reported() -> None:
+    """The gang it names is enforced: no warning says otherwise."""
+    obj = _pod(schedulingGroup={"podGroupName": "g"})
+    assert unused_fields(obj["spec"]) == []
+    assert group_membership(obj) == ("default/g", None)
+
+
+@pytest.mark.parametrize(
+    ("spec", "location", "meant"),
+    [
+        (
+            {"containers": [{"name": "c", "resource": {}}]},
+            "spec.containers[0].resource",
+            "resources",
+        ),
+        (
+            {"containers": [{"name": "c", "resources": {"requets": {"cpu": 1}}}]},
+            "spec.containers[0].resources.requets",
+            "requests",
+        ),
+        (
+            {"containers": [{"name": "c", "resources": {"limit": {"cpu": 1}}}]},
+            "spec.containers[0].resources.limit",
+            "limits",
+        ),
+        ({"containers": [{"name": "c", "imag": "x"}]}, "spec.containers[0].imag", "image"),
+        (
+            {"containers": [{"name": "c"}], "initContainers": [{"name": "i", "Resources": {}}]},
+            "spec.initContainers[0].Resources",
+            "resources",
+        ),
+        ({"containers": [{"name": "c"}], "nodeSelectr": {}}, "spec.nodeSelectr", "nodeSelector"),
+        ({"containers": [{"name": "c"}], "tolerati0ns": []}, "spec.tolerati0ns", "tolerations"),
+    ],
+)
+def test_a_misspelt_field_is_refused_naming_what_it_resembles(
+    spec: dict[str, Any], location: str, meant: str
+) -> None:
+    with pytest.raises(InputError) as info:
+        check_spelling(spec)
+    assert info.value.location == location
+    assert f"did you mean {meant}?" in info.value.message
+
+
+KNOWN = {
+    "spec": POD_SPEC_FIELDS,
+    "spec.containers[0]": CONTAINER_FIELDS,
+    "spec.containers[0].resources": RESOURCES_FIELDS,
+}
+
+
+def _placed(where: str, key: str) -> dict[str, Any]:
+    if where == "spec":
+        return {"containers": [{"name": "c"}], key: {}}
+    if where == "spec.containers[0]":
+        return {"containers": [{"name": "c", key: {}}]}
+    return {"containers": [{"name": "c", "resources": {key: {}}}]}
+
+
+@st.composite
+def misspelt(draw: st.DrawFn) -> tuple[str, str]:
+    """A field's place and a name one edit (drop, swap, change or add a letter) from a
+    field known there, and not itself one."""
+    where = draw(st.sampled_from(sorted(KNOWN)))
+    name = draw(st.sampled_from(sorted(KNOWN[where])))
+    i = draw(st.integers(0, len(name) - 1))
+    letter = draw(st.sampled_from("abcdefghijklmnopqrstuvwxyz"))
+    edit = draw(st.sampled_from(["drop", "swap", "change", "add"]))
+    if edit == "drop" and len(name) > 2:
+        typo = name[:i] + name[i + 1 :]
+    elif edit == "swap" and i + 1 < len(name):
+        typo = name[:i] + name[i + 1] + name[i] + name[i + 2 :]
+    elif edit == "change":
+        typo = name[:i] + letter + name[i + 1 :]
+    else:
+        typo = name[:i] + letter + name[i:]
+    assume(typo not in KNOWN[where])
+    return where, typo
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=misspelt())
+def test_one_edit_from_a_known_field_is_refused(case: tuple[str, str]) -> None:
+    where, typo = case
+    with pytest.raises(InputError) as info:
+        check_spelling(_placed(where, typo))
+    assert info.value.location == f"{where}.{typo}"
+
+
+def test_an_unknown_container_field_unlike_any_is_reported() -> None:
+    spec = {
+        "containers": [{"name": "c", "futureField": 1, "resources": {"claims": [{"name": "x"}]}}]
+    }
+    check_spelling(spec)
+    assert [f for f, _ in unused_fields(spec)] == [
+        "spec.containers[0].futureField",
+        "spec.containers[0].resources.claims",
+    ]
 
 
 def test_a_field_shoal_does_not_know_is_reported() -> None:
@@ -215,3 +370,49 @@ def test_every_profile_field_is_honoured_or_reported(field: str) -> None:
     honoured = parsed.profiles != default_config().profiles
     reported = any(w.startswith(f"config.profiles[0].{field}:") for w in parsed.warnings)
     assert honoured or reported, field
+
+
+DEPLOYMENT = """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers:
+      - name: c
+        resources: {requets: {cpu: "2"}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        (
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n"
+            "spec: {containers: [{name: c, resource: {requests: {cpu: 1}}}]}\n",
+            "document 1 (Pod p): spec.containers[0].resource: unknown field 'resource': "
+            "did you mean resources?",
+        ),
+        (
+            DEPLOYMENT,
+            "document 1 (Deployment web): spec.template.spec.containers[0].resources.requets",
+        ),
+        (
+            DEPLOYMENT.replace("replicas: 2", "replicas: 0"),
+            "document 1 (Deployment web): spec.template.spec.containers[0].resources.requets",
+        ),
+    ],
+)
+def test_a_scenario_with_a_misspelt_request_is_refused(
+    tmp_path: Path, text: str, where: str
+) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    with pytest.raises(InputError) as info:
+        load_scenario([str(path)])
+    assert str(info.value).startswith(f"{path}: {where}"), str(info.value)
+    assert "requets" in str(info.value) or "resource" in str(info.value)

@@ -133,11 +133,15 @@ BAD = [
     ("kind: Pod\n  bad: [", "malformed YAML: line", "document 1"),
     ("- a\n- b\n", "must be a Kubernetes object", "document 1"),
     (
-        "apiVersion: apps/v1\nkind: ControllerRevision\nmetadata: {name: d}\n",
-        "unknown kind 'ControllerRevision'",
-        "document 1 (ControllerRevision d)",
+        "apiVersion: apps/v1\nkind: Deploymnet\nmetadata: {name: d}\n",
+        "unknown kind 'Deploymnet' with apiVersion 'apps/v1': did you mean apps/v1 Deployment?",
+        "document 1 (Deploymnet d)",
     ),
-    ("kind: Pod\nmetadata: {name: p}\n", "unknown kind 'Pod' with apiVersion None", "document 1"),
+    (
+        "kind: Pod\nmetadata: {name: p}\n",
+        "not a Kubernetes object: needs an apiVersion (v1, GROUP/VERSION) and a kind",
+        "document 1",
+    ),
     (
         NODE.replace('status: {allocatable: {cpu: "4", memory: 8Gi}}', ""),
         "missing",
