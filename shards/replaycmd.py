@@ -33,7 +33,7 @@ async def _read(log: EventLog, partition: int) -> list[Envelope]:
 
 def _what_if(args: argparse.Namespace, diff: whatif.WhatIf) -> int:
     if args.json:
-        emit_json({"config": args.config, **diff.to_json()})
+        emit_json({"log": args.log, "config": args.config, **diff.to_json()})
     else:
         print(f"replayed the inputs of {args.log} under {args.config}")
         for line in diff.table():

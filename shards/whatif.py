@@ -47,6 +47,8 @@ from shards.simulate import simulate
 
 INGEST = "ingest"
 CLUSTER = "cluster"
+MAX_ROWS = 50
+"""Pods the table lists (``--json`` lists every one)."""
 _HEAD = (SchedulerConfigured, ShardingConfigured, PositionRecorded)
 """Ingest records that are not cluster inputs: the run's configuration, positions."""
 
@@ -144,21 +146,24 @@ def facts(parts: Sequence[Sequence[Envelope]]) -> RunFacts:
     capacity: dict[str, int] = {}
     asks: dict[str, int] = {}
     held: dict[str, int] = {}
+    idle = 0  # milli-cards: the nodes' cards less those bound pods hold
     start = records[0].time if records else 0
     last = start
     integral = 0
     for env in records:
         if env.time > last:
-            integral += (sum(capacity.values()) - sum(held.values())) * (env.time - last)
+            integral += idle * (env.time - last)
             last = env.time
         run.report.apply(env)
         event = env.event
         key: object = getattr(event, "pod", None)
         match event:
             case NodeAdded(node=spec) | NodeUpdated(node=spec):
-                capacity[spec.name] = node_cards(spec.allocatable, spec.labels)[0] * WHOLE
+                cards = node_cards(spec.allocatable, spec.labels)[0] * WHOLE
+                idle += cards - capacity.get(spec.name, 0)
+                capacity[spec.name] = cards
             case NodeRemoved(name=name):
-                capacity.pop(name, None)
+                idle -= capacity.pop(name, 0)
             case PodSubmitted(pod=spec):
                 key = spec.key
                 run.submitted[spec.key] = env.time
@@ -166,16 +171,15 @@ def facts(parts: Sequence[Sequence[Envelope]]) -> RunFacts:
         if not isinstance(key, str) or key not in run.report.pods:
             continue
         view = run.report.pods[key]
+        idle += held.pop(key, 0)
         if view.phase == "Bound":
             held[key] = asks.get(key, 0)
+            idle -= held[key]
             run.first_bound.setdefault(key, env.time)
             path = run.nodes.setdefault(key, [])
             if view.node and (not path or path[-1] != view.node):
                 path.append(view.node)
-        else:
-            held.pop(key, None)
     run.end = last
-    idle = sum(capacity.values()) - sum(held.values())
     run.idle_end = idle / WHOLE
     run.idle_average = integral / (last - start) / WHOLE if last > start else run.idle_end
     return run
@@ -267,8 +271,10 @@ class WhatIf:
         if pods:
             lines += _columns(
                 ["POD", "RECORDED", "OTHER", "CHANGE"],
-                [[r["pod"], r["recorded"], r["other"], r["change"]] for r in pods],
+                [[r["pod"], r["recorded"], r["other"], r["change"]] for r in pods[:MAX_ROWS]],
             )
+        if len(pods) > MAX_ROWS:
+            lines.append(f"... and {len(pods) - MAX_ROWS} more pods (--json lists them all)")
         for what, diff in (("preemption", self.preemptions()), ("move", self.moves())):
             for sign, rows in (("+", diff["added"]), ("-", diff["removed"])):
                 lines += [f"{sign} {what}: {_describe(row)}" for row in rows]
@@ -304,8 +310,8 @@ def _describe(row: dict[str, str]) -> str:
 def _added_removed(
     recorded: list[dict[str, str]], other: list[dict[str, str]]
 ) -> dict[str, list[dict[str, str]]]:
-    def key(row: dict[str, str]) -> tuple[str, ...]:
-        return tuple(sorted(row.items()))  # type: ignore[arg-type]
+    def key(row: dict[str, str]) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted(row.items()))
 
     was = {key(r): r for r in recorded}
     now = {key(r): r for r in other}

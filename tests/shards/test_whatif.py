@@ -9,11 +9,29 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from engine.config import parse_config
+from engine.model.pools import Sharding
 from events.errors import InputError
-from events.types import Envelope, NodeAdded, NodeSpec, Placement, PodAdopted, PodSpec
+from events.memory import MemoryLog
+from events.types import (
+    SECOND,
+    Envelope,
+    NodeAdded,
+    NodeSpec,
+    Placement,
+    PodAdopted,
+    PodSpec,
+    is_decision,
+)
 from shards.cli import main
-from shards.whatif import inputs_of
+from shards.inputs.scenario import Scenario, TimedEvent
+from shards.simulate import simulate
+from shards.whatif import inputs_of, rerun, what_if
+from tests.builders import make_node, make_pod
 from tests.shards.scenario_text import gpu_node, gpu_pod
 
 SHARDS = (1, 2)
@@ -229,3 +247,47 @@ def test_a_log_of_a_real_cluster_is_refused() -> None:
     assert [e.event for e in inputs_of([log[:1]], "x.log").events] == [log[0].event]
     with pytest.raises(InputError, match=r"x\.log: recorded against a real cluster"):
         inputs_of([log], "x.log")
+
+
+@st.composite
+def gpu_scenario(draw: Any) -> Scenario:
+    """A few GPU nodes; pods of one to four cards, of two priorities, arriving over
+    20 s, most of them running a while (some preempt, some wait, some are moved)."""
+    events = [
+        TimedEvent(0, i, make_node(f"n{i}").cpu("16").gpu(draw(st.sampled_from([2, 4]))).added())
+        for i in range(draw(st.integers(2, 4)))
+    ]
+    arrivals = []
+    for p in range(draw(st.integers(2, 10))):
+        pod = make_pod(f"p{p}").cpu("1").gpu(draw(st.integers(1, 4)))
+        pod = pod.priority(draw(st.sampled_from([0, 100])))
+        if draw(st.booleans()):
+            pod = pod.runtime(draw(st.integers(1, 30)))
+        arrivals.append((draw(st.integers(0, 20)) * SECOND, pod.submitted()))
+    arrivals.sort(key=lambda a: a[0])
+    events += [TimedEvent(t, len(events) + i, e) for i, (t, e) in enumerate(arrivals)]
+    return Scenario(events=events)
+
+
+@settings(max_examples=10, deadline=None)
+@given(gpu_scenario(), st.sampled_from([1, 2]), st.sampled_from(["Least", "Most"]))
+async def test_the_recorded_configuration_derives_the_recorded_decisions(
+    scenario: Scenario, shards: int, strategy: str
+) -> None:
+    """The inputs of a simulated run, run again under the configuration it recorded,
+    derive every recorded decision again, in order, in each partition: the what-if
+    replay compares like with like, and a difference is OTHER's."""
+    config = parse_config(yaml.safe_load(profile(f"{strategy}Allocated")), "")
+    sharding = Sharding(shards=shards) if shards > 1 else None
+    log = MemoryLog(shards + 1 if sharding is not None else 1)
+    await simulate(scenario, log, config, sharding=sharding)
+    parts = [await log.read(p, 0) for p in range(log.partitions)]
+    again = await rerun(parts, config, "run.log")
+
+    def decisions(records: list[Envelope]) -> list[tuple[str, Any]]:
+        return [(e.producer, e.event) for e in records if is_decision(e.event)]
+
+    assert [decisions(p) for p in again] == [decisions(p) for p in parts]
+    diff = what_if(parts, again).to_json()
+    assert diff["pods"] == []
+    assert all(m["change"] == 0 for m in diff["measures"].values())
