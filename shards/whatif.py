@@ -18,7 +18,7 @@ placements, and would be replayed at the wrong times under OTHER. Such a log is 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -211,8 +211,10 @@ def _p99(values: list[float]) -> float:
     return values[math.ceil(0.99 * len(values)) - 1] if values else 0.0
 
 
-def _round(value: float) -> float:
-    return round(value, 6)
+def _number(value: float) -> float:
+    """Rounded to a millionth, and whole numbers as integers (deterministic text)."""
+    rounded = round(value, 6)
+    return int(rounded) if rounded == int(rounded) else rounded
 
 
 @dataclass
@@ -244,11 +246,11 @@ class WhatIf:
         return _added_removed(self.recorded.report.migrations, self.other.report.migrations)
 
     def measures(self) -> dict[str, tuple[float, float]]:
-        """(recorded, other) of each measure, in the order of the table."""
-        out: dict[str, tuple[float, float]] = {}
-        for name, measure in _MEASURES:
-            out[name] = (_round(measure(self.recorded)), _round(measure(self.other)))
-        return out
+        """(recorded, other) of each measure by its ``--json`` name, in table order."""
+        return {
+            name: (_number(measure(self.recorded)), _number(measure(self.other)))
+            for name, _, measure in _MEASURES
+        }
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -257,7 +259,7 @@ class WhatIf:
             "preemptions": self.preemptions(),
             "moves": self.moves(),
             "measures": {
-                name: {"recorded": a, "other": b, "change": _round(b - a)}
+                name: {"recorded": a, "other": b, "change": _number(b - a)}
                 for name, (a, b) in self.measures().items()
             },
         }
@@ -281,24 +283,30 @@ class WhatIf:
         lines += _columns(
             ["MEASURE", "RECORDED", "OTHER", "CHANGE"],
             [
-                [name, f"{a:g}", f"{b:g}", f"{_round(b - a):+g}"]
-                for name, (a, b) in self.measures().items()
+                [label, f"{a:g}", f"{b:g}", f"{_number(b - a):+g}"]
+                for (_, label, _), (a, b) in zip(_MEASURES, self.measures().values(), strict=True)
             ],
         )
         return lines
 
 
-_MEASURES = (
-    ("pods placed", lambda f: float(len(f.first_bound))),
-    ("pods pending at end", lambda f: float(f.report.counts()["pending"])),
-    ("preemptions", lambda f: float(len(f.report.preemptions))),
-    ("moves", lambda f: float(len(f.report.migrations))),
-    ("GPU idle at end", lambda f: f.idle_end),
-    ("GPU idle, time-average", lambda f: f.idle_average),
-    ("queueing delay mean (s)", lambda f: sum(f.delays()) / len(f.delays()) if f.delays() else 0),
-    ("queueing delay p99 (s)", lambda f: _p99(f.delays())),
-    ("last event (s)", lambda f: f.end / 1e9),
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+Measure = Callable[[RunFacts], float]
+_MEASURES: tuple[tuple[str, str, Measure], ...] = (
+    ("pods_placed", "pods placed", lambda f: len(f.first_bound)),
+    ("pods_pending", "pods pending at end", lambda f: f.report.counts()["pending"]),
+    ("preemptions", "preemptions", lambda f: len(f.report.preemptions)),
+    ("moves", "moves", lambda f: len(f.report.migrations)),
+    ("gpu_idle_end", "GPU idle at end", lambda f: f.idle_end),
+    ("gpu_idle_average", "GPU idle, time-average", lambda f: f.idle_average),
+    ("queueing_mean_seconds", "queueing delay mean (s)", lambda f: _mean(f.delays())),
+    ("queueing_p99_seconds", "queueing delay p99 (s)", lambda f: _p99(f.delays())),
+    ("end_seconds", "last event (s)", lambda f: f.end / 1e9),
 )
+"""(``--json`` name, table label, measure) of each measure compared; GPU in cards."""
 
 
 def _describe(row: dict[str, str]) -> str:

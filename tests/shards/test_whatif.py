@@ -158,19 +158,20 @@ def test_what_if_json(tmp_path: Path, capsys: pytest.CaptureFixture[str], shards
     assert data["moves"] == {"added": [], "removed": []}
     measures = {k: (v["recorded"], v["other"]) for k, v in data["measures"].items()}
     assert measures == {
-        "pods placed": (3, 3),
-        "pods pending at end": (0, 0),
+        "pods_placed": (3, 3),
+        "pods_pending": (0, 0),
         "preemptions": (0, 0),
         "moves": (0, 0),
-        "GPU idle at end": (3, 3),
+        "gpu_idle_end": (3, 3),
         # 7 cards idle for 1 s, then 6 (spread: until big starts at 31 s; packed: until
         # big starts at 10 s, then 2)
-        "GPU idle, time-average": (round(187 / 31, 6), round(103 / 31, 6)),
-        "queueing delay mean (s)": (7, 0),
-        "queueing delay p99 (s)": (21, 0),
-        "last event (s)": (31, 31),
+        "gpu_idle_average": (round(187 / 31, 6), round(103 / 31, 6)),
+        "queueing_mean_seconds": (7, 0),
+        "queueing_p99_seconds": (21, 0),
+        "end_seconds": (31, 31),
     }
-    assert data["measures"]["queueing delay mean (s)"]["change"] == -7
+    assert data["measures"]["queueing_mean_seconds"]["change"] == -7
+    assert data["measures"]["pods_placed"] == {"recorded": 3, "other": 3, "change": 0}
 
 
 def test_moves_removed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
