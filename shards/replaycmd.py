@@ -64,6 +64,7 @@ async def run_replay(args: argparse.Namespace, config: SchedulerConfig | None) -
             )
     if args.explain is not None and "/" not in args.explain:
         raise InputError(f"expected NAMESPACE/NAME, got {args.explain!r}", location="--explain")
+    under: str | None = None  # the configuration a what-if explanation is made under
     if config is not None:
         recorded = recorded_config(parts[-1])
         config = whatif.other_config(recorded, config)
@@ -90,7 +91,7 @@ async def run_replay(args: argparse.Namespace, config: SchedulerConfig | None) -
                 "log's inputs run again under it, not the recorded ones",
                 file=sys.stderr,
             )
-            parts = other
+            parts, under = other, args.config
     loaded, differ = plugins.for_replay(
         parts[-1], config or recorded_config(parts[-1]), verify=args.verify
     )
@@ -123,6 +124,8 @@ async def run_replay(args: argparse.Namespace, config: SchedulerConfig | None) -
     if args.json:
         if args.explain is not None:
             data: dict[str, Any] = render.explanation_json(args.explain, result)
+            if under is not None:
+                data["what_if_config"] = under
         else:
             data = result.report.to_json()
             data["events"] = [

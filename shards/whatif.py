@@ -87,6 +87,7 @@ def inputs_of(parts: Sequence[Sequence[Envelope]], where: str) -> Scenario:
             )
         if env.producer == INGEST and not isinstance(event, _HEAD):
             events.append(TimedEvent(time=env.time, order=len(events), event=event))
+    events.sort(key=lambda e: (e.time, e.order))  # as appended, where times agree
     return Scenario(events=events)
 
 

@@ -225,7 +225,8 @@ def test_explain_under_another_configuration(
     argv = ("replay", paths["log"], "--explain", "default/big", "--config", paths["most"])
     code, out, err = run(capsys, *argv, "--json")
     assert code == 0, err
-    assert json.loads(out)["final"]["node"] == "n1"
+    data = json.loads(out)
+    assert data["final"]["node"] == "n1" and data["what_if_config"] == paths["most"]
     assert f"explaining under {paths['most']}" in err
 
 
