@@ -167,7 +167,9 @@ def facts(parts: Sequence[Sequence[Envelope]]) -> RunFacts:
                 idle -= capacity.pop(name, 0)
             case PodSubmitted(pod=spec):
                 key = spec.key
-                run.submitted[spec.key] = env.time
+                run.submitted[spec.key] = env.time  # submitted again: a new pod of that name
+                run.first_bound.pop(spec.key, None)
+                run.nodes.pop(spec.key, None)
                 asks[spec.key] = _gpu_milli(spec.requests)
         if not isinstance(key, str) or key not in run.report.pods:
             continue
@@ -195,6 +197,8 @@ def outcome(view: PodView | None, nodes: list[str]) -> str:
     if view.phase == "Bound" and placed:
         return placed
     state = view.phase.lower()
+    if view.phase == "Failed" and view.reason.startswith(("Preempted", "Evicted")):
+        state = view.reason.split(maxsplit=1)[0].rstrip(":").lower()
     return f"{placed}, {state}" if placed else state
 
 

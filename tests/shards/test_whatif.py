@@ -293,3 +293,24 @@ async def test_the_recorded_configuration_derives_the_recorded_decisions(
     diff = what_if(parts, again).to_json()
     assert diff["pods"] == []
     assert all(m["change"] == 0 for m in diff["measures"].values())
+
+
+@pytest.mark.parametrize("shards", SHARDS)
+def test_preemptions_removed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
+) -> None:
+    """The big pod outranks the small ones: spread, it preempts one of them; packed, it
+    needs none."""
+    text = SCENARIO.replace(
+        gpu_pod("big", cards=4, at=10), gpu_pod("big", cards=4, at=10, priority=100)
+    )
+    paths = record(tmp_path, capsys, shards, text)
+    code, out, err = run(capsys, "replay", paths["log"], "--config", paths["most"])
+    assert code == 0, err
+    assert out.splitlines()[1:5] == [
+        f"1 of 3 pods differ ({shards} shard{'s' if shards > 1 else ''})",
+        "POD              RECORDED       OTHER  CHANGE",
+        "default/small-1  n1, preempted  n0     elsewhere",
+        "- preemption: default/small-1 on n1 by default/big",
+    ]
+    assert "preemptions              1         0      -1" in out.splitlines()
