@@ -194,7 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--verify", action="store_true", help="re-derive every decision and compare")
     rep.add_argument("--explain", metavar="NAMESPACE/NAME", help="why a pod went where it went")
     rep.add_argument("--until", type=non_negative, metavar="OFFSET", help="stop after this offset")
-    rep.add_argument("--config", help="replay with this configuration instead of the recorded one")
+    rep.add_argument(
+        "--config",
+        help="what-if: run the recorded inputs again under this configuration and print "
+        "how the decisions differ (--explain: explain under it)",
+    )
     rep.add_argument("--json", action="store_true", help="print one JSON object")
 
     for command in added_commands().values():  # after replay, where loadtest always was

@@ -12,7 +12,7 @@ from events.errors import InputError, UnverifiableLogError
 from events.filelog import FileLog
 from events.log import EventLog, quarantined_in, read_quarantined
 from events.types import Envelope, RecordQuarantined
-from shards import plugins, render
+from shards import plugins, render, whatif
 from shards.bus import open_bus
 from shards.commands import EXIT_MISMATCH, emit_json
 from shards.replay import recorded_config, replay, replay_routed
@@ -31,6 +31,16 @@ async def _read(log: EventLog, partition: int) -> list[Envelope]:
             file=sys.stderr,
         )
     return records
+
+
+def _what_if(args: argparse.Namespace, diff: whatif.WhatIf) -> int:
+    if args.json:
+        emit_json({"log": args.log, "config": args.config, **diff.to_json()})
+    else:
+        print(f"replayed the inputs of {args.log} under {args.config}")
+        for line in diff.table():
+            print(line)
+    return 0
 
 
 async def run_replay(args: argparse.Namespace, config: SchedulerConfig | None) -> int:
@@ -56,6 +66,34 @@ async def run_replay(args: argparse.Namespace, config: SchedulerConfig | None) -
             )
     if args.explain is not None and "/" not in args.explain:
         raise InputError(f"expected NAMESPACE/NAME, got {args.explain!r}", location="--explain")
+    under: str | None = None  # the configuration a what-if explanation is made under
+    if config is not None:
+        recorded = recorded_config(parts[-1])
+        config = whatif.other_config(recorded, config)
+        same = whatif.same_config(recorded, config)
+        if args.verify and not same:
+            raise InputError(
+                "differs from the configuration the log recorded; --verify checks the "
+                "recorded decisions under it (leave --config out to verify, or --verify "
+                "out for a what-if replay)",
+                location=f"--config {args.config}",
+            )
+        if not args.verify and not (same and args.explain is not None):
+            if args.until is not None:
+                raise InputError(
+                    "a what-if replay (--config) runs the whole log again; the offsets "
+                    "of the re-run are not the recorded ones",
+                    location="--until",
+                )
+            other = await whatif.rerun(parts, config, args.log)
+            if args.explain is None:
+                return _what_if(args, whatif.what_if(parts, other))
+            print(
+                f"shoal: note: explaining under {args.config}: the attempts of the "
+                "log's inputs run again under it, not the recorded ones",
+                file=sys.stderr,
+            )
+            parts, under = other, args.config
     loaded, differ = plugins.for_replay(
         parts[-1], config or recorded_config(parts[-1]), verify=args.verify
     )
@@ -88,6 +126,8 @@ async def run_replay(args: argparse.Namespace, config: SchedulerConfig | None) -
     if args.json:
         if args.explain is not None:
             data: dict[str, Any] = render.explanation_json(args.explain, result)
+            if under is not None:
+                data["what_if_config"] = under
         else:
             data = result.report.to_json()
             data["quarantined"] = [
