@@ -63,7 +63,7 @@ BUILT_IN: Final = frozenset(builtin_registry().names())
 """The plugins whose scores :mod:`shards.coordinator.choice` summarises per shard."""
 
 if TYPE_CHECKING:
-    from engine.passes.run import SchedulingPass
+    from engine.passes.context import PassContext
     from shards.coordinator.coordinator import Coordinator
 
 
@@ -80,7 +80,7 @@ class ShardDispatch:
 
     # ------------------------------------------------------------------ route
 
-    def route(self, p: SchedulingPass, unit: str) -> Route:
+    def route(self, p: PassContext, unit: str) -> Route:
         c = self.c
         if c.nominations_under_way() or self._still_held(p, unit):
             return Route.WAIT
@@ -92,7 +92,7 @@ class ShardDispatch:
         c.counters["decided"] += 1
         return Route.ATTEMPT
 
-    def _still_held(self, p: SchedulingPass, unit: str) -> bool:
+    def _still_held(self, p: PassContext, unit: str) -> bool:
         """Is a pod of ``unit`` still held on a shard under a claim being aborted (a
         gang rolled back)? Placed again elsewhere before that shard lets it go, it
         would run twice; the shard's answer comes with the next relays. Bounded: not
@@ -111,7 +111,7 @@ class ShardDispatch:
                     return True
         return False
 
-    def _hand_over(self, p: SchedulingPass, unit: str) -> bool:
+    def _hand_over(self, p: PassContext, unit: str) -> bool:
         c = self.c
         e = c.engine
         pods = p.unit_pods(unit)
@@ -287,20 +287,20 @@ class ShardDispatch:
     def slot_owners(self) -> Ints | None:
         return self.c.routing.slot_shard
 
-    def first(self, p: SchedulingPass) -> list[str]:
+    def first(self, p: PassContext) -> list[str]:
         ready, self.c.ready = self.c.ready, []
         for unit in ready:
             self.c.engine.queue.remove(unit)
         return ready
 
-    def unbound(self, p: SchedulingPass, event: PodUnbound) -> None:
+    def unbound(self, p: PassContext, event: PodUnbound) -> None:
         """The view rolled back a gang (a member's bind failed): the shards holding its
         parts let them go (and unbind what they bound)."""
         self.c.take_back(event)
 
     # ------------------------------------------------------------------ commit
 
-    def commit(self, p: SchedulingPass, statement: Statement | None, placed: Placed) -> bool:
+    def commit(self, p: PassContext, statement: Statement | None, placed: Placed) -> bool:
         c = self.c
         e = c.engine
         unit = p.unit
@@ -374,7 +374,7 @@ class ShardDispatch:
 
     def _migrations(
         self,
-        p: SchedulingPass,
+        p: PassContext,
         statement: Statement,
         placed: Placed,
         moves: list[tuple[str, int, int, str]],
