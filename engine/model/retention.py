@@ -38,13 +38,12 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
-from engine.model.groups import PENDING, GroupInfo, group_unit, is_group_unit
+from engine.model.groups import PENDING, GroupInfo, NextRuns, group_unit, is_group_unit
+from engine.model.pods import PodInfo
+from engine.model.queue import SchedulingQueue
 from events.types import SECOND
-
-if TYPE_CHECKING:
-    from engine.model.shard import ShardModel
 
 RETENTION_SECONDS: Final = 600
 """The default retention window (``finishedRetentionSeconds``)."""
@@ -159,7 +158,33 @@ class Deadlines:
 # ---------------------------------------------------------------------- on the model
 
 
-def forget_finished(m: ShardModel) -> None:
+class Retaining(Protocol):
+    """What the functions below read and change of a shard's model
+    (:class:`engine.model.shard.ShardModel`)."""
+
+    now: int
+    retired: Retired
+    deadlines: Deadlines
+    pods: dict[str, PodInfo]
+    groups: dict[str, GroupInfo]
+    outcomes: dict[str, str]
+    finished_uids: dict[str, str]
+    next_runs: NextRuns
+    queue: SchedulingQueue
+    waiting: dict[str, str]
+    dirty: dict[str, None]
+    held: dict[str, list[int]]
+    planned: dict[str, dict[str, str]]
+    broken: dict[str, str]
+    dependents: dict[str, dict[str, None]]
+    depending: dict[str, None]
+    group_changes: dict[str, None]
+    dispatched: dict[str, str]
+
+    def over(self, group: GroupInfo) -> bool: ...
+
+
+def forget_finished(m: Retaining) -> None:
     """Forget the pods and groups over for a whole retention window that no live unit
     names as a dependency (those are retired again: kept a window more). A group is
     kept while its status is still to be reported, a next run waits for its name, or
@@ -193,7 +218,7 @@ def forget_finished(m: ShardModel) -> None:
             m.dependents.pop(name, None)
 
 
-def _named(m: ShardModel) -> set[str]:
+def _named(m: Retaining) -> set[str]:
     """Every name a live unit depends on (pruning ``depending`` of the gone)."""
     names: set[str] = set()
     for unit in list(m.depending):
@@ -215,7 +240,7 @@ def _named(m: ShardModel) -> set[str]:
     return names
 
 
-def timed_out(m: ShardModel) -> list[GroupInfo]:
+def timed_out(m: Retaining) -> list[GroupInfo]:
     """Pending groups past their deadline, in the order of ``m.groups`` (as a scan of
     every group found them); one whose placement is under way elsewhere is left for a
     later pass (it answers first)."""
@@ -231,12 +256,12 @@ def timed_out(m: ShardModel) -> list[GroupInfo]:
     return out
 
 
-def next_deadline(m: ShardModel) -> int | None:
+def next_deadline(m: Retaining) -> int | None:
     """The soonest time-out after ``m.now`` of a Pending group."""
     return m.deadlines.next_after(m.now, _stands(m))
 
 
-def _stands(m: ShardModel) -> Valid:
+def _stands(m: Retaining) -> Valid:
     groups = m.groups
 
     def stands(key: str, deadline: int) -> bool:

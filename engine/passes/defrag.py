@@ -25,7 +25,7 @@ pods, it cannot count a budget, and moves no pod a budget picks.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import numpy as np
 
@@ -34,14 +34,12 @@ from engine.model.cards import ABSENT
 from engine.model.devices import WHOLE
 from engine.model.disruption import broken_by
 from engine.model.statement import Statement
+from engine.passes.context import PassContext
 from engine.passes.dispatch import migrate
 from engine.plugins.migration import MIGRATABLE
 from engine.plugins.migration import unpinned as _unpinned
 from engine.plugins.rescheduler import Budget
 from events.types import SECOND
-
-if TYPE_CHECKING:
-    from engine.passes.run import SchedulingPass
 
 BY: Final = "shoal.io/defragmentation"
 WINDOW: Final = 60 * SECOND
@@ -51,7 +49,7 @@ MAX_SOURCES: Final = 16
 """Machines tried per pass at most (each a staged trial)."""
 
 
-def defragment(p: SchedulingPass, budget: Budget) -> None:
+def defragment(p: PassContext, budget: Budget) -> None:
     """Empty nearly-empty GPU machines within ``budget`` (see the module docstring)."""
     e = p.e
     state = e.state
@@ -101,7 +99,7 @@ def defragment(p: SchedulingPass, budget: Budget) -> None:
             return
 
 
-def _movable(p: SchedulingPass, key: str) -> bool:
+def _movable(p: PassContext, key: str) -> bool:
     e = p.e
     pod = e.pods.get(key)
     return (
@@ -113,7 +111,7 @@ def _movable(p: SchedulingPass, key: str) -> bool:
 
 
 def _empty(
-    p: SchedulingPass, source: int, keys: list[str], targets: Any, busy: Any
+    p: PassContext, source: int, keys: list[str], targets: Any, busy: Any
 ) -> list[tuple[str, int]] | None:
     """Stage every pod of ``source`` onto the busiest allowed target; the moves, or None
     (nothing staged) if any pod finds no place."""

@@ -10,68 +10,11 @@ own the nodes (``shards.coordinator``). Both sides implement :class:`Dispatch`.
 
 from __future__ import annotations
 
-from enum import Enum
-from typing import TYPE_CHECKING, Protocol
-
 from engine.model.pods import PodInfo
 from engine.model.state import Ints
 from engine.model.statement import Statement
+from engine.passes.context import Dispatch, PassContext, Placed, Route
 from events.types import PodBound, PodMigrated, PodPreempted, PodUnbound
-
-if TYPE_CHECKING:
-    from engine.passes.run import SchedulingPass
-
-
-Placed = list[tuple[PodInfo, int, int]]
-"""(pod, slot, score) of each pod an attempt placed."""
-
-
-class Route(Enum):
-    """What becomes of a unit the queue hands the pass."""
-
-    ATTEMPT = "attempt"
-    """Decide it here: filter, score, preempt if need be."""
-    HANDED = "handed"
-    """Handed to someone who will place it (it left the queue)."""
-    WAIT = "wait"
-    """Not now: back to the head of the queue, and the pass stops there."""
-
-
-class Dispatch(Protocol):
-    waits: bool
-    """Whether units are routed: :meth:`route` is asked before each one and may answer
-    :attr:`Route.WAIT` (the pass then looks at the head of the queue before taking it).
-    False: the pass attempts every unit itself, and :meth:`route` is never asked."""
-
-    def route(self, p: SchedulingPass, unit: str) -> Route:
-        """Before unit ``unit`` (a pod key, or ``@group``) is attempted. May hand it on
-        (then it must take it out of the queue and mark it dispatched in the model)."""
-        ...
-
-    def commit(self, p: SchedulingPass, statement: Statement | None, placed: Placed) -> bool:
-        """Make a successful attempt (a pod, or a whole gang) happen: the evictions
-        ``statement`` staged, then ``placed`` (pod, slot, score). With a statement, the
-        placements are already assumed in the state by it; without one (a pod that
-        simply fits), nothing is staged yet. True: placed; False: only the evictions
-        are under way, and the unit waits for them (it must not be queued meanwhile)."""
-        ...
-
-    def unbound(self, p: SchedulingPass, event: PodUnbound) -> None:
-        """A placement this engine made is taken back (a gang rolled back after a failed
-        bind); the state already forgot it."""
-        ...
-
-    def first(self, p: SchedulingPass) -> list[str]:
-        """Units to attempt before the queue, in order (a preemptor whose victims are
-        gone: the room they left is its own, as when one scheduler evicts and places in
-        one step)."""
-        ...
-
-    def slot_owners(self) -> Ints | None:
-        """Per slot, the shard that owns its node (negative: none; the array may be
-        shorter than the state's slots), or None where this engine owns every node.
-        Among equally good topology domains, one owned by fewer shards is preferred."""
-        ...
 
 
 class Local:
@@ -79,19 +22,19 @@ class Local:
 
     waits = False
 
-    def unbound(self, p: SchedulingPass, event: PodUnbound) -> None:
+    def unbound(self, p: PassContext, event: PodUnbound) -> None:
         p.out.append(event)
 
-    def first(self, p: SchedulingPass) -> list[str]:
+    def first(self, p: PassContext) -> list[str]:
         return []
 
-    def route(self, p: SchedulingPass, unit: str) -> Route:
+    def route(self, p: PassContext, unit: str) -> Route:
         return Route.ATTEMPT
 
     def slot_owners(self) -> Ints | None:
         return None
 
-    def commit(self, p: SchedulingPass, statement: Statement | None, placed: Placed) -> bool:
+    def commit(self, p: PassContext, statement: Statement | None, placed: Placed) -> bool:
         if statement is None:
             for pod, slot, score in placed:
                 bind(p, pod, slot, score)
@@ -120,7 +63,7 @@ class Local:
         return True
 
 
-def migrate(p: SchedulingPass, key: str, origin: int, slot: int, by: str) -> None:
+def migrate(p: PassContext, key: str, origin: int, slot: int, by: str) -> None:
     """Pod ``key``, staged from ``origin`` onto ``slot`` (already assumed there), moves:
     it restarts there under a new decision (``PodMigrated``)."""
     e = p.e
@@ -142,7 +85,7 @@ def migrate(p: SchedulingPass, key: str, origin: int, slot: int, by: str) -> Non
     e.count("migrated")
 
 
-def bind(p: SchedulingPass, pod: PodInfo, slot: int, score: int) -> None:
+def bind(p: PassContext, pod: PodInfo, slot: int, score: int) -> None:
     """Place ``pod`` on ``slot`` here and say so (``PodBound``)."""
     e = p.e
     delegated = e.delegated.get(pod.key)
@@ -166,3 +109,6 @@ def bind(p: SchedulingPass, pod: PodInfo, slot: int, score: int) -> None:
     e.count("bound")
     if pod.spec.group in e.groups:
         e.group_changes[pod.spec.group] = None
+
+
+__all__ = ["Dispatch", "Local", "Placed", "Route", "bind", "migrate"]

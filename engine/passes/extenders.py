@@ -20,8 +20,6 @@ the cluster and asks again). A prioritize failure is skipped, as in kube-schedul
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from engine.config import DEFAULT_SCHEDULER
@@ -32,12 +30,10 @@ from engine.framework.status import Code, Status
 from engine.model.extenders import Ask
 from engine.model.pods import PodInfo
 from engine.model.state import ClusterState
-
-if TYPE_CHECKING:
-    from engine.passes.run import SchedulingPass
+from engine.passes.context import PassContext
 
 
-def applicable(p: SchedulingPass, pod: PodInfo) -> tuple[ExtenderConfig, ...]:
+def applicable(p: PassContext, pod: PodInfo) -> tuple[ExtenderConfig, ...]:
     """The extenders ``pod``'s attempts must ask (its profile's, interested in it)."""
     extenders = p.profiles.config.extenders
     if not extenders:
@@ -52,7 +48,7 @@ def applicable(p: SchedulingPass, pod: PodInfo) -> tuple[ExtenderConfig, ...]:
     )
 
 
-def _node_names(p: SchedulingPass, framework: Framework, pod: PodInfo) -> tuple[str, ...] | None:
+def _node_names(p: PassContext, framework: Framework, pod: PodInfo) -> tuple[str, ...] | None:
     """The names of the nodes ``pod`` passes the filters on (None: none); pods of one
     shape get the same tuple within a pass until a node changes."""
     state = p.e.state
@@ -72,7 +68,7 @@ def _node_names(p: SchedulingPass, framework: Framework, pod: PodInfo) -> tuple[
 
 
 def ask_if_needed(
-    p: SchedulingPass,
+    p: PassContext,
     pod: PodInfo,
     framework: Framework,
     extenders: tuple[ExtenderConfig, ...],
@@ -102,7 +98,7 @@ def ask_if_needed(
 
 
 def verdict_for(
-    p: SchedulingPass, pod: PodInfo, extenders: tuple[ExtenderConfig, ...]
+    p: PassContext, pod: PodInfo, extenders: tuple[ExtenderConfig, ...]
 ) -> Verdict | None:
     """The verdict of the answers recorded for ``pod`` (used once), or None."""
     ask = p.e.extenders.ready.pop(pod.key, None)

@@ -20,8 +20,6 @@ where its members differ in size and the first plan evicts anything.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from engine.framework.results import Attempt
 from engine.framework.status import Status
 from engine.model.pods import PodInfo
@@ -29,19 +27,17 @@ from engine.model.resources import CPU, MEMORY
 from engine.model.state import ClusterState
 from engine.model.statement import Statement
 from engine.model.victims import cost_of_victims
+from engine.passes.context import PassContext
 from engine.passes.dispatch import Placed
 from engine.passes.extenders import applicable
 from engine.passes.pods import may_preempt, preempt_into
-
-if TYPE_CHECKING:
-    from engine.passes.run import SchedulingPass
 
 Failure = tuple[str, tuple[str, ...], dict[str, int]]
 """Why a member found no node: the message, the rejecting plugins, nodes by reason."""
 
 
 def preempt_for(
-    p: SchedulingPass,
+    p: PassContext,
     statement: Statement,
     pending: list[PodInfo],
     placed: Placed,
@@ -89,7 +85,7 @@ def _size(state: ClusterState, pod: PodInfo) -> tuple[int, int, int]:
 
 
 def _members(
-    p: SchedulingPass,
+    p: PassContext,
     statement: Statement,
     pending: list[PodInfo],
     placed: Placed,

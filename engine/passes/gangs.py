@@ -21,10 +21,9 @@ gang whole for a plan of moves within this shard). It is granted or denied at on
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
+from engine.fold import granted, part_closed
 from engine.framework.cycle import CycleState
 from engine.framework.runtime import Framework
 from engine.model.changes import EVERY
@@ -32,24 +31,21 @@ from engine.model.groups import SCHEDULED, advance, group_unit
 from engine.model.pods import PodInfo
 from engine.model.state import Bools, held_devices
 from engine.model.statement import Statement
+from engine.passes.context import PassContext
 from engine.passes.dispatch import Placed, migrate
 from engine.passes.extenders import applicable, ask_if_needed, verdict_for
 from engine.passes.gang_preemption import Failure, preempt_for
 from engine.passes.pods import no_profile, preempt_into
 from engine.passes.reservations import commit
 from engine.passes.topology import one_domain, plan
+from engine.plugins.rescheduler import CHEAPEST, GANG, MOVES_LEFT, PLACED, Rescheduler
 from engine.plugins.rescheduler import NAME as NAME_RESCHEDULER
 from events.types import ReservationDenied, ReservationGranted
 
-if TYPE_CHECKING:
-    from engine.passes.run import SchedulingPass
 
-
-def attempt_group(p: SchedulingPass, key: str) -> None:
+def attempt_group(p: PassContext, key: str) -> None:
     """Place a Pending gang: every pending member against staged state, preempting
     if that can reach minMember; commit all or undo all."""
-    from engine.fold import granted, part_closed
-
     e = p.e
     group = e.groups[key]
     assert group.spec is not None
@@ -172,7 +168,7 @@ def attempt_group(p: SchedulingPass, key: str) -> None:
 
 
 def park_gang(
-    p: SchedulingPass,
+    p: PassContext,
     key: str,
     pending: list[PodInfo],
     reason: str,
@@ -203,7 +199,7 @@ def park_gang(
 
 
 def _members(
-    p: SchedulingPass,
+    p: PassContext,
     statement: Statement,
     pending: list[PodInfo],
     directed: dict[str, str],
@@ -248,7 +244,7 @@ def _members(
     return placed, failures
 
 
-def _asks_extenders(p: SchedulingPass, pending: list[PodInfo], unit: str) -> bool:
+def _asks_extenders(p: PassContext, pending: list[PodInfo], unit: str) -> bool:
     """Whether the gang waits for extenders: each pending member they must judge is
     asked about (unless it was), and the gang is attempted once all have answered."""
     waiting = False
@@ -261,7 +257,7 @@ def _asks_extenders(p: SchedulingPass, pending: list[PodInfo], unit: str) -> boo
 
 
 def _directed(
-    p: SchedulingPass,
+    p: PassContext,
     statement: Statement,
     pod: PodInfo,
     framework: Framework,
@@ -287,7 +283,7 @@ def _directed(
     return None
 
 
-def _moves_allowed(p: SchedulingPass, rid: str) -> bool:
+def _moves_allowed(p: PassContext, rid: str) -> bool:
     """Whether moves may place this gang: an engine that owns its nodes, for a gang of
     its own or one the coordinator handed it whole to place at once (a part whose nodes
     the coordinator chose is placed there or not at all)."""
@@ -299,7 +295,7 @@ def _moves_allowed(p: SchedulingPass, rid: str) -> bool:
 
 
 def _migrate_for(
-    p: SchedulingPass,
+    p: PassContext,
     statement: Statement,
     pending: list[PodInfo],
     placed: Placed,
@@ -312,8 +308,6 @@ def _migrate_for(
     ``maxMoves`` pods moved for the whole gang. Not after evictions were staged (a
     gang is placed by preemption or by moves, not both). What a member was told (the
     cheapest plan beyond the moves left, a budget that refused one) joins its reason."""
-    from engine.plugins.rescheduler import CHEAPEST, GANG, MOVES_LEFT, PLACED, Rescheduler
-
     if statement.evicted():
         return
     for pod in pending:

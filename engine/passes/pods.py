@@ -4,12 +4,12 @@ says why it waits.
 
 Within a pass, capacity only shrinks until something is evicted, so a pod shape (in a
 namespace, where quotas are involved) that found no node finds none again: the failed
-attempt is reused instead of repeated (``SchedulingPass.failed``).
+attempt is reused instead of repeated (``PassContext.failed``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from engine.config import DEFAULT_SCHEDULER
 from engine.framework.cycle import CycleState
@@ -20,12 +20,13 @@ from engine.framework.status import Code
 from engine.model.pods import PodInfo
 from engine.model.shard import QUOTA_PLUGIN
 from engine.model.statement import Statement
+from engine.passes.context import PassContext
 from engine.passes.extenders import applicable, ask_if_needed, verdict_for
+from engine.plugins.preemption import EXCLUDE
+from engine.plugins.preemption import NAME as PREEMPTION
+from engine.plugins.preemption import SKIP as NO_PREEMPTION
 from engine.plugins.rescheduler import CHEAPEST, PLACED, ROOM, SKIP
 from engine.plugins.rescheduler import NAME as RESCHEDULER
-
-if TYPE_CHECKING:
-    from engine.passes.run import SchedulingPass
 
 NO_PROFILE: Final = "no scheduling profile serves schedulerName {!r}"
 
@@ -34,7 +35,7 @@ def no_profile(pod: PodInfo) -> str:
     return NO_PROFILE.format(pod.spec.scheduler_name or DEFAULT_SCHEDULER)
 
 
-def attempt_pod(p: SchedulingPass, pod: PodInfo) -> None:
+def attempt_pod(p: PassContext, pod: PodInfo) -> None:
     e = p.e
     pod.attempts += 1
     e.count("attempts")
@@ -101,7 +102,7 @@ def attempt_pod(p: SchedulingPass, pod: PodInfo) -> None:
     p.unschedulable(pod, message, plugins, diagnosis.rejections() if diagnosis else {})
 
 
-def place_in_hold(p: SchedulingPass, pod: PodInfo, framework: Framework) -> bool:
+def place_in_hold(p: PassContext, pod: PodInfo, framework: Framework) -> bool:
     """A replacement for a moved pod goes where the room was held for it, if its
     pre-filters and filters allow (the room is let go either way)."""
     e = p.e
@@ -117,7 +118,7 @@ def place_in_hold(p: SchedulingPass, pod: PodInfo, framework: Framework) -> bool
     return True
 
 
-def may_preempt(p: SchedulingPass, pod: PodInfo, attempt: Attempt) -> bool:
+def may_preempt(p: PassContext, pod: PodInfo, attempt: Attempt) -> bool:
     """Could preemption make room at all (a cheap test before planning)? Never for a
     pod the coordinator handed this shard (the coordinator plans its preemption)."""
     e = p.e
@@ -128,7 +129,7 @@ def may_preempt(p: SchedulingPass, pod: PodInfo, attempt: Attempt) -> bool:
     return e.preemptible_below(pod.priority)
 
 
-def may_migrate(p: SchedulingPass, pod: PodInfo, framework: Framework, attempt: Attempt) -> bool:
+def may_migrate(p: PassContext, pod: PodInfo, framework: Framework, attempt: Attempt) -> bool:
     """Could the rescheduler move pods for ``pod`` (its profile has it, this engine
     plans moves, the pod is not a gang's, and room on nodes is what it lacks: the
     resource fit filter rejected nodes, no pre-filter such as its quota refused it)? A
@@ -146,7 +147,7 @@ def may_migrate(p: SchedulingPass, pod: PodInfo, framework: Framework, attempt: 
 
 
 def preempt_into(
-    p: SchedulingPass,
+    p: PassContext,
     statement: Statement,
     pod: PodInfo,
     framework: Framework,
@@ -159,8 +160,6 @@ def preempt_into(
     post-filters) and its placement; the slot, or None (the caller discards the
     statement). ``preempts``: whether preemption may evict at all (else only the
     rescheduler may act)."""
-    from engine.plugins.preemption import EXCLUDE, NAME, SKIP
-
     e = p.e
     if statement.evicted():
         # earlier evictions of this attempt (a gang) may already have made room
@@ -171,9 +170,9 @@ def preempt_into(
     cycle = cycle if cycle is not None else CycleState()
     cycle.write("", STATEMENT, statement)
     if exclude_group:
-        cycle.write(NAME, EXCLUDE, exclude_group)
+        cycle.write(PREEMPTION, EXCLUDE, exclude_group)
     if not preempts:
-        cycle.write(NAME, SKIP, True)
+        cycle.write(PREEMPTION, NO_PREEMPTION, True)
     result = framework.run_post_filters(cycle, pod, e.state)
     if not result.status.ok:
         return None

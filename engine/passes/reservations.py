@@ -11,7 +11,7 @@ moves within this shard (:func:`move_here`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from engine.fold import handed_back, part_closed
 from engine.framework.cycle import CycleState
@@ -19,6 +19,7 @@ from engine.model.reservations import COMMITTED, COMMITTING, HELD, STAGING, Rese
 from engine.model.shard import ShardModel
 from engine.model.state import held_devices
 from engine.model.statement import Statement
+from engine.passes.context import PassContext
 from engine.passes.dispatch import migrate
 from engine.plugins.migration import unpinned
 from events.types import (
@@ -33,11 +34,8 @@ from events.types import (
     ReservationRequested,
 )
 
-if TYPE_CHECKING:
-    from engine.passes.run import SchedulingPass
 
-
-def settle_reservations(p: SchedulingPass) -> None:
+def settle_reservations(p: PassContext) -> None:
     """Commit what was committed, let go of what was aborted, broken or expired."""
     e = p.e
     for rid in sorted(e.reservations):
@@ -50,7 +48,7 @@ def settle_reservations(p: SchedulingPass) -> None:
             release(p, res, "expired: no commit before the reservation's time-out")
 
 
-def commit(p: SchedulingPass, res: Reservation) -> None:
+def commit(p: PassContext, res: Reservation) -> None:
     e = p.e
     for key in res.pods:
         slot = e.state.pods[key].slot if key in e.state.pods else None
@@ -87,7 +85,7 @@ def commit(p: SchedulingPass, res: Reservation) -> None:
     res.advance(COMMITTED)
 
 
-def release(p: SchedulingPass, res: Reservation, reason: str) -> None:
+def release(p: PassContext, res: Reservation, reason: str) -> None:
     """Let ``res`` go: unbind what was bound, then forget the part."""
     e = p.e
     for key in res.pods:
@@ -107,7 +105,7 @@ def release(p: SchedulingPass, res: Reservation, reason: str) -> None:
     p.out.append(event)
 
 
-def evict(p: SchedulingPass, victims: dict[str, str]) -> dict[str, str]:
+def evict(p: PassContext, victims: dict[str, str]) -> dict[str, str]:
     """Evict what the coordinator chose to evict (``victims``: pod → the pod it makes
     room for), those still placed here. Returns the victims on their way here: pods of
     a part the coordinator asked this shard to hold before it asked for the evictions,
@@ -134,7 +132,7 @@ RESOLVABLE: Final = frozenset({"NodeResourcesFit", "ElasticQuota", "Coscheduling
 
 
 def hand_back(
-    p: SchedulingPass,
+    p: PassContext,
     *,
     pod: str = "",
     group: str = "",
@@ -169,7 +167,7 @@ def moves_within(m: ShardModel, request: ReservationRequested) -> bool:
     return True
 
 
-def move_here(p: SchedulingPass, request: ReservationRequested) -> None:
+def move_here(p: PassContext, request: ReservationRequested) -> None:
     """Move the pods of ``request`` to the nodes it names, all or none: each must pass
     its profile's filters there (this shard's own pods; the coordinator checked the
     rest), then each is a ``PodMigrated`` made for ``moved_for`` and the part is

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+from engine.fold import handed_over, take_on, unbound
 from engine.framework.profiles import Profiles
 from engine.framework.results import Attempt, Verdict
 from engine.model.changes import ClusterEvent
@@ -30,10 +31,14 @@ from engine.model.groups import (
     next_run_reason,
 )
 from engine.model.pods import PodInfo
+from engine.model.reservations import COMMITTED
 from engine.model.shard import ShardModel
 from engine.model.state import Request, held_devices
-from engine.passes.dispatch import Dispatch, Route
+from engine.passes.context import Dispatch, Route
+from engine.passes.defrag import defragment
 from engine.passes.explain import Explanation
+from engine.passes.gangs import attempt_group
+from engine.passes.pods import attempt_pod
 from engine.passes.reservations import (
     RESOLVABLE,
     evict,
@@ -91,9 +96,6 @@ class SchedulingPass:
         """Pod → the GPU cards its attempt chose (a score plugin's choice), until bound."""
 
     def run(self) -> list[Event]:
-        from engine.passes.gangs import attempt_group
-        from engine.passes.pods import attempt_pod
-
         e = self.e
         if e.returning:
             for key, (reason, decision) in sorted(e.returning.items()):
@@ -181,8 +183,6 @@ class SchedulingPass:
     def _defragment(self) -> None:
         """Empty nearly-empty GPU machines, if a profile asks for it (the first whose
         ``Rescheduler`` has a ``defragmentation`` budget)."""
-        from engine.passes.defrag import defragment
-
         for framework in self.profiles.frameworks.values():
             plugin = framework.plugins.get("Rescheduler")
             budget = getattr(plugin, "defrag", None)
@@ -193,9 +193,6 @@ class SchedulingPass:
     def _attempt_arrived(self) -> None:
         """What the coordinator handed over or asked to hold since the last pass, in the
         order it decided it (not the queue's: it counted on that order)."""
-        from engine.passes.gangs import attempt_group
-        from engine.passes.pods import attempt_pod
-
         e = self.e
         arrived, e.arrived = e.arrived, {}
         for unit in arrived:
@@ -221,8 +218,6 @@ class SchedulingPass:
     def _take_on_requests(self) -> None:
         """Hold the parts the coordinator asked for (tried below, with the queue), or
         say at once why not."""
-        from engine.fold import take_on
-
         e = self.e
         requests, e.requests = e.requests, {}
         for rid, request in requests.items():
@@ -237,9 +232,6 @@ class SchedulingPass:
 
     def _hand_over_pools(self) -> None:
         """Pools moving to another shard: report what runs on their nodes, forget it."""
-        from engine.fold import handed_over
-        from engine.model.reservations import COMMITTED
-
         e = self.e
         for pool in sorted(e.releasing):
             release = e.releasing[pool]
@@ -278,8 +270,6 @@ class SchedulingPass:
     def _take_back_broken(self) -> None:
         """Gangs that fell below minMember after a failed bind: unbind the rest and
         schedule the gang again, whole."""
-        from engine.fold import unbound
-
         e = self.e
         for key, reason in sorted(e.broken.items()):
             group = e.groups.get(key)

@@ -32,7 +32,6 @@ level its outcome is kept only if every member ends in one domain.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -40,9 +39,7 @@ from engine.framework.cycle import CycleState
 from engine.model.groups import GroupInfo
 from engine.model.pods import PodInfo
 from engine.model.state import Bools, Ints
-
-if TYPE_CHECKING:
-    from engine.passes.run import SchedulingPass
+from engine.passes.context import PassContext
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +61,7 @@ class Plan:
     stand: no profile, or refused before the filters)."""
 
 
-def constraint(p: SchedulingPass, group: GroupInfo) -> tuple[int | None, int | None] | str:
+def constraint(p: PassContext, group: GroupInfo) -> tuple[int | None, int | None] | str:
     """(required, preferred) level indices of ``group``, or why they cannot be resolved."""
     spec = group.spec
     assert spec is not None
@@ -87,9 +84,7 @@ def constraint(p: SchedulingPass, group: GroupInfo) -> tuple[int | None, int | N
     return out[0], out[1]
 
 
-def plan(
-    p: SchedulingPass, group: GroupInfo, pending: list[PodInfo], need: int
-) -> Plan | str | None:
+def plan(p: PassContext, group: GroupInfo, pending: list[PodInfo], need: int) -> Plan | str | None:
     """The candidates for ``group`` (None: it has no topology constraint; a string: its
     constraint names a level the configuration does not declare)."""
     spec = group.spec
@@ -225,7 +220,7 @@ def _spread(owners: Ints | None, mask: Bools) -> int:
     return int(np.unique(owners[slots][owners[slots] >= 0]).size)
 
 
-def one_domain(p: SchedulingPass, level: int, slots: list[int]) -> bool:
+def one_domain(p: PassContext, level: int, slots: list[int]) -> bool:
     """Whether ``slots`` all lie in one domain of ``level``."""
     codes = p.profiles.topology.codes(p.e.state, level)
     found = {int(codes[slot]) for slot in slots}

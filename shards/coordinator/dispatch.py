@@ -34,21 +34,27 @@ asked to do fits there when it does it. Only what is handed over is placed concu
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable
+from typing import Final, Protocol, TypeVar
 
 import msgspec
+import numpy as np
+import numpy.typing as npt
 
+from engine.engine import Engine
 from engine.framework.cycle import CycleState
 from engine.framework.runtime import Framework
 from engine.model.groups import GroupInfo, is_group_unit
 from engine.model.pods import PodInfo
 from engine.model.state import Bools, Ints
 from engine.model.statement import Statement
+from engine.passes.context import PassContext
 from engine.passes.dispatch import Placed, Route
 from engine.passes.extenders import applicable
 from engine.passes.gangs import park_gang
 from engine.plugins.registry import builtin_registry
 from events.types import (
+    Event,
     GroupSpec,
     PodRouted,
     PodSpec,
@@ -58,19 +64,65 @@ from events.types import (
 )
 from shards.coordinator.choice import ShardView, label_scores, scores, shard_columns
 from shards.coordinator.flights import ABORTING, MAX_MOVES_REFUSED, MOVES, Claim
+from shards.coordinator.routing import Routing
 
 BUILT_IN: Final = frozenset(builtin_registry().names())
 """The plugins whose scores :mod:`shards.coordinator.choice` summarises per shard."""
 
-if TYPE_CHECKING:
-    from engine.passes.run import SchedulingPass
-    from shards.coordinator.coordinator import Coordinator
+T = TypeVar("T")
+
+
+class Coordinating(Protocol):
+    """What the dispatch reads and asks of the coordinator it serves
+    (:class:`shards.coordinator.coordinator.Coordinator`, which imports this module)."""
+
+    n: int
+    engine: Engine
+    """The coordinator's view."""
+    routing: Routing
+    counters: dict[str, int]
+    decisions: dict[str, str]
+    claims: dict[str, Claim]
+    claim_of: dict[str, str]
+    held_by: dict[str, dict[str, None]]
+    hard: dict[str, None]
+    inflight: list[int]
+    pending: npt.NDArray[np.int64]
+    moves_refused: dict[str, int]
+    ready: list[str]
+    now: int
+
+    def send(self, partition: int, event: Event) -> None: ...
+
+    def next_seq(self) -> int: ...
+
+    def expiry(self) -> int: ...
+
+    def fresh(self, since: int) -> bool: ...
+
+    def flights_under_way(self) -> bool: ...
+
+    def nominations_under_way(self) -> bool: ...
+
+    def cached(self, key: tuple[object, ...], compute: Callable[[], T]) -> T: ...
+
+    def feasible_counts(self, feasible: Bools) -> list[int]: ...
+
+    def claim(self, claim: Claim) -> None: ...
+
+    def fly(self, unit: str, shard: int, pods: list[PodInfo], rid: str = "") -> None: ...
+
+    def nominate(self, unit: str, victims: list[str]) -> None: ...
+
+    def wait_for_owner(self, unit: str) -> None: ...
+
+    def take_back(self, event: PodUnbound) -> None: ...
 
 
 class ShardDispatch:
     waits = True
 
-    def __init__(self, coordinator: Coordinator) -> None:
+    def __init__(self, coordinator: Coordinating) -> None:
         self.c = coordinator
         self._known: dict[int, tuple[Framework, bool]] = {}
         """Per framework (by id, kept alive here): whether it can be handed over."""
@@ -80,7 +132,7 @@ class ShardDispatch:
 
     # ------------------------------------------------------------------ route
 
-    def route(self, p: SchedulingPass, unit: str) -> Route:
+    def route(self, p: PassContext, unit: str) -> Route:
         c = self.c
         if c.nominations_under_way() or self._still_held(p, unit):
             return Route.WAIT
@@ -92,7 +144,7 @@ class ShardDispatch:
         c.counters["decided"] += 1
         return Route.ATTEMPT
 
-    def _still_held(self, p: SchedulingPass, unit: str) -> bool:
+    def _still_held(self, p: PassContext, unit: str) -> bool:
         """Is a pod of ``unit`` still held on a shard under a claim being aborted (a
         gang rolled back)? Placed again elsewhere before that shard lets it go, it
         would run twice; the shard's answer comes with the next relays. Bounded: not
@@ -111,7 +163,7 @@ class ShardDispatch:
                     return True
         return False
 
-    def _hand_over(self, p: SchedulingPass, unit: str) -> bool:
+    def _hand_over(self, p: PassContext, unit: str) -> bool:
         c = self.c
         e = c.engine
         pods = p.unit_pods(unit)
@@ -287,20 +339,20 @@ class ShardDispatch:
     def slot_owners(self) -> Ints | None:
         return self.c.routing.slot_shard
 
-    def first(self, p: SchedulingPass) -> list[str]:
+    def first(self, p: PassContext) -> list[str]:
         ready, self.c.ready = self.c.ready, []
         for unit in ready:
             self.c.engine.queue.remove(unit)
         return ready
 
-    def unbound(self, p: SchedulingPass, event: PodUnbound) -> None:
+    def unbound(self, p: PassContext, event: PodUnbound) -> None:
         """The view rolled back a gang (a member's bind failed): the shards holding its
         parts let them go (and unbind what they bound)."""
         self.c.take_back(event)
 
     # ------------------------------------------------------------------ commit
 
-    def commit(self, p: SchedulingPass, statement: Statement | None, placed: Placed) -> bool:
+    def commit(self, p: PassContext, statement: Statement | None, placed: Placed) -> bool:
         c = self.c
         e = c.engine
         unit = p.unit
@@ -374,7 +426,7 @@ class ShardDispatch:
 
     def _migrations(
         self,
-        p: SchedulingPass,
+        p: PassContext,
         statement: Statement,
         placed: Placed,
         moves: list[tuple[str, int, int, str]],
