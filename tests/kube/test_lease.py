@@ -98,12 +98,13 @@ async def test_a_leader_steps_down_when_the_deadline_passes_mid_request(api: Any
     async with silent_server() as url:
         hung = await api_client(host=url)
         a.api = client.CoordinationV1Api(hung)
-        clocks.mono = 10.0
+        clocks.mono = 9.9  # leading, with 0.1 s of its deadline left
         try:
             with pytest.raises(TimeoutError):
-                await asyncio.wait_for(a.try_acquire_or_renew(), 30)
+                await asyncio.wait_for(a.try_acquire_or_renew(), 30)  # cut at 0.1 s
         finally:
             await hung.close()
+    clocks.mono = 10.0
     assert not a.leading()
 
 
