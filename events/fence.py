@@ -6,21 +6,23 @@ terms has an **epoch** that is higher than every earlier term's of the same Leas
 (``Envelope.fence``, ``Envelope.epoch``; :class:`FencedLog` stamps them), and the first
 thing a term appends to each partition it writes is a ``TermBegan`` marker.
 
-Two rules, one meaning:
+One rule, per partition: reading a partition in order, a record whose epoch is below
+the highest already seen *in that partition* for its fence is of a deposed leader.
 
-- **append side** (memory, file and log-server backends, :class:`FenceBook`): an append
-  carrying an epoch below the highest the log has seen for its fence, in any
-  partition, is refused whole with :class:`FencedError`; the writer learns at once
-  that its term is over and stops leading;
-- **read side** (every backend, :class:`ReadFence`): reading a partition in order, a
-  record whose epoch is below the highest already seen *in that partition* for its
-  fence is dropped: the reader sees it as a ``RecordFenced`` in its place (offsets stay
-  gapless). Kafka has no broker-side check that shoal can use against the test broker
-  (no idempotent or transactional producer), so this is what fences Kafka; it is
-  deterministic (a function of the partition's order), so folds and replay agree.
+- **append side** (memory, file and log-server backends, :class:`FenceBook`): such an
+  append is refused whole with :class:`FencedError`; the writer learns at once that its
+  term is over and stops leading;
+- **read side** (Kafka, :class:`ReadFence`): Kafka has no broker-side check that shoal
+  can use against the test broker (no idempotent or transactional producer), so it
+  stores the record and every reader drops it: it sees a ``RecordFenced`` in its place
+  (offsets stay gapless). The judgement is a function of the partition's order, so
+  folds and replay agree.
 
-A log that refuses on append never holds a record the read side would drop: what it
-stores has an epoch at least as high as any stored before it, in every partition.
+A log that refuses on append never holds a record the read side would drop. The rule is
+per partition, not per log, so that a partition copied on its own (``simulate --log``
+copies a bus into a file partition by partition) keeps every record; since a new term
+appends its ``TermBegan`` to every partition its role writes before anything else, a
+deposed leader is fenced wherever it could still write.
 
 Where the epoch comes from (``shards.kube.lease``): the Lease's ``leaseTransitions`` as
 the term's holder wrote it, raised to at least one above the highest epoch the log has
@@ -68,35 +70,41 @@ def term_of(envelopes: Sequence[Envelope]) -> dict[str, int]:
 
 
 class FenceBook:
-    """The highest epoch per fence a log has stored: the append-side check."""
+    """The highest epoch per partition and fence a log has stored: the append-side
+    check."""
 
     def __init__(self) -> None:
-        self.highest: dict[str, int] = {}
+        self.highest: dict[tuple[int, str], int] = {}
 
     def __repr__(self) -> str:
         return f"FenceBook({self.highest})"
 
-    def check(self, envelopes: Sequence[Envelope]) -> dict[str, int]:
-        """Raise :class:`FencedError` if any of ``envelopes`` is of an older term;
-        return the terms of the batch (for :meth:`record`, once it is stored)."""
+    def check(self, envelopes: Sequence[Envelope], partition: int) -> dict[str, int]:
+        """Raise :class:`FencedError` if any of ``envelopes`` is of an older term than
+        ``partition`` holds; return the terms of the batch (for :meth:`record`, once it
+        is stored)."""
         terms = term_of(envelopes)
         for fence, epoch in terms.items():
-            self.check_term(fence, epoch)
+            self.check_term(partition, fence, epoch)
         return terms
 
-    def check_term(self, fence: str, epoch: int) -> None:
-        highest = self.highest.get(fence, 0)
+    def check_term(self, partition: int, fence: str, epoch: int) -> None:
+        highest = self.highest.get((partition, fence), 0)
         if epoch and epoch < highest:
             raise FencedError(fence, epoch, highest)
 
-    def record(self, terms: dict[str, int] | Sequence[Envelope]) -> None:
+    def record(self, partition: int, terms: dict[str, int] | Sequence[Envelope]) -> None:
         """Remember what was stored (a batch's terms, or the records themselves)."""
         if not isinstance(terms, dict):
             terms = {e.fence: e.epoch for e in terms if e.epoch}
-            # (the highest per fence: epochs within a stored run never fall)
+            # (the last per fence is the highest: epochs stored never fall)
         for fence, epoch in terms.items():
-            if epoch > self.highest.get(fence, 0):
-                self.highest[fence] = epoch
+            if epoch > self.highest.get((partition, fence), 0):
+                self.highest[(partition, fence)] = epoch
+
+    def highest_of(self, fence: str) -> int:
+        """The highest epoch stored for ``fence`` in any partition (0 for none)."""
+        return max((e for (_, f), e in self.highest.items() if f == fence), default=0)
 
 
 class ReadFence:

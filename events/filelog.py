@@ -259,7 +259,7 @@ class FileLog:
         if terms:  # a leader's append: refused if of an older term
             book = await self._fence_book()
             for fence, epoch in terms.items():
-                book.check_term(fence, epoch)
+                book.check_term(partition, fence, epoch)
         positions = self._positions[partition]
         start = len(positions)
         chunks: list[bytes] = []
@@ -298,7 +298,7 @@ class FileLog:
         self._chain = chain
         positions.extend(new_positions)
         if terms and self._fences is not None:
-            self._fences.record(terms)
+            self._fences.record(partition, terms)
         return list(range(start, start + len(envelopes)))
 
     async def _fence_book(self) -> FenceBook:
@@ -307,13 +307,13 @@ class FileLog:
         if self._fences is None:
             book = FenceBook()
             for partition in range(len(self._positions)):
-                book.record(await self.read(partition, 0))
+                book.record(partition, await self.read(partition, 0))
             self._fences = book
         return self._fences
 
     async def highest_epoch(self, fence: str) -> int:
         """The highest epoch stored for ``fence`` (``events.fence.highest_epoch``)."""
-        return (await self._fence_book()).highest.get(fence, 0)
+        return (await self._fence_book()).highest_of(fence)
 
     async def read(self, partition: int, offset: int, limit: int | None = None) -> list[Envelope]:
         check_partition(partition, len(self._positions))

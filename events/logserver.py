@@ -163,8 +163,8 @@ class LogServer:
         self._digest = digest(token) if token is not None else None
         self._budget = ByteBudget(self.limits.max_buffered)
         self._answer_cap = self.limits.max_frame - 1024
-        self._epochs: dict[str, int] = {}
-        """The highest leader epoch stored per fence (``events.fence``)."""
+        self._epochs: dict[tuple[int, str], int] = {}
+        """The highest leader epoch stored per partition and fence (``events.fence``)."""
         self._codes: list[bytearray] = [bytearray() for _ in range(partitions)]
         """Per partition, a byte per record: its kind's code (see :meth:`_code`), so
         that counting and filtering by kind run over bytes in C, not record by record
@@ -375,7 +375,7 @@ class LogServer:
         if op == "parts":
             return self.partitions
         if op == "epoch":
-            return self._epochs.get(args[1], 0)
+            return max((e for (_, f), e in self._epochs.items() if f == args[1]), default=0)
         partition = self._partition(args[1])
         if op == "end":
             return len(self._records[partition])
@@ -422,14 +422,14 @@ class LogServer:
         self, partition: int, items: list[tuple[str, bytes]], terms: list[tuple[str, int]]
     ) -> int:
         """An append that carries its leader terms (the lowest epoch per fence of its
-        records): refused whole if one is below the highest already stored."""
+        records): refused whole if one is below the highest ``partition`` holds."""
         for fence, epoch in terms:
-            highest = self._epochs.get(fence, 0)
+            highest = self._epochs.get((partition, fence), 0)
             if epoch < highest:
                 raise FencedAppend(f"{fence} {epoch} {highest}")
         start = self._append(partition, items)
         for fence, epoch in terms:
-            self._epochs[fence] = max(epoch, self._epochs.get(fence, 0))
+            self._epochs[(partition, fence)] = max(epoch, self._epochs.get((partition, fence), 0))
         return start
 
     def _read(

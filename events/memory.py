@@ -34,19 +34,19 @@ class MemoryLog:
 
     async def append(self, envelopes: Sequence[Envelope], partition: int = 0) -> list[int]:
         check_partition(partition, len(self._parts))
-        terms = self.fences.check(envelopes)
+        terms = self.fences.check(envelopes, partition)
         part = self._parts[partition]
         start = len(part)
         replace = msgspec.structs.replace
         part.extend(
             replace(env, offset=start + i, partition=partition) for i, env in enumerate(envelopes)
         )
-        self.fences.record(terms)
+        self.fences.record(partition, terms)
         return list(range(start, len(part)))
 
     async def highest_epoch(self, fence: str) -> int:
         """The highest epoch stored for ``fence`` (``events.fence.highest_epoch``)."""
-        return self.fences.highest.get(fence, 0)
+        return self.fences.highest_of(fence)
 
     async def read(self, partition: int, offset: int, limit: int | None = None) -> list[Envelope]:
         check_partition(partition, len(self._parts))

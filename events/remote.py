@@ -40,10 +40,11 @@ Requests, once accepted:
 - ``["end", partition]`` → the end offset;
 - ``["fappend", partition, [[kind, record], ...], [[fence, epoch], ...]]``: an append of
   a leader term (``events.fence``), with the lowest epoch per fence of its records;
-  refused whole, ``[false, "fenced: FENCE EPOCH HIGHEST"]``, when the server has stored
+  refused whole, ``[false, "fenced: FENCE EPOCH HIGHEST"]``, when the partition holds
   a higher epoch for a fence (the client raises
   :class:`~events.fence.FencedError`);
-- ``["epoch", fence]`` → the highest epoch stored for ``fence`` (0 for none).
+- ``["epoch", fence]`` → the highest epoch stored for ``fence`` in any partition (0
+  for none).
 
 A request of a wrong shape is answered ``[false, "bad request: ..."]`` and the
 connection stays open; a frame that breaks the framing (not msgpack, over the frame
