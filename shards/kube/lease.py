@@ -82,7 +82,7 @@ class LeaderElector:
         )
         self.retry_period = retry_period if retry_period is not None else lease_seconds * 2 / 15
         self.request_timeout = (
-            request_timeout if request_timeout is not None else self.renew_deadline / 2
+            request_timeout if request_timeout is not None else self.renew_deadline
         )
         self.monotonic = monotonic
         """Our own clock: expiry and the renew deadline are measured with it only."""
@@ -251,6 +251,7 @@ class LeaderElector:
                 await self.try_acquire_or_renew()
             except Exception as exc:
                 why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                log.debug("lease round failed lease=%s error=%s", self.name, why)
                 if not self.leading():
                     self._set(False, why)
             with contextlib.suppress(TimeoutError):
