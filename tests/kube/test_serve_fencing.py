@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 
 from engine.model.pools import POOL_LABEL
+from events.fence import FencedLog
 from events.filelog import FileLog
 from events.remote import LogServer, RemoteLog
-from events.types import Envelope, TermBegan
+from events.types import Envelope, PodSubmitted, TermBegan
 from shards.serve import ServeOptions, Service, serve
 from tests.kube.realkube import RealApiServer
 from tests.kube.test_ingest import eventually, node, pod
@@ -215,3 +216,56 @@ async def _replay_verifies(parts: list[list[Envelope]], path: Path) -> None:
     out, err = await replay.communicate()
     assert replay.returncode == 0, (out + err).decode()[-2000:]
     assert b"verified" in out, out.decode()[-1000:]
+
+
+async def test_a_leader_the_log_fences_off_stops_and_comes_back_with_a_higher_epoch(
+    apiserver: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Ingest leads with epoch 1; another term of its Lease (epoch 7) begins in the
+    log: ingest's next append is refused, it steps down (one warning), and when it
+    takes the lease again its term starts above what the log holds."""
+    apiserver.put("Node", node("n0"))
+    async with LogServer(1) as server:
+        services: list[Service] = []
+        options = ServeOptions(
+            role="ingest", bus=server.url, listen="127.0.0.1:0", identity="a",
+            watch_seconds=1, lease_seconds=3, poll_interval=0.02, **_access(apiserver),
+        )  # fmt: skip
+        task = asyncio.create_task(serve(options, ready=services.append))
+        reader = await RemoteLog.connect(server.url)
+        try:
+            await eventually(lambda: bool(services) and services[0].leaders["ingest"].epoch == 1)
+            deadline = asyncio.get_running_loop().time() + 30
+            while not [e for e in await reader.read(0, 0) if isinstance(e.event, TermBegan)]:
+                assert asyncio.get_running_loop().time() < deadline, "the term never began"
+                await asyncio.sleep(0.05)
+
+            async def ingested(name: str) -> Envelope | None:
+                return next(
+                    (
+                        e
+                        for e in await reader.read(0, 0)
+                        if isinstance(e.event, PodSubmitted) and e.event.pod.name == name
+                    ),
+                    None,
+                )
+
+            await FencedLog(reader, fence="shoal-ingest", epoch=7).begin([0], "b", now=1)
+            apiserver.put("Pod", pod("p0"))
+            found: list[Envelope | None] = [None]
+
+            async def poll() -> bool:
+                found[0] = await ingested("p0")
+                return found[0] is not None
+
+            while not await poll():
+                assert asyncio.get_running_loop().time() < deadline, "p0 never ingested"
+                await asyncio.sleep(0.05)
+            assert found[0] is not None and found[0].epoch == 8
+            deposed = [r for r in caplog.records if "deposed" in r.getMessage()]
+            assert len(deposed) == 1 and deposed[0].levelname == "WARNING"
+        finally:
+            await reader.close()
+            if services:
+                services[0].stop.set()
+            assert await asyncio.wait_for(task, 15) == 0
