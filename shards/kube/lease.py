@@ -63,7 +63,7 @@ class LeaderElector:
         namespace: str,
         name: str,
         identity: str,
-        lease_seconds: float = 15,
+        lease_seconds: int = 15,
         clock: Callable[[], datetime.datetime] = _now,
         renew_deadline: float | None = None,
         retry_period: float | None = None,
