@@ -166,6 +166,11 @@ class RemoteLog:
             except (OSError, asyncio.IncompleteReadError, ValueError, TypeError) as exc:
                 await self._drop()
                 raise LogError(f"{self._where}: {exc or type(exc).__name__}") from None
+            except BaseException:
+                # cancelled mid-exchange (a deposed leader's work is cancelled at once):
+                # its answer must not be read as the next call's
+                await self._drop()
+                raise
         if not ok:
             if isinstance(result, str) and result.startswith(FENCED):
                 fence, epoch, highest = result.removeprefix(FENCED).split()

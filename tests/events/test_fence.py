@@ -3,6 +3,8 @@ readers drop (Kafka) a record of an older term; replay sees the same."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -187,3 +189,23 @@ async def test_kafka_readers_drop_a_deposed_writers_late_records(kafka_bootstrap
     finally:
         await writer.close()
         await reader.close()
+
+
+async def test_a_log_server_call_cancelled_mid_exchange_leaves_the_next_call_its_own_answer() -> (
+    None
+):
+    """A deposed leader's work is cancelled at once, maybe mid-request: the shared
+    client must not hand that request's answer to the next caller."""
+    async with LogServer(1) as server:
+        client = await RemoteLog.connect(server.url)
+        try:
+            waiting = asyncio.create_task(client.fetch(0, 0, wait=30))  # a long poll
+            for _ in range(50):  # until it is sent and waits for its answer
+                await asyncio.sleep(0)
+            waiting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiting
+            assert await client.append([rec(0)]) == [0]
+            assert await client.end_offset(0) == 1
+        finally:
+            await client.close()
