@@ -254,6 +254,15 @@ class KafkaLog:
             if self._judged.get(partition, 0) <= start:
                 break  # the partition ends before ``offset``
 
+    async def highest_epoch(self, fence: str) -> int:
+        """The highest epoch the topic holds for ``fence`` (``events.fence``): every
+        partition's terms judged to its end, from the headers (nothing decoded)."""
+        highest = 0
+        for partition in range(self.partitions):
+            await self._judge_up_to(partition, await self.end_offset(partition))
+            highest = max(highest, self._terms.get(partition, {}).get(fence, 0))
+        return highest
+
     def _judge(self, partition: int, record: Any) -> int:
         """The epoch that fences ``record`` (0: it stands), judged in offset order."""
         at = record.offset

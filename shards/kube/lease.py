@@ -106,7 +106,7 @@ class LeaderElector:
     def __repr__(self) -> str:
         return (
             f"LeaderElector({self.namespace}/{self.name}, identity={self.identity!r}, "
-            f"leader={self.leader})"
+            f"leader={self.leader}, epoch={self.epoch})"
         )
 
     def leading(self) -> bool:
@@ -151,7 +151,7 @@ class LeaderElector:
         if record != self._observed:
             self._observed, self._observed_at = record, now
         duration = spec.lease_duration_seconds or self.lease_seconds
-        return spec.holder_identity is None or self._observed_at + duration < now
+        return not spec.holder_identity or self._observed_at + duration < now
 
     async def try_acquire_or_renew(self) -> bool:
         """One round: become or stay leader if allowed; return whether leader now.
