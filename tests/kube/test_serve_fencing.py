@@ -22,7 +22,7 @@ from events.filelog import FileLog
 from events.remote import LogServer, RemoteLog
 from events.types import Envelope, PodSubmitted, TermBegan
 from shards.serve import ServeOptions, Service, serve
-from tests.kube.realkube import RealApiServer
+from tests.kube.realkube import RealApiServer, missing
 from tests.kube.test_ingest import eventually, node, pod
 from tests.kube.test_serve import GROUP_LABEL, _check_routed_log
 
@@ -105,6 +105,8 @@ def _bound(apiserver: Any, names: list[str]) -> bool:
 async def test_a_frozen_coordinator_is_fenced_when_it_resumes(
     apiserver: Any, tmp_path: Path
 ) -> None:
+    if not isinstance(apiserver, RealApiServer) and missing() is None:
+        pytest.skip("runs against the real kube-apiserver, which is built (half a minute)")
     if isinstance(apiserver, RealApiServer):
         apiserver.namespace("shoal")  # the Leases' namespace
     for i in range(4):
@@ -133,38 +135,39 @@ async def test_a_frozen_coordinator_is_fenced_when_it_resumes(
         ]
         logs = {name: tmp_path / f"{name}.stderr" for name in ("ca", "cb")}
         try:
-            await eventually(lambda: len(services) == len(roles), timeout=30)
-            async with _coordinator(server.url, access, "ca", logs["ca"]) as ca:
-                await eventually(lambda: _holder(apiserver) == "ca", timeout=60)
-                async with _coordinator(server.url, access, "cb", logs["cb"]):
-                    _put_pods(apiserver, ["p0", "p1"])
-                    await eventually(lambda: _bound(apiserver, ["p0", "p1"]), timeout=60)
-                    # a gang neither pool holds alone: the coordinator reserves on both
-                    apiserver.put(
-                        "PodGroup",
-                        {
-                            "apiVersion": "scheduling.x-k8s.io/v1alpha1",
-                            "metadata": {"name": "g", "namespace": "default"},
-                            "spec": {"minMember": 10},
-                        },
-                    )
-                    gang = [f"g{i}" for i in range(10)]
-                    _put_pods(apiserver, [*gang, "p2"])
-                    ca.send_signal(signal.SIGSTOP)  # frozen with the gang in flight
-                    await eventually(lambda: _holder(apiserver) == "cb", timeout=60)
-                    await eventually(lambda: _bound(apiserver, [*gang, "p2"]), timeout=60)
-                    ca.send_signal(signal.SIGCONT)
-                    await eventually(
-                        lambda: (
-                            b"lease=shoal-coordinator identity=ca leader=False"
-                            in logs["ca"].read_bytes()
-                        ),
-                        timeout=60,
-                    )
-                    _put_pods(apiserver, ["p3", "p4"])
-                    await eventually(lambda: _bound(apiserver, ["p3", "p4"]), timeout=60)
-                    assert ca.returncode is None, "the resumed replica must stand by, not exit"
-                    assert _holder(apiserver) == "cb"
+            async with (
+                _coordinator(server.url, access, "ca", logs["ca"]) as ca,
+                _coordinator(server.url, access, "cb", logs["cb"]) as cb,
+            ):
+                await eventually(lambda: _holder(apiserver) in logs, timeout=60)
+                first = _holder(apiserver)
+                assert first is not None
+                other = "cb" if first == "ca" else "ca"
+                leader = {"ca": ca, "cb": cb}[first]
+                await eventually(lambda: len(services) == len(roles), timeout=30)
+                _put_pods(apiserver, ["p0", "p1"])
+                await eventually(lambda: _bound(apiserver, ["p0", "p1"]), timeout=60)
+                # a gang neither pool holds alone: the coordinator reserves on both
+                apiserver.put(
+                    "PodGroup",
+                    {
+                        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+                        "metadata": {"name": "g", "namespace": "default"},
+                        "spec": {"minMember": 10},
+                    },
+                )
+                gang = [f"g{i}" for i in range(10)]
+                _put_pods(apiserver, [*gang, "p2"])
+                leader.send_signal(signal.SIGSTOP)  # frozen with the gang in flight
+                await eventually(lambda: _holder(apiserver) == other, timeout=60)
+                await eventually(lambda: _bound(apiserver, [*gang, "p2"]), timeout=60)
+                leader.send_signal(signal.SIGCONT)
+                stepped_down = f"lease={FENCE} identity={first} leader=False".encode()
+                await eventually(lambda: stepped_down in logs[first].read_bytes(), timeout=60)
+                _put_pods(apiserver, ["p3", "p4"])
+                await eventually(lambda: _bound(apiserver, ["p3", "p4"]), timeout=60)
+                assert leader.returncode is None, "the resumed replica must stand by, not exit"
+                assert _holder(apiserver) == other
             reader = await RemoteLog.connect(server.url)
             parts = [await reader.read(p, 0) for p in range(3)]
             await reader.close()
@@ -173,21 +176,21 @@ async def test_a_frozen_coordinator_is_fenced_when_it_resumes(
                 service.stop.set()
             results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
         assert results == [0] * len(roles)
-    _check_terms(parts)
+    _check_terms(parts, [first, other])
     _check_routed_log(parts, apiserver)
     await _replay_verifies(parts, tmp_path / "run.events")
 
 
-def _check_terms(parts: list[list[Envelope]]) -> None:
-    """ca's term, then cb's with a higher epoch, in every partition; after cb's began
-    nothing of ca's term is in the log."""
+def _check_terms(parts: list[list[Envelope]], holders: list[str]) -> None:
+    """The first leader's term, then the other's with a higher epoch, in every
+    partition; after the second began nothing of the first's term is in the log."""
     for records in parts:
         terms = [
             (e.event.holder, e.event.epoch, e.offset)
             for e in records
             if isinstance(e.event, TermBegan) and e.event.fence == FENCE
         ]
-        assert [holder for holder, _, _ in terms][:2] == ["ca", "cb"], terms
+        assert [holder for holder, _, _ in terms][:2] == holders, terms
         (_, old, _), (_, new, began) = terms[:2]
         assert new > old
         late = [e for e in records[began:] if e.fence == FENCE and e.epoch < new]
