@@ -117,6 +117,8 @@ class KafkaLog:
         self._generation = 0
         """Bumped by every (re)start: a call that fails with clients of an older
         generation must not stop the new ones another caller has just started."""
+        self._stopping: set[asyncio.Future[None]] = set()
+        """Clients being stopped by a :meth:`close` whose caller was cancelled."""
         self._judged: dict[int, int] = {}
         """Per partition, the offset up to which its records' terms are judged."""
         self._terms: dict[int, dict[str, int]] = {}
@@ -414,19 +416,15 @@ class KafkaLog:
             return end
 
     async def close(self) -> None:
+        """Stop the clients. A caller cancelled meanwhile (a deposed leader's work is
+        cancelled at once) gets its ``CancelledError``, and the clients are stopped all
+        the same: none is left running unowned."""
         clients = (self._producer, self._consumer, self._probe_consumer)
         self._producer = self._consumer = self._probe_consumer = None
-        for client in clients:
-            if client is not None:
-                try:  # each one stopped, whatever the other did
-                    await client.stop()
-                except asyncio.CancelledError:
-                    # a client whose tasks were already cancelled says so on stop();
-                    # only the caller's own cancellation goes on
-                    if being_cancelled():
-                        raise
-                except Exception:  # stopping a broken client: nothing more to do
-                    pass
+        stopping = asyncio.ensure_future(_stop_clients(clients))
+        self._stopping.add(stopping)
+        stopping.add_done_callback(self._stopping.discard)
+        await asyncio.shield(stopping)
 
     async def _broken(self, generation: int | None = None) -> None:
         """A client of ``generation`` failed (the broker went away): drop both; the
@@ -459,6 +457,19 @@ class KafkaLog:
         if client is None:
             raise LogError("the Kafka log is not started (await start())")
         return client
+
+
+async def _stop_clients(clients: Sequence[Any]) -> None:
+    for client in clients:
+        if client is not None:
+            try:  # each one stopped, whatever the other did
+                await client.stop()
+            except asyncio.CancelledError:
+                # a client whose tasks were already cancelled says so on stop(); this
+                # task is shielded from its caller's cancellation, so it goes on
+                pass
+            except Exception:  # stopping a broken client: nothing more to do
+                pass
 
 
 def _why(exc: BaseException) -> str:
