@@ -74,6 +74,7 @@ import msgspec
 
 from events.codec import DecodeError, decode, encode
 from events.errors import LogCorruptedError, LogError, LogInUseError, NotALogError
+from events.fence import FenceBook, term_of
 from events.log import check_partition
 from events.types import Envelope
 
@@ -160,6 +161,8 @@ class FileLog:
         self._fsync = fsync
         self._positions: list[list[int]] = [[] for _ in range(partitions)]
         self.torn_bytes = 0
+        self._fences: FenceBook | None = None
+        """Fencing (``events.fence``): read from the records on first need."""
         self.version = VERSION
         self._chain = zlib.crc32(FILE_HEADER.pack(MAGIC, VERSION))
         self._lock: BinaryIO | None = None if readonly else take_lock(self.path)
@@ -329,6 +332,11 @@ class FileLog:
         if self.readonly:
             raise LogError(f"{self.path}: opened read-only")
         check_partition(partition, len(self._positions))
+        terms = term_of(envelopes)
+        if terms:  # a leader's append: refused if of an older term
+            book = await self._fence_book()
+            for fence, epoch in terms.items():
+                book.check_term(partition, fence, epoch)
         positions = self._positions[partition]
         start = len(positions)
         chunks: list[bytes] = []
@@ -366,7 +374,23 @@ class FileLog:
         self._end = pos
         self._chain = chain
         positions.extend(new_positions)
+        if terms and self._fences is not None:
+            self._fences.record(partition, terms)
         return list(range(start, start + len(envelopes)))
+
+    async def _fence_book(self) -> FenceBook:
+        """The highest epoch per fence stored, read from the records the first time
+        (one pass over the file, for the first leader's append only)."""
+        if self._fences is None:
+            book = FenceBook()
+            for partition in range(len(self._positions)):
+                book.record(partition, await self.read(partition, 0))
+            self._fences = book
+        return self._fences
+
+    async def highest_epoch(self, fence: str) -> int:
+        """The highest epoch stored for ``fence`` (``events.fence.highest_epoch``)."""
+        return (await self._fence_book()).highest_of(fence)
 
     async def read(self, partition: int, offset: int, limit: int | None = None) -> list[Envelope]:
         check_partition(partition, len(self._positions))

@@ -23,6 +23,13 @@ Contract notes, backend by backend:
   at all. A read while others append ends at the end it learnt; on its time-out it
   returns what it has fetched, and fails only if it fetched nothing. Between reads
   neither consumer fetches (paused): each fetch costs the broker work.
+- **Fencing** (``events.fence``) is on the read side: a record a leader appended
+  carries its term in a header (``shoal-term``: ``FENCE:EPOCH``), and a reader drops
+  (sees a ``RecordFenced`` in place of) a record whose epoch is below one its partition
+  already holds for that fence. The judgement is a function of the partition's order,
+  kept per partition as reads go (headers only; a read from further on first scans the
+  records before it, undecoded), so every reader and replay drop the same records. The
+  test broker has no epoch-checked or transactional producer to refuse them on append.
 - Producer idempotence is off by default (``idempotence=True`` turns it on); TLS and
   SASL (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) pass through to aiokafka.
 
@@ -46,6 +53,7 @@ from aiokafka.errors import ConsumerStoppedError, KafkaError, KafkaTimeoutError
 
 from events.codec import DecodeError, decode, encode, kind_of
 from events.errors import LogCorruptedError, LogError
+from events.fence import fenced
 from events.kafka_settings import KafkaSettings, guard_client_logs, redact
 from events.log import check_partition
 from events.tasks import being_cancelled
@@ -55,6 +63,8 @@ FAILURES = (KafkaError, ConsumerStoppedError, OSError)
 """What a client raises when the broker goes away, or when another caller sharing this
 log restarted the clients under it: each becomes a :class:`LogError`."""
 T = TypeVar("T")
+TERM_HEADER = "shoal-term"
+"""The record header that carries a leader's term: ``FENCE:EPOCH`` (``events.fence``)."""
 _STEP_MS = 5
 """How often a read looks whether a fetch has been answered."""
 
@@ -107,6 +117,14 @@ class KafkaLog:
         self._generation = 0
         """Bumped by every (re)start: a call that fails with clients of an older
         generation must not stop the new ones another caller has just started."""
+        self._stopping: set[asyncio.Future[None]] = set()
+        """Clients being stopped by a :meth:`close` whose caller was cancelled."""
+        self._judged: dict[int, int] = {}
+        """Per partition, the offset up to which its records' terms are judged."""
+        self._terms: dict[int, dict[str, int]] = {}
+        """Per partition, the highest epoch seen per fence (up to ``_judged``)."""
+        self._dropped: dict[int, dict[int, int]] = {}
+        """Per partition, the offsets of records fenced, and the epoch that fenced each."""
 
     def __repr__(self) -> str:
         s = self.settings
@@ -178,10 +196,11 @@ class KafkaLog:
         for env in envelopes:
             value = encode(replace_partition(env, partition))
             key = kind_of(env).encode()
-            if batch.append(key=key, value=value, timestamp=None) is None:
+            headers = [(TERM_HEADER, f"{env.fence}:{env.epoch}".encode())] if env.epoch else []
+            if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
                 offsets.extend(await self._send(producer, batch, partition, count))
                 batch, count = producer.create_batch(), 0
-                if batch.append(key=key, value=value, timestamp=None) is None:
+                if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
                     raise LogError(f"record of {len(value)} bytes exceeds the batch limit")
             count += 1
         offsets.extend(await self._send(producer, batch, partition, count))
@@ -221,8 +240,50 @@ class KafkaLog:
 
     async def read(self, partition: int, offset: int, limit: int | None = None) -> list[Envelope]:
         check_partition(partition, self.partitions)
+        await self._judge_up_to(partition, offset)
         _, out = await self._call("read", lambda: self._read(partition, offset, limit))
         return out
+
+    async def _judge_up_to(self, partition: int, offset: int) -> None:
+        """Judge the terms of the records before ``offset`` not judged yet (their
+        headers only), so that a read from ``offset`` can judge its own."""
+        while self._judged.get(partition, 0) < offset:
+            start = self._judged.get(partition, 0)
+            await self._call(
+                "read",
+                lambda at=start: self._read(partition, at, None, frozenset()),  # type: ignore[misc]
+            )
+            if self._judged.get(partition, 0) <= start:
+                break  # the partition ends before ``offset``
+
+    async def highest_epoch(self, fence: str) -> int:
+        """The highest epoch the topic holds for ``fence`` (``events.fence``): every
+        partition's terms judged to its end, from the headers (nothing decoded)."""
+        highest = 0
+        for partition in range(self.partitions):
+            await self._judge_up_to(partition, await self.end_offset(partition))
+            highest = max(highest, self._terms.get(partition, {}).get(fence, 0))
+        return highest
+
+    def _judge(self, partition: int, record: Any) -> int:
+        """The epoch that fences ``record`` (0: it stands), judged in offset order."""
+        at = record.offset
+        judged = self._judged.get(partition, 0)
+        if at != judged:
+            return self._dropped.get(partition, {}).get(at, 0)
+        self._judged[partition] = at + 1
+        term = next((v for k, v in record.headers or () if k == TERM_HEADER), None)
+        if term is None:
+            return 0
+        fence, _, text = bytes(term).decode(errors="replace").rpartition(":")
+        epoch = int(text) if text.isdigit() else 0
+        terms = self._terms.setdefault(partition, {})
+        highest = terms.get(fence, 0)
+        if epoch >= highest:
+            terms[fence] = epoch
+            return 0
+        self._dropped.setdefault(partition, {})[at] = highest
+        return highest
 
     async def read_kinds(
         self, partition: int, offset: int, kinds: Sequence[str]
@@ -232,6 +293,7 @@ class KafkaLog:
         records kept)."""
         check_partition(partition, self.partitions)
         wanted = frozenset(kind.encode() for kind in kinds)
+        await self._judge_up_to(partition, offset)
         return await self._call("read", lambda: self._read(partition, offset, None, wanted))
 
     async def _read(
@@ -253,12 +315,17 @@ class KafkaLog:
                 if record.offset < offset:
                     continue  # a batch is fetched whole: the records before the offset asked
                 offset = record.offset + 1
+                stale = self._judge(partition, record)
                 key = record.key
                 if kinds is not None and key and not key.isdigit() and key not in kinds:
                     continue  # a kind not asked for, told by the key
                 env = self._decode(record.value, partition, record.offset)
                 if kinds is not None and kind_of(env).encode() not in kinds:
                     continue  # an older record keyed by its partition
+                if stale:
+                    if kinds is not None:
+                        continue  # a fenced record is of no kind asked for
+                    env = fenced(env, stale)
                 out.append(env)
                 if limit is not None and len(out) >= limit:
                     break
@@ -349,19 +416,15 @@ class KafkaLog:
             return end
 
     async def close(self) -> None:
+        """Stop the clients. A caller cancelled meanwhile (a deposed leader's work is
+        cancelled at once) gets its ``CancelledError``, and the clients are stopped all
+        the same: none is left running unowned."""
         clients = (self._producer, self._consumer, self._probe_consumer)
         self._producer = self._consumer = self._probe_consumer = None
-        for client in clients:
-            if client is not None:
-                try:  # each one stopped, whatever the other did
-                    await client.stop()
-                except asyncio.CancelledError:
-                    # a client whose tasks were already cancelled says so on stop();
-                    # only the caller's own cancellation goes on
-                    if being_cancelled():
-                        raise
-                except Exception:  # stopping a broken client: nothing more to do
-                    pass
+        stopping = asyncio.ensure_future(_stop_clients(clients))
+        self._stopping.add(stopping)
+        stopping.add_done_callback(self._stopping.discard)
+        await asyncio.shield(stopping)
 
     async def _broken(self, generation: int | None = None) -> None:
         """A client of ``generation`` failed (the broker went away): drop both; the
@@ -394,6 +457,19 @@ class KafkaLog:
         if client is None:
             raise LogError("the Kafka log is not started (await start())")
         return client
+
+
+async def _stop_clients(clients: Sequence[Any]) -> None:
+    for client in clients:
+        if client is not None:
+            try:  # each one stopped, whatever the other did
+                await client.stop()
+            except asyncio.CancelledError:
+                # a client whose tasks were already cancelled says so on stop(); this
+                # task is shielded from its caller's cancellation, so it goes on
+                pass
+            except Exception:  # stopping a broken client: nothing more to do
+                pass
 
 
 def _why(exc: BaseException) -> str:

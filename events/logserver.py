@@ -93,13 +93,22 @@ class BadRequest(ValueError):
     """A request of the right frame but not of a shape the server serves."""
 
 
+class FencedAppend(ValueError):
+    """An append of an older leader term (``events.fence``): refused whole."""
+
+
 _SHAPES: Final[dict[str, Any]] = {
     "parts": tuple[str],
     "end": tuple[str, int],
     "append": tuple[str, int, list[tuple[str, bytes]]],
     "read": tuple[str, int, int, int | None, int, list[str] | None],
     "count": tuple[str, int, int, list[str]],
+    "fappend": tuple[str, int, list[tuple[str, bytes]], list[tuple[str, int]]],
+    "epoch": tuple[str, str],
 }
+FENCED: Final = "fenced:"
+"""How a refused append of an older leader term is answered: ``fenced: FENCE EPOCH
+HIGHEST`` (``events.fence``)."""
 
 
 def is_loopback(host: str) -> bool:
@@ -143,6 +152,8 @@ class LogServer:
         self._digest = digest(token) if token is not None else None
         self._budget = ByteBudget(self.limits.max_buffered)
         self._answer_cap = self.limits.max_frame - 1024
+        self._epochs: dict[tuple[int, str], int] = {}
+        """The highest leader epoch stored per partition and fence (``events.fence``)."""
         self._codes: list[bytearray] = [bytearray() for _ in range(partitions)]
         """Per partition, a byte per record: its kind's code (see :meth:`_code`), so
         that counting and filtering by kind run over bytes in C, not record by record
@@ -357,6 +368,8 @@ class LogServer:
                 except BadRequest as exc:
                     self._quiet.warning("log server bad request peer=%s error=%s", peer, exc)
                     answer = [False, f"bad request: {exc}"]
+                except FencedAppend as exc:
+                    answer = [False, f"{FENCED} {exc}"]
                 del request
             if not await self._send(writer, peer, answer):
                 return
@@ -391,11 +404,15 @@ class LogServer:
             raise BadRequest(f"{op}: {exc}") from None
         if op == "parts":
             return self.partitions
+        if op == "epoch":
+            return max((e for (_, f), e in self._epochs.items() if f == args[1]), default=0)
         partition = self._partition(args[1])
         if op == "end":
             return len(self._records[partition])
         if op == "append":
             return self._append(partition, args[2])
+        if op == "fappend":
+            return self._fenced_append(partition, args[2], args[3])
         offset = args[2]
         if offset < 0:
             raise BadRequest("offset must not be negative")
@@ -429,6 +446,20 @@ class LogServer:
         if items:
             self._grew[partition].set()
             self._grew[partition] = asyncio.Event()
+        return start
+
+    def _fenced_append(
+        self, partition: int, items: list[tuple[str, bytes]], terms: list[tuple[str, int]]
+    ) -> int:
+        """An append that carries its leader terms (the lowest epoch per fence of its
+        records): refused whole if one is below the highest ``partition`` holds."""
+        for fence, epoch in terms:
+            highest = self._epochs.get((partition, fence), 0)
+            if epoch < highest:
+                raise FencedAppend(f"{fence} {epoch} {highest}")
+        start = self._append(partition, items)
+        for fence, epoch in terms:
+            self._epochs[(partition, fence)] = max(epoch, self._epochs.get((partition, fence), 0))
         return start
 
     def _read(

@@ -1,7 +1,8 @@
 """In-memory event log: the embedded default, and the fastest backend.
 
 Stores the (immutable) envelopes themselves, no encoding; enforces the same contract
-as the durable backends.
+as the durable backends, fencing included (``events.fence``: an append of an older
+leader term is refused).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from collections.abc import Sequence
 
 import msgspec
 
+from events.fence import FenceBook
 from events.log import check_partition
 from events.types import Envelope
 
@@ -21,6 +23,7 @@ class MemoryLog:
         if partitions < 1:
             raise ValueError("a log needs at least one partition")
         self._parts: list[list[Envelope]] = [[] for _ in range(partitions)]
+        self.fences = FenceBook()
 
     def __repr__(self) -> str:
         return f"MemoryLog(partitions={len(self._parts)}, records={self.stats()['records']})"
@@ -31,13 +34,19 @@ class MemoryLog:
 
     async def append(self, envelopes: Sequence[Envelope], partition: int = 0) -> list[int]:
         check_partition(partition, len(self._parts))
+        terms = self.fences.check(envelopes, partition)
         part = self._parts[partition]
         start = len(part)
         replace = msgspec.structs.replace
         part.extend(
             replace(env, offset=start + i, partition=partition) for i, env in enumerate(envelopes)
         )
+        self.fences.record(partition, terms)
         return list(range(start, len(part)))
+
+    async def highest_epoch(self, fence: str) -> int:
+        """The highest epoch stored for ``fence`` (``events.fence.highest_epoch``)."""
+        return self.fences.highest_of(fence)
 
     async def read(self, partition: int, offset: int, limit: int | None = None) -> list[Envelope]:
         check_partition(partition, len(self._parts))

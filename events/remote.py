@@ -37,7 +37,14 @@ Requests, once accepted:
 - ``["count", partition, offset, kinds]`` → ``[next, count]``: how many records from
   ``offset`` are of ``kinds``, without the records (a reader that only waits for
   progress);
-- ``["end", partition]`` → the end offset.
+- ``["end", partition]`` → the end offset;
+- ``["fappend", partition, [[kind, record], ...], [[fence, epoch], ...]]``: an append of
+  a leader term (``events.fence``), with the lowest epoch per fence of its records;
+  refused whole, ``[false, "fenced: FENCE EPOCH HIGHEST"]``, when the partition holds
+  a higher epoch for a fence (the client raises
+  :class:`~events.fence.FencedError`);
+- ``["epoch", fence]`` → the highest epoch stored for ``fence`` in any partition (0
+  for none).
 
 A request of a wrong shape is answered ``[false, "bad request: ..."]`` and the
 connection stays open; a frame that breaks the framing (not msgpack, over the frame
@@ -64,9 +71,10 @@ import msgspec
 
 from events.codec import DecodeError, decode, encode, kind_of
 from events.errors import InputError, LogAuthError, LogCorruptedError, LogError
+from events.fence import FencedError, term_of
 from events.limits import ServerLimits
 from events.log import check_partition
-from events.logserver import LogServer
+from events.logserver import FENCED, LogServer
 from events.types import Envelope
 from events.wire import KIND_CODES, MAX_FRAME, PROTOCOL, UNAUTHORIZED, encode_frame, read_frame
 
@@ -159,7 +167,15 @@ class RemoteLog:
             except (OSError, asyncio.IncompleteReadError, ValueError, TypeError) as exc:
                 await self._drop()
                 raise LogError(f"{self._where}: {exc or type(exc).__name__}") from None
+            except BaseException:
+                # cancelled mid-exchange (a deposed leader's work is cancelled at once):
+                # its answer must not be read as the next call's
+                await self._drop()
+                raise
         if not ok:
+            if isinstance(result, str) and result.startswith(FENCED):
+                fence, epoch, highest = result.removeprefix(FENCED).split()
+                raise FencedError(fence, int(epoch), int(highest))
             raise LogError(f"log server refused {request[0]}: {result}")
         return result
 
@@ -171,8 +187,17 @@ class RemoteLog:
     async def append(self, envelopes: Sequence[Envelope], partition: int = 0) -> list[int]:
         check_partition(partition, self._partitions)
         items = [[kind_of(env), encode(env)] for env in envelopes]
-        start = int(await self._call(["append", partition, items]))
+        terms = term_of(envelopes)
+        if terms:  # a leader's append: the server refuses it if of an older term
+            request = ["fappend", partition, items, [[f, e] for f, e in terms.items()]]
+        else:
+            request = ["append", partition, items]
+        start = int(await self._call(request))
         return list(range(start, start + len(items)))
+
+    async def highest_epoch(self, fence: str) -> int:
+        """The highest epoch the server stored for ``fence`` (``events.fence``)."""
+        return int(await self._call(["epoch", fence]))
 
     async def read(self, partition: int, offset: int, limit: int | None = None) -> list[Envelope]:
         return (await self.fetch(partition, offset, limit))[1]

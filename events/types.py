@@ -361,6 +361,27 @@ class ClockTicked(_Fact, frozen=True, kw_only=True, tag="tick"):
     """Time passed with nothing else happening; the envelope carries the time."""
 
 
+class TermBegan(_Fact, frozen=True, kw_only=True, tag="term"):
+    """A leader's term began: ``holder`` took the Lease ``fence`` with ``epoch``
+    (``events.fence``). The leader appends it to each partition it writes before any
+    other record of its term, so that from here on every reader drops what an older
+    term of the same fence appends late. Folding it changes nothing but the time."""
+
+    fence: str
+    epoch: int
+    holder: str = ""
+
+
+class RecordFenced(_Fact, frozen=True, kw_only=True, tag="fenced"):
+    """What a reader sees in place of a record that a deposed leader appended late (its
+    epoch is below one its partition already holds for its fence; ``events.fence``):
+    ``kind`` the event's type it had, ``highest`` the epoch that fenced it. Never
+    appended; folding it changes nothing."""
+
+    kind: str
+    highest: int
+
+
 class RecordQuarantined(_Fact, frozen=True, kw_only=True, tag="quarantine"):
     """A record of this partition, at ``offset``, that a component could not decode or
     could not apply (values no column can hold), and skipped: ``reason`` says why. The
@@ -756,6 +777,8 @@ Event = (
     | SnapshotTaken
     | RecordQuarantined
     | ExtenderAnswered
+    | TermBegan
+    | RecordFenced
 )
 """The closed union of every event kind."""
 
@@ -801,7 +824,10 @@ class Envelope(msgspec.Struct, frozen=True, kw_only=True):
     ``offset`` is assigned by the log on append (``-1`` before). ``causation`` is the
     offset of the last input a decision was derived from (``-1`` for inputs).
     ``producer`` names the component that appended it (``ingest``, ``shard-0``,
-    ``binder``, ``cluster``).
+    ``binder``, ``cluster``). ``fence`` and ``epoch``: the Lease and term of the leader
+    that appended it (``events.fence``; empty and 0 for writers that lead nothing): a
+    log refuses, and a reader drops, a record whose epoch is below one already seen for
+    its fence.
     """
 
     event: Event
@@ -812,6 +838,8 @@ class Envelope(msgspec.Struct, frozen=True, kw_only=True):
     causation: int = -1
     event_id: str = ""
     producer: str = ""
+    fence: str = ""
+    epoch: int = 0
 
 
 def is_decision(event: Event) -> bool:

@@ -236,6 +236,18 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--watch-seconds", type=positive, default=30)
     srv.add_argument("--lease-seconds", type=positive, default=15)
     srv.add_argument(
+        "--renew-deadline",
+        type=float,
+        metavar="SECONDS",
+        help="a leader that has not renewed its Lease within this steps down (2/3 of the lease)",
+    )
+    srv.add_argument(
+        "--retry-period",
+        type=float,
+        metavar="SECONDS",
+        help="seconds between leader-election rounds (2/15 of the lease)",
+    )
+    srv.add_argument(
         "--bind-in-flight",
         type=positive,
         default=16,
@@ -341,6 +353,8 @@ async def _serve(args: argparse.Namespace) -> int:
         namespace=args.namespace,
         watch_seconds=args.watch_seconds,
         lease_seconds=args.lease_seconds,
+        renew_deadline=args.renew_deadline,
+        retry_period=args.retry_period,
         stuck_after=args.stuck_after,
         bind_in_flight=args.bind_in_flight,
         kube_qps=args.kube_qps,

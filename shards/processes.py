@@ -61,7 +61,8 @@ async def _wait_for_growth(bus: EventLog, partition: int, offset: int, seconds: 
 async def recorded_sharding(bus: EventLog) -> ShardingConfigured | None:
     """The sharding recorded at the head of the control partition (the last one; ingest
     writes it before anything else), if it is there yet."""
-    head, _, _ = await read_past_unreadable(bus, bus.partitions - 1, 0, 16)
+    # 64: past the leaders' TermBegan records, which may come first
+    head, _, _ = await read_past_unreadable(bus, bus.partitions - 1, 0, 64)
     for env in head:
         if isinstance(env.event, ShardingConfigured):
             return env.event

@@ -19,6 +19,15 @@ Roles, one or all per process:
 - ``all`` — everything in one process, every shard included (the only way with
   ``--bus memory``).
 
+The leader-elected roles (ingest, coordinator, binder) follow client-go's leader
+election (``shards.kube.lease``: ``--lease-seconds``, ``--renew-deadline``,
+``--retry-period``). Each term of a role writes through a
+:class:`~events.fence.FencedLog` with the term's epoch, after a ``TermBegan`` in each
+partition the role writes: once another replica's term has begun, the log refuses (or,
+on Kafka, its readers drop) what this one appends late, and the role stops at once
+(``deposed``, one warning). A leader past its renew deadline (a process frozen and
+resumed, a hung API server) stops its work at once, in-flight requests included.
+
 With ``--shards N`` (N > 1) the log has N + 1 partitions: one per shard and the control
 partition last, as with ``shoal simulate --shards N``; every process of a deployment
 must be given the same N.
@@ -66,9 +75,17 @@ from engine.config import SchedulerConfig, default_config
 from engine.engine import Engine
 from engine.model.pools import MAX_SHARDS, Sharding
 from events.errors import InputError, LogError, cause
+from events.fence import FencedError, FencedLog, highest_epoch
 from events.log import EventLog, read_past_unreadable
 from events.tasks import being_cancelled
-from events.types import ClockTicked, Envelope, Event, SchedulerConfigured, ShardingConfigured
+from events.types import (
+    ClockTicked,
+    Envelope,
+    Event,
+    SchedulerConfigured,
+    ShardingConfigured,
+    TermBegan,
+)
 from shards import plugins
 from shards.bus import open_bus
 from shards.control import ControlWorker
@@ -116,6 +133,11 @@ class ServeOptions:
     poll_interval: float = 0.05
     watch_seconds: int = 30
     lease_seconds: int = 15
+    renew_deadline: float | None = None
+    """A leader that has not renewed within this steps down (default 2/3 of the lease,
+    client-go's 10 s of 15)."""
+    retry_period: float | None = None
+    """Seconds between leader-election rounds (default 2/15 of the lease: 2 s of 15)."""
     stale_after: float = 10.0
     """Seconds without a successful bus operation (or, for the roles that use it, an
     answer from the API server, at least ``lease_seconds``) after which /readyz says
@@ -156,12 +178,28 @@ class ServeOptions:
                 f"--shards says {self.shards}",
                 location="--sharding",
             )
+        renew, retry = self.lease_timing()
+        if not 0 < retry < renew < self.lease_seconds:
+            raise InputError(
+                "leader election needs 0 < --retry-period < --renew-deadline < "
+                f"--lease-seconds (got {retry:g}, {renew:g}, {self.lease_seconds:g})",
+                location="--renew-deadline",
+            )
         if self.role == "shard" and self.shard_index() >= self.shards:
             raise InputError(
                 f"shard {self.shard_index()} does not exist: there are {self.shards} "
                 f"(0..{self.shards - 1}); the StatefulSet's replicas must equal --shards",
                 location="--shard-id",
             )
+
+    def lease_timing(self) -> tuple[float, float]:
+        """(renew deadline, retry period), the defaults filled in."""
+        renew = self.renew_deadline
+        retry = self.retry_period
+        return (
+            renew if renew is not None else self.lease_seconds * 2 / 3,
+            retry if retry is not None else self.lease_seconds * 2 / 15,
+        )
 
     def shard_index(self) -> int:
         return self.shard_id if self.shard_id is not None else shard_ordinal(self.identity)
@@ -340,6 +378,7 @@ class Service:
                     )
                     for shard in shards:
                         tasks.create_task(self._shard(shard))
+                renew, retry = options.lease_timing()
                 for role in ("ingest", "coordinator", "binder"):
                     if role in roles and api is not None:
                         self.leaders[role] = LeaderElector(
@@ -349,10 +388,10 @@ class Service:
                             identity=options.identity,
                             lease_seconds=options.lease_seconds,
                             health=self.api_health,
+                            renew_deadline=renew,
+                            retry_period=retry,
                         )
-                        tasks.create_task(
-                            self.leaders[role].run(self.stop, renew_every=options.lease_seconds / 3)
-                        )
+                        tasks.create_task(self.leaders[role].run(self.stop))
                         tasks.create_task(self._led(role, api))
                 tasks.create_task(self._lag())
                 await self.stop.wait()
@@ -368,7 +407,9 @@ class Service:
         recorded = await recorded_sharding(self.bus)
         if recorded is None:
             head, _, _ = await read_past_unreadable(self.bus, self.control_partition, 0, 16)
-            if any(not isinstance(e.event, SchedulerConfigured | ClockTicked) for e in head):
+            if any(
+                not isinstance(e.event, SchedulerConfigured | ClockTicked | TermBegan) for e in head
+            ):
                 raise InputError(
                     "the log was set up without a sharding configuration (its pools and "
                     "tenants would not hold for what it already holds): start without "
@@ -397,83 +438,135 @@ class Service:
                 location="--sharding",
             )
 
-    async def _record_configuration(self) -> None:
+    async def _record_configuration(self, bus: EventLog) -> None:
         """Before ingest's first event: the sharding, once, and with several shards the
         scheduler configuration, which the coordinator forwards to every shard (a shard
         given the configuration it already has changes nothing; one shard records its
         own)."""
-        assert self.bus is not None and self.sharding is not None
+        assert self.sharding is not None
         head: list[Event] = []
-        if await recorded_sharding(self.bus) is None:
+        if await recorded_sharding(bus) is None:
             head.append(ShardingConfigured(config=self.sharding.to_json()))
         if self.routed:
             head.append(_recorded_config(self.options.config or default_config()))
         if not head:
             return
         now = self.clock()
-        await self.bus.append(
+        await bus.append(
             [Envelope(event=e, time=now, producer="ingest") for e in head], self.control_partition
         )
 
+    def _written_by(self, role: str) -> list[int]:
+        """The partitions ``role`` appends to (where its term begins)."""
+        if role == "ingest":
+            return [self.control_partition]
+        if role == "binder":
+            return list(range(max(self.partitions - 1, 1)))
+        return list(range(self.partitions))  # the coordinator routes into every shard's
+
+    async def _term(self, role: str) -> FencedLog | None:
+        """Begin this process's term as leader of ``role``: its epoch at least one
+        above any the log holds for the role's Lease, a ``TermBegan`` in each partition
+        the role writes; the bus the role then writes through (every append stamped
+        with the term). None when the term could not begin (the lease was lost, or
+        another term already began: it stepped down)."""
+        elector = self.leaders[role]
+        assert self.bus is not None
+        fence = elector.name
+        elector.floor = await highest_epoch(self.bus, fence) + 1
+        if not await elector.advance_epoch():
+            return None
+        term = FencedLog(self.bus, fence=fence, epoch=elector.epoch, valid=elector.leading)
+        await term.begin(self._written_by(role), holder=self.options.identity, now=self.clock())
+        log.info("leading role=%s lease=%s epoch=%d", role, fence, elector.epoch)
+        return term
+
     async def _led(self, role: str, api: ApiClient) -> None:
-        """Run ``role`` while this process leads it; stand by otherwise."""
+        """Run ``role`` while this process leads it; stand by otherwise. The role
+        writes through its term's :class:`FencedLog`: once the log has seen a later
+        term, or this one's renew deadline has passed, its appends are refused
+        (``FencedError``) and it stops at once; so does it when the lease is lost."""
         elector = self.leaders[role]
         while not self.stop.is_set():
-            if not elector.leader:
+            if not elector.leading():
                 self.alive.pop(role, None)  # standing by is not being stuck
                 await self._sleep(self.options.poll_interval * 4)
                 continue
             if role != "ingest":  # its watches retry on their own
                 self.alive.setdefault(role, time.monotonic())
             lost = asyncio.Event()
-            assert self.bus is not None
+            try:
+                term = await self._term(role)
+            except FencedError as exc:
+                self._deposed(role, exc)
+                continue
+            except LogError as exc:
+                await self._bus_failed(role, exc, 1.0)
+                continue
+            if term is None:
+                continue
             if role == "ingest":
-                work = asyncio.create_task(self._ingest(api, lost))
+                work = asyncio.create_task(self._ingest(api, lost, term))
             elif role == "coordinator":
-                work = asyncio.create_task(self._coordinate(lost))
+                work = asyncio.create_task(self._coordinate(lost, term))
             else:
                 self.binders = [
                     KubeBinder(
                         api,
-                        self.bus,
+                        term,
                         partition=p,
                         clock=self.clock,
                         in_flight=self.options.bind_in_flight,
                         rate=RateLimit(self.options.kube_qps, self.options.kube_burst),
                     )
-                    for p in range(max(self.partitions - 1, 1))
+                    for p in self._written_by("binder")
                 ]
                 for binder in self.binders:
                     self._lag_gauge(f"binder-{binder.partition}", binder.partition)
                 work = asyncio.create_task(self._bind(lost))
-            while elector.leader and not self.stop.is_set() and not work.done():
+            while elector.leading() and not self.stop.is_set() and not work.done():
                 await self._sleep(self.options.poll_interval * 4)
             lost.set()
+            if not self.stop.is_set() and not work.done():
+                # the lease is lost: stop leading at once, in-flight work included
+                log.warning("lost the lease; stopping role=%s epoch=%d", role, term.epoch)
+                work.cancel()
             try:
                 await asyncio.wait_for(work, 10)
             except asyncio.CancelledError:
                 if being_cancelled():
                     raise  # this process is stopping
-                log.warning("role cancelled under it; restarting it role=%s", role)
+                if elector.leading():
+                    log.warning("role cancelled under it; restarting it role=%s", role)
                 await self._sleep(1.0)
             except Exception as exc:
+                deposed = _fenced(exc)
+                if deposed is not None:
+                    self._deposed(role, deposed)
+                    continue
                 log.warning("role failed; restarting it role=%s error=%s", role, cause(exc))
                 self.metrics.inc(
                     "bus_errors_total", "Bus operations that failed.", 1, {"role": role}
                 )
                 await self._sleep(1.0)
 
+    def _deposed(self, role: str, exc: FencedError) -> None:
+        """The log refused this term's append: another leader's term began. Stop
+        leading the role (the elector stands by until the lease is free again)."""
+        log.warning("deposed; stopped leading role=%s error=%s", role, exc)
+        self.metrics.inc("leader_deposed_total", "Terms the log fenced off.", 1, {"role": role})
+        self.leaders[role].step_down(f"deposed: {exc}")
+
     def _served(self) -> list[str]:
         config = self.options.config or default_config()
         return [p.scheduler_name for p in config.profiles]
 
-    async def _ingest(self, api: ApiClient, lost: asyncio.Event) -> None:
-        assert self.bus is not None
+    async def _ingest(self, api: ApiClient, lost: asyncio.Event, bus: EventLog) -> None:
         if self.sharding is not None:
-            await self._record_configuration()
+            await self._record_configuration(bus)
         self.ingest = KubeIngest(
             api,
-            self.bus,
+            bus,
             partition=self.control_partition,
             scheduler_names=self._served(),
             watch_seconds=self.options.watch_seconds,
@@ -508,17 +601,16 @@ class Service:
             if idle:
                 await self._sleep(self.options.poll_interval)
 
-    async def _coordinate(self, lost: asyncio.Event) -> None:
+    async def _coordinate(self, lost: asyncio.Event, bus: EventLog) -> None:
         """The router and coordinator while this process leads: a fold of the control
         partition. After a bus failure it is rebuilt from the log (the fold's state may
         be ahead of what was appended), as a restarted coordinator would be."""
-        assert self.bus is not None and self.sharding is not None and self.routed
-        bus = self.bus
+        assert self.sharding is not None and self.routed
         backoff = self.options.poll_interval
         recorded = None
         while recorded is None and not lost.is_set():
             try:
-                recorded = await recorded_sharding(self.bus)
+                recorded = await recorded_sharding(bus)
             except LogError as exc:
                 backoff = await self._bus_failed("coordinator", exc, backoff)
                 continue
@@ -797,6 +889,18 @@ class Service:
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.stop.wait(), seconds)
+
+
+def _fenced(exc: BaseException) -> FencedError | None:
+    """The ``FencedError`` in ``exc`` (a role's task group wraps it), if any."""
+    if isinstance(exc, FencedError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _fenced(inner)
+            if found is not None:
+                return found
+    return None
 
 
 async def serve(options: ServeOptions, *, ready: Callable[[Service], None] | None = None) -> int:

@@ -169,6 +169,12 @@ async def test_unreachable_api_fails_the_bind_after_retries(
 
 async def test_leader_election(apiserver: FakeApiServer, api: Any) -> None:
     clock = [datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)]
+    mono = [0.0]  # expiry is judged by the candidate's own clock
+
+    def advance(seconds: int) -> None:
+        clock[0] += datetime.timedelta(seconds=seconds)
+        mono[0] += seconds
+
     a = LeaderElector(
         api,
         namespace="shoal",
@@ -176,6 +182,7 @@ async def test_leader_election(apiserver: FakeApiServer, api: Any) -> None:
         identity="a",
         lease_seconds=10,
         clock=lambda: clock[0],
+        monotonic=lambda: mono[0],
     )
     b = LeaderElector(
         api,
@@ -184,17 +191,18 @@ async def test_leader_election(apiserver: FakeApiServer, api: Any) -> None:
         identity="b",
         lease_seconds=10,
         clock=lambda: clock[0],
+        monotonic=lambda: mono[0],
     )
     assert await a.try_acquire_or_renew() is True
     assert await b.try_acquire_or_renew() is False
-    clock[0] += datetime.timedelta(seconds=5)
+    advance(5)
     assert await a.try_acquire_or_renew() is True  # renewed
-    clock[0] += datetime.timedelta(seconds=8)
+    advance(8)
     assert await b.try_acquire_or_renew() is False  # a renewed 8 s ago
-    clock[0] += datetime.timedelta(seconds=11)
+    advance(11)
     assert await b.try_acquire_or_renew() is True  # a stopped renewing: b takes over
     lease = apiserver.get("Lease", "ingest", "shoal")
-    assert lease["spec"]["holderIdentity"] == "b" and lease["spec"]["leaseTransitions"] == 1
+    assert lease["spec"]["holderIdentity"] == "b" and lease["spec"]["leaseTransitions"] == 2
     assert await a.try_acquire_or_renew() is False
 
 
