@@ -237,7 +237,13 @@ async def test_a_leader_the_log_fences_off_stops_and_comes_back_with_a_higher_ep
         task = asyncio.create_task(serve(options, ready=services.append))
         reader = await RemoteLog.connect(server.url)
         try:
-            await eventually(lambda: bool(services) and services[0].leaders["ingest"].epoch == 1)
+            await eventually(
+                lambda: (
+                    bool(services)
+                    and services[0].leaders.get("ingest") is not None
+                    and services[0].leaders["ingest"].epoch == 1
+                )
+            )
             deadline = asyncio.get_running_loop().time() + 30
             while not [e for e in await reader.read(0, 0) if isinstance(e.event, TermBegan)]:
                 assert asyncio.get_running_loop().time() < deadline, "the term never began"
