@@ -23,7 +23,7 @@ from shards.dryrun import Point, answers, dry_run, dry_run_scenario, job_of
 from shards.inputs.scenario import load_scenario
 from shards.replay import recorded_config
 from shards.simulate import simulate
-from tests.shards.scenario_text import gpu_node, gpu_pod, pod_group
+from tests.shards.scenario_text import gpu_node, gpu_pod, pod_group, rescheduler_config
 
 SHARDS = (1, 2)
 
@@ -36,6 +36,8 @@ class Pod:
     runtime: int | None = None
     priority: int = 0
     group: str = ""
+    on: str = ""
+    migratable: bool = True
 
     def text(self, at: float | None = None) -> str:
         return gpu_pod(
@@ -45,12 +47,14 @@ class Pod:
             runtime=self.runtime,
             priority=self.priority,
             group=self.group,
+            on=self.on,
+            migratable=self.migratable,
         )
 
 
-def base_text(nodes: int, pods: list[Pod], until: int | None = None) -> str:
-    """Nodes of four cards, and the pods arriving by ``until`` (all: None)."""
-    text = "".join(gpu_node(f"n{i}", 4) for i in range(nodes))
+def base_text(nodes: int, pods: list[Pod], until: int | None = None, config: str = "") -> str:
+    """``config``, nodes of four cards, and the pods arriving by ``until`` (all: None)."""
+    text = config + "".join(gpu_node(f"n{i}", 4) for i in range(nodes))
     return text + "".join(p.text() for p in pods if until is None or p.at <= until)
 
 
@@ -77,6 +81,7 @@ async def agree(
     *,
     later: bool = False,
     groups: dict[str, int] | None = None,
+    config: str = "",
 ) -> dict[str, Any]:
     """The dry run of ``job`` against the recorded run of ``base`` at time ``at``, after
     checking that it equals what the job really does when submitted then: the base's
@@ -84,8 +89,8 @@ async def agree(
     groups = groups or {}
     with tempfile.TemporaryDirectory() as tmp:
         paths = {name: str(Path(tmp) / f"{name}.yaml") for name in ("base", "known", "job", "then")}
-        Path(paths["base"]).write_text(base_text(nodes, base))
-        Path(paths["known"]).write_text(base_text(nodes, base, None if later else at))
+        Path(paths["base"]).write_text(base_text(nodes, base, config=config))
+        Path(paths["known"]).write_text(base_text(nodes, base, None if later else at, config))
         Path(paths["job"]).write_text(job_text(job, 0, groups))
         Path(paths["then"]).write_text(job_text(job, at, groups))
         recorded = await partitions([paths["base"]], shards)
@@ -206,6 +211,23 @@ async def test_preemption_and_a_pod_that_never_fits(shards: int) -> None:
             "reason": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.",
         },
     ]
+
+
+@pytest.mark.parametrize("shards", SHARDS)
+async def test_a_move_the_job_causes(shards: int) -> None:
+    """n0 runs ``a`` (2 cards) and ``b`` (1), n1 runs ``d`` (3, not movable); the job's
+    pod (2 cards) fits on n0 once the recorded rescheduler moves ``b`` to n1."""
+    base = [
+        Pod("a", 2, 0, on="n0"),
+        Pod("b", 1, 0, on="n0"),
+        Pod("d", 3, 0, on="n1", migratable=False),
+    ]
+    answer = await agree(
+        2, base, [Pod("c", 2, 0)], 5, shards, config=rescheduler_config("{maxMoves: 1}")
+    )
+    [row] = answer["pods"]
+    assert (row["node"], row["wait_seconds"], row["preempts"]) == ("n0", 0, [])
+    assert row["moves"] == [{"pod": "default/b", "from": "n0", "to": "n1"}]
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
