@@ -21,6 +21,12 @@ of the same inputs (``tests/shards/test_dryrun.py`` holds it to that).
 A log recorded against a real cluster is refused, as ``replay --config`` refuses it: its
 placements and completions were observed on the cluster, and the re-run derives its
 own (see :mod:`shards.whatif`).
+
+Priority classes are resolved when a scenario is read and are not in the log: a job
+whose pods name one gives its ``PriorityClass`` among its files.
+
+Cost: a dry run is a simulated run of the log's inputs up to the point and of what
+follows, as long as ``shoal simulate`` of them (nothing is kept between dry runs).
 """
 
 from __future__ import annotations
