@@ -44,8 +44,8 @@ from events.errors import (
     StuckError,
     cause,
 )
+from shards import dryruncmd, logserve, render
 from shards import extendercmd as extender_command
-from shards import logserve, render
 from shards.bus import check_new_log, open_bus
 from shards.commands import (
     EXIT_MISMATCH,
@@ -298,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     work.add_argument("--config", help="KubeSchedulerConfiguration YAML (shards)")
     snapshot_option(work)
     logserve.add_arguments(sub.add_parser(logserve.NAME, help=logserve.HELP))
+    dryruncmd.add_arguments(sub.add_parser(dryruncmd.NAME, help=dryruncmd.HELP))
     extender_command.add_arguments(
         sub.add_parser(extender_command.NAME, help=extender_command.HELP)
     )
@@ -400,9 +401,19 @@ _COMMANDS = {
     "serve": _serve,
     "worker": _worker,
     logserve.NAME: logserve.run,
+    dryruncmd.NAME: dryruncmd.run,
     extender_command.NAME: extender_command.run,
 }
-BUILT_IN = ("simulate", "replay", "serve", "worker", logserve.NAME, "kafka", extender_command.NAME)
+BUILT_IN = (
+    "simulate",
+    "replay",
+    "serve",
+    "worker",
+    logserve.NAME,
+    dryruncmd.NAME,
+    "kafka",
+    extender_command.NAME,
+)
 
 
 @functools.cache

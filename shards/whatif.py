@@ -68,27 +68,53 @@ def other_config(recorded: SchedulerConfig | None, other: SchedulerConfig) -> Sc
     return other
 
 
+def observed(env: Envelope) -> bool:
+    """Whether a record of the inputs partition was observed on a real cluster (an
+    adoption, a position, a completion the simulated cluster did not report)."""
+    event = env.event
+    return isinstance(event, PodAdopted | PositionRecorded) or (
+        isinstance(event, PodSucceeded | PodFailed) and env.producer != CLUSTER
+    )
+
+
+def input_records(
+    parts: Sequence[Sequence[Envelope]], where: str, needs: str = "a what-if replay (--config)"
+) -> list[Envelope]:
+    """The records of a log's inputs (``parts``: its partitions, the control one last),
+    in the order they are fed again (by time, as appended where times agree); refuses a
+    log whose cluster was real (``where`` names the log, ``needs`` what refuses it)."""
+    records: list[Envelope] = []
+    for env in parts[-1]:
+        if observed(env):
+            raise InputError(
+                f"recorded against a real cluster ({type(env.event).__name__} at offset "
+                f"{env.offset} was observed there, after the recorded placements): "
+                f"{needs} needs a log of shoal simulate",
+                location=where,
+            )
+        if env.producer == INGEST and not isinstance(env.event, _HEAD):
+            records.append(env)
+    records.sort(key=lambda env: env.time)  # stable: as appended, where times agree
+    return records
+
+
 def inputs_of(parts: Sequence[Sequence[Envelope]], where: str) -> Scenario:
     """The recorded inputs of a log (``parts``: its partitions, the control one last),
     as the scenario that feeds them again at their recorded times; refuses a log whose
     cluster was real (``where`` names the log in the refusal)."""
-    events: list[TimedEvent] = []
-    for env in parts[-1]:
-        event = env.event
-        observed = isinstance(event, PodAdopted | PositionRecorded) or (
-            isinstance(event, PodSucceeded | PodFailed) and env.producer != CLUSTER
-        )
-        if observed:
-            raise InputError(
-                f"recorded against a real cluster ({type(event).__name__} at offset "
-                f"{env.offset} was observed there, after the recorded placements): a "
-                "what-if replay (--config) needs a log of shoal simulate",
-                location=where,
-            )
-        if env.producer == INGEST and not isinstance(event, _HEAD):
-            events.append(TimedEvent(time=env.time, order=len(events), event=event))
-    events.sort(key=lambda e: (e.time, e.order))  # as appended, where times agree
-    return Scenario(events=events)
+    records = input_records(parts, where)
+    return Scenario(
+        events=[
+            TimedEvent(time=env.time, order=i, event=env.event) for i, env in enumerate(records)
+        ]
+    )
+
+
+def log_sharding(parts: Sequence[Sequence[Envelope]]) -> Sharding | None:
+    """The sharding a log recorded (None: one shard, unsharded)."""
+    if len(parts) > 1 or any(isinstance(e.event, ShardingConfigured) for e in parts[-1]):
+        return sharding_of(parts[-1])
+    return None
 
 
 async def rerun(
@@ -97,11 +123,8 @@ async def rerun(
     """The log's inputs run again under ``config``, at its shard count: the partitions
     of the new log."""
     scenario = inputs_of(parts, where)
-    sharding: Sharding | None = None
-    if len(parts) > 1 or any(isinstance(e.event, ShardingConfigured) for e in parts[-1]):
-        sharding = sharding_of(parts[-1])
     log = MemoryLog(len(parts))
-    await simulate(scenario, log, config, sharding=sharding)
+    await simulate(scenario, log, config, sharding=log_sharding(parts))
     return [await log.read(p, 0) for p in range(log.partitions)]
 
 
