@@ -32,6 +32,8 @@ from shards.web.view import RECENT, quota_specs, snapshot
 
 KEPT: Final = 16
 """Snapshots of a replayed log kept, by offset."""
+CHUNK: Final = 5000
+"""Records of a partition a running service's view folds between yields."""
 TIMELINE: Final = 2000
 """Points a timeline lists at most (evenly spread, the last always among them)."""
 
@@ -151,19 +153,25 @@ class LiveSource:
         return f"LiveSource(partitions={self.partitions}, positions={self.positions})"
 
     async def _catch_up(self, bus: EventLog) -> None:
-        batches = []
-        for partition in range(self.partitions):
-            records, _, position = await read_past_unreadable(
-                bus, partition, self.positions[partition]
-            )
-            self.positions[partition] = position
-            batches.append(records)
-        for env in merge(batches) if self.partitions > 1 else batches[0]:
-            self.report.apply(env)
-            if is_decision(env.event):
-                self.recent.append(env)
-            elif isinstance(env.event, QuotaDefined):
-                self.quotas[env.event.quota.namespace] = env.event.quota
+        """Fold what the bus has past ``positions``, :data:`CHUNK` records a partition
+        at a time, giving the event loop back between chunks (the shards run in it)."""
+        while True:
+            batches = []
+            for partition in range(self.partitions):
+                records, _, position = await read_past_unreadable(
+                    bus, partition, self.positions[partition], CHUNK
+                )
+                self.positions[partition] = position
+                batches.append(records)
+            for env in merge(batches) if self.partitions > 1 else batches[0]:
+                self.report.apply(env)
+                if is_decision(env.event):
+                    self.recent.append(env)
+                elif isinstance(env.event, QuotaDefined):
+                    self.quotas[env.event.quota.namespace] = env.event.quota
+            if all(len(b) < CHUNK for b in batches):
+                return
+            await asyncio.sleep(0)
 
     async def state(self, offset: int | None) -> dict[str, Any]:
         if offset is not None:

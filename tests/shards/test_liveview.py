@@ -18,6 +18,7 @@ from events.filelog import FileLog
 from events.types import Envelope
 from shards.cli import main
 from shards.replay import recorded_config, replay
+from shards.web import sources
 from shards.web.app import ViewError, add_routes
 from shards.web.sources import LiveSource, ReplaySource
 from tests.shards.scenario_text import gpu_node, gpu_pod
@@ -176,7 +177,12 @@ async def test_the_endpoints_serve_the_page_and_ask_for_the_token(
         assert (await timeline.json())["offsets"]
 
 
-async def test_a_live_source_folds_the_bus_as_it_grows(logs: dict[int, tuple[str, Any]]) -> None:
+@pytest.mark.parametrize("chunk", [3, 5000])
+async def test_a_live_source_folds_the_bus_as_it_grows(
+    logs: dict[int, tuple[str, Any]], chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A running service's view: the log's report, read in chunks, and the engines."""
+    monkeypatch.setattr(sources, "CHUNK", chunk)
     path, report = logs[1]
     log = FileLog(path, readonly=True)
     try:
