@@ -8,10 +8,11 @@ an aiohttp application (``shoal serve``'s, beside ``/metrics``; ``shoal replay
 - ``GET /api/timeline`` — the offsets a replayed log can be shown at (none for a live
   service, or a log of several shards: then ``note`` says why).
 
-Read-only: nothing here changes a run. With a token (``--ui-token-file``), every route
-here asks for it, as ``Authorization: Bearer TOKEN`` or ``?token=TOKEN`` (the page
-passes the one it was opened with on to its requests); without, bind to 127.0.0.1 (the
-default) or put the port behind the proxy that guards ``/metrics`` (``deploy/``).
+Read-only: nothing here changes a run. With a token (``--ui-token-file``), the JSON
+endpoints ask for it, as ``Authorization: Bearer TOKEN`` or ``?token=TOKEN`` (the page,
+opened as ``/ui/?token=TOKEN``, passes it on; its own files hold no data and need
+none); without, bind to 127.0.0.1 (the default) or put the port behind the proxy that
+guards ``/metrics`` (``deploy/``).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def add_routes(app: web.Application, source: Source, token: str | None = None) -
             )
 
     async def page(request: web.Request) -> web.StreamResponse:
-        guard(request)
+        # (the page's files hold no data: the browser fetches them without the token)
         name = request.match_info.get("name") or "index.html"
         if name not in FILES:
             raise web.HTTPNotFound()

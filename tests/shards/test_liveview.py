@@ -160,12 +160,13 @@ async def test_the_endpoints_serve_the_page_and_ask_for_the_token(
     add_routes(app, await source_of(path), token="s3cret")
     async with TestClient(TestServer(app)) as client:
         assert (await client.get("/api/state")).status == 401
-        assert (await client.get("/ui/")).status == 401
+        assert (await client.get("/api/timeline?token=wrong")).status == 401
         page = await client.get("/ui/?token=s3cret")
         assert page.status == 200
         assert "app.js" in await page.text()
+        assert (await client.get("/api/state?token=s3cret")).status == 200
         auth = {"Authorization": "Bearer s3cret"}
-        script = await client.get("/ui/app.js", headers=auth)
+        script = await client.get("/ui/app.js")  # (the page's files hold no data)
         assert script.status == 200
         assert script.headers["Content-Type"].startswith("text/javascript")
         assert (await client.get("/ui/../serve.py", headers=auth)).status == 404

@@ -58,10 +58,10 @@ def shoal(*argv: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def serving(log: Path, listen: str = "127.0.0.1:0") -> Iterator[str]:
+def serving(log: Path, *extra: str) -> Iterator[str]:
     """``shoal replay LOG --serve`` on a free port; yields the page's URL."""
     proc = subprocess.Popen(
-        shoal("replay", log.name, "--serve", "--listen", listen),
+        shoal("replay", log.name, "--serve", "--listen", "127.0.0.1:0", *extra),
         cwd=log.parent,
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
@@ -141,11 +141,13 @@ def test_the_page_shows_the_cluster_and_the_pending_pods_answer(tmp_path: Path) 
     path, report = record(tmp_path, 1)
     log = Path(path)
     reason = report["pods"]["default/big"]["reason"]
-    with serving(log) as url, sync_playwright() as p:
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    with serving(log, "--ui-token-file", str(token)) as url, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
             page = browser.new_page()
-            page.goto(url, timeout=DEADLINE_MS)
+            page.goto(url + "?token=s3cret", timeout=DEADLINE_MS)  # (passed on to /api/)
             page.wait_for_selector("body[data-loaded=true]", timeout=DEADLINE_MS)
             names = page.locator("#nodes .node .name").all_inner_texts()
             assert names == ["n0", "n1"]
