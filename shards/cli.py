@@ -157,6 +157,15 @@ async def _replay(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- main
 
 
+def ui_token_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--ui-token-file",
+        metavar="FILE",
+        help="the live view (/ui/, /api/) asks for the token in FILE (default: no token; "
+        "keep --listen on 127.0.0.1 or behind a proxy)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="shoal", description="Event-sourced batch scheduler for Kubernetes."
@@ -200,6 +209,15 @@ def build_parser() -> argparse.ArgumentParser:
         "how the decisions differ (--explain: explain under it)",
     )
     rep.add_argument("--json", action="store_true", help="print one JSON object")
+    rep.add_argument(
+        "--serve",
+        action="store_true",
+        help="serve the live view of the log (a web page, /ui/) until Ctrl-C",
+    )
+    rep.add_argument(
+        "--listen", help="the live view's address (with --serve; default 127.0.0.1:8090)"
+    )
+    ui_token_option(rep)
 
     for command in added_commands().values():  # after replay, where loadtest always was
         command.add_arguments(sub.add_parser(command.name, help=command.help))
@@ -229,7 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--sharding", help="ShardingConfiguration file: pools, their shards, tenants' pools"
     )
     srv.add_argument("--config", help="KubeSchedulerConfiguration file (profiles)")
-    srv.add_argument("--listen", default="127.0.0.1:9090", help="health and metrics address")
+    srv.add_argument(
+        "--listen", default="127.0.0.1:9090", help="health, metrics and live view address"
+    )
+    ui_token_option(srv)
     srv.add_argument("--namespace", default="shoal", help="namespace of the leader-election Leases")
     srv.add_argument("--identity", help="leader-election identity (default: the host name)")
     snapshot_option(srv)
@@ -335,6 +356,7 @@ def _serve_sharding(shards: int, path: str | None) -> Sharding | None:
 
 async def _serve(args: argparse.Namespace) -> int:
     from shards.serve import ServeOptions, serve
+    from shards.web.standalone import read_token
 
     shards = args.shards if args.shards is not None else _env_int("SHOAL_SHARDS", 1)
     every, per_pod = snapshots(args)
@@ -351,6 +373,7 @@ async def _serve(args: argparse.Namespace) -> int:
         snapshot_per_pod=per_pod,
         config=_config(args.config),
         listen=args.listen,
+        ui_token=read_token(args.ui_token_file, "--ui-token-file"),
         namespace=args.namespace,
         watch_seconds=args.watch_seconds,
         lease_seconds=args.lease_seconds,

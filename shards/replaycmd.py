@@ -17,6 +17,11 @@ from shards.bus import open_bus
 from shards.commands import EXIT_MISMATCH, emit_json
 from shards.replay import recorded_config, replay, replay_routed
 from shards.report import merge
+from shards.web.sources import ReplaySource
+from shards.web.standalone import read_token, serve_view
+
+LISTEN = "127.0.0.1:8090"
+"""Where ``replay --serve`` serves the live view unless ``--listen`` says."""
 
 
 async def _read(log: EventLog, partition: int) -> list[Envelope]:
@@ -43,10 +48,34 @@ def _what_if(args: argparse.Namespace, diff: whatif.WhatIf) -> int:
     return 0
 
 
+def _check_serve(args: argparse.Namespace) -> None:
+    """--serve shows the log (its timeline moves through it): refuse what it would
+    ignore, and the serving options without it."""
+    if not args.serve:
+        for given, flag in ((args.listen, "--listen"), (args.ui_token_file, "--ui-token-file")):
+            if given is not None:
+                raise InputError("serves the live view: give --serve too", location=flag)
+        return
+    for given, flag in (
+        (args.verify, "--verify"),
+        (args.explain, "--explain"),
+        (args.until, "--until"),
+        (args.config, "--config"),
+        (args.json, "--json"),
+    ):
+        if given not in (None, False):
+            raise InputError(
+                "--serve shows the recorded log (its timeline moves through the offsets); "
+                f"leave {flag} out",
+                location=flag,
+            )
+
+
 async def run_replay(args: argparse.Namespace, config: SchedulerConfig | None) -> int:
     """``shoal replay LOG``: fold a recorded log again and report, explain or verify it
     (``args`` as the command line parsed them, ``config`` the one given instead of the
     recorded one)."""
+    _check_serve(args)
     if args.log.startswith("kafka://"):
         source = await open_bus(args.log)
         try:
@@ -100,6 +129,10 @@ async def run_replay(args: argparse.Namespace, config: SchedulerConfig | None) -
     for line in differ:
         print(f"shoal: note: {line}", file=sys.stderr)
     registry = loaded.registry
+    if args.serve:
+        view = ReplaySource(args.log, parts, config or recorded_config(parts[-1]), registry)
+        token = read_token(args.ui_token_file, "--ui-token-file")
+        return await serve_view(view, args.listen or LISTEN, token, args.log)
     if len(parts) > 1:
         if args.until is not None:
             raise InputError(

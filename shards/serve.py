@@ -32,8 +32,9 @@ With ``--shards N`` (N > 1) the log has N + 1 partitions: one per shard and the 
 partition last, as with ``shoal simulate --shards N``; every process of a deployment
 must be given the same N.
 
-Each process serves ``/healthz``, ``/readyz`` and ``/metrics`` (Prometheus,
-``shards.metrics``) on ``--listen``, 127.0.0.1:9090 by default. SIGTERM or SIGINT stops
+Each process serves ``/healthz``, ``/readyz``, ``/metrics`` (Prometheus,
+``shards.metrics``) and the live view (``/ui/``, ``shards.web``) on ``--listen``,
+127.0.0.1:9090 by default. SIGTERM or SIGINT stops
 it cleanly: in-flight work finishes, the bus is closed.
 
 - ``/readyz`` says whether the process can do its work now: the bus answered recently;
@@ -97,6 +98,8 @@ from shards.kube.ingest import KubeIngest
 from shards.kube.lease import LeaderElector
 from shards.metrics import Metrics
 from shards.processes import recorded_sharding, tick_if_due, warm_up_when_idle
+from shards.web.app import add_routes
+from shards.web.sources import LiveSource
 from shards.worker import ShardWorker
 
 log = logging.getLogger(__name__)
@@ -128,6 +131,8 @@ class ServeOptions:
     snapshot_per_pod: int = 0
     """And at least this many between them per pod held (0: no such floor)."""
     listen: str = "127.0.0.1:9090"
+    ui_token: str | None = None
+    """The token the live view (/ui/, /api/: ``shards.web``) asks for (None: none)."""
     namespace: str = "shoal"
     identity: str = field(default_factory=socket.gethostname)
     poll_interval: float = 0.05
@@ -328,6 +333,10 @@ class Service:
         app.router.add_get("/healthz", healthz)
         app.router.add_get("/readyz", readyz)
         app.router.add_get("/metrics", metrics)
+        live = LiveSource(
+            lambda: self.bus, lambda: [w.engine for w in self.workers.values()], self.partitions
+        )
+        add_routes(app, live, self.options.ui_token)
         runner = web.AppRunner(app)
         await runner.setup()
         host, _, port = self.options.listen.rpartition(":")
