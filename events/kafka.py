@@ -28,10 +28,11 @@ Contract notes, backend by backend:
   (sees a ``RecordFenced`` in place of) a record whose epoch is below one its partition
   already holds for that fence. The judgement is a function of the partition's order,
   kept per partition as reads go (headers only; a read from further on first scans the
-  records before it, undecoded), so every reader and replay drop the same records. The
-  test broker has no epoch-checked or transactional producer to refuse them on append.
-- Producer idempotence is off by default (``idempotence=True`` turns it on); TLS and
-  SASL (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) pass through to aiokafka.
+  records before it, undecoded), so every reader and replay drop the same records. No
+  epoch-checked or transactional producer refuses them on append yet.
+- Producer idempotence is on by default (``idempotence=False`` turns it off, for a
+  broker that cannot do it); TLS and SASL (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) pass
+  through to aiokafka.
 
 Settings, TLS files and the SASL password (read from a file only, never printed):
 ``events.kafka_settings``.
@@ -87,12 +88,31 @@ async def create_topic(
         await admin.create_topics(
             [NewTopic(settings.topic, settings.partitions, 1, topic_configs=configs)]
         )
+        await _until_served(admin, settings)
         return True
     except KafkaError as exc:
         secret = options.get("sasl_plain_password")
         raise LogError(redact(f"kafka {settings.bootstrap}: {exc}", secret)) from None
     finally:
         await admin.close()
+
+
+async def _until_served(admin: AIOKafkaAdminClient, settings: KafkaSettings) -> None:
+    """Wait until the broker's metadata has the new topic with a leader for every
+    partition: a broker learns of a topic its controller created a moment later, and a
+    client started before then would find no such topic."""
+    deadline = asyncio.get_running_loop().time() + settings.request_timeout_ms / 1000
+    while True:
+        topics = await admin.describe_topics([settings.topic])
+        parts = [p for t in topics if t["error_code"] == 0 for p in t["partitions"]]
+        if len(parts) >= settings.partitions and all(p["leader"] >= 0 for p in parts):
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise LogError(
+                f"kafka {settings.bootstrap}: topic {settings.topic!r} created, "
+                "but not served in time"
+            )
+        await asyncio.sleep(0.02)
 
 
 class KafkaLog:
@@ -164,8 +184,10 @@ class KafkaLog:
                 max_partition_fetch_bytes=1024 * 1024,
             )
             await self._probe_consumer.start()
-            await self._consumer.topics()  # refreshes the cluster metadata
-            found = self._consumer.partitions_for_topic(self.settings.topic)
+            # every topic the broker has (a client asks about none until told which)
+            found = None
+            if self.settings.topic in await self._consumer.topics():
+                found = await self._producer.partitions_for(self.settings.topic)
         except (KafkaError, OSError, TimeoutError) as exc:
             await self.close()
             raise LogError(

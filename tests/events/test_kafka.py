@@ -31,6 +31,12 @@ def test_settings_from_url_and_environment() -> None:
     assert s.client_options()["bootstrap_servers"] == ["a:9092", "b:9092"]
 
 
+def test_producers_are_idempotent_unless_told_otherwise() -> None:
+    assert KafkaSettings.from_url("kafka://h:1", env={}).idempotence
+    s = KafkaSettings.from_url("kafka://h:1?acks=1&idempotence=false", env={})
+    assert (s.acks, s.idempotence) == ("1", False)
+
+
 def test_sasl_settings_pass_through(tmp_path: Path) -> None:
     password = tmp_path / "password"
     password.write_text("secret\n")
@@ -58,6 +64,7 @@ def test_sasl_settings_pass_through(tmp_path: Path) -> None:
         ("kafka://h:1?security_protocol=SASL_SSL&sasl_mechanism=PLAIN", "needs sasl_username"),
         ("kafka://h:1?sasl_password=x", "read only from a file"),
         ("kafka://h:1?acks=2", "acks must be"),
+        ("kafka://h:1?acks=1", "acks=1 needs idempotence=false"),
     ],
 )
 def test_bad_settings(url: str, message: str) -> None:

@@ -1,9 +1,9 @@
 """The Kafka broker goes away in the middle of a run and comes back on the same store.
 
 ``shoal serve`` (two shards, the coordinator, ingest and the binder in one process)
-runs against the in-repo API server over a real tansu broker whose log lives in S3 (a
-local moto server), so a restarted broker still has every record. While the broker is
-down the service keeps running, backs off, and reports not ready; once it is back, the
+runs against the in-repo API server over the session's Apache Kafka, which is stopped
+and started again on the same port and log, so it comes back with every record. While
+the broker is down the service keeps running, backs off, and reports not ready; once it is back, the
 pods that arrived meanwhile are bound, nothing is lost or decided twice, and the log
 replays.
 """
@@ -11,51 +11,17 @@ replays.
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import time
-import urllib.request
 import uuid
-from collections.abc import Iterator
-
-import pytest
 
 from events.kafka import KafkaLog, KafkaSettings, create_topic
 from events.types import PodBound
 from shards.replay import replay_routed
 from shards.serve import ServeOptions, Service, serve
-from tests.broker import Broker, _stop, _wait_port, free_port, tansu_binary
+from tests.broker import KafkaBroker
 from tests.kube.apiserver import FakeApiServer
 from tests.kube.test_ingest import eventually, node, pod
 from tests.kube.test_serve import get
-
-pytestmark = pytest.mark.skipif(tansu_binary() is None, reason="tansu is not installed")
-
-
-@pytest.fixture
-def s3() -> Iterator[dict[str, str]]:
-    """A local S3 (moto) with the bucket tansu stores its log in; stopped at the end."""
-    pytest.importorskip("moto")
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        _wait_port(port, proc, 30, "moto")
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/tansu", method="PUT")
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            assert answer.status == 200
-        yield {
-            "AWS_ENDPOINT": f"http://127.0.0.1:{port}",
-            "AWS_ALLOW_HTTP": "true",
-            "AWS_ACCESS_KEY_ID": "test",
-            "AWS_SECRET_ACCESS_KEY": "test",
-            "AWS_DEFAULT_REGION": "eu-west-2",
-        }
-    finally:
-        _stop(proc)
 
 
 def _bound(apiserver: FakeApiServer, names: list[str]) -> bool:
@@ -63,10 +29,9 @@ def _bound(apiserver: FakeApiServer, names: list[str]) -> bool:
 
 
 async def test_broker_outage_is_ridden_out_without_loss_or_duplicates(
-    apiserver: FakeApiServer, s3: dict[str, str]
+    apiserver: FakeApiServer, kafka: KafkaBroker, kafka_bootstrap: str
 ) -> None:
-    broker = Broker(storage="s3://tansu/", env=s3)
-    broker.start()
+    broker = kafka
     try:
         topic = f"outage-{uuid.uuid4().hex[:8]}"
         query = f"topic={topic}&partitions=3&request_timeout_ms=2000&fetch_max_wait_ms=10"
@@ -97,7 +62,7 @@ async def test_broker_outage_is_ridden_out_without_loss_or_duplicates(
             await eventually(lambda: _bound(apiserver, ["before-0", "before-1"]), timeout=30)
             assert (await get(f"{service.url}/readyz"))[0] == 200
 
-            assert broker.stop(grace=20), "the broker did not shut down cleanly"
+            assert broker.stop(grace=60), "the broker did not shut down cleanly"
             apiserver.put("Pod", pod("during-0"))
             apiserver.put("Pod", pod("during-1"))
 
@@ -110,7 +75,7 @@ async def test_broker_outage_is_ridden_out_without_loss_or_duplicates(
                 await asyncio.sleep(0.2)
             assert not _bound(apiserver, ["during-0"]) or not _bound(apiserver, ["during-1"])
 
-            broker.start()
+            await asyncio.to_thread(broker.start)
             names = ["before-0", "before-1", "during-0", "during-1"]
             # generous: on a busy machine a restarted broker and the readers' back-off
             # can take a minute or more
@@ -133,7 +98,8 @@ async def test_broker_outage_is_ridden_out_without_loss_or_duplicates(
         finally:
             await reader.close()
     finally:
-        broker.stop()
+        if broker.proc is None:
+            await asyncio.to_thread(broker.start)  # the session's broker: the next tests need it
     bound = [
         e.event.pod
         for records in parts[:-1]

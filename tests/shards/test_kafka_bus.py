@@ -1,4 +1,5 @@
-"""shoal over a real Kafka-protocol broker (tansu): the same decisions as in memory."""
+"""shoal over a real Kafka broker (Apache Kafka 4, tests/broker.py): the same decisions
+as in memory."""
 
 from __future__ import annotations
 
