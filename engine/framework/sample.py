@@ -35,10 +35,15 @@ examined across pods.
 Each shard applies the rule to its own nodes, like one kube-scheduler instance per
 shard: ``n`` and ``K`` are counted per shard. The coordinator's placements across shards
 (spanning gangs, its preemption), preemption's choice of victims and the rescheduler's
-moves look at every node, exactly as before.
+moves look at every node, exactly as before. HTTP extenders are asked about every
+feasible node (shoal asks before the attempt); their verdict is applied to the sample,
+which gives the nodes kube-scheduler would keep (it asks about the sample only).
 
-Cost: nothing when unset; when set, one pass over the feasible mask per attempt
-(``flatnonzero`` and a rotation), on top of the filters, which still see every node.
+Cost: nothing when unset. When set, per attempt: a count over the feasible mask, a
+scan of growing windows from the start (a few times K slots where many nodes fit), a
+new mask, and the scoring's ``where`` over every slot that the shape caches otherwise
+spare (about 150 us more per attempt at 20,000 nodes on one busy core, against some
+30 us unset): the filters still see every node, so sampling saves no work in shoal.
 The per-shape caches are unaffected: they keep every node's verdict and local score,
 and the sample masks them afterwards (the scores that normalise over the feasible set
 see the sample only, as in kube-scheduler).
@@ -50,7 +55,7 @@ from typing import Final
 
 import numpy as np
 
-from engine.model.state import Bools, ClusterState
+from engine.model.state import Bools, ClusterState, Ints
 
 MIN_FEASIBLE_NODES: Final = 100
 """kube-scheduler's ``minFeasibleNodesToFind``."""
@@ -72,15 +77,26 @@ def nodes_to_find(percentage: int, nodes: int) -> int:
 def sample(feasible: Bools, state: ClusterState, find: int, start: int) -> Bools:
     """The first ``find`` feasible slots met scanning the shard's live nodes in slot
     order from the ``start``-th (mod their number), wrapping around; ``feasible``
-    itself (not a copy) when that is all of them. ``feasible`` must be live slots only."""
+    itself (not a copy) when that is all of them. ``feasible`` must be live slots only.
+
+    Feasible nodes are looked for in growing windows from the start (most attempts,
+    where many nodes fit, read a few times ``find`` slots, not the whole mask)."""
     used = state.high_water
-    hits = np.flatnonzero(feasible[:used])
-    if hits.size <= find:
+    if np.count_nonzero(feasible[:used]) <= find:
         return feasible
-    live = np.flatnonzero(state.valid[:used])
-    first = int(live[start % live.size])
-    cut = int(np.searchsorted(hits, first))
-    taken = np.concatenate((hits[cut:], hits[:cut]))[:find]
+    nodes = len(state.index)
+    if nodes == used:  # no slot left empty by a removed node: slot = position
+        first = start % nodes
+    else:
+        first = int(np.flatnonzero(state.valid[:used])[start % nodes])
+    taken: list[Ints] = []
+    wanted, lo, width = find, first, 4 * find
+    while wanted:  # [first, used), then [0, first): there are enough in all
+        hi = min(lo + width, used if lo >= first else first)
+        hits = np.flatnonzero(feasible[lo:hi])[:wanted] + lo
+        taken.append(hits)
+        wanted -= hits.size
+        lo, width = (0 if hi == used else hi), 2 * width
     out = np.zeros_like(feasible)
-    out[taken] = True
+    out[np.concatenate(taken)] = True
     return out

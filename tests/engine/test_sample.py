@@ -14,7 +14,7 @@ from engine.config import parse_config
 from engine.engine import Engine
 from engine.framework.cycle import CycleState
 from engine.framework.runtime import Framework
-from engine.framework.sample import nodes_to_find
+from engine.framework.sample import nodes_to_find, sample
 from engine.model.pods import PodInfo, pod_info
 from engine.model.state import ClusterState
 from engine.plugins.registry import builtin_registry
@@ -161,3 +161,23 @@ def test_without_score_plugins_the_first_feasible_node_is_taken() -> None:
     pod = pod_info(make_pod("q").cpu(2).spec(), state.resources, 0)
     assert [sampled.schedule(pod, state).slot] == kube_scan(state, pod, 1)
     assert np.count_nonzero(sampled.feasible(CycleState(), pod, state)) == 100
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    fits=st.lists(st.booleans(), min_size=1, max_size=300),
+    removed=st.sets(st.integers(0, 299), max_size=20),
+    find=st.integers(1, 40),
+    start=st.integers(0, 2**32 - 1),
+)
+def test_the_sample_is_the_first_feasible_nodes_of_the_scan(
+    fits: list[bool], removed: set[int], find: int, start: int
+) -> None:
+    state = cluster([1] * len(fits), {i for i in removed if i < len(fits) - 1})
+    feasible = np.array([f and bool(v) for f, v in zip(fits, state.valid, strict=False)])
+    feasible = np.concatenate((feasible, np.zeros(state.capacity - feasible.size, bool)))
+    nodes = [slot for slot in range(state.high_water) if state.valid[slot]]
+    first = start % len(nodes)
+    scan = [nodes[(first + i) % len(nodes)] for i in range(len(nodes))]
+    expected = [slot for slot in scan if feasible[slot]][:find]
+    assert sorted(np.flatnonzero(sample(feasible, state, find, start))) == sorted(expected)
