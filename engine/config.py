@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from engine.extenders import ExtenderConfig, parse_extenders
@@ -119,6 +119,10 @@ class ProfileConfig:
     args: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     gang: GangArgs = field(default_factory=GangArgs)
     """scheduler-plugins' ``CoschedulingArgs`` of the profile."""
+    percentage_of_nodes_to_score: int | None = None
+    """``percentageOfNodesToScore`` (the profile's, else the configuration's): None,
+    unset, scores every feasible node (shoal's exact default); 0 is kube-scheduler's
+    adaptive share; see :func:`engine.framework.sample.nodes_to_find`."""
 
 
 @dataclass(frozen=True)
@@ -159,7 +163,6 @@ class SchedulerConfig:
 NOT_ACTED: Final[dict[str, str]] = {
     "parallelism": "not acted on: each shard decides one pass at a time; run more shards "
     "(--shards) to schedule concurrently",
-    "percentageOfNodesToScore": "not acted on: shoal filters and scores every node, vectorised",
     "leaderElection": "not acted on: shoal elects its leaders with Leases of its own "
     "(shoal serve --namespace, --lease-seconds)",
     "clientConnection": "not acted on: the API client is set on the command line "
@@ -173,9 +176,7 @@ NOT_ACTED: Final[dict[str, str]] = {
 }
 """Top-level fields of ``KubeSchedulerConfiguration`` accepted with a warning: what they
 set in kube-scheduler is set elsewhere in shoal, or does not exist there."""
-PROFILE_NOT_ACTED: Final[dict[str, str]] = {
-    "percentageOfNodesToScore": "not acted on: shoal filters and scores every node, vectorised",
-}
+PROFILE_NOT_ACTED: Final[dict[str, str]] = {}
 """The same, for fields of a profile."""
 
 
@@ -254,7 +255,13 @@ def parse_profile(raw: Any, where: str, warnings: list[str] | None = None) -> Pr
     """One profile; what it names that shoal does not act on is added to ``warnings``."""
     warnings = [] if warnings is None else warnings
     _expect(raw, dict, "a mapping", where)
-    unknown = set(raw) - {"schedulerName", "plugins", "pluginConfig", *PROFILE_NOT_ACTED}
+    unknown = set(raw) - {
+        "schedulerName",
+        "plugins",
+        "pluginConfig",
+        "percentageOfNodesToScore",
+        *PROFILE_NOT_ACTED,
+    }
     if unknown:
         raise InputError(f"unknown field {sorted(unknown)[0]!r}", location=where)
     name = raw.get("schedulerName", DEFAULT_SCHEDULER)
@@ -318,7 +325,22 @@ def parse_profile(raw: Any, where: str, warnings: list[str] | None = None) -> Pr
         multi_point_off=excluded,
         args=args,
         gang=gang,
+        percentage_of_nodes_to_score=_percentage(raw, where),
     )
+
+
+def _percentage(raw: Mapping[str, Any], where: str) -> int | None:
+    """``percentageOfNodesToScore`` as kube-scheduler validates it (an integer 0..100;
+    0: its adaptive share), or None when the field is absent."""
+    value = raw.get("percentageOfNodesToScore")
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 100:
+        raise InputError(
+            f"must be an integer 0..100, got {value!r}",
+            location=f"{where}.percentageOfNodesToScore",
+        )
+    return value
 
 
 def _plain(raw: Mapping[str, Any], where: str) -> None:
@@ -395,6 +417,14 @@ def parse_config(raw: Any, where: str = "config") -> SchedulerConfig:
         parse_profile(p, f"{where}.profiles[{i}]", profile_warnings)
         for i, p in enumerate(raw_profiles)
     )
+    percentage = _percentage(raw, where)
+    if percentage is not None:  # a profile's own value wins (kube-scheduler's rule)
+        profiles = tuple(
+            p
+            if p.percentage_of_nodes_to_score is not None
+            else replace(p, percentage_of_nodes_to_score=percentage)
+            for p in profiles
+        )
     profile_warnings += _gang_differences(profiles, where)
     seen: set[str] = set()
     for i, profile in enumerate(profiles):

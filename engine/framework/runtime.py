@@ -6,6 +6,10 @@ reserve → permit. Node selection is deterministic: the highest total score win
 are broken by a rotation derived from the pod's name (a stable hash), so equal nodes are
 spread across pods yet every replay picks the same one.
 
+With ``percentageOfNodesToScore`` set, only the first feasible nodes of a scan are
+scored (:mod:`engine.framework.sample`): the shape caches keep every node's verdict and
+local score, and the sample masks them per attempt.
+
 Filters that read pods on other nodes (inter-pod affinity, spread constraints) say
 which pods they apply to (``applies``): a pod none applies to never runs them, and one
 some apply to keeps its shape's cached local verdicts and scores, their verdict ANDed on
@@ -49,6 +53,7 @@ from engine.framework.results import (
     full_scores,
     select,
 )
+from engine.framework.sample import nodes_to_find, sample
 from engine.framework.status import SUCCESS, Code, Status
 from engine.model.changes import EVERY, ClusterEvent
 from engine.model.pods import PodInfo
@@ -520,6 +525,7 @@ class Framework:
         if verdict is not None and verdict.error:
             status = Status(Code.ERROR, (verdict.error,), verdict.plugin)
             return Attempt(-1, status, diagnosis=Diagnosis(nodes=len(state.index), status=status))
+        feasible = self._sampled(feasible, pod, state, verdict is not None)
         passed = feasible
         if verdict is not None and verdict.mask is not None:
             feasible = feasible & verdict.mask
@@ -574,6 +580,18 @@ class Framework:
                     done.unreserve(cycle, pod, state, slot)
                 return Attempt(-1, status.with_plugin(permit.name), diagnosis=diagnosis)
         return Attempt(slot, SUCCESS, best, diagnosis, self._choose_cards(pod, state, slot))
+
+    def _sampled(self, feasible: Bools, pod: PodInfo, state: ClusterState, asked: bool) -> Bools:
+        """The feasible nodes kube-scheduler would score under the profile's
+        ``percentageOfNodesToScore`` (all of them when unset): see
+        :mod:`engine.framework.sample`. ``asked``: extenders judge the pod."""
+        percentage = self.profile.percentage_of_nodes_to_score
+        if percentage is None:
+            return feasible
+        find = nodes_to_find(percentage, len(state.index))
+        if not self.scores and not asked:
+            find = 1  # nothing to compare: kube-scheduler stops at the first
+        return sample(feasible, state, find, pod.tiebreak)
 
     def _choose_cards(self, pod: PodInfo, state: ClusterState, slot: int) -> tuple[int, ...] | None:
         if pod.gpu is None:

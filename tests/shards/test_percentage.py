@@ -1,0 +1,47 @@
+"""``percentageOfNodesToScore`` in whole runs: honoured per shard, replayed exactly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.shards.coordinator_kit import shoal
+from tests.shards.scenario_text import node, pod
+
+CONFIG = """
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+percentageOfNodesToScore: 10
+---"""
+
+
+def scenario(sampled: bool) -> str:
+    """800 nodes of 4 cpus and one of 64 (the roomiest, where the exact default puts
+    every pod); 12 pods of 1 cpu. Sampled, each shard scans 100 of its nodes per pod
+    (10 per cent of 800 is 80, raised to the minimum of 100), so most pods never see the
+    big one."""
+    text = CONFIG if sampled else ""
+    text += "".join(node(f"n{i:03}", cpu=4) for i in range(800)) + node("big", cpu=64)
+    return text + "".join(pod(f"p{i}", cpu="1") for i in range(12))
+
+
+def on_big(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, shards: int) -> int:
+    tmp_path.mkdir()
+    data, _ = shoal(tmp_path, capsys, text, shards)  # with replay --verify
+    nodes = [p["node"] for p in data["pods"].values()]
+    assert None not in nodes
+    return nodes.count("big")
+
+
+@pytest.mark.parametrize("shards", [1, 2, 4])
+def test_sampled_runs_replay_and_pass_the_best_node_by(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
+) -> None:
+    """Exact (unset), one shard puts every pod on the big node (at two, the pods the
+    router sends to the other shards cannot reach it); sampled, fewer pods see it."""
+    exact = on_big(tmp_path / "exact", capsys, scenario(sampled=False), shards)
+    sampled = on_big(tmp_path / "sampled", capsys, scenario(sampled=True), shards)
+    if shards == 1:
+        assert exact == 12
+    assert sampled < exact
