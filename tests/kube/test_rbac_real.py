@@ -132,7 +132,9 @@ async def test_binder_and_ingest_need_nothing_beyond_their_roles(
 
         await eventually(nominated, timeout=60)
         assert _node_of(server, "urgent") is None
-        for name in ("low-0", "low-1"):
+        # the victims, in kube-scheduler's order: the lowest highest priority first, so
+        # the gang's members (priority 0) rather than the two priority-100 pods
+        for name in ("w0", "w1", "low-0", "low-1"):
             found = server.get("Pod", name, "default") or {}
             if found.get("metadata", {}).get("deletionTimestamp"):
                 server.remove("Pod", name, "default")  # the kubelet, done with a victim
