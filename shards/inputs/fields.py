@@ -5,6 +5,7 @@ document."""
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
@@ -73,6 +74,23 @@ def _name(meta: Mapping[str, Any], where: str) -> str:
     if not name or len(name) > MAX_NAME or "/" in name or name.strip() != name:
         raise InputError(f"invalid name {shown(name)}", location=f"{where}.name")
     return name
+
+
+def identity(obj: Mapping[str, Any], kind: str) -> tuple[Mapping[str, Any], str, str, str]:
+    """A workload object's metadata, name, namespace and uid; without a uid of its own,
+    a stable one made from ``kind`` (as ``Kind.group`` or ``Kind``), namespace and name,
+    so that a scenario read twice names the same objects."""
+    meta = _map(obj.get("metadata"), "metadata", required=True)
+    name = _name(meta, "metadata")
+    namespace = meta.get("namespace", "default")
+    if not isinstance(namespace, str) or not namespace or "/" in namespace:
+        raise InputError(f"invalid namespace {shown(namespace)}", location="metadata.namespace")
+    uid = meta.get("uid")
+    if uid is None:
+        uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"shoal:{kind}/{namespace}/{name}"))
+    elif not isinstance(uid, str):
+        raise InputError("must be a string", location="metadata.uid")
+    return meta, name, namespace, uid
 
 
 def _seconds(value: Any, where: str, *, positive: bool) -> int:

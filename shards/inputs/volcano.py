@@ -23,15 +23,14 @@ an error.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping
 from typing import Any, Final
 
 from events.errors import InputError
 from shards.inputs.controllers import Expansion, Workload, prefixed
-from shards.inputs.fields import _list
+from shards.inputs.fields import _list, identity
 from shards.inputs.limits import MAX_MIN_MEMBER, MAX_OBJECTS, shown
-from shards.inputs.objects import ARRIVE_AT, _map, _name, _string_map, pod_spec
+from shards.inputs.objects import ARRIVE_AT, _map, _string_map, pod_spec
 from shards.inputs.podfields import check_spelling
 
 API_VERSION: Final = "batch.volcano.sh/v1alpha1"
@@ -103,16 +102,7 @@ def volcano_job(
     """The PodGroup and pods of one Volcano Job created at ``at`` (ns): at most
     ``budget`` documents, else an :class:`InputError` naming the count's field."""
     out = Expansion()
-    meta = _map(obj.get("metadata"), "metadata", required=True)
-    name = _name(meta, "metadata")
-    namespace = meta.get("namespace", "default")
-    if not isinstance(namespace, str) or not namespace or "/" in namespace:
-        raise InputError(f"invalid namespace {shown(namespace)}", location="metadata.namespace")
-    uid = meta.get("uid")
-    if uid is None:
-        uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"shoal:Job.batch.volcano.sh/{namespace}/{name}"))
-    elif not isinstance(uid, str):
-        raise InputError("must be a string", location="metadata.uid")
+    meta, name, namespace, uid = identity(obj, "Job.batch.volcano.sh")
     annotations = _string_map(meta.get("annotations"), "metadata.annotations")
     spec = _map(obj.get("spec"), "spec", required=True)
     _fields(spec, _ACTED, _WARNED, "spec", out.warnings, _INERT)

@@ -47,7 +47,6 @@ field shoal reads but does not act on gives a warning; an unknown field is an er
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -65,14 +64,13 @@ from shards.inputs.controllers import (
     stateful_pods,
     template_hash,
 )
-from shards.inputs.fields import _list
+from shards.inputs.fields import _list, identity
 from shards.inputs.limits import shown
 from shards.inputs.objects import (
     ARRIVE_AT,
     OWNER_SELECTOR,
     RUNTIME,
     _map,
-    _name,
     _string_map,
     pod_spec,
 )
@@ -187,16 +185,7 @@ def _read(
     obj: Mapping[str, Any], classes: Mapping[str, int], warnings: list[tuple[str, str]]
 ) -> Workload:
     kind = str(obj["kind"])
-    meta = _map(obj.get("metadata"), "metadata", required=True)
-    name = _name(meta, "metadata")
-    namespace = meta.get("namespace", "default")
-    if not isinstance(namespace, str) or not namespace or "/" in namespace:
-        raise InputError(f"invalid namespace {shown(namespace)}", location="metadata.namespace")
-    uid = meta.get("uid")
-    if uid is None:
-        uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"shoal:{kind}/{namespace}/{name}"))
-    elif not isinstance(uid, str):
-        raise InputError("must be a string", location="metadata.uid")
+    meta, name, namespace, uid = identity(obj, kind)
     _string_map(meta.get("annotations"), "metadata.annotations")
     spec = _map(obj.get("spec"), "spec", required=True)
     known = (*_ACTED[kind], *_INERT[kind], *_WARNED[kind])
