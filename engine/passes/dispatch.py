@@ -61,6 +61,13 @@ class Dispatch(Protocol):
         bind); the state already forgot it."""
         ...
 
+    def rolled_back(self, p: SchedulingPass, group: str, reason: str) -> None:
+        """Gang ``group`` was rolled back (Pending again; each placed member was taken
+        back first, through :meth:`unbound`). Members of it handed on alone while it ran
+        and not answered yet must be let go too, by whoever they were handed to: they
+        wait with the gang now. Called once per rollback, after the gang is Pending."""
+        ...
+
     def first(self, p: SchedulingPass) -> list[str]:
         """Units to attempt before the queue, in order (a preemptor whose victims are
         gone: the room they left is its own, as when one scheduler evicts and places in
@@ -81,6 +88,9 @@ class Local:
 
     def unbound(self, p: SchedulingPass, event: PodUnbound) -> None:
         p.out.append(event)
+
+    def rolled_back(self, p: SchedulingPass, group: str, reason: str) -> None:
+        pass  # nothing is handed on from an engine that owns its nodes
 
     def first(self, p: SchedulingPass) -> list[str]:
         return []

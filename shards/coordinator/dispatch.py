@@ -298,6 +298,11 @@ class ShardDispatch:
         parts let them go (and unbind what they bound)."""
         self.c.take_back(event)
 
+    def rolled_back(self, p: SchedulingPass, group: str, reason: str) -> None:
+        """The view rolled back ``group``: members handed to shards alone and not
+        answered yet are let go there too (:meth:`Coordinator.recall`)."""
+        self.c.recall(group, reason)
+
     # ------------------------------------------------------------------ commit
 
     def commit(self, p: SchedulingPass, statement: Statement | None, placed: Placed) -> bool:
