@@ -19,7 +19,7 @@ partitions and to the control partition). A restarted coordinator folds its part
 again, re-running each recorded pass where it ran, and appends only what is missing;
 ``replay --verify`` does the same and compares.
 
-Why one module of about 700 lines: the fold of every record kind and the pass are one
+Why one module of about 800 lines: the fold of every record kind and the pass are one
 state machine over the same state (view, flights, claims, evictions); where a concern
 stands alone it has its module (dispatch, choice, flights, routing, snapshot).
 """
@@ -458,8 +458,10 @@ class Coordinator:
         del self.claims[claim.rid]
         for pod in claim.pods:
             held = self.held_by.get(pod)
-            if held is not None and held.pop(claim.rid, 0) is None and not held:
-                del self.held_by[pod]
+            if held is not None and claim.rid in held:
+                del held[claim.rid]
+                if not held:
+                    del self.held_by[pod]
 
     def _unclaim(self, key: str) -> None:
         """``key`` no longer holds its place under its claim; a committed claim none of

@@ -1,6 +1,7 @@
 """A shard's side of the coordinator's protocol: reservation parts granted, held,
 committed, expiring and aborted on a shard's engine fed record by record, and binds that
-fail (a member handed back, a gang rolled back whole only below ``minMember``)."""
+fail (a member handed back, a gang rolled back whole only below ``minMember``, and with
+it the members still on their way to a shard alone)."""
 
 from __future__ import annotations
 
@@ -370,7 +371,8 @@ def test_a_rollback_lets_go_of_a_member_still_on_its_way_to_its_shard(timed_out:
     assert not sent(control.report(1, *let_go), ReservationRequested)  # shard 0 holds m1
     out = control.report(0, *shard0(*[e for p, e in rollback if p == 0], time=6))
     requests = sent(out, ReservationRequested)
-    if timed_out:
-        assert control.coordinator.claims == {} and requests == []
+    if timed_out:  # nothing left of the gang on either side
+        assert control.coordinator.claims == {} and control.coordinator.held_by == {}
+        assert requests == [] and shard0.engine.state.pods == {}
     else:  # both have let go: the gang is placed again, whole
         assert {p.key for _, r in requests for p in r.pods} == {"ml/m0", "ml/m1", "ml/m2"}
