@@ -116,6 +116,13 @@ class Dispatch(Protocol):
         bind); the state already forgot it."""
         ...
 
+    def rolled_back(self, p: PassContext, group: str, reason: str) -> None:
+        """Gang ``group`` was rolled back (Pending again; each placed member was taken
+        back first, through :meth:`unbound`). Members of it handed on alone while it ran
+        and not answered yet must be let go too, by whoever they were handed to: they
+        wait with the gang now. Called once per rollback, after the gang is Pending."""
+        ...
+
     def first(self, p: PassContext) -> list[str]:
         """Units to attempt before the queue, in order (a preemptor whose victims are
         gone: the room they left is its own, as when one scheduler evicts and places in

@@ -25,6 +25,9 @@ class Local:
     def unbound(self, p: PassContext, event: PodUnbound) -> None:
         p.out.append(event)
 
+    def rolled_back(self, p: PassContext, group: str, reason: str) -> None:
+        pass  # nothing is handed on from an engine that owns its nodes
+
     def first(self, p: PassContext) -> list[str]:
         return []
 

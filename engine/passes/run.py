@@ -289,6 +289,7 @@ class SchedulingPass:
                 unbound(e, event)
                 self.dispatch.unbound(self, event)
             e.pending_again(group, f"rolled back: {reason}")
+            self.dispatch.rolled_back(self, key, f"gang {key} rolled back: {reason}")
             e.group_changes[key] = None
             e.dirty[group_unit(key)] = None
         e.broken.clear()

@@ -19,7 +19,7 @@ partitions and to the control partition). A restarted coordinator folds its part
 again, re-running each recorded pass where it ran, and appends only what is missing;
 ``replay --verify`` does the same and compares.
 
-Why one module of about 700 lines: the fold of every record kind and the pass are one
+Why one module of about 800 lines: the fold of every record kind and the pass are one
 state machine over the same state (view, flights, claims, evictions); where a concern
 stands alone it has its module (dispatch, choice, flights, routing, snapshot).
 """
@@ -454,6 +454,18 @@ class Coordinator:
         flight = self.flights.get(key) or self.flights.get(unit)
         return flight.shard if flight is not None else None
 
+    def _forget_claim(self, claim: Claim) -> None:
+        """``claim`` is over (every part closed, or none of its pods holds it): forget it,
+        and that its pods were held under it (a pod the view rejected meanwhile, its gang
+        timed out, is gone from the view and would keep that record for good)."""
+        del self.claims[claim.rid]
+        for pod in claim.pods:
+            held = self.held_by.get(pod)
+            if held is not None and claim.rid in held:
+                del held[claim.rid]
+                if not held:
+                    del self.held_by[pod]
+
     def _unclaim(self, key: str) -> None:
         """``key`` no longer holds its place under its claim; a committed claim none of
         whose pods does is over."""
@@ -464,7 +476,7 @@ class Coordinator:
             and claim.stage == COMMITTED
             and not any(self.claim_of.get(pod) == rid for pod in claim.pods)
         ):
-            del self.claims[claim.rid]
+            self._forget_claim(claim)
 
     def _left_part(self, key: str, rid: str | None = None) -> None:
         """Pod ``key`` left the part of claim ``rid`` (None: of every claim) on its
@@ -487,7 +499,7 @@ class Coordinator:
                         del claim.open[shard]
                         claim.granted.pop(shard, None)
             if not claim.open:
-                del self.claims[claim.rid]
+                self._forget_claim(claim)
         if not held:
             del self.held_by[key]
 
@@ -644,7 +656,7 @@ class Coordinator:
         if claim.stage in (PREPARING, COMMITTED):
             self._abort(claim, f"shard {shard}: {event.reason}")
         if not claim.open:
-            del self.claims[claim.rid]
+            self._forget_claim(claim)
 
     def _abort(self, claim: Claim, reason: str) -> None:
         """Abort every open part; take back what the view placed; queue the unit again."""
@@ -665,16 +677,23 @@ class Coordinator:
         if group is not None and group.phase == SCHEDULED:
             engine.pending_again(group, f"pod group {group.key}: {reason}")
             engine.group_changes[group.key] = None
+        if group is not None:
+            self.recall(group.key, f"pod group {group.key}: {reason}")
         unit = claim.unit
         if group is None and unit in engine.pods:
             unit = engine.unit_of(unit)
         self._requeue(unit, hard=True, backoff=True)
 
     def _unbound(self, event: PodUnbound) -> None:
+        """A shard unbound a pod on its own (its part was let go there): so does the view;
+        a gang that falls below minMember by it is Pending again."""
         engine = self.engine
         if engine.bindings.get(event.pod) == event.decision_id:
             self.claim_of.pop(event.pod, None)
             engine.apply_decision(event)
+            pod = engine.pods.get(event.pod)
+            if pod is not None and pod.spec.group:
+                self.recall(pod.spec.group, event.reason)
 
     def _take_over(self, event: PoolHandedOver) -> None:
         engine = self.engine
@@ -717,13 +736,41 @@ class Coordinator:
         if not event.decision_id.startswith(head):
             return
         claim = self.claims.get(event.decision_id[len(head) :])
-        if claim is not None and claim.stage != ABORTING:
-            claim.advance(ABORTING)
-            self.counters["aborted"] += 1
-            for shard in sorted(claim.open):
-                self.send(shard, ReservationAborted(rid=claim.rid, reason=event.reason))
-            if not claim.open:
-                del self.claims[claim.rid]
+        if claim is not None:
+            self._let_go(claim, event.reason)
+
+    def recall(self, group: str, reason: str) -> None:
+        """Gang ``group`` is Pending again (rolled back, or a part of it aborted): its
+        members handed to a shard alone while it ran (each under a part of its own),
+        not answered yet, are let go there too, as its placed members are: their parts
+        are aborted (a shard that has bound one already unbinds it) and each waits with
+        the gang, which waits until those shards have let go
+        (:meth:`ShardDispatch._still_held`). Left to run, such a member would run the
+        gang in part; and once the gang timed out (its pending members rejected) the
+        shard would hold a pod the coordinator has forgotten."""
+        info = self.engine.groups.get(group)
+        if info is None or info.phase != PENDING:
+            return
+        for member in list(info.members):
+            flight = self.flights.get(member)
+            if flight is None or not flight.rid:
+                continue
+            self.land(member)
+            claim = self.claims.get(flight.rid)
+            if claim is not None:
+                self._let_go(claim, reason)
+
+    def _let_go(self, claim: Claim, reason: str) -> None:
+        """Abort every open part of ``claim``, once (the shards answer, and the claim is
+        forgotten with the last answer)."""
+        if claim.stage == ABORTING:
+            return
+        claim.advance(ABORTING)
+        self.counters["aborted"] += 1
+        for shard in sorted(claim.open):
+            self.send(shard, ReservationAborted(rid=claim.rid, reason=reason))
+        if not claim.open:
+            self._forget_claim(claim)
 
     def _timeouts(self) -> None:
         """Claims not granted within the reservation time-out are aborted; a preemption

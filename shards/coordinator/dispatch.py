@@ -104,6 +104,8 @@ class Coordinating(Protocol):
 
     def nominations_under_way(self) -> bool: ...
 
+    def recall(self, group: str, reason: str) -> None: ...
+
     def cached(self, key: tuple[object, ...], compute: Callable[[], T]) -> T: ...
 
     def feasible_counts(self, feasible: Bools) -> list[int]: ...
@@ -349,6 +351,11 @@ class ShardDispatch:
         """The view rolled back a gang (a member's bind failed): the shards holding its
         parts let them go (and unbind what they bound)."""
         self.c.take_back(event)
+
+    def rolled_back(self, p: PassContext, group: str, reason: str) -> None:
+        """The view rolled back ``group``: members handed to shards alone and not
+        answered yet are let go there too (:meth:`Coordinator.recall`)."""
+        self.c.recall(group, reason)
 
     # ------------------------------------------------------------------ commit
 

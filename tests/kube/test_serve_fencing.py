@@ -100,8 +100,7 @@ def _bound(apiserver: Any, names: list[str]) -> bool:
     )
 
 
-@pytest.mark.slow
-@pytest.mark.real_kube
+@pytest.mark.real_kube  # the split-brain check: in the suite, not behind the slow marker
 async def test_a_frozen_coordinator_is_fenced_when_it_resumes(
     apiserver: Any, tmp_path: Path
 ) -> None:

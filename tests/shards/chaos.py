@@ -295,6 +295,22 @@ def leaked_reservations(result: ChaosResult) -> list[str]:
     return leaks
 
 
+def unknown_to_the_coordinator(result: ChaosResult) -> list[str]:
+    """Pods a shard holds on a node that the coordinator's view does not place there
+    (the room they take on that shard stays taken, and the coordinator plans that node
+    as free)."""
+    view = result.control.engine.state
+    unknown = []
+    for engine in result.engines:
+        for key, placed in engine.state.pods.items():
+            node = engine.state.names[placed.slot]
+            seen = view.pods.get(key)
+            if seen is None or view.names[seen.slot] != node:
+                where = "nowhere" if seen is None else view.names[seen.slot]
+                unknown.append(f"shard {engine.shard}: {key} on {node}, coordinator: {where}")
+    return unknown
+
+
 def describe(result: ChaosResult) -> str:
     return json.dumps({"restarts": result.restarts, "lost": result.lost, **result.report.counts()})
 

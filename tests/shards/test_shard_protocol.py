@@ -1,6 +1,7 @@
 """A shard's side of the coordinator's protocol: reservation parts granted, held,
 committed, expiring and aborted on a shard's engine fed record by record, and binds that
-fail (a member handed back, a gang rolled back whole only below ``minMember``)."""
+fail (a member handed back, a gang rolled back whole only below ``minMember``, and with
+it the members still on their way to a shard alone)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ from events.types import (
     PodBound,
     PodGroupSubmitted,
     PodHandedBack,
+    PodRejected,
     PodRouted,
+    PodSubmitted,
     PodSucceeded,
     PodUnbound,
     ReservationAborted,
@@ -36,13 +39,16 @@ from shards.cluster import SimulatedCluster
 from tests.builders import make_node, make_pod
 from tests.shards.coordinator_kit import (
     SHARDS,
+    Control,
     Shard,
     at,
     bound,
     handed_to_shard,
     live_bindings,
     only,
+    pinned,
     records,
+    sent,
     simulated,
 )
 
@@ -316,3 +322,57 @@ def test_a_part_whose_only_pod_failed_to_bind_is_forgotten_once_the_pod_ran() ->
     shard(done, time=9)
     assert shard.engine.reservations == {} and shard.engine.groups == {}
     assert control.coordinator.claims == {}
+
+
+@pytest.mark.parametrize("timed_out", [False, True], ids=["in-time", "timed-out"])
+def test_a_rollback_lets_go_of_a_member_still_on_its_way_to_its_shard(timed_out: bool) -> None:
+    """Gang ``ml/g`` (minMember 2, 5 s to run) is handed whole to shard 0 and granted;
+    ``m2``, a member beyond minMember that only pool pb's node fits, is handed to shard 1
+    alone, under a part of its own. Before shard 1 answers, ``m0`` fails to bind: the
+    gang is rolled back, and ``m2``'s part is aborted in the same pass, as ``m1``'s
+    binding is taken back. Past the gang's time-out the gang fails in that pass too
+    (its pending members rejected): shard 1, which grants and binds ``m2`` meanwhile,
+    must still let it go, or it would hold a pod the coordinator has forgotten. In time,
+    the gang waits until both shards have let go."""
+    control = Control(pinned(2, pa=0, pb=1))
+    a0 = make_node("a0").cpu("8").gpu(2).label(POOL_LABEL, "pa").added()
+    b0 = make_node("b0").cpu("8").gpu(2).label(POOL_LABEL, "pb").added()
+    control.input(a0, b0)
+
+    def member(i: int, pool: str) -> PodSubmitted:
+        spec = make_pod(f"m{i}", "ml").cpu("1").gpu(1).member("ml/g").selector(**{POOL_LABEL: pool})
+        return spec.submitted()
+
+    gang = GroupSpec(namespace="ml", name="g", min_member=2, timeout=5 * SECOND)
+    out = control.input(PodGroupSubmitted(group=gang), member(0, "pa"), member(1, "pa"))
+    partition, whole = only(out, ReservationRequested)
+    assert partition == 0 and whole.at_once
+    shard0, shard1 = Shard(a0), Shard(b0)
+    grant, *binds = shard0(whole)
+    assert isinstance(grant, ReservationGranted) and len(binds) == 2
+    control.report(0, grant)
+    partition, alone = only(control.input(member(2, "pb"), time=1), ReservationRequested)
+    assert partition == 1 and [p.key for p in alone.pods] == ["ml/m2"]
+    m0 = next(b for b in binds if isinstance(b, PodBound) and b.pod == "ml/m0")
+    failed = BindFailed(pod="ml/m0", node="a0", decision_id=m0.decision_id, reason="409")
+    (handback,) = shard0(failed, producer="binder", time=2)
+    rollback = control.report(0, handback, time=6 if timed_out else 2)
+    aborts = {(p, e.rid) for p, e in sent(rollback, ReservationAborted)}
+    assert aborts == {(0, whole.rid), (1, alone.rid)}
+    assert not sent(rollback, ReservationRequested)
+    assert bool(sent(rollback, PodRejected)) == timed_out
+    # shard 1 took the part on before the abort reached it: it lets go of what it bound
+    granted, bound_m2 = shard1(alone, time=2)
+    assert isinstance(granted, ReservationGranted) and isinstance(bound_m2, PodBound)
+    assert not sent(control.report(1, granted), ReservationRequested)  # too late: ignored
+    let_go = shard1(*[e for p, e in rollback if p == 1], time=6)
+    assert [type(e) for e in let_go] == [PodUnbound, ReservationReleased]
+    assert shard1.engine.state.pods == {}
+    assert not sent(control.report(1, *let_go), ReservationRequested)  # shard 0 holds m1
+    out = control.report(0, *shard0(*[e for p, e in rollback if p == 0], time=6))
+    requests = sent(out, ReservationRequested)
+    if timed_out:  # nothing left of the gang on either side
+        assert control.coordinator.claims == {} and control.coordinator.held_by == {}
+        assert requests == [] and shard0.engine.state.pods == {}
+    else:  # both have let go: the gang is placed again, whole
+        assert {p.key for _, r in requests for p in r.pods} == {"ml/m0", "ml/m1", "ml/m2"}
