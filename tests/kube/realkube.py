@@ -1,6 +1,6 @@
 """A real kube-apiserver with etcd for the end-to-end tests of ``tests/kube/`` and
-``tests/deploy/``: v1.20 (:data:`V1_20`) and v1.37 (:data:`V1_37`, with kube-scheduler,
-kubectl and kustomize).
+``tests/deploy/``: v1.20 (:data:`V1_20`) and v1.37 (:data:`V1_37`, with kube-scheduler
+and kustomize).
 
 Built once by ``./dev kube build`` into ``$SHOAL_REALKUBE`` (by default
 ``${XDG_CACHE_HOME:-~/.cache}/shoal/realkube-v1.20.2``) and ``$SHOAL_REALKUBE137``
@@ -74,7 +74,7 @@ V1_20 = Build(
 V1_37 = Build(
     "v1.37.2",
     _cache("SHOAL_REALKUBE137", "v1.37.2"),
-    tuple(f"bin/{b}" for b in ("kube-apiserver", "kube-scheduler", "kubectl", "etcd", "kustomize")),
+    tuple(f"bin/{b}" for b in ("kube-apiserver", "kube-scheduler", "etcd", "kustomize")),
 )
 BUILDS = {"v1.20": V1_20, "v1.37": V1_37}
 DEFAULT = BUILDS.get(os.environ.get("SHOAL_KUBE") or "v1.20", V1_20)

@@ -41,8 +41,8 @@ wait_ready() {
 }
 
 # the v1.37 build has its own etcd in bin/; v1.20 has Debian's, and flags v1.37 dropped
-if [[ -x $RK/bin/etcd ]]; then
-  ETCD=$RK/bin/etcd; LEGACY=()
+if [[ -x $RK/bin/etcd ]]; then   # (v1.37 refuses a loopback address for the endpoints)
+  ETCD=$RK/bin/etcd; LEGACY=(--endpoint-reconciler-type=none)
 else
   ETCD=$RK/opt/usr/bin/etcd; LEGACY=(--insecure-port=0 --logtostderr=true)
 fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the Kubernetes v1.37.2 control plane the tests run against, from Go modules:
-# kube-apiserver, kube-scheduler and kubectl (module k8s.io/kubernetes, its staging modules
+# kube-apiserver and kube-scheduler (module k8s.io/kubernetes, its staging modules
 # pinned to v0.37.2 by the replace lines of go.mod beside this file, as scheduler-plugins
 # builds its kube-scheduler), etcd (go.etcd.io/etcd/server/v3, whose root package is the
 # etcd binary) and kustomize (sigs.k8s.io/kustomize/kustomize/v5), all into $RK/bin.
@@ -10,10 +10,10 @@
 set -euo pipefail
 RK=${RK:?RK: the cache directory to build in}
 HERE=$(cd "$(dirname "$0")" && pwd)
-BINARIES=(kube-apiserver kube-scheduler kubectl etcd kustomize)
+BINARIES=(kube-apiserver kube-scheduler etcd kustomize)
+# (kubectl, not needed by the tests, would add half as many packages again)
 PACKAGES=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler
-          k8s.io/kubernetes/cmd/kubectl go.etcd.io/etcd/server/v3
-          sigs.k8s.io/kustomize/kustomize/v5)
+          go.etcd.io/etcd/server/v3 sigs.k8s.io/kustomize/kustomize/v5)
 STEP=""
 step() { STEP=$1; echo "==> [$(date -u +%H:%M:%S)] $1"; }
 trap 'echo "error: realkube v1.37 build failed at: $STEP (log above; rerun ./dev kube build to resume)" >&2' ERR
@@ -45,7 +45,7 @@ if ! "$GO" mod download; then
 fi
 
 step "3/3 go build ${BINARIES[*]} (the long step)"
-# one build: the five share most packages; into a temporary folder, moved at the end, so
+# one build: the four share most packages; into a temporary folder, moved at the end, so
 # that a binary in $RK/bin is always a whole one
 rm -rf "$RK/bin.new" && mkdir "$RK/bin.new"
 # the version the binaries report (hack/lib/version.sh sets the same variables)
@@ -59,6 +59,6 @@ mv "$RK/bin.new/server" "$RK/bin.new/etcd"   # go.etcd.io/etcd/server/v3 builds 
 for b in "${BINARIES[@]}"; do mv "$RK/bin.new/$b" "$RK/bin/$b"; done
 rmdir "$RK/bin.new"
 "$RK/bin/kube-apiserver" --version
-"$RK/bin/etcd" --version | head -1
+"$RK/bin/etcd" --version | sed -n 1p   # (head would end etcd by SIGPIPE)
 "$RK/bin/kustomize" version
 echo "==> [$(date -u +%H:%M:%S)] done: ${BINARIES[*]} in $RK/bin"
