@@ -8,7 +8,7 @@ COPY shards shards
 COPY loadtest loadtest
 RUN pip install --no-cache-dir . && useradd --uid 10001 --no-create-home shoal
 USER 10001
-# the shards' compiled resource kernel is cached here (an emptyDir in deploy/shards.yaml)
+# the shards' compiled resource kernel is cached here (an emptyDir in deploy/base/shards.yaml)
 ENV NUMBA_CACHE_DIR=/tmp/numba-cache
 ENTRYPOINT []
 CMD ["shoal", "--help"]

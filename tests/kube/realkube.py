@@ -1,11 +1,14 @@
-"""A real kube-apiserver v1.20 with etcd for the end-to-end tests of ``tests/kube/``.
+"""A real kube-apiserver with etcd for the end-to-end tests of ``tests/kube/`` and
+``tests/deploy/``: v1.20 (:data:`V1_20`) and v1.37 (:data:`V1_37`, with kube-scheduler
+and kustomize).
 
 Built once by ``./dev kube build`` into ``$SHOAL_REALKUBE`` (by default
-``${XDG_CACHE_HOME:-~/.cache}/shoal/realkube-v1.20.2``), started here on 127.0.0.1 on
-free ports for the test session (``tools/realkube/start.sh``), stopped at its end by the
-PIDs it recorded. Tests marked ``real_kube`` run against it as well as against the
-in-repo server; without the build they are skipped, saying why, unless
-``SHOAL_REAL_KUBE=1`` demands them (then its absence is an error).
+``${XDG_CACHE_HOME:-~/.cache}/shoal/realkube-v1.20.2``) and ``$SHOAL_REALKUBE137``
+(``.../realkube-v1.37.2``), started here on 127.0.0.1 on free ports for the test
+session (``tools/realkube/start.sh``), stopped at its end by the PIDs it recorded.
+Tests marked ``real_kube`` run against it as well as against the in-repo server;
+without the build they are skipped, saying why, unless ``SHOAL_REAL_KUBE=1`` demands
+them (then its absence is an error: :func:`require`).
 
 :class:`RealApiServer` offers what the tests use of ``FakeApiServer``: ``put``, ``get``,
 ``remove``, ``all`` as synchronous calls (the tests make them between awaits; a short
@@ -24,22 +27,60 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.kube.apiserver import KINDS, Kind
 
 JSON = dict[str, Any]
 ROOT = Path(__file__).resolve().parents[2]
-VERSION = "v1.20.2"
-CACHE = Path(
-    os.environ.get("SHOAL_REALKUBE")
-    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    / "shoal"
-    / f"realkube-{VERSION}"
+
+
+def _cache(variable: str, version: str) -> Path:
+    return Path(
+        os.environ.get(variable)
+        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        / "shoal"
+        / f"realkube-{version}"
+    )
+
+
+@dataclass(frozen=True)
+class Build:
+    """One build of the control plane in the cache: where, and the binaries it has."""
+
+    version: str
+    cache: Path
+    binaries: tuple[str, ...]
+
+    def missing(self) -> str | None:
+        """Why this build cannot run here, or None."""
+        for binary in self.binaries:
+            if not (self.cache / binary).is_file():
+                return f"no real Kubernetes {self.version} built in {self.cache} (./dev kube build)"
+        return None
+
+    def binary(self, name: str) -> Path:
+        return self.cache / "bin" / name
+
+
+V1_20 = Build(
+    "v1.20.2", _cache("SHOAL_REALKUBE", "v1.20.2"), ("bin/kube-apiserver", "opt/usr/bin/etcd")
 )
+V1_37 = Build(
+    "v1.37.2",
+    _cache("SHOAL_REALKUBE137", "v1.37.2"),
+    tuple(f"bin/{b}" for b in ("kube-apiserver", "kube-scheduler", "etcd", "kustomize")),
+)
+BUILDS = {"v1.20": V1_20, "v1.37": V1_37}
+DEFAULT = BUILDS.get(os.environ.get("SHOAL_KUBE") or "v1.20", V1_20)
+"""The build the tests of tests/kube/ run against: v1.20, or ``SHOAL_KUBE=v1.37``."""
+VERSION = DEFAULT.version
+CACHE = DEFAULT.cache
 TOKEN = "admin-token-0123456789"
 WITH_STATUS = {"Pod", "PodGroup", "PodDisruptionBudget", "ElasticQuota"}
 """Kinds whose status is written through the status subresource only."""
@@ -47,11 +88,21 @@ EMPTIED = ["Pod", "Event", "PodGroup", "ElasticQuota", "PodDisruptionBudget", "L
 
 
 def missing() -> str | None:
-    """Why the real server cannot run here, or None."""
-    for binary in ("bin/kube-apiserver", "opt/usr/bin/etcd"):
-        if not (CACHE / binary).is_file():
-            return f"no real kube-apiserver built in {CACHE} (./dev kube build)"
-    return None
+    """Why the real server of tests/kube/ cannot run here, or None."""
+    if (os.environ.get("SHOAL_KUBE") or "v1.20") not in BUILDS:
+        return f"SHOAL_KUBE={os.environ['SHOAL_KUBE']}: expected one of {sorted(BUILDS)}"
+    return DEFAULT.missing()
+
+
+def require(build: Build) -> None:
+    """Skip the test, saying why, when ``build`` is not there; fail instead when
+    ``SHOAL_REAL_KUBE=1`` demands the real server (CI builds it first)."""
+    why = build.missing()
+    if why is None:
+        return
+    if os.environ.get("SHOAL_REAL_KUBE") == "1":
+        pytest.fail(f"SHOAL_REAL_KUBE=1 but {why}")
+    pytest.skip(why)
 
 
 def _free_port() -> int:
@@ -63,9 +114,12 @@ def _free_port() -> int:
 class RealApiServer:
     """etcd + kube-apiserver started for a session; the fake's test helpers over HTTP."""
 
-    def __init__(self, run: Path, *, authorization: str = "AlwaysAllow") -> None:
+    def __init__(
+        self, run: Path, *, authorization: str = "AlwaysAllow", build: Build = DEFAULT
+    ) -> None:
         self.run = run
         self.authorization = authorization
+        self.build = build
         self.url = ""
         self.kubeconfig = str(run / "admin.kubeconfig")
         self._ssl = ssl.create_default_context()
@@ -79,7 +133,7 @@ class RealApiServer:
     def start(self) -> str:
         env = {
             **os.environ,
-            "RK": str(CACHE),
+            "RK": str(self.build.cache),
             "AUTHZ": self.authorization,
             "API_PORT": str(_free_port()),
             "ETCD_PORT": str(_free_port()),
@@ -99,10 +153,10 @@ class RealApiServer:
             self.stop()
             raise RuntimeError(f"the real kube-apiserver did not start: {done.stderr[-2000:]}")
         self.url = (self.run / "url").read_text().strip()
-        self._ssl = ssl.create_default_context(cafile=str(CACHE / "pki" / "ca.crt"))
+        self._ssl = ssl.create_default_context(cafile=str(self.build.cache / "pki" / "ca.crt"))
         for crd in sorted((ROOT / "deploy" / "crds").glob("*.yaml")):
             for doc in yaml.safe_load_all(crd.read_text()):
-                if doc:
+                if doc and doc.get("kind") == "CustomResourceDefinition":
                     self._call(
                         "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", doc
                     )
@@ -126,7 +180,7 @@ class RealApiServer:
         subprocess.run(
             ["bash", str(ROOT / "tools" / "realkube" / "start.sh"), "down", str(self.run)],
             check=False,
-            env={**os.environ, "RK": str(CACHE)},
+            env={**os.environ, "RK": str(self.build.cache)},
             capture_output=True,
             timeout=60,
         )
@@ -143,7 +197,7 @@ class RealApiServer:
                     "name": "realkube",
                     "cluster": {
                         "server": self.url,
-                        "certificate-authority": str(CACHE / "pki" / "ca.crt"),
+                        "certificate-authority": str(self.build.cache / "pki" / "ca.crt"),
                     },
                 }
             ],
@@ -171,7 +225,13 @@ class RealApiServer:
     def empty(self) -> None:
         """Delete what tests create, in every namespace (pods at once, as a kubelet)."""
         for kind_name in EMPTIED:
-            for obj in self.all(kind_name):
+            try:
+                found = self.all(kind_name)
+            except urllib.error.HTTPError as exc:
+                if exc.code != 404:  # a version this server does not serve (v1.37: PDBs'
+                    raise  # policy/v1beta1)
+                continue
+            for obj in found:
                 meta = obj["metadata"]
                 self.remove(kind_name, meta["name"], meta.get("namespace"))
         for obj in self.all("PriorityClass"):

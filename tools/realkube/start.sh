@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Start a fresh etcd 3.4 + kube-apiserver 1.20 on 127.0.0.1, or stop one.
+# Start a fresh etcd + kube-apiserver on 127.0.0.1, or stop one: v1.20 (etcd 3.4, built by
+# build.sh beside this file) or v1.37 (etcd 3.7, built by ../realkube137/build.sh), by $RK.
 #   start.sh up   RUN_DIR   -> etcd + apiserver, fresh data; writes RUN_DIR/{pids,admin.kubeconfig,url}
 #   start.sh down RUN_DIR   -> stop exactly the PIDs recorded in RUN_DIR/pids
 # Binaries under $RK (./dev kube build). Ports: $API_PORT, $ETCD_PORT, $ETCD_PEER,
 # $ETCD_METRICS (free ones are picked by ./dev kube up and the tests). $AUTHZ: AlwaysAllow
 # (default) or RBAC. A token with system:masters: admin-token-0123456789; tokens for the
-# binder and ingest ServiceAccounts' users are listed in $RK/pki/tokens.csv too.
+# binder, ingest and coordinator ServiceAccounts' users are in RUN_DIR/tokens.csv too.
 # After ../shared/tools/realkube/start.sh.
 set -euo pipefail
 RK=${RK:?RK: the cache directory the binaries were built in}
@@ -22,11 +23,7 @@ certs() {  # CA, serving cert for 127.0.0.1/localhost, service-account key, toke
   printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc,IP:10.0.0.1\n' > san.ext
   openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 -extfile san.ext -out apiserver.crt 2>/dev/null
   openssl genrsa -out sa.key 2048 2>/dev/null && openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
-  {
-    echo 'admin-token-0123456789,admin,admin,"system:masters"'
-    echo 'binder-token-0123456789,system:serviceaccount:shoal:shoal-binder,binder,"system:serviceaccounts,system:serviceaccounts:shoal"'
-    echo 'ingest-token-0123456789,system:serviceaccount:shoal:shoal-ingest,ingest,"system:serviceaccounts,system:serviceaccounts:shoal"'
-  } > tokens.csv
+  touch tokens.csv   # a marker of a whole set: the tokens are written by each start
   cd - >/dev/null
   mv "$C.tmp.$$" "$C" 2>/dev/null || rm -rf "$C.tmp.$$"   # another start made them first
 }
@@ -43,27 +40,40 @@ wait_ready() {
   echo "error: apiserver not ready after 120 s; see $RUN/apiserver.log" >&2; return 1
 }
 
+# the v1.37 build has its own etcd in bin/; v1.20 has Debian's, and flags v1.37 dropped
+if [[ -x $RK/bin/etcd ]]; then   # (v1.37 refuses a loopback address for the endpoints)
+  ETCD=$RK/bin/etcd; LEGACY=(--endpoint-reconciler-type=none)
+else
+  ETCD=$RK/opt/usr/bin/etcd; LEGACY=(--insecure-port=0 --logtostderr=true)
+fi
+
 case $cmd in
 up)
   [[ -x $RK/bin/kube-apiserver ]] || { echo "error: no kube-apiserver under $RK: run ./dev kube build" >&2; exit 2; }
   certs
   rm -rf "$RUN" && mkdir -p "$RUN"
-  "$RK/opt/usr/bin/etcd" --name default --data-dir "$RUN/etcd" \
+  {
+    echo 'admin-token-0123456789,admin,admin,"system:masters"'
+    for sa in binder ingest coordinator; do
+      echo "$sa-token-0123456789,system:serviceaccount:shoal:shoal-$sa,$sa,\"system:serviceaccounts,system:serviceaccounts:shoal\""
+    done
+  } > "$RUN/tokens.csv"
+  "$ETCD" --name default --data-dir "$RUN/etcd" \
     --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
     --listen-peer-urls "http://127.0.0.1:$ETCD_PEER" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER" \
     --initial-cluster "default=http://127.0.0.1:$ETCD_PEER" --listen-metrics-urls "http://127.0.0.1:$ETCD_METRICS" \
     > "$RUN/etcd.log" 2>&1 &
   echo "etcd $!" >> "$RUN/pids"
   "$RK/bin/kube-apiserver" --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
-    --bind-address=127.0.0.1 --secure-port="$API_PORT" --insecure-port=0 --advertise-address=127.0.0.1 \
+    --bind-address=127.0.0.1 --secure-port="$API_PORT" --advertise-address=127.0.0.1 \
     --tls-cert-file="$RK/pki/apiserver.crt" --tls-private-key-file="$RK/pki/apiserver.key" \
-    --client-ca-file="$RK/pki/ca.crt" --token-auth-file="$RK/pki/tokens.csv" \
+    --client-ca-file="$RK/pki/ca.crt" --token-auth-file="$RUN/tokens.csv" \
     --authorization-mode="$AUTHZ" \
     --service-account-issuer=https://kubernetes.default.svc \
     --service-account-key-file="$RK/pki/sa.pub" --service-account-signing-key-file="$RK/pki/sa.key" \
     --service-cluster-ip-range=10.0.0.0/24 \
     --disable-admission-plugins=ServiceAccount,TaintNodesByCondition \
-    --cert-dir="$RUN/certs" --logtostderr=true --v=1 \
+    --cert-dir="$RUN/certs" --v=1 "${LEGACY[@]}" \
     > "$RUN/apiserver.log" 2>&1 &
   echo "apiserver $!" >> "$RUN/pids"
   cat > "$RUN/admin.kubeconfig" <<EOK
