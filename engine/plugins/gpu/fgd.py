@@ -42,9 +42,10 @@ from engine.framework.cycle import CycleState
 from engine.framework.handle import Handle
 from engine.model.devices import WHOLE
 from engine.model.pods import PodInfo
-from engine.model.resources import MEMORY
+from engine.model.resources import CPU, MEMORY
 from engine.model.state import Bools, ClusterState, Ints
 from engine.plugins.gpu.cache import CachedScore, check_args, parse_tie_break
+from engine.plugins.gpu.compiled import PARAMS, REFRESH, SHARE, WHOLE_CARDS, kernel
 from engine.plugins.gpu.fragment import (
     Resolved,
     after_whole,
@@ -68,6 +69,7 @@ _ARGS: Final = frozenset({"targetWorkload", "coverage", "resolution", "tieBreak"
 RESOLUTIONS: Final = ("simulator", "exact")
 LEVELS: Final = 100
 _RELEARN_EVERY: Final = 1024
+_NO_PARAMS: Final = np.zeros(PARAMS, dtype=np.int64)
 
 
 def pod_memory(pod: PodInfo) -> int:
@@ -111,6 +113,8 @@ class GpuFragmentation(CachedScore):
         self._frag = np.zeros(0, dtype=np.int64)
         self._models = np.zeros(0, dtype=np.int64)
         self._position = 0
+        self._kernel = kernel()
+        """The compiled scoring (None: the numpy path), loaded with the plugin."""
 
     def __repr__(self) -> str:
         source = "given" if self.given is not None else f"learned from {len(self._seen)} pods"
@@ -170,10 +174,14 @@ class GpuFragmentation(CachedScore):
         )
         self._models = model_codes(state)
         slots = np.arange(state.capacity, dtype=np.int64)
-        cpu, free = node_states(state, slots)
-        self._frag = fragmentation(
-            self._shapes, cpu, free, self._models, self._memory(state, slots)
-        )
+        if self._kernel is not None:
+            self._frag = np.zeros(state.capacity, dtype=np.int64)
+            self.compiled(state, slots, REFRESH)
+        else:
+            cpu, free = node_states(state, slots)
+            self._frag = fragmentation(
+                self._shapes, cpu, free, self._models, self._memory(state, slots)
+            )
         self._position = state.journal_end
 
     def prepare(self, state: ClusterState) -> None:
@@ -181,7 +189,9 @@ class GpuFragmentation(CachedScore):
         if changed is None:
             self.reset(state)
             return
-        if changed:
+        if changed and self._kernel is not None:
+            self.compiled(state, np.array(changed, dtype=np.int64), REFRESH)
+        elif changed:
             assert self._shapes is not None
             slots = np.unique(np.array(changed, dtype=np.int64))
             cpu, free = node_states(state, slots)
@@ -230,6 +240,67 @@ class GpuFragmentation(CachedScore):
         after = fragmentation(shapes, cpu_a, free_a, models, memory)
         return after - before, np.full(slots.shape[0], -1, dtype=np.int64), free_a.sum(axis=1)
 
+    def compiled(
+        self,
+        state: ClusterState,
+        slots: Ints,
+        mode: int,
+        pod: PodInfo | None = None,
+        params: Ints | None = None,
+        pressure: Ints | None = None,
+    ) -> tuple[Ints, Ints]:
+        """:meth:`deltas` (ΔF and card; with ShoalGpu's terms where ``params`` turns
+        them on) or, for ``mode`` REFRESH, F into the per-slot cache, by the compiled
+        kernel (:mod:`engine.plugins.gpu.compiled`), which must be available."""
+        run = self._kernel
+        shapes = self._shapes
+        assert run is not None and shapes is not None
+        pod_cpu = pod_mem = milli = cards = 0
+        if pod is not None:
+            for row, amount in pod.request:
+                if row == CPU:
+                    pod_cpu = amount
+                elif row == MEMORY and shapes.memory_aware:
+                    pod_mem = amount
+            gpu = pod.gpu
+            if gpu is not None:
+                cards = gpu.cards
+                milli = gpu.need.milli
+        delta = np.zeros(slots.shape[0], dtype=np.int64)
+        card = np.full(slots.shape[0], -1, dtype=np.int64)
+        run(
+            mode,
+            slots,
+            state.free[CPU],
+            state.free[MEMORY],
+            state.cards.free,
+            self._models,
+            self._frag,
+            shapes.cpu,
+            shapes.levels,
+            shapes.level,
+            shapes.cards,
+            shapes.weight,
+            shapes.allowed,
+            shapes.gpu,
+            shapes.memory,
+            shapes.memory_aware,
+            pod_cpu,
+            pod_mem,
+            milli,
+            cards,
+            _NO_PARAMS if params is None else params,
+            _NO_PARAMS if pressure is None else pressure,
+            delta,
+            card,
+        )
+        return delta, card
+
+    def pod_mode(self, pod: PodInfo) -> int:
+        """The kernel's mode for ``pod``: SHARE for one shared card, else WHOLE_CARDS."""
+        gpu = pod.gpu
+        return SHARE if gpu is not None and not gpu.whole and gpu.cards == 1 else WHOLE_CARDS
+
     def quantised(self, delta: Ints) -> Ints:
         """The simulator's score of a change ``delta``: ``int(100 * sigmoid(-ΔF / 1000))``
         with ΔF in milli-GPU at the workload's probabilities, as integer thresholds."""
@@ -237,7 +308,10 @@ class GpuFragmentation(CachedScore):
 
     def evaluate(self, pod: PodInfo, state: ClusterState, slots: Ints) -> tuple[Ints, Ints]:
         assert self._shapes is not None
-        delta, card, _ = self.deltas(pod, state, slots)
+        if self._kernel is not None:
+            delta, card = self.compiled(state, slots, self.pod_mode(pod), pod)
+        else:
+            delta, card, _ = self.deltas(pod, state, slots)
         if self.exact:
             return self._shapes.bound - delta, card
         return self.quantised(delta), card
