@@ -45,7 +45,7 @@ from engine.model.pods import PodInfo
 from engine.model.resources import CPU, MEMORY
 from engine.model.state import Bools, ClusterState, Ints
 from engine.plugins.gpu.cache import CachedScore, check_args, parse_tie_break
-from engine.plugins.gpu.compiled import PARAMS, REFRESH, SHARE, WHOLE_CARDS, kernel
+from engine.plugins.gpu.compiled import PARAMS, REFRESH, SHARE, WHOLE_CARDS, Kernel, kernel
 from engine.plugins.gpu.fragment import (
     Resolved,
     after_whole,
@@ -113,8 +113,8 @@ class GpuFragmentation(CachedScore):
         self._frag = np.zeros(0, dtype=np.int64)
         self._models = np.zeros(0, dtype=np.int64)
         self._position = 0
-        self._kernel = kernel()
-        """The compiled scoring (None: the numpy path), loaded with the plugin."""
+        self._kernel: Kernel | None = None
+        """The compiled scoring (None: the numpy path), loaded at the first score."""
 
     def __repr__(self) -> str:
         source = "given" if self.given is not None else f"learned from {len(self._seen)} pods"
@@ -174,6 +174,7 @@ class GpuFragmentation(CachedScore):
         )
         self._models = model_codes(state)
         slots = np.arange(state.capacity, dtype=np.int64)
+        self._kernel = kernel()
         if self._kernel is not None:
             self._frag = np.zeros(state.capacity, dtype=np.int64)
             self.compiled(state, slots, REFRESH)
