@@ -267,8 +267,8 @@ class GpuFragmentation(CachedScore):
             if gpu is not None:
                 cards = gpu.cards
                 milli = gpu.need.milli
-        delta = np.zeros(slots.shape[0], dtype=np.int64)
-        card = np.full(slots.shape[0], -1, dtype=np.int64)
+        delta = np.empty(slots.shape[0], dtype=np.int64)  # the kernel writes every entry
+        card = np.empty(slots.shape[0], dtype=np.int64)
         run(
             mode,
             slots,

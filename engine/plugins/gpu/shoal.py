@@ -147,10 +147,9 @@ class ShoalGpu(GpuFragmentation):
         gpu = pod.gpu
         milli = 0 if gpu is None else gpu.cards * (WHOLE if gpu.whole else gpu.need.milli)
         if self._kernel is not None:
-            params = self._params.copy()
-            params[P_MILLI] = milli
+            self._params[P_MILLI] = milli
             delta, card = self.compiled(
-                state, slots, self.pod_mode(pod), pod, params, self._pressure
+                state, slots, self.pod_mode(pod), pod, self._params, self._pressure
             )
         else:
             delta, card = self._numpy_deltas(pod, state, slots, milli)
