@@ -27,7 +27,7 @@ from typing import Final
 import numpy as np
 
 from engine.model.devices import WHOLE
-from engine.model.state import Ints
+from engine.model.state import Bools, Ints
 from engine.plugins.kernels import available, jit
 
 REFRESH: Final = 0
@@ -61,8 +61,8 @@ def _run(
     s_level: Ints,
     s_cards: Ints,
     s_weight: Ints,
-    s_allowed: np.ndarray,  # type: ignore[type-arg]
-    s_gpu: np.ndarray,  # type: ignore[type-arg]
+    s_allowed: Bools,
+    s_gpu: Bools,
     s_memory: Ints,
     use_memory: bool,
     pod_cpu: int,
