@@ -50,6 +50,7 @@ Kernel = Callable[..., None]
 
 def _run(
     mode: int,
+    refresh: Ints,
     slots: Ints,
     cpu: Ints,
     memory: Ints,
@@ -74,10 +75,11 @@ def _run(
     out_delta: Ints,
     out_card: Ints,
 ) -> None:  # pragma: no cover - compiled; its twin is fgd.deltas and shoal.evaluate
-    """Per slot ``slots[i]`` (state columns indexed by slot: free ``cpu`` and
-    ``memory``, ``cards`` free milli per card (-1 absent), model ``models``, F before
-    ``frag``): see the module docstring. ``pod_memory`` is 0 where memory is not
-    counted. Writes ``frag[s]`` (REFRESH) or ``out_delta[i]`` and ``out_card[i]``."""
+    """First F of the slots ``refresh`` into ``frag``, then per slot ``slots[i]``
+    (state columns indexed by slot: free ``cpu`` and ``memory``, ``cards`` free milli
+    per card (-1 absent), model ``models``, F before ``frag``) by ``mode``: see the
+    module docstring. ``pod_memory`` is 0 where memory is not counted. Writes
+    ``frag[s]`` (REFRESH) or ``out_delta[i]`` and ``out_card[i]``."""
     width = cards.shape[1]
     shapes = s_weight.shape[0]
     levels = s_levels.shape[0]
@@ -85,8 +87,16 @@ def _run(
     count = np.zeros(levels, dtype=np.int64)
     small = np.zeros(levels, dtype=np.int64)
     ok = np.zeros(shapes, dtype=np.bool_)
-    for i in range(slots.shape[0]):
-        s = slots[i]
+    first = refresh.shape[0]
+    for x in range(first + slots.shape[0]):
+        if x < first:
+            md = REFRESH
+            i = 0
+            s = refresh[x]
+        else:
+            md = mode
+            i = x - first
+            s = slots[i]
         total = 0
         for c in range(width):
             v = cards[s, c]
@@ -96,23 +106,23 @@ def _run(
         column = models[s] + 1
         cpu_s = cpu[s]
         mem_s = memory[s]
-        if mode == REFRESH:
+        if md == REFRESH:
             cpu_a = cpu_s
             mem_a = mem_s
             variants = 1
         else:
             cpu_a = cpu_s - pod_cpu
             mem_a = mem_s - pod_memory
-            variants = width if mode == SHARE else 1
+            variants = width if md == SHARE else 1
         idle_a = total
-        if mode == WHOLE_CARDS:
+        if md == WHOLE_CARDS:
             taken = 0
             for c in range(width):
                 if taken < n_cards and row[c] >= WHOLE:
                     row[c] -= WHOLE
                     taken += 1
             idle_a = total - taken * WHOLE
-        elif mode == SHARE:
+        elif md == SHARE:
             idle_a = total - milli
         # per level (a distinct per-card milli of the shapes): the cards that hold it
         # and the free milli of those that do not
@@ -139,8 +149,8 @@ def _run(
         card = -1
         delta = 0
         for w in range(variants):
-            held = row[w] if mode == SHARE else 0
-            if mode == SHARE and held < milli:
+            held = row[w] if md == SHARE else 0
+            if md == SHARE and held < milli:
                 continue
             left = held - milli
             f = 0
@@ -149,7 +159,7 @@ def _run(
                     j = s_level[m]
                     n = count[j]
                     rest = small[j]
-                    if mode == SHARE:
+                    if md == SHARE:
                         # card w goes from ``held`` to ``left`` free milli
                         need = s_levels[j]
                         if held >= need:
@@ -164,18 +174,18 @@ def _run(
                         f += s_weight[m] * rest
                         continue
                 f += s_weight[m] * idle_a
-            if mode == SHARE:
+            if md == SHARE:
                 d = f - frag[s]
                 order = (d * (WHOLE + 1) + held) * 64 + w
                 if order < best:
                     best = order
                     card = w
                     delta = d
-            elif mode == REFRESH:
+            elif md == REFRESH:
                 frag[s] = f
             else:
                 delta = f - frag[s]
-        if mode == REFRESH:
+        if md == REFRESH:
             continue
         if params[P_STRANDED] != 0:
             # stranded GPU after minus before (twin: shoal.stranded), then the pressure
@@ -213,7 +223,7 @@ def _compile() -> Kernel:
     flags = np.zeros(0, dtype=np.bool_)
     params = np.zeros(PARAMS, dtype=np.int64)
     table = np.zeros((0, 0), dtype=np.int64)
-    run(REFRESH, ints, ints, ints, table, ints, ints, ints, ints, ints, ints, ints,
+    run(REFRESH, ints, ints, ints, ints, table, ints, ints, ints, ints, ints, ints, ints,
         np.zeros((0, 0), dtype=np.bool_), flags, ints, False, 0, 0, 0, 0, params, params,
         ints, ints)  # fmt: skip
     return run

@@ -70,6 +70,7 @@ RESOLUTIONS: Final = ("simulator", "exact")
 LEVELS: Final = 100
 _RELEARN_EVERY: Final = 1024
 _NO_PARAMS: Final = np.zeros(PARAMS, dtype=np.int64)
+_EMPTY: Final = np.zeros(0, dtype=np.int64)
 
 
 def pod_memory(pod: PodInfo) -> int:
@@ -115,6 +116,8 @@ class GpuFragmentation(CachedScore):
         self._position = 0
         self._kernel: Kernel | None = None
         """The compiled scoring (None: the numpy path), loaded at the first score."""
+        self._pending = _EMPTY
+        """Slots whose F the next kernel call refreshes first."""
 
     def __repr__(self) -> str:
         source = "given" if self.given is not None else f"learned from {len(self._seen)} pods"
@@ -175,6 +178,7 @@ class GpuFragmentation(CachedScore):
         self._models = model_codes(state)
         slots = np.arange(state.capacity, dtype=np.int64)
         self._kernel = kernel()
+        self._pending = _EMPTY
         if self._kernel is not None:
             self._frag = np.zeros(state.capacity, dtype=np.int64)
             self.compiled(state, slots, REFRESH)
@@ -191,7 +195,11 @@ class GpuFragmentation(CachedScore):
             self.reset(state)
             return
         if changed and self._kernel is not None:
-            self.compiled(state, np.array(changed, dtype=np.int64), REFRESH)
+            # refreshed by the next kernel call, before it scores (one call per pod)
+            pending = np.array(changed, dtype=np.int64)
+            if self._pending.size:
+                pending = np.concatenate([self._pending, pending])
+            self._pending = pending
         elif changed:
             assert self._shapes is not None
             slots = np.unique(np.array(changed, dtype=np.int64))
@@ -205,6 +213,8 @@ class GpuFragmentation(CachedScore):
         """F_n of every slot now (weights as :meth:`weights` gives them)."""
         self._sync(state)
         self.prepare(state)
+        if self._pending.size:
+            self.compiled(state, _EMPTY, REFRESH)
         return self._frag
 
     # ------------------------------------------------------------------ scores
@@ -252,7 +262,8 @@ class GpuFragmentation(CachedScore):
     ) -> tuple[Ints, Ints]:
         """:meth:`deltas` (ΔF and card; with ShoalGpu's terms where ``params`` turns
         them on) or, for ``mode`` REFRESH, F into the per-slot cache, by the compiled
-        kernel (:mod:`engine.plugins.gpu.compiled`), which must be available."""
+        kernel (:mod:`engine.plugins.gpu.compiled`), which must be available. The
+        slots :meth:`prepare` left pending are refreshed first, in the same call."""
         run = self._kernel
         shapes = self._shapes
         assert run is not None and shapes is not None
@@ -269,8 +280,10 @@ class GpuFragmentation(CachedScore):
                 milli = gpu.need.milli
         delta = np.empty(slots.shape[0], dtype=np.int64)  # the kernel writes every entry
         card = np.empty(slots.shape[0], dtype=np.int64)
+        refresh, self._pending = self._pending, _EMPTY
         run(
             mode,
+            refresh,
             slots,
             state.free[CPU],
             state.free[MEMORY],
