@@ -5,7 +5,9 @@ pod on the card, where the node's fragmentation ``F_n`` against the target workl
 (:mod:`engine.plugins.gpu.fragment`) grows least. The card goes to the framework through
 ``choose_cards`` (least ΔF, then least free milli, then lowest index). ``F_n`` before
 placement is kept per slot and refreshed only where the journal says a node changed;
-``ΔF`` per pod shape likewise (:class:`CachedScore`).
+``ΔF`` per pod shape likewise (:class:`CachedScore`). Both are computed by one compiled
+loop over the changed nodes (:mod:`engine.plugins.gpu.compiled`) where numba may be used,
+else by the numpy functions of :mod:`engine.plugins.gpu.fragment`: the same integers.
 
 Score (arg ``resolution``): ``simulator`` (default) is the published simulator's
 ``int(100 * sigmoid(-ΔF / 1000))``, ΔF in milli-GPU at the workload's probabilities,
