@@ -72,6 +72,8 @@ def _run(
     n_cards: int,
     params: Ints,
     pressure: Ints,
+    thresholds: Ints,
+    quantise: bool,
     out_delta: Ints,
     out_card: Ints,
 ) -> None:  # pragma: no cover - compiled; its twin is fgd.deltas and shoal.evaluate
@@ -79,7 +81,8 @@ def _run(
     (state columns indexed by slot: free ``cpu`` and ``memory``, ``cards`` free milli
     per card (-1 absent), model ``models``, F before ``frag``) by ``mode``: see the
     module docstring. ``pod_memory`` is 0 where memory is not counted. Writes
-    ``frag[s]`` (REFRESH) or ``out_delta[i]`` and ``out_card[i]``."""
+    ``frag[s]`` (REFRESH) or ``out_delta[i]`` (ΔF, or with ``quantise`` the
+    simulator's score of it against ``thresholds``) and ``out_card[i]``."""
     width = cards.shape[1]
     shapes = s_weight.shape[0]
     levels = s_levels.shape[0]
@@ -210,6 +213,17 @@ def _run(
             weight = params[P_TOTAL]
             delta += weight * change
             delta += weight * params[P_MILLI] * pressure[column] // _PERMILLE
+        if quantise:
+            # np.searchsorted(thresholds, -delta, side="right"): how many are <= -delta
+            low = 0
+            high = thresholds.shape[0]
+            while low < high:
+                mid = (low + high) // 2
+                if thresholds[mid] <= -delta:
+                    low = mid + 1
+                else:
+                    high = mid
+            delta = low
         out_delta[i] = delta
         out_card[i] = card
 
@@ -225,7 +239,7 @@ def _compile() -> Kernel:
     table = np.zeros((0, 0), dtype=np.int64)
     run(REFRESH, ints, ints, ints, ints, table, ints, ints, ints, ints, ints, ints, ints,
         np.zeros((0, 0), dtype=np.bool_), flags, ints, False, 0, 0, 0, 0, params, params,
-        ints, ints)  # fmt: skip
+        ints, False, ints, ints)  # fmt: skip
     return run
 
 

@@ -120,6 +120,7 @@ class GpuFragmentation(CachedScore):
         """The compiled scoring (None: the numpy path), loaded at the first score."""
         self._pending = _EMPTY
         """Slots whose F the next kernel call refreshes first."""
+        self._memory_aware = False
 
     def __repr__(self) -> str:
         source = "given" if self.given is not None else f"learned from {len(self._seen)} pods"
@@ -181,6 +182,7 @@ class GpuFragmentation(CachedScore):
         slots = np.arange(state.capacity, dtype=np.int64)
         self._kernel = kernel()
         self._pending = _EMPTY
+        self._memory_aware = self._shapes.memory_aware
         if self._kernel is not None:
             self._frag = np.zeros(state.capacity, dtype=np.int64)
             self.compiled(state, slots, REFRESH)
@@ -261,20 +263,23 @@ class GpuFragmentation(CachedScore):
         pod: PodInfo | None = None,
         params: Ints | None = None,
         pressure: Ints | None = None,
+        quantise: bool = False,
     ) -> tuple[Ints, Ints]:
         """:meth:`deltas` (ΔF and card; with ShoalGpu's terms where ``params`` turns
         them on) or, for ``mode`` REFRESH, F into the per-slot cache, by the compiled
         kernel (:mod:`engine.plugins.gpu.compiled`), which must be available. The
-        slots :meth:`prepare` left pending are refreshed first, in the same call."""
+        slots :meth:`prepare` left pending are refreshed first, in the same call. With
+        ``quantise``, :meth:`quantised` of ΔF rather than ΔF."""
         run = self._kernel
         shapes = self._shapes
         assert run is not None and shapes is not None
         pod_cpu = pod_mem = milli = cards = 0
+        memory_aware = self._memory_aware
         if pod is not None:
             for row, amount in pod.request:
                 if row == CPU:
                     pod_cpu = amount
-                elif row == MEMORY and shapes.memory_aware:
+                elif row == MEMORY and memory_aware:
                     pod_mem = amount
             gpu = pod.gpu
             if gpu is not None:
@@ -300,13 +305,15 @@ class GpuFragmentation(CachedScore):
             shapes.allowed,
             shapes.gpu,
             shapes.memory,
-            shapes.memory_aware,
+            memory_aware,
             pod_cpu,
             pod_mem,
             milli,
             cards,
             _NO_PARAMS if params is None else params,
             _NO_PARAMS if pressure is None else pressure,
+            self._thresholds,
+            quantise,
             delta,
             card,
         )
@@ -325,7 +332,10 @@ class GpuFragmentation(CachedScore):
     def evaluate(self, pod: PodInfo, state: ClusterState, slots: Ints) -> tuple[Ints, Ints]:
         assert self._shapes is not None
         if self._kernel is not None:
-            delta, card = self.compiled(state, slots, self.pod_mode(pod), pod)
+            mode = self.pod_mode(pod)
+            delta, card = self.compiled(state, slots, mode, pod, quantise=not self.exact)
+            if not self.exact:
+                return delta, card
         else:
             delta, card, _ = self.deltas(pod, state, slots)
         if self.exact:

@@ -148,9 +148,13 @@ class ShoalGpu(GpuFragmentation):
         milli = 0 if gpu is None else gpu.cards * (WHOLE if gpu.whole else gpu.need.milli)
         if self._kernel is not None:
             self._params[P_MILLI] = milli
+            mode = self.pod_mode(pod)
+            quantise = not self.exact
             delta, card = self.compiled(
-                state, slots, self.pod_mode(pod), pod, self._params, self._pressure
+                state, slots, mode, pod, self._params, self._pressure, quantise
             )
+            if quantise:
+                return delta, card
         else:
             delta, card = self._numpy_deltas(pod, state, slots, milli)
         if self.exact:
