@@ -5,7 +5,9 @@ pod on the card, where the node's fragmentation ``F_n`` against the target workl
 (:mod:`engine.plugins.gpu.fragment`) grows least. The card goes to the framework through
 ``choose_cards`` (least ΔF, then least free milli, then lowest index). ``F_n`` before
 placement is kept per slot and refreshed only where the journal says a node changed;
-``ΔF`` per pod shape likewise (:class:`CachedScore`).
+``ΔF`` per pod shape likewise (:class:`CachedScore`). Both are computed by one compiled
+loop over the changed nodes (:mod:`engine.plugins.gpu.compiled`) where numba may be used,
+else by the numpy functions of :mod:`engine.plugins.gpu.fragment`: the same integers.
 
 Score (arg ``resolution``): ``simulator`` (default) is the published simulator's
 ``int(100 * sigmoid(-ΔF / 1000))``, ΔF in milli-GPU at the workload's probabilities,
@@ -42,9 +44,10 @@ from engine.framework.cycle import CycleState
 from engine.framework.handle import Handle
 from engine.model.devices import WHOLE
 from engine.model.pods import PodInfo
-from engine.model.resources import MEMORY
+from engine.model.resources import CPU, MEMORY
 from engine.model.state import Bools, ClusterState, Ints
 from engine.plugins.gpu.cache import CachedScore, check_args, parse_tie_break
+from engine.plugins.gpu.compiled import PARAMS, REFRESH, SHARE, WHOLE_CARDS, Kernel, kernel
 from engine.plugins.gpu.fragment import (
     Resolved,
     after_whole,
@@ -68,6 +71,8 @@ _ARGS: Final = frozenset({"targetWorkload", "coverage", "resolution", "tieBreak"
 RESOLUTIONS: Final = ("simulator", "exact")
 LEVELS: Final = 100
 _RELEARN_EVERY: Final = 1024
+_NO_PARAMS: Final = np.zeros(PARAMS, dtype=np.int64)
+_EMPTY: Final = np.zeros(0, dtype=np.int64)
 
 
 def pod_memory(pod: PodInfo) -> int:
@@ -111,6 +116,11 @@ class GpuFragmentation(CachedScore):
         self._frag = np.zeros(0, dtype=np.int64)
         self._models = np.zeros(0, dtype=np.int64)
         self._position = 0
+        self._kernel: Kernel | None = None
+        """The compiled scoring (None: the numpy path), loaded at the first score."""
+        self._pending = _EMPTY
+        """Slots whose F the next kernel call refreshes first."""
+        self._memory_aware = False
 
     def __repr__(self) -> str:
         source = "given" if self.given is not None else f"learned from {len(self._seen)} pods"
@@ -170,10 +180,17 @@ class GpuFragmentation(CachedScore):
         )
         self._models = model_codes(state)
         slots = np.arange(state.capacity, dtype=np.int64)
-        cpu, free = node_states(state, slots)
-        self._frag = fragmentation(
-            self._shapes, cpu, free, self._models, self._memory(state, slots)
-        )
+        self._kernel = kernel()
+        self._pending = _EMPTY
+        self._memory_aware = self._shapes.memory_aware
+        if self._kernel is not None:
+            self._frag = np.zeros(state.capacity, dtype=np.int64)
+            self.compiled(state, slots, REFRESH)
+        else:
+            cpu, free = node_states(state, slots)
+            self._frag = fragmentation(
+                self._shapes, cpu, free, self._models, self._memory(state, slots)
+            )
         self._position = state.journal_end
 
     def prepare(self, state: ClusterState) -> None:
@@ -181,7 +198,13 @@ class GpuFragmentation(CachedScore):
         if changed is None:
             self.reset(state)
             return
-        if changed:
+        if changed and self._kernel is not None:
+            # refreshed by the next kernel call, before it scores (one call per pod)
+            pending = np.array(changed, dtype=np.int64)
+            if self._pending.size:
+                pending = np.concatenate([self._pending, pending])
+            self._pending = pending
+        elif changed:
             assert self._shapes is not None
             slots = np.unique(np.array(changed, dtype=np.int64))
             cpu, free = node_states(state, slots)
@@ -194,6 +217,8 @@ class GpuFragmentation(CachedScore):
         """F_n of every slot now (weights as :meth:`weights` gives them)."""
         self._sync(state)
         self.prepare(state)
+        if self._pending.size:
+            self.compiled(state, _EMPTY, REFRESH)
         return self._frag
 
     # ------------------------------------------------------------------ scores
@@ -230,6 +255,75 @@ class GpuFragmentation(CachedScore):
         after = fragmentation(shapes, cpu_a, free_a, models, memory)
         return after - before, np.full(slots.shape[0], -1, dtype=np.int64), free_a.sum(axis=1)
 
+    def compiled(
+        self,
+        state: ClusterState,
+        slots: Ints,
+        mode: int,
+        pod: PodInfo | None = None,
+        params: Ints | None = None,
+        pressure: Ints | None = None,
+        quantise: bool = False,
+    ) -> tuple[Ints, Ints]:
+        """:meth:`deltas` (ΔF and card; with ShoalGpu's terms where ``params`` turns
+        them on) or, for ``mode`` REFRESH, F into the per-slot cache, by the compiled
+        kernel (:mod:`engine.plugins.gpu.compiled`), which must be available. The
+        slots :meth:`prepare` left pending are refreshed first, in the same call. With
+        ``quantise``, :meth:`quantised` of ΔF rather than ΔF."""
+        run = self._kernel
+        shapes = self._shapes
+        assert run is not None and shapes is not None
+        pod_cpu = pod_mem = milli = cards = 0
+        memory_aware = self._memory_aware
+        if pod is not None:
+            for row, amount in pod.request:
+                if row == CPU:
+                    pod_cpu = amount
+                elif row == MEMORY and memory_aware:
+                    pod_mem = amount
+            gpu = pod.gpu
+            if gpu is not None:
+                cards = gpu.cards
+                milli = gpu.need.milli
+        delta = np.empty(slots.shape[0], dtype=np.int64)  # the kernel writes every entry
+        card = np.empty(slots.shape[0], dtype=np.int64)
+        refresh, self._pending = self._pending, _EMPTY
+        run(
+            mode,
+            refresh,
+            slots,
+            state.free[CPU],
+            state.free[MEMORY],
+            state.cards.free,
+            self._models,
+            self._frag,
+            shapes.cpu,
+            shapes.levels,
+            shapes.level,
+            shapes.cards,
+            shapes.weight,
+            shapes.allowed,
+            shapes.gpu,
+            shapes.memory,
+            memory_aware,
+            pod_cpu,
+            pod_mem,
+            milli,
+            cards,
+            _NO_PARAMS if params is None else params,
+            _NO_PARAMS if pressure is None else pressure,
+            self._thresholds,
+            quantise,
+            delta,
+            card,
+        )
+        return delta, card
+
+    def pod_mode(self, pod: PodInfo) -> int:
+        """The kernel's mode for ``pod``: SHARE for one shared card, else WHOLE_CARDS."""
+        gpu = pod.gpu
+        return SHARE if gpu is not None and not gpu.whole and gpu.cards == 1 else WHOLE_CARDS
+
     def quantised(self, delta: Ints) -> Ints:
         """The simulator's score of a change ``delta``: ``int(100 * sigmoid(-ΔF / 1000))``
         with ΔF in milli-GPU at the workload's probabilities, as integer thresholds."""
@@ -237,7 +331,13 @@ class GpuFragmentation(CachedScore):
 
     def evaluate(self, pod: PodInfo, state: ClusterState, slots: Ints) -> tuple[Ints, Ints]:
         assert self._shapes is not None
-        delta, card, _ = self.deltas(pod, state, slots)
+        if self._kernel is not None:
+            mode = self.pod_mode(pod)
+            delta, card = self.compiled(state, slots, mode, pod, quantise=not self.exact)
+            if not self.exact:
+                return delta, card
+        else:
+            delta, card, _ = self.deltas(pod, state, slots)
         if self.exact:
             return self._shapes.bound - delta, card
         return self.quantised(delta), card

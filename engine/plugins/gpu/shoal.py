@@ -47,6 +47,15 @@ from engine.model.devices import WHOLE
 from engine.model.pods import PodInfo
 from engine.model.resources import CPU, MEMORY
 from engine.model.state import ClusterState, Ints
+from engine.plugins.gpu.compiled import (
+    P_CPU_SUM,
+    P_GPU_SUM,
+    P_MIB_SUM,
+    P_MILLI,
+    P_STRANDED,
+    P_TOTAL,
+    PARAMS,
+)
 from engine.plugins.gpu.fgd import GpuFragmentation, pod_memory
 from engine.plugins.gpu.fragment import Resolved
 from engine.plugins.gpu.workload import pod_shape
@@ -56,19 +65,25 @@ _MIB_SHIFT: Final = 20
 """Memory is compared in MiB, so products with milli-GPU sums stay within int64."""
 
 
-def stranded(shapes: Resolved, idle: Ints, cpu: Ints, memory: Ints) -> Ints:
-    """Per node, the idle milli-GPU its free ``cpu`` (and ``memory``, where the shapes
-    give memory) cannot feed at the GPU shapes' weighted cpu (memory) per milli-GPU."""
+def strand_sums(shapes: Resolved) -> tuple[int, int, int]:
+    """The GPU shapes' weighted sums of milli-GPU, cpu and memory (MiB)."""
     gpu = shapes.gpu
     weight = shapes.weight[gpu]
     gpu_sum = int((weight * shapes.milli[gpu] * shapes.cards[gpu]).sum())
     cpu_sum = int((weight * shapes.cpu[gpu]).sum())
+    mib_sum = int((weight * (shapes.memory[gpu] >> _MIB_SHIFT)).sum())
+    return gpu_sum, cpu_sum, mib_sum
+
+
+def stranded(shapes: Resolved, idle: Ints, cpu: Ints, memory: Ints) -> Ints:
+    """Per node, the idle milli-GPU its free ``cpu`` (and ``memory``, where the shapes
+    give memory) cannot feed at the GPU shapes' weighted cpu (memory) per milli-GPU."""
+    gpu_sum, cpu_sum, mib_sum = strand_sums(shapes)
     out: Ints = np.zeros(idle.shape[0], dtype=np.int64)
     if not gpu_sum:
         return out
     if cpu_sum:
         out = np.maximum(out, (idle * cpu_sum - cpu * gpu_sum) // cpu_sum)
-    mib_sum = int((weight * (shapes.memory[gpu] >> _MIB_SHIFT)).sum())
     if mib_sum:
         out = np.maximum(out, (idle * mib_sum - (memory >> _MIB_SHIFT) * gpu_sum) // mib_sum)
     return out
@@ -108,17 +123,49 @@ class ShoalGpu(GpuFragmentation):
     def __init__(self, args: Mapping[str, Any], where: str, handle: Handle | None = None) -> None:
         super().__init__(args, where, handle)
         self._pressure = np.zeros(0, dtype=np.int64)
+        self._params = np.zeros(PARAMS, dtype=np.int64)
+        """The compiled kernel's ShoalGpu terms (:mod:`engine.plugins.gpu.compiled`)."""
 
     def reset(self, state: ClusterState) -> None:
         super().reset(state)
-        assert self._shapes is not None
+        shapes = self._shapes
+        assert shapes is not None
         slots = np.arange(state.capacity, dtype=np.int64)
-        self._pressure = model_pressure(self._shapes, self._models, state.cards.count[slots])
+        self._pressure = model_pressure(shapes, self._models, state.cards.count[slots])
+        params = np.zeros(PARAMS, dtype=np.int64)
+        params[P_STRANDED] = 1
+        params[P_GPU_SUM], params[P_CPU_SUM], params[P_MIB_SUM] = strand_sums(shapes)
+        params[P_TOTAL] = int(shapes.weight.sum())
+        self._params = params
 
     def stats(self) -> dict[str, int]:
         return {**super().stats(), "pressured_models": int((self._pressure > 0).sum())}
 
     def evaluate(self, pod: PodInfo, state: ClusterState, slots: Ints) -> tuple[Ints, Ints]:
+        shapes = self._shapes
+        assert shapes is not None
+        gpu = pod.gpu
+        milli = 0 if gpu is None else gpu.cards * (WHOLE if gpu.whole else gpu.need.milli)
+        if self._kernel is not None:
+            self._params[P_MILLI] = milli
+            mode = self.pod_mode(pod)
+            quantise = not self.exact
+            delta, card = self.compiled(
+                state, slots, mode, pod, self._params, self._pressure, quantise
+            )
+            if quantise:
+                return delta, card
+        else:
+            delta, card = self._numpy_deltas(pod, state, slots, milli)
+        if self.exact:
+            # |ΔF| <= bound, and each added term is at most W * the node's milli-GPU
+            return 3 * shapes.bound - delta, card
+        return self.quantised(delta), card
+
+    def _numpy_deltas(
+        self, pod: PodInfo, state: ClusterState, slots: Ints, milli: int
+    ) -> tuple[Ints, Ints]:
+        """The compiled kernel's twin: ΔF plus the stranded and pressure terms."""
         shapes = self._shapes
         assert shapes is not None
         delta, card, idle = self.deltas(pod, state, slots)
@@ -131,12 +178,7 @@ class ShoalGpu(GpuFragmentation):
             cpu - pod_shape(pod).cpu,
             memory - (pod_memory(pod) if shapes.memory_aware else 0),
         )
-        gpu = pod.gpu
-        milli = 0 if gpu is None else gpu.cards * (WHOLE if gpu.whole else gpu.need.milli)
         pressure = self._pressure[self._models[slots] + 1]
         total = int(shapes.weight.sum())
         delta = delta + total * (after - before) + total * milli * pressure // PERMILLE
-        if self.exact:
-            # |ΔF| <= bound, and each added term is at most W * the node's milli-GPU
-            return 3 * shapes.bound - delta, card
-        return self.quantised(delta), card
+        return delta, card

@@ -1,0 +1,250 @@
+"""The compiled scoring of the fragmentation policies (FGD and ShoalGpu), slot by slot.
+
+Between two attempts of pods of one shape a few dozen nodes change, and scoring them
+with the numpy code of :mod:`engine.plugins.gpu.fragment` (and ShoalGpu's stranded and
+pressure terms) is some sixty numpy operations on arrays of a few dozen rows: numpy's
+cost per call, not the arithmetic, was most of a pod's time (ShoalGpu placed under half
+the pods per second GpuBestFit does). :func:`kernel` does the same per slot in one
+compiled loop (numba): the node's fragmentation ``F`` (the refresh after a placement),
+or the pod's ``ΔF`` on it, the card a sharing pod takes there (the same order key as
+:meth:`GpuFragmentation.deltas`: least ΔF, then least free milli, then lowest index),
+the node's idle GPU after it and, for ShoalGpu, its stranded-GPU and model-pressure
+terms. Everything is int64 with the same operations as the numpy twin (floor division,
+arithmetic shifts), so the results are the same integers; property tests compare the
+two paths.
+
+The numpy twin stays the path when numba is missing or the edge turned the compiled
+code off (:func:`engine.plugins.kernels.configure`). Compiled (or loaded from numba's
+disk cache) at the first score of a process that uses a fragmentation policy.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Final
+
+import numpy as np
+
+from engine.model.devices import WHOLE
+from engine.model.state import Bools, Ints
+from engine.plugins.kernels import available, jit
+
+REFRESH: Final = 0
+"""``mode``: write each slot's F into ``frag`` (no pod)."""
+WHOLE_CARDS: Final = 1
+"""``mode``: a pod of whole cards (or none) takes the lowest-index idle cards."""
+SHARE: Final = 2
+"""``mode``: a pod sharing one card; every card that holds it is tried."""
+
+P_STRANDED, P_GPU_SUM, P_CPU_SUM, P_MIB_SUM, P_TOTAL, P_MILLI = range(6)
+"""Indices of ``params``: ShoalGpu's terms on (1) or off (0), the GPU shapes' weighted
+sums of milli-GPU, cpu and MiB, the workload's total weight, the pod's milli-GPU."""
+PARAMS: Final = 6
+_MIB_SHIFT: Final = 20
+_PERMILLE: Final = 1000
+_INT64_MAX: Final = np.iinfo(np.int64).max
+
+Kernel = Callable[..., None]
+
+
+def _run(
+    mode: int,
+    refresh: Ints,
+    slots: Ints,
+    cpu: Ints,
+    memory: Ints,
+    cards: Ints,
+    models: Ints,
+    frag: Ints,
+    s_cpu: Ints,
+    s_levels: Ints,
+    s_level: Ints,
+    s_cards: Ints,
+    s_weight: Ints,
+    s_allowed: Bools,
+    s_gpu: Bools,
+    s_memory: Ints,
+    use_memory: bool,
+    pod_cpu: int,
+    pod_memory: int,
+    milli: int,
+    n_cards: int,
+    params: Ints,
+    pressure: Ints,
+    thresholds: Ints,
+    quantise: bool,
+    out_delta: Ints,
+    out_card: Ints,
+) -> None:  # pragma: no cover - compiled; its twin is fgd.deltas and shoal.evaluate
+    """First F of the slots ``refresh`` into ``frag``, then per slot ``slots[i]``
+    (state columns indexed by slot: free ``cpu`` and ``memory``, ``cards`` free milli
+    per card (-1 absent), model ``models``, F before ``frag``) by ``mode``: see the
+    module docstring. ``pod_memory`` is 0 where memory is not counted. Writes
+    ``frag[s]`` (REFRESH) or ``out_delta[i]`` (ΔF, or with ``quantise`` the
+    simulator's score of it against ``thresholds``) and ``out_card[i]``."""
+    width = cards.shape[1]
+    shapes = s_weight.shape[0]
+    levels = s_levels.shape[0]
+    row = np.zeros(width, dtype=np.int64)
+    count = np.zeros(levels, dtype=np.int64)
+    small = np.zeros(levels, dtype=np.int64)
+    ok = np.zeros(shapes, dtype=np.bool_)
+    first = refresh.shape[0]
+    for x in range(first + slots.shape[0]):
+        if x < first:
+            md = REFRESH
+            i = 0
+            s = refresh[x]
+        else:
+            md = mode
+            i = x - first
+            s = slots[i]
+        total = 0
+        for c in range(width):
+            v = cards[s, c]
+            v = max(v, 0)
+            row[c] = v
+            total += v
+        column = models[s] + 1
+        cpu_s = cpu[s]
+        mem_s = memory[s]
+        if md == REFRESH:
+            cpu_a = cpu_s
+            mem_a = mem_s
+            variants = 1
+        else:
+            cpu_a = cpu_s - pod_cpu
+            mem_a = mem_s - pod_memory
+            variants = width if md == SHARE else 1
+        idle_a = total
+        if md == WHOLE_CARDS:
+            taken = 0
+            for c in range(width):
+                if taken < n_cards and row[c] >= WHOLE:
+                    row[c] -= WHOLE
+                    taken += 1
+            idle_a = total - taken * WHOLE
+        elif md == SHARE:
+            idle_a = total - milli
+        # per level (a distinct per-card milli of the shapes): the cards that hold it
+        # and the free milli of those that do not
+        for j in range(levels):
+            need = s_levels[j]
+            n = 0
+            rest = 0
+            for c in range(width):
+                if row[c] >= need:
+                    n += 1
+                else:
+                    rest += row[c]
+            count[j] = n
+            small[j] = rest
+        # per shape, what does not depend on the card a share takes
+        for m in range(shapes):
+            ok[m] = (
+                s_gpu[m]
+                and s_allowed[m, column]
+                and cpu_a >= s_cpu[m]
+                and (not use_memory or mem_a >= s_memory[m])
+            )
+        best = _INT64_MAX
+        card = -1
+        delta = 0
+        for w in range(variants):
+            held = row[w] if md == SHARE else 0
+            if md == SHARE and held < milli:
+                continue
+            left = held - milli
+            f = 0
+            for m in range(shapes):
+                if ok[m]:
+                    j = s_level[m]
+                    n = count[j]
+                    rest = small[j]
+                    if md == SHARE:
+                        # card w goes from ``held`` to ``left`` free milli
+                        need = s_levels[j]
+                        if held >= need:
+                            n -= 1
+                        else:
+                            rest -= held
+                        if left >= need:
+                            n += 1
+                        else:
+                            rest += left
+                    if n >= s_cards[m]:
+                        f += s_weight[m] * rest
+                        continue
+                f += s_weight[m] * idle_a
+            if md == SHARE:
+                d = f - frag[s]
+                order = (d * (WHOLE + 1) + held) * 64 + w
+                if order < best:
+                    best = order
+                    card = w
+                    delta = d
+            elif md == REFRESH:
+                frag[s] = f
+            else:
+                delta = f - frag[s]
+        if md == REFRESH:
+            continue
+        if params[P_STRANDED] != 0:
+            # stranded GPU after minus before (twin: shoal.stranded), then the pressure
+            gpu_sum = params[P_GPU_SUM]
+            cpu_sum = params[P_CPU_SUM]
+            mib_sum = params[P_MIB_SUM]
+            change = 0
+            for k in range(2):
+                sign = 1 if k == 0 else -1
+                idle_x = total if k == 1 else (idle_a if idle_a > 0 else 0)
+                cpu_x = cpu_s if k == 1 else cpu_a
+                mem_x = mem_s if k == 1 else mem_a
+                strand = 0
+                if gpu_sum != 0:
+                    if cpu_sum != 0:
+                        v = (idle_x * cpu_sum - cpu_x * gpu_sum) // cpu_sum
+                        strand = max(strand, v)
+                    if mib_sum != 0:
+                        v = (idle_x * mib_sum - (mem_x >> _MIB_SHIFT) * gpu_sum) // mib_sum
+                        strand = max(strand, v)
+                change += sign * strand
+            weight = params[P_TOTAL]
+            delta += weight * change
+            delta += weight * params[P_MILLI] * pressure[column] // _PERMILLE
+        if quantise:
+            # np.searchsorted(thresholds, -delta, side="right"): how many are <= -delta
+            low = 0
+            high = thresholds.shape[0]
+            while low < high:
+                mid = (low + high) // 2
+                if thresholds[mid] <= -delta:
+                    low = mid + 1
+                else:
+                    high = mid
+            delta = low
+        out_delta[i] = delta
+        out_card[i] = card
+
+
+@functools.cache
+def _compile() -> Kernel:
+    """Compile (or load from numba's cache) and run once on empty arrays, so that the
+    first score does not pay for it."""
+    run = jit(_run)
+    ints = np.zeros(0, dtype=np.int64)
+    flags = np.zeros(0, dtype=np.bool_)
+    params = np.zeros(PARAMS, dtype=np.int64)
+    table = np.zeros((0, 0), dtype=np.int64)
+    run(REFRESH, ints, ints, ints, ints, table, ints, ints, ints, ints, ints, ints, ints,
+        np.zeros((0, 0), dtype=np.bool_), flags, ints, False, 0, 0, 0, 0, params, params,
+        ints, False, ints, ints)  # fmt: skip
+    return run
+
+
+def kernel() -> Kernel | None:
+    """The compiled scoring, or None where it may not be used (see the module)."""
+    if not available():
+        return None
+    return _compile()
