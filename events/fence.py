@@ -12,11 +12,11 @@ the highest already seen *in that partition* for its fence is of a deposed leade
 - **append side** (memory, file and log-server backends, :class:`FenceBook`): such an
   append is refused whole with :class:`FencedError`; the writer learns at once that its
   term is over and stops leading;
-- **read side** (Kafka, :class:`ReadFence`): Kafka has no broker-side check that shoal
-  can use against the test broker (no idempotent or transactional producer), so it
-  stores the record and every reader drops it: it sees a ``RecordFenced`` in its place
-  (offsets stay gapless). The judgement is a function of the partition's order, so
-  folds and replay agree.
+- **read side** (Kafka, :class:`ReadFence`): shoal does not yet use a broker-side
+  check (a transactional producer per role, which would fence a deposed writer's
+  producer), so Kafka stores the record and every reader drops it: it sees a
+  ``RecordFenced`` in its place (offsets stay gapless). The judgement is a function
+  of the partition's order, so folds and replay agree.
 
 A log that refuses on append never holds a record the read side would drop. The rule is
 per partition, not per log, so that a partition copied on its own (``simulate --log``

@@ -11,16 +11,16 @@ Contract notes, backend by backend:
 - ``append`` sends every envelope of a call in one record batch: Kafka writes a batch
   whole or not at all, so the call is atomic up to the batch size limit
   (``max_batch_bytes``); a larger call is split and is then atomic per batch. Correctness
-  never rests on Kafka transactions (the test broker does not isolate them): decisions
-  carry ids and every handler is idempotent.
+  never rests on Kafka transactions (some Kafka-protocol brokers do not isolate them):
+  decisions carry ids and every handler is idempotent.
 - ``read`` first learns where the partition ends, from the first answer to a fetch
   sent after the call began (a fresh assignment of a small "probe" consumer, whose
   fetches wait only ``fetch_max_wait_ms`` at the end of the log), then fetches up to
   that end with a consumer whose fetches may wait ``catch_up_wait_ms``: Kafka answers
-  as soon as it has records, but a broker that stops gathering at the wait (the test
-  broker's object store lists every batch of the partition at each fetch, about 1 µs a
-  batch) must be given long enough, or a large log is read a record at a time, or not
-  at all. A read while others append ends at the end it learnt; on its time-out it
+  as soon as it has records, but a broker that stops gathering at the wait (tansu's
+  object store, the earlier test broker, lists every batch of the partition at each
+  fetch, about 1 µs a batch) must be given long enough, or a large log is read a record
+  at a time, or not at all. A read while others append ends at the end it learnt; on its time-out it
   returns what it has fetched, and fails only if it fetched nothing. Between reads
   neither consumer fetches (paused): each fetch costs the broker work.
 - **Fencing** (``events.fence``) is on the read side: a record a leader appended
