@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from events.codec import to_builtins
@@ -154,9 +155,9 @@ def explanation_text(key: str, result: ReplayResult) -> None:
     final = data["final"] or {}
     answer = final.get("answer")
     if answer:
-        console.print(f"[bold]answer[/]: {answer['text']}", markup=True)
+        console.print(f"[bold]answer[/]: {escape(answer['text'])}", soft_wrap=True)
         for fact in answer["evidence"]:
-            console.print(f"  - {fact}", markup=False)
+            console.print(f"  - {fact}", markup=False, soft_wrap=True)
     console.print(
         f"[bold]{key}[/]: {final.get('phase')} on {final.get('node') or '-'}"
         + (f" — {final['reason']}" if final.get("reason") else "")

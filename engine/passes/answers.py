@@ -49,16 +49,21 @@ from typing import Final
 
 import numpy as np
 
+from engine.framework.cycle import CycleState
 from engine.model.devices import GPU
 from engine.model.pods import PodInfo
 from engine.model.quota import Quota, scale, shown
 from engine.model.shard import QUOTA_PLUGIN, ShardModel
+from engine.model.state import Bools, ClusterState
 from engine.plugins.interpod_affinity import AFFINITY, ANTI_AFFINITY, EXISTING
 from engine.plugins.node_affinity import REASON as AFFINITY_REASON
+from engine.plugins.node_affinity import NodeAffinity
 from engine.plugins.node_name import REASON as NODE_NAME_REASON
 from engine.plugins.node_ports import REASON as PORTS_REASON
+from engine.plugins.taints import TaintToleration
 from engine.plugins.topology_spread import MISSING, SKEW
 from engine.plugins.unschedulable import REASON as CORDONED_REASON
+from engine.plugins.unschedulable import NodeUnschedulable
 from events.types import SECOND, Answer
 
 _MEMBERS: Final = re.compile(r"waiting for members of pod group (\S+): (\d+) of minMember (\d+)")
@@ -336,7 +341,12 @@ def _nodes(
         if total == 0:
             return Answer(kind="no-nodes", summary="no nodes", next_step="add nodes")
         return _other(reason)
-    dominant, count = sorted(rejections.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+    named = pod.spec.node_name
+    ranked = sorted(rejections.items(), key=lambda kv: (-kv[1], kv[0]))
+    if named and len(ranked) > 1:
+        # the other nodes only fail to be the one named: what rejects that one matters
+        ranked = [kv for kv in ranked if kv[0] != NODE_NAME_REASON]
+    dominant, count = ranked[0]
     evidence = tuple(
         f"{n} node(s): {r}" for r, n in sorted(rejections.items(), key=lambda kv: (-kv[1], kv[0]))
     )
@@ -386,6 +396,13 @@ def _nodes(
             evidence=evidence,
             next_step=f"free host port(s) {ports} on a node, or use another port",
         )
+    if dominant == CORDONED_REASON and named:
+        return Answer(
+            kind="cordoned",
+            summary=f"the pod asks for node {named} (spec.nodeName), which is cordoned",
+            evidence=evidence,
+            next_step=f"uncordon {named} (kubectl uncordon {named}), or clear spec.nodeName",
+        )
     if dominant == CORDONED_REASON:
         return Answer(
             kind="cordoned",
@@ -433,7 +450,7 @@ def _room(
     need = 1 if resource == "pods" else dict(pod.request).get(row, 0) if row is not None else 0
     best_node, best, room = "", 0, 0
     if row is not None and total and need > 0:
-        free = np.where(state.valid, state.free[row], 0)
+        free = np.where(_eligible(pod, state), state.free[row], 0)
         slot = int(free.argmax())
         best, best_node = max(int(free[slot]), 0), state.names[slot] or ""
         room = int((np.maximum(free, 0) // need).sum())
@@ -469,14 +486,25 @@ def _room(
     return Answer(kind=kind, summary=summary, evidence=evidence, next_step=step)
 
 
+def _eligible(pod: PodInfo, state: ClusterState) -> Bools:
+    """Nodes the pod could use if they had room: those its node selector and affinity,
+    its tolerations and the nodes' cordons allow (the static filters; the room an
+    answer names is on one of these)."""
+    cycle = CycleState()
+    mask = state.valid.copy()
+    for plugin in (NodeAffinity(), TaintToleration(), NodeUnschedulable()):
+        mask &= plugin.filter(cycle, pod, state)
+    return mask
+
+
 def _label(resource: str, amount: int) -> str:
     """``amount`` of ``resource`` as a person reads it: 32 CPU, 4 GiB memory, 2 whole
     GPU cards."""
     if resource == "cpu":
         return f"{amount // 1000} CPU" if amount % 1000 == 0 else f"{amount}m CPU"
     if resource == "memory":
-        if amount >= 2**30 and amount % 2**30 == 0:
-            return f"{amount // 2**30} GiB memory"
+        if amount >= 2**30:
+            return f"{round(amount / 2**30, 1):g} GiB memory"
         return f"{amount // 2**20} MiB memory"
     if resource == "pods":
         return f"{amount} pod slot(s)"
