@@ -192,20 +192,24 @@ def test_gang_short_of_members_says_how_many_to_submit_or_the_min_to_set(
     )
 
 
-EXAMPLES = sorted(str(p) for p in (ROOT / "examples").glob("*.yaml"))
+WAITING_EXAMPLES = ("interpod.yaml", "quickstart.yaml", "topology.yaml")
+"""The examples that leave pods pending on purpose (anti-affinity with nowhere left to
+go, a cordoned node and a pod too big, a required topology no leaf holds); the others
+(batch, gpu-sharing, workloads) end with every pod placed or finished."""
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: Path(p).name)
+@pytest.mark.parametrize("example", WAITING_EXAMPLES)
 def test_every_pending_pod_of_the_examples_gets_an_answer_with_a_next_step(
     capsys: pytest.CaptureFixture[str], example: str
 ) -> None:
-    assert main(["simulate", example, "--json"]) == 0
+    assert main(["simulate", str(ROOT / "examples" / example), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    for key, view in data["pods"].items():
-        if view["phase"] == "Pending":
-            answer = view.get("answer")
-            assert answer and answer["next_step"], (key, view)
-            assert answer["kind"] != "other", (key, answer)
+    pending = {k: v for k, v in data["pods"].items() if v["phase"] == "Pending"}
+    assert pending, "the example leaves no pod pending any more: update WAITING_EXAMPLES"
+    for key, view in pending.items():
+        answer = view.get("answer")
+        assert answer and answer["next_step"], (key, view)
+        assert answer["kind"] != "other", (key, answer)
 
 
 def test_replay_explain_shows_the_answer_on_top(
