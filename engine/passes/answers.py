@@ -281,8 +281,9 @@ def _quota(
     return Answer(
         kind="quota-borrow",
         summary=(
-            f"quota {namespace}: {who} needs {_units(resource, need)} {resource} beyond its "
-            f"min {_units(resource, quota.min_of(resource))}, and quotas use "
+            f"quota {namespace}: {_units(resource, used)} {resource} in use (min "
+            f"{_units(resource, quota.min_of(resource))}), {who} needs "
+            f"{_units(resource, need)} more, and all quotas use "
             f"{_units(resource, total_used)} of {_units(resource, guaranteed)} guaranteed: "
             "none idle to borrow"
         ),

@@ -228,3 +228,28 @@ def test_replay_explain_shows_the_answer_on_top(
         "tolerate: add a toleration for dedicated=infra:NoSchedule to the pod, or remove "
         "the taint from the 1 node(s)"
     )
+
+
+@pytest.mark.parametrize("shards", SHARDS)
+def test_quota_borrow_names_use_min_and_the_guarantees_all_quotas_use(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
+) -> None:
+    """Quotas a and b each guarantee 4 cards; a runs 8 (4 borrowed from idle b), so all
+    8 guaranteed cards are in use: a's next 2-card pod has none to borrow, though the
+    nodes have 8 more. Raising a's min to 8 + 2 = 10 lets it in."""
+    text = gpu_node("g0", 8) + gpu_node("g1", 8) + quota("a", 4, 12) + quota("b", 4, 12)
+    text += "".join(
+        gpu_pod(f"run-{i}", cards=2).replace("name: run", "namespace: a\n  name: run")
+        for i in range(4)
+    )
+    text += gpu_pod("more", cards=2, at=60).replace("name: more", "namespace: a\n  name: more")
+    found = answers(tmp_path, capsys, text, shards)
+    assert set(found) == {"a/more"}
+    answer = one(found, "a/more", "quota-borrow")
+    assert answer["summary"] == (
+        "quota a: 8 nvidia.com/gpu in use (min 4), the pod needs 2 more, and all quotas use "
+        "8 of 8 guaranteed: none idle to borrow"
+    )
+    assert answer["next_step"] == (
+        "raise min nvidia.com/gpu of quota a to 10, or wait for other quotas to use less"
+    )
