@@ -537,6 +537,22 @@ class PodBound(_Fact, frozen=True, kw_only=True, tag="bind"):
     """The GPU cards the pod takes on ``node`` (indices); empty for no GPU."""
 
 
+class Answer(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Why a waiting unit waits, for the person who can change it: the dominant
+    reason with its numbers (``summary``), a few facts behind it (``evidence``) and
+    what to do (``next_step``). ``kind`` names the reason (``quota-max``, ``taint``,
+    ``gpu-cards``...; see :mod:`engine.passes.answers`)."""
+
+    kind: str
+    summary: str
+    evidence: tuple[str, ...] = ()
+    next_step: str = ""
+
+    def text(self) -> str:
+        """One line: the summary, then the next step."""
+        return f"{self.summary}: {self.next_step}" if self.next_step else self.summary
+
+
 class PodUnschedulable(_Fact, frozen=True, kw_only=True, tag="unsched"):
     """A scheduling attempt found no node.
 
@@ -551,6 +567,9 @@ class PodUnschedulable(_Fact, frozen=True, kw_only=True, tag="unsched"):
     rejections: dict[str, int] = {}
     plugins: tuple[str, ...] = ()
     shard: int = 0
+    answer: Answer | None = None
+    """The answer for the person waiting (composed by the engine; None in logs written
+    before answers existed)."""
 
 
 class BindFailed(_Fact, frozen=True, kw_only=True, tag="bind.fail"):

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from events.codec import to_builtins
@@ -39,7 +40,7 @@ def report_table(report: RunReport, summary: dict[str, Any]) -> None:
             f"[{style.get(view.phase, 'white')}]{view.phase}[/]",
             "-" if view.shard is None else str(view.shard),
             str(view.attempts),
-            view.reason if view.phase != "Bound" else "",
+            view.shown_reason() if view.phase != "Bound" else "",
         )
     console.print(table)
     if len(rows) > MAX_ROWS:
@@ -55,7 +56,9 @@ def report_table(report: RunReport, summary: dict[str, Any]) -> None:
                 str(group.scheduled),
                 str(group.min_member),
                 str(group.members),
-                group.reason,
+                group.answer.text()
+                if group.answer is not None and group.phase == "Pending"
+                else group.reason,
             )
         console.print(groups)
     if report.preemptions:
@@ -150,6 +153,11 @@ def explanation_text(key: str, result: ReplayResult) -> None:
     console = make_console()
     data = explanation_json(key, result)
     final = data["final"] or {}
+    answer = final.get("answer")
+    if answer:
+        console.print(f"[bold]answer[/]: {escape(answer['text'])}", soft_wrap=True)
+        for fact in answer["evidence"]:
+            console.print(f"  - {fact}", markup=False, soft_wrap=True)
     console.print(
         f"[bold]{key}[/]: {final.get('phase')} on {final.get('node') or '-'}"
         + (f" — {final['reason']}" if final.get("reason") else "")

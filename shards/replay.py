@@ -36,6 +36,7 @@ from events.types import (
     PodGroupStatusChanged,
     PodSpec,
     PodSubmitted,
+    PodUnschedulable,
     SchedulerConfigured,
     ShardingConfigured,
     SnapshotTaken,
@@ -114,9 +115,18 @@ def _in_report_order(items: Sequence[T], event: Callable[[T], Event]) -> list[T]
 def same_decision(derived: Event | None, recorded: Event | None) -> bool:
     """Whether replay derived the recorded decision. A ``PodBound`` recorded without
     GPU cards (logs written before cards were modelled) matches the same binding with
-    the cards replay chooses."""
+    the cards replay chooses; a ``PodUnschedulable`` recorded without an answer (logs
+    written before answers were composed) matches the same one with the answer replay
+    composes."""
     if derived == recorded:
         return True
+    if (
+        isinstance(derived, PodUnschedulable)
+        and isinstance(recorded, PodUnschedulable)
+        and recorded.answer is None
+        and derived.answer is not None
+    ):
+        return msgspec.structs.replace(derived, answer=None) == recorded
     if (
         isinstance(derived, PodBound)
         and isinstance(recorded, PodBound)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from events.types import (
+    Answer,
     BindFailed,
     Envelope,
     NodeAdded,
@@ -48,6 +49,21 @@ class PodView:
     """The decision id of its current placement."""
     devices: tuple[int, ...] = ()
     """The GPU cards it holds on ``node``."""
+    answer: Answer | None = None
+    """The engine's answer for the person waiting, while ``reason`` is the one it
+    answers (:meth:`current_answer`)."""
+    answered: str = ""
+
+    def current_answer(self) -> Answer | None:
+        """The answer to why the pod waits now (None: bound, ended, or not answered)."""
+        if self.phase == "Pending" and self.answer is not None and self.answered == self.reason:
+            return self.answer
+        return None
+
+    def shown_reason(self) -> str:
+        """The answer's line where there is one, else the reason."""
+        answer = self.current_answer()
+        return answer.text() if answer is not None else self.reason
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"node": self.node, "phase": self.phase}
@@ -55,6 +71,9 @@ class PodView:
             out["devices"] = list(self.devices)
         if self.phase != "Bound" and self.reason:
             out["reason"] = self.reason
+        answer = self.current_answer()
+        if answer is not None:
+            out["answer"] = answer_json(answer)
         if self.shard is not None:
             out["shard"] = self.shard
         out["attempts"] = self.attempts
@@ -69,6 +88,8 @@ class GroupView:
     scheduled: int = 0
     reason: str = ""
     members: int = 0
+    answer: Answer | None = None
+    """The answer its pending members were last given."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -80,7 +101,20 @@ class GroupView:
         }
         if self.reason:
             out["reason"] = self.reason
+        if self.answer is not None and self.phase == "Pending":
+            out["answer"] = answer_json(self.answer)
         return out
+
+
+def answer_json(answer: Answer) -> dict[str, Any]:
+    """An answer in ``--json``: kind, summary, evidence, next_step and the one line."""
+    return {
+        "kind": answer.kind,
+        "summary": answer.summary,
+        "evidence": list(answer.evidence),
+        "next_step": answer.next_step,
+        "text": answer.text(),
+    }
 
 
 class RunReport:
@@ -95,6 +129,8 @@ class RunReport:
         self.migrations: list[dict[str, str]] = []
         self.nodes: set[str] = set()
         self._pending_members: dict[str, int] = {}
+        self._group_of: dict[str, str] = {}
+        """Pod → its pod group (for the group's answer)."""
         self.current: dict[str, tuple[int, int]] = {}
         """Pod → (control offset, shard) of the router's latest hand-out (several shards
         only). Router records are ordered by the control offset that caused them, not by
@@ -152,6 +188,8 @@ class RunReport:
                 self.nodes.discard(name)
             case PodSubmitted(pod=spec):
                 self.pods[spec.key] = PodView()
+                if spec.group:
+                    self._group_of[spec.key] = spec.group
                 group = self.groups.get(spec.group)
                 if group is not None:
                     group.members += 1
@@ -170,6 +208,11 @@ class RunReport:
                 view = self._view(key)
                 if view.phase == "Pending":
                     view.reason = event.reason
+                    if event.answer is not None:
+                        view.answer, view.answered = event.answer, event.reason
+                        group_view = self.groups.get(self._group_of.get(key, ""))
+                        if group_view is not None:
+                            group_view.answer = event.answer
                 view.attempts = max(view.attempts, event.attempt)
                 if event.shard >= 0:
                     view.shard = event.shard

@@ -23,7 +23,7 @@ from engine.model.pods import PodInfo
 from engine.model.shard import ShardModel
 from engine.model.state import Ints
 from engine.model.statement import Statement
-from events.types import Event, PodUnbound
+from events.types import Answer, Event, PodUnbound
 
 Placed = list[tuple[PodInfo, int, int]]
 """(pod, slot, score) of each pod an attempt placed."""
@@ -87,8 +87,20 @@ class PassContext(Protocol):
         plugins: tuple[str, ...],
         rejections: dict[str, int] | None = None,
         unit: str | None = None,
+        answer: Answer | None = None,
     ) -> None:
-        """``pod`` found no node."""
+        """``pod`` found no node (``answer``: its unit's, else composed for the pod)."""
+        ...
+
+    def answer(
+        self,
+        pod: PodInfo,
+        reason: str,
+        plugins: tuple[str, ...],
+        rejections: dict[str, int],
+        unit: str | None = None,
+    ) -> Answer:
+        """The answer for a waiting ``pod`` (of gang ``unit``, if given)."""
         ...
 
 

@@ -179,9 +179,18 @@ def park_gang(
     it waits in the queue for the cluster events that may help."""
     e = p.e
     group = e.groups[key]
+    answer = None
+    if pending:
+        # one answer for the gang, from the nodes' verdicts on its failed members (the
+        # most nodes any member saw rejected for each reason)
+        merged: dict[str, int] = {}
+        for _, _, counts in (failures or {}).values():
+            for why, n in counts.items():
+                merged[why] = max(merged.get(why, 0), n)
+        answer = p.answer(pending[0], reason, plugins, merged, group_unit(key))
     for pod in pending:
         _, _, rejections = (failures or {}).get(pod.key, ("", (), {}))
-        p.unschedulable(pod, reason, plugins, rejections, unit=group_unit(key))
+        p.unschedulable(pod, reason, plugins, rejections, unit=group_unit(key), answer=answer)
     group.reason = reason
     e.group_changes[key] = None
     framework = p.profiles.framework_for(pending[0]) if pending else None

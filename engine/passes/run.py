@@ -34,6 +34,7 @@ from engine.model.pods import PodInfo
 from engine.model.reservations import COMMITTED
 from engine.model.shard import ShardModel
 from engine.model.state import Request, held_devices
+from engine.passes.answers import compose
 from engine.passes.context import Dispatch, Route
 from engine.passes.defrag import defragment
 from engine.passes.explain import Explanation
@@ -49,6 +50,7 @@ from engine.passes.reservations import (
 )
 from events.types import (
     SECOND,
+    Answer,
     Event,
     Placement,
     PodGroupStatusChanged,
@@ -84,6 +86,8 @@ class SchedulingPass:
         moves only ever take room, so none is found again until something is freed;
         with the cheapest plan that would need too many moves, said in the reason."""
         self._capacity: dict[str, int] | None = None
+        self._answers: dict[tuple[object, ...], Answer] = {}
+        """Answers composed this pass, by what decides them (:meth:`answer`)."""
         self.extender_nodes: dict[tuple[object, ...], tuple[str, ...] | None] = {}
         """Per (profile, pod shape, state position): the nodes extenders are asked
         about (:mod:`engine.passes.extenders`)."""
@@ -407,7 +411,37 @@ class SchedulingPass:
         for key in keys:
             if e.said.get(key) != reason:
                 e.said[key] = reason
-                self.out.append(PodUnschedulable(pod=key, attempt=0, reason=reason, shard=e.shard))
+                pod = e.pods.get(key)
+                answer = self.answer(pod, reason, (), {}) if pod is not None else None
+                self.out.append(
+                    PodUnschedulable(
+                        pod=key, attempt=0, reason=reason, shard=e.shard, answer=answer
+                    )
+                )
+
+    def answer(
+        self,
+        pod: PodInfo,
+        reason: str,
+        plugins: tuple[str, ...],
+        rejections: dict[str, int],
+        unit: str | None = None,
+    ) -> Answer:
+        """The answer for a waiting ``pod`` (:mod:`engine.passes.answers`), composed once
+        per pass for pods alike in what decides it."""
+        key = (
+            reason,
+            plugins,
+            tuple(sorted(rejections.items())),
+            unit,
+            pod.shape_key,
+            pod.spec.namespace,
+            pod.spec.group,
+        )
+        answer = self._answers.get(key)
+        if answer is None:
+            answer = self._answers[key] = compose(self.e, pod, reason, plugins, rejections, unit)
+        return answer
 
     def _explain_next_runs(self) -> None:
         """Say why the pods held for a group's next run wait."""
@@ -473,9 +507,11 @@ class SchedulingPass:
         plugins: tuple[str, ...],
         rejections: dict[str, int] | None = None,
         unit: str | None = None,
+        answer: Answer | None = None,
     ) -> None:
         """``pod`` found no node: a delegated pod goes back to the coordinator; any other
-        says why and waits (``unit`` given: its gang parks, not the pod)."""
+        says why and waits (``unit`` given: its gang parks, not the pod; ``answer``: the
+        gang's, else one is composed for the pod)."""
         e = self.e
         if unit is None and pod.key in e.delegated:
             hand_back(self, pod=pod.key, reason=reason, plugins=plugins)
@@ -489,6 +525,7 @@ class SchedulingPass:
                 rejections=rejections or {},
                 plugins=plugins,
                 shard=e.shard,
+                answer=answer or self.answer(pod, reason, plugins, rejections or {}, unit),
             )
         )
         e.count("unschedulable")

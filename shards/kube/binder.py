@@ -393,7 +393,7 @@ class KubeBinder:
                         *await self._evict(event.pod, event.from_node, env.offset or 0),
                     ]
                 case PodUnschedulable() if from_shard and event.attempt > 0:
-                    await self._warn(event.pod, "FailedScheduling", event.reason)
+                    await self._warn(event.pod, "FailedScheduling", unschedulable_message(event))
                 case PodRejected() if from_shard or env.producer in _ADMISSION:
                     # from a shard, or refused by ingest (told by the coordinator when
                     # there are several shards)
@@ -601,6 +601,18 @@ class KubeBinder:
         except ApiException as exc:
             if exc.status != 404:
                 log.warning("group status not written group=%s status=%s", event.group, exc.status)
+
+
+MESSAGE_LIMIT: Final = 1024
+"""The most of a message an Event carries (the API server's limit)."""
+
+
+def unschedulable_message(event: PodUnschedulable) -> str:
+    """A ``FailedScheduling`` Event's message: the engine's answer (why, and what to do),
+    then kube-scheduler's count of nodes by reason; the reason alone without an answer."""
+    if event.answer is None:
+        return event.reason
+    return f"{event.answer.text()} ({event.reason})"[:MESSAGE_LIMIT]
 
 
 def as_eviction(event: PodMigrated) -> PodEvicted:

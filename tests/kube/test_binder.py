@@ -14,6 +14,7 @@ import pytest
 from engine.engine import Engine
 from events.memory import MemoryLog
 from events.types import (
+    Answer,
     BindFailed,
     Envelope,
     GroupSpec,
@@ -439,3 +440,38 @@ async def test_a_slow_binding_holds_up_only_its_own_slot(
     assert binder.counters["bound"] == len(names)
     assert apiserver.bound_order[-1] == "p0" and sorted(apiserver.bound_order) == sorted(names)
     assert apiserver.bindings_at_once <= 4
+
+
+async def test_a_failed_scheduling_event_leads_with_the_answer(
+    apiserver: FakeApiServer, api: Any
+) -> None:
+    """``kubectl describe pod`` shows the engine's answer (why, and what to do), then
+    kube-scheduler's count of nodes by reason."""
+    apiserver.put("Pod", pod("waiting"))
+    log = MemoryLog()
+    binder = KubeBinder(api, log, initial_backoff=0.01)
+    answer = Answer(
+        kind="taint",
+        summary="3 node(s) have taint dedicated=infra:NoSchedule, which the pod does not tolerate",
+        next_step="add a toleration for dedicated=infra:NoSchedule to the pod",
+    )
+    await log.append(
+        [
+            decision(
+                PodUnschedulable(
+                    pod="default/waiting",
+                    attempt=1,
+                    reason="0/3 nodes are available: 3 node(s) had untolerated taint {dedicated: infra}.",
+                    answer=answer,
+                )
+            )
+        ]
+    )
+    await binder.poll()
+    (event,) = apiserver.all("Event")
+    assert event["reason"] == "FailedScheduling"
+    assert event["message"] == (
+        "3 node(s) have taint dedicated=infra:NoSchedule, which the pod does not tolerate: "
+        "add a toleration for dedicated=infra:NoSchedule to the pod "
+        "(0/3 nodes are available: 3 node(s) had untolerated taint {dedicated: infra}.)"
+    )

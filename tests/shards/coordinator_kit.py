@@ -31,6 +31,7 @@ from shards.cli import main
 from shards.coordinator.coordinator import Coordinator, Output
 from shards.inputs.scenario import Scenario, TimedEvent
 from shards.replay import replay_routed
+from shards.report import WAITING
 from shards.simulate import simulate
 from tests.builders import make_node, make_pod, relayed
 from tests.shards.scenario_text import node
@@ -107,7 +108,17 @@ def shoal(
     assert main(["replay", str(log), "--verify", "--json"]) == 0, capsys.readouterr().err
     verified = json.loads(capsys.readouterr().out)["verify"]
     assert verified["ok"] and verified["unforwarded"] == 0, verified
+    assert_answered(data)
     return data, read_log(log)
+
+
+def assert_answered(data: dict[str, Any]) -> None:
+    """Every pod a run leaves pending that was tried or held has an answer with a next
+    step (a pod never looked at still says "waiting to be scheduled")."""
+    for key, view in data["pods"].items():
+        if view["phase"] == "Pending" and view.get("reason") != WAITING:
+            answer = view.get("answer")
+            assert answer and answer["next_step"], (key, view)
 
 
 def simulated(events: list[TimedEvent], sharding_: Sharding) -> tuple[dict[str, Any], Parts]:
@@ -124,6 +135,7 @@ def simulated(events: list[TimedEvent], sharding_: Sharding) -> tuple[dict[str, 
     verified = replay_routed(parts, verify=True)
     assert verified.mismatch is None, verified.mismatch
     assert verified.unforwarded == 0
+    assert_answered(data)
     return data, parts
 
 

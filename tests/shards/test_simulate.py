@@ -17,6 +17,7 @@ from events.types import (
     PodBound,
     PodFailed,
     PodSucceeded,
+    PodUnschedulable,
     is_decision,
 )
 from shards.binder import Binder
@@ -167,6 +168,9 @@ async def test_random_runs_lose_nothing_and_replay_exactly(s: Scenario) -> None:
         )
     ]
     assert bound_twice == []
+    for env in records:  # every pod told it waits is told what to do
+        if isinstance(env.event, PodUnschedulable):
+            assert env.event.answer is not None and env.event.answer.next_step, env.event
     verified = replay(records, verify=True)
     assert verified.mismatch is None
     assert verified.verified == sum(
