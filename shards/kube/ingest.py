@@ -18,8 +18,8 @@ Kinds: Nodes; Pods (unbound ones whose ``schedulerName`` one of the profiles ser
 and bound ones of any scheduler, for accounting; listed once nodes are, so that the
 first pods find them); PriorityClasses (listed first, since pods need them); the
 pod-group kinds of scheduler-plugins; ElasticQuotas; PodDisruptionBudgets
-(``policy/v1beta1``, which every server up to v1.24 serves, v1.20 only that; where it is
-not served, ``policy/v1``). An object the
+(``policy/v1``, which every server since v1.21 serves; where it is not served,
+``policy/v1beta1``). An object the
 scheduler cannot accept is skipped with a warning naming it and the field, and counted
 (``stats()["rejected"]``); nothing else is lost.
 """
@@ -282,8 +282,8 @@ class KubeIngest:
         self.quotas: dict[str, JSON] = {}
         self.budgets: dict[str, BudgetSpec] = {}
         """The PodDisruptionBudgets told, by ``namespace/name``."""
-        self.budget_versions: tuple[str, ...] = ("v1beta1",)
-        """The PodDisruptionBudget version asked (``v1beta1``, then ``v1`` for good
+        self.budget_versions: tuple[str, ...] = ("v1",)
+        """The PodDisruptionBudget version asked (``v1``, then ``v1beta1`` for good
         where that is not served)."""
         self.classes: dict[str, int] = {}
         self.rejected: list[str] = []
@@ -498,9 +498,9 @@ class KubeIngest:
             return self._reject(f"ElasticQuota {meta.get('namespace')}/{meta.get('name')}", exc)
 
     def _budgets_call(self) -> Callable[..., Awaitable[Any]]:
-        """List or watch PodDisruptionBudgets at ``policy/v1beta1`` (kubernetes-asyncio
-        no longer has it: a raw call), or at ``policy/v1`` once the former answers 404
-        (not served); the version answering is kept."""
+        """List or watch PodDisruptionBudgets at ``policy/v1``, or at ``policy/v1beta1``
+        once the former answers 404 (a server older than v1.21; kubernetes-asyncio no
+        longer has that version: a raw call); the version answering is kept."""
         api = self.api
         policy = client.PolicyV1Api(api)
         names = {
@@ -511,23 +511,23 @@ class KubeIngest:
         }
 
         async def call(**kwargs: Any) -> Any:
-            if self.budget_versions[0] == "v1beta1":
-                query = [(names[k], v) for k, v in kwargs.items() if k in names and v is not None]
-                response = await api.call_api(
-                    "/apis/policy/v1beta1/poddisruptionbudgets",
-                    "GET",
-                    query_params=query,
-                    header_params={"Accept": "application/json"},
-                    auth_settings=["BearerToken"],
-                    _return_http_data_only=True,
-                    _preload_content=False,
-                    _request_timeout=kwargs.get("_request_timeout"),
-                )
+            if self.budget_versions[0] == "v1":
+                response = await policy.list_pod_disruption_budget_for_all_namespaces(**kwargs)
                 if response.status != 404:
                     return response
                 response.release()
-                self.budget_versions = ("v1",)
-            return await policy.list_pod_disruption_budget_for_all_namespaces(**kwargs)
+                self.budget_versions = ("v1beta1",)
+            query = [(names[k], v) for k, v in kwargs.items() if k in names and v is not None]
+            return await api.call_api(
+                "/apis/policy/v1beta1/poddisruptionbudgets",
+                "GET",
+                query_params=query,
+                header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+                _preload_content=False,
+                _request_timeout=kwargs.get("_request_timeout"),
+            )
 
         return call
 

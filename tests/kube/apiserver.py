@@ -1,7 +1,7 @@
 """An in-repo Kubernetes API server: the slice of the REST API shoal depends on.
 
 The adapter's fast tests run the real kubernetes-asyncio client against this server;
-the end-to-end tests also run against a real kube-apiserver v1.20 with etcd when one is
+the end-to-end tests also run against a real kube-apiserver v1.37 with etcd when one is
 built (``./dev kube build``; see ``tests/kube/realkube.py``), so that this imitation
 stays honest. It is faithful to the real server in what shoal depends on:
 
@@ -18,19 +18,19 @@ stays honest. It is faithful to the real server in what shoal depends on:
 - ``PATCH`` on an object and on its ``status`` subresource honours the content type:
   ``application/merge-patch+json``, ``application/strategic-merge-patch+json`` (core
   kinds only: 415 for custom resources), ``application/json-patch+json`` (a list of
-  operations; an object body is 400 "cannot unmarshal object into Go value of type
-  jsonpatch.Patch"), 415 for anything else (``tests/kube/patch.py``). A patch of the
-  object keeps its ``status``; a patch of ``status`` changes nothing else (so a pod's
-  ``status.nominatedNodeName`` is written through ``pods/status``);
+  operations; an object body is 400 "error decoding patch: json: cannot unmarshal
+  object into Go value of type []handlers.jsonPatchOp", v1.37's words), 415 for
+  anything else (``tests/kube/patch.py``). A patch of the object keeps its ``status``;
+  a patch of ``status`` changes nothing else (so a pod's ``status.nominatedNodeName``
+  is written through ``pods/status``);
 - ``pods/binding`` (201; 409 if the pod is already bound or being deleted, or is not the
-  one whose ``metadata.uid`` the Binding names; 404 if it does not exist). The uid
-  check is what later releases do: v1.20 ignores the uid a Binding names. The
+  one whose ``metadata.uid`` the Binding names; 404 if it does not exist). The
   Binding's ``metadata.annotations`` are copied onto the pod with its node, in the same
   write (``BindingREST.setPodHostAndAnnotations``); annotations that are not strings
   are a 400;
-- ``pods/eviction`` as v1.20's: a pod that is Pending, finished or already terminating
+- ``pods/eviction`` as v1.37's: a pod that is Pending, finished or already terminating
   is deleted without looking at budgets; otherwise the one PodDisruptionBudget
-  (``policy/v1beta1``) whose selector matches it must allow a disruption (its status is
+  (``policy/v1``) whose selector matches it must allow a disruption (its status is
   written by the disruption controller, here by the test: ``observedGeneration`` behind
   ``metadata.generation`` or ``disruptionsAllowed: 0`` is 429 TooManyRequests; two
   budgets are 500); ``disruptionsAllowed`` is then decremented and the pod name put in
@@ -107,7 +107,7 @@ KINDS = [
     Kind("scheduling.x-k8s.io", "v1alpha1", "podgroups", "PodGroup", True),
     Kind("scheduling.x-k8s.io", "v1alpha1", "elasticquotas", "ElasticQuota", True),
     Kind("coordination.k8s.io", "v1", "leases", "Lease", True),
-    Kind("policy", "v1beta1", "poddisruptionbudgets", "PodDisruptionBudget", True),
+    Kind("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True),
 ]
 FIELDS: dict[str, Callable[[JSON], str]] = {
     "metadata.name": lambda o: o.get("metadata", {}).get("name", ""),
@@ -184,10 +184,10 @@ class _Watch:
 class FakeApiServer:
     """Serve the slice above on 127.0.0.1 and a free port (``url`` once started)."""
 
-    def __init__(self, *, history: int = 10_000, budget_version: str = "v1beta1") -> None:
+    def __init__(self, *, history: int = 10_000, budget_version: str = "v1") -> None:
         self.budget_version = budget_version
-        """The one version PodDisruptionBudgets are served at (v1.20: ``v1beta1``;
-        v1.25 and later: ``v1``)."""
+        """The one version PodDisruptionBudgets are served at (v1.25 and later: ``v1``;
+        before v1.21: ``v1beta1``)."""
         self.kinds = [
             dataclasses.replace(k, version=budget_version)
             if k.plural == "poddisruptionbudgets"
@@ -651,7 +651,7 @@ class FakeApiServer:
         return created()
 
     async def _eviction(self, request: web.Request) -> web.Response:
-        """``pods/eviction`` as v1.20's ``EvictionREST.Create`` (see the module's doc)."""
+        """``pods/eviction`` as v1.37's ``EvictionREST.Create`` (see the module's doc)."""
         namespace, name = request.match_info["namespace"], request.match_info["name"]
         try:
             body = await request.json()

@@ -1,14 +1,13 @@
-"""A real kube-apiserver with etcd for the end-to-end tests of ``tests/kube/`` and
-``tests/deploy/``: v1.20 (:data:`V1_20`) and v1.37 (:data:`V1_37`, with kube-scheduler
-and kustomize).
+"""A real kube-apiserver v1.37 with etcd for the end-to-end tests of ``tests/kube/`` and
+``tests/deploy/`` (:data:`V1_37`, with kube-scheduler and kustomize).
 
-Built once by ``./dev kube build`` into ``$SHOAL_REALKUBE`` (by default
-``${XDG_CACHE_HOME:-~/.cache}/shoal/realkube-v1.20.2``) and ``$SHOAL_REALKUBE137``
-(``.../realkube-v1.37.2``), started here on 127.0.0.1 on free ports for the test
-session (``tools/realkube/start.sh``), stopped at its end by the PIDs it recorded.
-Tests marked ``real_kube`` run against it as well as against the in-repo server;
-without the build they are skipped, saying why, unless ``SHOAL_REAL_KUBE=1`` demands
-them (then its absence is an error: :func:`require`).
+Built once by ``./dev kube build`` into ``$SHOAL_REALKUBE137`` (by default
+``${XDG_CACHE_HOME:-~/.cache}/shoal/realkube-v1.37.2``), started here on 127.0.0.1 on
+free ports for the test session (``tools/realkube137/start.sh``: with the feature gate
+and API version of Kubernetes' own Workload and PodGroup), stopped at its end by the
+PIDs it recorded. Tests marked ``real_kube`` run against it as well as against the
+in-repo server; without the build they are skipped, saying why, unless
+``SHOAL_REAL_KUBE=1`` demands them (then its absence is an error: :func:`require`).
 
 :class:`RealApiServer` offers what the tests use of ``FakeApiServer``: ``put``, ``get``,
 ``remove``, ``all`` as synchronous calls (the tests make them between awaits; a short
@@ -38,6 +37,7 @@ from tests.kube.apiserver import KINDS, Kind
 
 JSON = dict[str, Any]
 ROOT = Path(__file__).resolve().parents[2]
+START = ROOT / "tools" / "realkube137" / "start.sh"
 
 
 def _cache(variable: str, version: str) -> Path:
@@ -68,19 +68,13 @@ class Build:
         return self.cache / "bin" / name
 
 
-V1_20 = Build(
-    "v1.20.2", _cache("SHOAL_REALKUBE", "v1.20.2"), ("bin/kube-apiserver", "opt/usr/bin/etcd")
-)
 V1_37 = Build(
     "v1.37.2",
     _cache("SHOAL_REALKUBE137", "v1.37.2"),
     tuple(f"bin/{b}" for b in ("kube-apiserver", "kube-scheduler", "etcd", "kustomize")),
 )
-BUILDS = {"v1.20": V1_20, "v1.37": V1_37}
-DEFAULT = BUILDS.get(os.environ.get("SHOAL_KUBE") or "v1.20", V1_20)
-"""The build the tests of tests/kube/ run against: v1.20, or ``SHOAL_KUBE=v1.37``."""
-VERSION = DEFAULT.version
-CACHE = DEFAULT.cache
+DEFAULT = V1_37
+"""The build the tests of tests/kube/ run against."""
 TOKEN = "admin-token-0123456789"
 WITH_STATUS = {"Pod", "PodGroup", "PodDisruptionBudget", "ElasticQuota"}
 """Kinds whose status is written through the status subresource only."""
@@ -89,8 +83,6 @@ EMPTIED = ["Pod", "Event", "PodGroup", "ElasticQuota", "PodDisruptionBudget", "L
 
 def missing() -> str | None:
     """Why the real server of tests/kube/ cannot run here, or None."""
-    if (os.environ.get("SHOAL_KUBE") or "v1.20") not in BUILDS:
-        return f"SHOAL_KUBE={os.environ['SHOAL_KUBE']}: expected one of {sorted(BUILDS)}"
     return DEFAULT.missing()
 
 
@@ -140,9 +132,8 @@ class RealApiServer:
             "ETCD_PEER": str(_free_port()),
             "ETCD_METRICS": str(_free_port()),
         }
-        script = ROOT / "tools" / "realkube" / "start.sh"
         done = subprocess.run(
-            ["bash", str(script), "up", str(self.run)],
+            ["bash", str(START), "up", str(self.run)],
             check=False,
             env=env,
             capture_output=True,
@@ -178,7 +169,7 @@ class RealApiServer:
 
     def stop(self) -> None:
         subprocess.run(
-            ["bash", str(ROOT / "tools" / "realkube" / "start.sh"), "down", str(self.run)],
+            ["bash", str(START), "down", str(self.run)],
             check=False,
             env={**os.environ, "RK": str(self.build.cache)},
             capture_output=True,
@@ -228,8 +219,8 @@ class RealApiServer:
             try:
                 found = self.all(kind_name)
             except urllib.error.HTTPError as exc:
-                if exc.code != 404:  # a version this server does not serve (v1.37: PDBs'
-                    raise  # policy/v1beta1)
+                if exc.code != 404:  # a kind this server does not serve
+                    raise
                 continue
             for obj in found:
                 meta = obj["metadata"]
