@@ -95,11 +95,14 @@ _GROUP_FIELDS: Final[dict[str, dict[str, str]]] = {
     "kubernetes": {
         "schedulingPolicy": "",
         "podGroupTemplateRef": "",
+        "workloadRef": "",
         "priorityClassName": "",
         "priority": "",
         "schedulingConstraints": "",
         "resourceClaims": "resource claims (DRA) are not modelled",
         "disruptionMode": "preemption takes pods one by one, whatever the mode",
+        "preemptionPolicy": "the members' own preemptionPolicy is followed",
+        "parentCompositePodGroupName": "composite pod groups are not modelled",
     },
 }
 """Each convention's ``spec`` fields: acted on ("") or, with why, read and not acted on."""
@@ -175,6 +178,7 @@ def pod_group(obj: Mapping[str, Any], classes: Mapping[str, int]) -> GroupSpec:
     if source == "kubernetes":
         min_member = _scheduling_policy(spec)
         _template_ref(spec.get("podGroupTemplateRef"))
+        _workload_ref(spec.get("workloadRef"))
     elif source == "kai" and spec.get("minMember") is None:
         min_member = 1  # KAI schedules max(minMember, 1)
     else:
@@ -268,6 +272,22 @@ def _template_ref(raw: Any) -> None:
             raise InputError("needs a name", location=f"{where}.workload.{key}")
 
 
+def _workload_ref(raw: Any) -> None:
+    """v1.37's ``workloadRef: {workloadName, templateName}``: checked, as above."""
+    if raw is None:
+        return
+    ref = _map(raw, "spec.workloadRef")
+    for key in ("workloadName", "templateName"):
+        value = ref.get(key)
+        if not isinstance(value, str) or not value:
+            raise InputError("needs a name", location=f"spec.workloadRef.{key}")
+
+
+ONE_BY_ONE: Final[tuple[object, ...]] = ("Pod", {"single": {}})
+"""``disruptionMode`` values that say what shoal does anyway (1.36's and 1.37's spelling;
+1.37 defaults every PodGroup to ``{single: {}}``)."""
+
+
 def group_warnings(obj: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(field, message) for each ``spec`` field of a PodGroup that shoal does not act on."""
     fields = _GROUP_FIELDS[GROUP_KINDS[obj["apiVersion"]]]
@@ -277,6 +297,8 @@ def group_warnings(obj: Mapping[str, Any]) -> list[tuple[str, str]]:
         why = fields.get(key, f"not a field shoal knows (it reads: {', '.join(fields)})")
         if key == "queue" and spec[key] in ("", "default"):
             continue  # the queue every Volcano cluster has, unbounded unless configured
+        if key == "disruptionMode" and spec[key] in ONE_BY_ONE:
+            continue
         if why:
             out.append((f"spec.{key}", f"not acted on: {why}"))
     return out

@@ -76,9 +76,34 @@ V1_37 = Build(
 DEFAULT = V1_37
 """The build the tests of tests/kube/ run against."""
 TOKEN = "admin-token-0123456789"
-WITH_STATUS = {"Pod", "PodGroup", "PodDisruptionBudget", "ElasticQuota"}
+WITH_STATUS = {
+    "Pod",
+    "PodGroup",
+    "PodDisruptionBudget",
+    "ElasticQuota",
+    "KubePodGroup",
+    "VolcanoPodGroup",
+    "KaiPodGroup",
+}
 """Kinds whose status is written through the status subresource only."""
-EMPTIED = ["Pod", "Event", "PodGroup", "ElasticQuota", "PodDisruptionBudget", "Lease", "Node"]
+EMPTIED = [
+    "Pod",
+    "Event",
+    "PodGroup",
+    "KubePodGroup",
+    "Workload",
+    "VolcanoPodGroup",
+    "KaiPodGroup",
+    "ElasticQuota",
+    "PodDisruptionBudget",
+    "Lease",
+    "Node",
+]
+CRDS = [
+    *sorted((ROOT / "deploy" / "crds").glob("*.yaml")),
+    *sorted((ROOT / "tests" / "fixtures" / "crds").glob("*.yaml")),
+]
+"""scheduler-plugins' CRDs (``deploy/crds``) and stand-ins for Volcano's and KAI's."""
 
 
 def missing() -> str | None:
@@ -145,7 +170,7 @@ class RealApiServer:
             raise RuntimeError(f"the real kube-apiserver did not start: {done.stderr[-2000:]}")
         self.url = (self.run / "url").read_text().strip()
         self._ssl = ssl.create_default_context(cafile=str(self.build.cache / "pki" / "ca.crt"))
-        for crd in sorted((ROOT / "deploy" / "crds").glob("*.yaml")):
+        for crd in CRDS:
             for doc in yaml.safe_load_all(crd.read_text()):
                 if doc and doc.get("kind") == "CustomResourceDefinition":
                     self._call(
@@ -161,6 +186,8 @@ class RealApiServer:
             try:
                 self._call("GET", "/apis/scheduling.x-k8s.io/v1alpha1/podgroups")
                 self._call("GET", "/apis/scheduling.x-k8s.io/v1alpha1/elasticquotas")
+                self._call("GET", "/apis/scheduling.volcano.sh/v1beta1/podgroups")
+                self._call("GET", "/apis/scheduling.run.ai/v2alpha2/podgroups")
                 self._call("GET", "/api/v1/namespaces/default")
                 return
             except urllib.error.HTTPError:
@@ -246,7 +273,7 @@ class RealApiServer:
 
     @staticmethod
     def _kind(kind_name: str) -> Kind:
-        return next(k for k in KINDS if k.kind == kind_name)
+        return next(k for k in KINDS if k.name == kind_name)
 
     @staticmethod
     def _path(kind: Kind, namespace: str | None, name: str = "") -> str:
@@ -306,7 +333,16 @@ class RealApiServer:
         found = self.get(kind_name, name, namespace)
         if found is None:
             return None
-        path = self._path(kind, namespace or "default", name) + "?gracePeriodSeconds=0"
+        path = self._path(kind, namespace or "default", name)
+        if found["metadata"].get("finalizers"):  # Kubernetes' PodGroups get one; no
+            # controller here takes it off
+            self._call(
+                "PATCH",
+                path,
+                {"metadata": {"finalizers": None}},
+                content_type="application/merge-patch+json",
+            )
+        path += "?gracePeriodSeconds=0"
         try:
             self._call("DELETE", path)
         except urllib.error.HTTPError as exc:

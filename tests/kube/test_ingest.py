@@ -29,7 +29,8 @@ from events.types import (
     QuotaDefined,
 )
 from shards.kube.client import api_client
-from shards.kube.ingest import WATCH_BATCH, KubeIngest, Reflector
+from shards.kube.ingest import KubeIngest
+from shards.kube.reflector import WATCH_BATCH, Reflector
 from tests.kube.apiserver import FakeApiServer
 
 
