@@ -19,8 +19,11 @@ Pod groups (gangs), in four conventions:
   or ``v1beta1`` ``PodGroup`` with ``spec.schedulingPolicy`` either ``gang: {minCount:
   N}`` (all or nothing, N members) or ``basic: {}`` (each pod on its own: a group of
   minimum 1), and ``priorityClassName``/``priority``; pods join by
-  ``spec.schedulingGroup.podGroupName``. A ``Workload`` object only holds the templates
-  controllers copy into PodGroups: it is checked, and schedules nothing itself.
+  ``spec.schedulingGroup.podGroupName``. The template a PodGroup came from is checked
+  (1.36's ``podGroupTemplateRef``, 1.37's ``workloadRef``); 1.37's default
+  ``disruptionMode: {single: {}}`` is what shoal does. A ``Workload`` object only holds
+  the templates controllers copy into PodGroups: it is checked, and schedules nothing
+  itself. ``shoal serve`` watches these PodGroups live (``shards.kube.groups``).
 
 All become one :class:`~events.types.GroupSpec`. A field of a PodGroup that shoal does
 not act on (KAI's ``subGroups``, any field it does not know) gives a warning

@@ -33,7 +33,10 @@
   ones are aggregated and rate-limited per pod (``shards/kube/recorder.py``).
 - ``PodGroupStatusChanged`` → the ``status`` of scheduler-plugins PodGroups (a merge
   patch of the status subresource), and the conditions kube-scheduler writes on
-  Kubernetes' own PodGroups (``shards/kube/groups.py``).
+  Kubernetes' own PodGroups (``shards/kube/groupstatus.py``). With several shards a
+  gang is known whole only to the coordinator's view, which reports its status in the
+  control partition: the binder of partition 0 follows that partition (read only) for
+  the groups' status.
 - A ``PodBound`` naming GPU cards carries them as annotations of the Binding itself,
   in the form the device plugin of the pod's convention reads (``shards/kube/devices.py``):
   the API server copies a Binding's annotations onto the pod in the same write that sets
@@ -609,7 +612,10 @@ class KubeBinder:
                 case PodGroupSubmitted(group=spec):
                     self.group_sources[spec.key] = spec.source
                 case PodGroupStatusChanged() as event if _coordinators_group_status(env):
-                    await self._group_status(event)
+                    try:
+                        await self._group_status(event)
+                    except _Unavailable as exc:  # informational: not retried
+                        log.warning("group status not written group=%s: %s", event.group, exc)
 
     async def _group_status(self, event: PodGroupStatusChanged) -> None:
         source = self.group_sources.get(event.group)

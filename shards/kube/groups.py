@@ -1,5 +1,5 @@
-"""The pod-group dialects watched live besides scheduler-plugins' (``shards.kube.ingest``),
-and the status shoal writes on Kubernetes' own PodGroups.
+"""The pod-group dialects ingest watches live besides scheduler-plugins'
+(``shards.kube.ingest``).
 
 Watched, where the server serves them (each its own reflector in ingest):
 
