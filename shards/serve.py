@@ -527,6 +527,7 @@ class Service:
                         clock=self.clock,
                         in_flight=self.options.bind_in_flight,
                         rate=RateLimit(self.options.kube_qps, self.options.kube_burst),
+                        control=self.control_partition if self.routed and p == 0 else None,
                     )
                     for p in self._written_by("binder")
                 ]

@@ -19,8 +19,11 @@ Pod groups (gangs), in four conventions:
   or ``v1beta1`` ``PodGroup`` with ``spec.schedulingPolicy`` either ``gang: {minCount:
   N}`` (all or nothing, N members) or ``basic: {}`` (each pod on its own: a group of
   minimum 1), and ``priorityClassName``/``priority``; pods join by
-  ``spec.schedulingGroup.podGroupName``. A ``Workload`` object only holds the templates
-  controllers copy into PodGroups: it is checked, and schedules nothing itself.
+  ``spec.schedulingGroup.podGroupName``. The template a PodGroup came from is checked
+  (1.36's ``podGroupTemplateRef``, 1.37's ``workloadRef``); 1.37's default
+  ``disruptionMode: {single: {}}`` is what shoal does. A ``Workload`` object only holds
+  the templates controllers copy into PodGroups: it is checked, and schedules nothing
+  itself. ``shoal serve`` watches these PodGroups live (``shards.kube.groups``).
 
 All become one :class:`~events.types.GroupSpec`. A field of a PodGroup that shoal does
 not act on (KAI's ``subGroups``, any field it does not know) gives a warning
@@ -95,11 +98,14 @@ _GROUP_FIELDS: Final[dict[str, dict[str, str]]] = {
     "kubernetes": {
         "schedulingPolicy": "",
         "podGroupTemplateRef": "",
+        "workloadRef": "",
         "priorityClassName": "",
         "priority": "",
         "schedulingConstraints": "",
         "resourceClaims": "resource claims (DRA) are not modelled",
         "disruptionMode": "preemption takes pods one by one, whatever the mode",
+        "preemptionPolicy": "the members' own preemptionPolicy is followed",
+        "parentCompositePodGroupName": "composite pod groups are not modelled",
     },
 }
 """Each convention's ``spec`` fields: acted on ("") or, with why, read and not acted on."""
@@ -175,6 +181,7 @@ def pod_group(obj: Mapping[str, Any], classes: Mapping[str, int]) -> GroupSpec:
     if source == "kubernetes":
         min_member = _scheduling_policy(spec)
         _template_ref(spec.get("podGroupTemplateRef"))
+        _workload_ref(spec.get("workloadRef"))
     elif source == "kai" and spec.get("minMember") is None:
         min_member = 1  # KAI schedules max(minMember, 1)
     else:
@@ -268,6 +275,22 @@ def _template_ref(raw: Any) -> None:
             raise InputError("needs a name", location=f"{where}.workload.{key}")
 
 
+def _workload_ref(raw: Any) -> None:
+    """v1.37's ``workloadRef: {workloadName, templateName}``: checked, as above."""
+    if raw is None:
+        return
+    ref = _map(raw, "spec.workloadRef")
+    for key in ("workloadName", "templateName"):
+        value = ref.get(key)
+        if not isinstance(value, str) or not value:
+            raise InputError("needs a name", location=f"spec.workloadRef.{key}")
+
+
+ONE_BY_ONE: Final[tuple[object, ...]] = ("Pod", {"single": {}})
+"""``disruptionMode`` values that say what shoal does anyway (1.36's and 1.37's spelling;
+1.37 defaults every PodGroup to ``{single: {}}``)."""
+
+
 def group_warnings(obj: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(field, message) for each ``spec`` field of a PodGroup that shoal does not act on."""
     fields = _GROUP_FIELDS[GROUP_KINDS[obj["apiVersion"]]]
@@ -277,6 +300,8 @@ def group_warnings(obj: Mapping[str, Any]) -> list[tuple[str, str]]:
         why = fields.get(key, f"not a field shoal knows (it reads: {', '.join(fields)})")
         if key == "queue" and spec[key] in ("", "default"):
             continue  # the queue every Volcano cluster has, unbounded unless configured
+        if key == "disruptionMode" and spec[key] in ONE_BY_ONE:
+            continue
         if why:
             out.append((f"spec.{key}", f"not acted on: {why}"))
     return out

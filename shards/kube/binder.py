@@ -32,7 +32,11 @@
   type Warning) on the pod, so ``kubectl describe`` says why it is pending; repeated
   ones are aggregated and rate-limited per pod (``shards/kube/recorder.py``).
 - ``PodGroupStatusChanged`` → the ``status`` of scheduler-plugins PodGroups (a merge
-  patch of the status subresource).
+  patch of the status subresource), and the conditions kube-scheduler writes on
+  Kubernetes' own PodGroups (``shards/kube/groupstatus.py``). With several shards a
+  gang is known whole only to the coordinator's view, which reports its status in the
+  control partition: the binder of partition 0 follows that partition (read only) for
+  the groups' status.
 - A ``PodBound`` naming GPU cards carries them as annotations of the Binding itself,
   in the form the device plugin of the pod's convention reads (``shards/kube/devices.py``):
   the API server copies a Binding's annotations onto the pod in the same write that sets
@@ -91,6 +95,8 @@ from events.types import (
 )
 from shards.kube.client import RateLimit, checked
 from shards.kube.devices import device_annotations
+from shards.kube.groups import KUBERNETES
+from shards.kube.groupstatus import KubernetesGroupStatus
 from shards.kube.recorder import AS_MERGE_PATCH, NS_PER_S, EventRecorder
 from shards.kube.victims import Victims
 
@@ -100,6 +106,14 @@ _ADMISSION: Final = ("ingest", "router")
 """Producers of a ``PodRejected`` for a pod refused at admission: ingest (one shard), or
 the coordinator forwarding it (several)."""
 T = TypeVar("T")
+
+
+def _coordinators_group_status(env: Envelope) -> bool:
+    """A group's status as the coordinator's view reports it (several shards: the shards
+    place a gang's members under parts of their own, and only the view knows the
+    group whole)."""
+    event = env.event
+    return isinstance(event, PodGroupStatusChanged) and env.producer == "router" and event.shard < 0
 
 
 class _Unavailable(Exception):
@@ -122,6 +136,7 @@ class KubeBinder:
         recheck_seconds: float = 1.0,
         in_flight: int = 16,
         rate: RateLimit | None = None,
+        control: int | None = None,
     ) -> None:
         if in_flight < 1:
             raise ValueError("in_flight must be at least 1")
@@ -147,6 +162,11 @@ class KubeBinder:
             recheck=int(recheck_seconds * NS_PER_S),
         )
         self.group_sources: dict[str, str] = {}
+        self.kubernetes_groups = KubernetesGroupStatus(api, self._retry)
+        self.control = control
+        """Several shards: the control partition, whose groups' status (the coordinator's
+        view's: only it knows each group whole) this binder writes too; read only."""
+        self.control_position = 0
         self.uids: dict[str, str] = {}
         """Live pods → their uid, from the records that brought them: a Binding names it,
         so that a decision made for a pod never binds another that took its name."""
@@ -246,6 +266,7 @@ class KubeBinder:
         """Apply what is new in the log; return the events appended (bind failures)."""
         if not self.resumed:
             await self.resume()
+        await self._follow_control()
         records, unreadable, position = await read_past_unreadable(
             self.log, self.partition, self.position
         )
@@ -577,8 +598,38 @@ class KubeBinder:
         except ApiException as exc:
             log.warning("event not written pod=%s status=%s", key, exc.status)
 
+    async def _follow_control(self) -> None:
+        """Write the groups' status the coordinator reports in the control partition
+        (read from its start after a restart: a status already written is not written
+        again, nor is a scheduler-plugins one changed by writing it twice)."""
+        if self.control is None:
+            return
+        records, _, self.control_position = await read_past_unreadable(
+            self.log, self.control, self.control_position
+        )
+        for env in records:
+            match env.event:
+                case PodGroupSubmitted(group=spec):
+                    self.group_sources[spec.key] = spec.source
+                case PodGroupStatusChanged() as event if _coordinators_group_status(env):
+                    try:
+                        await self._group_status(event)
+                    except _Unavailable as exc:  # informational: not retried
+                        log.warning("group status not written group=%s: %s", event.group, exc)
+
     async def _group_status(self, event: PodGroupStatusChanged) -> None:
-        if self.group_sources.get(event.group) != "scheduler-plugins":
+        source = self.group_sources.get(event.group)
+        if source == KUBERNETES.source:
+            try:
+                if await self.kubernetes_groups.write(event):
+                    self.counters["group_status"] += 1
+            except ApiException as exc:
+                if exc.status != 404:
+                    log.warning(
+                        "group status not written group=%s status=%s", event.group, exc.status
+                    )
+            return
+        if source != "scheduler-plugins":
             return
         namespace, name = self._split(event.group)
         status: dict[str, Any] = {"phase": event.phase, "scheduled": event.scheduled}

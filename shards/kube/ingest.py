@@ -1,14 +1,9 @@
 """Ingest: list and watch the cluster, append what changed as events.
 
-One *reflector* per kind lists, then watches from the list's ``resourceVersion``:
-
-- a watch that ends (its ``timeoutSeconds``, a dropped connection) resumes from the
-  last version seen, bookmarks included;
-- ``410 Gone`` (the version was compacted away) relists, and the relist is reconciled
-  with what was already known (objects that vanished meanwhile are deleted), so nothing
-  is lost or told twice;
-- anything else (the API unreachable, an answer that is not JSON) backs off
-  exponentially (capped) and resumes.
+One *reflector* per kind lists, then watches (``shards.kube.reflector``: resumed after
+a watch ends, relisted after ``410 Gone``, backed off after errors); a relist is
+reconciled with what was already known (objects that vanished meanwhile are deleted),
+so nothing is lost or told twice.
 
 A failure to append to the log is not retried here: the ingest's own bookkeeping has
 already moved on, so the caller starts a fresh ingest, which lists everything again;
@@ -17,9 +12,10 @@ the repeated events are absorbed by the shards' idempotent handlers.
 Kinds: Nodes; Pods (unbound ones whose ``schedulerName`` one of the profiles serves,
 and bound ones of any scheduler, for accounting; listed once nodes are, so that the
 first pods find them); PriorityClasses (listed first, since pods need them); the
-pod-group kinds of scheduler-plugins; ElasticQuotas; PodDisruptionBudgets
-(``policy/v1beta1``, which every server up to v1.24 serves, v1.20 only that; where it is
-not served, ``policy/v1``). An object the
+pod-group kinds of scheduler-plugins, and Kubernetes', Volcano's and KAI's PodGroups
+where the server serves them (``shards.kube.groups``); ElasticQuotas; PodDisruptionBudgets
+(``policy/v1``, which every server since v1.21 serves; where it is not served,
+``policy/v1beta1``). An object the
 scheduler cannot accept is skipped with a warning naming it and the field, and counted
 (``stats()["rejected"]``); nothing else is lost.
 """
@@ -31,15 +27,11 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any, Final
 
-import aiohttp
 import msgspec
-import orjson
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from events.codec import encode
 from events.errors import InputError
@@ -66,191 +58,24 @@ from events.types import (
 )
 from shards.inputs.disruption import KIND as BUDGET_KIND
 from shards.inputs.disruption import disruption_budget
-from shards.inputs.groups import dependencies, elastic_quota, group_membership, pod_group
+from shards.inputs.groups import (
+    GROUP_KINDS,
+    dependencies,
+    elastic_quota,
+    group_membership,
+    group_warnings,
+    pod_group,
+)
 from shards.inputs.objects import node_spec, pod_spec, priority_class
 from shards.inputs.podfields import gated, unused_fields
-from shards.kube.client import KubeError, checked
+from shards.kube.client import KubeError
 from shards.kube.devices import cards_of
+from shards.kube.groups import DIALECTS, Dialect, GroupReflector, group_reflector
+from shards.kube.reflector import JSON, Reflector
 
 log = logging.getLogger(__name__)
 
-JSON = dict[str, Any]
-Handler = Callable[[str, JSON], Awaitable[None]]
 DEFAULT_SCHEDULER = "default-scheduler"
-MAX_EVENT_BYTES: Final = 16 << 20
-WATCH_BATCH: Final = 128
-"""Watch events handled together (and appended as one batch) at most."""
-"""The longest watch event read (an object is at most about 1.5 MB in etcd)."""
-
-
-class _Lines:
-    """The lines of a watch stream, from chunks as they arrive."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.buffer = b""
-        self.ended = False
-
-    def feed(self, chunk: bytes) -> None:
-        """Add what arrived (``b""``: the stream ended; an unfinished last line is then
-        a line of its own, as ``readline`` gives it)."""
-        if not chunk:
-            self.ended = True
-            if self.buffer.strip():
-                self.buffer += b"\n"
-            return
-        self.buffer += chunk
-        if len(self.buffer) > MAX_EVENT_BYTES and b"\n" not in self.buffer:
-            raise KubeError(f"{self.name}: a watch event over {MAX_EVENT_BYTES} bytes")
-
-    def take(self, most: int) -> list[bytes]:
-        """Up to ``most`` complete, non-blank lines received so far."""
-        out: list[bytes] = []
-        start, buffer = 0, self.buffer
-        while len(out) < most:
-            end = buffer.find(b"\n", start)
-            if end < 0:
-                break
-            if end - start > MAX_EVENT_BYTES:
-                raise KubeError(f"{self.name}: a watch event over {MAX_EVENT_BYTES} bytes")
-            line = buffer[start:end]
-            start = end + 1
-            if line.strip():
-                out.append(line)
-        self.buffer = buffer[start:]
-        return out
-
-
-@dataclass
-class Reflector:
-    """List-then-watch one kind, forever, resilient to the failures above."""
-
-    name: str
-    call: Callable[..., Awaitable[Any]]
-    on_event: Handler
-    on_relist: Callable[[list[JSON]], Awaitable[None]]
-    watch_seconds: int = 30
-    batch: Callable[[], contextlib.AbstractAsyncContextManager[None]] = contextlib.nullcontext
-    """Entered around each batch of watch events handled together."""
-    initial_backoff: float = 0.05
-    max_backoff: float = 5.0
-    synced: asyncio.Event = field(default_factory=asyncio.Event)
-    counters: dict[str, int] = field(
-        default_factory=lambda: {
-            "lists": 0,
-            "relists_410": 0,
-            "watches": 0,
-            "errors": 0,
-            "events": 0,
-        }
-    )
-
-    def __repr__(self) -> str:
-        return f"Reflector({self.name}, {self.counters})"
-
-    async def _list(self) -> tuple[list[JSON], str]:
-        response = await checked(await self.call(_preload_content=False))
-        body = await response.read()
-        try:
-            data = orjson.loads(body)
-            items, version = data["items"], data["metadata"]["resourceVersion"]
-        except (orjson.JSONDecodeError, KeyError, TypeError):
-            raise KubeError(f"{self.name}: list answered something that is not a list") from None
-        self.counters["lists"] += 1
-        return list(items or []), str(version)
-
-    async def run(self, stop: asyncio.Event) -> None:
-        version: str | None = None
-        backoff = self.initial_backoff
-        while not stop.is_set():
-            try:
-                if version is None:
-                    items, version = await self._list()
-                    await self.on_relist(items)
-                    self.synced.set()
-                self.counters["watches"] += 1
-                version = await self._watch(version, stop)
-                backoff = self.initial_backoff
-            except ApiException as exc:
-                if exc.status == 410:
-                    self.counters["relists_410"] += 1
-                    log.info("watch expired; relisting kind=%s", self.name)
-                    version = None
-                    continue
-                backoff = await self._back_off(
-                    f"API error {exc.status} {exc.reason}", backoff, stop
-                )
-            except (aiohttp.ClientError, TimeoutError, KubeError, ValueError, OSError) as exc:
-                backoff = await self._back_off(f"{type(exc).__name__}: {exc}", backoff, stop)
-
-    async def _watch(self, version: str, stop: asyncio.Event) -> str:
-        """One watch from ``version`` until the server ends it; the version reached.
-
-        The stream is read raw: each line is one JSON event decoded straight into plain
-        dicts (orjson), the only form ingest reads. (kubernetes-asyncio's ``Watch``
-        builds typed models of every object first: half the CPU of a busy ingest, and
-        its date parsing a fifth.) The events already received are handled together,
-        up to ``WATCH_BATCH`` at a time inside ``batch`` (ingest appends them as one
-        record batch: on a busy stream, far fewer appends and fewer batches in the log
-        for every reader to go through), and the loop yields to the event loop between
-        batches, so a stream that always has data buffered never starves the other
-        tasks of the process (the binder, the shards)."""
-        response = await checked(
-            await self.call(
-                watch=True,
-                resource_version=version,
-                timeout_seconds=self.watch_seconds,
-                allow_watch_bookmarks=True,
-                _preload_content=False,
-                # the server ends the watch after timeout_seconds; a connection that
-                # goes silent for much longer than that is dead
-                _request_timeout=aiohttp.ClientTimeout(
-                    total=None, sock_read=self.watch_seconds * 2 + 10
-                ),
-            )
-        )
-        try:
-            lines = _Lines(self.name)
-            while not stop.is_set():
-                batch = lines.take(WATCH_BATCH)
-                if not batch:
-                    if lines.ended:
-                        return version  # the server ended the watch
-                    lines.feed(await response.content.readany())
-                    continue
-                async with self.batch():
-                    for line in batch:
-                        version = await self._event(line, version)
-                await asyncio.sleep(0)
-            return version
-        finally:
-            response.release()
-
-    async def _event(self, line: bytes, version: str) -> str:
-        try:
-            event = orjson.loads(line)
-            kind, raw = event["type"], event["object"]
-            if not isinstance(kind, str) or not isinstance(raw, dict):
-                raise TypeError
-        except (orjson.JSONDecodeError, KeyError, TypeError):
-            raise KubeError(f"{self.name}: watch sent something that is not an event") from None
-        if kind == "ERROR":
-            status = raw.get("code")
-            if status == 410:
-                raise ApiException(status=410, reason=str(raw.get("reason") or "Gone"))
-            raise KubeError(f"{self.name}: the watch failed: {str(raw.get('message'))[:300]}")
-        new_version = str((raw.get("metadata") or {}).get("resourceVersion") or version)
-        if kind != "BOOKMARK":
-            self.counters["events"] += 1
-            await self.on_event(kind, raw)
-        return new_version
-
-    async def _back_off(self, why: str, delay: float, stop: asyncio.Event) -> float:
-        self.counters["errors"] += 1
-        log.warning("watch failed; retrying kind=%s in=%.2fs error=%s", self.name, delay, why)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), delay)
-        return min(delay * 2, self.max_backoff)
 
 
 class KubeIngest:
@@ -278,12 +103,13 @@ class KubeIngest:
         self.finished: set[str] = set()
         self.refused: set[str] = set()
         """Pods refused at admission (ignored until deleted)."""
-        self.groups: set[str] = set()
+        self.groups: dict[str, str] = {}
+        """The pod groups told (``namespace/name``) → the dialect that declared each."""
         self.quotas: dict[str, JSON] = {}
         self.budgets: dict[str, BudgetSpec] = {}
         """The PodDisruptionBudgets told, by ``namespace/name``."""
-        self.budget_versions: tuple[str, ...] = ("v1beta1",)
-        """The PodDisruptionBudget version asked (``v1beta1``, then ``v1`` for good
+        self.budget_versions: tuple[str, ...] = ("v1",)
+        """The PodDisruptionBudget version asked (``v1``, then ``v1beta1`` for good
         where that is not served)."""
         self.classes: dict[str, int] = {}
         self.rejected: list[str] = []
@@ -309,10 +135,13 @@ class KubeIngest:
             ),
             self._reflector("nodes", core.list_node, self._node),
             self._reflector("podgroups", crd("podgroups"), self._pod_group),
+            *(self._reflector(d.reflector, None, self._group_of(d), dialect=d) for d in DIALECTS),
             self._reflector("elasticquotas", crd("elasticquotas"), self._quota),
             self._reflector("poddisruptionbudgets", self._budgets_call(), self._budget),
             self._reflector("pods", core.list_pod_for_all_namespaces, self._pod),
         ]
+        self.dialects = {r.name: r for r in self.reflectors if isinstance(r, GroupReflector)}
+        """The reflectors of the pod-group dialects served or not (``shards.kube.groups``)."""
 
     def __repr__(self) -> str:
         return (
@@ -331,9 +160,13 @@ class KubeIngest:
     def _reflector(
         self,
         name: str,
-        call: Callable[..., Awaitable[Any]],
+        call: Callable[..., Awaitable[Any]] | None,
         handle: Callable[[str, JSON], list[Event]],
+        *,
+        dialect: Dialect | None = None,
     ) -> Reflector:
+        """A reflector of ``call`` (list or watch), its events told by ``handle``; of
+        ``dialect``'s PodGroups once the server serves them, when one is given."""
         known: dict[tuple[str, str], JSON] = {}
 
         async def on_event(kind: str, obj: JSON) -> None:
@@ -363,6 +196,16 @@ class KubeIngest:
                     events.extend(handle("MODIFIED", obj))
             await self._emit(events)
 
+        if dialect is not None:
+            return group_reflector(
+                self.api,
+                dialect,
+                on_event,
+                on_relist,
+                watch_seconds=self.watch_seconds,
+                batch=self._held,
+            )
+        assert call is not None
         return Reflector(
             name, call, on_event, on_relist, watch_seconds=self.watch_seconds, batch=self._held
         )
@@ -473,20 +316,43 @@ class KubeIngest:
         self.nodes[name] = spec
         return [NodeAdded(node=spec)] if previous is None else [NodeUpdated(node=spec)]
 
-    def _pod_group(self, kind: str, obj: JSON) -> list[Event]:
+    def _pod_group(
+        self, kind: str, obj: JSON, api_version: str = "scheduling.x-k8s.io/v1alpha1"
+    ) -> list[Event]:
         meta = obj.get("metadata") or {}
         key = f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
+        source = GROUP_KINDS[api_version]
         if kind == "DELETED":
-            self.groups.discard(key)  # one created again under its name is told anew
+            if self.groups.get(key) == source:
+                del self.groups[key]  # one created again under its name is told anew
             return []
         if key in self.groups:
-            return []
+            if self.groups[key] == source:
+                return []
+            problem = InputError(
+                f"a {self.groups[key]} PodGroup of that name is already scheduled; pods "
+                "join a group by its name, so this one is left out"
+            )
+            return self._reject(f"{source} PodGroup {key}", problem)
+        obj = {**obj, "apiVersion": api_version}
         try:
-            group = pod_group({**obj, "apiVersion": "scheduling.x-k8s.io/v1alpha1"}, self.classes)
+            group = pod_group(obj, self.classes)
+            warnings = group_warnings(obj)
         except InputError as exc:
             return self._reject(f"PodGroup {key}", exc)
-        self.groups.add(key)
+        for where, message in warnings:
+            log.warning("%s PodGroup %s: %s: %s", source, key, where, message)
+        self.groups[key] = source
         return [PodGroupSubmitted(group=group)]
+
+    def _group_of(self, dialect: Dialect) -> Callable[[str, JSON], list[Event]]:
+        """The handler of ``dialect``'s PodGroups, at the version its reflector found."""
+
+        def handle(kind: str, obj: JSON) -> list[Event]:
+            version = self.dialects[dialect.reflector].version
+            return self._pod_group(kind, obj, f"{dialect.group}/{version}")
+
+        return handle
 
     def _quota(self, kind: str, obj: JSON) -> list[Event]:
         meta = obj.get("metadata") or {}
@@ -498,9 +364,9 @@ class KubeIngest:
             return self._reject(f"ElasticQuota {meta.get('namespace')}/{meta.get('name')}", exc)
 
     def _budgets_call(self) -> Callable[..., Awaitable[Any]]:
-        """List or watch PodDisruptionBudgets at ``policy/v1beta1`` (kubernetes-asyncio
-        no longer has it: a raw call), or at ``policy/v1`` once the former answers 404
-        (not served); the version answering is kept."""
+        """List or watch PodDisruptionBudgets at ``policy/v1``, or at ``policy/v1beta1``
+        once the former answers 404 (a server older than v1.21; kubernetes-asyncio no
+        longer has that version: a raw call); the version answering is kept."""
         api = self.api
         policy = client.PolicyV1Api(api)
         names = {
@@ -511,23 +377,23 @@ class KubeIngest:
         }
 
         async def call(**kwargs: Any) -> Any:
-            if self.budget_versions[0] == "v1beta1":
-                query = [(names[k], v) for k, v in kwargs.items() if k in names and v is not None]
-                response = await api.call_api(
-                    "/apis/policy/v1beta1/poddisruptionbudgets",
-                    "GET",
-                    query_params=query,
-                    header_params={"Accept": "application/json"},
-                    auth_settings=["BearerToken"],
-                    _return_http_data_only=True,
-                    _preload_content=False,
-                    _request_timeout=kwargs.get("_request_timeout"),
-                )
+            if self.budget_versions[0] == "v1":
+                response: Any = await policy.list_pod_disruption_budget_for_all_namespaces(**kwargs)
                 if response.status != 404:
                     return response
                 response.release()
-                self.budget_versions = ("v1",)
-            return await policy.list_pod_disruption_budget_for_all_namespaces(**kwargs)
+                self.budget_versions = ("v1beta1",)
+            query = [(names[k], v) for k, v in kwargs.items() if k in names and v is not None]
+            return await api.call_api(
+                "/apis/policy/v1beta1/poddisruptionbudgets",
+                "GET",
+                query_params=query,
+                header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+                _preload_content=False,
+                _request_timeout=kwargs.get("_request_timeout"),
+            )
 
         return call
 
@@ -637,6 +503,7 @@ class KubeIngest:
 STARTS_AFTER: Final = {
     "nodes": ("priorityclasses",),
     "podgroups": ("priorityclasses",),
+    **{d.reflector: ("priorityclasses",) for d in DIALECTS},
     "elasticquotas": ("priorityclasses",),
     "poddisruptionbudgets": ("priorityclasses",),
     "pods": ("priorityclasses", "nodes"),

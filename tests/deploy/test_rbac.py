@@ -32,8 +32,18 @@ API_CLASSES += [client.CoordinationV1Api, client.PolicyV1Api]
 VERBS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 
 MODULES = {
-    "ingest": ["shards/kube/ingest.py", "shards/kube/lease.py"],
-    "binder": ["shards/kube/binder.py", "shards/kube/recorder.py", "shards/kube/lease.py"],
+    "ingest": [
+        "shards/kube/ingest.py",
+        "shards/kube/reflector.py",
+        "shards/kube/groups.py",
+        "shards/kube/lease.py",
+    ],
+    "binder": [
+        "shards/kube/binder.py",
+        "shards/kube/recorder.py",
+        "shards/kube/groupstatus.py",
+        "shards/kube/lease.py",
+    ],
     "coordinator": ["shards/kube/lease.py"],
     "shard": [],
 }
@@ -110,18 +120,23 @@ def _constant_args(tree: ast.AST, function: str, position: int) -> list[str]:
     ]
 
 
-def calls_in(source: str) -> set[Rule]:
-    """The RBAC attributes of every API method ``source`` names."""
-    tree = ast.parse(source)
-    # a module watches with its list calls: kubernetes-asyncio's Watch, or a raw call
-    # with watch=True (ingest reads its watch streams raw)
-    watched = (".stream(" in source and "Watch" in source) or any(
+def watches(source: str) -> bool:
+    """A module watches with its list calls: kubernetes-asyncio's Watch, or a raw call
+    with watch=True (ingest's reflectors read their watch streams raw)."""
+    return (".stream(" in source and "Watch" in source) or any(
         isinstance(node, ast.keyword)
         and node.arg == "watch"
         and isinstance(node.value, ast.Constant)
         and node.value.value is True
-        for node in ast.walk(tree)
+        for node in ast.walk(ast.parse(source))
     )
+
+
+def calls_in(source: str, watched: bool = False) -> set[Rule]:
+    """The RBAC attributes of every API method ``source`` names (its list calls also
+    watch where ``watched``, or where it watches itself)."""
+    tree = ast.parse(source)
+    watched = watched or watches(source)
     parents: dict[ast.AST, ast.AST] = {
         child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)
     }
@@ -169,7 +184,11 @@ def calls_in(source: str) -> set[Rule]:
 
 
 def needed(component: str) -> set[Rule]:
-    return {rule for module in MODULES[component] for rule in calls_in((ROOT / module).read_text())}
+    """The calls of a component's modules; a list call also watches where any of them
+    watches (ingest's reflectors watch with the list calls ingest hands them)."""
+    sources = [(ROOT / module).read_text() for module in MODULES[component]]
+    watched = any(watches(source) for source in sources)
+    return {rule for source in sources for rule in calls_in(source, watched)}
 
 
 def granted(docs: list[dict[str, Any]], account: str) -> tuple[set[Rule], list[dict[str, Any]]]:
@@ -237,6 +256,9 @@ def test_the_calls_read_from_the_code_are_the_ones_expected() -> None:
             ("", "pods"),
             ("scheduling.k8s.io", "priorityclasses"),
             ("scheduling.x-k8s.io", "podgroups"),
+            ("scheduling.k8s.io", "podgroups"),
+            ("scheduling.volcano.sh", "podgroups"),
+            ("scheduling.run.ai", "podgroups"),
             ("scheduling.x-k8s.io", "elasticquotas"),
             ("policy", "poddisruptionbudgets"),
         ]
@@ -251,6 +273,8 @@ def test_the_calls_read_from_the_code_are_the_ones_expected() -> None:
         ("", "events", "patch"),
         ("", "pods/status", "patch"),
         ("scheduling.x-k8s.io", "podgroups/status", "patch"),
+        ("scheduling.k8s.io", "podgroups", "get"),
+        ("scheduling.k8s.io", "podgroups/status", "patch"),
     }
     assert needed("coordinator") == lease
     assert needed("shard") == set()

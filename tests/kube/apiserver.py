@@ -1,7 +1,7 @@
 """An in-repo Kubernetes API server: the slice of the REST API shoal depends on.
 
 The adapter's fast tests run the real kubernetes-asyncio client against this server;
-the end-to-end tests also run against a real kube-apiserver v1.20 with etcd when one is
+the end-to-end tests also run against a real kube-apiserver v1.37 with etcd when one is
 built (``./dev kube build``; see ``tests/kube/realkube.py``), so that this imitation
 stays honest. It is faithful to the real server in what shoal depends on:
 
@@ -18,19 +18,19 @@ stays honest. It is faithful to the real server in what shoal depends on:
 - ``PATCH`` on an object and on its ``status`` subresource honours the content type:
   ``application/merge-patch+json``, ``application/strategic-merge-patch+json`` (core
   kinds only: 415 for custom resources), ``application/json-patch+json`` (a list of
-  operations; an object body is 400 "cannot unmarshal object into Go value of type
-  jsonpatch.Patch"), 415 for anything else (``tests/kube/patch.py``). A patch of the
-  object keeps its ``status``; a patch of ``status`` changes nothing else (so a pod's
-  ``status.nominatedNodeName`` is written through ``pods/status``);
+  operations; an object body is 400 "error decoding patch: json: cannot unmarshal
+  object into Go value of type []handlers.jsonPatchOp", v1.37's words), 415 for
+  anything else (``tests/kube/patch.py``). A patch of the object keeps its ``status``;
+  a patch of ``status`` changes nothing else (so a pod's ``status.nominatedNodeName``
+  is written through ``pods/status``);
 - ``pods/binding`` (201; 409 if the pod is already bound or being deleted, or is not the
-  one whose ``metadata.uid`` the Binding names; 404 if it does not exist). The uid
-  check is what later releases do: v1.20 ignores the uid a Binding names. The
+  one whose ``metadata.uid`` the Binding names; 404 if it does not exist). The
   Binding's ``metadata.annotations`` are copied onto the pod with its node, in the same
   write (``BindingREST.setPodHostAndAnnotations``); annotations that are not strings
   are a 400;
-- ``pods/eviction`` as v1.20's: a pod that is Pending, finished or already terminating
+- ``pods/eviction`` as v1.37's: a pod that is Pending, finished or already terminating
   is deleted without looking at budgets; otherwise the one PodDisruptionBudget
-  (``policy/v1beta1``) whose selector matches it must allow a disruption (its status is
+  (``policy/v1``) whose selector matches it must allow a disruption (its status is
   written by the disruption controller, here by the test: ``observedGeneration`` behind
   ``metadata.generation`` or ``disruptionsAllowed: 0`` is 429 TooManyRequests; two
   budgets are 500); ``disruptionsAllowed`` is then decremented and the pod name put in
@@ -46,7 +46,12 @@ stays honest. It is faithful to the real server in what shoal depends on:
 - the ``podgroups/status`` subresource, ``coordination.k8s.io/v1`` Leases with
   optimistic concurrency (409 on a stale ``resourceVersion``), and create, replace and
   delete for the kinds tests need;
-- errors are ``Status`` objects with ``reason`` and ``code``.
+- errors are ``Status`` objects with ``reason`` and ``code``;
+- discovery of each API group version (``GET /apis/GROUP/VERSION``: the kinds served
+  there); Kubernetes' own Workload and PodGroup (``scheduling.k8s.io/v1beta1``), and
+  Volcano's and KAI's PodGroups, which tests call ``KubePodGroup``, ``VolcanoPodGroup``
+  and ``KaiPodGroup`` (``PodGroup`` is scheduler-plugins'); ``without`` leaves API
+  groups out (a CRD not installed, a feature gate off).
 
 Where it is not faithful: no authentication or authorization (any token passes); no
 schema validation or defaulting beyond the above (a pod without containers is taken;
@@ -74,7 +79,7 @@ import dataclasses
 import datetime
 import json
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,10 +97,27 @@ class Kind:
     plural: str
     kind: str
     namespaced: bool
+    alias: str = ""
+    """The name tests give a kind whose ``kind`` another group has too (PodGroup)."""
 
     @property
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def name(self) -> str:
+        """What ``put``, ``get``, ``remove`` and ``all`` call it."""
+        return self.alias or self.kind
+
+    @property
+    def store(self) -> str:
+        """Its objects' key in ``FakeApiServer.objects``."""
+        return f"{self.plural}.{self.group}" if self.alias else self.plural
+
+    @property
+    def built_in(self) -> bool:
+        """Served by kube-apiserver itself, not by a CRD (strategic merge patch works)."""
+        return self.group == "" or "." not in self.group or self.group.endswith(".k8s.io")
 
 
 KINDS = [
@@ -107,7 +129,11 @@ KINDS = [
     Kind("scheduling.x-k8s.io", "v1alpha1", "podgroups", "PodGroup", True),
     Kind("scheduling.x-k8s.io", "v1alpha1", "elasticquotas", "ElasticQuota", True),
     Kind("coordination.k8s.io", "v1", "leases", "Lease", True),
-    Kind("policy", "v1beta1", "poddisruptionbudgets", "PodDisruptionBudget", True),
+    Kind("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True),
+    Kind("scheduling.k8s.io", "v1beta1", "podgroups", "PodGroup", True, "KubePodGroup"),
+    Kind("scheduling.k8s.io", "v1beta1", "workloads", "Workload", True),
+    Kind("scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup", True, "VolcanoPodGroup"),
+    Kind("scheduling.run.ai", "v2alpha2", "podgroups", "PodGroup", True, "KaiPodGroup"),
 ]
 FIELDS: dict[str, Callable[[JSON], str]] = {
     "metadata.name": lambda o: o.get("metadata", {}).get("name", ""),
@@ -184,17 +210,26 @@ class _Watch:
 class FakeApiServer:
     """Serve the slice above on 127.0.0.1 and a free port (``url`` once started)."""
 
-    def __init__(self, *, history: int = 10_000, budget_version: str = "v1beta1") -> None:
+    def __init__(
+        self,
+        *,
+        history: int = 10_000,
+        budget_version: str = "v1",
+        without: Collection[str] = (),
+    ) -> None:
         self.budget_version = budget_version
-        """The one version PodDisruptionBudgets are served at (v1.20: ``v1beta1``;
-        v1.25 and later: ``v1``)."""
+        """The one version PodDisruptionBudgets are served at (v1.25 and later: ``v1``;
+        before v1.21: ``v1beta1``)."""
         self.kinds = [
             dataclasses.replace(k, version=budget_version)
             if k.plural == "poddisruptionbudgets"
             else k
             for k in KINDS
+            if k.group not in without
         ]
-        self.objects: dict[str, dict[tuple[str, str], JSON]] = {k.plural: {} for k in KINDS}
+        """The kinds served: all but those of the API groups ``without`` names (a CRD
+        not installed, a feature gate off)."""
+        self.objects: dict[str, dict[tuple[str, str], JSON]] = {k.store: {} for k in KINDS}
         self.rv = 1
         self._history: deque[tuple[int, Kind, str, JSON]] = deque(maxlen=history)
         self._oldest = 1
@@ -242,6 +277,8 @@ class FakeApiServer:
             app.router.add_route("DELETE", item, self._handler(kind, "delete"))
             app.router.add_route("PATCH", item, self._handler(kind, "patch"))
             app.router.add_route("PATCH", f"{item}/status", self._handler(kind, "status"))
+        for group_version in {k.api_version for k in self.kinds if k.group}:
+            app.router.add_route("GET", f"/apis/{group_version}", self._discovery(group_version))
         pods = "/api/v1/namespaces/{namespace}/pods/{name}"
         app.router.add_route("POST", f"{pods}/binding", self._binding)
         app.router.add_route("POST", f"{pods}/eviction", self._eviction)
@@ -304,13 +341,13 @@ class FakeApiServer:
 
     def put(self, kind_name: str, obj: JSON) -> JSON:
         """Create or replace an object directly (for tests); returns the stored copy."""
-        kind = next(k for k in self.kinds if k.kind == kind_name)
+        kind = next(k for k in self.kinds if k.name == kind_name)
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
         if kind.namespaced:
             meta.setdefault("namespace", "default")
         key = self._key(kind, meta.get("namespace"), meta["name"])
-        existed = key in self.objects[kind.plural]
+        existed = key in self.objects[kind.store]
         self.rv += 1
         meta["resourceVersion"] = str(self.rv)
         meta.setdefault("uid", f"uid-{kind.plural}-{meta['name']}-{self.rv}")
@@ -318,13 +355,13 @@ class FakeApiServer:
         meta.setdefault("generation", 1)
         obj.setdefault("apiVersion", kind.api_version)
         obj.setdefault("kind", kind.kind)
-        self.objects[kind.plural][key] = obj
+        self.objects[kind.store][key] = obj
         self._record(kind, "MODIFIED" if existed else "ADDED", obj)
         return copy.deepcopy(obj)
 
     def remove(self, kind_name: str, name: str, namespace: str | None = None) -> JSON | None:
-        kind = next(k for k in self.kinds if k.kind == kind_name)
-        obj = self.objects[kind.plural].pop(self._key(kind, namespace, name), None)
+        kind = next(k for k in self.kinds if k.name == kind_name)
+        obj = self.objects[kind.store].pop(self._key(kind, namespace, name), None)
         if obj is not None:
             self.rv += 1
             obj["metadata"]["resourceVersion"] = str(self.rv)
@@ -337,15 +374,34 @@ class FakeApiServer:
             self.put("Namespace", {"metadata": {"name": name}})
 
     def get(self, kind_name: str, name: str, namespace: str | None = None) -> JSON | None:
-        kind = next(k for k in self.kinds if k.kind == kind_name)
-        obj = self.objects[kind.plural].get(self._key(kind, namespace, name))
+        kind = next(k for k in self.kinds if k.name == kind_name)
+        obj = self.objects[kind.store].get(self._key(kind, namespace, name))
         return copy.deepcopy(obj) if obj is not None else None
 
     def all(self, kind_name: str) -> list[JSON]:
-        kind = next(k for k in self.kinds if k.kind == kind_name)
-        return [copy.deepcopy(o) for o in self.objects[kind.plural].values()]
+        kind = next(k for k in self.kinds if k.name == kind_name)
+        return [copy.deepcopy(o) for o in self.objects[kind.store].values()]
 
     # ------------------------------------------------------------------ handlers
+
+    def _discovery(self, group_version: str) -> Callable[[web.Request], Any]:
+        """``GET /apis/GROUP/VERSION``: the ``APIResourceList`` of the kinds served there."""
+        served = [k for k in self.kinds if k.api_version == group_version]
+
+        async def handle(request: web.Request) -> web.Response:
+            resources = [
+                {"name": k.plural, "kind": k.kind, "namespaced": k.namespaced} for k in served
+            ]
+            return web.json_response(
+                {
+                    "kind": "APIResourceList",
+                    "apiVersion": "v1",
+                    "groupVersion": group_version,
+                    "resources": resources,
+                }
+            )
+
+        return handle
 
     def _handler(self, kind: Kind, verb: str) -> Callable[[web.Request], Any]:
         async def handle(request: web.Request) -> web.StreamResponse:
@@ -356,7 +412,7 @@ class FakeApiServer:
                     return await self._watch(request, kind, namespace)
                 return self._list(request, kind, namespace)
             if verb == "get":
-                obj = self.objects[kind.plural].get(self._key(kind, namespace, name))
+                obj = self.objects[kind.store].get(self._key(kind, namespace, name))
                 if obj is None:
                     return status(404, "NotFound", f'{kind.plural} "{name}" not found')
                 return web.json_response(obj)
@@ -384,7 +440,7 @@ class FakeApiServer:
             return status(400, "BadRequest", str(exc))
         items = [
             o
-            for o in self.objects[kind.plural].values()
+            for o in self.objects[kind.store].values()
             if (namespace is None or o["metadata"].get("namespace") == namespace) and match(o)
         ]
         return web.json_response(
@@ -402,7 +458,7 @@ class FakeApiServer:
     def _write(
         self, kind: Kind, verb: str, namespace: str | None, name: str, body: JSON
     ) -> web.Response:
-        store = self.objects[kind.plural]
+        store = self.objects[kind.store]
         if verb == "create":
             meta = body.get("metadata") or {}
             if not meta.get("name") and meta.get("generateName"):
@@ -433,7 +489,7 @@ class FakeApiServer:
                     409, "AlreadyExists", f'{kind.plural} "{meta["name"]}" already exists'
                 )
             body["metadata"] = meta
-            return web.json_response(self.put(kind.kind, body), status=201)
+            return web.json_response(self.put(kind.name, body), status=201)
         key = self._key(kind, namespace, name)
         current = store.get(key)
         if current is None:
@@ -448,7 +504,7 @@ class FakeApiServer:
                     "the object has been modified; please apply your changes to the latest version",
                 )
             body.setdefault("metadata", {})["uid"] = current["metadata"].get("uid")
-            return web.json_response(self.put(kind.kind, body))
+            return web.json_response(self.put(kind.name, body))
         return status(405, "MethodNotAllowed", f"{verb} is not supported")
 
     def _patch(
@@ -462,11 +518,11 @@ class FakeApiServer:
     ) -> web.Response:
         """PATCH of the object (``verb == "patch"``: its status is kept) or of its status
         subresource (only the status changes)."""
-        current = self.objects[kind.plural].get(self._key(kind, namespace, name))
+        current = self.objects[kind.store].get(self._key(kind, namespace, name))
         if current is None:
             return status(404, "NotFound", f'{kind.plural} "{name}" not found')
         try:
-            patched = apply_patch(content_type, current, body, core=kind.group == "")
+            patched = apply_patch(content_type, current, body, core=kind.built_in)
         except PatchError as exc:
             return status(exc.code, exc.reason, exc.message)
         if not isinstance(patched, dict):
@@ -484,14 +540,14 @@ class FakeApiServer:
                     result["metadata"].pop(field, None)
             if kind.kind in ("Pod", "Node", "PodGroup", "ElasticQuota"):
                 result["status"] = copy.deepcopy(current.get("status") or {})
-        return web.json_response(self.put(kind.kind, result))
+        return web.json_response(self.put(kind.name, result))
 
     def _delete(
         self, kind: Kind, namespace: str | None, name: str, grace: int | None
     ) -> web.Response:
         """Delete an object; a pod bound to a node and not finished gracefully (it gets a
         ``deletionTimestamp`` and stays until deleted with a grace period of 0)."""
-        current = self.objects[kind.plural].get(self._key(kind, namespace, name))
+        current = self.objects[kind.store].get(self._key(kind, namespace, name))
         if current is None:
             return status(404, "NotFound", f'{kind.plural} "{name}" not found')
         if kind.kind == "Pod":
@@ -508,7 +564,7 @@ class FakeApiServer:
                 terminating["metadata"]["deletionTimestamp"] = when.strftime("%Y-%m-%dT%H:%M:%SZ")
                 terminating["metadata"]["deletionGracePeriodSeconds"] = grace
                 return web.json_response(self.put("Pod", terminating))
-        return web.json_response(self.remove(kind.kind, name, namespace))
+        return web.json_response(self.remove(kind.name, name, namespace))
 
     async def _watch(
         self, request: web.Request, kind: Kind, namespace: str | None
@@ -529,7 +585,7 @@ class FakeApiServer:
             await response.write(line.encode())
 
         if since == "0":
-            for obj in list(self.objects[kind.plural].values()):
+            for obj in list(self.objects[kind.store].values()):
                 if self._visible(watch, obj):
                     await send("ADDED", obj)
         else:
@@ -651,7 +707,7 @@ class FakeApiServer:
         return created()
 
     async def _eviction(self, request: web.Request) -> web.Response:
-        """``pods/eviction`` as v1.20's ``EvictionREST.Create`` (see the module's doc)."""
+        """``pods/eviction`` as v1.37's ``EvictionREST.Create`` (see the module's doc)."""
         namespace, name = request.match_info["namespace"], request.match_info["name"]
         try:
             body = await request.json()

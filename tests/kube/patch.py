@@ -117,7 +117,8 @@ def json_patch(target: Any, patch: Any) -> Any:
         raise PatchError(
             400,
             "BadRequest",
-            "json: cannot unmarshal object into Go value of type jsonpatch.Patch",
+            "error decoding patch: json: cannot unmarshal object into Go value of type "
+            "[]handlers.jsonPatchOp",
         )
     if not isinstance(patch, list):
         raise PatchError(400, "BadRequest", "json patch: the body is not a list of operations")

@@ -1,14 +1,13 @@
-"""A real kube-apiserver with etcd for the end-to-end tests of ``tests/kube/`` and
-``tests/deploy/``: v1.20 (:data:`V1_20`) and v1.37 (:data:`V1_37`, with kube-scheduler
-and kustomize).
+"""A real kube-apiserver v1.37 with etcd for the end-to-end tests of ``tests/kube/`` and
+``tests/deploy/`` (:data:`V1_37`, with kube-scheduler and kustomize).
 
-Built once by ``./dev kube build`` into ``$SHOAL_REALKUBE`` (by default
-``${XDG_CACHE_HOME:-~/.cache}/shoal/realkube-v1.20.2``) and ``$SHOAL_REALKUBE137``
-(``.../realkube-v1.37.2``), started here on 127.0.0.1 on free ports for the test
-session (``tools/realkube/start.sh``), stopped at its end by the PIDs it recorded.
-Tests marked ``real_kube`` run against it as well as against the in-repo server;
-without the build they are skipped, saying why, unless ``SHOAL_REAL_KUBE=1`` demands
-them (then its absence is an error: :func:`require`).
+Built once by ``./dev kube build`` into ``$SHOAL_REALKUBE137`` (by default
+``${XDG_CACHE_HOME:-~/.cache}/shoal/realkube-v1.37.2``), started here on 127.0.0.1 on
+free ports for the test session (``tools/realkube137/start.sh``: with the feature gate
+and API version of Kubernetes' own Workload and PodGroup), stopped at its end by the
+PIDs it recorded. Tests marked ``real_kube`` run against it as well as against the
+in-repo server; without the build they are skipped, saying why, unless
+``SHOAL_REAL_KUBE=1`` demands them (then its absence is an error: :func:`require`).
 
 :class:`RealApiServer` offers what the tests use of ``FakeApiServer``: ``put``, ``get``,
 ``remove``, ``all`` as synchronous calls (the tests make them between awaits; a short
@@ -38,6 +37,7 @@ from tests.kube.apiserver import KINDS, Kind
 
 JSON = dict[str, Any]
 ROOT = Path(__file__).resolve().parents[2]
+START = ROOT / "tools" / "realkube137" / "start.sh"
 
 
 def _cache(variable: str, version: str) -> Path:
@@ -68,29 +68,49 @@ class Build:
         return self.cache / "bin" / name
 
 
-V1_20 = Build(
-    "v1.20.2", _cache("SHOAL_REALKUBE", "v1.20.2"), ("bin/kube-apiserver", "opt/usr/bin/etcd")
-)
 V1_37 = Build(
     "v1.37.2",
     _cache("SHOAL_REALKUBE137", "v1.37.2"),
     tuple(f"bin/{b}" for b in ("kube-apiserver", "kube-scheduler", "etcd", "kustomize")),
 )
-BUILDS = {"v1.20": V1_20, "v1.37": V1_37}
-DEFAULT = BUILDS.get(os.environ.get("SHOAL_KUBE") or "v1.20", V1_20)
-"""The build the tests of tests/kube/ run against: v1.20, or ``SHOAL_KUBE=v1.37``."""
-VERSION = DEFAULT.version
-CACHE = DEFAULT.cache
+DEFAULT = V1_37
+"""The build the tests of tests/kube/ run against."""
 TOKEN = "admin-token-0123456789"
-WITH_STATUS = {"Pod", "PodGroup", "PodDisruptionBudget", "ElasticQuota"}
+WITH_STATUS = {
+    "Pod",
+    "PodGroup",
+    "PodDisruptionBudget",
+    "ElasticQuota",
+    "KubePodGroup",
+    "VolcanoPodGroup",
+    "KaiPodGroup",
+}
 """Kinds whose status is written through the status subresource only."""
-EMPTIED = ["Pod", "Event", "PodGroup", "ElasticQuota", "PodDisruptionBudget", "Lease", "Node"]
+EMPTIED = [
+    "Pod",
+    "Event",
+    "PodGroup",
+    "KubePodGroup",
+    "Workload",
+    "VolcanoPodGroup",
+    "KaiPodGroup",
+    "ElasticQuota",
+    "PodDisruptionBudget",
+    "Lease",
+    "Node",
+]
+CRDS = [
+    *sorted((ROOT / "deploy" / "crds").glob("*.yaml")),
+    *sorted((ROOT / "tests" / "fixtures" / "crds").glob("*.yaml")),
+]
+"""scheduler-plugins' CRDs (``deploy/crds``) and stand-ins for Volcano's and KAI's."""
 
 
 def missing() -> str | None:
     """Why the real server of tests/kube/ cannot run here, or None."""
-    if (os.environ.get("SHOAL_KUBE") or "v1.20") not in BUILDS:
-        return f"SHOAL_KUBE={os.environ['SHOAL_KUBE']}: expected one of {sorted(BUILDS)}"
+    asked = os.environ.get("SHOAL_KUBE")
+    if asked and asked != "v1.37":  # (v1.20, once the default, was dropped)
+        return f"SHOAL_KUBE={asked}: the tests run against v1.37 only"
     return DEFAULT.missing()
 
 
@@ -140,9 +160,8 @@ class RealApiServer:
             "ETCD_PEER": str(_free_port()),
             "ETCD_METRICS": str(_free_port()),
         }
-        script = ROOT / "tools" / "realkube" / "start.sh"
         done = subprocess.run(
-            ["bash", str(script), "up", str(self.run)],
+            ["bash", str(START), "up", str(self.run)],
             check=False,
             env=env,
             capture_output=True,
@@ -154,7 +173,7 @@ class RealApiServer:
             raise RuntimeError(f"the real kube-apiserver did not start: {done.stderr[-2000:]}")
         self.url = (self.run / "url").read_text().strip()
         self._ssl = ssl.create_default_context(cafile=str(self.build.cache / "pki" / "ca.crt"))
-        for crd in sorted((ROOT / "deploy" / "crds").glob("*.yaml")):
+        for crd in CRDS:
             for doc in yaml.safe_load_all(crd.read_text()):
                 if doc and doc.get("kind") == "CustomResourceDefinition":
                     self._call(
@@ -170,6 +189,8 @@ class RealApiServer:
             try:
                 self._call("GET", "/apis/scheduling.x-k8s.io/v1alpha1/podgroups")
                 self._call("GET", "/apis/scheduling.x-k8s.io/v1alpha1/elasticquotas")
+                self._call("GET", "/apis/scheduling.volcano.sh/v1beta1/podgroups")
+                self._call("GET", "/apis/scheduling.run.ai/v2alpha2/podgroups")
                 self._call("GET", "/api/v1/namespaces/default")
                 return
             except urllib.error.HTTPError:
@@ -178,7 +199,7 @@ class RealApiServer:
 
     def stop(self) -> None:
         subprocess.run(
-            ["bash", str(ROOT / "tools" / "realkube" / "start.sh"), "down", str(self.run)],
+            ["bash", str(START), "down", str(self.run)],
             check=False,
             env={**os.environ, "RK": str(self.build.cache)},
             capture_output=True,
@@ -228,8 +249,8 @@ class RealApiServer:
             try:
                 found = self.all(kind_name)
             except urllib.error.HTTPError as exc:
-                if exc.code != 404:  # a version this server does not serve (v1.37: PDBs'
-                    raise  # policy/v1beta1)
+                if exc.code != 404:  # a kind this server does not serve
+                    raise
                 continue
             for obj in found:
                 meta = obj["metadata"]
@@ -255,7 +276,7 @@ class RealApiServer:
 
     @staticmethod
     def _kind(kind_name: str) -> Kind:
-        return next(k for k in KINDS if k.kind == kind_name)
+        return next(k for k in KINDS if k.name == kind_name)
 
     @staticmethod
     def _path(kind: Kind, namespace: str | None, name: str = "") -> str:
@@ -315,7 +336,16 @@ class RealApiServer:
         found = self.get(kind_name, name, namespace)
         if found is None:
             return None
-        path = self._path(kind, namespace or "default", name) + "?gracePeriodSeconds=0"
+        path = self._path(kind, namespace or "default", name)
+        if found["metadata"].get("finalizers"):  # Kubernetes' PodGroups get one; no
+            # controller here takes it off
+            self._call(
+                "PATCH",
+                path,
+                {"metadata": {"finalizers": None}},
+                content_type="application/merge-patch+json",
+            )
+        path += "?gracePeriodSeconds=0"
         try:
             self._call("DELETE", path)
         except urllib.error.HTTPError as exc:

@@ -44,8 +44,9 @@ async def test_a_dict_sent_as_json_patch_is_refused_as_the_real_server_does(
             *GROUP, "default", "podgroups", "g", {"status": {"phase": "Running"}}
         )
     assert refused.value.status == 400
-    assert "cannot unmarshal object into Go value of type jsonpatch.Patch" in str(
-        json.loads(refused.value.body)["message"]
+    assert json.loads(refused.value.body)["message"] == (
+        "error decoding patch: json: cannot unmarshal object into Go value of type "
+        "[]handlers.jsonPatchOp"
     )
     await custom.patch_namespaced_custom_object_status(
         *GROUP, "default", "podgroups", "g", {"status": {"phase": "Running"}}, **AS_MERGE_PATCH

@@ -75,8 +75,6 @@ async def test_a_decision_never_binds_another_pod_that_took_the_name(
     uid) before the binder applied it is refused by the API server (the Binding names
     the uid it was made for) and becomes BindFailed; the new pod stays unbound. A
     decision for the pod it was made for binds, also after a restart of the binder."""
-    if not isinstance(apiserver, FakeApiServer):
-        pytest.skip("kube-apiserver v1.20 ignores the uid a Binding names (later ones check it)")
     first = apiserver.put("Pod", pod("web-0"))
     log = MemoryLog()
     spec = PodSpec(namespace="default", name="web-0", uid=first["metadata"]["uid"])

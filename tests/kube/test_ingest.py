@@ -29,7 +29,8 @@ from events.types import (
     QuotaDefined,
 )
 from shards.kube.client import api_client
-from shards.kube.ingest import WATCH_BATCH, KubeIngest, Reflector
+from shards.kube.ingest import KubeIngest
+from shards.kube.reflector import WATCH_BATCH, Reflector
 from tests.kube.apiserver import FakeApiServer
 
 
@@ -525,8 +526,6 @@ async def test_a_gated_pod_is_scheduled_once_its_gates_are_removed(
 ) -> None:
     """A pod created with scheduling gates (Kueue's, say) is not submitted, as
     kube-scheduler does not schedule it; once an update removes them, it is."""
-    if not isinstance(apiserver, FakeApiServer):
-        pytest.skip("kube-apiserver v1.20 drops spec.schedulingGates (a field of 1.26+)")
     apiserver.put("Node", node("n1"))
     gated = pod("held")
     gated["spec"]["schedulingGates"] = [{"name": "example.com/hold"}]
@@ -550,10 +549,10 @@ def _budget(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     return {"metadata": {"name": name, "namespace": "default"}, "spec": spec}
 
 
-@pytest.mark.parametrize("version", ["v1beta1", "v1"])
+@pytest.mark.parametrize("version", ["v1", "v1beta1"])
 async def test_disruption_budgets_are_watched_at_the_version_served(version: str) -> None:
-    """v1.20 serves ``policy/v1beta1`` only, v1.25 and later ``policy/v1`` only: ingest
-    asks for the first and goes on with the second where it is not served. A budget
+    """v1.25 and later serve ``policy/v1`` only, servers before v1.21 ``policy/v1beta1``
+    only: ingest asks for the first and goes on with the second where it is not served. A budget
     set, replaced, deleted; a malformed one skipped with a reason."""
     server = FakeApiServer(budget_version=version)
     await server.start()

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Start a fresh etcd + kube-apiserver on 127.0.0.1, or stop one: v1.20 (etcd 3.4, built by
-# build.sh beside this file) or v1.37 (etcd 3.7, built by ../realkube137/build.sh), by $RK.
+# Start a fresh etcd + kube-apiserver v1.37 on 127.0.0.1, or stop one (both built by
+# build.sh beside this file into $RK).
 #   start.sh up   RUN_DIR   -> etcd + apiserver, fresh data; writes RUN_DIR/{pids,admin.kubeconfig,url}
 #   start.sh down RUN_DIR   -> stop exactly the PIDs recorded in RUN_DIR/pids
 # Binaries under $RK (./dev kube build). Ports: $API_PORT, $ETCD_PORT, $ETCD_PEER,
 # $ETCD_METRICS (free ones are picked by ./dev kube up and the tests). $AUTHZ: AlwaysAllow
 # (default) or RBAC. A token with system:masters: admin-token-0123456789; tokens for the
 # binder, ingest and coordinator ServiceAccounts' users are in RUN_DIR/tokens.csv too.
-# After ../shared/tools/realkube/start.sh.
+# Kubernetes' own pod groups are served: scheduling.k8s.io/v1beta1 Workload and PodGroup
+# (feature gate GenericWorkload, beta and off by default in 1.37, and the beta API version).
 set -euo pipefail
 RK=${RK:?RK: the cache directory the binaries were built in}
 cmd=${1:-}; RUN=${2:-$RK/run}
@@ -40,13 +41,9 @@ wait_ready() {
   echo "error: apiserver not ready after 120 s; see $RUN/apiserver.log" >&2; return 1
 }
 
-# the v1.37 build has its own etcd in bin/; v1.20 has Debian's, and flags v1.37 dropped
-if [[ -x $RK/bin/etcd ]]; then   # (v1.37 refuses a loopback address for the endpoints)
-  ETCD=$RK/bin/etcd; LEGACY=(--endpoint-reconciler-type=none)
-else
-  ETCD=$RK/opt/usr/bin/etcd; LEGACY=(--insecure-port=0 --logtostderr=true)
-fi
-
+ETCD=$RK/bin/etcd
+# (--endpoint-reconciler-type=none below: v1.37 refuses a loopback address for the
+# endpoints of the kubernetes Service)
 case $cmd in
 up)
   [[ -x $RK/bin/kube-apiserver ]] || { echo "error: no kube-apiserver under $RK: run ./dev kube build" >&2; exit 2; }
@@ -73,7 +70,9 @@ up)
     --service-account-key-file="$RK/pki/sa.pub" --service-account-signing-key-file="$RK/pki/sa.key" \
     --service-cluster-ip-range=10.0.0.0/24 \
     --disable-admission-plugins=ServiceAccount,TaintNodesByCondition \
-    --cert-dir="$RUN/certs" --v=1 "${LEGACY[@]}" \
+    --cert-dir="$RUN/certs" --v=1 \
+    --feature-gates=GenericWorkload=true --runtime-config=scheduling.k8s.io/v1beta1=true \
+    --endpoint-reconciler-type=none \
     > "$RUN/apiserver.log" 2>&1 &
   echo "apiserver $!" >> "$RUN/pids"
   cat > "$RUN/admin.kubeconfig" <<EOK

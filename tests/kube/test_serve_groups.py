@@ -1,0 +1,267 @@
+"""``shoal serve`` with the pod-group dialects it watches besides scheduler-plugins':
+Kubernetes' own Workload and PodGroup (``scheduling.k8s.io/v1beta1``, on the real
+kube-apiserver v1.37 with ``GenericWorkload``), Volcano's and KAI's PodGroups (their
+CRDs: ``tests/fixtures/crds``), on the in-repo and the real API server; and a dialect
+whose CRD is not installed, told once and not watched."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from engine.model.pools import POOL_LABEL
+from events.memory import MemoryLog
+from events.types import Envelope, PodBound, PodGroupStatusChanged, PodGroupSubmitted
+from shards.kube.client import api_client
+from shards.kube.groupstatus import DISRUPTION_TARGET, INITIALLY_SCHEDULED, conditions_after
+from shards.kube.ingest import KubeIngest
+from shards.replay import replay, replay_routed
+from shards.serve import ServeOptions, Service, serve
+from tests.kube.apiserver import FakeApiServer
+from tests.kube.realkube import RealApiServer
+from tests.kube.test_ingest import eventually, node, pod
+
+
+@contextlib.asynccontextmanager
+async def _serving(apiserver: Any, shards: int) -> AsyncIterator[Service]:
+    real = isinstance(apiserver, RealApiServer)
+    if real:
+        apiserver.namespace("shoal")  # the Leases' namespace
+    services: list[Service] = []
+    options = ServeOptions(
+        role="all",
+        bus="memory",
+        host=None if real else apiserver.url,
+        token=None if real else "t",
+        kubeconfig=apiserver.kubeconfig if real else None,
+        listen="127.0.0.1:0",
+        identity="test-0",
+        shards=shards,
+        watch_seconds=1,
+        lease_seconds=3,
+        poll_interval=0.02,
+    )
+    task = asyncio.create_task(serve(options, ready=services.append))
+    try:
+        await eventually(lambda: bool(services), timeout=30)
+        yield services[0]
+    finally:
+        if services:
+            services[0].stop.set()
+        assert await asyncio.wait_for(task, 30) == 0
+
+
+async def _replays(service: Service, shards: int) -> list[list[Envelope]]:
+    """The log as recorded; it replays, every pass verified."""
+    assert service.bus is not None
+    parts = [await service.bus.read(p, 0) for p in range(service.bus.partitions)]
+    if shards == 1:
+        verified = replay(parts[0], verify=True)
+    else:
+        verified = replay_routed(parts, verify=True)
+    assert verified.mismatch is None, verified.mismatch
+    return parts
+
+
+def _bound(apiserver: Any, names: list[str]) -> list[str]:
+    return [n for n in names if (apiserver.get("Pod", n, "default") or {})["spec"].get("nodeName")]
+
+
+def _condition(apiserver: Any, kind: str, name: str, type_: str) -> dict[str, Any]:
+    group = apiserver.get(kind, name, "default") or {}
+    found = [c for c in (group.get("status") or {}).get("conditions") or [] if c["type"] == type_]
+    return found[0] if found else {}
+
+
+def _member(name: str, group: str) -> dict[str, Any]:
+    item = pod(name)
+    item["spec"]["schedulingGroup"] = {"podGroupName": group}
+    return item
+
+
+@pytest.mark.real_kube
+@pytest.mark.parametrize("shards", [1, 2])
+async def test_a_kubernetes_pod_group_is_scheduled_whole_or_not_at_all(
+    apiserver: Any, shards: int
+) -> None:
+    """A Workload and the PodGroup a controller makes of it (gang of 5 one-cpu pods) on
+    two 2-cpu nodes: no member is bound, and the PodGroup says Unschedulable, as
+    kube-scheduler's condition does; a third node makes room and the whole gang is
+    bound, the condition turned True. The log replays."""
+    for i, pool in enumerate("ab"):
+        item = node(f"n{i}", cpu="2")
+        item["metadata"]["labels"][POOL_LABEL] = pool
+        apiserver.put("Node", item)
+    gang = {"gang": {"minCount": 5}}
+    apiserver.put(
+        "Workload",
+        {
+            "metadata": {"name": "train", "namespace": "default"},
+            "spec": {"podGroupTemplates": [{"name": "workers", "schedulingPolicy": gang}]},
+        },
+    )
+    apiserver.put(
+        "KubePodGroup",
+        {
+            "metadata": {"name": "train-workers", "namespace": "default"},
+            "spec": {
+                "workloadRef": {"workloadName": "train", "templateName": "workers"},
+                "schedulingPolicy": gang,
+            },
+        },
+    )
+    members = [f"w{i}" for i in range(5)]
+    for name in members:
+        apiserver.put("Pod", _member(name, "train-workers"))
+    async with _serving(apiserver, shards) as service:
+
+        def unschedulable() -> bool:
+            found = _condition(apiserver, "KubePodGroup", "train-workers", INITIALLY_SCHEDULED)
+            return found.get("status") == "False"
+
+        await eventually(unschedulable, timeout=60)
+        found = _condition(apiserver, "KubePodGroup", "train-workers", INITIALLY_SCHEDULED)
+        assert found["reason"] == "Unschedulable" and found["message"], found
+        assert _bound(apiserver, members) == []
+        room = node("n2", cpu="2")
+        room["metadata"]["labels"][POOL_LABEL] = "a"
+        apiserver.put("Node", room)
+        await eventually(lambda: len(_bound(apiserver, members)) == 5, timeout=60)
+
+        def scheduled() -> bool:
+            found = _condition(apiserver, "KubePodGroup", "train-workers", INITIALLY_SCHEDULED)
+            return found.get("status") == "True"
+
+        await eventually(scheduled, timeout=60)
+        found = _condition(apiserver, "KubePodGroup", "train-workers", INITIALLY_SCHEDULED)
+        assert found["reason"] == "Scheduled" and found["lastTransitionTime"], found
+        assert not _condition(apiserver, "KubePodGroup", "train-workers", DISRUPTION_TARGET)
+        parts = await _replays(service, shards)
+    told = [e.event.group for p in parts for e in p if isinstance(e.event, PodGroupSubmitted)]
+    assert told and {(g.key, g.source, g.min_member) for g in told} == {
+        ("default/train-workers", "kubernetes", 5)
+    }
+    bound = [e.event.pod for p in parts for e in p if isinstance(e.event, PodBound)]
+    assert sorted(set(bound)) == [f"default/{m}" for m in members]
+
+
+@pytest.mark.real_kube
+async def test_volcano_and_kai_pod_groups_are_watched_live(apiserver: Any) -> None:
+    """A Volcano PodGroup (minMember 3) and a KAI PodGroup (minMember 2), their pods
+    joined by the annotations of each: each gang waits whole for room, then binds."""
+    apiserver.put("Node", node("n0", cpu="4"))
+    apiserver.put(
+        "VolcanoPodGroup",
+        {"metadata": {"name": "vc", "namespace": "default"}, "spec": {"minMember": 3}},
+    )
+    apiserver.put(
+        "KaiPodGroup",
+        {"metadata": {"name": "kai", "namespace": "default"}, "spec": {"minMember": 2}},
+    )
+    volcano = [f"vc{i}" for i in range(3)]
+    kai = [f"kai{i}" for i in range(2)]
+    for name in volcano:
+        item = pod(name)
+        item["metadata"]["annotations"] = {"scheduling.k8s.io/group-name": "vc"}
+        apiserver.put("Pod", item)
+    for name in kai:
+        item = pod(name)
+        item["metadata"]["annotations"] = {"pod-group-name": "kai"}
+        apiserver.put("Pod", item)
+    async with _serving(apiserver, 1) as service:
+        # 4 cpus: the Volcano gang (3) or the KAI gang (2) fits, not both
+        await eventually(
+            lambda: len(_bound(apiserver, volcano)) == 3 or len(_bound(apiserver, kai)) == 2,
+            timeout=60,
+        )
+        assert len(_bound(apiserver, volcano)) in (0, 3) and len(_bound(apiserver, kai)) in (0, 2)
+        apiserver.put("Node", node("n1", cpu="4"))
+        await eventually(lambda: len(_bound(apiserver, volcano + kai)) == 5, timeout=60)
+        parts = await _replays(service, 1)
+    told = {
+        e.event.group.key: e.event.group for e in parts[0] if isinstance(e.event, PodGroupSubmitted)
+    }
+    assert {k: (g.source, g.min_member) for k, g in told.items()} == {
+        "default/vc": ("volcano", 3),
+        "default/kai": ("kai", 2),
+    }
+
+
+async def test_a_dialect_not_served_is_told_once_and_not_watched(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Volcano's and KAI's CRDs not installed: ingest lists everything else, tells each
+    missing dialect once at INFO, and counts it as listed (serve gets ready)."""
+    server = FakeApiServer(without=("scheduling.volcano.sh", "scheduling.run.ai"))
+    await server.start()
+    api = await api_client(host=server.url, token="test-token")
+    try:
+        server.put(
+            "KubePodGroup",
+            {"metadata": {"name": "g"}, "spec": {"schedulingPolicy": {"basic": {}}}},
+        )
+        log = MemoryLog()
+        ingest = KubeIngest(api, log, watch_seconds=1)
+        stop = asyncio.Event()
+        with caplog.at_level(logging.INFO, logger="shards.kube.groups"):
+            task = asyncio.create_task(ingest.run(stop))
+            await asyncio.wait_for(ingest.synced(), 10)
+            await eventually(
+                lambda: any(isinstance(e.event, PodGroupSubmitted) for e in log._parts[0])
+            )
+        told = [r.getMessage() for r in caplog.records if "not served" in r.getMessage()]
+        assert len(told) == 2, told
+        assert any("scheduling.volcano.sh" in m for m in told)
+        assert any("scheduling.run.ai" in m for m in told)
+        assert ingest.stats()["podgroups.volcano_lists"] == 0
+        assert ingest.stats()["podgroups.kubernetes_lists"] == 1
+        stop.set()
+        server.drop_watches()
+        await asyncio.wait_for(task, 10)
+    finally:
+        await api.close()
+        await server.stop()
+
+
+def _told(phase: str, reason: str = "", scheduled: int = 0) -> PodGroupStatusChanged:
+    return PodGroupStatusChanged(group="default/g", phase=phase, scheduled=scheduled, reason=reason)
+
+
+def test_the_initially_scheduled_condition_moves_as_kube_schedulers_does() -> None:
+    """Unschedulable, then Scheduled (a transition: its time moves), then Unschedulable
+    again is not written (True stays True); the same status told twice changes nothing;
+    a preemption adds DisruptionTarget beside it."""
+    group: dict[str, Any] = {"metadata": {"generation": 2}, "status": {}}
+    first = conditions_after(group, _told("Pending", "2 of 3 fit"), now="t1")
+    assert first == [
+        {
+            "type": INITIALLY_SCHEDULED,
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": "2 of 3 fit",
+            "observedGeneration": 2,
+            "lastTransitionTime": "t1",
+        }
+    ]
+    group["status"]["conditions"] = first
+    assert conditions_after(group, _told("Pending", "2 of 3 fit"), now="t2") is None
+    second = conditions_after(group, _told("Scheduled", scheduled=3), now="t3")
+    assert second is not None
+    assert (second[0]["status"], second[0]["reason"], second[0]["lastTransitionTime"]) == (
+        "True",
+        "Scheduled",
+        "t3",
+    )
+    group["status"]["conditions"] = second
+    assert conditions_after(group, _told("Pending", "1 of 3 fit"), now="t4") is None
+    third = conditions_after(group, _told("Pending", "preempted by default/urgent"), now="t5")
+    assert third is not None and [c["type"] for c in third] == [
+        INITIALLY_SCHEDULED,
+        DISRUPTION_TARGET,
+    ]
+    assert third[0]["status"] == "True" and third[1]["reason"] == "PreemptionByScheduler"
