@@ -50,11 +50,17 @@ from typing import Any, TypeVar
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import ConsumerStoppedError, KafkaError, KafkaTimeoutError
+from aiokafka.errors import (
+    ConsumerStoppedError,
+    InvalidProducerEpoch,
+    KafkaError,
+    KafkaTimeoutError,
+    ProducerFenced,
+)
 
 from events.codec import DecodeError, decode, encode, kind_of
 from events.errors import LogCorruptedError, LogError
-from events.fence import fenced
+from events.fence import FencedError, fenced
 from events.kafka_settings import KafkaSettings, guard_client_logs, redact
 from events.log import check_partition
 from events.tasks import being_cancelled
@@ -68,6 +74,31 @@ TERM_HEADER = "shoal-term"
 """The record header that carries a leader's term: ``FENCE:EPOCH`` (``events.fence``)."""
 _STEP_MS = 5
 """How often a read looks whether a fetch has been answered."""
+TRANSACTION_TIMEOUT_MS = 10_000
+"""How long the broker lets a term's transaction stay open before it aborts it. An open
+transaction holds back every ``read_committed`` reader of the partitions it wrote (one
+append takes milliseconds); a writer that dies in the middle holds them back until the
+next term's producer starts (which aborts it) or this time passes."""
+TERM_TRIES = 3
+"""Transactions a term's append tries when the broker fenced its producer while the log
+holds no later term (another process's producer of the same id started since: a
+deposed leader starting again, which then finds itself deposed)."""
+_REFUSED = (ProducerFenced, InvalidProducerEpoch)
+"""What a transactional producer raises once another with its id has started."""
+
+
+class _Refused(Exception):
+    """The broker fenced this term's producer; whether the term is over, the log says."""
+
+
+class _Term:
+    """A leader term's transactional producer, and the epoch it was started for."""
+
+    def __init__(self, epoch: int, producer: AIOKafkaProducer) -> None:
+        self.epoch = epoch
+        self.producer = producer
+        self.checked = False
+        """Whether the log was found to hold no later term once it had started."""
 
 
 async def create_topic(
@@ -145,6 +176,10 @@ class KafkaLog:
         """Per partition, the highest epoch seen per fence (up to ``_judged``)."""
         self._dropped: dict[int, dict[int, int]] = {}
         """Per partition, the offsets of records fenced, and the epoch that fenced each."""
+        self._held: dict[str, _Term] = {}
+        """Per fence, the transactional producer of the term this process writes."""
+        self._term_locks: dict[str, asyncio.Lock] = {}
+        """Per fence: one transaction at a time through its producer."""
 
     def __repr__(self) -> str:
         s = self.settings
@@ -162,17 +197,13 @@ class KafkaLog:
         guard_client_logs(self._secret)
         try:
             self._producer = AIOKafkaProducer(
-                **options,
-                acks=self.settings.acks if self.settings.acks == "all" else int(self.settings.acks),
-                enable_idempotence=self.settings.idempotence,
-                linger_ms=self.settings.linger_ms,
-                max_batch_size=max(self.settings.max_batch_bytes + 4096, 16384),
-                max_request_size=self.settings.max_batch_bytes + 65536,
+                **options, **self._producer_options(), enable_idempotence=self.settings.idempotence
             )
             await self._producer.start()
             self._consumer = AIOKafkaConsumer(
                 **options,
                 enable_auto_commit=False,
+                isolation_level="read_committed",
                 fetch_max_wait_ms=self.settings.catch_up_wait_ms,
                 max_partition_fetch_bytes=4 * 1024 * 1024,
             )
@@ -180,6 +211,7 @@ class KafkaLog:
             self._probe_consumer = AIOKafkaConsumer(
                 **options,
                 enable_auto_commit=False,
+                isolation_level="read_committed",
                 fetch_max_wait_ms=self.settings.fetch_max_wait_ms,
                 max_partition_fetch_bytes=1024 * 1024,
             )
@@ -204,14 +236,151 @@ class KafkaLog:
                 f"{self.settings.partitions} needed (create it with `shoal kafka init`)"
             )
 
+    def _producer_options(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "acks": s.acks if s.acks == "all" else int(s.acks),
+            "linger_ms": s.linger_ms,
+            "max_batch_size": max(s.max_batch_bytes + 4096, 16384),
+            "max_request_size": s.max_batch_bytes + 65536,
+        }
+
+    def transactional_id(self, fence: str) -> str:
+        """The transactional id of ``fence``'s terms on this topic: every replica that
+        can lead the role shares it, so each term's producer fences the one before."""
+        return f"shoal-{self.settings.topic}-{fence}"
+
     async def append(self, envelopes: Sequence[Envelope], partition: int = 0) -> list[int]:
         check_partition(partition, self.partitions)
         if not envelopes:
             return []
-        return await self._call("append", lambda: self._append(envelopes, partition))
+        return await self._call(
+            "append", lambda: self._append(self._need(self._producer), envelopes, partition)
+        )
 
-    async def _append(self, envelopes: Sequence[Envelope], partition: int) -> list[int]:
-        producer = self._need(self._producer)
+    async def append_term(
+        self, envelopes: Sequence[Envelope], partition: int, *, fence: str, epoch: int
+    ) -> list[int]:
+        """``append`` for term ``epoch`` of the leader of ``fence`` (``FencedLog`` calls
+        it), in one transaction of the term's own producer (unless ``transactions`` is
+        off: then as ``append``). Raises :class:`FencedError` once a later term has
+        begun: the broker refuses this producer's appends once the later term's has
+        started, and nothing of the refused call is stored.
+
+        The broker fences whichever producer of the id started first, which is not
+        always the older term's (a deposed leader's producer started again after a
+        broker outage fences the current leader's). So the log decides: a producer,
+        once started, and an append the broker refused go on only while the log holds
+        no later term for ``fence``; the current leader then starts its producer again
+        (fencing the deposed one's) and tries again."""
+        if not self.settings.transactional:
+            return await self.append(envelopes, partition)
+        check_partition(partition, self.partitions)
+        if not envelopes:
+            return []
+        async with self._term_locks.setdefault(fence, asyncio.Lock()):
+            for _ in range(TERM_TRIES):
+                term = await self._call("append", lambda: self._start_term(fence, epoch))
+                if not term.checked:
+                    await self._check_term(fence, epoch)
+                    term.checked = True
+                try:
+                    return await self._call(
+                        "append",
+                        lambda held=term: self._append_in(held, fence, envelopes, partition),  # type: ignore[misc]
+                    )
+                except _Refused:
+                    await self._check_term(fence, epoch)
+            raise LogError(
+                f"kafka append of {fence} epoch {epoch}: the broker fenced its producer "
+                f"{TERM_TRIES} times while the log holds no later term"
+            )
+
+    async def _check_term(self, fence: str, epoch: int) -> None:
+        """Raise :class:`FencedError` (the term's producer stopped) if the log holds a
+        later term of ``fence`` than ``epoch``."""
+        highest = await self.highest_epoch(fence)
+        if highest > epoch:
+            self._drop_term(fence)
+            raise FencedError(
+                fence,
+                epoch,
+                highest,
+                f"the log holds epoch {highest}: another leader took over, and the "
+                "broker fences this term's producer",
+            )
+
+    async def _start_term(self, fence: str, epoch: int) -> _Term:
+        """The producer of term ``epoch`` of ``fence``: the one held, or a new one,
+        whose start (``InitProducerId``) makes the broker fence every earlier producer
+        of the id and abort its open transaction."""
+        held = self._held.get(fence)
+        if held is not None and held.epoch > epoch:
+            raise FencedError(fence, epoch, held.epoch, "this process began a later term")
+        if held is not None and held.epoch == epoch:
+            return held
+        self._drop_term(fence)
+        options = self.settings.client_options()
+        producer = AIOKafkaProducer(
+            **options,
+            **self._producer_options(),
+            enable_idempotence=True,
+            transactional_id=self.transactional_id(fence),
+            transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
+        )
+        term = self._held[fence] = _Term(epoch, producer)  # close() stops it from now on
+        try:
+            await asyncio.wait_for(producer.start(), self.settings.request_timeout_ms / 1000)
+        except TimeoutError:
+            self._drop_term(fence)
+            raise KafkaTimeoutError("no producer id for the term") from None
+        except BaseException:
+            self._drop_term(fence)
+            raise
+        return term
+
+    async def _append_in(
+        self, term: _Term, fence: str, envelopes: Sequence[Envelope], partition: int
+    ) -> list[int]:
+        """One transaction of ``term``'s producer holding ``envelopes``. On any failure
+        the producer is dropped (its transaction aborted where it can be): the next
+        append starts another."""
+        producer = term.producer
+        try:
+            await producer.begin_transaction()
+            offsets = await self._append(producer, envelopes, partition)
+            try:
+                await asyncio.wait_for(
+                    producer.commit_transaction(), self.settings.request_timeout_ms / 1000
+                )
+            except TimeoutError:
+                raise KafkaTimeoutError("no answer to a commit") from None
+            return offsets
+        except _REFUSED:
+            self._drop_term(fence, term)
+            raise _Refused from None
+        except BaseException:
+            self._drop_term(fence, term)
+            raise
+
+    def _drop_term(self, fence: str, term: _Term | None = None) -> None:
+        """Stop ``fence``'s producer (``term``'s only, if given), in the background:
+        its open transaction aborted first where it still can be."""
+        held = self._held.get(fence)
+        if held is None or (term is not None and held is not term):
+            return
+        del self._held[fence]
+        self._stop_in_background([held.producer])
+
+    def _stop_in_background(self, clients: Sequence[Any]) -> asyncio.Future[None]:
+        stopping = asyncio.ensure_future(_stop_clients(clients))
+        self._stopping.add(stopping)
+        stopping.add_done_callback(self._stopping.discard)
+        return stopping
+
+    async def _append(
+        self, producer: AIOKafkaProducer, envelopes: Sequence[Envelope], partition: int
+    ) -> list[int]:
         offsets: list[int] = []
         batch = producer.create_batch()
         count = 0
@@ -290,9 +459,9 @@ class KafkaLog:
     def _judge(self, partition: int, record: Any) -> int:
         """The epoch that fences ``record`` (0: it stands), judged in offset order."""
         at = record.offset
-        judged = self._judged.get(partition, 0)
-        if at != judged:
+        if at < self._judged.get(partition, 0):
             return self._dropped.get(partition, {}).get(at, 0)
+        # (offsets between are no records: transaction markers, aborted transactions)
         self._judged[partition] = at + 1
         term = next((v for k, v in record.headers or () if k == TERM_HEADER), None)
         if term is None:
@@ -330,8 +499,15 @@ class KafkaLog:
         out: list[Envelope] = []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.request_timeout_ms / 1000
+        in_order = offset <= self._judged.get(partition, 0)
+        """Whether every record before this read's is judged: then so is every offset
+        it passes, records or not."""
 
-        def take(records: list[Any]) -> None:
+        def take(records: list[Any], position: int) -> None:
+            """Take the records of one fetch; ``position``: where the consumer reads on
+            (past offsets that hold no record a reader sees: transaction markers,
+            records of aborted transactions), where this read goes on unless it
+            stopped at ``limit``."""
             nonlocal offset
             for record in records:
                 if record.offset < offset:
@@ -350,14 +526,17 @@ class KafkaLog:
                     env = fenced(env, stale)
                 out.append(env)
                 if limit is not None and len(out) >= limit:
-                    break
+                    return
+            offset = max(offset, position)
+            if in_order and offset > self._judged.get(partition, 0):
+                self._judged[partition] = offset
 
         async with self._read_lock:
             # 1. Where the partition ends now, from the first answer to a fetch of a
             # fresh assignment (so sent after this call began: it sees every append
             # that returned before), by the probe, whose fetches wait little.
-            end, records = await self._probe(partition, offset, deadline)
-            take(records)
+            end, records, position = await self._probe(partition, offset, deadline)
+            take(records, position)
             if offset >= end or (limit is not None and len(out) >= limit):
                 return offset, out
             # 2. The records up to that end, by the consumer whose fetches may take
@@ -381,16 +560,19 @@ class KafkaLog:
                         timeout_ms=_STEP_MS * 20,
                         max_records=None if limit is None else limit - len(out),
                     )
-                    take(batch.get(tp, []))
+                    take(batch.get(tp, []), await consumer.position(tp))
             finally:
                 consumer.pause(tp)  # no fetching in the background between reads
         return offset, out
 
-    async def _probe(self, partition: int, offset: int, deadline: float) -> tuple[int, list[Any]]:
-        """(the partition's high-water mark, records the answer brought from ``offset``),
-        from the first answer to a fetch sent after this call began (a fresh assignment:
-        answers to fetches sent before are dropped). At the end of the log the broker
-        holds the fetch for ``fetch_max_wait_ms``; elsewhere it answers at once."""
+    async def _probe(
+        self, partition: int, offset: int, deadline: float
+    ) -> tuple[int, list[Any], int]:
+        """(the partition's high-water mark, records the answer brought from ``offset``,
+        the offset the probe would fetch next), from the first answer to a fetch sent
+        after this call began (a fresh assignment: answers to fetches sent before are
+        dropped). At the end of the log the broker holds the fetch for
+        ``fetch_max_wait_ms``; elsewhere it answers at once."""
         probe = self._need(self._probe_consumer)
         tp = TopicPartition(self.settings.topic, partition)
         probe.assign([tp])
@@ -402,7 +584,7 @@ class KafkaLog:
                 mark = probe.highwater(tp)
                 if mark is not None:
                     self._marks[partition] = max(self._marks.get(partition, 0), int(mark))
-                    return int(mark), batch.get(tp, [])
+                    return int(mark), batch.get(tp, []), int(await probe.position(tp))
                 if loop.time() > deadline:
                     # every fetch answer carries the high-water mark: none means no
                     # answer (aiokafka logs fetch errors and returns nothing)
@@ -434,19 +616,18 @@ class KafkaLog:
     async def _end_offset(self, partition: int) -> int:
         async with self._read_lock:
             deadline = asyncio.get_running_loop().time() + self.settings.request_timeout_ms / 1000
-            end, _ = await self._probe(partition, self._marks.get(partition, 0), deadline)
+            end, _, _ = await self._probe(partition, self._marks.get(partition, 0), deadline)
             return end
 
     async def close(self) -> None:
         """Stop the clients. A caller cancelled meanwhile (a deposed leader's work is
         cancelled at once) gets its ``CancelledError``, and the clients are stopped all
         the same: none is left running unowned."""
-        clients = (self._producer, self._consumer, self._probe_consumer)
+        terms = [term.producer for term in self._held.values()]
+        self._held.clear()
+        clients = (self._producer, self._consumer, self._probe_consumer, *terms)
         self._producer = self._consumer = self._probe_consumer = None
-        stopping = asyncio.ensure_future(_stop_clients(clients))
-        self._stopping.add(stopping)
-        stopping.add_done_callback(self._stopping.discard)
-        await asyncio.shield(stopping)
+        await asyncio.shield(self._stop_in_background(clients))
 
     async def _broken(self, generation: int | None = None) -> None:
         """A client of ``generation`` failed (the broker went away): drop both; the
@@ -485,6 +666,8 @@ async def _stop_clients(clients: Sequence[Any]) -> None:
     for client in clients:
         if client is not None:
             try:  # each one stopped, whatever the other did
+                if isinstance(client, AIOKafkaProducer):
+                    await _settle(client)
                 await client.stop()
             except asyncio.CancelledError:
                 # a client whose tasks were already cancelled says so on stop(); this
@@ -492,6 +675,25 @@ async def _stop_clients(clients: Sequence[Any]) -> None:
                 pass
             except Exception:  # stopping a broken client: nothing more to do
                 pass
+
+
+async def _settle(producer: AIOKafkaProducer) -> None:
+    """End a transactional producer's transaction before it stops: abort one still open
+    (else it holds back ``read_committed`` readers until it times out), and take the
+    error the broker's fencing left in its waiters (else asyncio logs each, at ERROR, as
+    never retrieved). aiokafka has no public handle on either."""
+    txn = getattr(producer, "_txn_manager", None)
+    if txn is None or txn.transactional_id is None:
+        return
+    if txn.is_in_transaction():
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(producer.abort_transaction(), 5)
+    waiters = [txn.wait_for_transaction_end()]
+    batches = getattr(getattr(producer, "_message_accumulator", None), "_batches", {})
+    waiters += [getattr(b, "_drain_waiter", None) for queue in batches.values() for b in queue]
+    for waiter in waiters:
+        if isinstance(waiter, asyncio.Future) and waiter.done() and not waiter.cancelled():
+            waiter.exception()
 
 
 def _why(exc: BaseException) -> str:

@@ -10,6 +10,7 @@ import contextlib
 import os
 import signal
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,10 @@ import pytest
 from engine.model.pools import POOL_LABEL
 from events.fence import FencedLog
 from events.filelog import FileLog
+from events.kafka import KafkaSettings, create_topic
 from events.remote import LogServer, RemoteLog
 from events.types import Envelope, PodSubmitted, TermBegan
+from shards.bus import open_bus
 from shards.serve import ServeOptions, Service, serve
 from tests.kube.realkube import RealApiServer, missing
 from tests.kube.test_ingest import eventually, node, pod
@@ -220,21 +223,37 @@ async def _replay_verifies(parts: list[list[Envelope]], path: Path) -> None:
     assert b"verified" in out, out.decode()[-1000:]
 
 
+@contextlib.asynccontextmanager
+async def _one_partition_bus(kind: str, request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    """The ``--bus`` URL of a fresh log of one partition: a log server, or a Kafka topic
+    of the session's broker."""
+    if kind == "remote":
+        async with LogServer(1) as server:
+            yield server.url
+        return
+    bootstrap = request.getfixturevalue("kafka_bootstrap")
+    topic = f"serve-fence-{uuid.uuid4().hex[:10]}"
+    await create_topic(KafkaSettings(bootstrap=bootstrap, topic=topic, partitions=1))
+    yield f"kafka://{bootstrap}?topic={topic}"
+
+
+@pytest.mark.parametrize("bus", ["remote", "kafka"])
 async def test_a_leader_the_log_fences_off_stops_and_comes_back_with_a_higher_epoch(
-    apiserver: Any, caplog: pytest.LogCaptureFixture
+    apiserver: Any, caplog: pytest.LogCaptureFixture, bus: str, request: pytest.FixtureRequest
 ) -> None:
     """Ingest leads with epoch 1; another term of its Lease (epoch 7) begins in the
-    log: ingest's next append is refused, it steps down (one warning), and when it
-    takes the lease again its term starts above what the log holds."""
+    log (on Kafka, from another process's producer): ingest's next append is refused,
+    it steps down (one warning), and when it takes the lease again its term starts
+    above what the log holds."""
     apiserver.put("Node", node("n0"))
-    async with LogServer(1) as server:
+    async with _one_partition_bus(bus, request) as url:
         services: list[Service] = []
         options = ServeOptions(
-            role="ingest", bus=server.url, listen="127.0.0.1:0", identity="a",
+            role="ingest", bus=url, listen="127.0.0.1:0", identity="a",
             watch_seconds=1, lease_seconds=3, poll_interval=0.02, **_access(apiserver),
         )  # fmt: skip
         task = asyncio.create_task(serve(options, ready=services.append))
-        reader = await RemoteLog.connect(server.url)
+        reader = await open_bus(url, partitions=1)
         try:
             await eventually(
                 lambda: (
