@@ -4,15 +4,19 @@ One topic, one Kafka partition per log partition. Each record's value is one msg
 envelope; its key is the event's kind (``pod+``, ``bind``...), so that a reader that
 wants some kinds only (``read_kinds``: the coordinator relaying shards' reports) skips
 the others without decoding them. Records written with the partition number as key (as
-before) are decoded and filtered. Offsets are Kafka's.
+before) are decoded and filtered. Offsets are Kafka's: a transaction's commit marker
+takes an offset of its own, so where a leader term writes (below) the offsets of the
+records have gaps, which readers pass over (no reader counts offsets: each goes on
+from the offset after the last record it read).
 
 Contract notes, backend by backend:
 
 - ``append`` sends every envelope of a call in one record batch: Kafka writes a batch
   whole or not at all, so the call is atomic up to the batch size limit
-  (``max_batch_bytes``); a larger call is split and is then atomic per batch. Correctness
-  never rests on Kafka transactions (some Kafka-protocol brokers do not isolate them):
-  decisions carry ids and every handler is idempotent.
+  (``max_batch_bytes``); a larger call is split and is then atomic per batch, except in
+  a leader term's transaction (below), which makes the whole call atomic. Idempotence
+  never rests on Kafka transactions: decisions carry ids and every handler is
+  idempotent.
 - ``read`` first learns where the partition ends, from the first answer to a fetch
   sent after the call began (a fresh assignment of a small "probe" consumer, whose
   fetches wait only ``fetch_max_wait_ms`` at the end of the log), then fetches up to
@@ -20,16 +24,27 @@ Contract notes, backend by backend:
   as soon as it has records, but a broker that stops gathering at the wait (tansu's
   object store, the earlier test broker, lists every batch of the partition at each
   fetch, about 1 µs a batch) must be given long enough, or a large log is read a record
-  at a time, or not at all. A read while others append ends at the end it learnt; on its time-out it
-  returns what it has fetched, and fails only if it fetched nothing. Between reads
+  at a time, or not at all. A read while others append ends at the end it learnt; on
+  its time-out it returns what it has fetched, and fails only if it fetched nothing. Between reads
   neither consumer fetches (paused): each fetch costs the broker work.
-- **Fencing** (``events.fence``) is on the read side: a record a leader appended
+- **Fencing** (``events.fence``), on the append side: a leader term (``FencedLog``)
+  appends through :meth:`KafkaLog.append_term`, one transaction per call on a
+  transactional producer of the term's own (``events.kafka_terms``): once a later
+  term's producer has started, the broker refuses the earlier one's appends, and the
+  term ends with :class:`~events.fence.FencedError`, as on the file log and the log
+  server (the role stands by). Readers read ``read_committed``: nothing of an aborted
+  or open transaction is folded; an open one holds them back at it until it ends.
+  Writers that lead nothing (each shard's partition has one writer, a shard) use the
+  idempotent producer outside transactions: there is no term to fence, and a
+  transaction costs two more round trips.
+- **Fencing**, on the read side, as the second line: a record a leader appended
   carries its term in a header (``shoal-term``: ``FENCE:EPOCH``), and a reader drops
   (sees a ``RecordFenced`` in place of) a record whose epoch is below one its partition
   already holds for that fence. The judgement is a function of the partition's order,
   kept per partition as reads go (headers only; a read from further on first scans the
-  records before it, undecoded), so every reader and replay drop the same records. No
-  epoch-checked or transactional producer refuses them on append yet.
+  records before it, undecoded), so every reader and replay drop the same records. It
+  finds nothing to drop where terms write in transactions; it is what fences a broker
+  without transactions (``transactions=false``) and what replays logs written before.
 - Producer idempotence is on by default (``idempotence=False`` turns it off, for a
   broker that cannot do it); TLS and SASL (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) pass
   through to aiokafka.
@@ -37,7 +52,7 @@ Contract notes, backend by backend:
 Settings, TLS files and the SASL password (read from a file only, never printed):
 ``events.kafka_settings``.
 
-Only this module imports aiokafka.
+Only this module and ``events.kafka_terms`` import aiokafka.
 """
 
 from __future__ import annotations
@@ -50,18 +65,13 @@ from typing import Any, TypeVar
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import (
-    ConsumerStoppedError,
-    InvalidProducerEpoch,
-    KafkaError,
-    KafkaTimeoutError,
-    ProducerFenced,
-)
+from aiokafka.errors import ConsumerStoppedError, KafkaError, KafkaTimeoutError
 
 from events.codec import DecodeError, decode, encode, kind_of
 from events.errors import LogCorruptedError, LogError
-from events.fence import FencedError, fenced
+from events.fence import fenced
 from events.kafka_settings import KafkaSettings, guard_client_logs, redact
+from events.kafka_terms import TermProducers, settle
 from events.log import check_partition
 from events.tasks import being_cancelled
 from events.types import Envelope
@@ -74,31 +84,6 @@ TERM_HEADER = "shoal-term"
 """The record header that carries a leader's term: ``FENCE:EPOCH`` (``events.fence``)."""
 _STEP_MS = 5
 """How often a read looks whether a fetch has been answered."""
-TRANSACTION_TIMEOUT_MS = 10_000
-"""How long the broker lets a term's transaction stay open before it aborts it. An open
-transaction holds back every ``read_committed`` reader of the partitions it wrote (one
-append takes milliseconds); a writer that dies in the middle holds them back until the
-next term's producer starts (which aborts it) or this time passes."""
-TERM_TRIES = 3
-"""Transactions a term's append tries when the broker fenced its producer while the log
-holds no later term (another process's producer of the same id started since: a
-deposed leader starting again, which then finds itself deposed)."""
-_REFUSED = (ProducerFenced, InvalidProducerEpoch)
-"""What a transactional producer raises once another with its id has started."""
-
-
-class _Refused(Exception):
-    """The broker fenced this term's producer; whether the term is over, the log says."""
-
-
-class _Term:
-    """A leader term's transactional producer, and the epoch it was started for."""
-
-    def __init__(self, epoch: int, producer: AIOKafkaProducer) -> None:
-        self.epoch = epoch
-        self.producer = producer
-        self.checked = False
-        """Whether the log was found to hold no later term once it had started."""
 
 
 async def create_topic(
@@ -176,10 +161,14 @@ class KafkaLog:
         """Per partition, the highest epoch seen per fence (up to ``_judged``)."""
         self._dropped: dict[int, dict[int, int]] = {}
         """Per partition, the offsets of records fenced, and the epoch that fenced each."""
-        self._held: dict[str, _Term] = {}
-        """Per fence, the transactional producer of the term this process writes."""
-        self._term_locks: dict[str, asyncio.Lock] = {}
-        """Per fence: one transaction at a time through its producer."""
+        self.terms = TermProducers(
+            settings,
+            call=self._call,
+            send=self._append,
+            highest_epoch=self.highest_epoch,
+            stop=self._stop_in_background,
+        )
+        """The transactional producers of the leader terms this log writes."""
 
     def __repr__(self) -> str:
         s = self.settings
@@ -245,11 +234,6 @@ class KafkaLog:
             "max_request_size": s.max_batch_bytes + 65536,
         }
 
-    def transactional_id(self, fence: str) -> str:
-        """The transactional id of ``fence``'s terms on this topic: every replica that
-        can lead the role shares it, so each term's producer fences the one before."""
-        return f"shoal-{self.settings.topic}-{fence}"
-
     async def append(self, envelopes: Sequence[Envelope], partition: int = 0) -> list[int]:
         check_partition(partition, self.partitions)
         if not envelopes:
@@ -262,115 +246,15 @@ class KafkaLog:
         self, envelopes: Sequence[Envelope], partition: int, *, fence: str, epoch: int
     ) -> list[int]:
         """``append`` for term ``epoch`` of the leader of ``fence`` (``FencedLog`` calls
-        it), in one transaction of the term's own producer (unless ``transactions`` is
-        off: then as ``append``). Raises :class:`FencedError` once a later term has
-        begun: the broker refuses this producer's appends once the later term's has
-        started, and nothing of the refused call is stored.
-
-        The broker fences whichever producer of the id started first, which is not
-        always the older term's (a deposed leader's producer started again after a
-        broker outage fences the current leader's). So the log decides: a producer,
-        once started, and an append the broker refused go on only while the log holds
-        no later term for ``fence``; the current leader then starts its producer again
-        (fencing the deposed one's) and tries again."""
+        it): in one transaction of the term's own producer (``events.kafka_terms``), or,
+        with ``transactions`` off, as ``append``. Raises :class:`FencedError` once a
+        later term has begun; nothing of the refused call is stored."""
         if not self.settings.transactional:
             return await self.append(envelopes, partition)
         check_partition(partition, self.partitions)
         if not envelopes:
             return []
-        async with self._term_locks.setdefault(fence, asyncio.Lock()):
-            for _ in range(TERM_TRIES):
-                term = await self._call("append", lambda: self._start_term(fence, epoch))
-                if not term.checked:
-                    await self._check_term(fence, epoch)
-                    term.checked = True
-                try:
-                    return await self._call(
-                        "append",
-                        lambda held=term: self._append_in(held, fence, envelopes, partition),  # type: ignore[misc]
-                    )
-                except _Refused:
-                    await self._check_term(fence, epoch)
-            raise LogError(
-                f"kafka append of {fence} epoch {epoch}: the broker fenced its producer "
-                f"{TERM_TRIES} times while the log holds no later term"
-            )
-
-    async def _check_term(self, fence: str, epoch: int) -> None:
-        """Raise :class:`FencedError` (the term's producer stopped) if the log holds a
-        later term of ``fence`` than ``epoch``."""
-        highest = await self.highest_epoch(fence)
-        if highest > epoch:
-            self._drop_term(fence)
-            raise FencedError(
-                fence,
-                epoch,
-                highest,
-                f"the log holds epoch {highest}: another leader took over, and the "
-                "broker fences this term's producer",
-            )
-
-    async def _start_term(self, fence: str, epoch: int) -> _Term:
-        """The producer of term ``epoch`` of ``fence``: the one held, or a new one,
-        whose start (``InitProducerId``) makes the broker fence every earlier producer
-        of the id and abort its open transaction."""
-        held = self._held.get(fence)
-        if held is not None and held.epoch > epoch:
-            raise FencedError(fence, epoch, held.epoch, "this process began a later term")
-        if held is not None and held.epoch == epoch:
-            return held
-        self._drop_term(fence)
-        options = self.settings.client_options()
-        producer = AIOKafkaProducer(
-            **options,
-            **self._producer_options(),
-            enable_idempotence=True,
-            transactional_id=self.transactional_id(fence),
-            transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
-        )
-        term = self._held[fence] = _Term(epoch, producer)  # close() stops it from now on
-        try:
-            await asyncio.wait_for(producer.start(), self.settings.request_timeout_ms / 1000)
-        except TimeoutError:
-            self._drop_term(fence)
-            raise KafkaTimeoutError("no producer id for the term") from None
-        except BaseException:
-            self._drop_term(fence)
-            raise
-        return term
-
-    async def _append_in(
-        self, term: _Term, fence: str, envelopes: Sequence[Envelope], partition: int
-    ) -> list[int]:
-        """One transaction of ``term``'s producer holding ``envelopes``. On any failure
-        the producer is dropped (its transaction aborted where it can be): the next
-        append starts another."""
-        producer = term.producer
-        try:
-            await producer.begin_transaction()
-            offsets = await self._append(producer, envelopes, partition)
-            try:
-                await asyncio.wait_for(
-                    producer.commit_transaction(), self.settings.request_timeout_ms / 1000
-                )
-            except TimeoutError:
-                raise KafkaTimeoutError("no answer to a commit") from None
-            return offsets
-        except _REFUSED:
-            self._drop_term(fence, term)
-            raise _Refused from None
-        except BaseException:
-            self._drop_term(fence, term)
-            raise
-
-    def _drop_term(self, fence: str, term: _Term | None = None) -> None:
-        """Stop ``fence``'s producer (``term``'s only, if given), in the background:
-        its open transaction aborted first where it still can be."""
-        held = self._held.get(fence)
-        if held is None or (term is not None and held is not term):
-            return
-        del self._held[fence]
-        self._stop_in_background([held.producer])
+        return await self.terms.append(envelopes, partition, fence, epoch)
 
     def _stop_in_background(self, clients: Sequence[Any]) -> asyncio.Future[None]:
         stopping = asyncio.ensure_future(_stop_clients(clients))
@@ -622,12 +506,13 @@ class KafkaLog:
     async def close(self) -> None:
         """Stop the clients. A caller cancelled meanwhile (a deposed leader's work is
         cancelled at once) gets its ``CancelledError``, and the clients are stopped all
-        the same: none is left running unowned."""
-        terms = [term.producer for term in self._held.values()]
-        self._held.clear()
+        the same: none is left running unowned (nor is a term's producer dropped
+        earlier and still stopping)."""
+        terms = self.terms.release()
         clients = (self._producer, self._consumer, self._probe_consumer, *terms)
         self._producer = self._consumer = self._probe_consumer = None
-        await asyncio.shield(self._stop_in_background(clients))
+        self._stop_in_background(clients)
+        await asyncio.shield(asyncio.gather(*self._stopping))
 
     async def _broken(self, generation: int | None = None) -> None:
         """A client of ``generation`` failed (the broker went away): drop both; the
@@ -667,7 +552,7 @@ async def _stop_clients(clients: Sequence[Any]) -> None:
         if client is not None:
             try:  # each one stopped, whatever the other did
                 if isinstance(client, AIOKafkaProducer):
-                    await _settle(client)
+                    await settle(client)
                 await client.stop()
             except asyncio.CancelledError:
                 # a client whose tasks were already cancelled says so on stop(); this
@@ -675,25 +560,6 @@ async def _stop_clients(clients: Sequence[Any]) -> None:
                 pass
             except Exception:  # stopping a broken client: nothing more to do
                 pass
-
-
-async def _settle(producer: AIOKafkaProducer) -> None:
-    """End a transactional producer's transaction before it stops: abort one still open
-    (else it holds back ``read_committed`` readers until it times out), and take the
-    error the broker's fencing left in its waiters (else asyncio logs each, at ERROR, as
-    never retrieved). aiokafka has no public handle on either."""
-    txn = getattr(producer, "_txn_manager", None)
-    if txn is None or txn.transactional_id is None:
-        return
-    if txn.is_in_transaction():
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(producer.abort_transaction(), 5)
-    waiters = [txn.wait_for_transaction_end()]
-    batches = getattr(getattr(producer, "_message_accumulator", None), "_batches", {})
-    waiters += [getattr(b, "_drain_waiter", None) for queue in batches.values() for b in queue]
-    for waiter in waiters:
-        if isinstance(waiter, asyncio.Future) and waiter.done() and not waiter.cancelled():
-            waiter.exception()
 
 
 def _why(exc: BaseException) -> str:
