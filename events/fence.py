@@ -9,14 +9,17 @@ thing a term appends to each partition it writes is a ``TermBegan`` marker.
 One rule, per partition: reading a partition in order, a record whose epoch is below
 the highest already seen *in that partition* for its fence is of a deposed leader.
 
-- **append side** (memory, file and log-server backends, :class:`FenceBook`): such an
-  append is refused whole with :class:`FencedError`; the writer learns at once that its
-  term is over and stops leading;
-- **read side** (Kafka, :class:`ReadFence`): shoal does not yet use a broker-side
-  check (a transactional producer per role, which would fence a deposed writer's
-  producer), so Kafka stores the record and every reader drops it: it sees a
-  ``RecordFenced`` in its place (offsets stay gapless). The judgement is a function
-  of the partition's order, so folds and replay agree.
+- **append side** (memory, file and log-server backends, :class:`FenceBook`; Kafka by
+  a transactional producer per term, ``events.kafka``): such an append is refused
+  whole with :class:`FencedError`, and nothing of it is stored; the writer learns at
+  once that its term is over and stops leading. On Kafka the refusal is per term, not
+  per partition: once a later term has begun in any partition of the topic, the
+  broker refuses everything the earlier term's producer appends;
+- **read side** (:class:`ReadFence`, and Kafka's readers): a record of an older term
+  that a log holds all the same (Kafka with ``transactions=false``, for a broker
+  without transactions; a log written before Kafka appends were fenced) is dropped by
+  every reader: it sees a ``RecordFenced`` in its place (offsets stay as they were).
+  The judgement is a function of the partition's order, so folds and replay agree.
 
 A log that refuses on append never holds a record the read side would drop. The rule is
 per partition, not per log, so that a partition copied on its own (``simulate --log``
@@ -157,7 +160,8 @@ class FencedLog:
     ``fence`` and ``epoch``; reads pass through. ``valid`` says whether the term still
     holds (the elector's renew deadline): past it an append raises :class:`FencedError`
     before it is sent, so a process resumed after a freeze stops before the log has to
-    refuse it."""
+    refuse it. A backend whose writer itself is fenced per term has an ``append_term``
+    (Kafka: a transactional producer of the term's own), which appends go through."""
 
     def __init__(
         self, bus: EventLog, *, fence: str, epoch: int, valid: Callable[[], bool] = lambda: True
@@ -197,6 +201,10 @@ class FencedLog:
             )
         replace = msgspec.structs.replace
         stamped = [replace(e, fence=self.fence, epoch=self.epoch) for e in envelopes]
+        own = getattr(self.bus, "append_term", None)
+        if own is not None:  # a backend whose writer is fenced by the term (Kafka)
+            offsets = await own(stamped, partition, fence=self.fence, epoch=self.epoch)
+            return list(offsets)
         return await self.bus.append(stamped, partition)
 
     async def read(self, partition: int, offset: int, limit: int | None = None) -> list[Envelope]:

@@ -4,15 +4,19 @@ One topic, one Kafka partition per log partition. Each record's value is one msg
 envelope; its key is the event's kind (``pod+``, ``bind``...), so that a reader that
 wants some kinds only (``read_kinds``: the coordinator relaying shards' reports) skips
 the others without decoding them. Records written with the partition number as key (as
-before) are decoded and filtered. Offsets are Kafka's.
+before) are decoded and filtered. Offsets are Kafka's: a transaction's commit marker
+takes an offset of its own, so where a leader term writes (below) the offsets of the
+records have gaps, which readers pass over (no reader counts offsets: each goes on
+from the offset after the last record it read).
 
 Contract notes, backend by backend:
 
 - ``append`` sends every envelope of a call in one record batch: Kafka writes a batch
   whole or not at all, so the call is atomic up to the batch size limit
-  (``max_batch_bytes``); a larger call is split and is then atomic per batch. Correctness
-  never rests on Kafka transactions (some Kafka-protocol brokers do not isolate them):
-  decisions carry ids and every handler is idempotent.
+  (``max_batch_bytes``); a larger call is split and is then atomic per batch, except in
+  a leader term's transaction (below), which makes the whole call atomic. Idempotence
+  never rests on Kafka transactions: decisions carry ids and every handler is
+  idempotent.
 - ``read`` first learns where the partition ends, from the first answer to a fetch
   sent after the call began (a fresh assignment of a small "probe" consumer, whose
   fetches wait only ``fetch_max_wait_ms`` at the end of the log), then fetches up to
@@ -20,16 +24,27 @@ Contract notes, backend by backend:
   as soon as it has records, but a broker that stops gathering at the wait (tansu's
   object store, the earlier test broker, lists every batch of the partition at each
   fetch, about 1 µs a batch) must be given long enough, or a large log is read a record
-  at a time, or not at all. A read while others append ends at the end it learnt; on its time-out it
-  returns what it has fetched, and fails only if it fetched nothing. Between reads
+  at a time, or not at all. A read while others append ends at the end it learnt; on
+  its time-out it returns what it has fetched, and fails only if it fetched nothing. Between reads
   neither consumer fetches (paused): each fetch costs the broker work.
-- **Fencing** (``events.fence``) is on the read side: a record a leader appended
+- **Fencing** (``events.fence``), on the append side: a leader term (``FencedLog``)
+  appends through :meth:`KafkaLog.append_term`, one transaction per call on a
+  transactional producer of the term's own (``events.kafka_terms``): once a later
+  term's producer has started, the broker refuses the earlier one's appends, and the
+  term ends with :class:`~events.fence.FencedError`, as on the file log and the log
+  server (the role stands by). Readers read ``read_committed``: nothing of an aborted
+  or open transaction is folded; an open one holds them back at it until it ends.
+  Writers that lead nothing (each shard's partition has one writer, a shard) use the
+  idempotent producer outside transactions: there is no term to fence, and a
+  transaction costs two more round trips.
+- **Fencing**, on the read side, as the second line: a record a leader appended
   carries its term in a header (``shoal-term``: ``FENCE:EPOCH``), and a reader drops
   (sees a ``RecordFenced`` in place of) a record whose epoch is below one its partition
   already holds for that fence. The judgement is a function of the partition's order,
   kept per partition as reads go (headers only; a read from further on first scans the
-  records before it, undecoded), so every reader and replay drop the same records. No
-  epoch-checked or transactional producer refuses them on append yet.
+  records before it, undecoded), so every reader and replay drop the same records. It
+  finds nothing to drop where terms write in transactions; it is what fences a broker
+  without transactions (``transactions=false``) and what replays logs written before.
 - Producer idempotence is on by default (``idempotence=False`` turns it off, for a
   broker that cannot do it); TLS and SASL (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) pass
   through to aiokafka.
@@ -37,7 +52,7 @@ Contract notes, backend by backend:
 Settings, TLS files and the SASL password (read from a file only, never printed):
 ``events.kafka_settings``.
 
-Only this module imports aiokafka.
+Only this module and ``events.kafka_terms`` import aiokafka.
 """
 
 from __future__ import annotations
@@ -56,6 +71,7 @@ from events.codec import DecodeError, decode, encode, kind_of
 from events.errors import LogCorruptedError, LogError
 from events.fence import fenced
 from events.kafka_settings import KafkaSettings, guard_client_logs, redact
+from events.kafka_terms import TermProducers, settle
 from events.log import check_partition
 from events.tasks import being_cancelled
 from events.types import Envelope
@@ -145,6 +161,14 @@ class KafkaLog:
         """Per partition, the highest epoch seen per fence (up to ``_judged``)."""
         self._dropped: dict[int, dict[int, int]] = {}
         """Per partition, the offsets of records fenced, and the epoch that fenced each."""
+        self.terms = TermProducers(
+            settings,
+            call=self._call,
+            send=self._append,
+            highest_epoch=self.highest_epoch,
+            stop=self._stop_in_background,
+        )
+        """The transactional producers of the leader terms this log writes."""
 
     def __repr__(self) -> str:
         s = self.settings
@@ -162,17 +186,13 @@ class KafkaLog:
         guard_client_logs(self._secret)
         try:
             self._producer = AIOKafkaProducer(
-                **options,
-                acks=self.settings.acks if self.settings.acks == "all" else int(self.settings.acks),
-                enable_idempotence=self.settings.idempotence,
-                linger_ms=self.settings.linger_ms,
-                max_batch_size=max(self.settings.max_batch_bytes + 4096, 16384),
-                max_request_size=self.settings.max_batch_bytes + 65536,
+                **options, **self._producer_options(), enable_idempotence=self.settings.idempotence
             )
             await self._producer.start()
             self._consumer = AIOKafkaConsumer(
                 **options,
                 enable_auto_commit=False,
+                isolation_level="read_committed",
                 fetch_max_wait_ms=self.settings.catch_up_wait_ms,
                 max_partition_fetch_bytes=4 * 1024 * 1024,
             )
@@ -180,6 +200,7 @@ class KafkaLog:
             self._probe_consumer = AIOKafkaConsumer(
                 **options,
                 enable_auto_commit=False,
+                isolation_level="read_committed",
                 fetch_max_wait_ms=self.settings.fetch_max_wait_ms,
                 max_partition_fetch_bytes=1024 * 1024,
             )
@@ -204,14 +225,46 @@ class KafkaLog:
                 f"{self.settings.partitions} needed (create it with `shoal kafka init`)"
             )
 
+    def _producer_options(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "acks": s.acks if s.acks == "all" else int(s.acks),
+            "linger_ms": s.linger_ms,
+            "max_batch_size": max(s.max_batch_bytes + 4096, 16384),
+            "max_request_size": s.max_batch_bytes + 65536,
+        }
+
     async def append(self, envelopes: Sequence[Envelope], partition: int = 0) -> list[int]:
         check_partition(partition, self.partitions)
         if not envelopes:
             return []
-        return await self._call("append", lambda: self._append(envelopes, partition))
+        return await self._call(
+            "append", lambda: self._append(self._need(self._producer), envelopes, partition)
+        )
 
-    async def _append(self, envelopes: Sequence[Envelope], partition: int) -> list[int]:
-        producer = self._need(self._producer)
+    async def append_term(
+        self, envelopes: Sequence[Envelope], partition: int, *, fence: str, epoch: int
+    ) -> list[int]:
+        """``append`` for term ``epoch`` of the leader of ``fence`` (``FencedLog`` calls
+        it): in one transaction of the term's own producer (``events.kafka_terms``), or,
+        with ``transactions`` off, as ``append``. Raises :class:`FencedError` once a
+        later term has begun; nothing of the refused call is stored."""
+        if not self.settings.transactional:
+            return await self.append(envelopes, partition)
+        check_partition(partition, self.partitions)
+        if not envelopes:
+            return []
+        return await self.terms.append(envelopes, partition, fence, epoch)
+
+    def _stop_in_background(self, clients: Sequence[Any]) -> asyncio.Future[None]:
+        stopping = asyncio.ensure_future(_stop_clients(clients))
+        self._stopping.add(stopping)
+        stopping.add_done_callback(self._stopping.discard)
+        return stopping
+
+    async def _append(
+        self, producer: AIOKafkaProducer, envelopes: Sequence[Envelope], partition: int
+    ) -> list[int]:
         offsets: list[int] = []
         batch = producer.create_batch()
         count = 0
@@ -290,9 +343,9 @@ class KafkaLog:
     def _judge(self, partition: int, record: Any) -> int:
         """The epoch that fences ``record`` (0: it stands), judged in offset order."""
         at = record.offset
-        judged = self._judged.get(partition, 0)
-        if at != judged:
+        if at < self._judged.get(partition, 0):
             return self._dropped.get(partition, {}).get(at, 0)
+        # (offsets between are no records: transaction markers, aborted transactions)
         self._judged[partition] = at + 1
         term = next((v for k, v in record.headers or () if k == TERM_HEADER), None)
         if term is None:
@@ -330,8 +383,15 @@ class KafkaLog:
         out: list[Envelope] = []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.request_timeout_ms / 1000
+        in_order = offset <= self._judged.get(partition, 0)
+        """Whether every record before this read's is judged: then so is every offset
+        it passes, records or not."""
 
-        def take(records: list[Any]) -> None:
+        def take(records: list[Any], position: int) -> None:
+            """Take the records of one fetch; ``position``: where the consumer reads on
+            (past offsets that hold no record a reader sees: transaction markers,
+            records of aborted transactions), where this read goes on unless it
+            stopped at ``limit``."""
             nonlocal offset
             for record in records:
                 if record.offset < offset:
@@ -350,14 +410,17 @@ class KafkaLog:
                     env = fenced(env, stale)
                 out.append(env)
                 if limit is not None and len(out) >= limit:
-                    break
+                    return
+            offset = max(offset, position)
+            if in_order and offset > self._judged.get(partition, 0):
+                self._judged[partition] = offset
 
         async with self._read_lock:
             # 1. Where the partition ends now, from the first answer to a fetch of a
             # fresh assignment (so sent after this call began: it sees every append
             # that returned before), by the probe, whose fetches wait little.
-            end, records = await self._probe(partition, offset, deadline)
-            take(records)
+            end, records, position = await self._probe(partition, offset, deadline)
+            take(records, position)
             if offset >= end or (limit is not None and len(out) >= limit):
                 return offset, out
             # 2. The records up to that end, by the consumer whose fetches may take
@@ -381,16 +444,19 @@ class KafkaLog:
                         timeout_ms=_STEP_MS * 20,
                         max_records=None if limit is None else limit - len(out),
                     )
-                    take(batch.get(tp, []))
+                    take(batch.get(tp, []), await consumer.position(tp))
             finally:
                 consumer.pause(tp)  # no fetching in the background between reads
         return offset, out
 
-    async def _probe(self, partition: int, offset: int, deadline: float) -> tuple[int, list[Any]]:
-        """(the partition's high-water mark, records the answer brought from ``offset``),
-        from the first answer to a fetch sent after this call began (a fresh assignment:
-        answers to fetches sent before are dropped). At the end of the log the broker
-        holds the fetch for ``fetch_max_wait_ms``; elsewhere it answers at once."""
+    async def _probe(
+        self, partition: int, offset: int, deadline: float
+    ) -> tuple[int, list[Any], int]:
+        """(the partition's high-water mark, records the answer brought from ``offset``,
+        the offset the probe would fetch next), from the first answer to a fetch sent
+        after this call began (a fresh assignment: answers to fetches sent before are
+        dropped). At the end of the log the broker holds the fetch for
+        ``fetch_max_wait_ms``; elsewhere it answers at once."""
         probe = self._need(self._probe_consumer)
         tp = TopicPartition(self.settings.topic, partition)
         probe.assign([tp])
@@ -402,7 +468,7 @@ class KafkaLog:
                 mark = probe.highwater(tp)
                 if mark is not None:
                     self._marks[partition] = max(self._marks.get(partition, 0), int(mark))
-                    return int(mark), batch.get(tp, [])
+                    return int(mark), batch.get(tp, []), int(await probe.position(tp))
                 if loop.time() > deadline:
                     # every fetch answer carries the high-water mark: none means no
                     # answer (aiokafka logs fetch errors and returns nothing)
@@ -434,19 +500,19 @@ class KafkaLog:
     async def _end_offset(self, partition: int) -> int:
         async with self._read_lock:
             deadline = asyncio.get_running_loop().time() + self.settings.request_timeout_ms / 1000
-            end, _ = await self._probe(partition, self._marks.get(partition, 0), deadline)
+            end, _, _ = await self._probe(partition, self._marks.get(partition, 0), deadline)
             return end
 
     async def close(self) -> None:
         """Stop the clients. A caller cancelled meanwhile (a deposed leader's work is
         cancelled at once) gets its ``CancelledError``, and the clients are stopped all
-        the same: none is left running unowned."""
-        clients = (self._producer, self._consumer, self._probe_consumer)
+        the same: none is left running unowned (nor is a term's producer dropped
+        earlier and still stopping)."""
+        terms = self.terms.release()
+        clients = (self._producer, self._consumer, self._probe_consumer, *terms)
         self._producer = self._consumer = self._probe_consumer = None
-        stopping = asyncio.ensure_future(_stop_clients(clients))
-        self._stopping.add(stopping)
-        stopping.add_done_callback(self._stopping.discard)
-        await asyncio.shield(stopping)
+        self._stop_in_background(clients)
+        await asyncio.shield(asyncio.gather(*self._stopping))
 
     async def _broken(self, generation: int | None = None) -> None:
         """A client of ``generation`` failed (the broker went away): drop both; the
@@ -485,6 +551,8 @@ async def _stop_clients(clients: Sequence[Any]) -> None:
     for client in clients:
         if client is not None:
             try:  # each one stopped, whatever the other did
+                if isinstance(client, AIOKafkaProducer):
+                    await settle(client)
                 await client.stop()
             except asyncio.CancelledError:
                 # a client whose tasks were already cancelled says so on stop(); this

@@ -44,6 +44,12 @@ class KafkaSettings:
     idempotence: bool = True
     """The producer's idempotence (needs ``acks=all``): a batch the producer sends again
     after a lost answer is written once. ``false`` for a broker that cannot do it."""
+    transactions: bool | None = None
+    """Whether a leader term's appends go through a transactional producer of the
+    term's own (``events.kafka``), so that the broker refuses a deposed leader's late
+    appends. Unset: on where ``idempotence`` is (a transactional producer is
+    idempotent); ``false`` for a broker without transactions, whose readers then drop
+    such records instead."""
     security_protocol: str = "PLAINTEXT"
     ssl_cafile: str | None = None
     ssl_certfile: str | None = None
@@ -154,6 +160,17 @@ class KafkaSettings:
                 "waits for all replicas)",
                 location="--bus",
             )
+        if self.transactions and not self.idempotence:
+            raise InputError(
+                "transactions=true needs idempotence (a transactional producer is "
+                "idempotent); set transactions=false with idempotence=false",
+                location="--bus",
+            )
+
+    @property
+    def transactional(self) -> bool:
+        """Whether leader terms write through transactional producers."""
+        return self.idempotence if self.transactions is None else self.transactions
 
     def sasl_password(self) -> str:
         """The password in ``sasl_password_file`` (one line; a final newline is not

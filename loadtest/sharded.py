@@ -42,6 +42,7 @@ import numpy as np
 
 from engine.model.pools import Sharding
 from events.errors import InputError
+from events.fence import FencedLog
 from events.log import EventLog, count_kinds, read_kinds
 from events.remote import LogServer
 from events.types import (
@@ -152,13 +153,16 @@ async def _run(
     batches = _dealt(_batches(shape, rng), n) if direct else [(n, b) for b in _batches(shape, rng)]
     gpu_nodes, wide = _spanning(shape, spanning_gangs, n) if spanning_gangs else ([], [])
     sharding = Sharding(shards=n, pools=tuple((f"gpu-{i}", i) for i in range(n)))
-    log = await open_bus(url, partitions=n + 1, token_file=token_file)
-    if log.partitions != n + 1 or any([await log.end_offset(p) for p in range(n + 1)]):
-        await log.close()
+    bus = await open_bus(url, partitions=n + 1, token_file=token_file)
+    if bus.partitions != n + 1 or any([await bus.end_offset(p) for p in range(n + 1)]):
+        await bus.close()
         raise InputError(
             f"{n} shards need an empty log of {n + 1} partitions (a fresh topic)",
             location="--bus",
         )
+    # ingest and the coordinator write as `shoal serve`'s leaders do: through a term
+    log = FencedLog(bus, fence="shoal-ingest", epoch=1)
+    await log.begin([n], holder="loadtest", now=time.time_ns())
     await log.append(
         [
             _envelope(ShardingConfigured(config=sharding.to_json())),
@@ -168,7 +172,9 @@ async def _run(
         n,
     )
     stop = asyncio.Event()
-    control_log = await open_bus(url, partitions=n + 1, token_file=token_file)
+    control_bus = await open_bus(url, partitions=n + 1, token_file=token_file)
+    control_log = FencedLog(control_bus, fence="shoal-coordinator", epoch=1)
+    await control_log.begin(range(n + 1), holder="loadtest", now=time.time_ns())
     holder: list[ControlWorker] = []
 
     def keep(worker: ControlWorker) -> None:
@@ -209,8 +215,8 @@ async def _run(
         for child in children:
             await child.wait()
         await coordinator
-        await control_log.close()
-        await log.close()
+        await control_bus.close()
+        await bus.close()
 
 
 def _dealt(batches: list[list[Any]], shards: int) -> list[tuple[int, list[Any]]]:

@@ -23,10 +23,11 @@ The leader-elected roles (ingest, coordinator, binder) follow client-go's leader
 election (``shards.kube.lease``: ``--lease-seconds``, ``--renew-deadline``,
 ``--retry-period``). Each term of a role writes through a
 :class:`~events.fence.FencedLog` with the term's epoch, after a ``TermBegan`` in each
-partition the role writes: once another replica's term has begun, the log refuses (or,
-on Kafka, its readers drop) what this one appends late, and the role stops at once
-(``deposed``, one warning). A leader past its renew deadline (a process frozen and
-resumed, a hung API server) stops its work at once, in-flight requests included.
+partition the role writes: once another replica's term has begun, the log refuses what
+this one appends late (on Kafka, the broker: each term writes through a transactional
+producer of its own), and the role stops at once (``deposed``, one warning). A leader
+past its renew deadline (a process frozen and resumed, a hung API server) stops its
+work at once, in-flight requests included.
 
 With ``--shards N`` (N > 1) the log has N + 1 partitions: one per shard and the control
 partition last, as with ``shoal simulate --shards N``; every process of a deployment

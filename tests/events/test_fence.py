@@ -1,5 +1,7 @@
-"""Fencing a deposed leader: every backend refuses (memory, file, log server) or its
-readers drop (Kafka) a record of an older term; replay sees the same."""
+"""Fencing a deposed leader: every backend refuses a record of an older term (memory,
+file, log server; Kafka by a transactional producer per term), and readers drop one a
+log holds all the same (Kafka with transactions off, or a log written before); replay
+sees the same."""
 
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from events.codec import decode
 from events.fence import FencedError, FencedLog, ReadFence, highest_epoch
 from events.filelog import FileLog
 from events.kafka import KafkaLog, KafkaSettings, create_topic
@@ -153,10 +157,95 @@ def test_the_read_side_drops_a_record_of_an_older_term_in_its_place() -> None:
     assert (seen[3].offset, seen[3].time) == (rec(3).offset, 0)
 
 
-async def test_kafka_readers_drop_a_deposed_writers_late_records(kafka_bootstrap: str) -> None:
-    settings_ = KafkaSettings(
-        bootstrap=kafka_bootstrap, topic=f"fence-{uuid.uuid4().hex[:12]}", partitions=1
+def _kafka(bootstrap: str, **options: bool) -> KafkaSettings:
+    return KafkaSettings(
+        bootstrap=bootstrap, topic=f"fence-{uuid.uuid4().hex[:12]}", partitions=1, **options
     )
+
+
+@contextlib.asynccontextmanager
+async def _kafka_logs(settings_: KafkaSettings, count: int) -> AsyncIterator[list[KafkaLog]]:
+    """``count`` logs on one topic, as so many processes would open it."""
+    logs = [KafkaLog(settings_) for _ in range(count)]
+    try:
+        for log in logs:
+            await log.start()
+        yield logs
+    finally:
+        for log in logs:
+            await log.close()
+
+
+async def _everything_stored(settings_: KafkaSettings) -> list[Envelope]:
+    """Every record partition 0 holds, committed or not (``read_uncommitted``)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings_.bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tp = TopicPartition(settings_.topic, 0)
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        end = (await consumer.end_offsets([tp]))[tp]
+        out: list[Envelope] = []
+        while await consumer.position(tp) < end:
+            batch = await consumer.getmany(tp, timeout_ms=1000)
+            out += [decode(r.value) for r in batch.get(tp, []) if r.value is not None]
+        return out
+    finally:
+        await consumer.stop()
+
+
+async def test_kafka_refuses_a_deposed_writers_append_and_stores_nothing_of_it(
+    kafka_bootstrap: str,
+) -> None:
+    """Two processes lead one role in turn: once the second's term began, the broker
+    refuses the first's appends (its producer is fenced), nothing of them is stored, not
+    even uncommitted, and the second's records all land. A producer the deposed process
+    starts again (after a broker outage) is refused too, and the leader, whose producer
+    that start fenced, goes on."""
+    settings_ = _kafka(kafka_bootstrap)
+    await create_topic(settings_)
+    async with _kafka_logs(settings_, 3) as (first, second, reader):
+        old = FencedLog(first, fence="c", epoch=1)
+        await old.append([rec(0)])
+        new = FencedLog(second, fence="c", epoch=2)
+        await new.begin([0], holder="b", now=1)
+        with pytest.raises(FencedError) as refused:
+            await old.append([rec(1), rec(2)])
+        assert (refused.value.epoch, refused.value.highest) == (1, 2)
+        await new.append([rec(3)])
+        await first.append([rec(4)])  # writers that lead nothing are never fenced
+        await first.close()  # as after a broker outage: its clients start again
+        await first.start()
+        with pytest.raises(FencedError):
+            await old.append([rec(5)])
+        await new.append([rec(6), rec(7)])
+        want = [
+            ("PodDeleted", 1),
+            ("TermBegan", 2),
+            ("PodDeleted", 2),
+            ("PodDeleted", 0),
+            ("PodDeleted", 2),
+            ("PodDeleted", 2),
+        ]
+        records = await reader.read(0, 0)
+        assert [(type(e.event).__name__, e.epoch) for e in records] == want
+        assert [(type(e.event).__name__, e.epoch) for e in await replayed(settings_)] == want
+        stored = await _everything_stored(settings_)
+        assert [e.time for e in stored] == [0, 1, 3, 4, 6, 7]  # nothing of 1, 2 or 5
+        assert await highest_epoch(reader, "c") == 2
+
+
+async def replayed(settings_: KafkaSettings) -> list[Envelope]:
+    """What a reader that starts afresh (``shoal replay``) reads."""
+    async with _kafka_logs(settings_, 1) as (fresh,):
+        return await fresh.read(0, 0)
+
+
+async def test_kafka_readers_drop_a_deposed_writers_late_records(kafka_bootstrap: str) -> None:
+    """With transactions off (a broker without them), or in a log written before shoal
+    fenced Kafka producers, the broker stores a deposed leader's late record: every
+    reader drops it in the same place."""
+    settings_ = _kafka(kafka_bootstrap, transactions=False)
     await create_topic(settings_)
     writer, reader = KafkaLog(settings_), KafkaLog(settings_)
     await writer.start()

@@ -11,6 +11,7 @@ from aiokafka import AIOKafkaProducer
 
 from events.codec import encode
 from events.errors import InputError, LogCorruptedError, LogError
+from events.fence import FencedError, FencedLog
 from events.kafka import KafkaLog, KafkaSettings, create_topic
 from events.types import Envelope, PodDeleted, PodSucceeded
 
@@ -35,6 +36,17 @@ def test_producers_are_idempotent_unless_told_otherwise() -> None:
     assert KafkaSettings.from_url("kafka://h:1", env={}).idempotence
     s = KafkaSettings.from_url("kafka://h:1?acks=1&idempotence=false", env={})
     assert (s.acks, s.idempotence) == ("1", False)
+
+
+def test_leader_terms_are_transactional_where_producers_are_idempotent() -> None:
+    def transactional(query: str) -> bool:
+        return KafkaSettings.from_url(f"kafka://h:1?{query}", env={}).transactional
+
+    assert transactional("")
+    assert not transactional("transactions=false")
+    assert not transactional("idempotence=false")  # a broker that cannot: none
+    from_env = KafkaSettings.from_url("kafka://h:1", env={"SHOAL_KAFKA_TRANSACTIONS": "false"})
+    assert from_env.transactions is False
 
 
 def test_sasl_settings_pass_through(tmp_path: Path) -> None:
@@ -65,6 +77,8 @@ def test_sasl_settings_pass_through(tmp_path: Path) -> None:
         ("kafka://h:1?sasl_password=x", "read only from a file"),
         ("kafka://h:1?acks=2", "acks must be"),
         ("kafka://h:1?acks=1", "acks=1 needs idempotence=false"),
+        ("kafka://h:1?idempotence=false&transactions=true", "transactions=true needs idemp"),
+        ("kafka://h:1?transactions=maybe", "bad value 'maybe' for transactions"),
     ],
 )
 def test_bad_settings(url: str, message: str) -> None:
@@ -172,6 +186,52 @@ async def test_read_kinds_skips_other_kinds_by_key(kafka_bootstrap: str) -> None
         with pytest.raises(LogCorruptedError, match="offset 2"):
             await log.read_kinds(0, 0, ["pod.ok"])
     finally:
+        await log.close()
+
+
+async def test_reads_pass_over_commit_markers_and_aborted_transactions(
+    kafka_bootstrap: str,
+) -> None:
+    """A leader term's appends are transactions: each commit marker takes an offset,
+    and a transaction its writer left open (frozen mid-append) is aborted when the next
+    term's producer starts. Reads from anywhere, with or without a limit, pass over
+    both, never show an aborted record, and end."""
+    settings = KafkaSettings(bootstrap=kafka_bootstrap, topic=f"gaps-{uuid.uuid4().hex[:8]}")
+    await create_topic(settings)
+    log, other = KafkaLog(settings), KafkaLog(settings)
+    await log.start()
+    await other.start()
+    try:
+        term = FencedLog(log, fence="c", epoch=1)
+        at = [*await term.append([Envelope(event=PodDeleted(pod="a/0"), time=0)])]
+        at += await term.append([Envelope(event=PodDeleted(pod=f"a/{i}"), time=i) for i in (1, 2)])
+        at += await log.append([Envelope(event=PodDeleted(pod="a/3"), time=3)])
+        assert at[1] == at[0] + 2  # the first transaction's commit marker between
+        frozen = AIOKafkaProducer(
+            bootstrap_servers=kafka_bootstrap, transactional_id=log.terms.transactional_id("c")
+        )
+        await frozen.start()  # (fences the term's producer: the log still holds epoch 1)
+        await frozen.begin_transaction()
+        stale = encode(Envelope(event=PodDeleted(pod="a/x"), time=9, fence="c", epoch=1))
+        await frozen.send_and_wait(settings.topic, stale, key=b"pod-", partition=0)
+        # the next term's producer starting aborts the open transaction
+        await FencedLog(other, fence="c", epoch=2).begin([0], holder="b", now=4)
+        await frozen.stop()
+        whole = await log.read(0, 0)
+        assert [e.time for e in whole] == [0, 1, 2, 3, 4]  # a/0..a/3, the TermBegan: no a/x
+        offsets = [e.offset for e in whole]
+        end = await log.end_offset(0)
+        assert end > offsets[-1] + 1  # past the aborted record and the markers
+        for start in range(end + 1):  # from every offset, markers included
+            rest = [o for o in offsets if o >= start]
+            assert [e.offset for e in await other.read(0, start)] == rest
+            assert [e.offset for e in await other.read(0, start, 1)] == rest[:1]
+        stop, kept = await log.read_kinds(0, 0, ["pod-"])
+        assert (stop, [e.time for e in kept]) == (end, [0, 1, 2, 3])
+        with pytest.raises(FencedError):
+            await term.append([Envelope(event=PodDeleted(pod="a/5"), time=5)])
+    finally:
+        await other.close()
         await log.close()
 
 

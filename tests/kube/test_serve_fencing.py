@@ -10,6 +10,7 @@ import contextlib
 import os
 import signal
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,10 @@ import pytest
 from engine.model.pools import POOL_LABEL
 from events.fence import FencedLog
 from events.filelog import FileLog
-from events.remote import LogServer, RemoteLog
+from events.kafka import KafkaSettings, create_topic
+from events.remote import LogServer
 from events.types import Envelope, PodSubmitted, TermBegan
+from shards.bus import open_bus
 from shards.serve import ServeOptions, Service, serve
 from tests.kube.realkube import RealApiServer, missing
 from tests.kube.test_ingest import eventually, node, pod
@@ -31,6 +34,22 @@ LEASE = ["--lease-seconds", "6", "--renew-deadline", "4", "--retry-period", "0.5
 """Short, and yet long enough for a busy machine (a leader stalled past its renew
 deadline steps down)."""
 FENCE = "shoal-coordinator"
+
+
+@contextlib.asynccontextmanager
+async def _fresh_bus(
+    kind: str, request: pytest.FixtureRequest, partitions: int = 1
+) -> AsyncIterator[str]:
+    """The ``--bus`` URL of a fresh log: a log server, or a Kafka topic of the
+    session's broker."""
+    if kind == "remote":
+        async with LogServer(partitions) as server:
+            yield server.url
+        return
+    bootstrap = request.getfixturevalue("kafka_bootstrap")
+    topic = f"serve-fence-{uuid.uuid4().hex[:10]}"
+    await create_topic(KafkaSettings(bootstrap=bootstrap, topic=topic, partitions=partitions))
+    yield f"kafka://{bootstrap}?topic={topic}&partitions={partitions}"
 
 
 def _access(apiserver: Any) -> dict[str, Any]:
@@ -101,8 +120,9 @@ def _bound(apiserver: Any, names: list[str]) -> bool:
 
 
 @pytest.mark.real_kube  # the split-brain check: in the suite, not behind the slow marker
+@pytest.mark.parametrize("bus", ["remote", pytest.param("kafka", marks=pytest.mark.slow)])
 async def test_a_frozen_coordinator_is_fenced_when_it_resumes(
-    apiserver: Any, tmp_path: Path
+    apiserver: Any, tmp_path: Path, bus: str, request: pytest.FixtureRequest
 ) -> None:
     if not isinstance(apiserver, RealApiServer) and missing() is None:
         pytest.skip("runs against the real kube-apiserver, which is built (half a minute)")
@@ -113,9 +133,9 @@ async def test_a_frozen_coordinator_is_fenced_when_it_resumes(
         item["metadata"]["labels"][POOL_LABEL] = "a" if i < 2 else "b"
         apiserver.put("Node", item)
     access = _access(apiserver)
-    async with LogServer(3) as server:
+    async with _fresh_bus(bus, request, partitions=3) as url:
         base: dict[str, Any] = {
-            "bus": server.url,
+            "bus": url,
             "listen": "127.0.0.1:0",
             "shards": 2,
             "watch_seconds": 1,
@@ -135,8 +155,8 @@ async def test_a_frozen_coordinator_is_fenced_when_it_resumes(
         logs = {name: tmp_path / f"{name}.stderr" for name in ("ca", "cb")}
         try:
             async with (
-                _coordinator(server.url, access, "ca", logs["ca"]) as ca,
-                _coordinator(server.url, access, "cb", logs["cb"]) as cb,
+                _coordinator(url, access, "ca", logs["ca"]) as ca,
+                _coordinator(url, access, "cb", logs["cb"]) as cb,
             ):
                 await eventually(lambda: _holder(apiserver) in logs, timeout=60)
                 first = _holder(apiserver)
@@ -167,7 +187,7 @@ async def test_a_frozen_coordinator_is_fenced_when_it_resumes(
                 await eventually(lambda: _bound(apiserver, ["p3", "p4"]), timeout=60)
                 assert leader.returncode is None, "the resumed replica must stand by, not exit"
                 assert _holder(apiserver) == other
-            reader = await RemoteLog.connect(server.url)
+            reader = await open_bus(url, partitions=3)
             parts = [await reader.read(p, 0) for p in range(3)]
             await reader.close()
         finally:
@@ -177,7 +197,9 @@ async def test_a_frozen_coordinator_is_fenced_when_it_resumes(
         assert results == [0] * len(roles)
     _check_terms(parts, [first, other])
     _check_routed_log(parts, apiserver)
-    await _replay_verifies(parts, tmp_path / "run.events")
+    # a Kafka log is replayed where it is: a copy would number its records afresh
+    # (commit markers take offsets), and the records name each other by offset
+    await _replay_verifies(parts, tmp_path / "run.events", url if bus == "kafka" else None)
 
 
 def _check_terms(parts: list[list[Envelope]], holders: list[str]) -> None:
@@ -192,23 +214,24 @@ def _check_terms(parts: list[list[Envelope]], holders: list[str]) -> None:
         assert [holder for holder, _, _ in terms][:2] == holders, terms
         (_, old, _), (_, new, began) = terms[:2]
         assert new > old
-        late = [e for e in records[began:] if e.fence == FENCE and e.epoch < new]
+        late = [e for e in records if e.offset > began and e.fence == FENCE and e.epoch < new]
         assert not late, late
 
 
-async def _replay_verifies(parts: list[list[Envelope]], path: Path) -> None:
-    """The log, copied into a file partition by partition, passes ``shoal replay
-    --verify`` (the command, as a person runs it)."""
-    log = FileLog(path, partitions=len(parts))
-    for partition, records in enumerate(parts):
-        await log.append(records, partition)
-    await log.close()
+async def _replay_verifies(parts: list[list[Envelope]], path: Path, url: str | None) -> None:
+    """The log at ``url``, or else copied into a file partition by partition, passes
+    ``shoal replay --verify`` (the command, as a person runs it)."""
+    if url is None:
+        log = FileLog(path, partitions=len(parts))
+        for partition, records in enumerate(parts):
+            await log.append(records, partition)
+        await log.close()
     replay = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "shards.cli",
         "replay",
-        str(path),
+        url or str(path),
         "--verify",
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -220,21 +243,23 @@ async def _replay_verifies(parts: list[list[Envelope]], path: Path) -> None:
     assert b"verified" in out, out.decode()[-1000:]
 
 
+@pytest.mark.parametrize("bus", ["remote", "kafka"])
 async def test_a_leader_the_log_fences_off_stops_and_comes_back_with_a_higher_epoch(
-    apiserver: Any, caplog: pytest.LogCaptureFixture
+    apiserver: Any, caplog: pytest.LogCaptureFixture, bus: str, request: pytest.FixtureRequest
 ) -> None:
     """Ingest leads with epoch 1; another term of its Lease (epoch 7) begins in the
-    log: ingest's next append is refused, it steps down (one warning), and when it
-    takes the lease again its term starts above what the log holds."""
+    log (on Kafka, from another process's producer): ingest's next append is refused,
+    it steps down (one warning), and when it takes the lease again its term starts
+    above what the log holds."""
     apiserver.put("Node", node("n0"))
-    async with LogServer(1) as server:
+    async with _fresh_bus(bus, request) as url:
         services: list[Service] = []
         options = ServeOptions(
-            role="ingest", bus=server.url, listen="127.0.0.1:0", identity="a",
+            role="ingest", bus=url, listen="127.0.0.1:0", identity="a",
             watch_seconds=1, lease_seconds=3, poll_interval=0.02, **_access(apiserver),
         )  # fmt: skip
         task = asyncio.create_task(serve(options, ready=services.append))
-        reader = await RemoteLog.connect(server.url)
+        reader = await open_bus(url, partitions=1)
         try:
             await eventually(
                 lambda: (
