@@ -35,12 +35,15 @@ from events.types import (
     GroupSpec,
     NodeAdded,
     PodGroupSubmitted,
+    PodSpec,
     PodSubmitted,
     QuotaDefined,
 )
 from shards.inputs.disruption import KIND as BUDGET_KIND
 from shards.inputs.disruption import VERSIONS as BUDGET_VERSIONS
 from shards.inputs.disruption import disruption_budget
+from shards.inputs.dra import KINDS as DRA_KINDS
+from shards.inputs.dra import ClaimPending, DraCatalog
 from shards.inputs.groups import (
     DEPENDS_ON,
     GROUP_KINDS,
@@ -97,6 +100,7 @@ KINDS: Final = {
     *((version, "Topology") for version in KUEUE_VERSIONS),
     (VOLCANO_VERSION, "HyperNode"),
     *KUEUE_KINDS,
+    *DRA_KINDS,
 }
 
 
@@ -222,6 +226,9 @@ def _load_scenario(paths: list[str], progress: Progress | None = None) -> Scenar
     scenario.warnings += (f"{d.where()}: {d.skipped}" for d in docs if d.skipped)
     docs = [d for d in docs if not d.skipped]
     queues = KueueQueues()
+    dra = DraCatalog()
+    claimed: dict[str, str] = {}
+    """ResourceClaim → the pod that uses it."""
     classes: dict[str, int] = {}
     default_class: tuple[str, int] | None = None
     for doc in docs:
@@ -255,6 +262,8 @@ def _load_scenario(paths: list[str], progress: Progress | None = None) -> Scenar
                 scenario.topology.add(doc.obj)
             elif (doc.obj.get("apiVersion"), kind) in KUEUE_KINDS:
                 queues.add(id(doc.obj), doc.obj)
+            elif (doc.obj.get("apiVersion"), kind) in DRA_KINDS:
+                dra.add(doc.obj)
         except InputError as exc:
             raise _located(doc, exc) from None
     _queue_warnings(docs, queues, scenario.warnings)
@@ -327,7 +336,7 @@ def _load_scenario(paths: list[str], progress: Progress | None = None) -> Scenar
             elif kind == "PoolReassignment":
                 event = pool_reassignment(doc.obj)
             elif kind == "Node":
-                node = node_spec(doc.obj)
+                node = dra.node(node_spec(doc.obj))
                 if node.name in seen_nodes:
                     raise InputError(f"duplicate node {shown(node.name)}", location="metadata.name")
                 seen_nodes.add(node.name)
@@ -355,6 +364,7 @@ def _load_scenario(paths: list[str], progress: Progress | None = None) -> Scenar
                         "scenario cannot do: it is not scheduled"
                     )
                     continue
+                pod = _with_claims(dra, pod, raw_spec, claimed)
                 group_key, minimum = group_membership(doc.obj)
                 pod = msgspec.structs.replace(
                     pod, group=group_key, depends_on=dependencies(pod.annotations, pod.namespace)
@@ -402,6 +412,25 @@ def _load_scenario(paths: list[str], progress: Progress | None = None) -> Scenar
         key=lambda e: (e.time, e.order, not isinstance(e.event, PodGroupSubmitted))
     )
     return scenario
+
+
+def _with_claims(
+    dra: DraCatalog, pod: PodSpec, raw_spec: Mapping[str, Any], claimed: dict[str, str]
+) -> PodSpec:
+    """``pod`` asking for the devices of its DRA claims (:mod:`shards.inputs.dra`); a
+    claim serves one pod."""
+    try:
+        pod, names = dra.pod(pod, raw_spec, instantiate=True)
+    except ClaimPending as exc:
+        raise InputError(f"{exc} is not in the scenario", location="spec.resourceClaims") from None
+    for name in names:
+        other = claimed.setdefault(f"{pod.namespace}/{name}", pod.key)
+        if other != pod.key:
+            raise InputError(
+                f"ResourceClaim {name} is used by pod {other} too; shoal gives a claim to one pod",
+                location="spec.resourceClaims",
+            )
+    return pod
 
 
 def _queue_warnings(docs: list[_Doc], queues: KueueQueues, warnings: list[str]) -> None:
