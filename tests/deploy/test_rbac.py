@@ -33,7 +33,12 @@ VERBS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DEL
 
 MODULES = {
     "ingest": ["shards/kube/ingest.py", "shards/kube/lease.py"],
-    "binder": ["shards/kube/binder.py", "shards/kube/recorder.py", "shards/kube/lease.py"],
+    "binder": [
+        "shards/kube/binder.py",
+        "shards/kube/recorder.py",
+        "shards/kube/drabinder.py",
+        "shards/kube/lease.py",
+    ],
     "coordinator": ["shards/kube/lease.py"],
     "shard": [],
 }
@@ -239,6 +244,9 @@ def test_the_calls_read_from_the_code_are_the_ones_expected() -> None:
             ("scheduling.x-k8s.io", "podgroups"),
             ("scheduling.x-k8s.io", "elasticquotas"),
             ("policy", "poddisruptionbudgets"),
+            ("resource.k8s.io", "resourceslices"),
+            ("resource.k8s.io", "deviceclasses"),
+            ("resource.k8s.io", "resourceclaims"),
         ]
         for v in ("list", "watch")
     }
@@ -251,6 +259,9 @@ def test_the_calls_read_from_the_code_are_the_ones_expected() -> None:
         ("", "events", "patch"),
         ("", "pods/status", "patch"),
         ("scheduling.x-k8s.io", "podgroups/status", "patch"),
+        ("resource.k8s.io", "resourceclaims", "get"),
+        ("resource.k8s.io", "deviceclasses", "get"),
+        ("resource.k8s.io", "resourceclaims/status", "update"),
     }
     assert needed("coordinator") == lease
     assert needed("shard") == set()

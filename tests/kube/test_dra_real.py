@@ -1,0 +1,226 @@
+"""GPUs through DRA, ``shoal serve`` on a real kube-apiserver v1.37 (``resource.k8s.io/v1``,
+GA): the test publishes ResourceSlices as a GPU driver would, and plays the
+resourceclaim controller for a template (no kube-controller-manager runs here: it
+creates the pod's claim and writes its name into ``status.resourceClaimStatuses``).
+shoal allocates each claim (``status.allocation``), reserves it for the pod
+(``status.reservedFor``), then binds the pod; at 1 and 2 shards, and the log replays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.model.pools import POOL_LABEL
+from shards.replay import replay, replay_routed
+from shards.serve import ServeOptions, Service, serve
+from tests.kube.realkube import V1_37, RealApiServer, require
+from tests.kube.test_ingest import eventually, node, pod
+
+DRIVER = "gpu.example.com"
+V1 = "resource.k8s.io/v1"
+CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealApiServer]:
+    require(V1_37)
+    real = RealApiServer(tmp_path_factory.mktemp("realkube-dra"), build=V1_37)
+    real.start()
+    real.namespace("shoal")
+    try:
+        yield real
+    finally:
+        real.stop()
+
+
+@contextlib.asynccontextmanager
+async def serving(server: RealApiServer, shards: int) -> AsyncIterator[Service]:
+    services: list[Service] = []
+    options = ServeOptions(
+        role="all",
+        bus="memory",
+        kubeconfig=server.kubeconfig,
+        listen="127.0.0.1:0",
+        identity="test-0",
+        shards=shards,
+        watch_seconds=1,
+        lease_seconds=3,
+        poll_interval=0.02,
+    )
+    task = asyncio.create_task(serve(options, ready=services.append))
+    try:
+        await eventually(lambda: bool(services), timeout=30)
+        yield services[0]
+    finally:
+        if services:
+            services[0].stop.set()
+        assert await asyncio.wait_for(task, 30) == 0
+
+
+def _slice(node_name: str, devices: int, model: str) -> dict[str, Any]:
+    return {
+        "apiVersion": V1,
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node_name}-gpus"},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node_name,
+            "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {
+                    "name": f"gpu-{i}",
+                    "attributes": {"productName": {"string": model}, "index": {"int": i}},
+                    "capacity": {"memory": {"value": "80Gi"}},
+                }
+                for i in range(devices)
+            ],
+        },
+    }
+
+
+def _claim_spec(count: int, model: str) -> dict[str, Any]:
+    selector = f'device.attributes["{DRIVER}"].productName == "{model}"'
+    return {
+        "devices": {
+            "requests": [
+                {
+                    "name": "gpus",
+                    "exactly": {
+                        "deviceClassName": "gpu",
+                        "count": count,
+                        "selectors": [{"cel": {"expression": selector}}],
+                    },
+                }
+            ],
+            "config": [
+                {"requests": ["gpus"], "opaque": {"driver": DRIVER, "parameters": {"x": 1}}}
+            ],
+        }
+    }
+
+
+def _dra_pod(name: str, source: dict[str, str]) -> dict[str, Any]:
+    item = pod(name)
+    item["spec"]["resourceClaims"] = [{"name": "gpu", **source}]
+    item["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+    return item
+
+
+def _empty(server: RealApiServer) -> None:
+    server.empty()
+    for path in (
+        CLAIMS,
+        "/apis/resource.k8s.io/v1/namespaces/default/resourceclaimtemplates",
+        "/apis/resource.k8s.io/v1/resourceslices",
+        "/apis/resource.k8s.io/v1/deviceclasses",
+    ):
+        server._call("DELETE", path)
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+async def test_a_dra_gpu_pod_is_allocated_reserved_and_bound(
+    server: RealApiServer, shards: int, tmp_path: Path
+) -> None:
+    _empty(server)
+    server.apply(
+        {
+            "apiVersion": V1,
+            "kind": "DeviceClass",
+            "metadata": {"name": "gpu"},
+            "spec": {
+                "selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}],
+                "config": [{"opaque": {"driver": DRIVER, "parameters": {"from": "class"}}}],
+            },
+        }
+    )
+    for i, (devices, model) in enumerate([(4, "H100"), (2, "A100")]):
+        item = node(f"n{i}", cpu="8")
+        item["metadata"]["labels"][POOL_LABEL] = "ab"[i]
+        server.put("Node", item)
+        server.apply(_slice(f"n{i}", devices, model))
+    server.apply(
+        {
+            "apiVersion": V1,
+            "kind": "ResourceClaim",
+            "metadata": {"name": "three-h100", "namespace": "default"},
+            "spec": _claim_spec(3, "H100"),
+        }
+    )
+    server.apply(
+        {
+            "apiVersion": V1,
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "two-a100", "namespace": "default"},
+            "spec": {"spec": _claim_spec(2, "A100")},
+        }
+    )
+    server.put("Pod", _dra_pod("direct", {"resourceClaimName": "three-h100"}))
+    server.put("Pod", _dra_pod("templated", {"resourceClaimTemplateName": "two-a100"}))
+
+    def node_of(name: str) -> str:
+        return str(
+            ((server.get("Pod", name, "default") or {}).get("spec") or {}).get("nodeName") or ""
+        )
+
+    async with serving(server, shards) as service:
+        # the templated pod waits for its claim: the resourceclaim controller's part
+        await eventually(
+            lambda: (
+                service.ingest is not None and "default/templated" in service.ingest.dra.waiting
+            ),
+            60,
+        )
+        assert node_of("templated") == ""
+        server.apply(
+            {
+                "apiVersion": V1,
+                "kind": "ResourceClaim",
+                "metadata": {"name": "templated-gpu-x7k2q", "namespace": "default"},
+                "spec": _claim_spec(2, "A100"),
+            }
+        )
+        templated = server.get("Pod", "templated", "default") or {}
+        templated["status"] = {
+            "phase": "Pending",
+            "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "templated-gpu-x7k2q"}],
+        }
+        server.put("Pod", templated)
+        try:
+            await eventually(lambda: node_of("direct") == "n0" and node_of("templated") == "n1", 60)
+        except AssertionError:
+            ingest = service.ingest.stats() if service.ingest else None
+            binder = service.binder.stats() if service.binder else None
+            raise AssertionError(f"not bound: ingest={ingest} binder={binder}") from None
+        assert service.bus is not None
+        parts = [await service.bus.read(p, 0) for p in range(service.bus.partitions)]
+
+    for pod_name, claim_name, count, node_name in (
+        ("direct", "three-h100", 3, "n0"),
+        ("templated", "templated-gpu-x7k2q", 2, "n1"),
+    ):
+        bound = server.get("Pod", pod_name, "default") or {}
+        claim = server._call("GET", f"{CLAIMS}/{claim_name}")
+        allocation = claim["status"]["allocation"]
+        results = allocation["devices"]["results"]
+        assert len(results) == count
+        assert {(r["request"], r["driver"], r["pool"]) for r in results} == {
+            ("gpus", DRIVER, node_name)
+        }
+        assert len({r["device"] for r in results}) == count
+        terms = allocation["nodeSelector"]["nodeSelectorTerms"]
+        assert terms[0]["matchFields"][0]["values"] == [node_name]
+        sources = [c["source"] for c in allocation["devices"]["config"]]
+        assert sources == ["FromClass", "FromClaim"]
+        assert claim["status"]["reservedFor"] == [
+            {"resource": "pods", "name": pod_name, "uid": bound["metadata"]["uid"]}
+        ]
+        cards = bound["metadata"]["annotations"]["shoal.io/gpu-devices"].split(",")
+        assert len(cards) == count
+    verified = replay_routed(parts, verify=True) if shards > 1 else replay(parts[0], verify=True)
+    assert verified.mismatch is None, verified.mismatch
