@@ -90,6 +90,7 @@ from events.types import (
     ReservationRequested,
 )
 from shards.kube.client import RateLimit, checked
+from shards.kube.client import api_message as _message
 from shards.kube.devices import device_annotations
 from shards.kube.drabinder import DraAllocator
 from shards.kube.recorder import AS_MERGE_PATCH, NS_PER_S, EventRecorder
@@ -633,17 +634,6 @@ def as_eviction(event: PodMigrated) -> PodEvicted:
         decision_id=event.decision_id,
         shard=event.shard,
     )
-
-
-def _message(exc: ApiException) -> str:
-    body = getattr(exc, "body", None)
-    if isinstance(body, bytes | str):
-        try:
-            data = json.loads(body)
-            return str(data.get("message", ""))
-        except ValueError:
-            return ""
-    return ""
 
 
 class _Window:

@@ -51,6 +51,7 @@ from events.types import (
     PodSucceeded,
     ReservationRequested,
 )
+from shards.kube.client import api_message
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,7 @@ class DraAllocator:
             except ApiException as exc:
                 if exc.status == 409:
                     continue  # changed since it was read: read it again
-                return f"status not written: {exc.status} {exc.reason}"
+                return f"status not written: {exc.status} {exc.reason}: {api_message(exc)}"[:1000]
             return None
         return f"changed under every one of {CONFLICT_TRIES} updates"
 
