@@ -4,7 +4,9 @@ Kinds read: ``v1 Node``, ``v1 Pod``, ``v1 List`` (its items), ``scheduling.k8s.i
 PriorityClass``, ``KubeSchedulerConfiguration``, ``policy/v1`` (and ``v1beta1``)
 ``PodDisruptionBudget`` (:mod:`shards.inputs.disruption`), the pod-group and quota kinds of
 :mod:`shards.inputs.groups`, Kueue's ``ClusterQueue``, ``LocalQueue`` and
-``ResourceFlavor`` (:mod:`shards.inputs.kueue`: namespaces' quotas) and the workload
+``ResourceFlavor`` (:mod:`shards.inputs.kueue`: namespaces' quotas), DRA's
+``resource.k8s.io/v1`` DeviceClass, ResourceSlice, ResourceClaim and
+ResourceClaimTemplate (:mod:`shards.inputs.dra`: GPUs as cards) and the workload
 objects of :mod:`shards.inputs.workloads`, Volcano's Job among them (replaced by the
 pods, and pod group, their controllers create). ``shoal.io/arrive-at`` (seconds)
 sets when an object appears; document order breaks ties, across files in the order

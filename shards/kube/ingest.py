@@ -19,7 +19,8 @@ and bound ones of any scheduler, for accounting; listed once nodes are, so that 
 first pods find them); PriorityClasses (listed first, since pods need them); the
 pod-group kinds of scheduler-plugins; ElasticQuotas; PodDisruptionBudgets
 (``policy/v1beta1``, which every server up to v1.24 serves, v1.20 only that; where it is
-not served, ``policy/v1``). An object the
+not served, ``policy/v1``); DRA's ResourceSlices, DeviceClasses and ResourceClaims
+where ``resource.k8s.io/v1`` is served (:mod:`shards.kube.draingest`). An object the
 scheduler cannot accept is skipped with a warning naming it and the field, and counted
 (``stats()["rejected"]``); nothing else is lost.
 """
