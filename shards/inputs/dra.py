@@ -16,11 +16,15 @@ whole cards, on the card model of :mod:`engine.model.cards` (the rule is in
 - ``DeviceClass``: its CEL selectors must name one driver (``device.driver == "x"``)
   and may add attribute equalities; ``config`` is copied into the allocation (serve).
 - ``ResourceClaim`` and ``ResourceClaimTemplate``: each ``spec.devices.requests[]``
-  must be ``exactly`` with ``allocationMode: ExactCount`` (the default) and a
-  ``count`` (default 1), a ``deviceClassName`` and optional ``selectors``.
-  ``allocationMode: All``, ``firstAvailable``, ``adminAccess``, ``tolerations``,
-  ``capacity`` and ``constraints`` are refused, naming the field. A claim serves one
-  pod: a claim another pod already uses is refused.
+  must be ``exactly``, with a ``deviceClassName``, optional ``selectors``, and
+  ``allocationMode: ExactCount`` (the default) with a ``count`` (default 1), or
+  ``allocationMode: All``. All is every device of the node whose devices match: the
+  nodes it matches must all have the same number of devices (a pool of nodes of one
+  size; else it is refused), and the pod asks for that many, on nodes of that many
+  (label ``dra.shoal.io/devices``); All must be the pod's only DRA request.
+  ``firstAvailable``, ``adminAccess``, ``tolerations``, ``capacity`` and
+  ``constraints`` are refused, naming the field. A claim serves one pod: a claim
+  another pod already uses is refused.
 - **CEL selectors.** Accepted: ``device.driver == "x"`` and attribute equality,
   ``device.attributes["domain"].name == <string, int or bool>`` (or
   ``...["domain"]["name"]``), joined by ``&&``. Anything else is refused with the
@@ -55,7 +59,9 @@ from engine.model.devices import CARDS_LABEL, GPU, MAX_NODE_CARDS, SHARE_RESOURC
 from events.errors import InputError
 from events.types import ClaimRequest, DeviceRef, NodeSpec, PodSpec
 from shards.inputs.draobjects import (
+    ALL,
     ATTRIBUTE_PREFIX,
+    DEVICES_LABEL,
     DRIVER_LABEL,
     KINDS,
     MAX_COUNT,
@@ -109,9 +115,13 @@ class DraCatalog:
     def nodes(self) -> set[str]:
         return {s.node for s in self.slices.values()}
 
-    def _devices(self, node: str) -> list[tuple[DeviceRef, tuple[tuple[str, str], ...]]]:
+    def _devices(
+        self, node: str, mine: list[SliceSpec] | None = None
+    ) -> list[tuple[DeviceRef, tuple[tuple[str, str], ...]]]:
+        """The devices of ``node`` (from ``mine``, its slices, where given), sorted."""
         newest: dict[tuple[str, str], int] = {}
-        mine = [s for s in self.slices.values() if s.node == node]
+        if mine is None:
+            mine = [s for s in self.slices.values() if s.node == node]
         for s in mine:
             key = (s.driver, s.pool)
             newest[key] = max(newest.get(key, s.generation), s.generation)
@@ -146,12 +156,9 @@ class DraCatalog:
                 f"{len(devices)} DRA devices; shoal models at most {MAX_NODE_CARDS} per node",
                 location="ResourceSlices",
             )
-        shared = dict(devices[0][1])
-        for _, attributes in devices[1:]:
-            theirs = dict(attributes)
-            shared = {k: v for k, v in shared.items() if theirs.get(k) == v}
         labels[DRIVER_LABEL] = drivers[0]
-        labels.update({ATTRIBUTE_PREFIX + k: v for k, v in shared.items()})
+        labels[DEVICES_LABEL] = str(len(devices))
+        labels.update({ATTRIBUTE_PREFIX + k: v for k, v in _shared(devices).items()})
         allocatable[GPU] = len(devices)
         if CARDS_LABEL in labels:
             labels[CARDS_LABEL] = str(len(devices))
@@ -239,6 +246,8 @@ class DraCatalog:
                 requests.append(
                     ClaimRequest(claim=name, request=request.name, count=request.count, uid=uid)
                 )
+        if any(r.count == ALL for r in requests):
+            requests = [self._all(requests, selection)]
         total = sum(r.count for r in requests)
         if total > MAX_COUNT:
             raise InputError(
@@ -255,3 +264,44 @@ class DraCatalog:
             claims=tuple(requests),
         )
         return pod, names
+
+    def _all(self, requests: list[ClaimRequest], selection: Selection) -> ClaimRequest:
+        """An ``allocationMode: All`` request as the count of devices of the nodes it
+        matches: every such node must have the same number (the usual pool of nodes of
+        one size); the pod then asks for that many, on nodes of that many
+        (:data:`DEVICES_LABEL`). A node added later with another number is not used."""
+        if len(requests) > 1:
+            raise InputError(
+                "allocationMode All must be the pod's only DRA request (the others would "
+                "need devices it takes)",
+                location="spec.resourceClaims",
+            )
+        by_node: dict[str, list[SliceSpec]] = {}
+        for found in self.slices.values():
+            by_node.setdefault(found.node, []).append(found)
+        sizes = set()
+        for node, mine in by_node.items():
+            devices = self._devices(node, mine)
+            if {d.driver for d, _ in devices} != {selection.driver}:
+                continue
+            shared = _shared(devices)
+            if all(shared.get(k) == v for k, v in selection.attributes):
+                sizes.add(len(devices))
+        if not sizes:
+            raise ClaimPending("a node whose devices match an allocationMode All request")
+        if len(sizes) > 1:
+            raise InputError(
+                f"allocationMode All matches nodes of {', '.join(map(str, sorted(sizes)))} "
+                "devices; shoal allocates All on nodes of one size (use ExactCount)",
+                location="spec.resourceClaims",
+            )
+        return msgspec.structs.replace(requests[0], count=sizes.pop())
+
+
+def _shared(devices: list[tuple[DeviceRef, tuple[tuple[str, str], ...]]]) -> dict[str, str]:
+    """The attributes every one of ``devices`` has, with the same value."""
+    shared = dict(devices[0][1]) if devices else {}
+    for _, attributes in devices[1:]:
+        theirs = dict(attributes)
+        shared = {k: v for k, v in shared.items() if theirs.get(k) == v}
+    return shared

@@ -22,6 +22,10 @@ KINDS: Final = frozenset(
     for kind in ("DeviceClass", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate")
 )
 DRIVER_LABEL: Final = "dra.shoal.io/driver"
+DEVICES_LABEL: Final = "dra.shoal.io/devices"
+"""A node label: how many DRA devices the node has (for ``allocationMode: All``)."""
+ALL: Final = 0
+"""``RequestSpec.count`` of an ``allocationMode: All`` request."""
 ATTRIBUTE_PREFIX: Final = "dra.shoal.io/"
 MAX_COUNT: Final = 64
 
@@ -298,13 +302,19 @@ def claim_requests(spec_value: Any, where: str) -> tuple[RequestSpec, ...]:
             if exactly.get(key) not in (None, False, []):
                 raise InputError("not supported by shoal", location=f"{at}.exactly.{key}")
         mode = exactly.get("allocationMode", "ExactCount")
-        if mode != "ExactCount":
+        if mode not in ("ExactCount", "All"):
             raise InputError(
-                f"allocationMode {shown(mode)} is not supported by shoal (ExactCount is)",
+                f"allocationMode {shown(mode)}: ExactCount or All",
                 location=f"{at}.exactly.allocationMode",
             )
-        count = exactly.get("count", 1)
-        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_COUNT:
+        count = exactly.get("count", 1 if mode == "ExactCount" else None)
+        if mode == "All":
+            if count is not None:
+                raise InputError(
+                    "only with allocationMode ExactCount", location=f"{at}.exactly.count"
+                )
+            count = ALL
+        elif not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_COUNT:
             raise InputError(f"must be 1..{MAX_COUNT}", location=f"{at}.exactly.count")
         out.append(
             RequestSpec(

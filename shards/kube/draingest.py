@@ -85,7 +85,8 @@ class DraIngest:
             catalog.add({**obj, "kind": kind})
         if kind == "ResourceSlice":
             nodes = {s.node for s in (before, catalog.slices.get(name)) if s is not None}
-            return sorted(n for n in nodes if n in self.base), []
+            # an allocationMode All request waits for a node whose devices match it
+            return sorted(n for n in nodes if n in self.base), sorted(self.waiting)
         return [], sorted(self.waiting)
 
     def pod(self, key: str, spec: PodSpec, obj: Mapping[str, Any], bound: bool) -> PodSpec | None:

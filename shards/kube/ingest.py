@@ -706,7 +706,8 @@ class KubeIngest:
         async with asyncio.TaskGroup() as tasks:
             for reflector in self.reflectors:
                 for name in STARTS_AFTER.get(reflector.name, ()):
-                    await _wait_any(by_name[name].synced, stop)
+                    if name in by_name:  # the DRA kinds: where the server serves them
+                        await _wait_any(by_name[name].synced, stop)
                 tasks.create_task(_watched(reflector, stop))
 
     async def synced(self) -> None:
@@ -720,7 +721,7 @@ STARTS_AFTER: Final = {
     "podgroups": ("priorityclasses",),
     "elasticquotas": ("priorityclasses",),
     "poddisruptionbudgets": ("priorityclasses",),
-    "pods": ("priorityclasses", "nodes"),
+    "pods": ("priorityclasses", "nodes", "resourceslices", "deviceclasses", "resourceclaims"),
     "resourceslices": ("nodes",),
 }
 """The kinds each kind's reflector waits to see listed before it starts."""

@@ -96,7 +96,9 @@ def _slice(node_name: str, devices: int, model: str) -> dict[str, Any]:
 
 
 def _claim_spec(count: int, model: str) -> dict[str, Any]:
+    """``count`` devices of ``model``; 0: all of a node's (``allocationMode: All``)."""
     selector = f'device.attributes["{DRIVER}"].productName == "{model}"'
+    amount: dict[str, Any] = {"count": count} if count else {"allocationMode": "All"}
     return {
         "devices": {
             "requests": [
@@ -104,7 +106,7 @@ def _claim_spec(count: int, model: str) -> dict[str, Any]:
                     "name": "gpus",
                     "exactly": {
                         "deviceClassName": "gpu",
-                        "count": count,
+                        **amount,
                         "selectors": [{"cel": {"expression": selector}}],
                     },
                 }
@@ -135,8 +137,8 @@ def _empty(server: RealApiServer) -> None:
 
 
 def _publish(server: RealApiServer) -> None:
-    """A DeviceClass; n0 with 4 H100s, n1 with 2 A100s (pools a and b); a claim of 3
-    H100s and a pod that names it; a template of 2 A100s and a pod that names it."""
+    """A DeviceClass; n0 with 4 H100s, n1 with 2 A100s, n2 with 2 L4s (pools a, b, c);
+    pods naming a claim of 3 H100s, a template of 2 A100s, a claim of all a node's L4s."""
     _empty(server)
     server.apply(
         {
@@ -149,9 +151,9 @@ def _publish(server: RealApiServer) -> None:
             },
         }
     )
-    for i, (devices, model) in enumerate([(4, "H100"), (2, "A100")]):
+    for i, (devices, model) in enumerate([(4, "H100"), (2, "A100"), (2, "L4")]):
         item = node(f"n{i}", cpu="8")
-        item["metadata"]["labels"][POOL_LABEL] = "ab"[i]
+        item["metadata"]["labels"][POOL_LABEL] = "abc"[i]
         server.put("Node", item)
         server.apply(_slice(f"n{i}", devices, model))
     server.apply(
@@ -170,7 +172,16 @@ def _publish(server: RealApiServer) -> None:
             "spec": {"spec": _claim_spec(2, "A100")},
         }
     )
+    server.apply(
+        {
+            "apiVersion": V1,
+            "kind": "ResourceClaim",
+            "metadata": {"name": "all-l4", "namespace": "default"},
+            "spec": _claim_spec(0, "L4"),
+        }
+    )
     server.put("Pod", _dra_pod("direct", {"resourceClaimName": "three-h100"}))
+    server.put("Pod", _dra_pod("whole", {"resourceClaimName": "all-l4"}))
     server.put("Pod", _dra_pod("templated", {"resourceClaimTemplateName": "two-a100"}))
 
 
@@ -198,7 +209,11 @@ def _node_of(server: RealApiServer, name: str) -> str:
 
 
 def _both_bound(server: RealApiServer) -> bool:
-    return _node_of(server, "direct") == "n0" and _node_of(server, "templated") == "n1"
+    return (
+        _node_of(server, "direct") == "n0"
+        and _node_of(server, "templated") == "n1"
+        and _node_of(server, "whole") == "n2"
+    )
 
 
 def _check_claims(server: RealApiServer) -> None:
@@ -207,6 +222,7 @@ def _check_claims(server: RealApiServer) -> None:
     for pod_name, claim_name, count, node_name in (
         ("direct", "three-h100", 3, "n0"),
         ("templated", "templated-gpu-x7k2q", 2, "n1"),
+        ("whole", "all-l4", 2, "n2"),
     ):
         bound = server.get("Pod", pod_name, "default") or {}
         claim = server._call("GET", f"{CLAIMS}/{claim_name}")

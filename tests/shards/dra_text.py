@@ -63,7 +63,7 @@ def _requests(count: int, klass: str, selector: str, mode: str = "") -> str:
       - name: gpus
         exactly:
           deviceClassName: {klass}
-          count: {count}{allocation}{selectors}"""
+          {f"count: {count}" if count else ""}{allocation}{selectors}"""
 
 
 def claim(
@@ -83,8 +83,11 @@ spec:{_requests(count, klass, selector, mode)}
 ---"""
 
 
-def claim_template(name: str, count: int, *, klass: str = "gpu", selector: str = "") -> str:
-    body = _requests(count, klass, selector).replace("\n", "\n  ")
+def claim_template(
+    name: str, count: int, *, klass: str = "gpu", selector: str = "", mode: str = ""
+) -> str:
+    """``count`` 0: none stated (``mode: All``)."""
+    body = _requests(count, klass, selector, mode).replace("\n", "\n  ")
     return f"""
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate

@@ -154,6 +154,24 @@ def test_devices_are_packed_so_that_a_larger_claim_still_fits(
     assert pods["default/big"]["phase"] == "Bound"
 
 
+@pytest.mark.parametrize("shards", SHARDS)
+def test_allocation_mode_all_takes_every_device_of_a_node(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
+) -> None:
+    """Two nodes of 4 H100s and one of 2 A100s: All of the H100s is 4 devices, a whole
+    node; a second one takes the other node; a third waits."""
+    text = device_class() + node("a") + node("b") + node("c")
+    text += resource_slice("a", 4) + resource_slice("b", 4) + resource_slice("c", 2, model="A100")
+    text += claim_template("all-h100", 0, selector=MODEL.format("H100"), mode="All")
+    text += "".join(pod(f"p{i}", template="all-h100", at=i) for i in range(3))
+    data = run(tmp_path, capsys, text, shards)
+    pods = data["pods"]
+    placed = [pods[f"default/p{i}"] for i in range(2)]
+    assert {p["node"] for p in placed} == {"a", "b"}
+    assert all(len(devices_of(p)) == 4 for p in placed)
+    assert pods["default/p2"]["phase"] == "Pending"
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
@@ -162,7 +180,10 @@ def test_devices_are_packed_so_that_a_larger_claim_still_fits(
             + pod("p", claim_name="c"),
             "CEL selector",
         ),
-        (claim("c", 1, mode="All") + pod("p", claim_name="c"), "allocationMode"),
+        (
+            resource_slice("b", 4) + claim("c", 0, mode="All") + pod("p", claim_name="c"),
+            "allocationMode All matches nodes of 2, 4 devices",
+        ),
         (pod("p", claim_name="missing"), "ResourceClaim default/missing is not in the scenario"),
         (claim("c", 1) + pod("p", claim_name="c") + pod("q", claim_name="c"), "used by pod"),
         (resource_slice("a", 1, driver="nic.example.com"), "2 drivers"),

@@ -179,8 +179,15 @@ def _pod_with_claim(catalog: DraCatalog) -> tuple[PodSpec, list[str]]:
             "spec.devices.requests[0].selectors",
         ),
         (
-            {"name": "r", "exactly": {"deviceClassName": "gpu", "allocationMode": "All"}},
+            {"name": "r", "exactly": {"deviceClassName": "gpu", "allocationMode": "Some"}},
             "spec.devices.requests[0].exactly.allocationMode",
+        ),
+        (
+            {
+                "name": "r",
+                "exactly": {"deviceClassName": "gpu", "allocationMode": "All", "count": 2},
+            },
+            "spec.devices.requests[0].exactly.count",
         ),
         (
             {"name": "r", "exactly": {"deviceClassName": "gpu", "adminAccess": True}},
