@@ -265,6 +265,21 @@ class DraCatalog:
         )
         return pod, names
 
+    def allocated_cards(self, pod: PodSpec, node: NodeSpec) -> tuple[int, ...]:
+        """The cards of ``node`` that ``pod``'s claims are allocated (a pod another
+        scheduler bound, its claims allocated by it); () when they do not name exactly
+        as many of the node's devices as the pod asks for."""
+        index = {device: i for i, device in enumerate(node.devices)}
+        cards: set[int] = set()
+        for name in dict.fromkeys(request.claim for request in pod.claims):
+            claim = self.claims.get((pod.namespace, name))
+            if claim is None or any(d not in index for d in claim.allocated):
+                return ()
+            cards.update(index[d] for d in claim.allocated)
+        if len(cards) != sum(request.count for request in pod.claims):
+            return ()
+        return tuple(sorted(cards))
+
     def _all(self, requests: list[ClaimRequest], selection: Selection) -> ClaimRequest:
         """An ``allocationMode: All`` request as the count of devices of the nodes it
         matches: every such node must have the same number (the usual pool of nodes of

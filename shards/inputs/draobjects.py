@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from events.errors import InputError
+from events.types import DeviceRef
 from shards.inputs.fields import _list, _map, _str
 from shards.inputs.limits import shown
 
@@ -67,6 +68,8 @@ class ClaimSpec:
     requests: tuple[RequestSpec, ...]
     reserved_for: tuple[str, ...] = ()
     """The uids of the pods the claim is reserved for (``status.reservedFor``)."""
+    allocated: tuple[DeviceRef, ...] = ()
+    """The devices of its allocation (``status.allocation.devices.results``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,7 +341,18 @@ def resource_claim(obj: Mapping[str, Any]) -> ClaimSpec:
         for r in (status or {}).get("reservedFor") or ()
         if isinstance(r, Mapping)
     )
-    return ClaimSpec(name, namespace, uid, requests, reserved)
+    allocation = (status or {}).get("allocation")
+    results = (
+        ((allocation or {}).get("devices") or {}).get("results")
+        if isinstance(allocation, Mapping)
+        else ()
+    )
+    allocated = tuple(
+        DeviceRef(driver=str(r.get("driver")), pool=str(r.get("pool")), device=str(r.get("device")))
+        for r in results or ()
+        if isinstance(r, Mapping)
+    )
+    return ClaimSpec(name, namespace, uid, requests, reserved, allocated)
 
 
 def claim_template(obj: Mapping[str, Any]) -> tuple[str, str, tuple[RequestSpec, ...]]:

@@ -24,7 +24,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Final
 
-from events.types import NodeSpec, PodSpec
+import msgspec
+
+from events.types import NodeSpec, PodBound, PodSpec
 from shards.inputs.dra import ClaimPending, DraCatalog
 
 log = logging.getLogger(__name__)
@@ -107,6 +109,14 @@ class DraIngest:
             return None
         self.waiting.pop(key, None)
         return found
+
+    def observed(self, bound: PodBound, spec: PodSpec, node: NodeSpec | None) -> PodBound:
+        """``bound`` (a pod found bound) on the cards its claims' allocations name, where
+        its annotations name none (a pod kube-scheduler placed)."""
+        if bound.devices or not spec.claims or node is None:
+            return bound
+        cards = self.catalog.allocated_cards(spec, node)
+        return msgspec.structs.replace(bound, devices=cards) if cards else bound
 
     def forget_pod(self, key: str) -> None:
         self.waiting.pop(key, None)

@@ -612,7 +612,8 @@ class KubeIngest:
             self.pods[key] = node
             events: list[Event] = [PodSubmitted(pod=parsed)]
             if node:
-                events.append(self._observed(key, node, meta))
+                observed = self._observed(key, node, meta)
+                events.append(self.dra.observed(observed, parsed, self.nodes.get(node)))
             return events
         events = []
         if node and not self.pods[key]:
