@@ -136,6 +136,26 @@ class TopologySpreadConstraint(msgspec.Struct, frozen=True, kw_only=True, omit_d
     node_taints_policy: str = "Ignore"
 
 
+class DeviceRef(msgspec.Struct, frozen=True, kw_only=True):
+    """One DRA device, as a ResourceSlice publishes it and an allocation names it."""
+
+    driver: str
+    pool: str
+    device: str
+
+
+class ClaimRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """One request of a pod's ResourceClaim: ``count`` whole cards of its node
+    (:mod:`engine.model.dra`)."""
+
+    claim: str
+    """The ResourceClaim's name (in the pod's namespace)."""
+    request: str
+    count: int
+    uid: str = ""
+    """The ResourceClaim's uid (empty: not known)."""
+
+
 class PodSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """What the scheduler needs to know about a pod, already validated and canonical.
     Encoded without the fields left at their defaults (most of them, for most pods):
@@ -182,6 +202,9 @@ class PodSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     owner: str = ""
     """Its controller (``KIND/NAME`` of the ``ownerReferences`` entry with
     ``controller: true``), or empty: a moved pod's node is held for its replacement."""
+    claims: tuple[ClaimRequest, ...] = ()
+    """Its DRA claims' requests, in order: its ``nvidia.com/gpu`` request is their sum,
+    and its cards go to them in this order (:mod:`engine.model.dra`)."""
 
     @property
     def key(self) -> str:
@@ -257,6 +280,9 @@ class NodeSpec(msgspec.Struct, frozen=True, kw_only=True):
     annotations: dict[str, str] = {}
     """The node's annotations: data for user plugins (a measured network speed, the
     leaf switch a node hangs off), never read by the built-in plugins."""
+    devices: tuple[DeviceRef, ...] = ()
+    """Its DRA devices (from ResourceSlices), card ``i`` being ``devices[i]``; its
+    ``nvidia.com/gpu`` counts them (:mod:`engine.model.dra`)."""
 
 
 # ----------------------------------------------------------------- cluster inputs

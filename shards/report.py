@@ -9,12 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from engine.model.dra import DeviceMismatch, claim_results
 from events.types import (
     Answer,
     BindFailed,
     Envelope,
     NodeAdded,
     NodeRemoved,
+    NodeSpec,
+    NodeUpdated,
     PodBound,
     PodDeleted,
     PodEvicted,
@@ -25,6 +28,7 @@ from events.types import (
     PodPreempted,
     PodRejected,
     PodRouted,
+    PodSpec,
     PodSubmitted,
     PodSucceeded,
     PodUnbound,
@@ -49,6 +53,9 @@ class PodView:
     """The decision id of its current placement."""
     devices: tuple[int, ...] = ()
     """The GPU cards it holds on ``node``."""
+    claims: tuple[dict[str, str], ...] = ()
+    """Its DRA claims' devices there: ``claim``, ``request``, ``driver``, ``pool``,
+    ``device`` each (:func:`engine.model.dra.claim_results`)."""
     answer: Answer | None = None
     """The engine's answer for the person waiting, while ``reason`` is the one it
     answers (:meth:`current_answer`)."""
@@ -69,6 +76,8 @@ class PodView:
         out: dict[str, Any] = {"node": self.node, "phase": self.phase}
         if self.devices and self.phase == "Bound":
             out["devices"] = list(self.devices)
+        if self.claims and self.phase == "Bound":
+            out["claims"] = list(self.claims)
         if self.phase != "Bound" and self.reason:
             out["reason"] = self.reason
         answer = self.current_answer()
@@ -128,6 +137,10 @@ class RunReport:
         self.preemptions: list[dict[str, str]] = []
         self.migrations: list[dict[str, str]] = []
         self.nodes: set[str] = set()
+        self._dra_nodes: dict[str, NodeSpec] = {}
+        """Nodes with DRA devices, as last told."""
+        self._claimants: dict[str, PodSpec] = {}
+        """Pods with DRA claims."""
         self._pending_members: dict[str, int] = {}
         self._group_of: dict[str, str] = {}
         """Pod → its pod group (for the group's answer)."""
@@ -182,12 +195,17 @@ class RunReport:
                     view.reason = f"unbound from {event.node}: {event.reason}"
             case PodUnschedulable(pod=key) | PodBound(pod=key) if self._stale(key, event.shard):
                 pass
-            case NodeAdded(node=spec):
+            case NodeAdded(node=spec) | NodeUpdated(node=spec):
                 self.nodes.add(spec.name)
+                if spec.devices or spec.name in self._dra_nodes:
+                    self._dra_nodes[spec.name] = spec
             case NodeRemoved(name=name):
                 self.nodes.discard(name)
+                self._dra_nodes.pop(name, None)
             case PodSubmitted(pod=spec):
                 self.pods[spec.key] = PodView()
+                if spec.claims:
+                    self._claimants[spec.key] = spec
                 if spec.group:
                     self._group_of[spec.key] = spec.group
                 group = self.groups.get(spec.group)
@@ -227,6 +245,7 @@ class RunReport:
                 view.bound_at = env.time
                 view.decision = event.decision_id
                 view.devices = event.devices
+                view.claims = self._claims_of(key, event.node, event.devices)
             case BindFailed(pod=key):
                 self.bind_failures += 1
                 view = self._view(key)
@@ -251,6 +270,7 @@ class RunReport:
                     view.node, view.phase, view.reason = event.to_node, "Bound", ""
                     view.decision = event.decision_id
                     view.devices = event.devices
+                    view.claims = self._claims_of(key, event.to_node, event.devices)
                     view.bound_at = env.time
                     self.migrations.append(
                         {"pod": key, "from": event.from_node, "to": event.to_node, "by": event.by}
@@ -261,6 +281,25 @@ class RunReport:
                 self.preemptions.append({"pod": key, "node": event.node, "by": event.by})
             case _:
                 pass
+
+    def _claims_of(self, key: str, node: str, cards: tuple[int, ...]) -> tuple[dict[str, str], ...]:
+        pod, spec = self._claimants.get(key), self._dra_nodes.get(node)
+        if pod is None or spec is None:
+            return ()
+        try:
+            results = claim_results(pod, spec, cards)
+        except DeviceMismatch as exc:
+            return ({"error": str(exc)},)
+        return tuple(
+            {
+                "claim": request.claim,
+                "request": request.request,
+                "driver": device.driver,
+                "pool": device.pool,
+                "device": device.device,
+            }
+            for request, device in results
+        )
 
     def _routed(self, env: Envelope) -> None:
         event = env.event

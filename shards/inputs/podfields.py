@@ -57,8 +57,7 @@ POD_SPEC_FIELDS: Final[dict[str, str]] = {
     "priority": ACTED,
     "priorityClassName": ACTED,
     "readinessGates": RUNTIME,
-    "resourceClaims": "not acted on: resource claims (dynamic resource allocation) are "
-    "not modelled; the pod is placed by its other requests",
+    "resourceClaims": ACTED,
     "resources": "not acted on: pod-level resources are not counted; the containers' requests are",
     "restartPolicy": RUNTIME,
     "runtimeClassName": "not acted on: a RuntimeClass's overhead and node selector are "
@@ -112,10 +111,10 @@ ports; resources: requests; restartPolicy: an init container that is a sidecar).
 RESOURCES_FIELDS: Final[dict[str, str]] = {
     "limits": ACTED,
     "requests": ACTED,
-    "claims": "not acted on: resource claims (dynamic resource allocation) are not "
-    "modelled; the pod is placed by its other requests",
+    "claims": RUNTIME,
 }
-"""core/v1 ResourceRequirements field → ``ACTED`` or why it is not acted on."""
+"""core/v1 ResourceRequirements field → ``ACTED`` or why it is not acted on (``claims``:
+which of the pod's DRA claims a container sees, once the pod's are allocated)."""
 CONTAINER_LISTS: Final = ("containers", "initContainers")
 """The container lists whose requests and host ports count (``ephemeralContainers``
 request nothing: the API forbids them resources and ports)."""

@@ -4,7 +4,9 @@ Kinds read: ``v1 Node``, ``v1 Pod``, ``v1 List`` (its items), ``scheduling.k8s.i
 PriorityClass``, ``KubeSchedulerConfiguration``, ``policy/v1`` (and ``v1beta1``)
 ``PodDisruptionBudget`` (:mod:`shards.inputs.disruption`), the pod-group and quota kinds of
 :mod:`shards.inputs.groups`, Kueue's ``ClusterQueue``, ``LocalQueue`` and
-``ResourceFlavor`` (:mod:`shards.inputs.kueue`: namespaces' quotas) and the workload
+``ResourceFlavor`` (:mod:`shards.inputs.kueue`: namespaces' quotas), DRA's
+``resource.k8s.io/v1`` DeviceClass, ResourceSlice, ResourceClaim and
+ResourceClaimTemplate (:mod:`shards.inputs.dra`: GPUs as cards) and the workload
 objects of :mod:`shards.inputs.workloads`, Volcano's Job among them (replaced by the
 pods, and pod group, their controllers create). ``shoal.io/arrive-at`` (seconds)
 sets when an object appears; document order breaks ties, across files in the order
@@ -35,12 +37,15 @@ from events.types import (
     GroupSpec,
     NodeAdded,
     PodGroupSubmitted,
+    PodSpec,
     PodSubmitted,
     QuotaDefined,
 )
 from shards.inputs.disruption import KIND as BUDGET_KIND
 from shards.inputs.disruption import VERSIONS as BUDGET_VERSIONS
 from shards.inputs.disruption import disruption_budget
+from shards.inputs.dra import KINDS as DRA_KINDS
+from shards.inputs.dra import ClaimPending, DraCatalog
 from shards.inputs.groups import (
     DEPENDS_ON,
     GROUP_KINDS,
@@ -97,6 +102,7 @@ KINDS: Final = {
     *((version, "Topology") for version in KUEUE_VERSIONS),
     (VOLCANO_VERSION, "HyperNode"),
     *KUEUE_KINDS,
+    *DRA_KINDS,
 }
 
 
@@ -222,6 +228,9 @@ def _load_scenario(paths: list[str], progress: Progress | None = None) -> Scenar
     scenario.warnings += (f"{d.where()}: {d.skipped}" for d in docs if d.skipped)
     docs = [d for d in docs if not d.skipped]
     queues = KueueQueues()
+    dra = DraCatalog()
+    claimed: dict[str, str] = {}
+    """ResourceClaim → the pod that uses it."""
     classes: dict[str, int] = {}
     default_class: tuple[str, int] | None = None
     for doc in docs:
@@ -255,6 +264,8 @@ def _load_scenario(paths: list[str], progress: Progress | None = None) -> Scenar
                 scenario.topology.add(doc.obj)
             elif (doc.obj.get("apiVersion"), kind) in KUEUE_KINDS:
                 queues.add(id(doc.obj), doc.obj)
+            elif (doc.obj.get("apiVersion"), kind) in DRA_KINDS:
+                dra.add(doc.obj)
         except InputError as exc:
             raise _located(doc, exc) from None
     _queue_warnings(docs, queues, scenario.warnings)
@@ -327,7 +338,7 @@ def _load_scenario(paths: list[str], progress: Progress | None = None) -> Scenar
             elif kind == "PoolReassignment":
                 event = pool_reassignment(doc.obj)
             elif kind == "Node":
-                node = node_spec(doc.obj)
+                node = dra.node(node_spec(doc.obj))
                 if node.name in seen_nodes:
                     raise InputError(f"duplicate node {shown(node.name)}", location="metadata.name")
                 seen_nodes.add(node.name)
@@ -355,6 +366,7 @@ def _load_scenario(paths: list[str], progress: Progress | None = None) -> Scenar
                         "scenario cannot do: it is not scheduled"
                     )
                     continue
+                pod = _with_claims(dra, pod, raw_spec, claimed)
                 group_key, minimum = group_membership(doc.obj)
                 pod = msgspec.structs.replace(
                     pod, group=group_key, depends_on=dependencies(pod.annotations, pod.namespace)
@@ -402,6 +414,25 @@ def _load_scenario(paths: list[str], progress: Progress | None = None) -> Scenar
         key=lambda e: (e.time, e.order, not isinstance(e.event, PodGroupSubmitted))
     )
     return scenario
+
+
+def _with_claims(
+    dra: DraCatalog, pod: PodSpec, raw_spec: Mapping[str, Any], claimed: dict[str, str]
+) -> PodSpec:
+    """``pod`` asking for the devices of its DRA claims (:mod:`shards.inputs.dra`); a
+    claim serves one pod."""
+    try:
+        pod, names = dra.pod(pod, raw_spec, instantiate=True)
+    except ClaimPending as exc:
+        raise InputError(f"{exc} is not in the scenario", location="spec.resourceClaims") from None
+    for name in names:
+        other = claimed.setdefault(f"{pod.namespace}/{name}", pod.key)
+        if other != pod.key:
+            raise InputError(
+                f"ResourceClaim {name} is used by pod {other} too; shoal gives a claim to one pod",
+                location="spec.resourceClaims",
+            )
+    return pod
 
 
 def _queue_warnings(docs: list[_Doc], queues: KueueQueues, warnings: list[str]) -> None:

@@ -94,7 +94,9 @@ from events.types import (
     ReservationRequested,
 )
 from shards.kube.client import RateLimit, checked
+from shards.kube.client import api_message as _message
 from shards.kube.devices import device_annotations
+from shards.kube.drabinder import DraAllocator
 from shards.kube.groups import KUBERNETES
 from shards.kube.groupstatus import KubernetesGroupStatus
 from shards.kube.recorder import AS_MERGE_PATCH, NS_PER_S, EventRecorder
@@ -172,6 +174,8 @@ class KubeBinder:
         so that a decision made for a pod never binds another that took its name."""
         self.gpus: dict[str, GpuRequest] = {}
         """Live pods that ask for GPU cards → what they ask (their convention)."""
+        self.dra = DraAllocator(api)
+        """Pods' DRA claims, allocated and reserved before they are bound."""
         self.gpu_nodes: dict[str, tuple[int, dict[str, str]]] = {}
         """GPU nodes seen in the log → one card's memory in MiB and their annotations."""
         self.counters = {
@@ -196,6 +200,7 @@ class KubeBinder:
             "position": self.position,
             **self.victims.stats(),
             **self.counters,
+            "claims_allocated": self.dra.allocated,
             **{f"events_{k}": v for k, v in self.recorder.counters.items()},
         }
 
@@ -232,6 +237,7 @@ class KubeBinder:
     def _learn(self, event: Event) -> None:
         """Keep what later decisions need from a record that is not one: a group's
         convention, a pod's uid (forgotten when the pod is gone)."""
+        self.dra.learn(event)
         match event:
             case PodGroupSubmitted(group=spec):
                 self.group_sources[spec.key] = spec.source
@@ -515,6 +521,10 @@ class KubeBinder:
     async def _bind(self, event: PodBound) -> list[Event]:
         namespace, name = self._split(event.pod)
         cards = self._device_annotations(event)
+        unallocated = await self.dra.allocate(event, self.uids.get(event.pod), self._retry)
+        if unallocated is not None:
+            self.counters["bind_failed"] += 1
+            return [self._failed(event, unallocated)]
         body = client.V1Binding(
             # the uid is a precondition: the API server refuses to bind another pod
             # that has taken the name since (409); the annotations are copied onto the
@@ -675,17 +685,6 @@ def as_eviction(event: PodMigrated) -> PodEvicted:
         decision_id=event.decision_id,
         shard=event.shard,
     )
-
-
-def _message(exc: ApiException) -> str:
-    body = getattr(exc, "body", None)
-    if isinstance(body, bytes | str):
-        try:
-            data = json.loads(body)
-            return str(data.get("message", ""))
-        except ValueError:
-            return ""
-    return ""
 
 
 class _Window:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import ssl
@@ -193,3 +194,15 @@ class RateLimit:
             wait = -self.tokens / self.qps
             self.waited += wait
             await self._sleep(wait)
+
+
+def api_message(exc: ApiException) -> str:
+    """The ``message`` of an API error's Status body ("" when there is none)."""
+    body = getattr(exc, "body", None)
+    if isinstance(body, bytes | str):
+        try:
+            data = json.loads(body)
+            return str(data.get("message", ""))
+        except (ValueError, AttributeError):
+            return ""
+    return ""

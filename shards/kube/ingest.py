@@ -15,7 +15,8 @@ first pods find them); PriorityClasses (listed first, since pods need them); the
 pod-group kinds of scheduler-plugins, and Kubernetes', Volcano's and KAI's PodGroups
 where the server serves them (``shards.kube.groups``); ElasticQuotas; PodDisruptionBudgets
 (``policy/v1``, which every server since v1.21 serves; where it is not served,
-``policy/v1beta1``). An object the
+``policy/v1beta1``); DRA's ResourceSlices, DeviceClasses and ResourceClaims
+where ``resource.k8s.io/v1`` is served (:mod:`shards.kube.draingest`). An object the
 scheduler cannot accept is skipped with a warning naming it and the field, and counted
 (``stats()["rejected"]``); nothing else is lost.
 """
@@ -29,9 +30,11 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, Final
 
+import aiohttp
 import msgspec
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from events.codec import encode
 from events.errors import InputError
@@ -70,6 +73,8 @@ from shards.inputs.objects import node_spec, pod_spec, priority_class
 from shards.inputs.podfields import gated, unused_fields
 from shards.kube.client import KubeError
 from shards.kube.devices import cards_of
+from shards.kube.draingest import KINDS as DRA_KINDS
+from shards.kube.draingest import DraIngest
 from shards.kube.groups import DIALECTS, Dialect, GroupReflector, group_reflector
 from shards.kube.reflector import JSON, Reflector
 
@@ -112,6 +117,8 @@ class KubeIngest:
         """The PodDisruptionBudget version asked (``v1``, then ``v1beta1`` for good
         where that is not served)."""
         self.classes: dict[str, int] = {}
+        self.dra = DraIngest()
+        """DRA slices, classes and claims (watched where the server serves them)."""
         self.rejected: list[str] = []
         self.appended = 0
         self._holding = 0
@@ -120,6 +127,20 @@ class KubeIngest:
         core = client.CoreV1Api(api)
         custom = client.CustomObjectsApi(api)
         scheduling = client.SchedulingV1Api(api)
+
+        def resource(plural: str) -> Callable[..., Awaitable[Any]]:
+            async def call(**kwargs: Any) -> Any:
+                return await custom.list_cluster_custom_object(
+                    "resource.k8s.io", "v1", plural, **kwargs
+                )
+
+            return call
+
+        self._dra_calls = {
+            "resourceslices": resource("resourceslices"),
+            "deviceclasses": resource("deviceclasses"),
+            "resourceclaims": resource("resourceclaims"),
+        }
 
         def crd(plural: str) -> Callable[..., Awaitable[Any]]:
             async def call(**kwargs: Any) -> Any:
@@ -154,6 +175,7 @@ class KubeIngest:
             "pods": len(self.pods),
             "appended": self.appended,
             "rejected": len(self.rejected),
+            **self.dra.stats(),
             **{f"{r.name}_{k}": v for r in self.reflectors for k, v in r.counters.items()},
         }
 
@@ -305,11 +327,16 @@ class KubeIngest:
     def _node(self, kind: str, obj: JSON) -> list[Event]:
         name = (obj.get("metadata") or {}).get("name", "")
         if kind == "DELETED":
+            self.dra.node_gone(name)
             return [NodeRemoved(name=name)] if self.nodes.pop(name, None) is not None else []
         try:
-            spec = node_spec(obj)
+            spec = self.dra.node(node_spec(obj))
         except InputError as exc:
             return self._reject(f"Node {name}", exc)
+        return self._told(spec)
+
+    def _told(self, spec: NodeSpec) -> list[Event]:
+        name = spec.name
         previous = self.nodes.get(name)
         if previous == spec:
             return []
@@ -422,6 +449,7 @@ class KubeIngest:
         if kind == "DELETED":
             self.finished.discard(key)
             self.refused.discard(key)
+            self.dra.forget_pod(key)
             return [PodDeleted(pod=key)] if self.pods.pop(key, None) is not None else []
         if key in self.finished or key in self.refused:
             return []
@@ -440,15 +468,20 @@ class KubeIngest:
                     node_name="",
                     depends_on=dependencies(parsed.annotations, parsed.namespace),
                 )
+                claimed = self.dra.pod(key, parsed, obj, bound=bool(node))
             except InputError as exc:
                 return self._refuse_pod(key, meta, exc)
+            if claimed is None:
+                return []  # waits for its DRA claims (shards/kube/draingest.py)
+            parsed = claimed
             if not node:
                 for field, message in unused_fields(spec):
                     log.warning("pod %s: %s: %s", key, field, message)
             self.pods[key] = node
             events: list[Event] = [PodSubmitted(pod=parsed)]
             if node:
-                events.append(self._observed(key, node, meta))
+                observed = self._observed(key, node, meta)
+                events.append(self.dra.observed(observed, parsed, self.nodes.get(node)))
             return events
         events = []
         if node and not self.pods[key]:
@@ -477,6 +510,50 @@ class KubeIngest:
             devices=cards_of(meta.get("annotations") or {}),
         )
 
+    def _dra(self, plural: str, kind: str, obj: JSON) -> list[Event]:
+        """A DRA object: the nodes whose devices it changes told again, the pods that
+        waited for it tried again (:mod:`shards.kube.draingest`)."""
+        try:
+            nodes, pods = self.dra.changed(plural, kind, obj)
+        except InputError as exc:
+            name = (obj.get("metadata") or {}).get("name", "")
+            return self._reject(f"{DRA_KINDS[plural]} {name}", exc)
+        events: list[Event] = []
+        for name in nodes:
+            try:
+                events += self._told(self.dra.node(self.dra.base[name]))
+            except InputError as exc:
+                events += self._reject(f"Node {name}", exc)
+        for key in pods:
+            waiting = self.dra.waiting.get(key)
+            if waiting is not None:
+                events += self._pod("MODIFIED", waiting)
+        return events
+
+    async def _dra_served(self, stop: asyncio.Event) -> bool:
+        """Whether the server serves ``resource.k8s.io/v1`` (v1.34 and later) and this
+        ingest may list it (else DRA objects are not watched, and the log says so once);
+        asked again with back-off while the server cannot be reached."""
+        delay = 0.05
+        while not stop.is_set():
+            try:
+                await self._dra_calls["resourceslices"](limit=1)
+                return True
+            except ApiException as exc:
+                if exc.status in (403, 404):
+                    log.info("DRA not watched: resource.k8s.io/v1 answered %s", exc.status)
+                    return False
+                why = f"API error {exc.status} {exc.reason}"
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                why = f"{type(exc).__name__}: {exc}"
+            log.warning(
+                "asking for resource.k8s.io/v1 failed; retrying in=%.2fs error=%s", delay, why
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+            delay = min(delay * 2, 5.0)
+        return False
+
     # ------------------------------------------------------------------ running
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -487,11 +564,19 @@ class KubeIngest:
         sync. (Listed concurrently, pods could come first: each then failed for want of
         nodes and waited out its back-off.) The pod-group and quota kinds are waited for
         by nobody: their CRDs may not be installed, and their lists never succeed."""
+        if await self._dra_served(stop):
+            for plural in DRA_KINDS:
+
+                def handle(kind: str, obj: JSON, plural: str = plural) -> list[Event]:
+                    return self._dra(plural, kind, obj)
+
+                self.reflectors.insert(-1, self._reflector(plural, self._dra_calls[plural], handle))
         by_name = {reflector.name: reflector for reflector in self.reflectors}
         async with asyncio.TaskGroup() as tasks:
             for reflector in self.reflectors:
                 for name in STARTS_AFTER.get(reflector.name, ()):
-                    await _wait_any(by_name[name].synced, stop)
+                    if name in by_name:  # the DRA kinds: where the server serves them
+                        await _wait_any(by_name[name].synced, stop)
                 tasks.create_task(_watched(reflector, stop))
 
     async def synced(self) -> None:
@@ -506,7 +591,8 @@ STARTS_AFTER: Final = {
     **{d.reflector: ("priorityclasses",) for d in DIALECTS},
     "elasticquotas": ("priorityclasses",),
     "poddisruptionbudgets": ("priorityclasses",),
-    "pods": ("priorityclasses", "nodes"),
+    "pods": ("priorityclasses", "nodes", "resourceslices", "deviceclasses", "resourceclaims"),
+    "resourceslices": ("nodes",),
 }
 """The kinds each kind's reflector waits to see listed before it starts."""
 

@@ -36,12 +36,14 @@ MODULES = {
         "shards/kube/ingest.py",
         "shards/kube/reflector.py",
         "shards/kube/groups.py",
+        "shards/kube/draingest.py",
         "shards/kube/lease.py",
     ],
     "binder": [
         "shards/kube/binder.py",
         "shards/kube/recorder.py",
         "shards/kube/groupstatus.py",
+        "shards/kube/drabinder.py",
         "shards/kube/lease.py",
     ],
     "coordinator": ["shards/kube/lease.py"],
@@ -61,6 +63,13 @@ PROXY_CALLS: set[Rule] = {
     ("authorization.k8s.io", "subjectaccessreviews", "create"),
 }
 """kube-rbac-proxy, beside every process: who is scraping, and may they GET /metrics."""
+SYNTHETIC: dict[str, set[Rule]] = {
+    "binder": {("resource.k8s.io", "resourceclaims/binding", "update")},
+}
+"""Permissions no call names, which the API server checks beside a call's own: from
+v1.36 (``DRAResourceClaimGranularStatusAuthorization``) an update of a ResourceClaim's
+status that changes ``allocation`` or ``reservedFor`` also needs ``update`` of the
+synthetic subresource ``resourceclaims/binding`` (what kube-scheduler is granted)."""
 
 
 def _method(name: str) -> Any | None:
@@ -237,7 +246,7 @@ def test_each_component_is_granted_exactly_the_calls_its_code_makes(
     account = _workloads(docs)[component]["serviceAccountName"]
     assert account == f"shoal-{component}", "one ServiceAccount per component"
     have, rules = granted(docs, account)
-    want = needed(component) | PROXY_CALLS
+    want = needed(component) | PROXY_CALLS | SYNTHETIC.get(component, set())
     assert have == want, f"{component}: missing {want - have}, not needed {have - want}"
     for rule in rules:
         assert "nonResourceURLs" not in rule, f"{component}: {rule}"
@@ -261,6 +270,9 @@ def test_the_calls_read_from_the_code_are_the_ones_expected() -> None:
             ("scheduling.run.ai", "podgroups"),
             ("scheduling.x-k8s.io", "elasticquotas"),
             ("policy", "poddisruptionbudgets"),
+            ("resource.k8s.io", "resourceslices"),
+            ("resource.k8s.io", "deviceclasses"),
+            ("resource.k8s.io", "resourceclaims"),
         ]
         for v in ("list", "watch")
     }
@@ -275,6 +287,9 @@ def test_the_calls_read_from_the_code_are_the_ones_expected() -> None:
         ("scheduling.x-k8s.io", "podgroups/status", "patch"),
         ("scheduling.k8s.io", "podgroups", "get"),
         ("scheduling.k8s.io", "podgroups/status", "patch"),
+        ("resource.k8s.io", "resourceclaims", "get"),
+        ("resource.k8s.io", "deviceclasses", "get"),
+        ("resource.k8s.io", "resourceclaims/status", "update"),
     }
     assert needed("coordinator") == lease
     assert needed("shard") == set()
