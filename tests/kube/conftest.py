@@ -11,8 +11,11 @@ from typing import Any
 import pytest
 
 from shards.kube.client import api_client
+from tests.deploy.test_manifests import DEPLOY, render
 from tests.kube.apiserver import FakeApiServer
 from tests.kube.realkube import RealApiServer, missing
+
+RBAC_KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -30,6 +33,26 @@ def real_apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealApi
     server = RealApiServer(tmp_path_factory.mktemp("realkube"))
     server.start()
     try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def rbac_apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealApiServer]:
+    """A second real server, with ``--authorization-mode=RBAC`` and deploy/'s roles
+    applied (one for the session: test_rbac_real.py and test_dra_real.py share it)."""
+    why = missing()
+    if why is not None:
+        if os.environ.get("SHOAL_REAL_KUBE") == "1":
+            pytest.fail(f"SHOAL_REAL_KUBE=1 but {why}")
+        pytest.skip(why)
+    server = RealApiServer(tmp_path_factory.mktemp("realkube-rbac"), authorization="RBAC")
+    server.start()
+    try:
+        for doc in render(DEPLOY):
+            if doc["kind"] in RBAC_KINDS:
+                server.apply(doc)
         yield server
     finally:
         server.stop()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -24,30 +24,19 @@ from shards.kube.ingest import KubeIngest
 from shards.replay import replay, replay_routed
 from shards.serve import ServeOptions, Service, serve
 from shards.worker import ShardWorker
-from tests.deploy.test_manifests import DEPLOY, render
-from tests.kube.realkube import V1_37, RealApiServer, require
+from tests.kube.realkube import RealApiServer
 from tests.kube.test_ingest import eventually, node, pod
-from tests.kube.test_rbac_real import RBAC_KINDS
 
 DRIVER = "gpu.example.com"
 V1 = "resource.k8s.io/v1"
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealApiServer]:
+@pytest.fixture
+def server(rbac_apiserver: RealApiServer) -> RealApiServer:
     """v1.37 with RBAC and deploy/'s roles (``serve`` below runs as the administrator;
-    the last test as ingest and binder)."""
-    require(V1_37)
-    real = RealApiServer(tmp_path_factory.mktemp("realkube-dra"), authorization="RBAC", build=V1_37)
-    real.start()
-    try:
-        for doc in render(DEPLOY):
-            if doc["kind"] in RBAC_KINDS:
-                real.apply(doc)
-        yield real
-    finally:
-        real.stop()
+    the last test as ingest and binder): the session's RBAC server."""
+    return rbac_apiserver
 
 
 @contextlib.asynccontextmanager

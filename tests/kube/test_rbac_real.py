@@ -6,8 +6,6 @@ allowed, and what they are not granted is refused."""
 from __future__ import annotations
 
 import asyncio
-import os
-from collections.abc import Iterator
 
 import pytest
 from kubernetes_asyncio import client
@@ -22,29 +20,8 @@ from shards.kube.ingest import KubeIngest
 from shards.kube.lease import LeaderElector
 from shards.replay import replay
 from shards.worker import ShardWorker
-from tests.deploy.test_manifests import DEPLOY, render
-from tests.kube.realkube import RealApiServer, missing
+from tests.kube.realkube import RealApiServer
 from tests.kube.test_ingest import eventually, node, pod
-
-RBAC_KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount")
-
-
-@pytest.fixture(scope="module")
-def rbac_apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealApiServer]:
-    why = missing()
-    if why is not None:
-        if os.environ.get("SHOAL_REAL_KUBE") == "1":
-            pytest.fail(f"SHOAL_REAL_KUBE=1 but {why}")
-        pytest.skip(why)
-    server = RealApiServer(tmp_path_factory.mktemp("realkube-rbac"), authorization="RBAC")
-    server.start()
-    try:
-        for doc in render(DEPLOY):
-            if doc["kind"] in RBAC_KINDS:
-                server.apply(doc)
-        yield server
-    finally:
-        server.stop()
 
 
 def _node_of(server: RealApiServer, name: str) -> str | None:
