@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -33,10 +33,11 @@ CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
 
 
 @pytest.fixture
-def server(rbac_apiserver: RealApiServer) -> RealApiServer:
+def server(rbac_apiserver: RealApiServer) -> Iterator[RealApiServer]:
     """v1.37 with RBAC and deploy/'s roles (``serve`` below runs as the administrator;
-    the last test as ingest and binder): the session's RBAC server."""
-    return rbac_apiserver
+    the last test as ingest and binder): the session's RBAC server, left empty."""
+    yield rbac_apiserver
+    _empty(rbac_apiserver)
 
 
 @contextlib.asynccontextmanager

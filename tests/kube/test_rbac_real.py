@@ -33,6 +33,7 @@ async def test_binder_and_ingest_need_nothing_beyond_their_roles(
     rbac_apiserver: RealApiServer,
 ) -> None:
     server = rbac_apiserver
+    server.empty()  # the session's RBAC server: what another module left
     server.put("PriorityClass", {"metadata": {"name": "low"}, "value": 100})
     server.put("PriorityClass", {"metadata": {"name": "high"}, "value": 1000})
     server.put("Node", node("n1", cpu="4"))
