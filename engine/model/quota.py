@@ -139,9 +139,14 @@ class QuotaTable:
         ``shoal.io/gpu-milli`` (see the module docstring)."""
         resources = self.resources
         needs = resources.card_needs
+        gpu_row = resources.get(GPU)
+        if gpu_row is None and not needs:
+            # no GPU anywhere yet: every row counts by its name (asked twice for every
+            # pod the coordinator hands over, so without the loop below)
+            name = resources.name
+            return {name(row): amount for row, amount in request}
         out: dict[str, int] = {}
         milli = 0
-        gpu_row = resources.get(GPU)
         cards = any(row in needs for row, _ in request)
         for row, amount in request:
             need = needs.get(row)
