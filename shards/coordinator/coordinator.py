@@ -40,7 +40,7 @@ from engine.model.groups import FAILED, PENDING, SCHEDULED, advance, group_unit,
 from engine.model.pods import PodInfo
 from engine.model.pools import Sharding
 from engine.model.reservations import decision_id
-from engine.model.state import Bools, request_delta
+from engine.model.state import Bools, Request, request_delta
 from engine.refusals import CHECKED, MAX_TIME, refused
 from events.types import (
     SECOND,
@@ -251,15 +251,21 @@ class Coordinator:
     def fly(self, unit: str, shard: int, pods: list[PodInfo], rid: str = "") -> None:
         """``pods`` (unit ``unit``) were handed to ``shard``; their quota is charged in
         the view until the shard answers."""
-        flight = Flight(
-            unit,
-            shard,
-            self.now,
-            tuple(pod.key for pod in pods),
-            tuple(pod.request for pod in pods),
-            tuple(pod.spec.namespace for pod in pods),
-            rid,
-        )
+        if len(pods) == 1:  # (most flights: a plain pod)
+            one = pods[0]
+            flight = Flight(
+                unit, shard, self.now, (one.key,), (one.request,), (one.spec.namespace,), rid
+            )
+        else:
+            flight = Flight(
+                unit,
+                shard,
+                self.now,
+                tuple(pod.key for pod in pods),
+                tuple(pod.request for pod in pods),
+                tuple(pod.spec.namespace for pod in pods),
+                rid,
+            )
         self.flights[unit] = flight
         self.engine.dispatched[unit] = str(shard)
         self._pending(flight, +1)
@@ -267,13 +273,7 @@ class Coordinator:
     def _pending(self, flight: Flight, sign: int, quota: bool = True) -> None:
         """Count ``flight`` in (``sign`` +1) or out of (-1) what its shard has pending,
         and its quota charged (``quota`` False: the charge stays, for a placement)."""
-        rows = len(self.engine.state.resources)
-        pending = self.pending
-        if pending.shape[2] < rows:
-            grown = np.zeros((self.n, 4, rows), dtype=np.int64)
-            grown[:, :, : pending.shape[2]] = pending
-            self.pending = pending = grown
-        here = pending[flight.shard]  # (4, rows), contiguous
+        here = self._pending_rows()[flight.shard]  # (4, rows), contiguous
         quotas = self.engine.quotas
         for request, namespace in zip(flight.requests, flight.namespaces, strict=True):
             delta = request_delta(request, here.shape[1])  # (shared with the columns)
@@ -426,7 +426,8 @@ class Coordinator:
             case ShardingConfigured() | ClockTicked():
                 pass
             case _:
-                engine.apply(env)  # pods, pod groups, quotas: the queue's and the view's
+                # pods, pod groups, quotas: the queue's and the view's (checked in apply)
+                engine.apply(env, checked=True)
 
     def _node(self, spec: NodeSpec, env: Envelope) -> None:
         engine = self.engine
@@ -571,20 +572,60 @@ class Coordinator:
                 pass
 
     def _placed(self, placed: dict[str, str], shard: int) -> None:
+        """Fold a shard's placements, in bulk: each pod is placed in the view (its
+        quota, charged while it flew, is its placement's charge), and what the shard
+        had pending falls once per distinct request, by how many pods asked for it,
+        not once per pod (see :meth:`_uncount`)."""
         engine = self.engine
+        index = engine.state.index
+        live = engine.pods
+        held = engine.state.pods
+        flights = self.flights
+        dispatched = engine.dispatched
+        decisions = self.decisions
+        landed: dict[Request, int] = {}
+        pods = 0
         for key, node in placed.items():
-            flight = self.flights.get(key)
+            flight = flights.get(key)
             if flight is None or flight.shard != shard:
                 continue  # not handed there (any more)
-            slot = engine.state.index.get(node)
-            if slot is not None and key in engine.pods and key not in engine.state.pods:
-                # the quota charged while it flew is its placement's charge
-                self.land(key, placed=True)
-                engine.place(key, slot, self.decisions.get(key, key), charged=True)
+            slot = index.get(node)
+            if slot is not None and key in live and key not in held:
+                del flights[key]
+                dispatched.pop(key, None)
+                pods += len(flight.pods)
+                for request in flight.requests:
+                    landed[request] = landed.get(request, 0) + 1
+                engine.place(key, slot, decisions.get(key, key), charged=True)
                 continue
             self.land(key)
-            if slot is not None and key in engine.pods:
-                engine.place(key, slot, self.decisions.get(key, key))
+            if slot is not None and key in live:
+                engine.place(key, slot, decisions.get(key, key))
+        if pods:
+            self._uncount(shard, landed, pods)
+
+    def _uncount(self, shard: int, landed: dict[Request, int], pods: int) -> None:
+        """``pods`` pods handed to ``shard`` were placed, asking for ``landed`` (request
+        → how many): no longer pending there (their quota charge stays)."""
+        here = self._pending_rows()[shard]
+        rows = here.shape[1]
+        for request, count in landed.items():
+            delta = request_delta(request, rows)
+            if count == 1:
+                here -= delta
+            else:
+                here -= delta * count
+        self.inflight[shard] -= pods
+
+    def _pending_rows(self) -> npt.NDArray[np.int64]:
+        """``pending``, grown to the view's resource rows."""
+        rows = len(self.engine.state.resources)
+        pending = self.pending
+        if pending.shape[2] < rows:
+            grown = np.zeros((self.n, 4, rows), dtype=np.int64)
+            grown[:, :, : pending.shape[2]] = pending
+            self.pending = pending = grown
+        return pending
 
     def _handed_back(self, key: str, shard: int, reason: str, decision: str = "") -> None:
         engine = self.engine

@@ -173,23 +173,27 @@ class ShardDispatch:
             return False
         if is_group_unit(unit) and _topology_bound(e.groups.get(unit[1:])):
             return False  # its domain is chosen here, over every shard's nodes
-        frameworks = [e.profiles.framework_for(pod) for pod in pods]
-        if any(f is None or not f.incremental or not self._summarised(f) for f in frameworks):
-            return False
-        if any(
-            f is not None and f.conditional and f.cluster_wide(pod, e.state)
-            for pod, f in zip(pods, frameworks, strict=True)
-        ):
-            return False  # inter-pod rules apply: decided here, on the whole view
+        # (one loop, no generators: this runs for every pod the coordinator routes)
+        frameworks: list[Framework | None] = []
+        state = e.state
+        for pod in pods:
+            f = e.profiles.framework_for(pod)
+            if f is None or not f.incremental or not self._summarised(f):
+                return False
+            if f.conditional and f.cluster_wide(pod, state):
+                return False  # inter-pod rules apply: decided here, on the whole view
+            frameworks.append(f)
         if e.config.extenders and any(applicable(p, pod) for pod in pods):
             return False  # decided here, with the extenders' answers (a shard asks none)
         # the nodes of each shard that pass every filter for the unit: the same while
         # the view's nodes and placements stand (only what is handed over changes)
+        lead = pods[0]
         counts = c.cached(
-            ("counts", *(pod.shape_key for pod in pods), pods[0].spec.scheduler_name),
+            ("counts", lead.shape_key, lead.spec.scheduler_name)
+            if len(pods) == 1
+            else ("counts", *(pod.shape_key for pod in pods), lead.spec.scheduler_name),
             lambda: c.feasible_counts(self._feasible(pods, frameworks)),
         )
-        lead = pods[0]
         framework = frameworks[0]
         assert framework is not None
         shard = self._choose(framework, lead, counts)
@@ -288,7 +292,8 @@ class ShardDispatch:
             total = scores(framework, pod, nodes, shards.labels)
         start = pod.tiebreak % len(candidates)
         order = candidates[start:] + candidates[:start]
-        return max(order, key=lambda s: int(total[s]))
+        values: list[int] = total.tolist()  # (one conversion, not one per shard)
+        return max(order, key=values.__getitem__)
 
     def _hand_pod(self, pod: PodInfo, shard: int, *, moves: bool = False) -> None:
         """Hand ``pod`` to ``shard``; ``moves``: for a plan of moves there, with the
