@@ -92,9 +92,9 @@ def _pod(pod: PodSpec) -> str | None:
     if pod.runtime is not None and not 0 <= pod.runtime <= MAX_TIME:
         return f"pod {pod.key} runtime {pod.runtime} ns is out of range"
     requests = pod.requests
-    if not all(0 <= value <= MAX_QUANTITY for value in requests.values()):
-        # (the message only when it is needed: this runs for every pod submitted)
-        return _quantities(f"pod {pod.key} requests", requests)
+    for value in requests.values():  # (a loop: this runs for every pod submitted)
+        if not 0 <= value <= MAX_QUANTITY:
+            return _quantities(f"pod {pod.key} requests", requests)
     try:
         gpu_request(pod.requests)
     except GpuRequestError as exc:
