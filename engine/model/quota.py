@@ -140,13 +140,21 @@ class QuotaTable:
         resources = self.resources
         needs = resources.card_needs
         gpu_row = resources.get(GPU)
-        if gpu_row is None and not needs:
-            # no GPU anywhere yet: every row counts by its name (asked twice for every
-            # pod the coordinator hands over, so without the loop below)
-            name = resources.name
-            return {name(row): amount for row, amount in request}
         out: dict[str, int] = {}
         milli = 0
+        if not needs:
+            # no card rows (no pod has asked for cards): the loop below without them
+            # (asked for every pod the coordinator hands over)
+            name = resources.name
+            for row, amount in request:
+                if row == gpu_row:
+                    milli += amount * GPU_SCALE
+                else:
+                    out[name(row)] = amount
+            if milli:
+                out[GPU] = milli
+                out[SHOAL_MILLI] = milli
+            return out
         cards = any(row in needs for row, _ in request)
         for row, amount in request:
             need = needs.get(row)
