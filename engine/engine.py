@@ -88,14 +88,18 @@ class Engine(ShardModel):
 
     # ------------------------------------------------------------------ fold
 
-    def apply(self, envelope: Envelope) -> None:
+    def apply(self, envelope: Envelope, *, checked: bool = False) -> None:
         """Fold one event. Idempotent for decisions and duplicate submissions. A record
         no column can hold (:func:`engine.refusals.refusal`) changes nothing, not even
         the time; it is added to ``unfolded``. So is a recorded configuration that
-        cannot be run here (:meth:`unrunnable`)."""
+        cannot be run here (:meth:`unrunnable`). ``checked``: the caller has found
+        :func:`engine.refusals.refused` None for it already (the coordinator, which
+        checks every control record before it forwards it)."""
         event = envelope.event
-        if (type(event) in CHECKED or not 0 <= envelope.time <= MAX_TIME) and (
-            reason := refused(envelope)
+        if (
+            not checked
+            and (type(event) in CHECKED or not 0 <= envelope.time <= MAX_TIME)
+            and (reason := refused(envelope))
         ):
             self.unfolded.append((envelope.offset, reason))
             return

@@ -91,9 +91,10 @@ def _pod(pod: PodSpec) -> str | None:
         return f"pod {pod.key} priority {pod.priority} is outside ±{MAX_PRIORITY}"
     if pod.runtime is not None and not 0 <= pod.runtime <= MAX_TIME:
         return f"pod {pod.key} runtime {pod.runtime} ns is out of range"
-    quantities = _quantities(f"pod {pod.key} requests", pod.requests)
-    if quantities is not None:
-        return quantities
+    requests = pod.requests
+    for value in requests.values():  # (a loop: this runs for every pod submitted)
+        if not 0 <= value <= MAX_QUANTITY:
+            return _quantities(f"pod {pod.key} requests", requests)
     try:
         gpu_request(pod.requests)
     except GpuRequestError as exc:

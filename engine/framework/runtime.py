@@ -268,7 +268,10 @@ class Framework:
         """Whether a filter that reads pods on other nodes (inter-pod affinity, spread
         constraints) applies to ``pod`` now: then its verdict on a node depends on
         more than that node, and on more than one shard."""
-        return any(f.applies(pod, state) for f in self.conditional)
+        for f in self.conditional:  # noqa: SIM110 (a loop, not any(): asked for every pod routed)
+            if f.applies(pod, state):
+                return True
+        return False
 
     def feasible(
         self, cycle: CycleState, pod: PodInfo, state: ClusterState, *, local_only: bool = False

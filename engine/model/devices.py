@@ -77,6 +77,8 @@ SHARE_RESOURCES: Final = frozenset(
     }
 )
 """Resources that describe a share of a card: accounted on cards, never as scalars."""
+GPU_RESOURCES: Final = SHARE_RESOURCES | {GPU}
+"""Every request name :func:`gpu_request` reads: a pod that names none asks for no GPU."""
 MODEL_LABEL: Final = "nvidia.com/gpu.product"
 MEMORY_LABEL: Final = "nvidia.com/gpu.memory"
 """Node label with one card's memory in MiB (GPU feature discovery sets it)."""
@@ -170,6 +172,10 @@ def _percent(requests: Mapping[str, int], name: str, high: int = 100) -> int | N
 def gpu_request(requests: Mapping[str, int]) -> GpuRequest | None:
     """The GPU request of a pod's summed ``requests`` (canonical units: extended
     resources in units, ``koordinator.sh/gpu-memory`` in bytes); None for no GPU."""
+    if requests.keys().isdisjoint(GPU_RESOURCES):
+        # most pods ask for no GPU: one set test instead of building three (this ran
+        # for every pod in every shard and took 5-7% of a shard's time)
+        return None
     named = {name for name in SHARE_RESOURCES if name in requests}
     gpus = requests.get(GPU, 0)
     if gpus < 0:

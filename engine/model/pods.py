@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.model.devices import GpuRequest, GpuRequestError, gpu_request, scalar_requests
+from engine.model.devices import (
+    SHARE_RESOURCES,
+    GpuRequest,
+    GpuRequestError,
+    gpu_request,
+    scalar_requests,
+)
 from engine.model.resources import PODS, ResourceIndex
 from engine.model.state import Request
 from events.types import PodSpec
@@ -57,8 +64,19 @@ def make_request(spec: PodSpec, resources: ResourceIndex, gpu: GpuRequest | None
     GPU request when already derived."""
     if gpu is None:
         gpu = pod_gpu(spec)
+    return _request(spec.requests, resources, gpu)
+
+
+def _request(
+    requests: Mapping[str, int], resources: ResourceIndex, gpu: GpuRequest | None
+) -> Request:
+    """:func:`make_request` with the pod's GPU request derived already (None: none)."""
+    if gpu is None and requests.keys().isdisjoint(SHARE_RESOURCES):
+        scalars: Mapping[str, int] = requests  # (most pods: no copy to make)
+    else:
+        scalars = scalar_requests(requests, gpu)
     amounts: dict[int, int] = {PODS: 1}
-    for name, amount in scalar_requests(spec.requests, gpu).items():
+    for name, amount in scalars.items():
         if amount > 0:
             amounts[resources.row(name)] = amount
     if gpu is not None:
@@ -69,7 +87,7 @@ def make_request(spec: PodSpec, resources: ResourceIndex, gpu: GpuRequest | None
 def pod_info(spec: PodSpec, resources: ResourceIndex, seq: int) -> PodInfo:
     """Derive a :class:`PodInfo` from a submitted spec."""
     gpu = pod_gpu(spec)
-    request = make_request(spec, resources, gpu)
+    request = _request(spec.requests, resources, gpu)  # (derived once, not twice)
     static_key = (
         spec.node_name,
         tuple(sorted(spec.node_selector.items())),

@@ -139,9 +139,22 @@ class QuotaTable:
         ``shoal.io/gpu-milli`` (see the module docstring)."""
         resources = self.resources
         needs = resources.card_needs
+        gpu_row = resources.get(GPU)
         out: dict[str, int] = {}
         milli = 0
-        gpu_row = resources.get(GPU)
+        if not needs:
+            # no card rows (no pod has asked for cards): the loop below without them
+            # (asked for every pod the coordinator hands over)
+            name = resources.name
+            for row, amount in request:
+                if row == gpu_row:
+                    milli += amount * GPU_SCALE
+                else:
+                    out[name(row)] = amount
+            if milli:
+                out[GPU] = milli
+                out[SHOAL_MILLI] = milli
+            return out
         cards = any(row in needs for row, _ in request)
         for row, amount in request:
             need = needs.get(row)

@@ -145,6 +145,9 @@ class PodTopologySpread:
     def applies(self, pod: PodInfo, state: ClusterState) -> bool:
         """Whether the filter may reject a node: the pod has a ``DoNotSchedule``
         constraint."""
+        spec = pod.spec
+        if not spec.spread_constraints and (spec.owner_selector is None or not self.defaults):
+            return False  # no constraint at all (most pods: asked for every pod routed)
         return bool(self._hard(pod))
 
     # ------------------------------------------------------------------ helpers

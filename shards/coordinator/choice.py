@@ -86,16 +86,25 @@ class ShardView:
         self.local = np.zeros(n, dtype=np.int64)
         self.masked = np.zeros(n, dtype=np.int64)
         self.feasible = np.ones(n, dtype=np.bool_)
+        self._pending: npt.NDArray[np.int64] | None = None
+        self._operands: tuple[npt.NDArray[np.int64], ...] = ()
+        """The views :meth:`refresh` adds, made once per ``pending`` array (it is
+        changed in place, and replaced only when the view's rows grow)."""
 
     def refresh(self, pending: npt.NDArray[np.int64]) -> ShardNodes:
         """The shards as nodes, with ``pending`` (shards, 4, rows: what is handed over
-        and not placed, as alloc, used, free and non-zero used change by it) added."""
-        rows = min(pending.shape[2], self.base.shape[1])
-        np.add(
-            self.base[:, :rows],
-            pending[:, :, :rows].transpose(1, 2, 0),
-            out=self.nodes._columns[:, :rows],
-        )
+        and not placed, as alloc, used, free and non-zero used change by it) added.
+        One array addition per pod routed (its views made once, not per pod)."""
+        if pending is not self._pending:
+            rows = min(pending.shape[2], self.base.shape[1])
+            self._operands = (
+                self.base[:, :rows],
+                pending[:, :, :rows].transpose(1, 2, 0),
+                self.nodes._columns[:, :rows],
+            )
+            self._pending = pending
+        base, extra, out = self._operands
+        np.add(base, extra, out=out)
         return self.nodes
 
 
