@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
-from events.errors import InputError
+from events.errors import InputError, LogError
 from events.log import EventLog, read_past_unreadable
 from events.memory import MemoryLog
 from events.types import (
@@ -61,7 +61,7 @@ from shards import dryrun
 from shards.binder import Binder
 from shards.cluster import SimulatedCluster
 from shards.control import ControlWorker
-from shards.coordinator.coordinator import Coordinator
+from shards.coordinator.coordinator import RELAY, ROUTER, Coordinator, relay_source
 from shards.inputs.scenario import TimedEvent, check_topology, load_scenario
 from shards.plugins import installed
 from shards.replay import recorded_config
@@ -83,9 +83,10 @@ JOB_NAME: Final = "job.yaml"
 
 
 async def read_live(bus: EventLog) -> list[list[Envelope]]:
-    """Every record of every partition of a running service's bus, up to where each
-    ends now (the control partition last), yielding to the event loop between chunks.
-    A record that cannot be read stands as a ``RecordQuarantined`` at its offset."""
+    """Every record of every partition of a running service's bus (the control
+    partition last), yielding to the event loop between chunks, cut to a point every
+    partition had reached (:func:`consistent_cut`). A record that cannot be read stands
+    as a ``RecordQuarantined`` at its offset."""
     parts: list[list[Envelope]] = []
     for partition in range(bus.partitions):
         records: list[Envelope] = []
@@ -107,7 +108,36 @@ async def read_live(bus: EventLog) -> list[list[Envelope]]:
                 break
             await asyncio.sleep(0)
         parts.append(records)
-    return parts
+    return consistent_cut(parts)
+
+
+def consistent_cut(parts: Sequence[Sequence[Envelope]]) -> list[list[Envelope]]:
+    """``parts`` (read one partition after another while the service ran on) cut to a
+    point every partition had reached: no relayed copy in the control partition of a
+    shard's record the copy lacks, no router record in a shard's partition caused by a
+    control record the copy lacks (a rebuilt coordinator would take them for work
+    done). Each cut can call for the other; they only shrink, so this ends."""
+    if len(parts) == 1:
+        return [list(parts[0])]
+    control = len(parts) - 1
+    ends = [p[-1].offset + 1 if p else 0 for p in parts]
+    while True:
+        cut = list(ends)
+        for env in parts[control]:
+            source = relay_source(env.producer, control) if env.stream == RELAY else None
+            if env.offset >= cut[control] or (source is not None and env.causation >= ends[source]):
+                cut[control] = min(cut[control], env.offset)
+                break
+        for shard in range(control):
+            for env in parts[shard]:
+                if env.offset >= cut[shard] or (
+                    env.producer == ROUTER and env.causation >= cut[control]
+                ):
+                    cut[shard] = min(cut[shard], env.offset)
+                    break
+        if cut == ends:
+            return [[e for e in p if e.offset < end] for p, end in zip(parts, ends, strict=True)]
+        ends = cut
 
 
 def load_job(body: bytes) -> dryrun.Job:
@@ -157,9 +187,15 @@ def primed_cluster(parts: Sequence[Sequence[Envelope]]) -> SimulatedCluster:
 
 
 async def copy_of(parts: Sequence[Sequence[Envelope]]) -> MemoryLog:
-    """An in-memory log holding ``parts`` at their offsets."""
+    """An in-memory log holding ``parts`` at their offsets; refuses a partition whose
+    first records are gone (a topic's retention deleted them)."""
     log = MemoryLog(len(parts))
     for partition, records in enumerate(parts):
+        if records and records[0].offset != 0:
+            raise LogError(
+                f"partition {partition} starts at offset {records[0].offset} (its first "
+                "records were deleted): a dry run needs the whole log"
+            )
         if records:
             await log.append(records, partition)
     return log
