@@ -114,16 +114,20 @@ async def _ask(args: argparse.Namespace, job: dryrun.Job) -> int:
     if args.json:
         emit_json({"serve": args.serve, "job": args.job, **answer})
         return 0
-    print(f"dry run of {', '.join(args.job)} against {args.serve} (its state now)")
+    print(f"dry run of {', '.join(args.job)} against {args.serve}")
     try:
         point = dryrun.Point(round(answer["at_seconds"] * SECOND))
         result = dryrun.DryRun(point, answer["shards"], False, answer)
-        lines = result.table()
+        lines = result.table()[1:]
+        pods = answer["pods"]
+        placed = sum(1 for row in pods if row["node"] is not None)
     except (KeyError, TypeError, ValueError):
         raise InputError(
             f"{args.serve} is not a shoal serve (its answer is not a dry run)",
             location="--serve",
         ) from None
+    shards = f"{result.shards} shard{'s' if result.shards > 1 else ''}"
+    print(f"submitted now, to a copy of its state, {shards}: {placed} of {len(pods)} pods placed")
     for line in lines:
         print(line)
     print(f"note: {answer.get('note', '')}")

@@ -10,7 +10,7 @@ The body is the job's YAML or JSON documents, as its files hold them (at most
 - 400: the job cannot be read or dry-run as given (names its document and field);
 - 409: this process does not hold the whole cluster's view (it says which role does);
 - 413: the job is too large; 429: a dry run is already running (one at a time);
-- 503: the bus is not open yet.
+- 503: the bus is not open yet, or the log cannot be read; 500: the dry run failed.
 
 The dry run runs in a thread with its own event loop, so the service's roles go on;
 only reading the log happens on the service's loop, in chunks.
@@ -24,7 +24,7 @@ from typing import Protocol
 
 from aiohttp import web
 
-from events.errors import InputError, LogError
+from events.errors import InputError, LogError, ShoalError
 from events.log import EventLog
 from shards import dryrunserve
 from shards.web.app import authorized
@@ -89,6 +89,8 @@ def add_whatif(app: web.Application, holder: Holder, token: str | None) -> None:
                 raise web.HTTPBadRequest(text=f"{exc}\n") from None
             except LogError as exc:
                 raise web.HTTPServiceUnavailable(text=f"the log cannot be read: {exc}\n") from None
+            except ShoalError as exc:  # a dry run that does not settle (StuckError), say
+                raise web.HTTPInternalServerError(text=f"the dry run failed: {exc}\n") from None
         return web.json_response(answer)
 
     app.router.add_post(PATH, whatif)

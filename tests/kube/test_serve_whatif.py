@@ -8,6 +8,7 @@ import asyncio
 import io
 import json
 import socket
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from aiohttp import web
 
 from engine.model.pools import POOL_LABEL
 from events.errors import InputError
-from shards import dryruncmd
+from shards import dryruncmd, dryrunserve
 from shards.cli import build_parser
 from shards.dryrunserve import MAX_JOB_BYTES
 from shards.serve import ServeOptions, Service
@@ -128,7 +129,7 @@ async def test_whatif_against_serve_agrees_with_the_real_submission(
         # find no room (the table form)
         again = _write(tmp_path, [_rename(d, "k-") for d in job])
         text = await _whatif([again, "--serve", service.url, "--token-file", str(token)], capsys)
-        assert f"{shards} shard{'s' if shards > 1 else ''}: 0 of 3 pods placed" in text
+        assert f"state, {shards} shard{'s' if shards > 1 else ''}: 0 of 3 pods placed" in text
         assert "default/k-big" in text and "Insufficient cpu" in text
 
 
@@ -137,8 +138,8 @@ def _rename(doc: dict[str, Any], prefix: str) -> dict[str, Any]:
     return {**doc, "metadata": meta}
 
 
-async def test_whatif_refuses_a_wrong_token_and_a_job_too_large(
-    apiserver: FakeApiServer, tmp_path: Path
+async def test_whatif_refuses_a_wrong_token_a_job_too_large_and_a_second_at_once(
+    apiserver: FakeApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _cluster(apiserver)
     path = _write(tmp_path, _job())
@@ -159,6 +160,52 @@ async def test_whatif_refuses_a_wrong_token_and_a_job_too_large(
             await dryruncmd.run(_args([path, "--serve", service.url, "--token-file", str(wrong)]))
         with pytest.raises(InputError, match="asks for a token"):
             await dryruncmd.run(_args([path, "--serve", service.url]))
+
+        # one dry run at a time: a second while one runs is told to come back
+        entered, release = threading.Event(), threading.Event()
+
+        def held(*_: object) -> dict[str, object]:
+            entered.set()
+            release.wait(30)
+            return {"pods": []}
+
+        monkeypatch.setattr(dryrunserve, "answer", held)
+        body = Path(path).read_bytes()
+        first = asyncio.create_task(session.post(url, data=body, headers=headers))
+        try:
+            await eventually(entered.is_set)
+            async with session.post(url, data=body, headers=headers) as response:
+                assert response.status == 429
+        finally:
+            release.set()
+        async with await first as response:
+            assert response.status == 200
+
+
+async def test_whatif_waits_for_pods_that_say_when_they_end(
+    apiserver: FakeApiServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A running pod with shoal.io/runtime ends that long after it was bound; one
+    without runs on: the job pod that needs the first's room waits for it, the one that
+    would need the second's never goes."""
+    for name in ("n1", "n2"):
+        apiserver.put("Node", node(name))
+    for name, where, runtime in (("ends", "n1", "600"), ("stays", "n2", "")):
+        obj = _cpu(pod(name, node_name=where, scheduler="other"), "3")
+        obj["status"]["phase"] = "Running"
+        if runtime:
+            obj["metadata"]["annotations"] = {"shoal.io/runtime": runtime}
+        apiserver.put("Pod", obj)
+    job = [{"apiVersion": "v1", "kind": "Pod", **_cpu(pod(n), "3")} for n in ("first", "second")]
+    async with running(apiserver) as service:
+        await eventually(lambda: "default/stays" in service.workers[0].engine.pods, timeout=20)
+        await eventually(lambda: "default/ends" in service.workers[0].engine.pods, timeout=20)
+        out = await _whatif([_write(tmp_path, job), "--serve", service.url, "--json"], capsys)
+    said = {row["pod"]: row for row in json.loads(out)["pods"]}
+    assert said["default/first"]["node"] == "n1"
+    assert 0 < said["default/first"]["wait_seconds"] <= 600
+    assert said["default/second"]["node"] is None
+    assert "Insufficient cpu" in said["default/second"]["reason"]
 
 
 def _args(argv: list[str]) -> Any:
