@@ -268,3 +268,66 @@ async def test_whatif_client_errors_are_one_line(tmp_path: Path, not_serve: str)
         assert "\n" not in str(caught.value)
     with pytest.raises(InputError, match=r"did not answer within 0\.3s"):
         await dryruncmd.run(_args([path, "--serve", f"{not_serve}/slow", "--timeout", "0.3"]))
+
+
+async def test_whatif_says_whom_the_job_preempts_and_the_cluster_agrees(
+    apiserver: FakeApiServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two low-priority pods fill n1; n2 holds a high-priority one: a high-priority job
+    pod that needs a whole node can only have n1, by preempting both."""
+    classes = [
+        {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", **c}
+        for c in (
+            {"metadata": {"name": "low"}, "value": 100},
+            {"metadata": {"name": "high"}, "value": 1000},
+        )
+    ]
+    for c in classes:
+        apiserver.put(
+            "PriorityClass", {k: v for k, v in c.items() if k not in ("apiVersion", "kind")}
+        )
+    for name in ("n1", "n2"):
+        apiserver.put("Node", node(name, cpu="2"))
+    for name, where, level in (
+        ("low-1", "n1", "low"),
+        ("low-2", "n1", "low"),
+        ("mid", "n2", "high"),
+    ):
+        obj = pod(name, node_name=where, priority_class=level)
+        obj["status"]["phase"] = "Running"
+        apiserver.put("Pod", obj)
+    urgent = _cpu(pod("urgent", priority_class="high"), "2")
+    job = [*classes, {"apiVersion": "v1", "kind": "Pod", **urgent}]
+    async with running(apiserver) as service:
+        await eventually(
+            lambda: (
+                {"default/low-1", "default/low-2", "default/mid"}
+                <= set(service.workers[0].engine.pods)
+            ),
+            timeout=20,
+        )
+        out = await _whatif([_write(tmp_path, job), "--serve", service.url, "--json"], capsys)
+        said = json.loads(out)["pods"][0]
+        assert said["node"] == "n1"
+        assert sorted(p["pod"] for p in said["preempts"]) == ["default/low-1", "default/low-2"]
+        apiserver.put("Pod", urgent)
+
+        def where(name: str) -> str:
+            found = apiserver.get("Pod", name, "default") or {}
+            return str(found.get("spec", {}).get("nodeName") or "")
+
+        def terminating() -> list[str]:
+            return [
+                name
+                for name in ("low-1", "low-2", "mid")
+                if (apiserver.get("Pod", name, "default") or {})
+                .get("metadata", {})
+                .get("deletionTimestamp")
+            ]
+
+        await eventually(lambda: len(terminating()) == 2, timeout=20)
+        assert terminating() == ["low-1", "low-2"]
+        for name in terminating():  # the kubelet, done with them
+            apiserver.remove("Pod", name, "default")
+        await eventually(lambda: bool(where("urgent")), timeout=20)
+        assert where("urgent") == "n1"
