@@ -288,12 +288,12 @@ async def test_whatif_says_whom_the_job_preempts_and_the_cluster_agrees(
         )
     for name in ("n1", "n2"):
         apiserver.put("Node", node(name, cpu="2"))
-    for name, where, level in (
+    for name, at, level in (
         ("low-1", "n1", "low"),
         ("low-2", "n1", "low"),
         ("mid", "n2", "high"),
     ):
-        obj = pod(name, node_name=where, priority_class=level)
+        obj = pod(name, node_name=at, priority_class=level)
         obj["status"]["phase"] = "Running"
         apiserver.put("Pod", obj)
     urgent = _cpu(pod("urgent", priority_class="high"), "2")
