@@ -1,34 +1,54 @@
 """``shoal whatif JOB.yaml --log LOG``: dry-run a job against a recorded run (a file,
 or a Kafka topic) at one of its offsets, a time, or its end (:mod:`shards.dryrun`).
 
-Against a running ``shoal serve``: its log is a real cluster's, which a dry run refuses
-(:mod:`shards.whatif`); there is no ``--serve URL``."""
+``shoal whatif JOB.yaml --serve URL``: ask a running ``shoal serve`` to dry-run it on a
+copy of its current state (:mod:`shards.dryrunask`, :mod:`shards.dryrunserve`); the
+answer has the same shape."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+from events.errors import InputError
 from events.filelog import FileLog
 from events.log import EventLog, read_quarantined
-from events.types import Envelope
-from shards import dryrun
+from events.types import SECOND, Envelope
+from shards import dryrun, dryrunask
 from shards.bus import open_bus
 from shards.commands import emit_json, non_negative
 from shards.inputs.progress import ProgressLines
 from shards.inputs.scenario import check_topology, load_scenario
 from shards.replay import recorded_config
+from shards.web.standalone import read_token
 
 NAME = "whatif"
-HELP = "dry-run a job against a recorded run: where, when, whom it preempts, why not"
+HELP = "dry-run a job against a recorded run or a running serve: where, when, whom it preempts"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "job", nargs="+", metavar="JOB.yaml", help="the job's objects (Pods, workloads, groups)"
     )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--log", help="the recorded run: a file, or kafka://HOST:PORT?topic=...")
+    source.add_argument(
+        "--serve",
+        metavar="URL",
+        help="a running shoal serve (its --listen address): dry-run on its current state",
+    )
     parser.add_argument(
-        "--log", required=True, help="the recorded run: a file, or kafka://HOST:PORT?topic=..."
+        "--token-file",
+        metavar="FILE",
+        help="with --serve: the live view's token (the service's --ui-token-file)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=dryrunask.TIMEOUT,
+        metavar="SECONDS",
+        help=f"with --serve: how long to wait for the answer (default {dryrunask.TIMEOUT:g})",
     )
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
@@ -70,9 +90,59 @@ async def _parts(where: str) -> list[list[Envelope]]:
         await log.close()
 
 
+def _job_text(paths: list[str]) -> bytes:
+    """The job's files as one stream of documents."""
+    texts = []
+    for path in paths:
+        try:
+            texts.append(Path(path).read_bytes())
+        except OSError as exc:
+            raise InputError(f"{path}: {exc.strerror or exc}", location=path) from None
+    return b"\n---\n".join(texts)
+
+
+async def _ask(args: argparse.Namespace, job: dryrun.Job) -> int:
+    for flag, given in (("--at", args.at), ("--at-time", args.at_time)):
+        if given is not None:
+            raise InputError("a running service is asked about its state now", location=flag)
+    if args.with_later:
+        raise InputError("a running service knows no later inputs", location="--with-later")
+    if not args.timeout > 0:
+        raise InputError(f"expected seconds > 0, got {args.timeout:g}", location="--timeout")
+    token = read_token(args.token_file, "--token-file")
+    answer = await dryrunask.ask(args.serve, _job_text(args.job), token, args.timeout)
+    if args.json:
+        emit_json({"serve": args.serve, "job": args.job, **answer})
+        return 0
+    print(f"dry run of {', '.join(args.job)} against {args.serve}")
+    try:
+        point = dryrun.Point(round(answer["at_seconds"] * SECOND))
+        result = dryrun.DryRun(point, answer["shards"], False, answer)
+        lines = result.table()[1:]
+        pods = answer["pods"]
+        placed = sum(1 for row in pods if row["node"] is not None)
+    except (KeyError, TypeError, ValueError):
+        raise InputError(
+            f"{args.serve} is not a shoal serve (its answer is not a dry run)",
+            location="--serve",
+        ) from None
+    shards = f"{result.shards} shard{'s' if result.shards > 1 else ''}"
+    print(f"submitted now, to a copy of its state, {shards}: {placed} of {len(pods)} pods placed")
+    for line in lines:
+        print(line)
+    print(f"note: {answer.get('note', '')}")
+    return 0
+
+
 async def run(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.job, None if args.quiet else ProgressLines())
     job = dryrun.job_of(scenario, ", ".join(args.job))
+    if args.serve is not None:
+        return await _ask(args, job)
+    if args.token_file is not None:
+        raise InputError(
+            "a recorded log needs no token (it is for --serve)", location="--token-file"
+        )
     parts = await _parts(args.log)
     config = recorded_config(parts[-1])
     check_topology(config, scenario)

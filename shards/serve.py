@@ -34,7 +34,9 @@ partition last, as with ``shoal simulate --shards N``; every process of a deploy
 must be given the same N.
 
 Each process serves ``/healthz``, ``/readyz``, ``/metrics`` (Prometheus,
-``shards.metrics``) and the live view (``/ui/``, ``shards.web``) on ``--listen``,
+``shards.metrics``), the live view (``/ui/``, ``shards.web``) and, where it holds the
+whole cluster's view, dry runs of jobs (``POST /api/whatif``, ``shards.web.whatif``) on
+``--listen``,
 127.0.0.1:9090 by default. SIGTERM or SIGINT stops
 it cleanly: in-flight work finishes, the bus is closed.
 
@@ -101,6 +103,7 @@ from shards.metrics import Metrics
 from shards.processes import recorded_sharding, tick_if_due, warm_up_when_idle
 from shards.web.app import add_routes
 from shards.web.sources import LiveSource
+from shards.web.whatif import add_whatif
 from shards.worker import ShardWorker
 
 log = logging.getLogger(__name__)
@@ -309,6 +312,19 @@ class Service:
             return False, "ingest is still listing the cluster"
         return True, "ok"
 
+    def whatif_refusal(self) -> str | None:
+        """Why this process does not dry-run jobs (``/api/whatif``): only one that holds
+        the whole cluster's view does (``all``; with several shards the coordinator's,
+        with one the shard's); None where it does."""
+        role = self.options.role
+        if role in {"all", "coordinator"} or (role == "shard" and not self.routed):
+            return None
+        ask = "--role coordinator" if self.routed else "--role shard"
+        return (
+            f"this process runs --role {role}, which does not hold the whole cluster's "
+            f"view: ask the process that runs {ask} (or --role all)"
+        )
+
     # ------------------------------------------------------------------ http
 
     async def _http(self) -> web.AppRunner:
@@ -338,6 +354,7 @@ class Service:
             lambda: self.bus, lambda: [w.engine for w in self.workers.values()], self.partitions
         )
         add_routes(app, live, self.options.ui_token)
+        add_whatif(app, self, self.options.ui_token)
         runner = web.AppRunner(app)
         await runner.setup()
         host, _, port = self.options.listen.rpartition(":")

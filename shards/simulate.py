@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from engine.config import SchedulerConfig
@@ -36,7 +36,7 @@ from shards.binder import Binder
 from shards.cluster import SimulatedCluster
 from shards.control import ControlWorker
 from shards.coordinator.coordinator import Coordinator
-from shards.inputs.scenario import Scenario
+from shards.inputs.scenario import Scenario, TimedEvent
 from shards.processes import tick_if_due
 from shards.report import RunReport, merge
 from shards.worker import ShardWorker
@@ -113,11 +113,60 @@ async def simulate(
     )
     cluster = SimulatedCluster()
     binder = Binder(cluster, log, shards=n)
+    await drive(scenario.events, log, workers, router, binder, progress=progress)
+    report = RunReport(control=n if routed else None)
+    records = await read_all(log)
+    for env in records:
+        report.apply(env)
+    wall = time.perf_counter() - started
+    stats: dict[str, float] = {
+        "passes": sum(w.passes for w in workers),
+        "pass_seconds": sum(w.pass_seconds for w in workers),
+        "snapshots": sum(w.snapshots for w in workers),
+        "snapshot_seconds": sum(w.snapshot_seconds for w in workers),
+        **(router.control.stats() if router is not None else {}),
+    }
+    askers = [w.asker for w in workers] + ([router.asker] if router is not None else [])
+    for asker in askers:
+        for key, value in asker.stats.as_dict().items() if asker.stats.calls else ():
+            stats[key] = stats.get(key, 0) + value
+    for engine in engines:
+        for key, value in engine.stats().items():
+            stats[key] = stats.get(key, 0) + value
+    return SimulationResult(
+        report=report,
+        engine=engines[0],
+        cluster=cluster,
+        wall_seconds=wall,
+        records=len(records),
+        stats=stats,
+        engines=engines,
+        control=router.control if router is not None else None,
+    )
+
+
+async def drive(
+    feed: Sequence[TimedEvent],
+    log: EventLog,
+    workers: Sequence[ShardWorker],
+    router: ControlWorker | None,
+    binder: Binder,
+    *,
+    start: int = 0,
+    progress: Progress | None = None,
+) -> int:
+    """The discrete-event loop (steps 1 to 3 above) from simulated time ``start`` until
+    nothing is due: ``feed`` (sorted by time) appended by ingest as it comes due, the
+    completions of ``binder``'s cluster, ticks; returns the time of the last instant.
+    The components may hold state already (a dry run's copy of a running service)."""
+    routed = router is not None
+    inputs = len(workers) if routed else 0
+    engines = [worker.engine for worker in workers]
+    cluster = binder.cluster
     # who acts on time at the inputs' partition: the coordinator, or the only shard
     input_wakeup = router.control.next_wakeup if router is not None else engines[0].next_wakeup
-    feed = scenario.events
     i = 0
-    now = 0
+    now = start
     while True:
         batch: list[Envelope] = []
         while i < len(feed) and feed[i].time <= now:
@@ -156,34 +205,5 @@ async def simulate(
         if i < len(feed):
             times.append(feed[i].time)
         if not times:
-            break
+            return now
         now = max(now, min(times))
-    report = RunReport(control=n if routed else None)
-    records = await read_all(log)
-    for env in records:
-        report.apply(env)
-    wall = time.perf_counter() - started
-    stats: dict[str, float] = {
-        "passes": sum(w.passes for w in workers),
-        "pass_seconds": sum(w.pass_seconds for w in workers),
-        "snapshots": sum(w.snapshots for w in workers),
-        "snapshot_seconds": sum(w.snapshot_seconds for w in workers),
-        **(router.control.stats() if router is not None else {}),
-    }
-    askers = [w.asker for w in workers] + ([router.asker] if router is not None else [])
-    for asker in askers:
-        for key, value in asker.stats.as_dict().items() if asker.stats.calls else ():
-            stats[key] = stats.get(key, 0) + value
-    for engine in engines:
-        for key, value in engine.stats().items():
-            stats[key] = stats.get(key, 0) + value
-    return SimulationResult(
-        report=report,
-        engine=engines[0],
-        cluster=cluster,
-        wall_seconds=wall,
-        records=len(records),
-        stats=stats,
-        engines=engines,
-        control=router.control if router is not None else None,
-    )

@@ -48,7 +48,7 @@ class Source(Protocol):
         ...
 
 
-def _authorized(request: web.Request, token: str | None) -> bool:
+def authorized(request: web.Request, token: str | None) -> bool:
     if token is None:
         return True
     header = request.headers.get("Authorization", "")
@@ -61,7 +61,7 @@ def add_routes(app: web.Application, source: Source, token: str | None = None) -
     """Add the page and its endpoints to ``app`` (before it starts)."""
 
     def guard(request: web.Request) -> None:
-        if not _authorized(request, token):
+        if not authorized(request, token):
             raise web.HTTPUnauthorized(
                 text="a token is required (Authorization: Bearer TOKEN, or ?token=TOKEN)\n"
             )

@@ -45,6 +45,7 @@ async def running(
     shards: int = 1,
     sharding: Sharding | None = None,
     stuck_after: float = 120.0,
+    ui_token: str | None = None,
 ) -> AsyncIterator[Service]:
     """``serve --role all`` in this process against ``apiserver``; stopped on exit."""
     services: list[Service] = []
@@ -61,6 +62,7 @@ async def running(
         lease_seconds=3,
         poll_interval=0.02,
         stuck_after=stuck_after,
+        ui_token=ui_token,
     )
     task = asyncio.create_task(serve(options, ready=services.append))
     try:
