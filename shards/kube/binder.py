@@ -110,12 +110,11 @@ from shards.kube.victims import Victims
 log = logging.getLogger(__name__)
 
 _ADMISSION: Final = ("ingest", "router")
+"""Producers of a ``PodRejected`` for a pod refused at admission: ingest (one shard), or
+the coordinator forwarding it (several)."""
 CONTROL_TOLD: Final = "binder-control"
 """The component of the ``PositionRecorded`` that says how far in the control partition
 the pods the coordinator judged were told (several shards)."""
-
-"""Producers of a ``PodRejected`` for a pod refused at admission: ingest (one shard), or
-the coordinator forwarding it (several)."""
 T = TypeVar("T")
 
 
@@ -645,15 +644,17 @@ class KubeBinder:
                 case PodGroupSubmitted(group=spec):
                     self.group_sources[spec.key] = spec.source
                 case PodGroupStatusChanged() as event if _coordinators_group_status(env):
-                    await self._group_status(event)
+                    try:
+                        await self._group_status(event)
+                    except _Unavailable as exc:  # informational: not retried
+                        log.warning("group status not written group=%s: %s", event.group, exc)
                 case PodSubmitted(pod=spec) if spec.uid:
                     self.control_uids[spec.key] = spec.uid
                 case PodDeleted(pod=key) | PodSucceeded(pod=key) | PodFailed(pod=key):
                     self.control_uids.pop(key, None)
-                    if key not in self.uids:
-                        self._forget_told(key)
-                case PodBound(pod=key) if key not in self.uids:
-                    self._forget_told(key)  # bound by another partition's binder
+                    self._forget_told(key)
+                case PodBound(pod=key):
+                    self._forget_told(key)  # (a shard's, relayed) bound: no more to tell
                 case PodUnschedulable() as event if (
                     _coordinators_judgement(env)
                     and event.attempt > 0
