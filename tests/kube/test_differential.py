@@ -137,6 +137,19 @@ CASES = [
         {"mid": "n0", "low": PREEMPTED, "high": "n0"},
     ),
     Case(
+        "preemption-node",
+        [_node("n0", cpu="2"), _node("n1", cpu="2")],
+        [
+            [
+                _pod("low", cpu="2", priority="diff-low", nodeSelector=_on("n0")),
+                _pod("mid", cpu="2", priority="diff-mid", nodeSelector=_on("n1")),
+            ],
+            [_pod("high", cpu="2", priority="diff-high")],
+        ],
+        # either node frees 2 cpus with one victim: the one whose victim matters least
+        {"low": PREEMPTED, "mid": "n1", "high": "n0"},
+    ),
+    Case(
         "node-affinity",
         [_node("n0", zone="a"), _node("n1", zone="b"), _node("n2", zone="c")],
         [
