@@ -386,6 +386,13 @@ def _priorities(real: RealApiServer) -> None:
             real.put("PriorityClass", {"metadata": {"name": name}, "value": value})
 
 
+async def _play(runs: list[Run]) -> list[dict[str, str]]:
+    outcomes = await asyncio.gather(*(run.play() for run in runs))
+    for run in runs:
+        run.remove_nodes()
+    return list(outcomes)
+
+
 @pytest.mark.parametrize("shards", [1, 2])
 async def test_shoal_places_pods_as_kube_scheduler_does(
     real_apiserver: RealApiServer, peer: KubeScheduler, shards: int
@@ -396,19 +403,18 @@ async def test_shoal_places_pods_as_kube_scheduler_does(
     real = real_apiserver
     real.empty()
     _priorities(real)
-    for case in CASES:
-        if case.name not in PEER_OUTCOMES:
-            run = Run(real, case, f"k-{case.name}", PEER)
-            PEER_OUTCOMES[case.name] = await run.play()
-            run.remove_nodes()
-    differ: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
+    # the cases side by side (each on nodes and in a namespace of its own)
+    if not PEER_OUTCOMES:
+        runs = [Run(real, case, f"k-{case.name}", PEER) for case in CASES]
+        PEER_OUTCOMES.update(zip([c.name for c in CASES], await _play(runs), strict=True))
     async with _serving(real, shards):
-        for case in CASES:
-            run = Run(real, case, f"s{shards}-{case.name}", "default-scheduler")
-            ours = await run.play()
-            run.remove_nodes()
-            if ours != PEER_OUTCOMES[case.name]:
-                differ[case.name] = (ours, PEER_OUTCOMES[case.name])
+        runs = [Run(real, case, f"s{shards}-{case.name}", "default-scheduler") for case in CASES]
+        ours = dict(zip([c.name for c in CASES], await _play(runs), strict=True))
+    differ = {
+        name: (ours[name], PEER_OUTCOMES[name])
+        for name in ours
+        if ours[name] != PEER_OUTCOMES[name]
+    }
     assert not differ, f"shoal, kube-scheduler: {differ}"
     wrong = {c.name: PEER_OUTCOMES[c.name] for c in CASES if PEER_OUTCOMES[c.name] != c.expected}
     assert not wrong, f"not the one right answer: {wrong}"
