@@ -62,6 +62,9 @@ def check(args: argparse.Namespace) -> Path:
             )
     if not START.is_file():
         raise InputError(f"needs {START} (a checkout of shoal)", location="--realkube")
+    for flag in ("alternate", "shoal_shards"):
+        if getattr(args, flag) < 1:
+            raise InputError("must be at least 1", location=f"--{flag.replace('_', '-')}")
     if args.proc:
         raise InputError("--realkube measures its own processes", location="--proc")
     if args.scheduler_name != "shoal":

@@ -38,7 +38,8 @@ def _args(build: Path, **overrides: Any) -> argparse.Namespace:
 
 
 def test_what_it_cannot_honour_is_refused(tmp_path: Path) -> None:
-    """No build there; a --proc or --scheduler-name, which this mode decides itself."""
+    """No build there; no rounds or shards; a --proc or --scheduler-name, which this
+    mode decides itself."""
     with pytest.raises(InputError, match="bin/kube-apiserver") as missing:
         check(_args(tmp_path))
     assert missing.value.location == "--realkube"
@@ -49,6 +50,10 @@ def test_what_it_cannot_honour_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InputError) as proc:
         check(_args(tmp_path, proc=["x=1"]))
     assert proc.value.location == "--proc"
+    for flag in ("alternate", "shoal_shards"):
+        with pytest.raises(InputError) as zero:
+            check(_args(tmp_path, **{flag: 0}))
+        assert zero.value.location == f"--{flag.replace('_', '-')}"
     with pytest.raises(InputError) as named:
         check(_args(tmp_path, scheduler_name="other"))
     assert named.value.location == "--scheduler-name"
