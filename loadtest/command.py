@@ -165,6 +165,10 @@ def add_arguments(load: argparse.ArgumentParser) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
+    if getattr(args, "loadtest_mode", None) == "kube" and args.realkube:
+        from loadtest import kubepeer
+
+        return await kubepeer.run(args)
     if getattr(args, "loadtest_mode", None) == "kube":
         from loadtest import kube
 

@@ -51,6 +51,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--api", help="API server URL (with --token)")
     where.add_argument("--kubeconfig", help="a kubeconfig file")
+    where.add_argument(
+        "--realkube",
+        metavar="BUILD",
+        help="a build of Kubernetes v1.37 (./dev kube build: ~/.cache/shoal/realkube-v1.37.2): "
+        "alternate kube-scheduler and shoal run by run, each on a fresh etcd and API server "
+        "(loadtest/kubepeer.py)",
+    )
     parser.add_argument("--token", default="", help="bearer token for --api")
     parser.add_argument(
         "--insecure", action="store_true", help="with --api https: do not verify its certificate"
@@ -62,6 +69,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--creators", type=int, default=30, help="concurrent creators (30)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds to wait (900)")
     parser.add_argument("--tag", default="0", help="namespace suffix of this run")
+    parser.add_argument(
+        "--alternate",
+        type=int,
+        default=2,
+        metavar="ROUNDS",
+        help="with --realkube: rounds of kube-scheduler then shoal (2)",
+    )
+    parser.add_argument(
+        "--shoal-shards", type=int, default=1, help="with --realkube: shoal's shards (1)"
+    )
     parser.add_argument(
         "--proc",
         action="append",
@@ -308,12 +325,12 @@ async def run_kube(args: argparse.Namespace, progress: Callable[[str], None]) ->
     processes = _processes(args.proc)
     api = Api(await target(args), args.creators + 8)
     try:
-        return await _measure(api, args, processes, progress)
+        return await measure(api, args, processes, progress)
     finally:
         await api.close()
 
 
-async def _measure(
+async def measure(
     api: Api, args: argparse.Namespace, processes: dict[str, int], progress: Callable[[str], None]
 ) -> dict[str, Any]:
     scheduler = args.scheduler_name

@@ -30,7 +30,14 @@
   applies it again (every action here is idempotent).
 - ``PodUnschedulable`` and ``PodRejected`` → a core/v1 ``Event`` (``FailedScheduling``,
   type Warning) on the pod, so ``kubectl describe`` says why it is pending; repeated
-  ones are aggregated and rate-limited per pod (``shards/kube/recorder.py``).
+  ones are aggregated and rate-limited per pod (``shards/kube/recorder.py``). A
+  ``PodUnschedulable`` also sets the pod's ``PodScheduled`` condition to ``False``
+  (reason ``Unschedulable``, the Event's message), as kube-scheduler does; the API
+  server turns it ``True`` when the pod is bound. With several shards the pods the
+  coordinator judges (gangs, pods no shard could place) are told by the binder of
+  partition 0, which follows the control partition (read only) for them: once, not
+  once per binder; where it got to is recorded in its own partition
+  (``PositionRecorded`` of ``binder-control``), so a restart does not tell them again.
 - ``PodGroupStatusChanged`` → the ``status`` of scheduler-plugins PodGroups (a merge
   patch of the status subresource), and the conditions kube-scheduler writes on
   Kubernetes' own PodGroups (``shards/kube/groupstatus.py``). With several shards a
@@ -99,7 +106,7 @@ from shards.kube.devices import device_annotations
 from shards.kube.drabinder import DraAllocator
 from shards.kube.groups import KUBERNETES
 from shards.kube.groupstatus import KubernetesGroupStatus
-from shards.kube.recorder import AS_MERGE_PATCH, NS_PER_S, EventRecorder
+from shards.kube.recorder import AS_MERGE_PATCH, NS_PER_S, EventRecorder, PodScheduledWriter
 from shards.kube.victims import Victims
 
 log = logging.getLogger(__name__)
@@ -107,7 +114,17 @@ log = logging.getLogger(__name__)
 _ADMISSION: Final = ("ingest", "router")
 """Producers of a ``PodRejected`` for a pod refused at admission: ingest (one shard), or
 the coordinator forwarding it (several)."""
+CONTROL_TOLD: Final = "binder-control"
+"""The component of the ``PositionRecorded`` that says how far in the control partition
+the pods the coordinator judged were told (several shards)."""
 T = TypeVar("T")
+
+
+def _coordinators_judgement(env: Envelope) -> bool:
+    """A pod the coordinator found no room for (several shards: gangs, and pods no
+    shard could place, are its to judge), not a shard's record relayed."""
+    event = env.event
+    return isinstance(event, PodUnschedulable) and env.producer == "router" and event.shard < 0
 
 
 def _coordinators_group_status(env: Envelope) -> bool:
@@ -169,6 +186,11 @@ class KubeBinder:
         """Several shards: the control partition, whose groups' status (the coordinator's
         view's: only it knows each group whole) this binder writes too; read only."""
         self.control_position = 0
+        self.control_told = 0
+        """The control partition's offset up to which pods were told (recorded)."""
+        self.control_uids: dict[str, str] = {}
+        """The uids of the pods the control partition submitted (live ones)."""
+        self.conditions = PodScheduledWriter(self.core, self._retry, clock=self.clock)
         self.uids: dict[str, str] = {}
         """Live pods → their uid, from the records that brought them: a Binding names it,
         so that a decision made for a pod never binds another that took its name."""
@@ -190,6 +212,7 @@ class KubeBinder:
             "evictions_given_up": 0,
             "devices_written": 0,
             "migrations": 0,
+            "conditions": 0,
         }
 
     def __repr__(self) -> str:
@@ -214,6 +237,8 @@ class KubeBinder:
             if isinstance(event, PositionRecorded) and event.component == "binder":
                 # the newest: it may be behind an earlier one while a binding waits
                 self.position = event.position
+            elif isinstance(event, PositionRecorded) and event.component == CONTROL_TOLD:
+                self.control_told = event.position
             elif isinstance(event, PodPreempted | PodEvicted | PodMigrated):
                 if env.producer.startswith("shard-"):
                     self._hold(as_eviction(event) if isinstance(event, PodMigrated) else event)
@@ -232,7 +257,12 @@ class KubeBinder:
     def _gone(self, key: str) -> None:
         """``key`` left the cluster (or finished)."""
         self.victims.gone(key)
+        self._forget_told(key)
+
+    def _forget_told(self, key: str) -> None:
+        """``key`` was bound or is gone: what it was told is not bumped again."""
         self.recorder.forget(key)
+        self.conditions.forget(key)
 
     def _learn(self, event: Event) -> None:
         """Keep what later decisions need from a record that is not one: a group's
@@ -420,7 +450,7 @@ class KubeBinder:
                         *await self._evict(event.pod, event.from_node, env.offset or 0),
                     ]
                 case PodUnschedulable() if from_shard and event.attempt > 0:
-                    await self._warn(event.pod, "FailedScheduling", unschedulable_message(event))
+                    await self._unschedulable(event, self.uids.get(event.pod, ""))
                 case PodRejected() if from_shard or env.producer in _ADMISSION:
                     # from a shard, or refused by ingest (told by the coordinator when
                     # there are several shards)
@@ -446,7 +476,7 @@ class KubeBinder:
             self.counters["bind_failed"] += 1
             return [self._failed(event, f"API unavailable: {exc}")]
         if not caused:
-            self.recorder.forget(event.pod)
+            self._forget_told(event.pod)
         return caused
 
     async def _nominate(self, event: PodBound, offset: int) -> None:
@@ -609,14 +639,16 @@ class KubeBinder:
             log.warning("event not written pod=%s status=%s", key, exc.status)
 
     async def _follow_control(self) -> None:
-        """Write the groups' status the coordinator reports in the control partition
-        (read from its start after a restart: a status already written is not written
-        again, nor is a scheduler-plugins one changed by writing it twice)."""
+        """Write what the coordinator reports in the control partition: the groups'
+        status (read from its start after a restart: a status already written is not
+        written again, nor is a scheduler-plugins one changed by writing it twice), and
+        why the pods it judged are pending (only past what was recorded as told)."""
         if self.control is None:
             return
         records, _, self.control_position = await read_past_unreadable(
             self.log, self.control, self.control_position
         )
+        told = False
         for env in records:
             match env.event:
                 case PodGroupSubmitted(group=spec):
@@ -626,6 +658,44 @@ class KubeBinder:
                         await self._group_status(event)
                     except _Unavailable as exc:  # informational: not retried
                         log.warning("group status not written group=%s: %s", event.group, exc)
+                case PodSubmitted(pod=spec) if spec.uid:
+                    self.control_uids[spec.key] = spec.uid
+                case PodDeleted(pod=key) | PodSucceeded(pod=key) | PodFailed(pod=key):
+                    self.control_uids.pop(key, None)
+                    self._forget_told(key)
+                case PodBound(pod=key):
+                    self._forget_told(key)  # (a shard's, relayed) bound: no more to tell
+                case PodUnschedulable() as event if (
+                    _coordinators_judgement(env)
+                    and event.attempt > 0
+                    and (env.offset or 0) >= self.control_told
+                ):
+                    uid = self.control_uids.get(event.pod) or self.uids.get(event.pod, "")
+                    await self._unschedulable(event, uid)
+                    told = True
+        if told:
+            self.control_told = self.control_position
+            record = PositionRecorded(component=CONTROL_TOLD, position=self.control_told)
+            await self.log.append(
+                [Envelope(event=record, time=self.clock(), producer="binder")], self.partition
+            )
+
+    async def _unschedulable(self, event: PodUnschedulable, uid: str) -> None:
+        """Tell pod ``event.pod`` (of ``uid``) why it is pending: a ``FailedScheduling``
+        Event, and its ``PodScheduled`` condition (written when its message changes)."""
+        message = unschedulable_message(event)
+        key = event.pod
+        try:
+            if await self.recorder.warn(key, uid, "FailedScheduling", message):
+                self.counters["events"] += 1
+        except (ApiException, _Unavailable) as exc:
+            log.warning("event not written pod=%s error=%s", key, exc)
+        try:
+            if await self.conditions.unschedulable(key, message):
+                self.counters["conditions"] += 1
+        except (ApiException, _Unavailable) as exc:
+            # informational, as the Event (a pod gone meanwhile answers 404)
+            log.warning("condition not written pod=%s error=%s", key, exc)
 
     async def _group_status(self, event: PodGroupStatusChanged) -> None:
         source = self.group_sources.get(event.group)

@@ -1,4 +1,5 @@
-"""``FailedScheduling`` Events, aggregated and rate-limited as kube-scheduler's are.
+"""``FailedScheduling`` Events, aggregated and rate-limited as kube-scheduler's are; and
+the pod's ``PodScheduled=False`` condition (:class:`PodScheduledWriter`).
 
 kube-scheduler writes Events through client-go's recorder, which does two things this
 module does too:
@@ -38,6 +39,8 @@ MERGE_PATCH: Final = "application/merge-patch+json"
 which the API server refuses (400) for custom resources and Events alike."""
 AS_MERGE_PATCH: Final[dict[str, Any]] = {"_content_type": MERGE_PATCH}
 """The keyword that makes a client's patch call send a merge patch (its typing lacks it)."""
+AS_STRATEGIC: Final[dict[str, Any]] = {"_content_type": "application/strategic-merge-patch+json"}
+"""A strategic merge patch: a pod's ``status.conditions`` are merged by type."""
 NS_PER_S: Final = 1_000_000_000
 
 
@@ -157,6 +160,61 @@ class EventRecorder:
         )
         pod.events[reason] = (event_name, occurrences)
         self.counters["created"] += 1
+        return True
+
+
+class PodScheduledWriter:
+    """Sets a pending pod's ``PodScheduled`` condition to ``False`` (reason
+    ``Unschedulable``, the ``FailedScheduling`` Event's message), as kube-scheduler does;
+    the API server turns it ``True`` when the pod is bound. Written again only when the
+    message changes; at most ``max_pods`` pods remembered (the oldest forgotten: its
+    next message is written again, harmlessly)."""
+
+    def __init__(
+        self,
+        core: client.CoreV1Api,
+        retry: Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]],
+        *,
+        clock: Callable[[], int],
+        max_pods: int = 100_000,
+    ) -> None:
+        self.core = core
+        self.retry = retry
+        self.clock = clock
+        self.max_pods = max_pods
+        self.written: dict[str, str] = {}
+        """Pods whose condition was written → its message."""
+
+    def forget(self, key: str) -> None:
+        """``key`` was bound or is gone."""
+        self.written.pop(key, None)
+
+    async def unschedulable(self, key: str, message: str) -> bool:
+        """Write pod ``key``'s condition unless it says ``message`` already; True if the
+        API was written. Raises what ``retry`` raises."""
+        if self.written.get(key) == message:
+            return False
+        namespace, name = key.split("/", 1)
+        stamp = datetime.datetime.fromtimestamp(self.clock() / NS_PER_S, datetime.UTC)
+        condition = {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": message,
+            "lastProbeTime": None,
+            "lastTransitionTime": stamp.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        body = {"status": {"conditions": [condition]}}
+        await self.retry(
+            lambda: _raw(
+                self.core.patch_namespaced_pod_status(
+                    name, namespace, body, **AS_STRATEGIC, _preload_content=False
+                )
+            )
+        )
+        if key not in self.written and len(self.written) >= self.max_pods:
+            del self.written[next(iter(self.written))]
+        self.written[key] = message
         return True
 
 
