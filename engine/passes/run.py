@@ -48,6 +48,7 @@ from engine.passes.reservations import (
     moves_within,
     settle_reservations,
 )
+from engine.plugins.rescheduler import Rescheduler
 from events.types import (
     SECOND,
     Answer,
@@ -189,9 +190,8 @@ class SchedulingPass:
         ``Rescheduler`` has a ``defragmentation`` budget)."""
         for framework in self.profiles.frameworks.values():
             plugin = framework.plugins.get("Rescheduler")
-            budget = getattr(plugin, "defrag", None)
-            if budget is not None:
-                defragment(self, budget)
+            if isinstance(plugin, Rescheduler) and plugin.defrag is not None:
+                defragment(self, plugin.defrag, plugin.moves_left())
                 return
 
     def _attempt_arrived(self) -> None:
