@@ -62,10 +62,16 @@ class Run:
     moves: int | None = None
     """The move budget in percent of the pods placed so far (None: the protocol as
     published, no rescheduler; 0: the rescheduler on with no budget)."""
+    consolidate: bool = False
+    """Also spend the budget on consolidation (:mod:`engine.passes.consolidate`)."""
 
 
 def profile_config(
-    policy: str, seed: int, pods: list[TracePod], moves: int | None = None
+    policy: str,
+    seed: int,
+    pods: list[TracePod],
+    moves: int | None = None,
+    consolidate: bool = False,
 ) -> dict[str, Any]:
     """The ``KubeSchedulerConfiguration`` of a run: the policy is the only score; with
     ``moves``, the rescheduler is the only post-filter, its moves at most ``moves``
@@ -81,7 +87,10 @@ def profile_config(
     if moves is not None:
         post_filter["enabled"] = [{"name": "Rescheduler"}]
         budget = {"percentOfPlaced": moves}
-        config.append({"name": "Rescheduler", "args": {"maxMoves": MAX_MOVES, "budget": budget}})
+        args: dict[str, Any] = {"maxMoves": MAX_MOVES, "budget": budget}
+        if consolidate:
+            args["consolidate"] = True
+        config.append({"name": "Rescheduler", "args": args})
     return {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
@@ -115,7 +124,9 @@ def run_one(trace: Path, run: Run) -> dict[str, Any]:
     pods = _pods(trace, run.workload)
     capacity = sum(n.gpus for n in nodes) * 1000
     sequence = arrivals(pods, capacity, run.seed)
-    engine = Engine(parse_config(profile_config(run.policy, run.seed, pods, run.moves)))
+    engine = Engine(
+        parse_config(profile_config(run.policy, run.seed, pods, run.moves, run.consolidate))
+    )
     for node in node_order(nodes, run.seed):
         engine.apply(Envelope(event=NodeAdded(node=node.spec()), producer="ingest"))
     engine.schedule()
@@ -149,6 +160,7 @@ def run_one(trace: Path, run: Run) -> dict[str, Any]:
         "policy": run.policy,
         "seed": run.seed,
         "moves_budget_pct": run.moves,
+        "consolidate": run.consolidate,
         "unallocated_pct_at_100": round(100 - at_100 * 100 / capacity, 3),
         "alloc_pct_at_130": round(allocated * 100 / capacity, 3),
         "pods": len(sequence),

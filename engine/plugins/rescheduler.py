@@ -152,6 +152,7 @@ class Rescheduler:
         max_moves: int = MAX_MOVES,
         defrag: Budget | None = None,
         share: int | None = None,
+        consolidate: bool = False,
     ) -> None:
         self.handle = handle
         self.max_moves = max_moves
@@ -161,6 +162,9 @@ class Rescheduler:
         """Moves in all at most this percent of the pods placed so far (``budget:
         {percentOfPlaced: P}``; the rescheduler's and the defragmentation's moves
         together); None: no such bound."""
+        self.consolidate = consolidate
+        """Spend the budget's moves left on the moves that lower fragmentation most
+        (:mod:`engine.passes.consolidate`)."""
 
     def __repr__(self) -> str:
         return f"Rescheduler(max_moves={self.max_moves}, share={self.share})"
@@ -171,11 +175,21 @@ class Rescheduler:
 
     @classmethod
     def create(cls, args: Mapping[str, Any], where: str, handle: Handle) -> Rescheduler:
-        unknown = set(args) - {"maxMoves", "defragmentation", "budget"}
+        unknown = set(args) - {"maxMoves", "defragmentation", "budget", "consolidate"}
         if unknown:
             raise InputError(
-                f"unknown args {sorted(unknown)} (maxMoves, defragmentation, budget)",
+                f"unknown args {sorted(unknown)} (maxMoves, defragmentation, budget, consolidate)",
                 location=where,
+            )
+        consolidate = args.get("consolidate", False)
+        if not isinstance(consolidate, bool):
+            raise InputError(
+                f"must be true or false, got {consolidate!r}", location=f"{where}.consolidate"
+            )
+        if consolidate and args.get("budget") is None:
+            raise InputError(
+                "needs a budget ({percentOfPlaced: P}): it would move pods without end",
+                location=f"{where}.consolidate",
             )
         moves = args.get("maxMoves", MAX_MOVES)
         if not isinstance(moves, int) or isinstance(moves, bool) or not 0 <= moves <= 8:
@@ -185,6 +199,7 @@ class Rescheduler:
             moves,
             Budget.parse(args.get("defragmentation"), f"{where}.defragmentation"),
             parse_share(args.get("budget"), f"{where}.budget"),
+            consolidate,
         )
 
     def post_filter(

@@ -18,7 +18,7 @@ from events.errors import InputError
 from events.types import Envelope, PodBound, PodDeleted, PodMigrated
 from tests.builders import make_node, make_pod
 from tests.shards.coordinator_kit import shoal
-from tests.shards.scenario_text import gpu_node, gpu_pod, rescheduler_config
+from tests.shards.scenario_text import gpu_node, gpu_pod, pod_group, rescheduler_config
 
 SHARDS = (1, 2, 4)
 
@@ -95,3 +95,33 @@ def test_moves_stay_within_the_budget_and_each_is_counted(percent: int, sizes: l
 def test_the_budget_is_checked() -> None:
     with pytest.raises(InputError, match="percentOfPlaced"):
         Engine(parse_config(yaml.safe_load(CONFIG.replace("%d", "101"))))
+
+
+def gang_case(percent: int) -> str:
+    """node1 runs gang sg (two 2-card members, started at 5 s) and p-0, p-1 (2 cards
+    each); node2 and node3 have 3 cards free. podC (4 cards) needs two pods off node1:
+    the gang whole is the cheapest plan, two moves (six pods placed before it)."""
+    text = rescheduler_config(f"{{budget: {{percentOfPlaced: {percent}}}}}")
+    text += "".join(gpu_node(name, 8) for name in ("node1", "node2", "node3"))
+    text += pod_group("sg", 2, at=5)
+    text += "".join(gpu_pod(f"s-{i}", cards=2, on="node1", group="sg", at=5) for i in range(2))
+    text += "".join(gpu_pod(f"p-{i}", cards=2, on="node1") for i in range(2))
+    text += gpu_pod("podD", cards=5, on="node2", migratable=False)
+    text += gpu_pod("podE", cards=5, on="node3", migratable=False)
+    return text + gpu_pod("podC", cards=4, at=10)
+
+
+def test_a_gang_moves_whole_within_the_budget_or_not_at_all(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 6 placed: 34% allows two moves (the gang's two members, each counted), 33% one,
+    # which no plan can do with (the gang is never split, one pod frees too little)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    data, _ = shoal(tmp_path / "a", capsys, gang_case(34), 1)
+    assert sorted(m["pod"] for m in data["migrations"]) == ["default/s-0", "default/s-1"]
+    assert data["pods"]["default/podC"]["node"] == "node1"
+    data, _ = shoal(tmp_path / "b", capsys, gang_case(33), 1)
+    assert data["migrations"] == []
+    assert data["pods"]["default/podC"]["node"] is None
+    assert {data["pods"][f"default/s-{i}"]["node"] for i in range(2)} == {"node1"}

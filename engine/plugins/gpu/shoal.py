@@ -145,8 +145,8 @@ class ShoalGpu(GpuFragmentation):
         """What ShoalGpu's score charges, summed over what runs on ``slots``: ``F_n + W *
         S_n + W * (milli-GPU in use) * pressure(model_n) / 1000`` (so the change of its
         sum over the nodes a plan touches is the sum of the score's deltas)."""
+        frag = super().potential(state, slots)  # (brings the caches up to date first)
         shapes = self._shapes
-        frag = super().potential(state, slots)
         assert shapes is not None
         total = int(shapes.weight.sum())
         free = np.maximum(state.cards.free[slots], 0)
