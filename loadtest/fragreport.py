@@ -36,6 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="let the rescheduler move running pods, at most BUDGET percent of the pods "
         "placed so far (integers 0..100, or several: 0,1,2,5); absent: no moves",
     )
+    parser.add_argument(
+        "--on-demand-only",
+        action="store_true",
+        help="with --moves: move pods only to place one that would fail (no consolidation)",
+    )
     parser.add_argument("--trace", type=Path, default=None, help=TRACE_HELP)
     parser.add_argument("--jobs", type=int, default=0, help="processes (default: CPUs)")
     parser.add_argument("--json", action="store_true")
@@ -117,6 +122,9 @@ def run(args: argparse.Namespace) -> int:
         )
     seeds = _seeds(args.seeds)
     budgets = _budgets(args.moves)
+    if args.on_demand_only and args.moves is None:
+        raise InputError("needs --moves", location="--on-demand-only")
+    consolidate = args.moves is not None and not args.on_demand_only
     if args.jobs < 0:
         raise InputError("must be at least 1 (0: the CPU count)", location="--jobs")
     if args.plot is not None:
@@ -133,9 +141,13 @@ def run(args: argparse.Namespace) -> int:
         for line in args.results.read_text().splitlines():
             if line.strip():
                 results.append(json.loads(line))
-    have = {(r["workload"], r["policy"], r["seed"], r.get("moves_budget_pct")) for r in results}
+    have = {
+        (r["workload"], r["policy"], r["seed"], r.get("moves_budget_pct"))
+        for r in results
+        if r.get("consolidate", False) == consolidate
+    }
     runs = [
-        Run(w, p, s, b)
+        Run(w, p, s, b, consolidate and b is not None)
         for w in chosen
         for p in policies
         for s in seeds
@@ -148,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
         if r["workload"] in chosen
         and r["policy"] in policies
         and r.get("moves_budget_pct") in budgets
+        and r.get("consolidate", False) == consolidate
     ]
     total, started = len(runs), time.monotonic()
     finished = 0

@@ -155,10 +155,6 @@ class PotentialPlugin(ScorePlugin, Protocol):
         deterministic and read nothing but ``state``."""
         ...
 
-    def potential_unit(self) -> int:
-        """How much :meth:`potential` counts for one milli-GPU left unusable (at least 1)."""
-        ...
-
 
 @runtime_checkable
 class ReservePlugin(Plugin, Protocol):

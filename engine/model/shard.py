@@ -199,9 +199,6 @@ class ShardModel:
         shrinks, so a shape that had no plan has none (short of the search's bounds and
         the budget, which grows with placed pods: retried every ``NO_PLAN_PLACED``
         placements)."""
-        self.room_refusals = 0
-        """Attempts that ended with the pod pending for want of room on nodes (the
-        resource fit refused it): consolidation waits for the first."""
         self.consolidation_epoch: tuple[int, int] = (-1, -1)
         """When consolidation last found no move worth making (``released_total``,
         placements / its retry interval): it looks again once that changes."""

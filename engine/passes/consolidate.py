@@ -52,10 +52,6 @@ from engine.plugins.rescheduler import Rescheduler
 BY: Final = "shoal.io/consolidation"
 SOURCES: Final = 16
 """Nodes whose pods are tried per search (the most fragmented)."""
-AFTER_REFUSAL = False
-MIN_GAIN = 0
-"""A move must lower fragmentation by more than this many milli-GPU (at the workload's
-probabilities; the potential is in weighted milli-GPU)."""
 PER_PASS: Final = 8
 """Moves per pass at most (each found by a search of its own)."""
 RETRY_PLACED: Final = 16
@@ -64,10 +60,7 @@ RETRY_PLACED: Final = 16
 
 def consolidate(p: PassContext, rescheduler: Rescheduler) -> None:
     """Make up to ``PER_PASS`` moves, each the one that lowers fragmentation most, while
-    the budget allows and one lowers it, once a pod has been refused for room (see the
-    module docstring)."""
-    if AFTER_REFUSAL and p.e.room_refusals == 0:
-        return
+    the budget allows and one lowers it (see the module docstring)."""
     for _ in range(PER_PASS):
         if not _move_one(p, rescheduler):
             return
@@ -91,7 +84,6 @@ def _move_one(p: PassContext, rescheduler: Rescheduler) -> bool:
     if judge is None:
         return False
     frag = judge.potential(state, slots)
-    total = judge.potential_unit()
     order = np.lexsort((slots, -frag))
     counted = e.disruptions_allowed(BY)
     best: tuple[int, int, str, int] | None = None  # (delta, rank, key, destination)
@@ -132,7 +124,7 @@ def _move_one(p: PassContext, rescheduler: Rescheduler) -> bool:
             statement.discard()
             before = int(judge.potential(state, pair).sum())
             delta = after - before
-            if delta < -MIN_GAIN * total and (best is None or (delta, rank, key) < best[:3]):
+            if delta < 0 and (best is None or (delta, rank, key) < best[:3]):
                 best = (delta, rank, key, target)
     if best is None:
         e.consolidation_epoch = epoch

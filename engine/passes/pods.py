@@ -109,8 +109,6 @@ def attempt_pod(p: PassContext, pod: PodInfo) -> None:
     message = attempt.status.message()
     if note:
         message = f"{message}; {note}"
-    if ROOM in plugins:
-        e.room_refusals += 1
     p.unschedulable(pod, message, plugins, diagnosis.rejections() if diagnosis else {})
 
 

@@ -213,10 +213,10 @@ class Rescheduler:
         handle = self.handle
         gang = cycle.read(NAME, GANG, "")
         limit = min(self.max_moves, int(cycle.read(NAME, MOVES_LEFT, self.max_moves)))
-        left = self.moves_left()
-        if left is not None and isinstance(statement, Statement):
+        budget_left = self.moves_left()
+        if budget_left is not None and isinstance(statement, Statement):
             # the moves this attempt staged already (a gang's earlier members) count too
-            limit = min(limit, left - len(statement.moves()))
+            limit = min(limit, budget_left - len(statement.moves()))
         if (
             not isinstance(statement, Statement)
             or cycle.read(NAME, SKIP, False)
@@ -271,7 +271,7 @@ class Rescheduler:
             )
             if cheapest is not None:
                 plan, size = cheapest
-                if left is not None and limit == left - len(statement.moves()):
+                if budget_left is not None and limit == budget_left - len(statement.moves()):
                     allowed = f"{max(limit, 0)} left of the budget, {self.share}% of placed pods"
                 elif limit == self.max_moves:
                     allowed = f"maxMoves {self.max_moves}"

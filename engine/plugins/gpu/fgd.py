@@ -227,10 +227,6 @@ class GpuFragmentation(CachedScore):
         frag: Ints = self.node_fragmentation(state)[slots]
         return frag
 
-    def potential_unit(self) -> int:
-        """The workload's total weight: F counts each milli-GPU at every shape's weight."""
-        return max(1, int(self._shapes.weight.sum())) if self._shapes is not None else 1
-
     # ------------------------------------------------------------------ scores
 
     def deltas(self, pod: PodInfo, state: ClusterState, slots: Ints) -> tuple[Ints, Ints, Ints]:
