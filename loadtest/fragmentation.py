@@ -14,6 +14,15 @@ cover 95% of its pods) as ``targetWorkload`` args, ShoalGpu's with each shape's 
 memory (which it counts and FGD does not); GpuRandom gets the run's seed.
 Runs are independent and spread over ``jobs`` processes; each result is handed to the
 caller as it completes.
+
+With a move budget (``--moves P``), the profile also has the ``Rescheduler`` as its only
+post-filter, ``maxMoves`` 3 and ``budget: {percentOfPlaced: P}``, and (unless
+``--on-demand-only``) ``consolidate: true``: a pod that fits nowhere may be placed by
+moving running pods (each move a ``PodMigrated``), and between pods the budget's moves
+left go to the moves that lower ShoalGpu's (or FGD's) fragmentation most. Moves go
+through the engine's own passes, the same code ``serve`` runs. Reported besides: moves
+in all and by 100% arrival, as a percent of the pods placed, the pods placed thanks to
+moves, the nodes moved from and the most moves off one node.
 """
 
 from __future__ import annotations

@@ -7,7 +7,19 @@ the attempt's statement and committed whole (or discarded whole). The search its
 :mod:`engine.plugins.migration`.
 
 Which plan: the fewest moves, then the least work lost (the lowest priorities, then the
-pods that started last), then the lowest node slot. Searched over at most
+pods that started last); among the plans of that size and cost, where the profile's
+score measures fragmentation (:class:`~engine.framework.interfaces.PotentialPlugin`:
+GpuFragmentation's ``F_n``, ShoalGpu's ``F_n`` plus its stranded-GPU and model-pressure
+terms), the one whose staged outcome leaves the least of it on the nodes it touches (up
+to ``CHOICES`` compared), else the lowest node slot. Pods that could go to no other
+node now are never part of a plan (:func:`engine.plugins.migration.landable`).
+
+Budget (arg ``budget: {percentOfPlaced: P}``): the moves this engine makes in all (the
+rescheduler's, the defragmentation's, the consolidation's) stay within P% of the pods it
+has placed so far, both counted from what it folded (``placed_total``,
+``moved_total``); a plan larger than what is left is not made (the reason says so).
+With ``consolidate: true`` the budget's moves left go to the moves that lower
+fragmentation most (:mod:`engine.passes.consolidate`). Searched over at most
 ``MAX_CANDIDATES`` nodes (those with the fewest movable units first), plans of up to
 ``maxMoves`` pods (default 3) and at most ``MAX_TRIALS`` staged trials, so an attempt
 stays bounded. A pod that fits nowhere even then is told, in its reason, the plan a
