@@ -19,8 +19,9 @@ itself excluded), staged and undone; the move whose change of fragmentation, sum
 its two nodes, is the most negative is carried out (ties: the earlier node, then the
 pod's name). A move that does not lower it is never made: with nothing to gain the
 engine makes no move, and looks again only after ``RETRY_PLACED`` more placements or a
-pod leaving its node. One move per pass, so the cheapest moves (least work lost) come
-first in the sense that each one pays for itself in fragmentation.
+pod leaving its node. Up to ``PER_PASS`` moves per pass, each found by a search of its
+own on the state the last one left; every one pays for itself in fragmentation, the
+largest gain first.
 
 Never moved: what the rescheduler never moves (``shoal.io/migratable: "false"``, pods
 not yet bound, pods with inter-pod rules), gang members (a gang moves only whole, and
@@ -45,8 +46,7 @@ from engine.model.disruption import broken_by
 from engine.model.statement import Statement
 from engine.passes.context import PassContext
 from engine.passes.dispatch import migrate
-from engine.plugins.migration import MIGRATABLE, unpinned
-from engine.plugins.migration import _placement_rules as placement_rules
+from engine.plugins.migration import MIGRATABLE, placement_rules, unpinned
 from engine.plugins.rescheduler import Rescheduler
 
 BY: Final = "shoal.io/consolidation"

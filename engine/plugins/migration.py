@@ -52,11 +52,11 @@ def _may_move(handle: Handle, info: PodInfo, key: str, pod: PodInfo) -> bool:
         key in handle.started
         and info.priority <= pod.priority
         and spec.annotations.get(MIGRATABLE, "").lower() != "false"
-        and not _placement_rules(spec)
+        and not placement_rules(spec)
     )
 
 
-def _placement_rules(spec: PodSpec) -> bool:
+def placement_rules(spec: PodSpec) -> bool:
     """Whether a pod has required rules about the pods around it (inter-pod affinity or
     anti-affinity, a DoNotSchedule spread): such a pod is not moved, since where it
     may go can change with every other move of the same plan."""
