@@ -128,7 +128,7 @@ def migrated(m: ShardModel, event: PodMigrated) -> None:
     if event.pod not in m.pods or slot is None or m.bindings.get(event.pod) == event.decision_id:
         return
     m.release(event.pod)
-    m.place(event.pod, slot, event.decision_id, devices=event.devices)
+    m.place(event.pod, slot, event.decision_id, devices=event.devices, moved=True)
 
 
 def bound_seen(m: ShardModel, event: PodBound) -> None:

@@ -14,6 +14,15 @@ cover 95% of its pods) as ``targetWorkload`` args, ShoalGpu's with each shape's 
 memory (which it counts and FGD does not); GpuRandom gets the run's seed.
 Runs are independent and spread over ``jobs`` processes; each result is handed to the
 caller as it completes.
+
+With a move budget (``--moves P``), the profile also has the ``Rescheduler`` as its only
+post-filter, ``maxMoves`` 3 and ``budget: {percentOfPlaced: P}``, and (unless
+``--on-demand-only``) ``consolidate: true``: a pod that fits nowhere may be placed by
+moving running pods (each move a ``PodMigrated``), and between pods the budget's moves
+left go to the moves that lower ShoalGpu's (or FGD's) fragmentation most. Moves go
+through the engine's own passes, the same code ``serve`` runs. Reported besides: moves
+in all and by 100% arrival, as a percent of the pods placed, the pods placed thanks to
+moves, the nodes moved from and the most moves off one node.
 """
 
 from __future__ import annotations
@@ -23,13 +32,21 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from engine.config import parse_config
 from engine.engine import Engine
-from events.types import Envelope, NodeAdded, PodBound, PodDeleted, PodSubmitted
+from events.types import (
+    Envelope,
+    Event,
+    NodeAdded,
+    PodBound,
+    PodDeleted,
+    PodMigrated,
+    PodSubmitted,
+)
 from loadtest.gputrace import (
     POLICIES,
     TARGET_PCT,
@@ -42,16 +59,32 @@ from loadtest.gputrace import (
     target_workload,
 )
 
+MAX_MOVES: Final = 3
+"""Pods one plan may move (the rescheduler's ``maxMoves``) in a run with moves."""
+
 
 @dataclass(frozen=True, slots=True, order=True)
 class Run:
     workload: str
     policy: str
     seed: int
+    moves: int | None = None
+    """The move budget in percent of the pods placed so far (None: the protocol as
+    published, no rescheduler; 0: the rescheduler on with no budget)."""
+    consolidate: bool = False
+    """Also spend the budget on consolidation (:mod:`engine.passes.consolidate`)."""
 
 
-def profile_config(policy: str, seed: int, pods: list[TracePod]) -> dict[str, Any]:
-    """The ``KubeSchedulerConfiguration`` of a run: the policy is the only score."""
+def profile_config(
+    policy: str,
+    seed: int,
+    pods: list[TracePod],
+    moves: int | None = None,
+    consolidate: bool = False,
+) -> dict[str, Any]:
+    """The ``KubeSchedulerConfiguration`` of a run: the policy is the only score; with
+    ``moves``, the rescheduler is the only post-filter, its moves at most ``moves``
+    percent of the pods placed so far."""
     plugin = POLICIES[policy]
     config: list[dict[str, Any]] = []
     if plugin == "GpuRandom":
@@ -59,6 +92,14 @@ def profile_config(policy: str, seed: int, pods: list[TracePod]) -> dict[str, An
     elif plugin in ("GpuFragmentation", "ShoalGpu"):
         workload = target_workload(pods, memory=plugin == "ShoalGpu")
         config.append({"name": plugin, "args": {"targetWorkload": workload.to_args()}})
+    post_filter: dict[str, Any] = {"disabled": [{"name": "*"}]}
+    if moves is not None:
+        post_filter["enabled"] = [{"name": "Rescheduler"}]
+        budget = {"percentOfPlaced": moves}
+        args: dict[str, Any] = {"maxMoves": MAX_MOVES, "budget": budget}
+        if consolidate:
+            args["consolidate"] = True
+        config.append({"name": "Rescheduler", "args": args})
     return {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
@@ -67,7 +108,7 @@ def profile_config(policy: str, seed: int, pods: list[TracePod]) -> dict[str, An
                 "schedulerName": "default-scheduler",
                 "plugins": {
                     "score": {"disabled": [{"name": "*"}], "enabled": [{"name": plugin}]},
-                    "postFilter": {"disabled": [{"name": "*"}]},
+                    "postFilter": post_filter,
                 },
                 "pluginConfig": config,
             }
@@ -92,42 +133,87 @@ def run_one(trace: Path, run: Run) -> dict[str, Any]:
     pods = _pods(trace, run.workload)
     capacity = sum(n.gpus for n in nodes) * 1000
     sequence = arrivals(pods, capacity, run.seed)
-    engine = Engine(parse_config(profile_config(run.policy, run.seed, pods)))
+    engine = Engine(
+        parse_config(profile_config(run.policy, run.seed, pods, run.moves, run.consolidate))
+    )
     for node in node_order(nodes, run.seed):
         engine.apply(Envelope(event=NodeAdded(node=node.spec()), producer="ingest"))
     engine.schedule()
     allocated = arrived = bound = 0
     at_100: int | None = None
+    moves = Moves()
     curve = [0.0]
     started = time.process_time()
     for i, pod in enumerate(sequence):
         spec = pod.spec(f"{pod.name}-{i}")
         engine.apply(Envelope(event=PodSubmitted(pod=spec), producer="ingest"))
-        if any(isinstance(e, PodBound) for e in engine.schedule()):
+        decisions = engine.schedule()
+        if any(isinstance(e, PodBound) for e in decisions):
             allocated += pod.gpu_milli
             bound += 1
+            moves.count(decisions, spec.key)
         else:
             engine.apply(Envelope(event=PodDeleted(pod=spec.key), producer="ingest"))
         arrived += pod.gpu_milli
         if at_100 is None and arrived >= capacity:
             at_100 = allocated
+            moves.at_100 = (moves.total, moves.rescued, bound)
         while len(curve) <= TARGET_PCT and arrived * 100 >= len(curve) * capacity:
             curve.append(round(allocated * 100 / capacity, 3))
     seconds = time.process_time() - started
     if at_100 is None:
         at_100 = allocated
+        moves.at_100 = (moves.total, moves.rescued, bound)
     return {
         "workload": run.workload,
         "policy": run.policy,
         "seed": run.seed,
+        "moves_budget_pct": run.moves,
+        "consolidate": run.consolidate,
         "unallocated_pct_at_100": round(100 - at_100 * 100 / capacity, 3),
         "alloc_pct_at_130": round(allocated * 100 / capacity, 3),
         "pods": len(sequence),
         "bound": bound,
+        **moves.row(bound),
         "cpu_seconds": round(seconds, 3),
         "pods_per_second": round(len(sequence) / seconds, 1) if seconds > 0 else 0.0,
         "curve": curve,
     }
+
+
+@dataclass(slots=True)
+class Moves:
+    """The moves of one run: in all, per node they left, and the pods they placed."""
+
+    total: int = 0
+    rescued: int = 0
+    """Pods placed by a plan of moves (they would have failed without)."""
+    per_node: dict[str, int] = field(default_factory=dict)
+    at_100: tuple[int, int, int] = (0, 0, 0)
+    """(moves, pods placed by moves, pods placed) when 100% had arrived."""
+
+    def count(self, decisions: list[Event], pod: str) -> None:
+        """Count the moves of a pass that placed ``pod``."""
+        made = [e for e in decisions if isinstance(e, PodMigrated)]
+        if not made:
+            return
+        self.total += len(made)
+        self.rescued += any(e.by == pod for e in made)
+        for e in made:
+            self.per_node[e.from_node] = self.per_node.get(e.from_node, 0) + 1
+
+    def row(self, bound: int) -> dict[str, Any]:
+        moves, rescued, placed = self.at_100
+        return {
+            "moves": self.total,
+            "moves_pct_of_placed": round(self.total * 100 / bound, 3) if bound else 0.0,
+            "placed_by_moves": self.rescued,
+            "moves_at_100": moves,
+            "placed_by_moves_at_100": rescued,
+            "moves_pct_of_placed_at_100": round(moves * 100 / placed, 3) if placed else 0.0,
+            "nodes_moved_from": len(self.per_node),
+            "most_moves_off_one_node": max(self.per_node.values(), default=0),
+        }
 
 
 def run_all(

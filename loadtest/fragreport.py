@@ -29,6 +29,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default="default", help="default, all, or a NAME")
     parser.add_argument("--policy", default="all", help=f"all, or one of {', '.join(POLICIES)}")
     parser.add_argument("--seeds", default="42-51", help="A-B or A,B,C (default 42-51)")
+    parser.add_argument(
+        "--moves",
+        default=None,
+        metavar="BUDGET",
+        help="let the rescheduler move running pods, at most BUDGET percent of the pods "
+        "placed so far (integers 0..100, or several: 0,1,2,5); absent: no moves",
+    )
+    parser.add_argument(
+        "--on-demand-only",
+        action="store_true",
+        help="with --moves: move pods only to place one that would fail (no consolidation)",
+    )
     parser.add_argument("--trace", type=Path, default=None, help=TRACE_HELP)
     parser.add_argument("--jobs", type=int, default=0, help="processes (default: CPUs)")
     parser.add_argument("--json", action="store_true")
@@ -54,6 +66,20 @@ def _seeds(raw: str) -> list[int]:
     if not seeds or any(s < 0 for s in seeds):
         raise InputError(f"no seeds, or a negative one, in {raw!r}", location="--seeds")
     return seeds
+
+
+def _budgets(raw: str | None) -> list[int | None]:
+    if raw is None:
+        return [None]
+    try:
+        budgets = [int(x) for x in raw.split(",")]
+    except ValueError:
+        raise InputError(
+            f"must be P or P,Q,... (integers), got {raw!r}", location="--moves"
+        ) from None
+    if any(not 0 <= b <= 100 for b in budgets):
+        raise InputError(f"each budget must be 0..100, got {raw!r}", location="--moves")
+    return list(dict.fromkeys(budgets))
 
 
 def published(trace: Path, column: str = "alloc_pct_mean") -> dict[tuple[str, str, int], float]:
@@ -95,6 +121,10 @@ def run(args: argparse.Namespace) -> int:
             f"unknown policy {args.policy!r} (all, {', '.join(POLICIES)})", location="--policy"
         )
     seeds = _seeds(args.seeds)
+    budgets = _budgets(args.moves)
+    if args.on_demand_only and args.moves is None:
+        raise InputError("needs --moves", location="--on-demand-only")
+    consolidate = args.moves is not None and not args.on_demand_only
     if args.jobs < 0:
         raise InputError("must be at least 1 (0: the CPU count)", location="--jobs")
     if args.plot is not None:
@@ -111,9 +141,27 @@ def run(args: argparse.Namespace) -> int:
         for line in args.results.read_text().splitlines():
             if line.strip():
                 results.append(json.loads(line))
-    have = {(r["workload"], r["policy"], r["seed"]) for r in results}
-    runs = [Run(w, p, s) for w in chosen for p in policies for s in seeds if (w, p, s) not in have]
-    results = [r for r in results if r["workload"] in chosen and r["policy"] in policies]
+    have = {
+        (r["workload"], r["policy"], r["seed"], r.get("moves_budget_pct"))
+        for r in results
+        if r.get("consolidate", False) == consolidate
+    }
+    runs = [
+        Run(w, p, s, b, consolidate and b is not None)
+        for w in chosen
+        for p in policies
+        for s in seeds
+        for b in budgets
+        if (w, p, s, b) not in have
+    ]
+    results = [
+        r
+        for r in results
+        if r["workload"] in chosen
+        and r["policy"] in policies
+        and r.get("moves_budget_pct") in budgets
+        and r.get("consolidate", False) == consolidate
+    ]
     total, started = len(runs), time.monotonic()
     finished = 0
 
@@ -126,7 +174,8 @@ def run(args: argparse.Namespace) -> int:
                 out.write(json.dumps(result) + "\n")
         print(
             f"[{finished}/{total}] {result['workload']} {result['policy']} seed "
-            f"{result['seed']}: unallocated {result['unallocated_pct_at_100']:.2f}% at 100%, "
+            f"{result['seed']}{_budget_label(result)}: unallocated "
+            f"{result['unallocated_pct_at_100']:.2f}% at 100%, "
             f"{result['pods_per_second']:.0f} pods/s ({time.monotonic() - started:.0f} s)",
             file=sys.stderr,
             flush=True,
@@ -134,16 +183,30 @@ def run(args: argparse.Namespace) -> int:
 
     run_all(trace, runs, args.jobs or default_jobs(), done)
     results.sort(
-        key=lambda r: (chosen.index(r["workload"]), policies.index(r["policy"]), r["seed"])
+        key=lambda r: (
+            chosen.index(r["workload"]),
+            policies.index(r["policy"]),
+            budgets.index(r.get("moves_budget_pct")),
+            r["seed"],
+        )
     )
     if args.json:
-        keys = ("workload", "policy", "seed", "unallocated_pct_at_100", "alloc_pct_at_130")
+        keys = ["workload", "policy", "seed", "unallocated_pct_at_100", "alloc_pct_at_130"]
+        if args.moves is not None:
+            keys[3:3] = ["moves_budget_pct"]
+            keys += ["moves_at_100", "placed_by_moves_at_100", "moves", "placed_by_moves"]
+            keys += ["moves_pct_of_placed", "nodes_moved_from", "most_moves_off_one_node"]
         print(json.dumps({"results": [{k: r[k] for k in keys} for r in results]}))
     else:
         print(table(results, published(trace)))
     if args.plot is not None:
         plot(results, args.plot, published(trace), published(trace, "alloc_pct_std"))
     return 0
+
+
+def _budget_label(result: dict[str, Any]) -> str:
+    budget = result.get("moves_budget_pct")
+    return "" if budget is None else f" moves {budget}%"
 
 
 def _mean_std(values: list[float]) -> str:
@@ -159,17 +222,30 @@ def table(results: list[dict[str, Any]], paper: dict[tuple[str, str, int], float
         f"{'workload':<12} {'policy':<14} {'seeds':>5}  {'unalloc% @100':>15} {'paper':>6}"
         f"  {'alloc% @130':>15} {'paper':>6}"
     ]
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    moving = any(r.get("moves_budget_pct") is not None for r in results)
+    if moving:
+        lines[0] += f"  {'moves':>6} {'% placed':>8} {'placed by moves':>15} {'max/node':>8}"
+    groups: dict[tuple[str, str, int | None], list[dict[str, Any]]] = {}
     for r in results:
-        groups.setdefault((r["workload"], r["policy"]), []).append(r)
-    for (workload, policy), rows in groups.items():
+        groups.setdefault((r["workload"], r["policy"], r.get("moves_budget_pct")), []).append(r)
+    for (workload, policy, budget), rows in groups.items():
         at_100 = paper.get((workload, policy, 100))
         at_130 = paper.get((workload, policy, 130))
-        lines.append(
-            f"{workload:<12} {policy:<14} {len(rows):>5}  "
+        name = policy if budget is None else f"{policy} {budget}%"
+        line = (
+            f"{workload:<12} {name:<14} {len(rows):>5}  "
             f"{_mean_std([r['unallocated_pct_at_100'] for r in rows]):>15} "
             f"{'-' if at_100 is None else f'{100 - at_100:.2f}':>6}  "
             f"{_mean_std([r['alloc_pct_at_130'] for r in rows]):>15} "
             f"{'-' if at_130 is None else f'{at_130:.2f}':>6}"
         )
+        if moving:
+            # moves and the pods they placed by 100% arrival (means over seeds)
+            line += (
+                f"  {statistics.mean(r.get('moves_at_100', 0) for r in rows):>6.1f} "
+                f"{statistics.mean(r.get('moves_pct_of_placed_at_100', 0.0) for r in rows):>8.3f} "
+                f"{statistics.mean(r.get('placed_by_moves_at_100', 0) for r in rows):>15.1f} "
+                f"{max(r.get('most_moves_off_one_node', 0) for r in rows):>8}"
+            )
+        lines.append(line)
     return "\n".join(lines)

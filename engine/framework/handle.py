@@ -66,6 +66,16 @@ class Handle(Protocol):
         ...
 
     @property
+    def placed_total(self) -> int:
+        """Pods placed by this engine in all (each ``PodBound`` folded once)."""
+        ...
+
+    @property
+    def moved_total(self) -> int:
+        """Moves of running pods this engine made in all (each ``PodMigrated`` once)."""
+        ...
+
+    @property
     def migrates(self) -> bool:
         """Whether this engine may move running pods (one that owns its nodes)."""
         ...

@@ -146,6 +146,17 @@ class CardChooserPlugin(ScorePlugin, Protocol):
 
 
 @runtime_checkable
+class PotentialPlugin(ScorePlugin, Protocol):
+    def potential(self, state: ClusterState, slots: Ints) -> Ints:
+        """Per slot of ``slots``, the node's fragmentation as this plugin's score counts it
+        (an integer, lower is better): the change of its sum over the nodes a decision
+        touches is the cost the plugin's score puts on that decision. What the
+        rescheduler compares its plans by (:mod:`engine.plugins.rescheduler`); must be
+        deterministic and read nothing but ``state``."""
+        ...
+
+
+@runtime_checkable
 class ReservePlugin(Plugin, Protocol):
     def reserve(self, cycle: CycleState, pod: PodInfo, state: ClusterState, slot: int) -> Status:
         """The pod is about to be assumed on ``slot``; a failure undoes the attempt."""

@@ -38,6 +38,7 @@ from engine.framework.interfaces import (
     Plugin,
     PostFilterPlugin,
     PostFilterResult,
+    PotentialPlugin,
     PreFilterPlugin,
     PreScorePlugin,
     QueueingHintPlugin,
@@ -182,6 +183,11 @@ class Framework:
             e.plugin for e in self.scores if isinstance(e.plugin, CardChooserPlugin)
         ]
         """Score plugins that also choose a GPU pod's cards on the chosen node."""
+        self.potential: PotentialPlugin | None = next(
+            (e.plugin for e in self.scores if isinstance(e.plugin, PotentialPlugin)), None
+        )
+        """The first score plugin that says how fragmented a node is (the rescheduler
+        compares its plans by it); None: none does."""
         self.kernel = (
             registry.kernel(
                 list(self.dynamic_filters), [(e.plugin, e.weight) for e in self._local_scores]

@@ -62,6 +62,9 @@ from events.types import (
     ShardSummary,
 )
 
+NO_PLAN_PLACED: Final = 64
+"""Placements after which shapes the rescheduler found no plan for are tried again
+(its budget in percent of placed pods may allow more moves by then)."""
 QUOTA_PLUGIN: Final = "ElasticQuota"
 """The plugin that admits pods by their namespace's elastic quota: a pod it rejected may
 fit once any pod anywhere frees capacity, on no particular node."""
@@ -180,6 +183,25 @@ class ShardModel:
         self.defrag_moves: list[tuple[int, int]] = []
         """(time, node slot) of the defragmentation's moves in the last minute (its
         budget: :mod:`engine.passes.defrag`)."""
+        self.placed_total = 0
+        self.moved_total = 0
+        """Pods placed here in all (a pod placed again after it lost its place counts
+        again) and running pods moved here (``PodMigrated``): what a move budget in
+        percent of placed pods counts (:mod:`engine.plugins.rescheduler`)."""
+        self.released_total = 0
+        """Placed pods that left their node (deleted, finished, evicted, moved away)."""
+        self.no_plan: dict[str, str] = {}
+        """Pod shapes (profile and shape, as text) for which the rescheduler found no
+        plan → the note its reason carried, valid while ``no_plan_epoch`` holds."""
+        self.no_plan_epoch: tuple[int, int, int] = (0, 0, 0)
+        """(``released_total``, ``moved_total``, ``placed_total // NO_PLAN_PLACED``)
+        when ``no_plan`` was filled: while no pod leaves a node or moves, room only
+        shrinks, so a shape that had no plan has none (short of the search's bounds and
+        the budget, which grows with placed pods: retried every ``NO_PLAN_PLACED``
+        placements)."""
+        self.consolidation_epoch: tuple[int, int] = (-1, -1)
+        """When consolidation last found no move worth making (``released_total``,
+        placements / its retry interval): it looks again once that changes."""
         self.reported_nodes = 0
         """The number of nodes the last summary said this shard had."""
         self.returning: dict[str, tuple[str, str]] = {}
@@ -232,6 +254,14 @@ class ShardModel:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(shard={self.shard}, now={self.now}, {self.state!r})"
+
+    def plan_epoch(self) -> tuple[int, int, int]:
+        """What ``no_plan`` is valid for (see ``no_plan_epoch``); a new epoch empties it."""
+        epoch = (self.released_total, self.moved_total, self.placed_total // NO_PLAN_PLACED)
+        if epoch != self.no_plan_epoch:
+            self.no_plan_epoch = epoch
+            self.no_plan.clear()
+        return epoch
 
     def count(self, counter: str, n: int = 1) -> None:
         self.counters[counter] = self.counters.get(counter, 0) + n
@@ -428,11 +458,17 @@ class ShardModel:
         decision_id: str,
         charged: bool = False,
         devices: tuple[int, ...] | None = None,
+        moved: bool = False,
     ) -> None:
         """Assume ``key`` on ``slot`` in state and quota (already staged is fine;
         ``charged``: its quota already counts it; ``devices``: its GPU cards, as
-        recorded, else chosen)."""
+        recorded, else chosen; ``moved``: a running pod moved here, counted as a move,
+        not as a placement)."""
         pod = self.pods[key]
+        if moved:
+            self.moved_total += 1
+        elif key not in self.bindings:
+            self.placed_total += 1
         if key not in self.state.pods:
             self.state.assume(
                 key, slot, pod.request, pod.priority, pod.spec.host_ports, devices or None
@@ -455,6 +491,7 @@ class ShardModel:
         """Forget ``key``'s placement in state and quota; return the slot freed."""
         pod = self.pods[key]
         if self.bindings.pop(pod.key, None) is not None:
+            self.released_total += 1
             left = self.placed_priorities[pod.priority] - 1
             if left:
                 self.placed_priorities[pod.priority] = left

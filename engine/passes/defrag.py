@@ -49,14 +49,18 @@ MAX_SOURCES: Final = 16
 """Machines tried per pass at most (each a staged trial)."""
 
 
-def defragment(p: PassContext, budget: Budget) -> None:
-    """Empty nearly-empty GPU machines within ``budget`` (see the module docstring)."""
+def defragment(p: PassContext, budget: Budget, cap: int | None = None) -> None:
+    """Empty nearly-empty GPU machines within ``budget`` and at most ``cap`` moves (what
+    the ``Rescheduler``'s budget in percent of placed pods leaves; None: no cap); see
+    the module docstring."""
     e = p.e
     state = e.state
     cards = state.cards
     moves = e.defrag_moves
     moves[:] = [(t, slot) for t, slot in moves if t > e.now - WINDOW]
     left = budget.per_minute - len(moves)
+    if cap is not None:
+        left = min(left, cap)
     if left <= 0 or (not cards.rows and not cards.count.any()):
         return
     count = cards.count

@@ -73,7 +73,7 @@ def migrate(p: PassContext, key: str, origin: int, slot: int, by: str) -> None:
     pod = e.pods[key]
     pod.attempts += 1
     decision_id = f"{key}@{pod.seq}#{pod.attempts}"
-    e.place(key, slot, decision_id)
+    e.place(key, slot, decision_id, moved=True)
     p.out.append(
         PodMigrated(
             pod=key,

@@ -77,6 +77,14 @@ def attempt_pod(p: PassContext, pod: PodInfo) -> None:
     migrates = (
         verdict is None and cache_key not in p.unmovable and may_migrate(p, pod, framework, attempt)
     )
+    no_plan = ""
+    if migrates and not (framework.conditional and framework.cluster_wide(pod, e.state)):
+        # a shape with no plan has none until a pod leaves or moves (ShardModel.no_plan)
+        no_plan = f"{pod.spec.scheduler_name}|{pod.shape_key!r}|{cache_key[2]}"
+        e.plan_epoch()
+        if no_plan in e.no_plan:
+            note = e.no_plan[no_plan]
+            migrates = False
     if attempt.status.code != Code.UNSCHEDULABLE_AND_UNRESOLVABLE and (preempts or migrates):
         statement = Statement(e.state, e.quotas)
         cycle = CycleState()
@@ -91,6 +99,8 @@ def attempt_pod(p: PassContext, pod: PodInfo) -> None:
         note = str(cycle.read(RESCHEDULER, CHEAPEST, ""))
         if migrates and not (framework.conditional and framework.cluster_wide(pod, e.state)):
             p.unmovable[cache_key] = note
+        if migrates and no_plan:
+            e.no_plan[no_plan] = note
     p.record(pod, attempt)
     diagnosis = attempt.diagnosis
     plugins = tuple(diagnosis.plugins) if diagnosis else ()

@@ -35,6 +35,7 @@ from engine.model.reservations import COMMITTED
 from engine.model.shard import ShardModel
 from engine.model.state import Request, held_devices
 from engine.passes.answers import compose
+from engine.passes.consolidate import consolidate
 from engine.passes.context import Dispatch, Route
 from engine.passes.defrag import defragment
 from engine.passes.explain import Explanation
@@ -48,6 +49,7 @@ from engine.passes.reservations import (
     moves_within,
     settle_reservations,
 )
+from engine.plugins.rescheduler import Rescheduler
 from events.types import (
     SECOND,
     Answer,
@@ -185,13 +187,16 @@ class SchedulingPass:
         return self.out
 
     def _defragment(self) -> None:
-        """Empty nearly-empty GPU machines, if a profile asks for it (the first whose
-        ``Rescheduler`` has a ``defragmentation`` budget)."""
+        """Empty nearly-empty GPU machines, and consolidate, if a profile asks for it
+        (the first whose ``Rescheduler`` has a ``defragmentation`` budget or
+        ``consolidate``)."""
         for framework in self.profiles.frameworks.values():
             plugin = framework.plugins.get("Rescheduler")
-            budget = getattr(plugin, "defrag", None)
-            if budget is not None:
-                defragment(self, budget)
+            if isinstance(plugin, Rescheduler) and plugin.defrag is not None:
+                defragment(self, plugin.defrag, plugin.moves_left())
+            if isinstance(plugin, Rescheduler) and plugin.consolidate:
+                consolidate(self, plugin)
+            if isinstance(plugin, Rescheduler) and (plugin.defrag or plugin.consolidate):
                 return
 
     def _attempt_arrived(self) -> None:

@@ -52,11 +52,11 @@ def _may_move(handle: Handle, info: PodInfo, key: str, pod: PodInfo) -> bool:
         key in handle.started
         and info.priority <= pod.priority
         and spec.annotations.get(MIGRATABLE, "").lower() != "false"
-        and not _placement_rules(spec)
+        and not placement_rules(spec)
     )
 
 
-def _placement_rules(spec: PodSpec) -> bool:
+def placement_rules(spec: PodSpec) -> bool:
     """Whether a pod has required rules about the pods around it (inter-pod affinity or
     anti-affinity, a DoNotSchedule spread): such a pod is not moved, since where it
     may go can change with every other move of the same plan."""
@@ -109,6 +109,45 @@ def movable_units(
         here = out.setdefault(placed.slot, [])
         if unit not in here:
             here.append(unit)
+    return out
+
+
+def landable(
+    handle: Handle,
+    pod: PodInfo,
+    state: ClusterState,
+    feasible: Bools,
+    movable: dict[int, list[Unit]],
+) -> dict[int, list[Unit]]:
+    """``movable`` with the pods that could go nowhere left out: on the nodes where
+    ``pod`` could fit with every unit gone (``feasible`` ones), a one-pod unit stays only
+    if its profile's filters allow it on some node other than its own now. Exact, not
+    a guess: a plan frees room only on the node it empties, where the moved pod may not
+    go back, so a pod with no other node now has none within any plan. Whether it fits
+    is asked once per pod shape."""
+    out: dict[int, list[Unit]] = {}
+    somewhere: dict[Any, Bools | None] = {}
+    pods = handle.pods
+    for slot, units in movable.items():
+        if not feasible[slot] or not fits_without(
+            pod, state, slot, [k for unit in units for k in unit]
+        ):
+            continue
+        kept = []
+        for unit in units:
+            if len(unit) == 1:
+                info = unpinned(pods[unit[0]])
+                if info.shape_key not in somewhere:
+                    own = handle.framework_for(info)
+                    somewhere[info.shape_key] = (
+                        None if own is None else own.feasible(CycleState(), info, state).copy()
+                    )
+                where = somewhere[info.shape_key]
+                if where is None or not (where.sum() - bool(where[slot])):
+                    continue
+            kept.append(unit)
+        if kept:
+            out[slot] = kept
     return out
 
 

@@ -7,7 +7,19 @@ the attempt's statement and committed whole (or discarded whole). The search its
 :mod:`engine.plugins.migration`.
 
 Which plan: the fewest moves, then the least work lost (the lowest priorities, then the
-pods that started last), then the lowest node slot. Searched over at most
+pods that started last); among the plans of that size and cost, where the profile's
+score measures fragmentation (:class:`~engine.framework.interfaces.PotentialPlugin`:
+GpuFragmentation's ``F_n``, ShoalGpu's ``F_n`` plus its stranded-GPU and model-pressure
+terms), the one whose staged outcome leaves the least of it on the nodes it touches (up
+to ``CHOICES`` compared), else the lowest node slot. Pods that could go to no other
+node now are never part of a plan (:func:`engine.plugins.migration.landable`).
+
+Budget (arg ``budget: {percentOfPlaced: P}``): the moves this engine makes in all (the
+rescheduler's, the defragmentation's, the consolidation's) stay within P% of the pods it
+has placed so far, both counted from what it folded (``placed_total``,
+``moved_total``); a plan larger than what is left is not made (the reason says so).
+With ``consolidate: true`` the budget's moves left go to the moves that lower
+fragmentation most (:mod:`engine.passes.consolidate`). Searched over at most
 ``MAX_CANDIDATES`` nodes (those with the fewest movable units first), plans of up to
 ``maxMoves`` pods (default 3) and at most ``MAX_TRIALS`` staged trials, so an attempt
 stays bounded. A pod that fits nowhere even then is told, in its reason, the plan a
@@ -43,6 +55,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+import numpy as np
+
 from engine.framework.cycle import CycleState
 from engine.framework.handle import STATEMENT, Handle
 from engine.framework.interfaces import PostFilterResult
@@ -55,6 +69,7 @@ from engine.plugins.migration import (
     Plan,
     Unit,
     fits_without,
+    landable,
     movable_units,
     plans,
     stage,
@@ -69,6 +84,10 @@ MAX_REPORTED: Final = 8
 """The largest plan a reason names (``maxMoves`` is at most 8 too)."""
 REPORT_TRIALS: Final = 16
 """Plans beyond ``maxMoves`` tried (staged, then undone) before a reason names one."""
+CHOICES: Final = 8
+"""Plans of the fewest moves that a profile with a fragmentation score
+(:class:`~engine.framework.interfaces.PotentialPlugin`) compares, each staged and
+undone, before it keeps the one that leaves the least fragmentation."""
 PLACED: Final = "placed"
 """Cycle key: the slot the waiting pod was placed on (the plan staged it already)."""
 SKIP: Final = "skip"
@@ -110,32 +129,89 @@ class Budget:
         return cls(values[0], values[1])
 
 
+def parse_share(raw: Any, where: str) -> int | None:
+    """``budget: {percentOfPlaced: P}``: the moves this engine may make in all, as a
+    percent (integer 0..100) of the pods it has placed; None: no such bound."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise InputError("must be a mapping", location=where)
+    unknown = set(raw) - {"percentOfPlaced"}
+    if unknown:
+        raise InputError(f"unknown field {sorted(unknown)[0]!r}", location=where)
+    value = raw.get("percentOfPlaced")
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 100:
+        raise InputError(
+            f"must be an integer 0..100, got {value!r}", location=f"{where}.percentOfPlaced"
+        )
+    return value
+
+
+def moves_left(handle: Handle, percent: int | None) -> int | None:
+    """Moves the budget of ``percent`` of placed pods still allows (None: unbounded):
+    ``percent`` of the pods placed so far, less the moves made so far."""
+    if percent is None:
+        return None
+    return max(0, handle.placed_total * percent // 100 - handle.moved_total)
+
+
 class Rescheduler:
     name = NAME
 
     def __init__(
-        self, handle: Handle, max_moves: int = MAX_MOVES, defrag: Budget | None = None
+        self,
+        handle: Handle,
+        max_moves: int = MAX_MOVES,
+        defrag: Budget | None = None,
+        share: int | None = None,
+        consolidate: bool = False,
     ) -> None:
         self.handle = handle
         self.max_moves = max_moves
         self.defrag = defrag
         """The defragmentation's budget (:mod:`engine.passes.defrag`); None: off."""
+        self.share = share
+        """Moves in all at most this percent of the pods placed so far (``budget:
+        {percentOfPlaced: P}``; the rescheduler's and the defragmentation's moves
+        together); None: no such bound."""
+        self.consolidate = consolidate
+        """Spend the budget's moves left on the moves that lower fragmentation most
+        (:mod:`engine.passes.consolidate`)."""
 
     def __repr__(self) -> str:
-        return f"Rescheduler(max_moves={self.max_moves})"
+        return f"Rescheduler(max_moves={self.max_moves}, share={self.share})"
+
+    def moves_left(self) -> int | None:
+        """What the budget in percent of placed pods still allows (None: unbounded)."""
+        return moves_left(self.handle, self.share)
 
     @classmethod
     def create(cls, args: Mapping[str, Any], where: str, handle: Handle) -> Rescheduler:
-        unknown = set(args) - {"maxMoves", "defragmentation"}
+        unknown = set(args) - {"maxMoves", "defragmentation", "budget", "consolidate"}
         if unknown:
             raise InputError(
-                f"unknown args {sorted(unknown)} (maxMoves, defragmentation)", location=where
+                f"unknown args {sorted(unknown)} (maxMoves, defragmentation, budget, consolidate)",
+                location=where,
+            )
+        consolidate = args.get("consolidate", False)
+        if not isinstance(consolidate, bool):
+            raise InputError(
+                f"must be true or false, got {consolidate!r}", location=f"{where}.consolidate"
+            )
+        if consolidate and args.get("budget") is None:
+            raise InputError(
+                "needs a budget ({percentOfPlaced: P}): it would move pods without end",
+                location=f"{where}.consolidate",
             )
         moves = args.get("maxMoves", MAX_MOVES)
         if not isinstance(moves, int) or isinstance(moves, bool) or not 0 <= moves <= 8:
             raise InputError(f"maxMoves must be an integer 0..8, got {moves!r}", location=where)
         return cls(
-            handle, moves, Budget.parse(args.get("defragmentation"), f"{where}.defragmentation")
+            handle,
+            moves,
+            Budget.parse(args.get("defragmentation"), f"{where}.defragmentation"),
+            parse_share(args.get("budget"), f"{where}.budget"),
+            consolidate,
         )
 
     def post_filter(
@@ -149,6 +225,10 @@ class Rescheduler:
         handle = self.handle
         gang = cycle.read(NAME, GANG, "")
         limit = min(self.max_moves, int(cycle.read(NAME, MOVES_LEFT, self.max_moves)))
+        budget_left = self.moves_left()
+        if budget_left is not None and isinstance(statement, Statement):
+            # the moves this attempt staged already (a gang's earlier members) count too
+            limit = min(limit, budget_left - len(statement.moves()))
         if (
             not isinstance(statement, Statement)
             or cycle.read(NAME, SKIP, False)
@@ -169,7 +249,13 @@ class Rescheduler:
                 for budget in handle.budgets.covering(handle.pods[key].spec):
                     left[budget] = left.get(budget, 0) - 1
             allowances = left
-        movable = movable_units(handle, pod, state, allowances, pod.spec.group, moved)
+        movable = landable(
+            handle,
+            pod,
+            state,
+            feasible,
+            movable_units(handle, pod, state, allowances, pod.spec.group, moved),
+        )
         candidates = [
             slot
             for slot in sorted(movable, key=lambda s: (len(movable[s]), s))
@@ -182,13 +268,14 @@ class Rescheduler:
         refused: list[tuple[Plan, str]] = []
         for size in range(1, limit + 1):
             found = plans(handle, pod, state, candidates, movable, size, allowances, refused)
-            for plan in found:
-                trials += 1
-                if trials > MAX_TRIALS:
-                    return NOTHING
-                if stage(handle, statement, framework, pod, state, plan):
-                    cycle.write(NAME, PLACED, plan.slot)
-                    return PostFilterResult(SUCCESS, plan.slot)
+            best, trials = _least_fragmenting(
+                handle, statement, framework, pod, state, found, trials
+            )
+            if best is not None and stage(handle, statement, framework, pod, state, best):
+                cycle.write(NAME, PLACED, best.slot)
+                return PostFilterResult(SUCCESS, best.slot)
+            if trials > MAX_TRIALS:
+                return NOTHING
         note = _why_not(handle, statement, framework, pod, state, refused, MAX_TRIALS - trials)
         if not note:
             cheapest = self._beyond(
@@ -196,11 +283,12 @@ class Rescheduler:
             )
             if cheapest is not None:
                 plan, size = cheapest
-                allowed = (
-                    f"maxMoves {self.max_moves}"
-                    if limit == self.max_moves
-                    else f"{limit} left of maxMoves {self.max_moves} for the gang"
-                )
+                if budget_left is not None and limit == budget_left - len(statement.moves()):
+                    allowed = f"{max(limit, 0)} left of the budget, {self.share}% of placed pods"
+                elif limit == self.max_moves:
+                    allowed = f"maxMoves {self.max_moves}"
+                else:
+                    allowed = f"{limit} left of maxMoves {self.max_moves} for the gang"
                 node = state.names[plan.slot] or "?"
                 note = (
                     f"moving {', '.join(plan.moved)} off {node} would make room, "
@@ -238,6 +326,47 @@ class Rescheduler:
                 if _would_stage(handle, statement, framework, pod, state, plan):
                     return plan, size
         return None
+
+
+def _least_fragmenting(
+    handle: Handle,
+    statement: Statement,
+    framework: Any,
+    pod: PodInfo,
+    state: ClusterState,
+    found: list[Plan],
+    trials: int,
+) -> tuple[Plan | None, int]:
+    """Of ``found`` (plans of one size, cheapest first), the plan to carry out and the
+    trials counted so far (past ``MAX_TRIALS``: stop). Without a fragmentation score in
+    the profile, the first that can be carried out. With one, the plans of the least
+    cost (work lost) that can be carried out, up to ``CHOICES`` of them, each staged
+    and undone, are compared by the change of the score's fragmentation summed over the
+    nodes the plan touches (the waiting pod's placement included): the least wins, then
+    the earlier (cheaper) plan. Nothing stays staged."""
+    potential = framework.potential if framework is not None else None
+    best: tuple[int, Plan] | None = None
+    compared = 0
+    for plan in found:
+        if best is not None and (compared >= CHOICES or plan.cost[:2] != best[1].cost[:2]):
+            break
+        trials += 1
+        if trials > MAX_TRIALS:
+            break
+        mark = len(statement.ops)
+        if not stage(handle, statement, framework, pod, state, plan):
+            continue
+        if potential is None:
+            statement.rollback(mark)
+            return plan, trials
+        touched = np.unique(np.array([op.slot for op in statement.ops[mark:]], dtype=np.int64))
+        after = int(potential.potential(state, touched).sum())
+        statement.rollback(mark)
+        before = int(potential.potential(state, touched).sum())
+        compared += 1
+        if best is None or after - before < best[0]:
+            best = (after - before, plan)
+    return (best[1] if best is not None else None), trials
 
 
 def _would_stage(

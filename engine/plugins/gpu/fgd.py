@@ -221,6 +221,12 @@ class GpuFragmentation(CachedScore):
             self.compiled(state, _EMPTY, REFRESH)
         return self._frag
 
+    def potential(self, state: ClusterState, slots: Ints) -> Ints:
+        """F_n of ``slots`` now: what a move is judged by (the rescheduler's plans;
+        :class:`~engine.framework.interfaces.PotentialPlugin`)."""
+        frag: Ints = self.node_fragmentation(state)[slots]
+        return frag
+
     # ------------------------------------------------------------------ scores
 
     def deltas(self, pod: PodInfo, state: ClusterState, slots: Ints) -> tuple[Ints, Ints, Ints]:

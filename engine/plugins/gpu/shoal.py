@@ -141,6 +141,22 @@ class ShoalGpu(GpuFragmentation):
     def stats(self) -> dict[str, int]:
         return {**super().stats(), "pressured_models": int((self._pressure > 0).sum())}
 
+    def potential(self, state: ClusterState, slots: Ints) -> Ints:
+        """What ShoalGpu's score charges, summed over what runs on ``slots``: ``F_n + W *
+        S_n + W * (milli-GPU in use) * pressure(model_n) / 1000`` (so the change of its
+        sum over the nodes a plan touches is the sum of the score's deltas)."""
+        frag = super().potential(state, slots)  # (brings the caches up to date first)
+        shapes = self._shapes
+        assert shapes is not None
+        total = int(shapes.weight.sum())
+        free = np.maximum(state.cards.free[slots], 0)
+        idle = free.sum(axis=1)
+        used = state.cards.count[slots] * WHOLE - idle
+        strand = stranded(shapes, idle, state.free[CPU, slots], state.free[MEMORY, slots])
+        pressure = self._pressure[self._models[slots] + 1]
+        out: Ints = frag + total * strand + total * used * pressure // PERMILLE
+        return out
+
     def evaluate(self, pod: PodInfo, state: ClusterState, slots: Ints) -> tuple[Ints, Ints]:
         shapes = self._shapes
         assert shapes is not None

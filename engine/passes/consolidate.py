@@ -1,0 +1,149 @@
+"""Consolidation: between passes, spend what the move budget allows on the single move
+that lowers fragmentation most (off by default).
+
+Enabled per profile with the ``Rescheduler`` plugin's args, next to a budget in percent
+of placed pods (consolidation without one is refused: it would move pods without end)::
+
+    pluginConfig:
+    - name: Rescheduler
+      args:
+        budget: {percentOfPlaced: 2}
+        consolidate: true
+
+After each pass of an engine that owns its nodes, while the budget has a move left
+(:func:`engine.plugins.rescheduler.moves_left`), the pods of the ``SOURCES`` most
+fragmented nodes (the profile's score's own measure,
+:class:`~engine.framework.interfaces.PotentialPlugin`; highest first, then the lowest
+slot) are each tried on the node their profile would place them on now (the node
+itself excluded), staged and undone; the move whose change of fragmentation, summed over
+its two nodes, is the most negative is carried out (ties: the earlier node, then the
+pod's name). A move that does not lower it is never made: with nothing to gain the
+engine makes no move, and looks again only after ``RETRY_PLACED`` more placements or a
+pod leaving its node. Up to ``PER_PASS`` moves per pass, each found by a search of its
+own on the state the last one left; every one pays for itself in fragmentation, the
+largest gain first.
+
+Never moved: what the rescheduler never moves (``shoal.io/migratable: "false"``, pods
+not yet bound, pods with inter-pod rules), gang members (a gang moves only whole, and
+consolidation moves single pods), and a pod whose PodDisruptionBudget allows no more
+disruptions. Each move is a ``PodMigrated`` made for ``shoal.io/consolidation``,
+replayed like any decision, and counted in the budget.
+
+Cost: one evaluation of the potential over all nodes (cached per node by the score
+plugin), then for at most ``SOURCES`` nodes' pods one filter and score each, only on
+passes where the budget has a move left and the last search was not fruitless.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+
+from engine.framework.cycle import CycleState
+from engine.framework.interfaces import PotentialPlugin
+from engine.model.disruption import broken_by
+from engine.model.statement import Statement
+from engine.passes.context import PassContext
+from engine.passes.dispatch import migrate
+from engine.plugins.migration import MIGRATABLE, placement_rules, unpinned
+from engine.plugins.rescheduler import Rescheduler
+
+BY: Final = "shoal.io/consolidation"
+SOURCES: Final = 16
+"""Nodes whose pods are tried per search (the most fragmented)."""
+PER_PASS: Final = 8
+"""Moves per pass at most (each found by a search of its own)."""
+RETRY_PLACED: Final = 16
+"""Placements after a fruitless search before the next (unless a pod left a node)."""
+
+
+def consolidate(p: PassContext, rescheduler: Rescheduler) -> None:
+    """Make up to ``PER_PASS`` moves, each the one that lowers fragmentation most, while
+    the budget allows and one lowers it (see the module docstring)."""
+    for _ in range(PER_PASS):
+        if not _move_one(p, rescheduler):
+            return
+
+
+def _move_one(p: PassContext, rescheduler: Rescheduler) -> bool:
+    e = p.e
+    left = rescheduler.moves_left()
+    if left is None or left <= 0:
+        return False
+    epoch = (e.released_total, e.placed_total // RETRY_PLACED)
+    if e.consolidation_epoch == epoch:
+        return False  # the last search found nothing, and nothing that could change it did
+    framework = rescheduler.handle.framework_for
+    state = e.state
+    slots = np.flatnonzero(state.valid)
+    if slots.size == 0:
+        return False
+    # the profile whose Rescheduler this is judges every node
+    judge = _judge(p, rescheduler)
+    if judge is None:
+        return False
+    frag = judge.potential(state, slots)
+    order = np.lexsort((slots, -frag))
+    counted = e.disruptions_allowed(BY)
+    best: tuple[int, int, str, int] | None = None  # (delta, rank, key, destination)
+    rank = 0
+    for source in (int(s) for s in slots[order]):
+        keys = sorted(state.node_pods[source])
+        if not keys:
+            continue
+        rank += 1
+        if rank > SOURCES:
+            break
+        for key in keys:
+            info = e.pods.get(key)
+            if info is None or key not in e.bindings or info.spec.group:
+                continue
+            spec = info.spec
+            if spec.annotations.get(MIGRATABLE, "").lower() == "false" or placement_rules(spec):
+                continue
+            if broken_by(e.budgets, counted, (spec,)):
+                continue
+            pod = unpinned(info)
+            own = framework(pod)
+            if own is None:
+                continue
+            statement = Statement(state, e.quotas)
+            statement.lift(key, spec.namespace, BY)
+            feasible = own.feasible(CycleState(), pod, state)
+            feasible[source] = False
+            target = own.schedule_among(pod, state, feasible) if feasible.any() else -1
+            if target < 0:
+                statement.discard()
+                continue
+            statement.land(
+                key, spec.namespace, target, pod.request, pod.priority, spec.host_ports, BY
+            )
+            pair = np.array([source, target], dtype=np.int64)
+            after = int(judge.potential(state, pair).sum())
+            statement.discard()
+            before = int(judge.potential(state, pair).sum())
+            delta = after - before
+            if delta < 0 and (best is None or (delta, rank, key) < best[:3]):
+                best = (delta, rank, key, target)
+    if best is None:
+        e.consolidation_epoch = epoch
+        return False
+    _, _, key, target = best
+    info = e.pods[key]
+    statement = Statement(state, e.quotas)
+    origin = statement.lift(key, info.spec.namespace, BY)
+    pod = unpinned(info)
+    statement.land(
+        key, info.spec.namespace, target, pod.request, pod.priority, info.spec.host_ports, BY
+    )
+    statement.commit()
+    migrate(p, key, origin, target, BY)
+    return True
+
+
+def _judge(p: PassContext, rescheduler: Rescheduler) -> PotentialPlugin | None:
+    for framework in p.profiles.frameworks.values():
+        if framework.plugins.get("Rescheduler") is rescheduler:
+            return framework.potential
+    return None
