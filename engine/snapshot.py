@@ -58,7 +58,7 @@ from engine.model.state import ClusterState, PlacedPod
 from events.errors import InputError
 from events.types import SnapshotTaken
 
-FORMAT: Final = 8
+FORMAT: Final = 9
 """Bumped whenever the state classes change shape: a snapshot of another format is
 refused (and its component folds its partition from the start instead). 5: nodes keep
 their annotations (``ClusterState.node_annotations``). 6: GPU cards (``Cards``, the
