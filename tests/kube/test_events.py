@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -17,7 +19,7 @@ from events.memory import MemoryLog
 from events.types import Envelope, PodSpec, PodSubmitted, PodUnschedulable
 from shards.kube.binder import KubeBinder
 from shards.kube.client import api_client
-from shards.kube.recorder import AS_MERGE_PATCH, micro_time
+from shards.kube.recorder import AS_MERGE_PATCH, NOTE_LIMIT, micro_time, note_of
 from tests.kube.apiserver import FakeApiServer
 from tests.kube.test_ingest import pod
 
@@ -138,6 +140,23 @@ async def test_a_long_answer_is_cut_to_what_the_server_takes(apiserver: Any, api
     (event,) = _events_v1(apiserver, "wordy")
     assert event["note"].endswith(" ...") and len(event["note"].encode()) <= 1024, event
     assert event["note"].startswith("é" * 500)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.text(max_size=1500))
+@example("x" * 1024)
+@example("x" * 1021 + "€€")
+def test_a_note_is_what_the_server_takes_and_the_answer_as_far_as_it_goes(answer: str) -> None:
+    """Any answer: its note fits (bytes, as the server counts), is the answer itself
+    where it fits, else as much of it as fits with " ..." after (never a broken
+    character)."""
+    note = note_of(answer)
+    assert len(note.encode()) <= NOTE_LIMIT
+    if len(answer.encode()) <= NOTE_LIMIT:
+        assert note == answer
+    else:
+        assert note.endswith(" ...") and answer.startswith(note[:-4])
+        assert len(note.encode()) > NOTE_LIMIT - 8  # cut at most a character short
 
 
 @pytest.mark.real_kube
