@@ -81,8 +81,8 @@ def note_of(message: str) -> str:
 
 def micro_time(ns: int) -> str:
     """A ``MicroTime``: RFC 3339 with microseconds (``eventTime``, ``lastObservedTime``)."""
-    stamp = datetime.datetime.fromtimestamp(ns // 1000 / 1_000_000, datetime.UTC)
-    return stamp.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    stamp = datetime.datetime.fromtimestamp(ns // NS_PER_S, datetime.UTC)
+    return stamp.replace(microsecond=ns // 1000 % 1_000_000).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _seconds(ns: int) -> str:
@@ -115,9 +115,8 @@ class _Pod:
 
 class EventRecorder:
     """Writes Warning Events on pods through ``api``; ``retry`` runs one API call with the
-    binder's retries.
-    The caller translates ``ApiException``s it raises into log lines; nothing here
-    raises anything else."""
+    binder's retries. The caller translates ``ApiException``s it raises into log lines;
+    nothing here raises anything else."""
 
     def __init__(
         self,
