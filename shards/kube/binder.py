@@ -28,12 +28,13 @@
   placed there counted the victims' resources as free. Restart-safe: the position the
   binder records never passes the first decision still waiting, so a restarted binder
   applies it again (every action here is idempotent).
-- ``PodUnschedulable`` and ``PodRejected`` → a core/v1 ``Event`` (``FailedScheduling``,
-  type Warning) on the pod, so ``kubectl describe`` says why it is pending; repeated
-  ones are aggregated and rate-limited per pod (``shards/kube/recorder.py``). A
-  ``PodUnschedulable`` also sets the pod's ``PodScheduled`` condition to ``False``
-  (reason ``Unschedulable``, the Event's message), as kube-scheduler does; the API
-  server turns it ``True`` when the pod is bound. With several shards the pods the
+- ``PodUnschedulable`` and ``PodRejected`` → an ``events.k8s.io/v1`` ``Event``
+  (``FailedScheduling``, type Warning; core/v1 where that API is not served) on the
+  pod, so ``kubectl describe`` says why it is pending; repeated ones are aggregated
+  and rate-limited per pod (``shards/kube/recorder.py``). A ``PodUnschedulable``
+  also sets the pod's ``PodScheduled`` condition to ``False`` (reason
+  ``Unschedulable``, the Event's message), as kube-scheduler does; the API server
+  turns it ``True`` when the pod is bound. With several shards the pods the
   coordinator judges (gangs, pods no shard could place) are told by the binder of
   partition 0, which follows the control partition (read only) for them: once, not
   once per binder; where it got to is recorded in its own partition
@@ -173,7 +174,7 @@ class KubeBinder:
         self.max_attempts = max_attempts
         self.initial_backoff = initial_backoff
         self.clock = clock
-        self.recorder = EventRecorder(self.core, self._retry, clock=clock)
+        self.recorder = EventRecorder(api, self._retry, clock=clock)
         self.victims = Victims(
             nomination_timeout=int(nomination_timeout * NS_PER_S),
             eviction_attempts=eviction_attempts,

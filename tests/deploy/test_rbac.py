@@ -283,6 +283,8 @@ def test_the_calls_read_from_the_code_are_the_ones_expected() -> None:
         ("", "pods/eviction", "create"),
         ("", "events", "create"),
         ("", "events", "patch"),
+        ("events.k8s.io", "events", "create"),
+        ("events.k8s.io", "events", "patch"),
         ("", "pods/status", "patch"),
         ("scheduling.x-k8s.io", "podgroups/status", "patch"),
         ("scheduling.k8s.io", "podgroups", "get"),

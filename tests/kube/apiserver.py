@@ -42,7 +42,11 @@ stays honest. It is faithful to the real server in what shoal depends on:
   here, so a test plays it (``remove()``), as it must against the real server;
 - core/v1 ``events`` as stored by the real server (the ``involvedObject`` namespace
   must be the Event's: 422), patchable like any object (how a repeated Event's
-  ``count`` is bumped);
+  ``count`` is bumped); and the ``events.k8s.io/v1`` view of the same store, with
+  v1.37's validation of what is written through it (``tests/kube/eventsview.py``:
+  ``eventTime``, ``action`` and the reporting fields required, the deprecated fields
+  unset, only ``series`` changed by a patch), but no watch; tests call it
+  ``EventsV1``;
 - the ``podgroups/status`` subresource, ``coordination.k8s.io/v1`` Leases with
   optimistic concurrency (409 on a stale ``resourceVersion``), and create, replace and
   delete for the kinds tests need;
@@ -85,6 +89,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.kube import eventsview
 from tests.kube.patch import PatchError, apply_patch
 
 JSON = dict[str, Any]
@@ -125,6 +130,7 @@ KINDS = [
     Kind("", "v1", "namespaces", "Namespace", False),
     Kind("", "v1", "pods", "Pod", True),
     Kind("", "v1", "events", "Event", True),
+    Kind("events.k8s.io", "v1", "events", "Event", True, "EventsV1"),
     Kind("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False),
     Kind("scheduling.x-k8s.io", "v1alpha1", "podgroups", "PodGroup", True),
     Kind("scheduling.x-k8s.io", "v1alpha1", "elasticquotas", "ElasticQuota", True),
@@ -374,11 +380,16 @@ class FakeApiServer:
             self.put("Namespace", {"metadata": {"name": name}})
 
     def get(self, kind_name: str, name: str, namespace: str | None = None) -> JSON | None:
+        if kind_name == "EventsV1":  # a view of the core/v1 store
+            found = self.get("Event", name, namespace)
+            return eventsview.from_core(found) if found is not None else None
         kind = next(k for k in self.kinds if k.name == kind_name)
         obj = self.objects[kind.store].get(self._key(kind, namespace, name))
         return copy.deepcopy(obj) if obj is not None else None
 
     def all(self, kind_name: str) -> list[JSON]:
+        if kind_name == "EventsV1":  # a view of the core/v1 store
+            return [eventsview.from_core(e) for e in self.all("Event")]
         kind = next(k for k in self.kinds if k.name == kind_name)
         return [copy.deepcopy(o) for o in self.objects[kind.store].values()]
 
@@ -407,6 +418,8 @@ class FakeApiServer:
         async def handle(request: web.Request) -> web.StreamResponse:
             namespace = request.match_info.get("namespace")
             name = request.match_info.get("name", "")
+            if kind.name == "EventsV1":
+                return await self._events_v1(request, verb, namespace, name)
             if verb == "list":
                 if request.query.get("watch", "").lower() in ("true", "1"):
                     return await self._watch(request, kind, namespace)
@@ -432,6 +445,86 @@ class FakeApiServer:
             return self._write(kind, verb, namespace, name, body)
 
         return handle
+
+    async def _events_v1(
+        self, request: web.Request, verb: str, namespace: str | None, name: str
+    ) -> web.StreamResponse:
+        """``events.k8s.io/v1``: the core/v1 Event store seen through it, and written
+        through it with v1.37's validation (``tests/kube/eventsview.py``)."""
+        store = self.objects["events"]
+        if verb == "list":
+            if request.query.get("watch", "").lower() in ("true", "1"):
+                return status(405, "MethodNotAllowed", "watch of events.k8s.io: not served here")
+            items = [
+                eventsview.from_core(o)
+                for o in store.values()
+                if namespace is None or o["metadata"].get("namespace") == namespace
+            ]
+            return web.json_response(
+                {
+                    "kind": "EventList",
+                    "apiVersion": eventsview.GROUP_VERSION,
+                    "metadata": {"resourceVersion": str(self.rv)},
+                    "items": items,
+                }
+            )
+        current = store.get(("" if namespace is None else namespace, name))
+        if verb == "get":
+            if current is None:
+                return status(404, "NotFound", f'events.events.k8s.io "{name}" not found')
+            return web.json_response(eventsview.from_core(current))
+        if verb == "delete":
+            gone = self.remove("Event", name, namespace)
+            if gone is None:
+                return status(404, "NotFound", f'events.events.k8s.io "{name}" not found')
+            return web.json_response(eventsview.from_core(gone))
+        try:
+            body = await request.json()
+        except json.JSONDecodeError:
+            return status(400, "BadRequest", "the body is not JSON")
+        if verb == "create":
+            meta = {**(body.get("metadata") or {}), "namespace": namespace}
+            meta.pop("uid", None)
+            if not meta.get("name"):
+                return status(422, "Invalid", "metadata.name: Required value")
+            errors = eventsview.create_errors(body, namespace or "")
+            if errors:
+                return status(
+                    422,
+                    "Invalid",
+                    f'Event.events.k8s.io "{meta["name"]}" is invalid: ' + "; ".join(errors),
+                )
+            if (namespace, meta["name"]) in store:
+                return status(
+                    409, "AlreadyExists", f'events.events.k8s.io "{meta["name"]}" already exists'
+                )
+            core = {**eventsview.to_core(body), "metadata": meta}
+            return web.json_response(eventsview.from_core(self.put("Event", core)), status=201)
+        if verb != "patch":
+            return status(405, "MethodNotAllowed", f"{verb} is not supported here")
+        if current is None:
+            return status(404, "NotFound", f'events.events.k8s.io "{name}" not found')
+        try:
+            patched = apply_patch(
+                request.content_type, eventsview.from_core(current), body, core=True
+            )
+        except PatchError as exc:
+            return status(exc.code, exc.reason, exc.message)
+        core = eventsview.to_core(patched)
+        core["metadata"] = {
+            **(patched.get("metadata") or {}),
+            **{
+                k: v
+                for k, v in current["metadata"].items()
+                if k in ("name", "namespace", "uid", "creationTimestamp")
+            },
+        }
+        errors = eventsview.update_errors(core, current, namespace or "")
+        if errors:
+            return status(
+                422, "Invalid", f'Event.events.k8s.io "{name}" is invalid: ' + "; ".join(errors)
+            )
+        return web.json_response(eventsview.from_core(self.put("Event", core)))
 
     def _list(self, request: web.Request, kind: Kind, namespace: str | None) -> web.Response:
         try:
@@ -483,6 +576,10 @@ class FakeApiServer:
                         f'Event "{meta["name"]}" is invalid: involvedObject.namespace: '
                         f"Invalid value: {involved!r}: does not match event.namespace",
                     )
+                errors = eventsview.legacy_errors(body, namespace or "")
+                if errors:
+                    why = "; ".join(errors)
+                    return status(422, "Invalid", f'Event "{meta["name"]}" is invalid: {why}')
             meta.pop("uid", None)  # the server's to give
             if self._key(kind, namespace, meta["name"]) in store:
                 return status(

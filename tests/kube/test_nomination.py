@@ -1,13 +1,12 @@
 """Preemption against the API: victims hold their node until they are gone, the
-preemptor is nominated meanwhile, evictions wait out disruption budgets, and repeated
-FailedScheduling Events are aggregated (one per pod and reason, its count raised)."""
+preemptor is nominated meanwhile, and evictions wait out disruption budgets (repeated
+FailedScheduling Events: tests/kube/test_events.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from kubernetes_asyncio import client
 
 from events.memory import MemoryLog
 from events.types import (
@@ -20,7 +19,6 @@ from events.types import (
     PodPreempted,
     PodSpec,
     PodSubmitted,
-    PodUnschedulable,
 )
 from shards.kube.binder import KubeBinder
 from tests.kube.apiserver import FakeApiServer
@@ -211,64 +209,6 @@ async def test_an_eviction_a_budget_never_allows_is_given_up_and_fails_the_bindi
     assert "could not be evicted" in failed.reason and "disruption budget" in failed.reason
     assert _node_of(apiserver, "urgent") is None
     assert apiserver.get("Pod", "victim", "default")["metadata"].get("deletionTimestamp") is None
-
-
-@pytest.mark.real_kube
-async def test_repeated_failed_scheduling_is_one_event_with_a_count(
-    apiserver: FakeApiServer, api: Any
-) -> None:
-    """As kube-scheduler's recorder: one Event per pod and reason, its count and
-    lastTimestamp raised; a burst, then the rest counted into the next write."""
-    waiting = apiserver.put("Pod", pod("waiting"))
-    log = MemoryLog()
-    now = [1_700_000_000 * S]
-    binder = KubeBinder(api, log, initial_backoff=0.01, clock=lambda: now[0])
-    binder.recorder.burst = 3
-    binder.recorder.refill_ns = 60 * S
-    uid = waiting["metadata"]["uid"]
-    await log.append(
-        [ingested(PodSubmitted(pod=PodSpec(namespace="default", name="waiting", uid=uid)))]
-    )
-    for attempt in range(1, 6):
-        now[0] += S
-        await log.append(
-            [
-                decision(
-                    PodUnschedulable(
-                        pod="default/waiting", attempt=attempt, reason=f"no room {attempt}"
-                    )
-                )
-            ]
-        )
-        await binder.poll()
-    (event,) = apiserver.all("Event")
-    assert event["count"] == 3  # the burst; two more were counted, not written
-    assert event["involvedObject"]["uid"] == uid and event["message"] == "no room 3"
-    assert binder.recorder.counters == {"created": 1, "bumped": 2, "suppressed": 2}
-    now[0] += 60 * S
-    await log.append(
-        [decision(PodUnschedulable(pod="default/waiting", attempt=6, reason="no room 6"))]
-    )
-    await binder.poll()
-    (event,) = apiserver.all("Event")
-    assert event["count"] == 6 and event["message"] == "no room 6"
-    # what `kubectl describe pod` asks for finds it
-    selected = await client.CoreV1Api(api).list_namespaced_event(
-        "default",
-        field_selector="involvedObject.kind=Pod,involvedObject.name=waiting,"
-        f"involvedObject.namespace=default,involvedObject.uid={uid}",
-    )
-    assert [(e.reason, e.count) for e in selected.items] == [("FailedScheduling", 6)]
-    assert event["lastTimestamp"] > event["firstTimestamp"]
-    # the Event expired on the server (an hour): the next one is created, counting on
-    apiserver.remove("Event", event["metadata"]["name"], "default")
-    now[0] += 60 * S
-    await log.append(
-        [decision(PodUnschedulable(pod="default/waiting", attempt=7, reason="no room 7"))]
-    )
-    await binder.poll()
-    (event,) = apiserver.all("Event")
-    assert event["count"] == 7
 
 
 @pytest.mark.real_kube
