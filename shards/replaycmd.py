@@ -12,7 +12,7 @@ from events.errors import InputError, UnverifiableLogError
 from events.filelog import FileLog
 from events.log import EventLog, quarantined_in, read_quarantined
 from events.types import Envelope, RecordQuarantined
-from shards import plugins, render, whatif
+from shards import plugins, render, whatif, wouldrun
 from shards.bus import open_bus
 from shards.commands import EXIT_MISMATCH, emit_json
 from shards.replay import recorded_config, replay, replay_routed
@@ -156,9 +156,12 @@ async def run_replay(args: argparse.Namespace, config: SchedulerConfig | None) -
         )
     if args.explain is not None and args.explain not in result.report.pods:
         raise InputError(f"no pod {args.explain} in {args.log}", location="--explain")
+    would_run = None
+    if args.explain is not None and result.report.pods[args.explain].phase == "Pending":
+        would_run = wouldrun.explained(parts, result, config, registry, args.explain)
     if args.json:
         if args.explain is not None:
-            data: dict[str, Any] = render.explanation_json(args.explain, result)
+            data: dict[str, Any] = render.explanation_json(args.explain, result, would_run)
             if under is not None:
                 data["what_if_config"] = under
         else:
@@ -186,7 +189,7 @@ async def run_replay(args: argparse.Namespace, config: SchedulerConfig | None) -
             }
         emit_json(data)
     elif args.explain is not None:
-        render.explanation_text(args.explain, result)
+        render.explanation_text(args.explain, result, would_run)
     else:
         render.report_table(result.report, {})
     if isinstance(result.mismatch, UnverifiableLogError):
