@@ -29,6 +29,7 @@ kind               next step
 ``gpu-cards``      the same, in GPU cards
 ``taint``          add a toleration for the taint, or untaint the nodes
 ``node-affinity``  label nodes to match the selector, or change it
+``pools``          add nodes to the tenant's pools (which have none)
 ``pod-affinity``   the pods it must (not) be near; change the rule
 ``spread``         add room in other domains, or raise ``maxSkew``
 ``host-ports``     free the port, or pick another
