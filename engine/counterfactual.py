@@ -15,7 +15,10 @@ a person, in a simulation) can apply exactly that change and see the unit run.
 
 The engine is pure, so the copy decides what the engine itself would decide after that
 change: other waiting units come first where the queue puts them first, and the change
-is reported only where the unit still gets the room.
+is reported only where the unit still gets the room. On the coordinator's view (several
+shards) a change that the copy made work by moving pods (the rescheduler) is passed
+over: the shards carry out such moves and may refuse them, so it is not a change the
+run is sure to follow.
 
 Cost, on demand only (``replay --explain``, ``simulate --json`` and its table,
 ``whatif``, the live view's pending units; never in a scheduling pass): one encoding of
@@ -35,8 +38,10 @@ from engine.candidates import Change, Unit, candidates
 from engine.engine import Engine
 from engine.model.groups import PENDING
 from engine.snapshot import encode_state, restore
-from events.types import SECOND, ClockTicked, Envelope
+from events.types import SECOND, ClockTicked, Envelope, Event, PodMigrated
 
+COORDINATOR: Final = -1
+"""The shard number of the coordinator's view (``shards.coordinator``)."""
 MAX_PASSES: Final = 8
 """Passes a copy runs after a change at most (a preemption takes two: evict, then place)."""
 MAX_UNITS: Final = 20
@@ -111,21 +116,25 @@ def runs(e: Engine, unit: Unit) -> bool:
     return len(e.placed_members(group)) >= group.min_member
 
 
-def applied(data: bytes, like: Engine, change: Change, at: int, unit: Unit | None = None) -> Engine:
+def applied(
+    data: bytes, like: Engine, change: Change, at: int, unit: Unit | None = None
+) -> tuple[Engine, list[Event]]:
     """A copy of the engine whose state ``data`` holds, with ``change`` folded at ``at``
-    and passes run after it (until ``unit``, if given, runs, or nothing is left to do)."""
+    and passes run after it (until ``unit``, if given, runs, or nothing is left to do),
+    and the decisions of those passes."""
     copy = restore(data, like.config, shard=like.shard, registry=like.registry)
     for event in change.events:
         copy.apply(Envelope(event=event, time=at, producer="ingest"))
+    decisions: list[Event] = []
     for _ in range(MAX_PASSES):
-        copy.schedule()
+        decisions += copy.schedule()
         if unit is not None and runs(copy, unit):
             break
         wake = copy.next_wakeup()
         if wake is None:
             break
         copy.apply(Envelope(event=ClockTicked(), time=max(wake, copy.now), producer="clock"))
-    return copy
+    return copy, decisions
 
 
 def counterfactual(e: Engine, key: str) -> Counterfactual | None:
@@ -139,9 +148,14 @@ def counterfactual(e: Engine, key: str) -> Counterfactual | None:
     for tried, change in enumerate(candidates(e, unit), start=1):
         if not data:
             data = encode_state(e)
-        if runs(applied(data, e, change, at, unit), unit):
+        copy, decisions = applied(data, e, change, at, unit)
+        if runs(copy, unit) and not (e.shard == COORDINATOR and _moves(decisions)):
             return Counterfactual(unit.key, change, at, tried)
     return None
+
+
+def _moves(decisions: list[Event]) -> bool:
+    return any(isinstance(d, PodMigrated) for d in decisions)
 
 
 def unit_key(e: Engine, pod: str) -> str:

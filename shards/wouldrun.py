@@ -46,6 +46,22 @@ def find(engine: Engine, pods: Iterable[str], limit: int = MAX_UNITS) -> dict[st
     return out
 
 
+def replayed(
+    parts: Sequence[Sequence[Envelope]],
+    result: ReplayResult,
+    config: SchedulerConfig | None,
+    registry: Registry | None,
+) -> Engine | None:
+    """The engine that sees the whole cluster after a replay: the one the replay
+    leaves (one shard: at ``--until``, if given), or with several shards the
+    coordinator's view, folded from the control partition as ``--verify`` folds it."""
+    if len(parts) == 1:
+        return result.engine
+    if result.coordinator is None:
+        verify_control(parts, config, result, registry)
+    return result.coordinator.engine if result.coordinator is not None else None
+
+
 def explained(
     parts: Sequence[Sequence[Envelope]],
     result: ReplayResult,
@@ -53,17 +69,17 @@ def explained(
     registry: Registry | None,
     pod: str,
 ) -> Counterfactual | None:
-    """The counterfactual of ``pod`` (of its gang) in a replay: on the engine the
-    replay leaves (one shard: at ``--until``, if given), or with several shards on the
-    coordinator's view, folded from the control partition (as ``--verify`` folds it)."""
-    engine = result.engine
-    if len(parts) > 1:
-        if result.coordinator is None:
-            verify_control(parts, config, result, registry)
-        if result.coordinator is None:
-            return None
-        engine = result.coordinator.engine
-    return counterfactual(engine, unit_key(engine, pod))
+    """The counterfactual of ``pod`` (of its gang) in a replay (:func:`replayed`)."""
+    engine = replayed(parts, result, config, registry)
+    return None if engine is None else counterfactual(engine, unit_key(engine, pod))
+
+
+def unit_json(engine: Engine, pod: str) -> dict[str, Any]:
+    """``{"pod", "unit", "counterfactual"}`` for pod ``pod`` of ``engine`` (the live
+    view's answer to "would it run if...?")."""
+    unit = unit_key(engine, pod)
+    found = counterfactual(engine, unit)
+    return {"pod": pod, "unit": unit, "counterfactual": found.to_json() if found else None}
 
 
 def pending(report: RunReport) -> list[str]:
@@ -87,4 +103,13 @@ def lines(found: dict[str, Counterfactual]) -> list[str]:
     return [f"{unit} {units[unit].text()}" for unit in sorted(units)]
 
 
-__all__ = ["add_to_json", "explained", "find", "lines", "pending", "whole_engine"]
+__all__ = [
+    "add_to_json",
+    "explained",
+    "find",
+    "lines",
+    "pending",
+    "replayed",
+    "unit_json",
+    "whole_engine",
+]

@@ -9,11 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 
 from shards.cli import main
+from shards.web.app import add_routes
 from tests.shards.coordinator_kit import shoal
 from tests.shards.scenario_text import gpu_node, gpu_pod, node, pod, pod_group
 from tests.shards.test_answers import quota, tainted
+from tests.shards.test_liveview import record, source_of
 
 SHARDS = (1, 2)
 
@@ -153,3 +157,33 @@ def test_whatif_says_what_would_let_a_job_pod_run(
     assert main(["whatif", str(job), "--log", str(log)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "default/job: would run if: default/hog leaves (room on n0)" in lines
+
+
+@pytest.fixture(scope="module")
+def view_logs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
+    """The live view's scenario recorded at 1 and 2 shards."""
+    return {n: record(tmp_path_factory.mktemp(f"view{n}"), n)[0] for n in SHARDS}
+
+
+@pytest.mark.parametrize("shards", SHARDS)
+async def test_the_live_view_answers_would_run_if_when_asked(
+    view_logs: dict[int, str], shards: int
+) -> None:
+    """The live view's scenario (two 4-card nodes, one card of each held for good; a
+    pod needing 4 waits): ``/api/wouldrun`` names the pod to leave, behind the token."""
+    app = web.Application()
+    add_routes(app, await source_of(view_logs[shards]), token="s3cret")
+    auth = {"Authorization": "Bearer s3cret"}
+    async with TestClient(TestServer(app)) as client:
+        assert (await client.get("/api/wouldrun?pod=default/big")).status == 401
+        answer = await client.get("/api/wouldrun?pod=default/big", headers=auth)
+        assert answer.status == 200, await answer.text()
+        data = await answer.json()
+        assert (data["pod"], data["unit"]) == ("default/big", "default/big")
+        assert data["counterfactual"]["kind"] == "pods-leave"
+        assert data["counterfactual"]["leaving"] in (["default/small-0"], ["default/small-1"])
+        bad = await client.get("/api/wouldrun?pod=big", headers=auth)
+        assert bad.status == 400
+        if shards == 1:
+            early = await client.get("/api/wouldrun?pod=default/big&offset=3", headers=auth)
+            assert (await early.json())["counterfactual"] is None  # not submitted yet
