@@ -441,6 +441,8 @@ class SchedulingPass:
         answer = self._answers.get(key)
         if answer is None:
             answer = self._answers[key] = compose(self.e, pod, reason, plugins, rejections, unit)
+        if answer.kind == "other" and unit is None:  # its next step names the pod itself
+            return compose(self.e, pod, reason, plugins, rejections, unit)
         return answer
 
     def _explain_next_runs(self) -> None:

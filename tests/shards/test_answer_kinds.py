@@ -238,7 +238,8 @@ def test_blocks_of_one_pod_name_what_blocks_it(
 
 def test_a_user_plugins_reason_is_counted_and_quoted() -> None:
     """The example NetworkSpeed plugin refuses nodes measured below 10000 Mbit/s: two
-    of the three nodes; the third is full."""
+    of the three nodes; the third is full. Two pods alike wait: each answer points at
+    its own pod."""
     registry = builtin_registry()
     registry.register("NetworkSpeed", plugin_factory(NetworkSpeed, "NetworkSpeed"))
     config = parse_config(
@@ -260,9 +261,11 @@ def test_a_user_plugins_reason_is_counted_and_quoted() -> None:
     engine.apply(env(make_pod("hog").cpu("4").submitted()))
     engine.schedule()
     engine.apply(env(make_pod("p").cpu("1").submitted(), time=1))
-    [decision] = engine.schedule()
-    assert isinstance(decision, PodUnschedulable) and decision.answer is not None
-    answer = decision.answer
+    engine.apply(env(make_pod("q").cpu("1").submitted(), time=1))
+    decisions = engine.schedule()
+    answers = {d.pod: d.answer for d in decisions if isinstance(d, PodUnschedulable)}
+    answer = answers["default/p"]
+    assert answer is not None
     assert answer.kind == "other"
     assert answer.summary == "2 of 3 nodes: network slower than 10000 Mbit/s"
     assert answer.evidence == (
@@ -272,3 +275,6 @@ def test_a_user_plugins_reason_is_counted_and_quoted() -> None:
     assert answer.next_step == (
         "see `shoal replay LOG --explain default/p` for each node's verdict"
     )
+    other = answers["default/q"]  # a pod alike is pointed at itself, not at p
+    assert other is not None
+    assert other.next_step == "see `shoal replay LOG --explain default/q` for each node's verdict"
