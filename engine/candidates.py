@@ -67,6 +67,7 @@ from events.types import (
     Toleration,
 )
 
+HOSTNAME: Final = "kubernetes.io/hostname"
 MAX_CANDIDATES: Final = 24
 """Changes tried for one unit at most (each costs a copy of the state and a few passes)."""
 MAX_LEAVING: Final = 8
@@ -525,17 +526,20 @@ def _swap(items: tuple[object, ...], i: int, new: object) -> tuple[object, ...]:
 
 def node_spec(state: ClusterState, slot: int, name: str) -> NodeSpec:
     """A node like the one at ``slot`` (its allocatable, labels, taints, annotations),
-    named ``name``."""
+    named ``name`` (and so labelled, where the node carries its host name)."""
     resources = state.resources
     allocatable = {
         resources.name(row): int(state.alloc[row, slot])
         for row in range(len(resources))
         if row not in resources.card_needs and state.alloc[row, slot] > 0
     }
+    labels = dict(state.node_labels[slot])
+    if HOSTNAME in labels:
+        labels[HOSTNAME] = name  # its own host name, as the kubelet labels a node
     return NodeSpec(
         name=name,
         allocatable=allocatable,
-        labels=dict(state.node_labels[slot]),
+        labels=labels,
         taints=state.node_taints[slot],
         annotations=dict(state.node_annotations[slot]),
     )

@@ -9,9 +9,11 @@ relaxed; nodes of an existing shape added, last). Each is checked the same way: 
 state is copied (:func:`engine.snapshot.encode_state` once, :func:`~engine.snapshot.restore`
 per change), the change's inputs are folded into the copy one second after the state's
 time, and the copy runs its passes, following its own wake-ups (back-offs expiring,
-preempted pods leaving) as a run would, until the unit is placed or nothing is left to
-do. The first that places the unit is the answer; it carries its inputs, so a test (or
-a person, in a simulation) can apply exactly that change and see the unit run.
+preempted pods leaving) and the ends of the pods that have a runtime (a simulation's
+``shoal.io/runtime``; a real cluster's pods have none) as a simulated run would, until
+the unit is placed or nothing is left to do. The first that places the unit is the
+answer; it carries its inputs, so a test (or a person, in a simulation) can apply
+exactly that change and see the unit run.
 
 The engine is pure, so the copy decides what the engine itself would decide after that
 change: other waiting units come first where the queue puts them first, and the change
@@ -38,7 +40,15 @@ from engine.candidates import Change, Unit, candidates
 from engine.engine import Engine
 from engine.model.groups import PENDING
 from engine.snapshot import encode_state, restore
-from events.types import SECOND, ClockTicked, Envelope, Event, PodMigrated
+from events.types import (
+    SECOND,
+    ClockTicked,
+    Envelope,
+    Event,
+    PodFailed,
+    PodMigrated,
+    PodSucceeded,
+)
 
 COORDINATOR: Final = -1
 """The shard number of the coordinator's view (``shards.coordinator``)."""
@@ -130,11 +140,37 @@ def applied(
         decisions += copy.schedule()
         if unit is not None and runs(copy, unit):
             break
-        wake = copy.next_wakeup()
-        if wake is None:
+        ending = finishing(copy)
+        times = [t for t in (copy.next_wakeup(), ending[0][0] if ending else None) if t is not None]
+        if not times:
             break
-        copy.apply(Envelope(event=ClockTicked(), time=max(wake, copy.now), producer="clock"))
+        now = max(min(times), copy.now)
+        ended = [key for end, key in ending if end <= now]
+        for key in ended:
+            copy.apply(Envelope(event=_ended(copy, key), time=now, producer="cluster"))
+        if not ended:
+            copy.apply(Envelope(event=ClockTicked(), time=now, producer="clock"))
     return copy, decisions
+
+
+def finishing(e: Engine) -> list[tuple[int, str]]:
+    """(when it ends, pod) for each placed pod with a runtime (``shoal.io/runtime``, a
+    simulation's), soonest first: a copy lets them end as the simulated cluster does."""
+    out = []
+    for key in e.state.pods:
+        info = e.pods.get(key)
+        start = e.started.get(key)
+        if info is not None and start is not None and info.spec.runtime is not None:
+            out.append((start + info.spec.runtime, key))
+    return sorted(out)
+
+
+def _ended(e: Engine, key: str) -> Event:
+    placed = e.state.pods[key]
+    node = e.state.names[placed.slot] or ""
+    if e.pods[key].spec.fails:
+        return PodFailed(pod=key, node=node, reason="Error")
+    return PodSucceeded(pod=key, node=node)
 
 
 def counterfactual(e: Engine, key: str) -> Counterfactual | None:
