@@ -1,10 +1,10 @@
 """One test per kind of answer the other tests leave out, each checking the facts its
 words carry (numbers, names, the next step's values): quota reclaim, GPU shares,
 topology, pod (anti-)affinity, spread, pools and tenants, host ports, cordoned and
-named nodes, no nodes, no profile, a missing PodGroup, user plugins (extenders: in
-``test_extenders.py``). Through ``shoal simulate --json`` at 1 and 2 shards, replayed
-with ``--verify`` (:func:`tests.shards.coordinator_kit.shoal`), except the user plugin's,
-which runs an engine with the example plugin registered."""
+named nodes, no nodes, no profile, a missing PodGroup, a group's next run, user plugins
+(extenders: in ``test_extenders.py``). Through ``shoal simulate --json`` at 1 and 2
+shards, replayed with ``--verify`` (:func:`tests.shards.coordinator_kit.shoal`), except
+the user plugin's and the next run's, which run an engine."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from engine.config import parse_config
 from engine.engine import Engine
 from engine.framework.userplugins import plugin_factory
 from engine.plugins.registry import builtin_registry
-from events.types import PodUnschedulable
+from events.types import GroupSpec, PodGroupSubmitted, PodUnschedulable
 from shards.cli import main
 from tests.builders import env, make_node, make_pod
 from tests.shards.coordinator_kit import shoal
@@ -278,3 +278,30 @@ def test_a_user_plugins_reason_is_counted_and_quoted() -> None:
     other = answers["default/q"]  # a pod alike is pointed at itself, not at p
     assert other is not None
     assert other.next_step == "see `shoal replay LOG --explain default/q` for each node's verdict"
+
+
+def test_pods_held_for_a_groups_next_run_are_answered() -> None:
+    """A PodGroup created again (another uid) while the first run's pods run: the pods
+    that come for it wait for that run (they were told so without an answer)."""
+    engine = Engine()
+    engine.apply(env(make_node("a").cpu("4").added()))
+    first = GroupSpec(namespace="default", name="job", min_member=2, uid="g1")
+    engine.apply(env(PodGroupSubmitted(group=first)))
+    for i in (0, 1):
+        pod = make_pod(f"w{i}").cpu("1").uid(f"a{i}").group("default/job").runtime(10)
+        engine.apply(env(pod.submitted()))
+    engine.schedule()
+    again = GroupSpec(namespace="default", name="job", min_member=2, uid="g2")
+    engine.apply(env(PodGroupSubmitted(group=again), time=1))
+    for i in (0, 1):
+        engine.apply(
+            env(make_pod(f"v{i}").cpu("1").uid(f"b{i}").group("default/job").submitted(), time=1)
+        )
+    said = {d.pod: d.answer for d in engine.schedule() if isinstance(d, PodUnschedulable)}
+    assert set(said) == {"default/v0", "default/v1"}
+    answer = said["default/v0"]
+    assert answer is not None and answer.kind == "next-run"
+    assert answer.summary == "an earlier run of pod group default/job still has pods"
+    assert answer.next_step == (
+        "wait for the earlier run of default/job to finish, or delete its pods"
+    )
