@@ -39,7 +39,7 @@ GPU = "nvidia.com/gpu"
 HOST = "kubernetes.io/hostname"
 ZONE = "topology.kubernetes.io/zone"
 SHARDS = (1, 2)
-MAX_EXAMPLES = 15
+MAX_EXAMPLES = 10
 
 
 @dataclass(frozen=True)
