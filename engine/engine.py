@@ -80,6 +80,12 @@ class Engine(ShardModel):
             "deadlines": len(self.deadlines),
         }
 
+    @property
+    def registry(self) -> Registry:
+        """The plugins this engine's profiles are built from (a copy of the engine,
+        :func:`engine.snapshot.restore`, needs the same)."""
+        return self._registry
+
     def framework_for(self, pod: PodInfo) -> Framework | None:
         return self.profiles.framework_for(pod)
 

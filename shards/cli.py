@@ -44,7 +44,7 @@ from events.errors import (
     StuckError,
     cause,
 )
-from shards import dryruncmd, logserve, render
+from shards import dryruncmd, logserve, render, wouldrun
 from shards import extendercmd as extender_command
 from shards.bus import check_new_log, open_bus
 from shards.commands import (
@@ -138,10 +138,18 @@ async def _simulate(args: argparse.Namespace) -> int:
     for key in ("extender_calls", "extender_failures", "extender_timeouts"):
         if key in result.stats:
             summary[key] = result.stats[key]
+    engine = wouldrun.whole_engine(
+        result.engines, result.control.engine if result.control is not None else None
+    )
+    found = wouldrun.find(engine, wouldrun.pending(result.report))
     if args.json:
-        emit_json({**result.report.to_json(**summary), "warnings": scenario.warnings})
+        data = {**result.report.to_json(**summary), "warnings": scenario.warnings}
+        wouldrun.add_to_json(data, found)
+        emit_json(data)
     else:
         render.report_table(result.report, summary)
+        for line in wouldrun.lines(found):
+            print(line)
     return 0
 
 

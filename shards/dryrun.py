@@ -26,7 +26,9 @@ Priority classes are resolved when a scenario is read and are not in the log: a 
 whose pods name one gives its ``PriorityClass`` among its files.
 
 Cost: a dry run is a simulated run of the log's inputs up to the point and of what
-follows, as long as ``shoal simulate`` of them (nothing is kept between dry runs).
+follows, as long as ``shoal simulate`` of them (nothing is kept between dry runs); a
+job pod never placed gets a counterfactual ("would run if: ...",
+:mod:`shards.wouldrun`), found on the state the run ends with.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from events.types import (
     PodSubmitted,
     QuotaDefined,
 )
+from shards import wouldrun
 from shards.inputs.scenario import Scenario, TimedEvent
 from shards.simulate import simulate
 from shards.whatif import MAX_ROWS, facts, input_records, log_sharding, outcome
@@ -259,6 +262,12 @@ class DryRun:
         lines += _columns(["POD", "NODE", "WAIT (s)", "OUTCOME", "WHY NOT PLACED"], cells)
         if len(pods) > MAX_ROWS:
             lines.append(f"... and {len(pods) - MAX_ROWS} more pods (--json lists them all)")
+        units: dict[str, list[str]] = {}
+        for r in pods:
+            cf = r.get("counterfactual")
+            if cf is not None:
+                units.setdefault(cf["text"], []).append(r["pod"])
+        lines += (f"{', '.join(keys)}: {text}" for text, keys in units.items())
         for r in pods:
             lines += (f"{r['pod']} preempts {p['pod']} on {p['node']}" for p in r["preempts"])
             lines += (f"{r['pod']} moves {m['pod']} {m['from']} → {m['to']}" for m in r["moves"])
@@ -291,7 +300,17 @@ async def dry_run(
     check_names(parts, job, where)
     scenario = dry_run_scenario(parts, job, point, later=later, where=where)
     log = MemoryLog(len(parts))
-    await simulate(scenario, log, config, sharding=log_sharding(parts))
+    result = await simulate(scenario, log, config, sharding=log_sharding(parts))
     run = [await log.read(p, 0) for p in range(log.partitions)]
     shards = len(parts) - 1 if len(parts) > 1 else 1
-    return DryRun(point, shards, later, answers(run, job))
+    answer = answers(run, job)
+    engine = wouldrun.whole_engine(
+        result.engines, result.control.engine if result.control is not None else None
+    )
+    waiting = [r["pod"] for r in answer["pods"] if r["node"] is None]
+    found = wouldrun.find(engine, [p for p in waiting if p in result.report.pods])
+    for row in answer["pods"]:
+        if row["node"] is None:
+            cf = found.get(row["pod"])
+            row["counterfactual"] = cf.to_json() if cf is not None else None
+    return DryRun(point, shards, later, answer)

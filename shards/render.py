@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from engine.counterfactual import Counterfactual
 from events.codec import to_builtins
 from events.types import SECOND, Envelope, SnapshotTaken
 from shards.inputs.progress import ProgressLines
@@ -108,7 +109,9 @@ def envelope_json(env: Envelope) -> dict[str, Any]:
 # --------------------------------------------------------------------------- explain
 
 
-def explanation_json(key: str, result: ReplayResult) -> dict[str, Any]:
+def explanation_json(
+    key: str, result: ReplayResult, would_run: Counterfactual | None = None
+) -> dict[str, Any]:
     attempts = []
     for exp in result.engine.explanations:
         item: dict[str, Any] = {
@@ -133,6 +136,9 @@ def explanation_json(key: str, result: ReplayResult) -> dict[str, Any]:
         "final": view.to_json() if view else None,
         "attempts": attempts,
     }
+    answer = (out["final"] or {}).get("answer")
+    if answer is not None:
+        answer["counterfactual"] = would_run.to_json() if would_run is not None else None
     spec = result.explained
     if spec is not None and spec.group:
         group = result.report.groups.get(spec.group)
@@ -149,15 +155,19 @@ def explanation_json(key: str, result: ReplayResult) -> dict[str, Any]:
     return out
 
 
-def explanation_text(key: str, result: ReplayResult) -> None:
+def explanation_text(
+    key: str, result: ReplayResult, would_run: Counterfactual | None = None
+) -> None:
     console = make_console()
-    data = explanation_json(key, result)
+    data = explanation_json(key, result, would_run)
     final = data["final"] or {}
     answer = final.get("answer")
     if answer:
         console.print(f"[bold]answer[/]: {escape(answer['text'])}", soft_wrap=True)
         for fact in answer["evidence"]:
             console.print(f"  - {fact}", markup=False, soft_wrap=True)
+        if would_run is not None:
+            console.print(f"[bold]{escape(would_run.text())}[/]", soft_wrap=True)
     console.print(
         f"[bold]{key}[/]: {final.get('phase')} on {final.get('node') or '-'}"
         + (f" — {final['reason']}" if final.get("reason") else "")

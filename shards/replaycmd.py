@@ -8,11 +8,12 @@ import sys
 from typing import Any
 
 from engine.config import SchedulerConfig
+from engine.counterfactual import Counterfactual
 from events.errors import InputError, UnverifiableLogError
 from events.filelog import FileLog
 from events.log import EventLog, quarantined_in, read_quarantined
 from events.types import Envelope, RecordQuarantined
-from shards import plugins, render, whatif
+from shards import plugins, render, whatif, wouldrun
 from shards.bus import open_bus
 from shards.commands import EXIT_MISMATCH, emit_json
 from shards.replay import recorded_config, replay, replay_routed
@@ -156,13 +157,22 @@ async def run_replay(args: argparse.Namespace, config: SchedulerConfig | None) -
         )
     if args.explain is not None and args.explain not in result.report.pods:
         raise InputError(f"no pod {args.explain} in {args.log}", location="--explain")
+    would_run = None
+    found: dict[str, Counterfactual] = {}
+    if args.explain is not None and result.report.pods[args.explain].phase == "Pending":
+        would_run = wouldrun.explained(parts, result, config, registry, args.explain)
+    elif args.explain is None and wouldrun.pending(result.report):
+        engine = wouldrun.replayed(parts, result, config, registry)
+        if engine is not None:
+            found = wouldrun.find(engine, wouldrun.pending(result.report))
     if args.json:
         if args.explain is not None:
-            data: dict[str, Any] = render.explanation_json(args.explain, result)
+            data: dict[str, Any] = render.explanation_json(args.explain, result, would_run)
             if under is not None:
                 data["what_if_config"] = under
         else:
             data = result.report.to_json()
+            wouldrun.add_to_json(data, found)
             data["quarantined"] = [
                 {"partition": env.partition, "offset": env.event.offset, "reason": env.event.reason}
                 for part in parts
@@ -186,9 +196,11 @@ async def run_replay(args: argparse.Namespace, config: SchedulerConfig | None) -
             }
         emit_json(data)
     elif args.explain is not None:
-        render.explanation_text(args.explain, result)
+        render.explanation_text(args.explain, result, would_run)
     else:
         render.report_table(result.report, {})
+        for line in wouldrun.lines(found):
+            print(line)
     if isinstance(result.mismatch, UnverifiableLogError):
         print(f"shoal: cannot verify: {result.mismatch}", file=sys.stderr)
         return EXIT_MISMATCH

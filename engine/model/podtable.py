@@ -225,9 +225,9 @@ class PodTable:
             info = pods.get(key)
             row = row_of.get(key)
             if row is not None:
-                if info is not None and specs[row] is info.spec:
+                if info is not None and specs[row] is info.spec and self.node[row] == slot:
                     continue
-                self._remove(key)
+                self._remove(key)  # gone, another spec, or moved here from another slot
             if info is not None:
                 self._add(key, slot, info.spec)
 

@@ -57,6 +57,21 @@ def shown(resource: str, amount: int) -> str:
     return str(amount)
 
 
+def quantity(resource: str, amount: int) -> str:
+    """``amount`` of the table as a quota's ``min``/``max`` spells it: cards (``1.5``),
+    CPU as cores or millicores (``2``, ``500m``), memory in ``Gi``/``Mi`` where whole
+    (else bytes), anything else as the number."""
+    if resource == GPU:
+        return shown(resource, amount)
+    if resource == "cpu":
+        return f"{amount // 1000}" if amount % 1000 == 0 else f"{amount}m"
+    if resource == "memory" and amount:
+        for suffix, size in (("Gi", 2**30), ("Mi", 2**20)):
+            if amount % size == 0:
+                return f"{amount // size}{suffix}"
+    return str(amount)
+
+
 @dataclass(slots=True)
 class Quota:
     spec: QuotaSpec

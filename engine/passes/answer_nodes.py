@@ -16,6 +16,7 @@ import numpy as np
 from engine.framework.cycle import CycleState
 from engine.model.devices import GPU
 from engine.model.pods import PodInfo
+from engine.model.pools import POOL_LABEL
 from engine.model.shard import ShardModel
 from engine.model.state import Bools, ClusterState
 from engine.plugins.interpod_affinity import AFFINITY, ANTI_AFFINITY, EXISTING
@@ -51,10 +52,32 @@ def node_answer(
     if named and len(ranked) > 1:
         # the other nodes only fail to be the one named: what rejects that one matters
         ranked = [kv for kv in ranked if kv[0] != NODE_NAME_REASON]
-    dominant, count = ranked[0]
     evidence = tuple(
         f"{n} node(s): {r}" for r, n in sorted(rejections.items(), key=lambda kv: (-kv[1], kv[0]))
     )
+    tenant = e.pools.tenants.get(pod.spec.namespace) if e.pools.exclusive else None
+    if tenant is not None and ranked[0][0] == AFFINITY_REASON:
+        inside = _in_pools(state, tenant)
+        if ranked[0][1] == total - inside:  # the nodes off its pools, and only those
+            pools = ", ".join(tenant)
+            if inside == 0:
+                return Answer(
+                    kind="pools",
+                    summary=(
+                        f"namespace {pod.spec.namespace} runs on its tenant pool(s) {pools} "
+                        "only, which have no node"
+                    ),
+                    evidence=evidence,
+                    next_step=f"add nodes to pool(s) {pools}, or change the tenant's pools",
+                )
+            if len(ranked) > 1:  # what keeps it off its own pools' nodes matters
+                ranked = ranked[1:]
+                evidence = (
+                    f"namespace {pod.spec.namespace} runs on its tenant pool(s) {pools} only "
+                    f"({inside} node(s))",
+                    *evidence,
+                )
+    dominant, count = ranked[0]
     if m := _INSUFFICIENT.match(dominant):
         return _room(e, pod, m.group(1), count, total, evidence, note, members)
     if dominant == "Too many pods":
@@ -115,6 +138,13 @@ def node_answer(
             evidence=evidence,
             next_step=f"uncordon nodes (kubectl uncordon), {count} are cordoned",
         )
+    if dominant == NODE_NAME_REASON and named not in state.index:
+        return Answer(
+            kind="node-name",
+            summary=f"the pod asks for node {named} (spec.nodeName), which does not exist",
+            evidence=evidence,
+            next_step=f"clear spec.nodeName, or add node {named}",
+        )
     if dominant == NODE_NAME_REASON:
         return Answer(
             kind="node-name",
@@ -128,6 +158,16 @@ def node_answer(
         evidence=evidence,
         next_step=f"see `shoal replay LOG --explain {pod.key}` for each node's verdict",
     )
+
+
+def _in_pools(state: ClusterState, pools: tuple[str, ...]) -> int:
+    """How many nodes are in ``pools`` (by their pool label)."""
+    column = state.label_columns.get(POOL_LABEL)
+    if column is None:
+        return 0
+    known = state.label_values.get(POOL_LABEL, {})
+    codes = [known[p] for p in pools if p in known]
+    return int((state.valid & np.isin(column[: state.capacity], codes)).sum()) if codes else 0
 
 
 def _other(reason: str) -> Answer:
@@ -219,7 +259,7 @@ def _label(resource: str, amount: int) -> str:
         need = resource.split(": ", 1)[1]
         if need == "whole cards":
             return f"{amount} whole GPU card(s)"
-        return f"{amount} GPU card(s) with {need.removesuffix(' free')}"
+        return f"{amount} GPU card(s) with {need.removeprefix('cards with ').removesuffix(' free')}"
     return f"{amount} {resource}"
 
 

@@ -21,13 +21,15 @@ kind               next step
 ``dependency``     wait for the dependency (how long it has run, if it runs)
 ``next-run``       wait for the earlier run of the pod group
 ``extender``       wait for the extender's answer / fix what it rejects
-``quota-max``      raise the quota's ``max`` to the use it needs, or wait for a pod
+``quota-max``      raise the quota's ``max`` to the use it needs (and ``min`` where
+                   the quotas' guarantees fall short of it too), or wait for a pod
 ``quota-reclaim``  wait for borrowers to give back (named, with what they borrow)
 ``quota-borrow``   raise the quota's ``min``, or wait for borrowed capacity
 ``resources``      free the difference on the fullest-fitting node, or add a node
 ``gpu-cards``      the same, in GPU cards
 ``taint``          add a toleration for the taint, or untaint the nodes
 ``node-affinity``  label nodes to match the selector, or change it
+``pools``          add nodes to the tenant's pools (which have none)
 ``pod-affinity``   the pods it must (not) be near; change the rule
 ``spread``         add room in other domains, or raise ``maxSkew``
 ``host-ports``     free the port, or pick another
@@ -49,7 +51,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from engine.model.pods import PodInfo
-from engine.model.quota import Quota, scale, shown
+from engine.model.quota import Quota, quantity
 from engine.model.shard import QUOTA_PLUGIN, ShardModel
 from engine.passes.answer_nodes import node_answer
 from events.types import SECOND, Answer
@@ -230,6 +232,9 @@ def _quota(
         limit = quota.max_of(over) or 0
         wait = _longest_running(e, namespace, over)
         step = f"raise max {over} of quota {namespace} to {_units(over, used + need)}"
+        lacking = e.quotas.short(wanted).get(over, 0)
+        if lacking:  # over the quotas' guarantees too: a higher max alone lets nothing in
+            step += f" and its min to {_units(over, quota.min_of(over) + lacking)}"
         if wait:
             step += f", or wait for {wait}"
         return Answer(
@@ -282,7 +287,7 @@ def _quota(
 
 
 def _units(resource: str, amount: int) -> str:
-    return shown(resource, amount) if scale(resource) > 1 else str(amount)
+    return quantity(resource, amount)
 
 
 def _longest_running(e: ShardModel, namespace: str, resource: str) -> str:

@@ -30,7 +30,7 @@ from engine.model.groups import (
     is_group_unit,
     next_run_reason,
 )
-from engine.model.pods import PodInfo
+from engine.model.pods import PodInfo, pod_info
 from engine.model.reservations import COMMITTED
 from engine.model.shard import ShardModel
 from engine.model.state import Request, held_devices
@@ -410,13 +410,14 @@ class SchedulingPass:
                 e.group_changes[group.key] = None
         self.say([pod.key for pod in pods], reason)
 
-    def say(self, keys: list[str], reason: str) -> None:
-        """Tell why pods wait, once per pod and reason."""
+    def say(self, keys: list[str], reason: str, held: dict[str, PodInfo] | None = None) -> None:
+        """Tell why pods wait, once per pod and reason (``held``: pods not among the
+        engine's yet, held for a group's next run)."""
         e = self.e
         for key in keys:
             if e.said.get(key) != reason:
                 e.said[key] = reason
-                pod = e.pods.get(key)
+                pod = e.pods.get(key) or (held or {}).get(key)
                 answer = self.answer(pod, reason, (), {}) if pod is not None else None
                 self.out.append(
                     PodUnschedulable(
@@ -446,12 +447,15 @@ class SchedulingPass:
         answer = self._answers.get(key)
         if answer is None:
             answer = self._answers[key] = compose(self.e, pod, reason, plugins, rejections, unit)
+        if answer.kind == "other" and unit is None:  # its next step names the pod itself
+            return compose(self.e, pod, reason, plugins, rejections, unit)
         return answer
 
     def _explain_next_runs(self) -> None:
         """Say why the pods held for a group's next run wait."""
         for key, (_, waiting) in sorted(self.e.next_runs.items()):
-            self.say([pod.key for pod in waiting], next_run_reason(key))
+            held = {pod.key: pod_info(pod, self.e.state.resources, 0) for pod in waiting}
+            self.say(list(held), next_run_reason(key), held)
 
     def _ready(self, unit: str, priority: int, seq: int, namespace: str) -> None:
         e = self.e

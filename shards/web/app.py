@@ -6,7 +6,10 @@ an aiohttp application (``shoal serve``'s, beside ``/metrics``; ``shoal replay
 - ``GET /api/state`` — a snapshot (``shards.web.view``); ``?offset=N``: the state
   after offset N of a replayed one-shard log;
 - ``GET /api/timeline`` — the offsets a replayed log can be shown at (none for a live
-  service, or a log of several shards: then ``note`` says why).
+  service, or a log of several shards: then ``note`` says why);
+- ``GET /api/wouldrun?pod=NS/NAME`` — the counterfactual of a pending pod (its gang's,
+  for a member): ``{"pod", "unit", "counterfactual": {...} | null}``, computed when
+  asked (:mod:`engine.counterfactual`; ``offset`` as for the state).
 
 Read-only: nothing here changes a run. With a token (``--ui-token-file``), the JSON
 endpoints ask for it, as ``Authorization: Bearer TOKEN`` or ``?token=TOKEN`` (the page,
@@ -45,6 +48,12 @@ class Source(Protocol):
 
     async def timeline(self) -> dict[str, Any]:
         """``{"offsets": [{"offset", "time_seconds", "kind"}...], "note": ...}``."""
+        ...
+
+    async def would_run(self, pod: str, offset: int | None) -> dict[str, Any]:
+        """The counterfactual of pending pod ``pod`` at ``offset`` (None: the latest),
+        as :func:`shards.wouldrun.unit_json` gives it; raises :class:`ViewError` where
+        it cannot be asked."""
         ...
 
 
@@ -94,9 +103,24 @@ def add_routes(app: web.Application, source: Source, token: str | None = None) -
         guard(request)
         return web.json_response(await source.timeline())
 
+    async def would_run(request: web.Request) -> web.Response:
+        guard(request)
+        pod = request.query.get("pod", "")
+        raw = request.query.get("offset")
+        if pod.count("/") != 1:
+            raise web.HTTPBadRequest(text=f"pod: expected NAMESPACE/NAME, got {pod!r}\n")
+        if raw is not None and not raw.isdigit():
+            raise web.HTTPBadRequest(text=f"offset: expected a non-negative integer, got {raw!r}\n")
+        try:
+            data = await source.would_run(pod, None if raw is None else int(raw))
+        except ViewError as exc:
+            raise web.HTTPBadRequest(text=f"{exc}\n") from None
+        return web.json_response(data)
+
     app.router.add_get("/", to_page)
     app.router.add_get("/ui", to_page)
     app.router.add_get("/ui/", page)
     app.router.add_get("/ui/{name}", page)
     app.router.add_get("/api/state", state)
     app.router.add_get("/api/timeline", timeline)
+    app.router.add_get("/api/wouldrun", would_run)

@@ -25,7 +25,8 @@ from engine.engine import Engine
 from engine.framework.registry import Registry
 from events.log import EventLog, read_past_unreadable
 from events.types import SECOND, Envelope, QuotaDefined, QuotaSpec, SnapshotTaken, is_decision
-from shards.replay import replay
+from shards import wouldrun
+from shards.replay import ReplayResult, replay
 from shards.report import RunReport, merge
 from shards.web.app import ViewError
 from shards.web.view import RECENT, quota_specs, snapshot
@@ -115,6 +116,23 @@ class ReplaySource:
         recent = deque((env for env in merged if is_decision(env.event)), maxlen=RECENT)
         return snapshot(engines, report, recent, quota_specs(merged), **extra)
 
+    async def would_run(self, pod: str, offset: int | None) -> dict[str, Any]:
+        """A one-shard log is folded again up to ``offset``; a log of several shards,
+        whole, with the coordinator's view (:func:`shards.wouldrun.explained`)."""
+        if offset is not None and len(self.parts) > 1:
+            raise ViewError(f"a log of {self.shards} shards is shown at its end only")
+        async with self._lock:
+            if len(self.parts) == 1:
+                result = replay(self.parts[0], self.config, until=offset, registry=self.registry)
+            else:
+                result = ReplayResult(report=RunReport(), engine=Engine(self.config))
+            found = wouldrun.explained(self.parts, result, self.config, self.registry, pod)
+        return {
+            "pod": pod,
+            "unit": found.unit if found is not None else pod,
+            "counterfactual": found.to_json() if found is not None else None,
+        }
+
     async def state(self, offset: int | None) -> dict[str, Any]:
         if offset is not None and len(self.parts) > 1:
             raise ViewError(
@@ -187,3 +205,14 @@ class LiveSource:
 
     async def timeline(self) -> dict[str, Any]:
         return {"offsets": [], "note": "a running service is shown as it is now"}
+
+    async def would_run(self, pod: str, offset: int | None) -> dict[str, Any]:
+        """On the engine of this process that holds the pod (a shard sees its own
+        pools only), as it is now; computed in the event loop (bounded:
+        :mod:`engine.counterfactual`)."""
+        if offset is not None:
+            raise ViewError("a running service is shown as it is now (offsets: replay --serve)")
+        for engine in self._engines():
+            if pod in engine.pods:
+                return wouldrun.unit_json(engine, pod)
+        raise ViewError(f"no pod {pod} waits on the shards this process runs")

@@ -67,8 +67,9 @@ def test_quota_max_names_use_max_need_the_new_max_and_the_pod_to_wait_for(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
 ) -> None:
     """Three 2-card pods use 6 of the quota's max 8 cards; a gang of two 2-card members
-    arriving at 600 s needs 4: raise max to 6 + 4 = 10, or wait for the pod that has run
-    longest (run-0, since 0 s: 10 min)."""
+    arriving at 600 s needs 4: raise max to 6 + 4 = 10, and min too (the only quota
+    guarantees 8, and use beyond every quota's min is borrowed from the others'), or
+    wait for the pod that has run longest (run-0, since 0 s: 10 min)."""
     text = gpu_node("g0", 8) + gpu_node("g1", 8) + quota("default", 8, 8)
     text += "".join(gpu_pod(f"run-{i}", cards=2) for i in range(3))
     text += pod_group("train", 2, at=600)
@@ -80,8 +81,8 @@ def test_quota_max_names_use_max_need_the_new_max_and_the_pod_to_wait_for(
         "quota default: 6 of max 8 nvidia.com/gpu in use, gang default/train needs 4"
     )
     assert answer["next_step"] == (
-        "raise max nvidia.com/gpu of quota default to 10, or wait for default/run-0 "
-        "(running 10 min)"
+        "raise max nvidia.com/gpu of quota default to 10 and its min to 10, or wait for "
+        "default/run-0 (running 10 min)"
     )
     assert found["default/train-1"] == found["@default/train"] == answer
 

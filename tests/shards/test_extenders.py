@@ -133,6 +133,11 @@ def test_an_extender_that_rejects_every_node_leaves_the_pod_pending_with_its_rea
     assert outcome["node"] is None
     assert outcome["phase"] == "Pending"
     assert "4 rack is draining" in outcome["reason"]
+    answer = outcome["answer"]  # the extender's reason, counted, and where to look
+    assert (answer["kind"], answer["summary"]) == ("other", "4 of 4 nodes: rack is draining")
+    assert answer["next_step"] == (
+        "see `shoal replay LOG --explain default/lonely` for each node's verdict"
+    )
     verify(log)
     if shards > 1:
         return  # (--explain replays the shards' attempts; the coordinator decided this one)

@@ -6,6 +6,8 @@ const headers = token ? { Authorization: "Bearer " + token } : {};
 let offsets = [];
 let live = false;
 let asked = 0;
+let shown = null; // the offset on show (null: the latest)
+const wouldRun = {}; // pod → the counterfactual's line, once asked
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -70,7 +72,8 @@ function draw(state) {
   drawNodes(state.nodes);
   fill("queue", state.queue.map((q) => el("tr", { "data-pod": q.pod },
     el("td", {}, q.pod), el("td", { class: "reason" }, q.reason,
-      q.plugins && q.plugins.length ? el("div", { class: "pods" }, "plugins: " + q.plugins.join(", ")) : null),
+      q.plugins && q.plugins.length ? el("div", { class: "pods" }, "plugins: " + q.plugins.join(", ")) : null,
+      wouldRunCell(q.pod)),
     el("td", {}, q.attempts), el("td", {}, q.group || "-"), el("td", {}, q.shard ?? "-"))), "nothing pending");
   fill("groups", state.groups.map((g) => el("tr", {},
     el("td", {}, g.name), el("td", {}, g.phase), el("td", {}, g.scheduled), el("td", {}, g.min_member),
@@ -84,7 +87,28 @@ function draw(state) {
   document.body.dataset.loaded = "true";
 }
 
+// "would run if?": asked on a click (the server copies the state and tries changes).
+function wouldRunCell(pod) {
+  const box = el("div", { class: "wouldrun", "data-would-run": pod });
+  const key = pod + "@" + shown;
+  if (key in wouldRun) { box.textContent = wouldRun[key]; return box; }
+  const button = el("button", { type: "button" }, "would run if?");
+  button.addEventListener("click", async () => {
+    box.textContent = "trying changes…";
+    try {
+      const data = await get("/api/wouldrun?pod=" + encodeURIComponent(pod) + (shown === null ? "" : "&offset=" + shown));
+      wouldRun[key] = data.counterfactual ? data.counterfactual.text : "no change tried lets it run";
+    } catch (error) {
+      wouldRun[key] = String(error.message || error);
+    }
+    box.textContent = wouldRun[key];
+  });
+  box.append(button);
+  return box;
+}
+
 async function show(offset) {
+  shown = offset;
   const mine = ++asked;
   try {
     const state = await get("/api/state" + (offset === null ? "" : "?offset=" + offset));
