@@ -185,7 +185,8 @@ def wave_pods(
 ) -> tuple[list[PodSpec], list[PodSpec]]:
     """The fillers (priority 0) and the wave (priority ``WAVE_PRIORITY``) for the wave
     nodes of ``nodes``: one of each per node, each asking for the node's whole CPU."""
-    fillers, wave = [], []
+    fillers: list[PodSpec] = []
+    wave: list[PodSpec] = []
     toleration = (Toleration(key=WAVE_KEY, operator="Exists"),)
     for node in nodes:
         if WAVE_KEY not in node.labels:

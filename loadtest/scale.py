@@ -55,6 +55,7 @@ from events.types import (
     PodSubmitted,
     SchedulerConfigured,
     ShardingConfigured,
+    ShardSummary,
 )
 from events.wire import load_token, new_token_file
 from loadtest.mixed import mixed_batches, mixed_nodes, templates, wave_pods
@@ -286,7 +287,8 @@ async def _wait_ready(log: EventLog, shards: int, nodes: int, children: dict[str
                 raise RuntimeError(f"{name} exited with {child.returncode} before the run")
         offset, records = await read_kinds(log, shards, offset, ("summary",))
         for env in records:
-            held[env.event.shard] = env.event.nodes
+            if isinstance(env.event, ShardSummary):
+                held[env.event.shard] = env.event.nodes
         if sum(held) == nodes:
             return
         await asyncio.sleep(0.1)
@@ -353,7 +355,9 @@ async def _wave_processes(
     while waiting and time.monotonic() < deadline:
         for shard in range(shards):
             offsets[shard], records = await read_kinds(log, shard, offsets[shard], ("bind",))
-            waiting.difference_update(env.event.pod for env in records)
+            waiting.difference_update(
+                env.event.pod for env in records if isinstance(env.event, PodBound)
+            )
         if waiting:
             await asyncio.sleep(0.01)
     seconds = time.perf_counter() - started
