@@ -136,11 +136,7 @@ async def run(args: argparse.Namespace) -> int:
         _say(args, f"{name}: starting")
         result = await run_configuration(shape, progress=_Ticker(args, name))
         results.append(result)
-        _say(
-            args,
-            f"{name}: {result['pods_per_second']:,.0f} pods/s, projected "
-            f"{result['projection']['pods_per_second']:,.0f}",
-        )
+        _say(args, f"{name}: done: {row(result)}")
     if args.json:
         emit_json({"configurations": results})
     else:
@@ -168,6 +164,24 @@ class _Ticker:
             _say(self.args, f"{self.name}: {done:,}/{total:,} pods decided, {elapsed:.0f} s")
 
 
+def row(r: dict[str, Any]) -> str:
+    """One configuration's line of :func:`table`."""
+    shape, proj = r["shape"], r["projection"]
+    per = {p["process"]: p for p in r["processes"]}
+    shard_us = [f"{p['cpu_us_per_pod']:.0f}" for k, p in per.items() if k.startswith("shard")]
+    coordinator = per.get("coordinator", {}).get("cpu_us_per_pod")
+    log = per.get("log", {}).get("cpu_us_per_pod")
+    rss = max((p["peak_rss_mb"] or 0.0) for p in r["processes"])
+    return (
+        f"| {shape['nodes']:,} | {shape['templates']} | {shape['configuration']} "
+        f"| {r['pods_per_second']:,.0f} | {proj['pods_per_second']:,.0f} ({proj['cores']}) "
+        f"| {r['latency_ms']['p50']:.1f} | {r['latency_ms']['p99']:.1f} "
+        f"| {'—' if coordinator is None else f'{coordinator:.0f}'} "
+        f"| {' / '.join(shard_us)} | {'in shard' if log is None else f'{log:.0f}'} "
+        f"| {rss:,.0f} |"
+    )
+
+
 def table(results: list[dict[str, Any]]) -> str:
     """A markdown table, one row per configuration, and the wave's where there was one."""
     head = (
@@ -177,20 +191,8 @@ def table(results: list[dict[str, Any]]) -> str:
     lines = [head, "|" + "---|" * 11]
     waves = []
     for r in results:
-        shape, proj = r["shape"], r["projection"]
-        per = {p["process"]: p for p in r["processes"]}
-        shard_us = [f"{p['cpu_us_per_pod']:.0f}" for k, p in per.items() if k.startswith("shard")]
-        coordinator = per.get("coordinator", {}).get("cpu_us_per_pod")
-        log = per.get("log", {}).get("cpu_us_per_pod")
-        rss = max((p["peak_rss_mb"] or 0.0) for p in r["processes"])
-        lines.append(
-            f"| {shape['nodes']:,} | {shape['templates']} | {shape['configuration']} "
-            f"| {r['pods_per_second']:,.0f} | {proj['pods_per_second']:,.0f} ({proj['cores']}) "
-            f"| {r['latency_ms']['p50']:.1f} | {r['latency_ms']['p99']:.1f} "
-            f"| {'—' if coordinator is None else f'{coordinator:.0f}'} "
-            f"| {' / '.join(shard_us)} | {'in shard' if log is None else f'{log:.0f}'} "
-            f"| {rss:,.0f} |"
-        )
+        shape = r["shape"]
+        lines.append(row(r))
         if "wave" in r:
             w = r["wave"]
             waves.append(
