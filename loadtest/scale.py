@@ -64,6 +64,8 @@ from shards.bus import open_bus
 from shards.worker import ShardWorker
 
 Progress = Callable[[int, int, float], None]
+NODES_PER_APPEND = 10_000
+"""Nodes per append: 130,000 in one would pass the log server's frame limit (16 MiB)."""
 
 
 @dataclass(frozen=True)
@@ -246,10 +248,12 @@ async def _processes(
         [
             _envelope(ShardingConfigured(config=Sharding(shards=n).to_json())),
             _envelope(SchedulerConfigured()),
-            *(_envelope(NodeAdded(node=node)) for node in load.nodes),
         ],
         n,
     )
+    for start in range(0, len(load.nodes), NODES_PER_APPEND):  # under the server's frame
+        chunk = load.nodes[start : start + NODES_PER_APPEND]
+        await log.append([_envelope(NodeAdded(node=node)) for node in chunk], n)
     children = {"coordinator": await _spawn("coordinator", url, token_file)}
     for i in range(n):
         children[f"shard {i}"] = await _spawn("shard", url, token_file, i)
