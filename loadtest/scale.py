@@ -42,6 +42,7 @@ from engine.model.pools import Sharding
 from engine.plugins import kernels
 from events.errors import InputError
 from events.fence import FencedLog
+from events.limits import ServerLimits
 from events.log import EventLog, count_kinds, read_kinds
 from events.memory import MemoryLog
 from events.remote import LogServer
@@ -64,6 +65,9 @@ from shards.bus import open_bus
 from shards.worker import ShardWorker
 
 Progress = Callable[[int, int, float], None]
+LIMITS = ServerLimits(max_buffered=512 << 20, max_frame=128 << 20)
+"""The log server's: the coordinator forwards a shard's nodes in one append, about
+48 MB for 130,000 nodes, over the default frame limit (16 MiB)."""
 NODES_PER_APPEND = 10_000
 """Nodes per append: 130,000 in one would pass the log server's frame limit (16 MiB)."""
 
@@ -210,7 +214,8 @@ async def run_configuration(shape: ScaleShape, progress: Progress | None = None)
     else:
         with tempfile.TemporaryDirectory(prefix="shoal-scale-") as folder:
             token_file = new_token_file(folder)
-            async with LogServer(shape.shards + 1, token=load_token(token_file)) as server:
+            token = load_token(token_file)
+            async with LogServer(shape.shards + 1, token=token, limits=LIMITS) as server:
                 result = await _processes(shape, load, server.url, token_file, progress)
     result["shape"] = {**asdict(shape), "configuration": shape.label, "pods": load.pods}
     result["peak_rss_reset"] = reset
