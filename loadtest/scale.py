@@ -274,7 +274,7 @@ async def _processes(
             await _Collector(log, positions, {}, len(load.fillers), None).finish()
         result = await _measure(log, shape, load.batches, positions, meter, progress)
         if load.wave:
-            result["wave"] = await _wave_processes(log, n, load.wave, positions, meter)
+            result["wave"] = await _wave_processes(log, n, load.wave, positions, meter, progress)
         return result
     finally:
         for child in children.values():
@@ -353,7 +353,12 @@ async def _measure(
 
 
 async def _wave_processes(
-    log: EventLog, shards: int, wave: list[PodSpec], positions: list[int], meter: _Processes
+    log: EventLog,
+    shards: int,
+    wave: list[PodSpec],
+    positions: list[int],
+    meter: _Processes,
+    progress: Progress | None,
 ) -> dict[str, Any]:
     before = meter.cpu()
     started = time.perf_counter()
@@ -367,6 +372,8 @@ async def _wave_processes(
             waiting.difference_update(
                 env.event.pod for env in records if isinstance(env.event, PodBound)
             )
+        if progress is not None:
+            progress(len(wave) - len(waiting), len(wave), time.perf_counter() - started)
         if waiting:
             await asyncio.sleep(0.01)
     seconds = time.perf_counter() - started
@@ -440,14 +447,18 @@ async def _in_process(
             "projection": projection(1, 0.0, rows[0]["cpu_us_per_pod"] if rows else 0.0),
         }
         if load.wave:
-            result["wave"] = await _wave_in_process(log, worker, load.wave, meter)
+            result["wave"] = await _wave_in_process(log, worker, load.wave, meter, progress)
         return result
     finally:
         await log.close()
 
 
 async def _wave_in_process(
-    log: MemoryLog, worker: ShardWorker, wave: list[PodSpec], meter: _Processes
+    log: MemoryLog,
+    worker: ShardWorker,
+    wave: list[PodSpec],
+    meter: _Processes,
+    progress: Progress | None,
 ) -> dict[str, Any]:
     position = len(await log.read(0, 0))
     before = meter.cpu()
@@ -466,6 +477,8 @@ async def _wave_in_process(
                 waiting.discard(env.event.pod)
             elif isinstance(env.event, PodPreempted):
                 evicted += 1
+        if progress is not None:
+            progress(len(wave) - len(waiting), len(wave), time.perf_counter() - started)
         if waiting and not records:
             await asyncio.sleep(0.001)
     seconds = time.perf_counter() - started

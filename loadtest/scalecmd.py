@@ -161,7 +161,7 @@ class _Ticker:
     def __call__(self, done: int, total: int, elapsed: float) -> None:
         if time.monotonic() - self.last >= 5:
             self.last = time.monotonic()
-            _say(self.args, f"{self.name}: {done:,}/{total:,} pods decided, {elapsed:.0f} s")
+            _say(self.args, f"{self.name}: {done:,}/{total:,} pods of the phase, {elapsed:.0f} s")
 
 
 def row(r: dict[str, Any]) -> str:
