@@ -171,14 +171,15 @@ def row(r: dict[str, Any]) -> str:
     shard_us = [f"{p['cpu_us_per_pod']:.0f}" for k, p in per.items() if k.startswith("shard")]
     coordinator = per.get("coordinator", {}).get("cpu_us_per_pod")
     log = per.get("log", {}).get("cpu_us_per_pod")
+    binder = per.get("binder", {}).get("cpu_us_per_pod")
     rss = max((p["peak_rss_mb"] or 0.0) for p in r["processes"])
     return (
         f"| {shape['nodes']:,} | {shape['templates']} | {shape['configuration']} "
         f"| {r['pods_per_second']:,.0f} | {proj['pods_per_second']:,.0f} ({proj['cores']}) "
         f"| {r['latency_ms']['p50']:.1f} | {r['latency_ms']['p99']:.1f} "
         f"| {'—' if coordinator is None else f'{coordinator:.0f}'} "
-        f"| {' / '.join(shard_us)} | {'in shard' if log is None else f'{log:.0f}'} "
-        f"| {rss:,.0f} |"
+        f"| {' / '.join(shard_us)} | {'—' if binder is None else f'{binder:.0f}'} "
+        f"| {'in shard' if log is None else f'{log:.0f}'} | {rss:,.0f} |"
     )
 
 
@@ -186,9 +187,10 @@ def table(results: list[dict[str, Any]]) -> str:
     """A markdown table, one row per configuration, and the wave's where there was one."""
     head = (
         "| nodes | templates | configuration | pods/s | projected pods/s (cores) | p50 ms "
-        "| p99 ms | CPU µs/pod: coordinator | shards | log + driver | peak RSS MB (largest) |"
+        "| p99 ms | CPU µs/pod: coordinator | shards | binder | log + driver "
+        "| peak RSS MB (largest) |"
     )
-    lines = [head, "|" + "---|" * 11]
+    lines = [head, "|" + "---|" * 12]
     waves = []
     for r in results:
         shape = r["shape"]

@@ -36,9 +36,16 @@ def _check_projection(result: dict[str, Any], shards: int) -> None:
 async def test_a_tiny_run_counts_every_pod_and_reports_every_process(shards: int) -> None:
     """20 templates, a fifth of the pods in gangs of 4, a wave of 5 that must evict:
     every pod is decided and counted, the wave evicts one filler per pod, and each
-    process has its row (the coordinator, each shard, the log and driver)."""
+    process has its row (the coordinator, each shard, the binder, the log and driver)."""
     shape = ScaleShape(
-        nodes=100, pods=300, shards=shards, templates=20, gang_fraction=0.2, wave=5, batch=100
+        nodes=100,
+        pods=300,
+        shards=shards,
+        templates=20,
+        gang_fraction=0.2,
+        wave=5,
+        batch=100,
+        binder=shards > 0,
     )
     result = await run_configuration(shape)
     assert result["bound"] + result["unschedulable"] == 300
@@ -48,7 +55,7 @@ async def test_a_tiny_run_counts_every_pod_and_reports_every_process(shards: int
     assert 0 <= lat["p50"] <= lat["p99"] <= lat["max"]
     names = [row["process"] for row in result["processes"]]
     if shards:
-        assert names == ["coordinator", "shard 0", "shard 1", "log"]
+        assert names == ["coordinator", "shard 0", "shard 1", "binder", "log"]
     else:
         assert len(names) == 1 and names[0].startswith("shard")
     for row in result["processes"]:
