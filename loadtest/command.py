@@ -149,6 +149,11 @@ def add_arguments(load: argparse.ArgumentParser) -> None:
     kube_arguments(kube)
     kube.add_argument("--json", action="store_true")
     from loadtest.defragbench import add_arguments as defrag_arguments
+    from loadtest.scalecmd import HELP as SCALE_HELP
+    from loadtest.scalecmd import NAME as SCALE
+    from loadtest.scalecmd import add_arguments as scale_arguments
+
+    scale_arguments(modes.add_parser(SCALE, help=SCALE_HELP))
 
     defrag_arguments(
         modes.add_parser(
@@ -173,6 +178,10 @@ async def run(args: argparse.Namespace) -> int:
         from loadtest import kube
 
         return await kube.run(args)
+    if getattr(args, "loadtest_mode", None) == "scale":
+        from loadtest.scalecmd import run as scale
+
+        return await scale(args)
     if getattr(args, "loadtest_mode", None) == "defrag":
         from loadtest.defragbench import run as defrag
 
