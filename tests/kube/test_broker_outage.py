@@ -11,8 +11,11 @@ replays.
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 import uuid
+
+import pytest
 
 from events.kafka import KafkaLog, KafkaSettings, create_topic
 from events.types import PodBound
@@ -28,6 +31,8 @@ def _bound(apiserver: FakeApiServer, names: list[str]) -> bool:
     return all(apiserver.get("Pod", n, "default")["spec"].get("nodeName") for n in names)
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
 async def test_broker_outage_is_ridden_out_without_loss_or_duplicates(
     apiserver: FakeApiServer, kafka: KafkaBroker, kafka_bootstrap: str
 ) -> None:
@@ -100,6 +105,10 @@ async def test_broker_outage_is_ridden_out_without_loss_or_duplicates(
     finally:
         if broker.proc is None:
             await asyncio.to_thread(broker.start)  # the session's broker: the next tests need it
+        # aiokafka can leave a connection it opened to the broker as it died unclosed
+        # (seen only on a loaded machine, never alone); collected here, it is this test's
+        # to ignore (the mark below), not a later test's error
+        gc.collect()
     bound = [
         e.event.pod
         for records in parts[:-1]
