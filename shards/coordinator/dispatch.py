@@ -78,7 +78,13 @@ from events.types import (
     PreemptionRequested,
     ReservationRequested,
 )
-from shards.coordinator.choice import ShardView, label_scores, scores, shard_columns
+from shards.coordinator.choice import (
+    ShardView,
+    label_scores,
+    scores,
+    shard_columns,
+    summarised,
+)
 from shards.coordinator.flights import ABORTING, MAX_MOVES_REFUSED, MOVES, Claim
 from shards.coordinator.routing import Routing
 
@@ -228,11 +234,16 @@ class ShardDispatch:
 
     def _summarised(self, framework: Framework) -> bool:
         """Whether every plugin at ``framework``'s preScore and score points is one the
-        choice of a shard knows how to summarise (a built-in)."""
+        choice of a shard knows how to summarise (a built-in, and no packing score:
+        :func:`shards.coordinator.choice.summarised`)."""
         known = self._known.get(id(framework))
         if known is None or known[0] is not framework:
             plugins = [*framework.pre_scores, *(entry.plugin for entry in framework.scores)]
-            known = (framework, all(p.name in BUILT_IN for p in plugins))
+            known = (
+                framework,
+                all(p.name in BUILT_IN for p in plugins)
+                and all(summarised(entry.plugin) for entry in framework.scores),
+            )
             self._known[id(framework)] = known
         return known[1]
 
