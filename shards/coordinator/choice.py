@@ -36,9 +36,13 @@ deciding here costs; deciding here waits for nothing (each decision is in the vi
 once). **Cost per pod of such a profile**: one scheduling attempt on the coordinator's
 engine (the per-shape caches of one shard: about what a shard spends per pod) and one
 directed part (a ``ReservationRequested`` with the node, its claim, the shard's answer),
-instead of the choice of shard and the hand-over; it shows in ``shoal loadtest``'s
-per-process split. Packing profiles are thus as fast as the coordinator, not N shards:
-the price of one scheduler's answers.
+instead of the choice of shard and the hand-over: measured with ``shoal loadtest
+--nodes 5000 --pods 20000 --shards 2`` under ``MostAllocated`` (a busy 2-core machine),
+the coordinator's CPU per pod went from about 135 to 230-260 µs, against 125-180 for
+the default profile, which is still handed over. Packing profiles are thus as fast as
+the coordinator, not N shards: the price of one scheduler's answers. (Next step: a
+hand-over naming the node, ``PodRouted`` with the coordinator's choice, would spare the
+directed part's protocol and keep the exact answer.)
 
 ``LeastAllocated`` and ``BalancedAllocation`` are summarised, but not exactly either: a
 shard's sums may hide its emptiest node (one empty and one full node look like two
