@@ -4,9 +4,9 @@ The coordinator keeps every node in its view, so it knows, for a pod, which node
 each shard pass the profile's filters. To choose between shards it scores each shard as
 one node whose capacity and use are the sums over the nodes there that the pod may use,
 the pods handed to that shard but not yet reported placed included, with the profile's
-own score plugins: ``LeastAllocated`` prefers the emptiest shard, ``MostAllocated`` and
-``RequestedToCapacityRatio`` the fullest (so bin-packing packs across shards as it
-packs across nodes), ``BalancedAllocation`` the one whose use stays most even. Scores
+own score plugins: ``LeastAllocated`` prefers the emptiest shard,
+``BalancedAllocation`` the one whose use stays most even (packing scores are not
+summarised: below). Scores
 that depend on node labels or taints (preferred affinity, ``PreferNoSchedule``) count
 as the best node of the shard has them. The shard then places the pod on its own best
 node with the same profile.
@@ -47,8 +47,10 @@ directed part's protocol and keep the exact answer.)
 ``LeastAllocated`` and ``BalancedAllocation`` are summarised, but not exactly either: a
 shard's sums may hide its emptiest node (one empty and one full node look like two
 half-used ones), so a spreading profile's pod may land on another node than one
-scheduler's (a "known difference" of the documentation). Deciding those here too would
-put the default profile, and so every pod, on the coordinator.
+scheduler's (a "known difference" of the documentation), and a later pod's fate can
+depend on it. Deciding those here too would put the default profile, and so every pod,
+on the coordinator: measured as above, its CPU per pod went from 125-150 to about
+250 µs and pods/s halved, so it is not done.
 """
 
 from __future__ import annotations
