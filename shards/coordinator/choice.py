@@ -4,9 +4,9 @@ The coordinator keeps every node in its view, so it knows, for a pod, which node
 each shard pass the profile's filters. To choose between shards it scores each shard as
 one node whose capacity and use are the sums over the nodes there that the pod may use,
 the pods handed to that shard but not yet reported placed included, with the profile's
-own score plugins: ``LeastAllocated`` prefers the emptiest shard, ``MostAllocated`` and
-``RequestedToCapacityRatio`` the fullest (so bin-packing packs across shards as it
-packs across nodes), ``BalancedAllocation`` the one whose use stays most even. Scores
+own score plugins: ``LeastAllocated`` prefers the emptiest shard,
+``BalancedAllocation`` the one whose use stays most even (packing scores are not
+summarised: below). Scores
 that depend on node labels or taints (preferred affinity, ``PreferNoSchedule``) count
 as the best node of the shard has them. The shard then places the pod on its own best
 node with the same profile.
@@ -15,6 +15,42 @@ A user plugin's score (or pre-score) is not summarised: what it means over a sha
 sums, or at a shard's best node, is unknown (a leaf switch's free nodes, say, may lie
 in two shards). A profile with one is never handed over: the coordinator decides its
 pods on its exact view (:mod:`shards.coordinator.dispatch`), as one scheduler would.
+
+Nor are the packing scores (:func:`summarised`): ``NodeResourcesFit`` with
+``MostAllocated`` or ``RequestedToCapacityRatio``, and the GPU policies (``GpuBestFit``,
+``GpuPacking``, ``GpuFragmentation``, ``ShoalGpu``...). Packing is about one node: a
+shard whose sums are the fullest may hold only empty nodes, while the fullest single
+node, where one scheduler puts the pod, is in another shard; the pod then breaks an
+empty node that a whole-node job needed (an 8-card job left pending at 2 and 4 shards
+that one shard places). So a profile with a packing score has its units decided on the
+coordinator, as one scheduler: the node is chosen on the exact view and the shard that
+owns it is asked to hold it (a directed part).
+
+Why not hand such a pod to a shard that holds a node as good as the cluster's best
+(each shard's best node score, vectorised over the view, cached per shape)? Because it
+is exact only while nothing handed over is unanswered: a pod in flight lands on a node
+the view does not know yet, and under packing that node is then the best one for the
+next pod (or no longer fits it). So every hand-over would wait for the one before to be
+answered, a round trip per pod, at the price of the same scoring over every node that
+deciding here costs; deciding here waits for nothing (each decision is in the view at
+once). **Cost per pod of such a profile**: one scheduling attempt on the coordinator's
+engine (the per-shape caches of one shard: about what a shard spends per pod) and one
+directed part (a ``ReservationRequested`` with the node, its claim, the shard's answer),
+instead of the choice of shard and the hand-over: measured with ``shoal loadtest
+--nodes 5000 --pods 20000 --shards 2`` under ``MostAllocated`` (a busy 2-core machine),
+the coordinator's CPU per pod went from about 135 to 230-260 µs, against 125-180 for
+the default profile, which is still handed over. Packing profiles are thus as fast as
+the coordinator, not N shards: the price of one scheduler's answers. (Next step: a
+hand-over naming the node, ``PodRouted`` with the coordinator's choice, would spare the
+directed part's protocol and keep the exact answer.)
+
+``LeastAllocated`` and ``BalancedAllocation`` are summarised, but not exactly either: a
+shard's sums may hide its emptiest node (one empty and one full node look like two
+half-used ones), so a spreading profile's pod may land on another node than one
+scheduler's (a "known difference" of the documentation), and a later pod's fate can
+depend on it. Deciding those here too would put the default profile, and so every pod,
+on the coordinator: measured as above, its CPU per pod went from 125-150 to about
+250 µs and pods/s halved, so it is not done.
 """
 
 from __future__ import annotations
@@ -30,6 +66,29 @@ from engine.model.pods import PodInfo
 from engine.model.state import Bools, ClusterState, Ints
 
 NEVER: Final = np.iinfo(np.int64).min // 4
+
+SUMMARISED: Final = frozenset(
+    {
+        "NodeResourcesBalancedAllocation",
+        "TaintToleration",
+        "NodeAffinity",
+        "InterPodAffinity",
+        "PodTopologySpread",
+    }
+)
+"""The built-in scores a shard's sums (or its best node, for labels and taints) stand
+for when choosing a shard, besides ``NodeResourcesFit``'s ``LeastAllocated``. Any other
+(packing, the GPU policies, a plugin added later) has its units decided on the
+coordinator."""
+
+
+def summarised(plugin: object) -> bool:
+    """Whether the choice of a shard may stand in for one scheduler's choice of node by
+    ``plugin``'s score (a plugin at ``score``)."""
+    name = getattr(plugin, "name", "")
+    if name == "NodeResourcesFit":
+        return getattr(plugin, "strategy", "") == "LeastAllocated"
+    return name in SUMMARISED
 
 
 class ShardNodes(ClusterState):

@@ -12,9 +12,11 @@ profiles, plugins and queue as one shard; what differs is what becomes of a unit
   with its own engine, on its best node, and reports where. Only profiles whose
   filters look at one node at a time are handed over (all built-in filters do), and
   whose scores the coordinator can summarise per shard (:mod:`shards.coordinator.choice`:
-  the built-in ones). A user plugin's filter is honoured either way (it is one of the
-  filters counted); a profile with a user plugin at ``preScore`` or ``score`` (one
-  whose meaning over a shard's sums is unknown) has its pods decided here, on the exact
+  the built-in ones but the packing scores). A user plugin's filter is honoured either
+  way (it is one of the filters counted); a profile with a user plugin at ``preScore``
+  or ``score`` (one whose meaning over a shard's sums is unknown), or with a packing
+  score (``MostAllocated``, ``RequestedToCapacityRatio``, the GPU policies: the fullest
+  node is not where the fullest sums are), has its pods decided here, on the exact
   view, as one scheduler would place them;
 - **decided here** otherwise (the unit does not certainly fit, needs preemption or
   reclaim, or a shard handed it back), exactly as one shard would decide it, on an
@@ -45,7 +47,9 @@ would save only the checks (about 5 µs) where runs are long; publishing per-sha
 capacities from the shards would save the choice (about 12 µs) at the price of a new
 report kind and its replay, and is the next step. Units that need the whole cluster
 (preemption, reclaim, spanning gangs, inter-pod rules, user scores, extenders) are
-decided here on the exact view, as before.
+decided here on the exact view, as before. So are all units of a packing profile
+(:mod:`shards.coordinator.choice` says why, and their cost: one scheduling attempt here
+and a directed part per pod, instead of the choice and the hand-over).
 """
 
 from __future__ import annotations
@@ -78,7 +82,13 @@ from events.types import (
     PreemptionRequested,
     ReservationRequested,
 )
-from shards.coordinator.choice import ShardView, label_scores, scores, shard_columns
+from shards.coordinator.choice import (
+    ShardView,
+    label_scores,
+    scores,
+    shard_columns,
+    summarised,
+)
 from shards.coordinator.flights import ABORTING, MAX_MOVES_REFUSED, MOVES, Claim
 from shards.coordinator.routing import Routing
 
@@ -228,11 +238,16 @@ class ShardDispatch:
 
     def _summarised(self, framework: Framework) -> bool:
         """Whether every plugin at ``framework``'s preScore and score points is one the
-        choice of a shard knows how to summarise (a built-in)."""
+        choice of a shard knows how to summarise (a built-in, and no packing score:
+        :func:`shards.coordinator.choice.summarised`)."""
         known = self._known.get(id(framework))
         if known is None or known[0] is not framework:
             plugins = [*framework.pre_scores, *(entry.plugin for entry in framework.scores)]
-            known = (framework, all(p.name in BUILT_IN for p in plugins))
+            known = (
+                framework,
+                all(p.name in BUILT_IN for p in plugins)
+                and all(summarised(entry.plugin) for entry in framework.scores),
+            )
             self._known[id(framework)] = known
         return known[1]
 
