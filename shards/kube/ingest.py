@@ -46,6 +46,7 @@ from events.types import (
     DisruptionBudgetSet,
     Envelope,
     Event,
+    GroupSpec,
     NodeAdded,
     NodeRemoved,
     NodeSpec,
@@ -63,6 +64,7 @@ from shards.inputs.disruption import KIND as BUDGET_KIND
 from shards.inputs.disruption import disruption_budget
 from shards.inputs.groups import (
     GROUP_KINDS,
+    LABELS,
     dependencies,
     elastic_quota,
     group_membership,
@@ -109,7 +111,10 @@ class KubeIngest:
         self.refused: set[str] = set()
         """Pods refused at admission (ignored until deleted)."""
         self.groups: dict[str, str] = {}
-        """The pod groups told (``namespace/name``) → the dialect that declared each."""
+        """The pod groups told (``namespace/name``) → the dialect that declared each
+        (``labels``: the older coscheduling labels on its pods)."""
+        self.label_minimum: dict[str, int] = {}
+        """The ``min-available`` of each group told from its pods' labels."""
         self.quotas: dict[str, JSON] = {}
         self.budgets: dict[str, BudgetSpec] = {}
         """The PodDisruptionBudgets told, by ``namespace/name``."""
@@ -356,9 +361,14 @@ class KubeIngest:
         if key in self.groups:
             if self.groups[key] == source:
                 return []
+            first = (
+                "a group of that name declared by its pods' labels"
+                if self.groups[key] == LABELS
+                else f"a {self.groups[key]} PodGroup of that name"
+            )
             problem = InputError(
-                f"a {self.groups[key]} PodGroup of that name is already scheduled; pods "
-                "join a group by its name, so this one is left out"
+                f"{first} is already scheduled; pods join a group by its name, so this "
+                "one is left out"
             )
             return self._reject(f"{source} PodGroup {key}", problem)
         obj = {**obj, "apiVersion": api_version}
@@ -371,6 +381,29 @@ class KubeIngest:
             log.warning("%s PodGroup %s: %s: %s", source, key, where, message)
         self.groups[key] = source
         return [PodGroupSubmitted(group=group)]
+
+    def _labelled_group(self, key: str, minimum: int | None) -> list[Event]:
+        """The group a pod names by the older coscheduling labels (no object), with
+        ``min-available``: told once, with its first member, unless a PodGroup object of
+        that name was told first (the object wins, as in ``simulate``). A member whose
+        ``min-available`` differs from the first member's is refused, as ``simulate``
+        refuses the scenario."""
+        if minimum is None:
+            return []
+        known = self.groups.get(key)
+        if known is None:
+            self.groups[key] = LABELS
+            self.label_minimum[key] = minimum
+            namespace, name = key.split("/", 1)
+            spec = GroupSpec(namespace=namespace, name=name, min_member=minimum, source=LABELS)
+            return [PodGroupSubmitted(group=spec)]
+        first = self.label_minimum.get(key, minimum)
+        if known == LABELS and first != minimum:
+            raise InputError(
+                f"min-available {minimum} differs from {first} on an earlier member",
+                location="metadata.labels",
+            )
+        return []
 
     def _group_of(self, dialect: Dialect) -> Callable[[str, JSON], list[Event]]:
         """The handler of ``dialect``'s PodGroups, at the version its reflector found."""
@@ -461,7 +494,7 @@ class KubeIngest:
                 return []  # not to be scheduled until its gates are removed (an update)
             try:
                 parsed = pod_spec(obj, self.classes)
-                group, _ = group_membership(obj)
+                group, minimum = group_membership(obj)
                 parsed = msgspec.structs.replace(
                     parsed,
                     group=group,
@@ -473,12 +506,16 @@ class KubeIngest:
                 return self._refuse_pod(key, meta, exc)
             if claimed is None:
                 return []  # waits for its DRA claims (shards/kube/draingest.py)
+            try:
+                told = self._labelled_group(group, minimum)
+            except InputError as exc:
+                return self._refuse_pod(key, meta, exc)
             parsed = claimed
             if not node:
                 for field, message in unused_fields(spec):
                     log.warning("pod %s: %s: %s", key, field, message)
             self.pods[key] = node
-            events: list[Event] = [PodSubmitted(pod=parsed)]
+            events: list[Event] = [*told, PodSubmitted(pod=parsed)]
             if node:
                 observed = self._observed(key, node, meta)
                 events.append(self.dra.observed(observed, parsed, self.nodes.get(node)))
