@@ -136,6 +136,15 @@ async def test_a_kubernetes_pod_group_is_scheduled_whole_or_not_at_all(
         found = _condition(apiserver, "KubePodGroup", "train-workers", INITIALLY_SCHEDULED)
         assert found["reason"] == "Unschedulable" and found["message"], found
         assert _bound(apiserver, members) == []
+        # its message is the engine's answer for the gang, as its members are told
+        assert service.bus is not None
+        answers = {
+            e.event.answer.text()
+            for p in range(service.bus.partitions)
+            for e in await service.bus.read(p, 0)
+            if isinstance(e.event, PodUnschedulable) and e.event.answer is not None
+        }
+        assert found["message"] in answers, (found["message"], answers)
         room = node("n2", cpu="2")
         room["metadata"]["labels"][POOL_LABEL] = "a"
         apiserver.put("Node", room)
