@@ -12,8 +12,10 @@ the repeated events are absorbed by the shards' idempotent handlers.
 Kinds: Nodes; Pods (unbound ones whose ``schedulerName`` one of the profiles serves,
 and bound ones of any scheduler, for accounting; listed once nodes are, so that the
 first pods find them); PriorityClasses (listed first, since pods need them); the
-pod-group kinds of scheduler-plugins, and Kubernetes', Volcano's and KAI's PodGroups
-where the server serves them (``shards.kube.groups``); ElasticQuotas; PodDisruptionBudgets
+pod-group kinds of scheduler-plugins, and Kubernetes', Volcano's, KAI's and Tencent's
+PodGroups where the server serves them (``shards.kube.groups``), and the groups the older
+coscheduling labels on pods declare (told once, with their first member, as ``simulate``
+does); ElasticQuotas; PodDisruptionBudgets
 (``policy/v1``, which every server since v1.21 serves; where it is not served,
 ``policy/v1beta1``); DRA's ResourceSlices, DeviceClasses and ResourceClaims
 where ``resource.k8s.io/v1`` is served (:mod:`shards.kube.draingest`). An object the

@@ -1,8 +1,9 @@
 """``shoal serve`` with the pod-group dialects it watches besides scheduler-plugins':
 Kubernetes' own Workload and PodGroup (``scheduling.k8s.io/v1beta1``, on the real
-kube-apiserver v1.37 with ``GenericWorkload``), Volcano's and KAI's PodGroups (their
-CRDs: ``tests/fixtures/crds``), on the in-repo and the real API server; and a dialect
-whose CRD is not installed, told once and not watched."""
+kube-apiserver v1.37 with ``GenericWorkload``), Volcano's, KAI's and Tencent's PodGroups
+(their CRDs: ``tests/fixtures/crds``) and the older coscheduling labels (no object), on
+the in-repo and the real API server; and a dialect whose CRD is not installed, told
+once and not watched."""
 
 from __future__ import annotations
 
