@@ -118,6 +118,8 @@ MEMBER_LABELS: Final = (
     ("annotation", "pod-group-name"),
 )
 MIN_AVAILABLE: Final = "pod-group.scheduling.sigs.k8s.io/min-available"
+LABELS: Final = "labels"
+"""``GroupSpec.source`` of a group declared only by its pods' older coscheduling labels."""
 _DURATION: Final = re.compile(
     r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?(?:(\d+(?:\.\d+)?)s)?$"
 )

@@ -182,6 +182,11 @@ class KubeBinder:
             recheck=int(recheck_seconds * NS_PER_S),
         )
         self.group_sources: dict[str, str] = {}
+        self.group_of: dict[str, str] = {}
+        """Each pod that joins a group → its group."""
+        self.group_answers: dict[str, str] = {}
+        """Each group's latest answer (the text of its members' ``PodUnschedulable``):
+        the message of a Kubernetes PodGroup's ``Unschedulable`` condition."""
         self.kubernetes_groups = KubernetesGroupStatus(api, self._retry)
         self.control = control
         """Several shards: the control partition, whose groups' status (the coordinator's
@@ -288,6 +293,7 @@ class KubeBinder:
             case PodDeleted(pod=key) | PodSucceeded(pod=key) | PodFailed(pod=key):
                 self.uids.pop(key, None)
                 self.gpus.pop(key, None)
+                self.group_of.pop(key, None)
                 self._gone(key)
             case _:
                 pass
@@ -295,6 +301,8 @@ class KubeBinder:
     def _learn_pod(self, spec: PodSpec) -> None:
         if spec.uid:
             self.uids[spec.key] = spec.uid
+        if spec.group:
+            self.group_of[spec.key] = spec.group
         gpu = pod_gpu(spec)
         if gpu is not None:
             self.gpus[spec.key] = gpu
@@ -659,10 +667,14 @@ class KubeBinder:
                         await self._group_status(event)
                     except _Unavailable as exc:  # informational: not retried
                         log.warning("group status not written group=%s: %s", event.group, exc)
-                case PodSubmitted(pod=spec) if spec.uid:
-                    self.control_uids[spec.key] = spec.uid
+                case PodSubmitted(pod=spec) if spec.uid or spec.group:
+                    if spec.uid:
+                        self.control_uids[spec.key] = spec.uid
+                    if spec.group:
+                        self.group_of[spec.key] = spec.group
                 case PodDeleted(pod=key) | PodSucceeded(pod=key) | PodFailed(pod=key):
                     self.control_uids.pop(key, None)
+                    self.group_of.pop(key, None)
                     self._forget_told(key)
                 case PodBound(pod=key):
                     self._forget_told(key)  # (a shard's, relayed) bound: no more to tell
@@ -686,6 +698,9 @@ class KubeBinder:
         Event, and its ``PodScheduled`` condition (written when its message changes)."""
         message = unschedulable_message(event)
         key = event.pod
+        group = self.group_of.get(key)
+        if group and event.answer is not None:
+            self.group_answers[group] = event.answer.text()
         try:
             if await self.recorder.warn(key, uid, "FailedScheduling", message):
                 self.counters["events"] += 1
@@ -700,9 +715,12 @@ class KubeBinder:
 
     async def _group_status(self, event: PodGroupStatusChanged) -> None:
         source = self.group_sources.get(event.group)
+        answer = self.group_answers.get(event.group, "")
+        if event.phase != "Pending":
+            self.group_answers.pop(event.group, None)
         if source == KUBERNETES.source:
             try:
-                if await self.kubernetes_groups.write(event):
+                if await self.kubernetes_groups.write(event, answer):
                     self.counters["group_status"] += 1
             except ApiException as exc:
                 if exc.status != 404:

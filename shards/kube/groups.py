@@ -9,8 +9,12 @@ Watched, where the server serves them (each its own reflector in ingest):
   gang; pods join by ``spec.schedulingGroup.podGroupName``. Workloads are not watched:
   a Workload holds only the templates a controller copies into PodGroups, and pods
   join PodGroups.
-- Volcano's ``scheduling.volcano.sh/v1beta1`` PodGroup and KAI's
-  ``scheduling.run.ai/v2alpha2`` PodGroup, where their CRDs are installed.
+- Volcano's ``scheduling.volcano.sh/v1beta1`` PodGroup, KAI's
+  ``scheduling.run.ai/v2alpha2`` PodGroup and Tencent batch-scheduler's
+  ``batch.scheduler.tencent.com/v1`` PodGroup, where their CRDs are installed.
+
+The older coscheduling labels (no object) are read from the pods themselves
+(``shards.kube.ingest``).
 
 A dialect the server does not serve is told once at INFO and looked for again every
 ``recheck_seconds`` (quietly), so that installing its CRD later needs no restart; its
@@ -65,6 +69,7 @@ DIALECTS: Final = (
     KUBERNETES,
     Dialect("volcano", "scheduling.volcano.sh", ("v1beta1",)),
     Dialect("kai", "scheduling.run.ai", ("v2alpha2",)),
+    Dialect("tencent", "batch.scheduler.tencent.com", ("v1",)),
 )
 
 
@@ -156,6 +161,7 @@ def _list_calls(api: ApiClient) -> dict[tuple[str, str], Callable[..., Awaitable
         ("scheduling.k8s.io", "v1alpha2"): _list_call(api, "scheduling.k8s.io", "v1alpha2"),
         ("scheduling.volcano.sh", "v1beta1"): _list_call(api, "scheduling.volcano.sh", "v1beta1"),
         ("scheduling.run.ai", "v2alpha2"): _list_call(api, "scheduling.run.ai", "v2alpha2"),
+        ("batch.scheduler.tencent.com", "v1"): _list_call(api, "batch.scheduler.tencent.com", "v1"),
     }
 
 

@@ -1,12 +1,15 @@
 """The status shoal writes on Kubernetes' own PodGroups (``scheduling.k8s.io``), as
 kube-scheduler does: the condition ``PodGroupInitiallyScheduled`` (``True``, reason
-``Scheduled``, once the gang is placed; ``False``, reason ``Unschedulable``, with the
-engine's reason, while it cannot be; a ``True`` is never taken back, as
+``Scheduled``, once the gang is placed; ``False``, reason ``Unschedulable``, while it
+cannot be, its message the engine's answer for the gang (why, and what to do, as its
+members' ``FailedScheduling`` Events say; the engine's reason where there is none); a
+``True`` is never taken back, as
 kube-scheduler's is not), and ``DisruptionTarget`` (reason ``PreemptionByScheduler``)
 when its members are preempted (:func:`conditions_after`). The binder writes it.
 
-Volcano's and KAI's PodGroup status is their own schedulers' and controllers' (phases,
-queue admission): shoal leaves it alone.
+Volcano's, KAI's and Tencent's PodGroup status is their own schedulers' and
+controllers' (phases, queue admission): shoal leaves it alone. scheduler-plugins'
+PodGroup status has no message field (phase and counts only: the binder writes those).
 """
 
 from __future__ import annotations
@@ -34,9 +37,10 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def wanted_conditions(event: PodGroupStatusChanged) -> list[JSON]:
+def wanted_conditions(event: PodGroupStatusChanged, answer: str = "") -> list[JSON]:
     """The conditions kube-scheduler would set for what ``event`` says (none yet for a
-    group not tried: pending without a reason)."""
+    group not tried: pending without a reason); ``answer``, the engine's answer for the
+    gang, is the message of ``Unschedulable`` (``event.reason`` without one)."""
     out: list[JSON] = []
     if event.phase in ("Scheduled", "Succeeded"):
         out.append(
@@ -53,7 +57,7 @@ def wanted_conditions(event: PodGroupStatusChanged) -> list[JSON]:
                 "type": INITIALLY_SCHEDULED,
                 "status": "False",
                 "reason": "Unschedulable",
-                "message": event.reason[:32768],
+                "message": (answer or event.reason)[:32768],
             }
         )
     if event.reason.startswith(PREEMPTED_BY):
@@ -69,7 +73,10 @@ def wanted_conditions(event: PodGroupStatusChanged) -> list[JSON]:
 
 
 def conditions_after(
-    current: Mapping[str, Any], event: PodGroupStatusChanged, now: str | None = None
+    current: Mapping[str, Any],
+    event: PodGroupStatusChanged,
+    now: str | None = None,
+    answer: str = "",
 ) -> list[JSON] | None:
     """The PodGroup's ``status.conditions`` once ``event`` is told (as apimachinery's
     ``SetStatusCondition``: ``lastTransitionTime`` moves only when the status does), or
@@ -78,7 +85,7 @@ def conditions_after(
     conditions: list[JSON] = [dict(c) for c in status.get("conditions") or []]
     generation = (current.get("metadata") or {}).get("generation") or 0
     changed = False
-    for told in wanted_conditions(event):
+    for told in wanted_conditions(event, answer):
         wanted = {**told, "observedGeneration": generation}
         found = next((c for c in conditions if c.get("type") == wanted["type"]), None)
         if found is None:
@@ -137,8 +144,9 @@ class KubernetesGroupStatus:
         self.retry = retry
         self.versions = KUBERNETES.versions
 
-    async def write(self, event: PodGroupStatusChanged) -> bool:
-        """Write what ``event`` says on its PodGroup; False when nothing changed. A
+    async def write(self, event: PodGroupStatusChanged, answer: str = "") -> bool:
+        """Write what ``event`` says on its PodGroup (``answer``: the engine's answer
+        for the gang, see :func:`wanted_conditions`); False when nothing changed. A
         PodGroup that is gone raises the 404."""
         namespace, _, name = event.group.partition("/")
         for version in self.versions:
@@ -150,7 +158,7 @@ class KubernetesGroupStatus:
                     continue
                 raise
             self.versions = (version, *(v for v in self.versions if v != version))
-            conditions = conditions_after(current, event)
+            conditions = conditions_after(current, event, answer=answer)
             if conditions is None:
                 return False
             # the whole list, as read with this one changed: a condition another writer

@@ -12,8 +12,10 @@ the repeated events are absorbed by the shards' idempotent handlers.
 Kinds: Nodes; Pods (unbound ones whose ``schedulerName`` one of the profiles serves,
 and bound ones of any scheduler, for accounting; listed once nodes are, so that the
 first pods find them); PriorityClasses (listed first, since pods need them); the
-pod-group kinds of scheduler-plugins, and Kubernetes', Volcano's and KAI's PodGroups
-where the server serves them (``shards.kube.groups``); ElasticQuotas; PodDisruptionBudgets
+pod-group kinds of scheduler-plugins, and Kubernetes', Volcano's, KAI's and Tencent's
+PodGroups where the server serves them (``shards.kube.groups``), and the groups the older
+coscheduling labels on pods declare (told once, with their first member, as ``simulate``
+does); ElasticQuotas; PodDisruptionBudgets
 (``policy/v1``, which every server since v1.21 serves; where it is not served,
 ``policy/v1beta1``); DRA's ResourceSlices, DeviceClasses and ResourceClaims
 where ``resource.k8s.io/v1`` is served (:mod:`shards.kube.draingest`). An object the
@@ -46,6 +48,7 @@ from events.types import (
     DisruptionBudgetSet,
     Envelope,
     Event,
+    GroupSpec,
     NodeAdded,
     NodeRemoved,
     NodeSpec,
@@ -63,6 +66,7 @@ from shards.inputs.disruption import KIND as BUDGET_KIND
 from shards.inputs.disruption import disruption_budget
 from shards.inputs.groups import (
     GROUP_KINDS,
+    LABELS,
     dependencies,
     elastic_quota,
     group_membership,
@@ -109,7 +113,10 @@ class KubeIngest:
         self.refused: set[str] = set()
         """Pods refused at admission (ignored until deleted)."""
         self.groups: dict[str, str] = {}
-        """The pod groups told (``namespace/name``) → the dialect that declared each."""
+        """The pod groups told (``namespace/name``) → the dialect that declared each
+        (``labels``: the older coscheduling labels on its pods)."""
+        self.label_minimum: dict[str, int] = {}
+        """The ``min-available`` of each group told from its pods' labels."""
         self.quotas: dict[str, JSON] = {}
         self.budgets: dict[str, BudgetSpec] = {}
         """The PodDisruptionBudgets told, by ``namespace/name``."""
@@ -356,9 +363,14 @@ class KubeIngest:
         if key in self.groups:
             if self.groups[key] == source:
                 return []
+            first = (
+                "a group of that name declared by its pods' labels"
+                if self.groups[key] == LABELS
+                else f"a {self.groups[key]} PodGroup of that name"
+            )
             problem = InputError(
-                f"a {self.groups[key]} PodGroup of that name is already scheduled; pods "
-                "join a group by its name, so this one is left out"
+                f"{first} is already scheduled; pods join a group by its name, so this "
+                "one is left out"
             )
             return self._reject(f"{source} PodGroup {key}", problem)
         obj = {**obj, "apiVersion": api_version}
@@ -371,6 +383,29 @@ class KubeIngest:
             log.warning("%s PodGroup %s: %s: %s", source, key, where, message)
         self.groups[key] = source
         return [PodGroupSubmitted(group=group)]
+
+    def _labelled_group(self, key: str, minimum: int | None) -> list[Event]:
+        """The group a pod names by the older coscheduling labels (no object), with
+        ``min-available``: told once, with its first member, unless a PodGroup object of
+        that name was told first (the object wins, as in ``simulate``). A member whose
+        ``min-available`` differs from the first member's is refused, as ``simulate``
+        refuses the scenario."""
+        if minimum is None:
+            return []
+        known = self.groups.get(key)
+        if known is None:
+            self.groups[key] = LABELS
+            self.label_minimum[key] = minimum
+            namespace, name = key.split("/", 1)
+            spec = GroupSpec(namespace=namespace, name=name, min_member=minimum, source=LABELS)
+            return [PodGroupSubmitted(group=spec)]
+        first = self.label_minimum.get(key, minimum)
+        if known == LABELS and first != minimum:
+            raise InputError(
+                f"min-available {minimum} differs from {first} on an earlier member",
+                location="metadata.labels",
+            )
+        return []
 
     def _group_of(self, dialect: Dialect) -> Callable[[str, JSON], list[Event]]:
         """The handler of ``dialect``'s PodGroups, at the version its reflector found."""
@@ -461,7 +496,7 @@ class KubeIngest:
                 return []  # not to be scheduled until its gates are removed (an update)
             try:
                 parsed = pod_spec(obj, self.classes)
-                group, _ = group_membership(obj)
+                group, minimum = group_membership(obj)
                 parsed = msgspec.structs.replace(
                     parsed,
                     group=group,
@@ -473,12 +508,16 @@ class KubeIngest:
                 return self._refuse_pod(key, meta, exc)
             if claimed is None:
                 return []  # waits for its DRA claims (shards/kube/draingest.py)
+            try:
+                told = self._labelled_group(group, minimum)
+            except InputError as exc:
+                return self._refuse_pod(key, meta, exc)
             parsed = claimed
             if not node:
                 for field, message in unused_fields(spec):
                     log.warning("pod %s: %s: %s", key, field, message)
             self.pods[key] = node
-            events: list[Event] = [PodSubmitted(pod=parsed)]
+            events: list[Event] = [*told, PodSubmitted(pod=parsed)]
             if node:
                 observed = self._observed(key, node, meta)
                 events.append(self.dra.observed(observed, parsed, self.nodes.get(node)))

@@ -268,6 +268,7 @@ def test_the_calls_read_from_the_code_are_the_ones_expected() -> None:
             ("scheduling.k8s.io", "podgroups"),
             ("scheduling.volcano.sh", "podgroups"),
             ("scheduling.run.ai", "podgroups"),
+            ("batch.scheduler.tencent.com", "podgroups"),
             ("scheduling.x-k8s.io", "elasticquotas"),
             ("policy", "poddisruptionbudgets"),
             ("resource.k8s.io", "resourceslices"),

@@ -53,8 +53,9 @@ stays honest. It is faithful to the real server in what shoal depends on:
 - errors are ``Status`` objects with ``reason`` and ``code``;
 - discovery of each API group version (``GET /apis/GROUP/VERSION``: the kinds served
   there); Kubernetes' own Workload and PodGroup (``scheduling.k8s.io/v1beta1``), and
-  Volcano's and KAI's PodGroups, which tests call ``KubePodGroup``, ``VolcanoPodGroup``
-  and ``KaiPodGroup`` (``PodGroup`` is scheduler-plugins'); ``without`` leaves API
+  Volcano's, KAI's and Tencent's PodGroups, which tests call ``KubePodGroup``,
+  ``VolcanoPodGroup``, ``KaiPodGroup`` and ``TencentPodGroup`` (``PodGroup`` is
+  scheduler-plugins'); ``without`` leaves API
   groups out (a CRD not installed, a feature gate off).
 
 Where it is not faithful: no authentication or authorization (any token passes); no
@@ -140,6 +141,7 @@ KINDS = [
     Kind("scheduling.k8s.io", "v1beta1", "workloads", "Workload", True),
     Kind("scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup", True, "VolcanoPodGroup"),
     Kind("scheduling.run.ai", "v2alpha2", "podgroups", "PodGroup", True, "KaiPodGroup"),
+    Kind("batch.scheduler.tencent.com", "v1", "podgroups", "PodGroup", True, "TencentPodGroup"),
 ]
 FIELDS: dict[str, Callable[[JSON], str]] = {
     "metadata.name": lambda o: o.get("metadata", {}).get("name", ""),

@@ -84,6 +84,7 @@ WITH_STATUS = {
     "KubePodGroup",
     "VolcanoPodGroup",
     "KaiPodGroup",
+    "TencentPodGroup",
 }
 """Kinds whose status is written through the status subresource only."""
 EMPTIED = [
@@ -94,6 +95,7 @@ EMPTIED = [
     "Workload",
     "VolcanoPodGroup",
     "KaiPodGroup",
+    "TencentPodGroup",
     "ElasticQuota",
     "PodDisruptionBudget",
     "Lease",
@@ -103,7 +105,8 @@ CRDS = [
     *sorted((ROOT / "deploy" / "crds").glob("*.yaml")),
     *sorted((ROOT / "tests" / "fixtures" / "crds").glob("*.yaml")),
 ]
-"""scheduler-plugins' CRDs (``deploy/crds``) and stand-ins for Volcano's and KAI's."""
+"""scheduler-plugins' CRDs (``deploy/crds``) and stand-ins for Volcano's, KAI's and
+Tencent's."""
 
 
 def missing() -> str | None:
@@ -191,6 +194,7 @@ class RealApiServer:
                 self._call("GET", "/apis/scheduling.x-k8s.io/v1alpha1/elasticquotas")
                 self._call("GET", "/apis/scheduling.volcano.sh/v1beta1/podgroups")
                 self._call("GET", "/apis/scheduling.run.ai/v2alpha2/podgroups")
+                self._call("GET", "/apis/batch.scheduler.tencent.com/v1/podgroups")
                 self._call("GET", "/api/v1/namespaces/default")
                 return
             except urllib.error.HTTPError:

@@ -16,8 +16,12 @@ deleted at once. A run has settled when each pod is bound, gone, or marked
 Only cases whose outcome depends on no tie are here: which pod goes first is fixed by
 creating them in stages (each waited for), and nodes are compared only where a single
 node is right. Left out on purpose: anything scored (kube-scheduler's
-LeastAllocated/BalancedAllocation spread against shoal's profiles' own scoring), and
-DRA claims (shoal's DRA allocation is another change, not yet on this branch).
+LeastAllocated/BalancedAllocation spread against shoal's profiles' own scoring).
+
+DRA: the test publishes a ResourceSlice per node of a case that has devices (as a
+driver would; pool named after the node) and creates ResourceClaims directly (no
+template: no resourceclaim controller runs here); each claim's outcome is the node
+whose devices its ``status.allocation`` names, or ``pending`` while it has none.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import asyncio
 import copy
 import urllib.error
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -43,6 +47,9 @@ PENDING = "pending"
 PREEMPTED = "preempted"
 PLACED = "placed"
 PRIORITIES = {"diff-low": 10, "diff-mid": 100, "diff-high": 1000}
+DRIVER = "gpu.example.com"
+DRA = "resource.k8s.io/v1"
+DEVICE_CLASS = "diff-gpu"
 
 
 def _node(name: str, cpu: str = "4", taints: list[JSON] | None = None, **labels: str) -> JSON:
@@ -112,17 +119,51 @@ def _gang(name: str, count: int) -> list[JSON]:
     return [workload, group, *members]
 
 
+def _claim(name: str, count: int) -> JSON:
+    """A ResourceClaim for ``count`` devices of the test's class."""
+    request = {"name": "gpus", "exactly": {"deviceClassName": DEVICE_CLASS, "count": count}}
+    return {
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [request]}},
+    }
+
+
+def _claiming(name: str, claim: str) -> JSON:
+    """A one-cpu pod using the ResourceClaim ``claim``."""
+    item = _pod(name, resourceClaims=[{"name": "gpu", "resourceClaimName": claim}])
+    item["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+    return item
+
+
+def _slice(node: str, devices: int) -> JSON:
+    return {
+        "apiVersion": DRA,
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-gpus"},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": f"gpu-{i}"} for i in range(devices)],
+        },
+    }
+
+
 @dataclass(frozen=True)
 class Case:
     """Nodes, then objects created stage by stage (each settled before the next), and
     the one right outcome: pod → node, ``pending`` or ``preempted`` (``placed`` where
-    the node is not unique)."""
+    the node is not unique); ``claim/NAME`` → the node of the devices allocated to
+    the ResourceClaim, or ``pending``."""
 
     name: str
     nodes: list[JSON]
     stages: list[list[JSON]]
     expected: dict[str, str]
     unique_nodes: bool = True
+    devices: dict[str, int] = field(default_factory=dict)
+    """Node → the GPUs its ResourceSlice publishes."""
 
 
 CASES = [
@@ -234,6 +275,17 @@ CASES = [
         {**{f"a{i}": PLACED for i in range(3)}, **{f"b{i}": PENDING for i in range(3)}},
         unique_nodes=False,
     ),
+    Case(
+        "dra",
+        [_node("n0"), _node("n1"), _node("n2")],
+        [
+            [_claim("three-a", 3), _claiming("a", "three-a")],
+            [_claim("three-b", 3), _claiming("b", "three-b")],
+        ],
+        # only n1 has 3 devices; once a holds 3 of them, no node has 3 for b
+        {"a": "n1", "b": PENDING, "claim/three-a": "n1", "claim/three-b": PENDING},
+        devices={"n0": 2, "n1": 4, "n2": 2},
+    ),
 ]
 
 
@@ -250,6 +302,7 @@ class Run:
         self.namespace = f"diff-{tag}"
         self.scheduler = scheduler
         self.pods: list[str] = []
+        self.claims: list[str] = []
 
     def node(self, logical: str) -> str:
         return f"{self.tag}-{logical}"
@@ -260,11 +313,14 @@ class Run:
     def create_nodes(self) -> None:
         for body in self.case.nodes:
             item = copy.deepcopy(body)
-            name = self.node(item["metadata"]["name"])
+            logical = item["metadata"]["name"]
+            name = self.node(logical)
             item["metadata"]["name"] = name
             item["metadata"]["labels"][HOSTNAME] = name
             item["metadata"]["labels"][RUN_LABEL] = self.tag
             self.real.put("Node", item)
+            if logical in self.case.devices:
+                self.real.apply(_slice(name, self.case.devices[logical]))
 
     def create(self, stage: list[JSON]) -> None:
         self.real.namespace(self.namespace)
@@ -280,6 +336,10 @@ class Run:
                     selector[HOSTNAME] = self.node(selector[HOSTNAME])
                 selector[RUN_LABEL] = self.tag
                 self.pods.append(item["metadata"]["name"])
+            if kind == "ResourceClaim":
+                self.claims.append(item["metadata"]["name"])
+                self.real.apply({"apiVersion": DRA, "kind": kind, **item})
+                continue
             self.real.put(kind, item)
 
     def _pods(self) -> list[JSON]:
@@ -339,17 +399,39 @@ class Run:
             last = now
             await asyncio.sleep(0.5)
 
+    def claim_outcome(self, name: str) -> str:
+        """The node whose devices the claim's allocation names (all distinct, all of
+        that node's slice), ``pending`` while it has none, else what it names."""
+        path = f"/apis/{DRA}/namespaces/{self.namespace}/resourceclaims/{name}"
+        allocation = (self.real._call("GET", path).get("status") or {}).get("allocation")
+        if not allocation:
+            return PENDING
+        results = allocation["devices"]["results"]
+        pools = {(r["driver"], r["pool"]) for r in results}
+        devices = [r["device"] for r in results]
+        if len(pools) == 1 and len(set(devices)) == len(devices):
+            driver, pool = next(iter(pools))
+            logical = self.logical(pool)
+            known = {f"gpu-{i}" for i in range(self.case.devices.get(logical, 0))}
+            if driver == DRIVER and set(devices) <= known:
+                return logical
+        return f"devices {sorted(pools)} {devices}"
+
     async def play(self) -> dict[str, str]:
         self.create_nodes()
         outcome: dict[str, str] = {}
         for stage in self.case.stages:
             self.create(stage)
             outcome = await self.settle()
-        return outcome
+        return {**outcome, **{f"claim/{c}": self.claim_outcome(c) for c in self.claims}}
 
     def remove_nodes(self) -> None:
         for body in self.case.nodes:
-            self.real.remove("Node", self.node(body["metadata"]["name"]))
+            logical = body["metadata"]["name"]
+            self.real.remove("Node", self.node(logical))
+            if logical in self.case.devices:
+                path = f"/apis/{DRA}/resourceslices/{self.node(logical)}-gpus"
+                self.real._call("DELETE", path)
 
 
 # ---------------------------------------------------------------------------- fixtures
@@ -381,9 +463,23 @@ PEER_OUTCOMES: dict[str, dict[str, str]] = {}
 
 
 def _priorities(real: RealApiServer) -> None:
+    """The priority classes and the DRA cases' DeviceClass."""
     for name, value in PRIORITIES.items():
         if real.get("PriorityClass", name) is None:
             real.put("PriorityClass", {"metadata": {"name": name}, "value": value})
+    expression = {"cel": {"expression": f'device.driver == "{DRIVER}"'}}
+    try:
+        real.apply(
+            {
+                "apiVersion": DRA,
+                "kind": "DeviceClass",
+                "metadata": {"name": DEVICE_CLASS},
+                "spec": {"selectors": [expression]},
+            }
+        )
+    except urllib.error.HTTPError as exc:
+        if exc.code != 409:
+            raise
 
 
 async def _play(runs: list[Run]) -> list[dict[str, str]]:

@@ -1,8 +1,9 @@
 """``shoal serve`` with the pod-group dialects it watches besides scheduler-plugins':
 Kubernetes' own Workload and PodGroup (``scheduling.k8s.io/v1beta1``, on the real
-kube-apiserver v1.37 with ``GenericWorkload``), Volcano's and KAI's PodGroups (their
-CRDs: ``tests/fixtures/crds``), on the in-repo and the real API server; and a dialect
-whose CRD is not installed, told once and not watched."""
+kube-apiserver v1.37 with ``GenericWorkload``), Volcano's, KAI's and Tencent's PodGroups
+(their CRDs: ``tests/fixtures/crds``) and the older coscheduling labels (no object), on
+the in-repo and the real API server; and a dialect whose CRD is not installed, told
+once and not watched."""
 
 from __future__ import annotations
 
@@ -16,7 +17,15 @@ import pytest
 
 from engine.model.pools import POOL_LABEL
 from events.memory import MemoryLog
-from events.types import Envelope, PodBound, PodGroupStatusChanged, PodGroupSubmitted
+from events.types import (
+    Envelope,
+    PodBound,
+    PodGroupStatusChanged,
+    PodGroupSubmitted,
+    PodRejected,
+    PodSubmitted,
+    PodUnschedulable,
+)
 from shards.kube.client import api_client
 from shards.kube.groupstatus import DISRUPTION_TARGET, INITIALLY_SCHEDULED, conditions_after
 from shards.kube.ingest import KubeIngest
@@ -128,6 +137,15 @@ async def test_a_kubernetes_pod_group_is_scheduled_whole_or_not_at_all(
         found = _condition(apiserver, "KubePodGroup", "train-workers", INITIALLY_SCHEDULED)
         assert found["reason"] == "Unschedulable" and found["message"], found
         assert _bound(apiserver, members) == []
+        # its message is the engine's answer for the gang, as its members are told
+        assert service.bus is not None
+        answers = {
+            e.event.answer.text()
+            for p in range(service.bus.partitions)
+            for e in await service.bus.read(p, 0)
+            if isinstance(e.event, PodUnschedulable) and e.event.answer is not None
+        }
+        assert found["message"] in answers, (found["message"], answers)
         room = node("n2", cpu="2")
         room["metadata"]["labels"][POOL_LABEL] = "a"
         apiserver.put("Node", room)
@@ -190,6 +208,95 @@ async def test_volcano_and_kai_pod_groups_are_watched_live(apiserver: Any) -> No
         "default/vc": ("volcano", 3),
         "default/kai": ("kai", 2),
     }
+
+
+async def _unschedulable(service: Service, pods: list[str]) -> None:
+    """Wait until the log says each of ``pods`` found no node."""
+    assert service.bus is not None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    while True:
+        parts = [await service.bus.read(p, 0) for p in range(service.bus.partitions)]
+        told = {e.event.pod for p in parts for e in p if isinstance(e.event, PodUnschedulable)}
+        if {f"default/{n}" for n in pods} <= told:
+            return
+        assert loop.time() < deadline, f"not all unschedulable: {sorted(told)}"
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.real_kube
+@pytest.mark.parametrize("shards", [1, 2])
+async def test_tencent_and_labelled_gangs_are_watched_live(apiserver: Any, shards: int) -> None:
+    """A Tencent batch-scheduler PodGroup (minMember 3, pods joined by its label) and a
+    gang of the older coscheduling labels (name and min-available 3 on each pod, no
+    object) on one 2-cpu node: neither gang fits, no member is bound; a 4-cpu node makes
+    room for both and all six bind. The label gang is told once, as ``simulate`` tells
+    it; the log replays."""
+    apiserver.put("Node", node("n0", cpu="2"))
+    apiserver.put(
+        "TencentPodGroup",
+        {"metadata": {"name": "tc", "namespace": "default"}, "spec": {"minMember": 3}},
+    )
+    tencent = [f"tc{i}" for i in range(3)]
+    labelled = [f"lb{i}" for i in range(3)]
+    for name in tencent:
+        apiserver.put("Pod", pod(name, labels={"group.batch.scheduler.tencent.com": "tc"}))
+    for name in labelled:
+        labels = {
+            "pod-group.scheduling.sigs.k8s.io/name": "lb",
+            "pod-group.scheduling.sigs.k8s.io/min-available": "3",
+        }
+        apiserver.put("Pod", pod(name, labels=labels))
+    async with _serving(apiserver, shards) as service:
+        await _unschedulable(service, tencent + labelled)
+        assert _bound(apiserver, tencent + labelled) == []
+        apiserver.put("Node", node("n1", cpu="4"))
+        await eventually(lambda: len(_bound(apiserver, tencent + labelled)) == 6, timeout=60)
+        parts = await _replays(service, shards)
+    told = [
+        (e.event.group.key, e.event.group.source, e.event.group.min_member)
+        for part in parts
+        for e in part
+        if isinstance(e.event, PodGroupSubmitted) and e.producer == "ingest"
+    ]
+    assert sorted(told) == [("default/lb", "labels", 3), ("default/tc", "tencent", 3)]
+
+
+async def test_a_member_whose_min_available_differs_is_refused() -> None:
+    """Two pods naming one group by the older labels with different min-available: the
+    second is refused at admission (``simulate`` refuses such a scenario), the group is
+    told once, with the first member's minimum."""
+    server = FakeApiServer()
+    await server.start()
+    api = await api_client(host=server.url, token="test-token")
+    try:
+        server.put("Node", node("n0", cpu="4"))
+        for name, minimum in (("a", "2"), ("b", "3")):
+            labels = {
+                "pod-group.scheduling.sigs.k8s.io/name": "g",
+                "pod-group.scheduling.sigs.k8s.io/min-available": minimum,
+            }
+            server.put("Pod", pod(name, labels=labels))
+        log = MemoryLog()
+        ingest = KubeIngest(api, log, watch_seconds=1)
+        stop = asyncio.Event()
+        task = asyncio.create_task(ingest.run(stop))
+        await asyncio.wait_for(ingest.synced(), 10)
+        await eventually(lambda: any(isinstance(e.event, PodRejected) for e in log._parts[0]))
+        events = [e.event for e in log._parts[0]]
+        groups = [e.group for e in events if isinstance(e, PodGroupSubmitted)]
+        assert [(g.key, g.min_member, g.source) for g in groups] == [("default/g", 2, "labels")]
+        refused = [e for e in events if isinstance(e, PodRejected)]
+        assert [r.pod for r in refused] == ["default/b"]
+        assert "min-available 3 differs from 2" in refused[0].reason
+        submitted = [e.pod.key for e in events if isinstance(e, PodSubmitted)]
+        assert submitted == ["default/a"]
+        stop.set()
+        server.drop_watches()
+        await asyncio.wait_for(task, 10)
+    finally:
+        await api.close()
+        await server.stop()
 
 
 async def test_a_dialect_not_served_is_told_once_and_not_watched(
