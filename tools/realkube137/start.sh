@@ -98,7 +98,9 @@ down)
     tac "$RUN/pids" | while read -r name pid; do
       kill "$pid" 2>/dev/null && echo "stopped $name $pid" || true
     done
-    for _ in $(seq 1 20); do
+    # GRACE: seconds to wait for a clean exit before SIGKILL (default 10; the tests,
+    # whose servers' data is thrown away, give 1)
+    for _ in $(seq 1 $(( ${GRACE:-10} * 2 ))); do
       alive=0
       while read -r _ pid; do kill -0 "$pid" 2>/dev/null && alive=1; done < "$RUN/pids"
       [[ $alive == 0 ]] && break
