@@ -19,7 +19,7 @@ import struct
 from typing import Any
 
 import msgspec
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from events.remote import LogServer, RemoteLog, ServerLimits
@@ -142,21 +142,30 @@ _requests = st.builds(
 )
 
 
+FUZZ = settings(max_examples=max(10, settings.default.max_examples // 2))
+"""Each example runs a log server of its own (about 0.4 s): half the profile's examples
+in the suite, 200 with ``HYPOTHESIS_PROFILE=big``."""
+
+
+@FUZZ
 @given(st.lists(_requests, min_size=1, max_size=4))
 def test_well_formed_frames_of_the_wrong_types(requests: list[list[Any]]) -> None:
     attack(b"".join(_frame(r) for r in requests), hello=True)
 
 
+@FUZZ
 @given(st.binary(max_size=600))
 def test_random_bytes_after_the_hello(payload: bytes) -> None:
     attack(payload, hello=True)
 
 
+@FUZZ
 @given(st.binary(max_size=300), st.sampled_from([None, TOKEN]))
 def test_random_bytes_instead_of_a_hello(payload: bytes, token: bytes | None) -> None:
     attack(payload, hello=False, token=token)
 
 
+@FUZZ
 @given(st.lists(_requests, min_size=1, max_size=3), st.data())
 def test_frames_cut_short_by_a_client_that_leaves(
     requests: list[list[Any]], data: st.DataObject
@@ -166,6 +175,7 @@ def test_frames_cut_short_by_a_client_that_leaves(
     attack(stream[:cut], hello=True)
 
 
+@FUZZ
 @given(
     st.integers(0, 2**32 - 1), st.binary(max_size=64), st.booleans(), st.sampled_from([None, TOKEN])
 )

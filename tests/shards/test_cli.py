@@ -320,7 +320,7 @@ def test_loadtest_scaling_compares_in_turn(capsys: pytest.CaptureFixture[str]) -
         "--rounds",
         "2",
         "--shards",
-        "3",
+        "2",
         "--nodes",
         "30",
         "--pods",
@@ -329,7 +329,7 @@ def test_loadtest_scaling_compares_in_turn(capsys: pytest.CaptureFixture[str]) -
         "50",
     )
     configs = data["configurations"]
-    assert list(configs) == ["one shard", "routed", "3 shards", "3 shards direct"]
+    assert list(configs) == ["one shard", "routed", "2 shards", "2 shards direct"]
     assert data["rounds"] == 2
     for summary in configs.values():
         speed = summary["pods_per_second"]
@@ -337,18 +337,18 @@ def test_loadtest_scaling_compares_in_turn(capsys: pytest.CaptureFixture[str]) -
         assert speed["min"] <= speed["median"] <= speed["max"]
         assert speed["median"] == sum(speed["runs"]) / 2
     assert all("cpu_microseconds_per_pod" in summary for summary in configs.values())
-    ratio = data["ratios"]["3 shards / routed"]
+    ratio = data["ratios"]["2 shards / routed"]
     medians = {k: v["pods_per_second"]["median"] for k, v in configs.items()}
-    assert ratio["of_medians"] == pytest.approx(medians["3 shards"] / medians["routed"])
-    runs = [configs[k]["pods_per_second"]["runs"] for k in ("3 shards", "routed")]
+    assert ratio["of_medians"] == pytest.approx(medians["2 shards"] / medians["routed"])
+    runs = [configs[k]["pods_per_second"]["runs"] for k in ("2 shards", "routed")]
     assert ratio["per_round"] == pytest.approx([a / b for a, b in zip(*runs, strict=True)])
-    ceiling = data["ratios"]["3 shards direct / one shard"]
-    assert ceiling["of_medians"] == pytest.approx(medians["3 shards direct"] / medians["one shard"])
+    ceiling = data["ratios"]["2 shards direct / one shard"]
+    assert ceiling["of_medians"] == pytest.approx(medians["2 shards direct"] / medians["one shard"])
     assert set(data["ratios"]) == {
-        "3 shards / one shard",
-        "3 shards / routed",
-        "3 shards direct / one shard",
-        "3 shards / 3 shards direct",
+        "2 shards / one shard",
+        "2 shards / routed",
+        "2 shards direct / one shard",
+        "2 shards / 2 shards direct",
     }
     code, out, err = run(
         capsys, "loadtest", "--scaling", "--rounds", "1", "--nodes", "20", "--pods", "60"
