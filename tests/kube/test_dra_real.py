@@ -9,8 +9,7 @@ shoal allocates each claim (``status.allocation``), reserves it for the pod
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,9 +21,9 @@ from shards.kube.binder import KubeBinder
 from shards.kube.client import api_client
 from shards.kube.ingest import KubeIngest
 from shards.replay import replay, replay_routed
-from shards.serve import ServeOptions, Service, serve
 from shards.worker import ShardWorker
 from tests.kube.realkube import RealApiServer
+from tests.kube.serving import serving
 from tests.kube.test_ingest import eventually, node, pod
 
 DRIVER = "gpu.example.com"
@@ -38,30 +37,6 @@ def server(rbac_apiserver: RealApiServer) -> Iterator[RealApiServer]:
     the last test as ingest and binder): the session's RBAC server, left empty."""
     yield rbac_apiserver
     _empty(rbac_apiserver)
-
-
-@contextlib.asynccontextmanager
-async def serving(server: RealApiServer, shards: int) -> AsyncIterator[Service]:
-    services: list[Service] = []
-    options = ServeOptions(
-        role="all",
-        bus="memory",
-        kubeconfig=server.kubeconfig,
-        listen="127.0.0.1:0",
-        identity="test-0",
-        shards=shards,
-        watch_seconds=1,
-        lease_seconds=3,
-        poll_interval=0.02,
-    )
-    task = asyncio.create_task(serve(options, ready=services.append))
-    try:
-        await eventually(lambda: bool(services), timeout=30)
-        yield services[0]
-    finally:
-        if services:
-            services[0].stop.set()
-        assert await asyncio.wait_for(task, 30) == 0
 
 
 def _slice(node_name: str, devices: int, model: str) -> dict[str, Any]:

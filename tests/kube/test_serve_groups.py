@@ -8,9 +8,7 @@ once and not watched."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -30,39 +28,10 @@ from shards.kube.client import api_client
 from shards.kube.groupstatus import DISRUPTION_TARGET, INITIALLY_SCHEDULED, conditions_after
 from shards.kube.ingest import KubeIngest
 from shards.replay import replay, replay_routed
-from shards.serve import ServeOptions, Service, serve
+from shards.serve import Service
 from tests.kube.apiserver import FakeApiServer
-from tests.kube.realkube import RealApiServer
+from tests.kube.serving import serving
 from tests.kube.test_ingest import eventually, node, pod
-
-
-@contextlib.asynccontextmanager
-async def _serving(apiserver: Any, shards: int) -> AsyncIterator[Service]:
-    real = isinstance(apiserver, RealApiServer)
-    if real:
-        apiserver.namespace("shoal")  # the Leases' namespace
-    services: list[Service] = []
-    options = ServeOptions(
-        role="all",
-        bus="memory",
-        host=None if real else apiserver.url,
-        token=None if real else "t",
-        kubeconfig=apiserver.kubeconfig if real else None,
-        listen="127.0.0.1:0",
-        identity="test-0",
-        shards=shards,
-        watch_seconds=1,
-        lease_seconds=3,
-        poll_interval=0.02,
-    )
-    task = asyncio.create_task(serve(options, ready=services.append))
-    try:
-        await eventually(lambda: bool(services), timeout=30)
-        yield services[0]
-    finally:
-        if services:
-            services[0].stop.set()
-        assert await asyncio.wait_for(task, 30) == 0
 
 
 async def _replays(service: Service, shards: int) -> list[list[Envelope]]:
@@ -127,7 +96,7 @@ async def test_a_kubernetes_pod_group_is_scheduled_whole_or_not_at_all(
     members = [f"w{i}" for i in range(5)]
     for name in members:
         apiserver.put("Pod", _member(name, "train-workers"))
-    async with _serving(apiserver, shards) as service:
+    async with serving(apiserver, shards) as service:
 
         def unschedulable() -> bool:
             found = _condition(apiserver, "KubePodGroup", "train-workers", INITIALLY_SCHEDULED)
@@ -191,7 +160,7 @@ async def test_volcano_and_kai_pod_groups_are_watched_live(apiserver: Any) -> No
         item = pod(name)
         item["metadata"]["annotations"] = {"pod-group-name": "kai"}
         apiserver.put("Pod", item)
-    async with _serving(apiserver, 1) as service:
+    async with serving(apiserver, 1) as service:
         # 4 cpus: the Volcano gang (3) or the KAI gang (2) fits, not both
         await eventually(
             lambda: len(_bound(apiserver, volcano)) == 3 or len(_bound(apiserver, kai)) == 2,
@@ -247,7 +216,7 @@ async def test_tencent_and_labelled_gangs_are_watched_live(apiserver: Any, shard
             "pod-group.scheduling.sigs.k8s.io/min-available": "3",
         }
         apiserver.put("Pod", pod(name, labels=labels))
-    async with _serving(apiserver, shards) as service:
+    async with serving(apiserver, shards) as service:
         await _unschedulable(service, tencent + labelled)
         assert _bound(apiserver, tencent + labelled) == []
         apiserver.put("Node", node("n1", cpu="4"))

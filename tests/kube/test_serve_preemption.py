@@ -5,46 +5,13 @@ which does not relay it to the shard that evicted it: the binder sees it gone it
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from engine.model.pools import POOL_LABEL
-from shards.serve import ServeOptions, Service, serve
-from tests.kube.realkube import RealApiServer
+from tests.kube.serving import serving
 from tests.kube.test_ingest import eventually, node, pod
-
-
-@contextlib.asynccontextmanager
-async def _serving(apiserver: Any) -> AsyncIterator[Service]:
-    real = isinstance(apiserver, RealApiServer)
-    if real:
-        apiserver.namespace("shoal")  # the Leases' namespace
-    services: list[Service] = []
-    options = ServeOptions(
-        role="all",
-        bus="memory",
-        host=None if real else apiserver.url,
-        token=None if real else "t",
-        kubeconfig=apiserver.kubeconfig if real else None,
-        listen="127.0.0.1:0",
-        identity="test-0",
-        shards=2,
-        watch_seconds=1,
-        lease_seconds=3,
-        poll_interval=0.02,
-    )
-    task = asyncio.create_task(serve(options, ready=services.append))
-    try:
-        await eventually(lambda: bool(services), timeout=30)
-        yield services[0]
-    finally:
-        if services:
-            services[0].stop.set()
-        assert await asyncio.wait_for(task, 30) == 0
 
 
 def _pod(apiserver: Any, name: str) -> dict[str, Any]:
@@ -64,7 +31,7 @@ async def test_two_shards_a_preemptor_waits_nominated_until_its_victims_are_gone
     lows = [f"low-{i}" for i in range(4)]
     for name in lows:
         apiserver.put("Pod", pod(name, priority_class="low"))
-    async with _serving(apiserver):
+    async with serving(apiserver, 2):
         await eventually(
             lambda: all(_pod(apiserver, n)["spec"].get("nodeName") for n in lows), timeout=60
         )
