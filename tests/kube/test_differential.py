@@ -37,7 +37,7 @@ import pytest
 
 from loadtest.kubescheduler import KubeScheduler
 from tests.kube.realkube import DEFAULT, RealApiServer
-from tests.kube.test_serve_groups import _serving
+from tests.kube.serving import serving
 
 JSON = dict[str, Any]
 PEER = "kube-peer"
@@ -503,7 +503,7 @@ async def test_shoal_places_pods_as_kube_scheduler_does(
     if not PEER_OUTCOMES:
         runs = [Run(real, case, f"k-{case.name}", PEER) for case in CASES]
         PEER_OUTCOMES.update(zip([c.name for c in CASES], await _play(runs), strict=True))
-    async with _serving(real, shards):
+    async with serving(real, shards):
         runs = [Run(real, case, f"s{shards}-{case.name}", "default-scheduler") for case in CASES]
         ours = dict(zip([c.name for c in CASES], await _play(runs), strict=True))
     differ = {

@@ -14,8 +14,9 @@ from events.memory import MemoryLog
 from events.types import Envelope, PodSpec, PodSubmitted, PodUnschedulable
 from shards.kube.binder import KubeBinder
 from tests.kube.apiserver import FakeApiServer
+from tests.kube.serving import serving
 from tests.kube.test_ingest import eventually, node, pod
-from tests.kube.test_serve_groups import _replays, _serving
+from tests.kube.test_serve_groups import _replays
 
 
 def _told(apiserver: Any, name: str) -> list[dict[str, Any]]:
@@ -44,7 +45,7 @@ async def test_a_pod_that_fits_nowhere_is_told_why_once(apiserver: Any, shards: 
     big["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "8"
     apiserver.put("Pod", big)
     uid = apiserver.get("Pod", "big", "default")["metadata"]["uid"]
-    async with _serving(apiserver, shards) as service:
+    async with serving(apiserver, shards) as service:
         apiserver.put("Pod", pod("fine"))
         await eventually(lambda: bool(_told(apiserver, "big")), timeout=60)
         await eventually(lambda: _scheduled(apiserver, "big").get("status") == "False", timeout=60)
