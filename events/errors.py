@@ -80,6 +80,26 @@ class StuckError(ShoalError):
     system settling): a bug in a protocol, reported instead of looping for ever."""
 
 
+class RecordTooLargeError(ShoalError):
+    """A record that alone is larger than the bus carries (the log server's frame, a
+    Kafka batch, the file log's record limit). Permanent: sending the same bytes again
+    is refused again, so it is deliberately not a :class:`LogError` (which the roles
+    retry after a back-off) and a role that meets it stops, naming the limit and the
+    setting that raises it. Raised before any record of the append is stored.
+
+    Appends of many records are never refused for their total size: each bus splits
+    them into chunks under its limit (see :mod:`events.log`)."""
+
+    def __init__(self, message: str, *, size: int, limit: int, setting: str) -> None:
+        self.size = size
+        self.limit = limit
+        self.setting = setting
+        """What raises the limit (a flag, a URL parameter), or why nothing does."""
+        super().__init__(
+            f"{message}: a record of {size} bytes is over the limit of {limit} bytes ({setting})"
+        )
+
+
 class LogAuthError(LogError):
     """A log server refused the shared token (missing or wrong); the message says which,
     never the token."""

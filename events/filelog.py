@@ -72,8 +72,14 @@ from typing import BinaryIO
 
 import msgspec
 
-from events.codec import DecodeError, decode, encode
-from events.errors import LogCorruptedError, LogError, LogInUseError, NotALogError
+from events.codec import DecodeError, decode, encode, kind_of
+from events.errors import (
+    LogCorruptedError,
+    LogError,
+    LogInUseError,
+    NotALogError,
+    RecordTooLargeError,
+)
 from events.fence import FenceBook, term_of
 from events.log import check_partition
 from events.types import Envelope
@@ -348,8 +354,13 @@ class FileLog:
         last = len(envelopes) - 1
         for i, env in enumerate(envelopes):
             payload = encode(replace(env, offset=start + i, partition=partition))
-            if len(payload) > MAX_RECORD:
-                raise LogError(f"record of {len(payload)} bytes exceeds {MAX_RECORD}")
+            if len(payload) > MAX_RECORD:  # before anything of the call is written
+                raise RecordTooLargeError(
+                    f"{self.path}: cannot append a {kind_of(env)!r} record",
+                    size=len(payload),
+                    limit=MAX_RECORD,
+                    setting="a fixed limit of the file log's format",
+                )
             if self.version == 2:
                 head = _HEAD.pack(
                     len(payload), partition, start + i, last - i, chain, crc32(payload)

@@ -14,7 +14,10 @@ Contract notes, backend by backend:
 - ``append`` sends every envelope of a call in one record batch: Kafka writes a batch
   whole or not at all, so the call is atomic up to the batch size limit
   (``max_batch_bytes``); a larger call is split and is then atomic per batch, except in
-  a leader term's transaction (below), which makes the whole call atomic. Idempotence
+  a leader term's transaction (below), which makes the whole call atomic. A record
+  that alone is over ``max_batch_bytes`` (less ``RECORD_OVERHEAD``) is refused before
+  anything is sent, with :class:`~events.errors.RecordTooLargeError`: the broker would
+  refuse it for ever (its ``message.max.bytes``, about 1 MB by default, bounds a batch). Idempotence
   never rests on Kafka transactions: decisions carry ids and every handler is
   idempotent.
 - ``read`` first learns where the partition ends, from the first answer to a fetch
@@ -68,7 +71,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import ConsumerStoppedError, KafkaError, KafkaTimeoutError
 
 from events.codec import DecodeError, decode, encode, kind_of
-from events.errors import LogCorruptedError, LogError
+from events.errors import LogCorruptedError, LogError, RecordTooLargeError
 from events.fence import fenced
 from events.kafka_settings import KafkaSettings, guard_client_logs, redact
 from events.kafka_terms import TermProducers, settle
@@ -83,6 +86,10 @@ T = TypeVar("T")
 TERM_HEADER = "shoal-term"
 """The record header that carries a leader's term: ``FENCE:EPOCH`` (``events.fence``)."""
 _STEP_MS = 5
+RECORD_OVERHEAD = 128
+"""Bytes a record costs in a batch beyond its key and value (Kafka's varints and
+attributes, the term header): a record whose key and value leave less than this of
+``max_batch_bytes`` is refused, as no batch can hold it."""
 """How often a read looks whether a fetch has been answered."""
 
 
@@ -265,18 +272,29 @@ class KafkaLog:
     async def _append(
         self, producer: AIOKafkaProducer, envelopes: Sequence[Envelope], partition: int
     ) -> list[int]:
-        offsets: list[int] = []
-        batch = producer.create_batch()
-        count = 0
-        for env in envelopes:
+        records = []
+        limit = self.settings.max_batch_bytes
+        for env in envelopes:  # every record checked before any batch is sent
             value = encode(replace_partition(env, partition))
             key = kind_of(env).encode()
             headers = [(TERM_HEADER, f"{env.fence}:{env.epoch}".encode())] if env.epoch else []
+            if len(value) + len(key) + RECORD_OVERHEAD > limit:
+                raise RecordTooLargeError(
+                    f"kafka {self.settings.bootstrap}: cannot append a {key.decode()!r} record",
+                    size=len(value),
+                    limit=limit - len(key) - RECORD_OVERHEAD,
+                    setting="raise it with max_batch_bytes in the --bus URL or "
+                    "SHOAL_KAFKA_MAX_BATCH_BYTES, and the broker's message.max.bytes with it",
+                )
+            records.append((key, value, headers))
+        offsets: list[int] = []
+        batch = producer.create_batch()
+        count = 0
+        for key, value, headers in records:
             if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
                 offsets.extend(await self._send(producer, batch, partition, count))
                 batch, count = producer.create_batch(), 0
-                if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
-                    raise LogError(f"record of {len(value)} bytes exceeds the batch limit")
+                batch.append(key=key, value=value, timestamp=None, headers=headers)
             count += 1
         offsets.extend(await self._send(producer, batch, partition, count))
         return offsets

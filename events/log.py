@@ -4,8 +4,16 @@ Every backend (in-memory, file, Kafka) honours the same contract, checked by one
 test suite (``tests/events/test_log_contract.py``):
 
 - offsets in a partition start at 0 and grow by one per record, without gaps;
-- ``append`` is atomic per call: either every envelope of the call is stored, in order,
-  or none is, and the returned offsets are those the records got;
+- ``append`` takes any number of envelopes, and is atomic per *chunk*: a bus whose
+  transport has a size limit (the log server's frame, a Kafka batch) splits a call
+  into consecutive chunks under it, each stored whole or not at all, in order; a
+  call that fits one chunk (and every call on the in-memory and file logs) is atomic.
+  A call that fails part-way (the writer crashed, the bus went away) has stored a
+  prefix of its records: a writer that resumes after a restart counts the records of
+  its last append that reached the log (``shards.control``). A record that alone is
+  over the limit is refused, before anything of the call is stored, with
+  :class:`~events.errors.RecordTooLargeError` naming the limit and the setting that
+  raises it; the returned offsets are those the records got;
 - a record, once appended, reads back equal forever (only its ``offset`` and
   ``partition`` are filled in by the log);
 - reads never skip a record; a record that cannot be read is an error naming its offset.
@@ -36,9 +44,12 @@ class EventLog(Protocol):
         """Append ``envelopes`` to ``partition`` in order; return their offsets.
 
         The log sets each stored envelope's ``offset`` and ``partition``; any value the
-        caller put there is replaced. Raises ``ValueError`` for a partition out of range.
-        Calling it twice appends twice: idempotence is the handlers' job (decision ids).
-        """
+        caller put there is replaced. Raises ``ValueError`` for a partition out of range,
+        :class:`~events.errors.RecordTooLargeError` (nothing stored) for a record over
+        the bus's limit. A call over the bus's chunk size is split and stored chunk by
+        chunk (see the module's contract): one that raises part-way may have stored a
+        prefix. Calling it twice appends twice: idempotence is the handlers' job
+        (decision ids)."""
         ...
 
     async def read(self, partition: int, offset: int, limit: int | None = None) -> list[Envelope]:

@@ -24,7 +24,12 @@ Nothing but a hello (at most about 1 KiB) is read from a client before it is acc
 Requests, once accepted:
 
 - ``["parts"]`` → the number of partitions;
-- ``["append", partition, [[kind, record], ...]]`` → the offset of the first record;
+- ``["append", partition, [[kind, record], ...]]`` → the offset of the first record.
+  A request is one frame, stored whole; the client splits a larger append into
+  requests that each fit the server's frame limit (learnt in the hello) with
+  ``FRAME_SLACK`` to spare, so appends of any total size work, each request atomic. A
+  record that alone does not fit is refused by the client, before any request, with
+  :class:`~events.errors.RecordTooLargeError` naming ``log-server --max-frame-mib``;
 - ``["read", partition, offset, limit, wait_ms, kinds]`` → ``[next, records, offsets,
   end]``: up to ``limit`` records from ``offset`` whose kind is in ``kinds`` (all when
   null); ``next`` is where the scan stopped, ``offsets`` those of the records returned
@@ -65,18 +70,32 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
 from events.codec import DecodeError, decode, encode, kind_of
-from events.errors import InputError, LogAuthError, LogCorruptedError, LogError
+from events.errors import (
+    InputError,
+    LogAuthError,
+    LogCorruptedError,
+    LogError,
+    RecordTooLargeError,
+)
 from events.fence import FencedError, term_of
 from events.limits import ServerLimits
 from events.log import check_partition
 from events.logserver import FENCED, LogServer
 from events.types import Envelope
 from events.wire import KIND_CODES, MAX_FRAME, PROTOCOL, UNAUTHORIZED, encode_frame, read_frame
+
+FRAME_SLACK: Final = 1024
+"""Bytes of a frame an append leaves to the request around its records: so that any
+record appended also fits, alone, in an answer to a read (the server cuts answers at
+its frame limit less as much)."""
+ITEM_OVERHEAD: Final = 16
+"""Bytes a record costs in an append request beyond itself and its kind (msgpack
+headers), at most."""
 
 __all__ = ["KIND_CODES", "LogServer", "RemoteLog", "ServerLimits", "parse_tcp_url"]
 
@@ -185,15 +204,45 @@ class RemoteLog:
             writer.close()
 
     async def append(self, envelopes: Sequence[Envelope], partition: int = 0) -> list[int]:
+        """``EventLog.append``, in as many requests as the server's frame limit needs
+        (each one atomic on the server, in order); a record that alone does not fit one
+        is refused before anything is sent (:class:`RecordTooLargeError`)."""
         check_partition(partition, self._partitions)
         items = [[kind_of(env), encode(env)] for env in envelopes]
         terms = term_of(envelopes)
-        if terms:  # a leader's append: the server refuses it if of an older term
-            request = ["fappend", partition, items, [[f, e] for f, e in terms.items()]]
-        else:
-            request = ["append", partition, items]
-        start = int(await self._call(request))
-        return list(range(start, start + len(items)))
+        fences = [[f, e] for f, e in terms.items()]
+        offsets: list[int] = []
+        for chunk in self._chunks(items, FRAME_SLACK + sum(len(f) + 16 for f in terms)):
+            if terms:  # a leader's append: the server refuses it if of an older term
+                request = ["fappend", partition, chunk, fences]
+            else:
+                request = ["append", partition, chunk]
+            start = int(await self._call(request))
+            offsets.extend(range(start, start + len(chunk)))
+        return offsets
+
+    def _chunks(self, items: list[list[Any]], reserved: int) -> list[list[list[Any]]]:
+        """``items`` ([kind, record] pairs) in consecutive runs that each fit one frame
+        with ``reserved`` bytes to spare (the request around them); at least one run."""
+        budget = self._max_frame - reserved
+        for kind, record in items:
+            if len(record) + len(kind) + ITEM_OVERHEAD > budget:
+                raise RecordTooLargeError(
+                    f"{self._where}: cannot append a {kind!r} record",
+                    size=len(record),
+                    limit=budget - len(kind) - ITEM_OVERHEAD,
+                    setting="raise it with log-server --max-frame-mib",
+                )
+        chunks: list[list[list[Any]]] = []
+        start, size = 0, 0
+        for i, (kind, record) in enumerate(items):
+            cost = len(record) + len(kind) + ITEM_OVERHEAD
+            if size + cost > budget:
+                chunks.append(items[start:i])
+                start, size = i, 0
+            size += cost
+        chunks.append(items[start:])
+        return chunks
 
     async def highest_epoch(self, fence: str) -> int:
         """The highest epoch the server stored for ``fence`` (``events.fence``)."""

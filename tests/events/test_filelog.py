@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from msgspec.structs import replace
 
-from events.errors import LogCorruptedError, LogError, NotALogError
+from events.errors import LogCorruptedError, LogError, NotALogError, RecordTooLargeError
 from events.filelog import FILE_HEADER, RECORD_HEADER, FileLog
 from events.types import Envelope, PodDeleted
 
@@ -547,3 +547,16 @@ async def test_a_version_1_torn_tail_drops_the_torn_record(tmp_path: Path) -> No
     assert log.torn_bytes == 7 and await log.end_offset(0) == len(records) - 1
     await log.close()
     assert path.stat().st_size == len(data) - len(records[-1][1])
+
+
+async def test_a_record_over_the_record_limit_is_refused_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("events.filelog.MAX_RECORD", 4096)
+    log = FileLog(tmp_path / "log", partitions=1)
+    small = [Envelope(event=PodDeleted(pod=f"ns/p{i}")) for i in range(3)]
+    with pytest.raises(RecordTooLargeError, match=r"record of .* over the limit of 4096"):
+        await log.append([*small, Envelope(event=PodDeleted(pod="ns/" + "x" * 5000))])
+    assert await log.end_offset(0) == 0
+    assert await log.append(small) == [0, 1, 2]
+    await log.close()

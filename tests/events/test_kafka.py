@@ -10,7 +10,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from events.codec import encode
-from events.errors import InputError, LogCorruptedError, LogError
+from events.errors import InputError, LogCorruptedError, LogError, RecordTooLargeError
 from events.fence import FencedError, FencedLog
 from events.kafka import KafkaLog, KafkaSettings, create_topic
 from events.types import Envelope, PodDeleted, PodSucceeded
@@ -146,6 +146,29 @@ async def test_large_appends_split_into_batches(kafka_bootstrap: str) -> None:
         got = await log.read(0, 0)
         assert [g.event for g in got] == [s.event for s in sent]
         assert await log.end_offset(0) == 500
+    finally:
+        await log.close()
+
+
+async def test_a_record_over_the_batch_limit_is_refused_before_anything_is_sent(
+    kafka_bootstrap: str,
+) -> None:
+    """A record no batch can hold would be refused by the broker for ever: the call is
+    refused whole, before any batch is sent, naming the setting that raises the limit
+    (never a ``LogError``, which roles retry)."""
+    settings = KafkaSettings(
+        bootstrap=kafka_bootstrap, topic=f"huge-{uuid.uuid4().hex[:8]}", max_batch_bytes=20_000
+    )
+    await create_topic(settings)
+    log = KafkaLog(settings)
+    await log.start()
+    try:
+        small = [Envelope(event=PodDeleted(pod=f"ns/{'x' * 200}-{i}")) for i in range(200)]
+        huge = Envelope(event=PodDeleted(pod="ns/" + "x" * 30_000))
+        with pytest.raises(RecordTooLargeError, match="max_batch_bytes") as info:
+            await log.append([*small, huge])
+        assert not isinstance(info.value, LogError)
+        assert await log.end_offset(0) == 0
     finally:
         await log.close()
 

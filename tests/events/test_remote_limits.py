@@ -12,10 +12,10 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from events.errors import InputError, LogAuthError, LogError
+from events.errors import InputError, LogAuthError, LogError, RecordTooLargeError
 from events.memory import MemoryLog
 from events.remote import LogServer, RemoteLog, ServerLimits
 from events.types import Envelope, NodeRemoved, PodBound, PodDeleted
@@ -189,15 +189,46 @@ async def test_connections_past_the_limit_are_refused_until_one_leaves() -> None
         await third.close()
 
 
-async def test_an_append_over_the_frame_limit_is_refused_before_it_is_sent() -> None:
+async def test_a_record_over_the_frame_limit_is_refused_before_anything_is_sent() -> None:
+    """A record that alone does not fit a frame can never be appended: the client
+    refuses the whole call before sending any of it (no retry could succeed), naming
+    the limit and the flag that raises it; the connection stays good."""
     limits = ServerLimits(max_frame=64 << 10, max_buffered=1 << 20)
     async with LogServer(1, limits=limits) as server:
         log = await RemoteLog.connect(server.url)
-        with pytest.raises(LogError, match="frame limit of 65536"):
-            await log.append([_pod(i, 1000) for i in range(100)])
+        batch = [_pod(i, 1000) for i in range(10)] + [_pod(10, 70_000)]
+        with pytest.raises(RecordTooLargeError, match="--max-frame-mib") as info:
+            await log.append(batch)
+        assert info.value.limit < 64 << 10 < info.value.size
+        assert not isinstance(info.value, LogError), "a permanent refusal: not retried"
         assert server.stats()["peak_buffered_bytes"] < 4096  # nothing of it was read
+        assert await log.end_offset(0) == 0
         assert await log.append([_pod(1)]) == [0]  # the connection is still good
         await log.close()
+
+
+@settings(max_examples=15, deadline=None)
+@given(sizes=st.lists(st.integers(0, 38_000), max_size=30), before=st.integers(0, 3))
+def test_an_append_of_any_size_is_stored_in_frames_as_one_call_would_be(
+    sizes: list[int], before: int
+) -> None:
+    """Whatever its total size, an append through a server whose frames hold a few of
+    its records stores them all, in order, at consecutive offsets, as the in-memory log
+    does in one call: the client sends as many requests as the frames need."""
+
+    async def check() -> None:
+        envelopes = [_pod(i, size) for i, size in enumerate(sizes)]
+        memory = MemoryLog(1)
+        limits = ServerLimits(max_frame=40_000, max_buffered=200_000)
+        async with LogServer(1, limits=limits) as server:
+            remote = await RemoteLog.connect(server.url)
+            for i in range(before):
+                assert await remote.append([_pod(-i)]) == await memory.append([_pod(-i)])
+            assert await remote.append(envelopes) == await memory.append(envelopes)
+            assert await remote.read(0, 0) == await memory.read(0, 0)
+            await remote.close()
+
+    asyncio.run(check())
 
 
 async def test_a_frame_announced_over_the_limit_closes_that_connection() -> None:
