@@ -13,12 +13,14 @@ Each ``poll``:
    ``causation`` = the offset of the last record folded and producer ``router``.
 
 Crash safety is a shard's (``shards.worker``): a pass ran right after the record its
-outputs name, and they are appended partition by partition, each append atomic, in
-causation order. A restarted worker folds the control partition from the start (or
-from its newest snapshot), re-running each recorded pass where it ran (the pass points
-are the causations of router records in any partition), and appends what a pass had
-not got into some partition yet; an input folded after the last recorded pass is
-owed a pass, which the first poll runs.
+outputs name, and they are appended partition by partition, in causation order, each
+append stored chunk by chunk where the bus has a size limit (``events.log``). A
+restarted worker folds the control partition from the start (or from its newest
+snapshot), re-running each recorded pass where it ran (the pass points are the
+causations of router records in any partition), and appends what a pass had not got
+into some partition yet, counted in records (``written_count``): a crash between two
+chunks of one append leaves neither a duplicate nor a gap. An input folded after the
+last recorded pass is owed a pass, which the first poll runs.
 
 Snapshots: with ``snapshot_every`` set, the worker appends its state to the control
 partition (``SnapshotTaken`` parts, producer ``coordinator``) after a pass, every that
@@ -59,6 +61,9 @@ from shards.worker import append_quarantined, append_snapshot, newest_snapshot, 
 
 logger = logging.getLogger(__name__)
 
+WHOLE: Final = 1 << 62
+"""A count of router records that stands for all of a pass's outputs (where a
+snapshot restored the worker: the pass before it reached every partition whole)."""
 FOLD_SLICE: Final = 1000
 """Control records folded before a pass and its outputs: a burst of pods reaches the
 shards in slices they start on while the coordinator folds the next."""
@@ -88,6 +93,11 @@ class ControlWorker:
         self.position = 0
         self.written = [-1] * (n + 1)
         """Per partition: the causation of the last router record it holds."""
+        self.written_count = [0] * (n + 1)
+        """Per partition: how many router records of that causation it holds. A bus
+        stores a large append chunk by chunk (``events.log``), so a worker that died
+        between two chunks left the first records of a pass's outputs there: its
+        successor re-runs the pass and appends exactly the rest (:meth:`_append`)."""
         self.last_own = [-1] * (n + 1)
         """Per partition: the offset of the last record this worker (or a predecessor)
         appended there; a restart from a snapshot scans only after it."""
@@ -147,6 +157,8 @@ class ControlWorker:
                         self.last_own,
                         self.relay_from,
                     ) = restored
+                    # a snapshot follows a pass whose appends all returned: whole
+                    self.written_count = [WHOLE] * (n + 1)
                     self.snapshot_at = self.position
                     self.restored_from = found[0].offset
                     start = [offset + 1 for offset in self.last_own]
@@ -171,7 +183,7 @@ class ControlWorker:
                         self.quarantined.add(env.event.offset)
                     if env.producer == ROUTER:
                         passes.add(env.causation)
-                        self.written[partition] = max(self.written[partition], env.causation)
+                        self._count_written(partition, env.causation)
                     if env.producer in (ROUTER, COORDINATOR) or (
                         partition == self.partition and env.stream == RELAY
                     ):
@@ -319,15 +331,28 @@ class ControlWorker:
             await self._quarantine(coordinator.engine.unfolded)
         return appended
 
+    def _count_written(self, partition: int, cause: int) -> None:
+        """Count a router record of ``cause`` found in ``partition`` (in offset order:
+        a partition's router records come in the order of their causes)."""
+        if cause > self.written[partition]:
+            self.written[partition], self.written_count[partition] = cause, 1
+        elif cause == self.written[partition]:
+            self.written_count[partition] += 1
+
     async def _append(self, outputs: Sequence[Output], cause: int, at: int) -> int:
         """Append a pass's outputs, caused by record ``cause``, to each partition that
-        does not hold them yet."""
+        does not hold them yet: the restart rule counts records, not passes. A
+        partition whose last router records are of ``cause`` got the first
+        ``written_count`` of them before a restart (an append stored in chunks and
+        cut between two, or a pass that reached some partitions only): the same pass,
+        re-run, derives the same outputs in the same order, so exactly those are
+        skipped and the rest appended. One of an earlier cause holds them all."""
         self.passes += 1
         self._outputs = len(outputs)
         batches: dict[int, list[Envelope]] = {}
         now = self.coordinator.now
         for partition, event in outputs:
-            if cause <= self.written[partition]:
+            if cause < self.written[partition]:
                 continue  # appended before a restart
             batches.setdefault(partition, []).append(
                 Envelope(event=event, time=max(now, at), causation=cause, producer=ROUTER)
@@ -335,11 +360,15 @@ class ControlWorker:
         appended = 0
         for partition in sorted(batches):
             batch = batches[partition]
-            offsets = await self.log.append(batch, partition)
-            self.written[partition] = cause
-            self.last_own[partition] = offsets[-1]
-            appended += len(batch)
-            self._timestamps(batch)
+            total = len(batch)
+            if cause == self.written[partition]:
+                batch = batch[self.written_count[partition] :]
+            if batch:
+                offsets = await self.log.append(batch, partition)
+                self.last_own[partition] = offsets[-1]
+                appended += len(batch)
+                self._timestamps(batch)
+            self.written[partition], self.written_count[partition] = cause, total
         return appended
 
     def _timestamps(self, batch: list[Envelope]) -> None:
