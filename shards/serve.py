@@ -71,6 +71,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient
@@ -78,7 +79,7 @@ from kubernetes_asyncio.client import ApiClient
 from engine.config import SchedulerConfig, default_config
 from engine.engine import Engine
 from engine.model.pools import MAX_SHARDS, Sharding
-from events.errors import InputError, LogError, cause
+from events.errors import InputError, LogError, RecordTooLargeError, cause
 from events.fence import FencedError, FencedLog, highest_epoch
 from events.log import EventLog, read_past_unreadable
 from events.tasks import being_cancelled
@@ -107,6 +108,7 @@ from shards.web.whatif import add_whatif
 from shards.worker import ShardWorker
 
 log = logging.getLogger(__name__)
+E = TypeVar("E", bound=BaseException)
 EXTENDER_METRICS = {
     "calls": "HTTP calls to extenders (filter and prioritize verbs).",
     "failures": "Extender calls that failed (time-out, error, malformed answer).",
@@ -572,6 +574,12 @@ class Service:
                 if deposed is not None:
                     self._deposed(role, deposed)
                     continue
+                refused = _found(exc, RecordTooLargeError)
+                if refused is not None:
+                    # the bus refuses the record for good: running the role again
+                    # would send it again, for ever; stop, saying what to raise
+                    log.error("role stopped role=%s error=%s", role, refused)
+                    raise refused from None
                 log.warning("role failed; restarting it role=%s error=%s", role, cause(exc))
                 self.metrics.inc(
                     "bus_errors_total", "Bus operations that failed.", 1, {"role": role}
@@ -921,11 +929,16 @@ class Service:
 
 def _fenced(exc: BaseException) -> FencedError | None:
     """The ``FencedError`` in ``exc`` (a role's task group wraps it), if any."""
-    if isinstance(exc, FencedError):
+    return _found(exc, FencedError)
+
+
+def _found(exc: BaseException, kind: type[E]) -> E | None:
+    """The ``kind`` error in ``exc``, itself or inside a task group's, if any."""
+    if isinstance(exc, kind):
         return exc
     if isinstance(exc, BaseExceptionGroup):
         for inner in exc.exceptions:
-            found = _fenced(inner)
+            found = _found(inner, kind)
             if found is not None:
                 return found
     return None

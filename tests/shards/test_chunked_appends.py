@@ -20,8 +20,10 @@ from hypothesis import strategies as st
 
 from engine.engine import Engine
 from engine.model.pools import POOL_LABEL, Sharding
+from events.codec import encode
 from events.log import EventLog
 from events.memory import MemoryLog
+from events.remote import LogServer, RemoteLog, ServerLimits
 from events.types import Envelope, Event, SchedulerConfigured, ShardingConfigured
 from shards.control import ControlWorker
 from shards.coordinator.coordinator import ROUTER, Coordinator
@@ -180,3 +182,32 @@ def test_a_restarted_coordinator_appends_the_rest_of_a_cut_append(shards: int) -
         assert _router(await _parts(crashed_log)) == _router(await _parts(whole_log))
 
     asyncio.run(check())
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+async def test_a_coordinator_forwards_more_nodes_than_one_frame_holds(shards: int) -> None:
+    """The 130,000-node case in small: the coordinator's first pass forwards every node
+    to its shard in one append of several frames of a log server whose frame holds a
+    few dozen of them; each shard gets them all, and the log replays."""
+    limits = ServerLimits(max_frame=12 << 10, max_buffered=1 << 20)
+    async with LogServer(shards + 1, limits=limits) as server:
+        log = await RemoteLog.connect(server.url)
+        inputs = _inputs(shards, nodes=300, pods=40)
+        await log.append([Envelope(event=e, producer="ingest") for e in inputs], shards)
+        coordinator = ControlWorker(Coordinator(Sharding(shards=shards)), log)
+        workers = [ShardWorker(Engine(shard=i), log, partition=i) for i in range(shards)]
+        for _ in range(100):
+            moved = await coordinator.poll()
+            for worker in workers:
+                moved += await worker.poll()
+            if not moved:
+                break
+        assert sum(len(w.engine.state.index) for w in workers) == 300
+        parts = [await log.read(p, 0) for p in range(shards + 1)]
+        result = replay_routed(parts, verify=True)
+        assert result.mismatch is None, result.mismatch
+        assert result.unforwarded == 0
+        forwarded = [e for e in parts[0] if e.producer == ROUTER]
+        assert len({e.causation for e in forwarded}) == 1, "one pass forwarded them"
+        assert sum(len(encode(e)) for e in forwarded) > limits.max_frame
+        await log.close()

@@ -17,14 +17,15 @@ from typing import Self
 
 import pytest
 
-from events.errors import LogError
+from events.errors import LogError, RecordTooLargeError
 from events.log import EventLog
-from events.remote import LogServer, RemoteLog
+from events.remote import LogServer, RemoteLog, ServerLimits
 from events.types import (
     SECOND,
     Envelope,
     GroupSpec,
     NodeAdded,
+    NodeSpec,
     PodSpec,
     ReservationGranted,
     ReservationReleased,
@@ -155,6 +156,28 @@ async def test_a_worker_gives_up_after_failures_in_a_row() -> None:
     with pytest.raises(LogError, match=r"failed 4 times in a row: .*\(try 4\)"):
         await run_backing_off("shard", unreachable, never_run, asyncio.Event(), give_up_after=4)
     assert tries == 4
+
+
+async def test_a_record_the_bus_can_never_take_stops_the_worker_at_once() -> None:
+    """A record over the log server's frame limit would be refused at every try: the
+    worker stops at the first, naming the limit and the flag that raises it, instead of
+    starting again from the log and sending it again for ever."""
+    limits = ServerLimits(max_frame=64 << 10, max_buffered=1 << 20)
+    runs = 0
+    async with LogServer(1, limits=limits) as server:
+
+        async def open_() -> EventLog:
+            return await RemoteLog.connect(server.url)
+
+        async def run(bus: EventLog) -> None:
+            nonlocal runs
+            runs += 1
+            huge = NodeAdded(node=NodeSpec(name="n", allocatable={}, labels={"big": "x" * 70_000}))
+            await bus.append([Envelope(event=huge)])
+
+        with pytest.raises(RecordTooLargeError, match="log-server --max-frame-mib"):
+            await run_backing_off("coordinator", open_, run, asyncio.Event(), first=0.01)
+    assert runs == 1
 
 
 async def test_a_stop_during_the_back_off_ends_the_worker_at_once() -> None:
