@@ -42,7 +42,6 @@ from engine.model.pools import Sharding
 from engine.plugins import kernels
 from events.errors import InputError
 from events.fence import FencedLog
-from events.limits import ServerLimits
 from events.log import EventLog, count_kinds, read_kinds
 from events.memory import MemoryLog
 from events.remote import LogServer
@@ -65,11 +64,6 @@ from shards.bus import open_bus
 from shards.worker import ShardWorker
 
 Progress = Callable[[int, int, float], None]
-LIMITS = ServerLimits(max_buffered=512 << 20, max_frame=128 << 20)
-"""The log server's: the coordinator forwards a shard's nodes in one append, about
-48 MB for 130,000 nodes, over the default frame limit (16 MiB)."""
-NODES_PER_APPEND = 10_000
-"""Nodes per append: 130,000 in one would pass the log server's frame limit (16 MiB)."""
 
 
 @dataclass(frozen=True)
@@ -215,7 +209,7 @@ async def run_configuration(shape: ScaleShape, progress: Progress | None = None)
         with tempfile.TemporaryDirectory(prefix="shoal-scale-") as folder:
             token_file = new_token_file(folder)
             token = load_token(token_file)
-            async with LogServer(shape.shards + 1, token=token, limits=LIMITS) as server:
+            async with LogServer(shape.shards + 1, token=token) as server:
                 result = await _processes(shape, load, server.url, token_file, progress)
     result["shape"] = {**asdict(shape), "configuration": shape.label, "pods": load.pods}
     result["peak_rss_reset"] = reset
@@ -253,12 +247,10 @@ async def _processes(
         [
             _envelope(ShardingConfigured(config=Sharding(shards=n).to_json())),
             _envelope(SchedulerConfigured()),
+            *(_envelope(NodeAdded(node=node)) for node in load.nodes),
         ],
         n,
-    )
-    for start in range(0, len(load.nodes), NODES_PER_APPEND):  # under the server's frame
-        chunk = load.nodes[start : start + NODES_PER_APPEND]
-        await log.append([_envelope(NodeAdded(node=node)) for node in chunk], n)
+    )  # stored in as many frames as the log server's limit needs (events.remote)
     children = {"coordinator": await _spawn("coordinator", url, token_file)}
     for i in range(n):
         children[f"shard {i}"] = await _spawn("shard", url, token_file, i)

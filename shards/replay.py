@@ -63,6 +63,13 @@ class ReplayResult:
     """Snapshots checked against the state replay derives."""
     older_snapshots: int = 0
     """Snapshots written in another format (by another version): not compared."""
+    unappended: list[Event] | None = None
+    """With ``cut_tail``: the decisions of the last recorded pass that replay derives
+    past those recorded (the shard died between two chunks of their append), to be
+    appended by the restarted shard, caused by ``unappended_cause`` at
+    ``unappended_time``."""
+    unappended_cause: int = -1
+    unappended_time: int = 0
     unforwarded: int = 0
     """Coordinator outputs derived from the end of the control partition but not in the
     log (yet): it stopped before appending them. A restarted one appends them; only a
@@ -207,6 +214,7 @@ def replay(
     shard: int = 0,
     resume: Resume | None = None,
     registry: Registry | None = None,
+    cut_tail: bool = False,
 ) -> ReplayResult:
     """Fold ``records`` (one partition, in offset order) through a fresh engine, or
     through ``resume``'s engine from its position on (earlier records are skipped).
@@ -214,7 +222,10 @@ def replay(
     With ``verify``, every recorded pass of ``shard`` is re-run and compared, and so is
     every snapshot with the state after the pass it follows; the first difference is
     returned in ``mismatch`` (not raised). ``until`` stops after that offset.
-    ``explain`` records diagnoses for that pod's attempts.
+    ``explain`` records diagnoses for that pod's attempts. With ``cut_tail`` (a shard
+    restarting), the last recorded pass may hold only the first of the decisions
+    replay derives (a bus stores a large append chunk by chunk, and the shard died
+    between two): the rest is returned in ``unappended``, not a mismatch.
     """
     if config is None and resume is None:
         config = recorded_config(records)
@@ -239,6 +250,7 @@ def replay(
             )
             return result
     rederive = verify or explain is not None
+    last_pass = max(passes, default=-1) if cut_tail else -2
     snapshots = snapshots_in(records, producer) if verify else {}
     for env in records:
         if until is not None and env.offset > until:
@@ -266,7 +278,14 @@ def replay(
                 offset=recorded[0].offset,
             )
             return result
-        derived = _in_report_order(engine.schedule(), lambda e: e)
+        derived = engine.schedule()
+        if env.offset == last_pass and len(derived) > len(recorded):
+            rest = _cut_rest(derived, recorded)
+            if rest is not None:
+                result.unappended = rest
+                result.unappended_cause, result.unappended_time = env.offset, engine.now
+                derived = derived[: len(recorded)]
+        derived = _in_report_order(derived, lambda e: e)
         recorded = _in_report_order(recorded, lambda env: env.event)
         result.passes += 1
         index = _first_difference(derived, recorded)
@@ -300,6 +319,14 @@ def replay(
     if verify:
         engine.state.check_invariants()
     return result
+
+
+def _cut_rest(derived: Sequence[Event], recorded: Sequence[Envelope]) -> list[Event] | None:
+    """What ``derived`` holds past ``recorded``, if ``recorded`` is its beginning (in
+    the order the pass made them, which is the order they were appended); else None."""
+    if all(same_decision(d, r.event) for d, r in zip(derived, recorded, strict=False)):
+        return list(derived[len(recorded) :])
+    return None
 
 
 def sharding_of(control: Sequence[Envelope]) -> Sharding:

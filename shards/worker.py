@@ -3,7 +3,9 @@
 Each ``poll`` reads everything new in the shard's partition, folds it, and, if any input
 (not a decision) was folded, runs one scheduling pass. The decisions are appended with
 ``causation`` = the offset of the last input folded before the pass: that is what lets
-``replay`` run the very same passes and compare.
+``replay`` run the very same passes and compare. A bus stores a large append chunk by
+chunk (``events.log``): a shard that died between two chunks left the first of its
+last pass's decisions; the restarted one re-runs that pass and appends the rest.
 
 Snapshots: with ``snapshot_every`` set, after a pass with decisions that comes at least
 that many records after the previous snapshot (and, with ``snapshot_per_pod``, at least
@@ -145,13 +147,44 @@ class ShardWorker:
                 )
         start = resume.position if resume is not None else 0
         records, unreadable, position = await read_rest(log, partition, start)
-        result = replay(records, config, verify=True, shard=shard, resume=resume, registry=registry)
+        result = replay(
+            records,
+            config,
+            verify=True,
+            shard=shard,
+            resume=resume,
+            registry=registry,
+            cut_tail=True,
+        )
         if result.mismatch is not None:
             raise LogCorruptedError(
                 f"shard {shard} cannot rebuild its state: {result.mismatch}",
                 partition=partition,
                 offset=result.mismatch.offset,
             )
+        own_until = position
+        if result.unappended:
+            # the last pass's append was cut between two chunks: the rest, now
+            # (replay's engine holds them already, as the live one did)
+            offsets = await log.append(
+                [
+                    Envelope(
+                        event=d,
+                        time=result.unappended_time,
+                        causation=result.unappended_cause,
+                        producer=name,
+                    )
+                    for d in result.unappended
+                ],
+                partition,
+            )
+            logger.warning(
+                "appended the rest of a pass cut by a restart shard=%d cause=%d decisions=%d",
+                shard,
+                result.unappended_cause,
+                len(offsets),
+            )
+            own_until = offsets[-1] + 1
         worker = cls(
             result.engine,
             log,
@@ -159,7 +192,7 @@ class ShardWorker:
             snapshot_every=snapshot_every,
             snapshot_per_pod=snapshot_per_pod,
         )
-        worker.position = worker._own_until = position
+        worker.position, worker._own_until = position, own_until
         worker.snapshot_at = start
         worker.quarantined = {
             e.event.offset for e in records if isinstance(e.event, RecordQuarantined)
@@ -314,8 +347,10 @@ async def append_snapshot(
     causation: int,
     producer: str,
 ) -> list[int]:
-    """Append a snapshot's parts in one call (all or none of them), stamped ``at`` (the
-    component's time); their offsets."""
+    """Append a snapshot's parts in one call, stamped ``at`` (the component's time);
+    their offsets. A bus that stores the call in chunks may keep only its first parts
+    if the writer dies: an incomplete snapshot is never restored nor checked
+    (:func:`newest_snapshot`, ``shards.replay.snapshots_in``)."""
     started = time.perf_counter()
     offsets = await log_.append(
         [Envelope(event=p, time=at, causation=causation, producer=producer) for p in parts],
