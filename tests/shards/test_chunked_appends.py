@@ -239,7 +239,7 @@ async def _shard_run(limit: int, crash_after: int) -> tuple[list[Envelope], str]
     return await memory.read(0, 0), crashed
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(limit=st.integers(1, 6), crash_after=st.integers(1, 12))
 def test_a_shard_killed_between_two_chunks_of_its_decisions_appends_the_rest(
     limit: int, crash_after: int
