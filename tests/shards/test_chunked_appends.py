@@ -88,18 +88,27 @@ def _inputs(shards: int, nodes: int, pods: int) -> list[Event]:
 
 
 async def _run(
-    shards: int, limit: int, crash_after: int, fold_slice: int, *, at_once: bool = False
+    shards: int,
+    limit: int,
+    crash_after: int,
+    fold_slice: int,
+    *,
+    at_once: bool = False,
+    snapshot_every: int = 0,
 ) -> tuple[MemoryLog, str]:
     """Inputs in two bursts to a coordinator (appending through a chunked log that
     kills it after ``crash_after`` chunks) and its shards, until all is quiet; the
     coordinator is started again from the log after it died (``at_once``: and polled
-    before the shards). The log, and where the coordinator died."""
+    before the shards), from its newest snapshot where it wrote some. The log, and
+    where the coordinator died."""
     memory = MemoryLog(shards + 1)
     control = shards
     inputs = _inputs(shards, nodes=8 * shards, pods=12 * shards)
     bursts = [inputs[: len(inputs) // 2], inputs[len(inputs) // 2 :]]
     chunked = ChunkedLog(memory, limit, crash_after)
-    coordinator = ControlWorker(Coordinator(Sharding(shards=shards)), chunked)
+    coordinator = ControlWorker(
+        Coordinator(Sharding(shards=shards)), chunked, snapshot_every=snapshot_every
+    )
     coordinator.fold_slice = fold_slice
     workers = [ShardWorker(Engine(shard=i), memory, partition=i) for i in range(shards)]
     crashed = ""
@@ -115,7 +124,9 @@ async def _run(
                 crashed = f"died after {stored} of {of} records of an append"
                 # a new process: nothing of the old one's memory, the same log
                 coordinator = ControlWorker(
-                    Coordinator(Sharding(shards=shards)), ChunkedLog(memory, limit)
+                    Coordinator(Sharding(shards=shards)),
+                    ChunkedLog(memory, limit),
+                    snapshot_every=snapshot_every,
                 )
                 coordinator.fold_slice = fold_slice
                 if at_once:  # before any shard reads what the first one left
@@ -144,17 +155,21 @@ def _router(parts: list[list[Envelope]]) -> list[list[tuple[int, Event]]]:
     limit=st.integers(1, 12),
     crash_after=st.integers(1, 40),
     fold_slice=st.sampled_from([4, 9, 1000]),
+    snapshot_every=st.sampled_from([0, 0, 6]),
 )
 def test_a_coordinator_killed_between_two_chunks_appends_exactly_the_rest(
-    shards: int, limit: int, crash_after: int, fold_slice: int
+    shards: int, limit: int, crash_after: int, fold_slice: int, snapshot_every: int
 ) -> None:
-    """Wherever the coordinator dies among the chunks of its appends, the restarted
-    one appends exactly what is missing: replay re-derives every pass's outputs and
-    finds each in the log once (a record twice, or one left out, is a mismatch or an
-    unforwarded tail), and the shards' decisions verify too."""
+    """Wherever the coordinator dies among the chunks of its appends (its outputs, its
+    relays of the shards' reports, its snapshots), the restarted one appends exactly
+    what is missing: replay re-derives every pass's outputs and finds each in the log
+    once (a record twice, or one left out, is a mismatch or an unforwarded tail), and
+    the shards' decisions verify too."""
 
     async def check() -> None:
-        log, crashed = await _run(shards, limit, crash_after, fold_slice)
+        log, crashed = await _run(
+            shards, limit, crash_after, fold_slice, snapshot_every=snapshot_every
+        )
         note(crashed or "never died")
         parts = await _parts(log)
         result = replay_routed(parts, verify=True)
