@@ -6,8 +6,9 @@ test suite (``tests/events/test_log_contract.py``):
 - offsets in a partition start at 0 and grow by one per record, without gaps;
 - ``append`` takes any number of envelopes, and is atomic per *chunk*: a bus whose
   transport has a size limit (the log server's frame, a Kafka batch) splits a call
-  into consecutive chunks under it, each stored whole or not at all, in order; a
-  call that fits one chunk (and every call on the in-memory and file logs) is atomic.
+  into chunks under it, each stored whole or not at all, in order (another writer's
+  records may fall between two); a call that fits one chunk (and every call on the
+  in-memory and file logs, and a leader term's on Kafka) is atomic.
   A call that fails part-way (the writer crashed, the bus went away) has stored a
   prefix of its records: a writer that resumes after a restart counts the records of
   its last append that reached the log (``shards.control``). A record that alone is
