@@ -4,7 +4,9 @@ The filter is one comparison per requested resource over all nodes. Scoring foll
 kube-scheduler (``pkg/scheduler/framework/plugins/noderesources``) to the integer:
 cpu and memory are scored with their *non-zero* requests (100m and 200Mi for a pod that
 asks for none), other resources with their actual requests; a resource a node does not
-have is left out of that node's weighted mean.
+have is left out of that node's weighted mean, and so is an extended resource (such as
+``nvidia.com/gpu``) the pod does not request, on every node (a cpu-only pod is not
+drawn to, or kept off, GPU nodes by their cards).
 
 Args (``pluginConfig`` of ``NodeResourcesFit``), as in ``NodeResourcesFitArgs``::
 
@@ -244,6 +246,13 @@ Rows = slice | Ints
 Prepared = tuple[Rows, Ints, Ints, int]
 
 
+def _scalar(name: str) -> bool:
+    """Whether kube-scheduler scores ``name`` only for pods that request it
+    (``IsScalarResourceName``: extended resources such as ``nvidia.com/gpu``, huge pages,
+    attachable volumes, prefixed native ones; not cpu, memory or ephemeral storage)."""
+    return "/" in name or name.startswith(("hugepages-", "attachable-volumes-"))
+
+
 class _Preparation:
     """Per request shape: the rows of the configured resources that exist (a slice when
     contiguous, so indexing is a view), their weights and the pod's amounts, as columns.
@@ -288,14 +297,14 @@ class _Preparation:
             self._cache.clear()
         rows: list[int] = []
         weights: list[int] = []
+        wanted = dict(scored_request(request) if scored else request)
         for spec in self.resources:
             row = state.resources.get(spec.name)
-            if row is not None:
+            if row is not None and (wanted.get(row, 0) or not _scalar(spec.name)):
                 rows.append(row)
                 weights.append(spec.weight)
         result: Prepared | None = None
         if rows:
-            wanted = dict(scored_request(request) if scored else request)
             index: Rows = np.array(rows, dtype=np.int64)
             if rows == list(range(rows[0], rows[0] + len(rows))):
                 index = slice(rows[0], rows[0] + len(rows))

@@ -100,6 +100,44 @@ def test_missing_resource_is_left_out_of_the_mean() -> None:
     assert scores(plugin, state, "1", 0)[0] == 75
 
 
+GPU_TOO = [{"name": "cpu"}, {"name": "memory"}, {"name": "nvidia.com/gpu"}]
+
+
+@pytest.mark.parametrize(
+    ("plugin", "expected"),
+    [
+        # cpu 3000*100/4000 = 75, memory 5000*100/10000 = 50 → 62 on both: n1's GPUs
+        # (none asked for) are left out, as kube-scheduler leaves out an extended
+        # resource the pod does not request
+        (
+            NodeResourcesFit({"scoringStrategy": {"type": "MostAllocated", "resources": GPU_TOO}}),
+            [62, 62],
+        ),
+        # (4000-3000)*100/4000 = 25, 50 → 37 on both
+        (NodeResourcesFit({"scoringStrategy": {"resources": GPU_TOO}}), [37, 37]),
+        # fractions 0.75 and 0.5 on both → 87
+        (NodeResourcesBalancedAllocation({"resources": GPU_TOO}), [87, 87]),
+    ],
+    ids=["most", "least", "balanced"],
+)
+def test_an_extended_resource_the_pod_does_not_request_is_not_scored(
+    plugin: Any, expected: list[int]
+) -> None:
+    state = ClusterState()
+    state.add_node(make_node("n1").cpu("4").memory(10000).gpu(8).spec())
+    state.add_node(make_node("n2").cpu("4").memory(10000).spec())
+    assert scores(plugin, state, "3", 5000) == expected
+
+
+def test_an_extended_resource_the_pod_requests_is_scored() -> None:
+    state = ClusterState()
+    state.add_node(make_node("n1").cpu("4").memory(10000).gpu(8).spec())
+    pod = pod_info(make_pod("p").cpu("3").memory(5000).gpu(2).spec(), state.resources, 0)
+    plugin = NodeResourcesFit({"scoringStrategy": {"type": "MostAllocated", "resources": GPU_TOO}})
+    # 75, 50 and the GPU's 2*100/8 = 25 → 150/3 = 50
+    assert int(np.asarray(plugin.score(CycleState(), pod, state, state.valid))[0]) == 50
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
