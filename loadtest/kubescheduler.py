@@ -2,7 +2,8 @@
 of ``tests/kube/``, ``shoal loadtest kube --peer``).
 
 Started with a ``KubeSchedulerConfiguration`` of one profile (``scheduler_name``: pods
-naming another, shoal's included, are not its), no leader election, its secure port on
+naming another, shoal's included, are not its; ``profiles`` adds more, each with a
+name of its own), no leader election, its secure port on
 127.0.0.1 on a free port (its health is read there), and the feature gates Kubernetes'
 own Workload and PodGroup need (``GenericWorkload``: its ``GangScheduling`` plugin then
 runs in the default profile). Stopped by its PID, SIGTERM then SIGKILL.
@@ -44,6 +45,7 @@ class KubeScheduler:
         scheduler_name: str = "kube-scheduler",
         feature_gates: str = FEATURE_GATES,
         verbosity: int = 1,
+        profiles: list[dict[str, object]] | None = None,
     ) -> None:
         self.binary = binary
         self.kubeconfig = kubeconfig
@@ -51,6 +53,8 @@ class KubeScheduler:
         self.scheduler_name = scheduler_name
         self.feature_gates = feature_gates
         self.verbosity = verbosity
+        self.profiles = list(profiles or [])
+        """More profiles after the first, each naming its own ``schedulerName``."""
         self.port = 0
         self.process: subprocess.Popen[bytes] | None = None
         self._log: TextIO | None = None
@@ -75,7 +79,7 @@ class KubeScheduler:
             "kind": "KubeSchedulerConfiguration",
             "clientConnection": {"kubeconfig": self.kubeconfig, "qps": 5000, "burst": 5000},
             "leaderElection": {"leaderElect": False},
-            "profiles": [{"schedulerName": self.scheduler_name}],
+            "profiles": [{"schedulerName": self.scheduler_name}, *self.profiles],
         }
 
     def start(self, timeout: float = 60.0) -> None:

@@ -8,13 +8,16 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+from engine.config import SchedulerConfig
 from shards.serve import ServeOptions, Service, serve
 from tests.kube.realkube import RealApiServer
 from tests.kube.test_ingest import eventually
 
 
 @contextlib.asynccontextmanager
-async def serving(apiserver: Any, shards: int) -> AsyncIterator[Service]:
+async def serving(
+    apiserver: Any, shards: int, config: SchedulerConfig | None = None
+) -> AsyncIterator[Service]:
     real = isinstance(apiserver, RealApiServer)
     if real:
         apiserver.namespace("shoal")  # the Leases' namespace
@@ -28,6 +31,7 @@ async def serving(apiserver: Any, shards: int) -> AsyncIterator[Service]:
         listen="127.0.0.1:0",
         identity="test-0",
         shards=shards,
+        config=config,
         watch_seconds=1,
         lease_seconds=3,
         poll_interval=0.02,
