@@ -1,230 +1,198 @@
 """A differential test against kube-scheduler v1.37 on the real API server: the same
 objects are given to both, and the same pods must end up placed (on the same node
-where the answer is unique), pending and preempted, with ``shoal serve`` at 1 and 2
-shards.
+where the answer is unique), pending and preempted, with ``shoal serve`` at 1, 2, 4
+and 8 shards; every log shoal writes replays with ``replay --verify``.
 
-kube-scheduler runs as a process for the module (``loadtest/kubescheduler.py``), with a
-profile of its own (``kube-peer``): pods naming it are its, the others shoal's. Each run
-of a case gets a fresh namespace and fresh nodes (``<run>-n0``...), labelled with the
-run, and its pods select them (``diff-run``), so no run sees another's pods or nodes.
-There is no kubelet: pods stay Pending but bound (``spec.nodeName`` is compared), and
-the test does a kubelet's one part that matters here: a pod given a
-``deletionTimestamp`` (a victim, evicted by shoal or deleted by kube-scheduler) is
-deleted at once. A run has settled when each pod is bound, gone, or marked
-``PodScheduled=False`` without a nomination, with no pod terminating, twice in a row.
+kube-scheduler runs as a process for the module (``loadtest/kubescheduler.py``), with
+profiles of its own (``kube-peer``, ``kube-peer-pack``...): pods naming one are its,
+the others shoal's (``default-scheduler``, ``shoal-pack``...: the same profiles). How a
+case is played is in ``tests/kube/differential.py``. Each node is a pool of its own
+(``shoal.io/pool``), so at N shards a case's nodes lie in as many shards as it has
+nodes, up to N (checked in the log).
 
 Only cases whose outcome depends on no tie are here: which pod goes first is fixed by
 creating them in stages (each waited for), and nodes are compared only where a single
-node is right. Left out on purpose: anything scored (kube-scheduler's
-LeastAllocated/BalancedAllocation spread against shoal's profiles' own scoring).
+node is right. The default profile's scoring (LeastAllocated, BalancedAllocation) is
+left out on purpose: shoal's shards choose between shards by sums there (a documented
+difference). The packing profiles are in: ``pack`` (``NodeResourcesFit`` with
+``MostAllocated`` over cpu, memory and ``nvidia.com/gpu``) and ``ratio``
+(``RequestedToCapacityRatio``, a shape that peaks at half full), with nodes filled to
+different levels so that exactly one node is best; at N shards shoal decides their
+units on the coordinator over every node, so the node must be kube-scheduler's.
+
+GPU: ``nvidia.com/gpu`` as the device plugin's extended resource, scored by
+``MostAllocated``, and shoal's GPU placement policies (``engine/plugins/gpu/``) as the
+only score plugin of a profile each. Where kube-scheduler's ``MostAllocated`` on
+``nvidia.com/gpu`` gives the same unique node (``GpuBestFit``, ``GpuMMinusN``,
+``GpuPacking``, ``GpuClustering`` on the ``gpu-`` cases) shoal is compared with it;
+``GpuFragmentation`` and ``ShoalGpu`` have no equivalent in kube-scheduler, so their
+case is not played there and its expected outcome is what one shoal shard does.
 
 DRA: the test publishes a ResourceSlice per node of a case that has devices (as a
 driver would; pool named after the node) and creates ResourceClaims directly (no
 template: no resourceclaim controller runs here); each claim's outcome is the node
 whose devices its ``status.allocation`` names, or ``pending`` while it has none.
+
+Cost: each shard count is one ``shoal serve`` with every case played at once. 1 and 2
+shards are in the default suite, 4 and 8 are ``slow`` (``pytest -m slow tests``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import urllib.error
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
+from engine.config import API_VERSIONS, KIND, SchedulerConfig, parse_config
+from events.types import Envelope, NodeAdded
 from loadtest.kubescheduler import KubeScheduler
+from shards.replay import replay, replay_routed
+from shards.serve import Service
+from tests.kube.differential import (
+    DEVICE_CLASS,
+    DRA,
+    DRIVER,
+    GPU,
+    JSON,
+    PENDING,
+    PLACED,
+    PREEMPTED,
+    Case,
+    Run,
+    claim,
+    claiming,
+    gang,
+    node,
+    on,
+    pod,
+    with_app,
+    zone_in,
+)
 from tests.kube.realkube import DEFAULT, RealApiServer
 from tests.kube.serving import serving
 
-JSON = dict[str, Any]
 PEER = "kube-peer"
-RUN_LABEL = "diff-run"
-HOSTNAME = "kubernetes.io/hostname"
-PENDING = "pending"
-PREEMPTED = "preempted"
-PLACED = "placed"
 PRIORITIES = {"diff-low": 10, "diff-mid": 100, "diff-high": 1000}
-DRIVER = "gpu.example.com"
-DRA = "resource.k8s.io/v1"
-DEVICE_CLASS = "diff-gpu"
+SLOW = pytest.mark.slow
+
+# ---------------------------------------------------------------------------- profiles
 
 
-def _node(name: str, cpu: str = "4", taints: list[JSON] | None = None, **labels: str) -> JSON:
-    """A node as kube-scheduler needs to see it (Ready, capacity and allocatable)."""
-    resources = {"cpu": cpu, "memory": "8Gi", "pods": "110"}
-    return {
-        "metadata": {"name": name, "labels": {HOSTNAME: name, **labels}},
-        "spec": {"taints": taints or []},
-        "status": {
-            "capacity": resources,
-            "allocatable": resources,
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
-        },
+def _fit(strategy: JSON) -> JSON:
+    resources = [{"name": r, "weight": 1} for r in ("cpu", "memory", GPU)]
+    args = {"scoringStrategy": {"resources": resources, **strategy}}
+    return {"pluginConfig": [{"name": "NodeResourcesFit", "args": args}]}
+
+
+PEAK_AT_HALF = [
+    {"utilization": 0, "score": 0},
+    {"utilization": 50, "score": 10},
+    {"utilization": 100, "score": 0},
+]
+PACKING: dict[str, JSON] = {
+    "pack": _fit({"type": "MostAllocated"}),
+    "ratio": _fit(
+        {"type": "RequestedToCapacityRatio", "requestedToCapacityRatio": {"shape": PEAK_AT_HALF}}
+    ),
+}
+"""The packing profiles, the same on both sides (kube-scheduler's ``kube-peer-<key>``,
+shoal's ``shoal-<key>``)."""
+AS_MOST_ALLOCATED = ("GpuBestFit", "GpuMMinusN", "GpuPacking", "GpuClustering")
+"""shoal's GPU policies that place the ``gpu-`` cases where ``MostAllocated`` does."""
+OWN_POLICIES = ("GpuFragmentation", "ShoalGpu")
+"""Those kube-scheduler has no equivalent of."""
+
+
+def _policy(plugin: str) -> JSON:
+    score = {"disabled": [{"name": "*"}], "enabled": [{"name": plugin, "weight": 1}]}
+    return {"plugins": {"score": score}}
+
+
+def _shoal_config() -> SchedulerConfig:
+    profiles = {**PACKING, **{p: _policy(p) for p in AS_MOST_ALLOCATED + OWN_POLICIES}}
+    raw = {
+        "apiVersion": API_VERSIONS[0],
+        "kind": KIND,
+        "profiles": [
+            {"schedulerName": "default-scheduler"},
+            *({"schedulerName": f"shoal-{k}", **v} for k, v in profiles.items()),
+        ],
     }
+    return parse_config(raw, "differential")
 
 
-def _pod(name: str, cpu: str = "1", priority: str = "", app: str = "", **spec: Any) -> JSON:
-    body: JSON = {
-        "containers": [{"name": "c", "image": "pause", "resources": {"requests": {"cpu": cpu}}}],
-        "terminationGracePeriodSeconds": 30,
-        **spec,
-    }
-    if priority:
-        body["priorityClassName"] = priority
-    return {"metadata": {"name": name, "labels": {"app": app} if app else {}}, "spec": body}
+def _shoal(case: Case) -> str:
+    return f"shoal-{case.profile}" if case.profile else "default-scheduler"
 
 
-def _on(node: str) -> JSON:
-    return {HOSTNAME: node}
+def _peer(case: Case) -> str:
+    return f"{PEER}-{case.peer}" if case.peer else PEER
 
 
-def _zone_in(*zones: str, operator: str = "In") -> JSON:
-    term = {"matchExpressions": [{"key": "zone", "operator": operator, "values": list(zones)}]}
-    return {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
-        }
-    }
-
-
-def _with(app: str, anti: bool = False) -> JSON:
-    term = {"labelSelector": {"matchLabels": {"app": app}}, "topologyKey": HOSTNAME}
-    kind = "podAntiAffinity" if anti else "podAffinity"
-    return {kind: {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
-
-
-def _gang(name: str, count: int) -> list[JSON]:
-    """A Workload, its PodGroup (gang of ``count``), and ``count`` one-cpu members."""
-    policy = {"gang": {"minCount": count}}
-    workload = {
-        "kind": "Workload",
-        "metadata": {"name": name},
-        "spec": {"podGroupTemplates": [{"name": "workers", "schedulingPolicy": policy}]},
-    }
-    group = {
-        "kind": "KubePodGroup",
-        "metadata": {"name": f"{name}-workers"},
-        "spec": {
-            "workloadRef": {"workloadName": name, "templateName": "workers"},
-            "schedulingPolicy": policy,
-        },
-    }
-    members = [
-        _pod(f"{name}{i}", schedulingGroup={"podGroupName": f"{name}-workers"})
-        for i in range(count)
-    ]
-    return [workload, group, *members]
-
-
-def _claim(name: str, count: int) -> JSON:
-    """A ResourceClaim for ``count`` devices of the test's class."""
-    request = {"name": "gpus", "exactly": {"deviceClassName": DEVICE_CLASS, "count": count}}
-    return {
-        "kind": "ResourceClaim",
-        "metadata": {"name": name},
-        "spec": {"devices": {"requests": [request]}},
-    }
-
-
-def _claiming(name: str, claim: str) -> JSON:
-    """A one-cpu pod using the ResourceClaim ``claim``."""
-    item = _pod(name, resourceClaims=[{"name": "gpu", "resourceClaimName": claim}])
-    item["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
-    return item
-
-
-def _slice(node: str, devices: int) -> JSON:
-    return {
-        "apiVersion": DRA,
-        "kind": "ResourceSlice",
-        "metadata": {"name": f"{node}-gpus"},
-        "spec": {
-            "driver": DRIVER,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": [{"name": f"gpu-{i}"} for i in range(devices)],
-        },
-    }
-
-
-@dataclass(frozen=True)
-class Case:
-    """Nodes, then objects created stage by stage (each settled before the next), and
-    the one right outcome: pod → node, ``pending`` or ``preempted`` (``placed`` where
-    the node is not unique); ``claim/NAME`` → the node of the devices allocated to
-    the ResourceClaim, or ``pending``."""
-
-    name: str
-    nodes: list[JSON]
-    stages: list[list[JSON]]
-    expected: dict[str, str]
-    unique_nodes: bool = True
-    devices: dict[str, int] = field(default_factory=dict)
-    """Node → the GPUs its ResourceSlice publishes."""
-
+# ---------------------------------------------------------------------------- cases
 
 CASES = [
     Case(
         "preemption",
-        [_node("n0", cpu="3")],
+        [node("n0", cpu="3")],
         [
-            [_pod("mid", priority="diff-mid"), _pod("low", cpu="2", priority="diff-low")],
-            [_pod("high", cpu="2", priority="diff-high")],
+            [pod("mid", priority="diff-mid"), pod("low", cpu="2", priority="diff-low")],
+            [pod("high", cpu="2", priority="diff-high")],
         ],
         # freeing 2 cpus takes the low pod alone; the mid one is spared
         {"mid": "n0", "low": PREEMPTED, "high": "n0"},
     ),
     Case(
         "preemption-node",
-        [_node("n0", cpu="2"), _node("n1", cpu="2")],
+        [node("n0", cpu="2"), node("n1", cpu="2")],
         [
             [
-                _pod("low", cpu="2", priority="diff-low", nodeSelector=_on("n0")),
-                _pod("mid", cpu="2", priority="diff-mid", nodeSelector=_on("n1")),
+                pod("low", cpu="2", priority="diff-low", nodeSelector=on("n0")),
+                pod("mid", cpu="2", priority="diff-mid", nodeSelector=on("n1")),
             ],
-            [_pod("high", cpu="2", priority="diff-high")],
+            [pod("high", cpu="2", priority="diff-high")],
         ],
         # either node frees 2 cpus with one victim: the one whose victim matters least
         {"low": PREEMPTED, "mid": "n1", "high": "n0"},
     ),
     Case(
         "node-affinity",
-        [_node("n0", zone="a"), _node("n1", zone="b"), _node("n2", zone="c")],
+        [node("n0", zone="a"), node("n1", zone="b"), node("n2", zone="c")],
         [
             [
-                _pod("in-b", affinity=_zone_in("b")),
-                _pod("not-a-c", affinity=_zone_in("a", "c", operator="NotIn")),
-                _pod("in-d", affinity=_zone_in("d")),
+                pod("in-b", affinity=zone_in("b")),
+                pod("not-a-c", affinity=zone_in("a", "c", operator="NotIn")),
+                pod("in-d", affinity=zone_in("d")),
             ]
         ],
         {"in-b": "n1", "not-a-c": "n1", "in-d": PENDING},
     ),
     Case(
         "pod-affinity",
-        [_node("n0"), _node("n1")],
+        [node("n0"), node("n1")],
         [
             [
-                _pod("db", app="db", nodeSelector=_on("n1")),
-                _pod("solo-0", app="solo", nodeSelector=_on("n0")),
+                pod("db", app="db", nodeSelector=on("n1")),
+                pod("solo-0", app="solo", nodeSelector=on("n0")),
             ],
             [
-                _pod("web", affinity=_with("db")),
-                _pod("solo-1", app="solo", affinity=_with("solo", anti=True)),
+                pod("web", affinity=with_app("db")),
+                pod("solo-1", app="solo", affinity=with_app("solo", anti=True)),
             ],
-            [_pod("solo-2", app="solo", affinity=_with("solo", anti=True))],
+            [pod("solo-2", app="solo", affinity=with_app("solo", anti=True))],
         ],
         {"db": "n1", "solo-0": "n0", "web": "n1", "solo-1": "n1", "solo-2": PENDING},
     ),
     Case(
         "topology-spread",
-        [_node("n0", zone="a"), _node("n1", zone="b")],
+        [node("n0", zone="a"), node("n1", zone="b")],
         [
-            [_pod("s0", app="sp", nodeSelector=_on("n0"))],
+            [pod("s0", app="sp", nodeSelector=on("n0"))],
             [
-                _pod(
+                pod(
                     "s1",
                     app="sp",
                     topologySpreadConstraints=[
@@ -243,14 +211,14 @@ CASES = [
     Case(
         "taints",
         [
-            _node("n0", taints=[{"key": "dedicated", "value": "infra", "effect": "NoSchedule"}]),
-            _node("n1", cpu="1"),
+            node("n0", taints=[{"key": "dedicated", "value": "infra", "effect": "NoSchedule"}]),
+            node("n1", cpu="1"),
         ],
         [
             [
-                _pod("plain", cpu="2"),
-                _pod("small"),
-                _pod(
+                pod("plain", cpu="2"),
+                pod("small"),
+                pod(
                     "tolerant",
                     cpu="2",
                     tolerations=[
@@ -268,8 +236,8 @@ CASES = [
     ),
     Case(
         "gang",
-        [_node("n0", cpu="2"), _node("n1", cpu="2")],
-        [_gang("a", 3), _gang("b", 3)],
+        [node("n0", cpu="2"), node("n1", cpu="2")],
+        [gang("a", 3), gang("b", 3)],
         # 4 cpus: the first gang of 3 fits, the second does not (which node each member
         # gets is a tie)
         {**{f"a{i}": PLACED for i in range(3)}, **{f"b{i}": PENDING for i in range(3)}},
@@ -277,10 +245,10 @@ CASES = [
     ),
     Case(
         "dra",
-        [_node("n0"), _node("n1"), _node("n2")],
+        [node("n0"), node("n1"), node("n2")],
         [
-            [_claim("three-a", 3), _claiming("a", "three-a")],
-            [_claim("three-b", 3), _claiming("b", "three-b")],
+            [claim("three-a", 3), claiming("a", "three-a")],
+            [claim("three-b", 3), claiming("b", "three-b")],
         ],
         # only n1 has 3 devices; once a holds 3 of them, no node has 3 for b
         {"a": "n1", "b": PENDING, "claim/three-a": "n1", "claim/three-b": PENDING},
@@ -289,149 +257,102 @@ CASES = [
 ]
 
 
-# ---------------------------------------------------------------------------- a run
+HALF = "2Gi"
+"""Memory with a cpu, in the nodes' proportion (4 cpu, 8Gi): ``BalancedAllocation``
+is then the same on every node and packing alone decides."""
 
 
-class Run:
-    """One case's objects for one scheduler, in namespace and on nodes of its own."""
+def _packed(name: str, cpu: int = 1, gpus: int = 0, **spec: Any) -> JSON:
+    return pod(name, cpu=str(cpu), memory=f"{2 * cpu}Gi", gpus=gpus, **spec)
 
-    def __init__(self, real: RealApiServer, case: Case, tag: str, scheduler: str) -> None:
-        self.real = real
-        self.case = case
-        self.tag = tag
-        self.namespace = f"diff-{tag}"
-        self.scheduler = scheduler
-        self.pods: list[str] = []
-        self.claims: list[str] = []
 
-    def node(self, logical: str) -> str:
-        return f"{self.tag}-{logical}"
+def _gpu_policy(policy: str, peer: str | None) -> Case:
+    """One busy GPU node and one idle: the 2-card pod joins the busy one (it is the
+    fuller, holds only 2-card pods, leaves fewer idle cards), so the 8-card pod
+    still has a whole node."""
+    return Case(
+        f"gpu-{policy.lower()}",
+        [node("g0", gpus=8), node("g1", gpus=8)],
+        [
+            [_packed("f1", gpus=2, nodeSelector=on("g1"))],
+            [_packed("p", gpus=2)],
+            [_packed("q", gpus=8)],
+        ],
+        {"f1": "g1", "p": "g1", "q": "g0"},
+        profile=policy,
+        peer=peer,
+    )
 
-    def logical(self, node: str) -> str:
-        return node.removeprefix(f"{self.tag}-")
 
-    def create_nodes(self) -> None:
-        for body in self.case.nodes:
-            item = copy.deepcopy(body)
-            logical = item["metadata"]["name"]
-            name = self.node(logical)
-            item["metadata"]["name"] = name
-            item["metadata"]["labels"][HOSTNAME] = name
-            item["metadata"]["labels"][RUN_LABEL] = self.tag
-            self.real.put("Node", item)
-            if logical in self.case.devices:
-                self.real.apply(_slice(name, self.case.devices[logical]))
-
-    def create(self, stage: list[JSON]) -> None:
-        self.real.namespace(self.namespace)
-        for body in stage:
-            item = copy.deepcopy(body)
-            kind = item.pop("kind", "Pod")
-            item["metadata"]["namespace"] = self.namespace
-            if kind == "Pod":
-                spec = item["spec"]
-                spec["schedulerName"] = self.scheduler
-                selector = spec.setdefault("nodeSelector", {})
-                if HOSTNAME in selector:
-                    selector[HOSTNAME] = self.node(selector[HOSTNAME])
-                selector[RUN_LABEL] = self.tag
-                self.pods.append(item["metadata"]["name"])
-            if kind == "ResourceClaim":
-                self.claims.append(item["metadata"]["name"])
-                self.real.apply({"apiVersion": DRA, "kind": kind, **item})
-                continue
-            self.real.put(kind, item)
-
-    def _pods(self) -> list[JSON]:
-        found: list[JSON] = self.real._call("GET", f"/api/v1/namespaces/{self.namespace}/pods")[
-            "items"
-        ]
-        return found
-
-    def _kubelet(self, pods: list[JSON]) -> None:
-        """What a kubelet would do: a pod being deleted goes at once."""
-        for pod in pods:
-            if pod["metadata"].get("deletionTimestamp"):
-                path = f"/api/v1/namespaces/{self.namespace}/pods/{pod['metadata']['name']}"
-                try:
-                    self.real._call("DELETE", path + "?gracePeriodSeconds=0")
-                except urllib.error.HTTPError as exc:
-                    if exc.code != 404:
-                        raise
-
-    def outcome(self) -> dict[str, str] | None:
-        """Each pod's outcome, or None while the run has not settled."""
-        pods = {p["metadata"]["name"]: p for p in self._pods()}
-        self._kubelet(list(pods.values()))
-        out: dict[str, str] = {}
-        for name in self.pods:
-            pod = pods.get(name)
-            if pod is None:
-                out[name] = PREEMPTED
-                continue
-            if pod["metadata"].get("deletionTimestamp"):
-                return None
-            node = pod["spec"].get("nodeName")
-            if node:
-                out[name] = self.logical(node) if self.case.unique_nodes else PLACED
-                continue
-            status = pod.get("status") or {}
-            told = [
-                c
-                for c in status.get("conditions") or []
-                if c["type"] == "PodScheduled" and c["status"] == "False"
-            ]
-            if not told or status.get("nominatedNodeName"):
-                return None
-            out[name] = PENDING
-        return out
-
-    async def settle(self, timeout: float = 60.0) -> dict[str, str]:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        last: dict[str, str] | None = None
-        while True:
-            now = self.outcome()
-            if now is not None and now == last:
-                return now
-            if loop.time() > deadline:
-                raise AssertionError(f"{self.case.name} ({self.scheduler}) did not settle: {now}")
-            last = now
-            await asyncio.sleep(0.5)
-
-    def claim_outcome(self, name: str) -> str:
-        """The node whose devices the claim's allocation names (all distinct, all of
-        that node's slice), ``pending`` while it has none, else what it names."""
-        path = f"/apis/{DRA}/namespaces/{self.namespace}/resourceclaims/{name}"
-        allocation = (self.real._call("GET", path).get("status") or {}).get("allocation")
-        if not allocation:
-            return PENDING
-        results = allocation["devices"]["results"]
-        pools = {(r["driver"], r["pool"]) for r in results}
-        devices = [r["device"] for r in results]
-        if len(pools) == 1 and len(set(devices)) == len(devices):
-            driver, pool = next(iter(pools))
-            logical = self.logical(pool)
-            known = {f"gpu-{i}" for i in range(self.case.devices.get(logical, 0))}
-            if driver == DRIVER and set(devices) <= known:
-                return logical
-        return f"devices {sorted(pools)} {devices}"
-
-    async def play(self) -> dict[str, str]:
-        self.create_nodes()
-        outcome: dict[str, str] = {}
-        for stage in self.case.stages:
-            self.create(stage)
-            outcome = await self.settle()
-        return {**outcome, **{f"claim/{c}": self.claim_outcome(c) for c in self.claims}}
-
-    def remove_nodes(self) -> None:
-        for body in self.case.nodes:
-            logical = body["metadata"]["name"]
-            self.real.remove("Node", self.node(logical))
-            if logical in self.case.devices:
-                path = f"/apis/{DRA}/resourceslices/{self.node(logical)}-gpus"
-                self.real._call("DELETE", path)
+PACKING_CASES = [
+    Case(
+        "pack-most",
+        [node("n0"), node("n1"), node("n2")],
+        [
+            [_packed("f0", nodeSelector=on("n0")), _packed("f2", 2, nodeSelector=on("n2"))],
+            # MostAllocated: n2 ends 3/4 full, n0 2/4, n1 1/4
+            [_packed("p")],
+            # n2 has 1 cpu left: n0 ends 3/4 full, n1 2/4
+            [_packed("q", 2)],
+        ],
+        {"f0": "n0", "f2": "n2", "p": "n2", "q": "n0"},
+        profile="pack",
+        peer="pack",
+    ),
+    Case(
+        "pack-ratio",
+        [node("n0"), node("n1"), node("n2")],
+        [
+            [_packed("f1", nodeSelector=on("n1")), _packed("f2", 3, nodeSelector=on("n2"))],
+            # the shape peaks at half full: n1 ends at 50% (score 100), n0 at 25% (50),
+            # n2 at 100% (0)
+            [_packed("p")],
+            # n0 ends at 50% (100), n1 at 100% (0), n2 has no room
+            [_packed("q", 2)],
+        ],
+        {"f1": "n1", "f2": "n2", "p": "n1", "q": "n0"},
+        profile="ratio",
+        peer="ratio",
+    ),
+    Case(
+        "pack-gpu",
+        [node("g0", gpus=8), node("g1", gpus=8), node("g2", gpus=8)],
+        [
+            [
+                _packed("f0", gpus=2, nodeSelector=on("g0")),
+                _packed("f1", gpus=5, nodeSelector=on("g1")),
+            ],
+            # gpu: g1 ends 7/8 full, g0 4/8, g2 2/8 (cpu and memory: g0 and g1 2/4)
+            [_packed("p", gpus=2)],
+            # g1 has 1 card left: g0 ends 6/8 (cpu 2/4), g2 4/8 (cpu 1/4)
+            [_packed("q", gpus=4)],
+            # a whole node is left for the 8-card pod
+            [_packed("r", gpus=8)],
+        ],
+        {"f0": "g0", "f1": "g1", "p": "g1", "q": "g0", "r": "g2"},
+        profile="pack",
+        peer="pack",
+    ),
+    Case(
+        "pack-cpu-on-gpu-nodes",
+        [node("g0", gpus=8), node("g1", gpus=8)],
+        [
+            [
+                _packed("f0", gpus=8, nodeSelector=on("g0")),
+                _packed("f1", 2, nodeSelector=on("g1")),
+            ],
+            # a pod asking for no GPU is scored on cpu and memory only (kube-scheduler
+            # leaves out an extended resource the pod does not request): g1 ends 3/4
+            # full, g0 2/4, whatever g0's cards
+            [_packed("p")],
+        ],
+        {"f0": "g0", "f1": "g1", "p": "g1"},
+        profile="pack",
+        peer="pack",
+    ),
+    *(_gpu_policy(p, "pack") for p in AS_MOST_ALLOCATED),
+    *(_gpu_policy(p, None) for p in OWN_POLICIES),
+]
 
 
 # ---------------------------------------------------------------------------- fixtures
@@ -441,7 +362,8 @@ class Run:
 def peer(
     real_apiserver: RealApiServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[KubeScheduler]:
-    """kube-scheduler v1.37 with profile ``kube-peer``, for the module."""
+    """kube-scheduler v1.37 with profile ``kube-peer`` and the packing ones, for the
+    module."""
     binary = DEFAULT.binary("kube-scheduler")
     if not binary.is_file():
         pytest.skip(f"no kube-scheduler in {DEFAULT.cache} (./dev kube build)")
@@ -450,6 +372,7 @@ def peer(
         real_apiserver.kubeconfig,
         tmp_path_factory.mktemp("kube-scheduler"),
         scheduler_name=PEER,
+        profiles=[{"schedulerName": f"{PEER}-{k}", **v} for k, v in PACKING.items()],
     )
     scheduler.start()
     try:
@@ -458,8 +381,10 @@ def peer(
         scheduler.stop()
 
 
+ALL = CASES + PACKING_CASES
 PEER_OUTCOMES: dict[str, dict[str, str]] = {}
-"""kube-scheduler's outcome of each case (played once for the module)."""
+"""kube-scheduler's outcome of each case it has an equivalent for (played once for the
+module)."""
 
 
 def _priorities(real: RealApiServer) -> None:
@@ -482,35 +407,73 @@ def _priorities(real: RealApiServer) -> None:
             raise
 
 
-async def _play(runs: list[Run]) -> list[dict[str, str]]:
+async def _play(runs: list[Run]) -> dict[str, dict[str, str]]:
     outcomes = await asyncio.gather(*(run.play() for run in runs))
     for run in runs:
         run.remove_nodes()
-    return list(outcomes)
+    return {run.case.name: outcome for run, outcome in zip(runs, outcomes, strict=True)}
 
 
-@pytest.mark.parametrize("shards", [1, 2])
+async def _verified(service: Service, shards: int) -> list[list[Envelope]]:
+    """The log as recorded; it replays, every decision verified."""
+    assert service.bus is not None
+    parts = [await service.bus.read(p, 0) for p in range(service.bus.partitions)]
+    verified = replay(parts[0], verify=True) if shards == 1 else replay_routed(parts, verify=True)
+    assert verified.mismatch is None, verified.mismatch
+    return parts
+
+
+def _lumped(parts: list[list[Envelope]], runs: list[Run], shards: int) -> list[str]:
+    """The cases whose nodes all went to one shard though they have several."""
+    shard_of = {
+        e.event.node.name: p
+        for p, records in enumerate(parts[:shards])
+        for e in records
+        if isinstance(e.event, NodeAdded)
+    }
+    return [
+        run.case.name
+        for run in runs
+        if len(run.case.nodes) > 1
+        and len({shard_of.get(run.node(n["metadata"]["name"])) for n in run.case.nodes}) == 1
+    ]
+
+
+@pytest.mark.parametrize("shards", [1, 2, pytest.param(4, marks=SLOW), pytest.param(8, marks=SLOW)])
 async def test_shoal_places_pods_as_kube_scheduler_does(
     real_apiserver: RealApiServer, peer: KubeScheduler, shards: int
 ) -> None:
     """Every case, kube-scheduler's run once for the module, shoal's at ``shards``:
     the same pods placed (on the same nodes where unique), pending and preempted, and
-    both the one right answer."""
+    both the one right answer; shoal's log replays."""
     real = real_apiserver
     real.empty()
     _priorities(real)
     # the cases side by side (each on nodes and in a namespace of its own)
     if not PEER_OUTCOMES:
-        runs = [Run(real, case, f"k-{case.name}", PEER) for case in CASES]
-        PEER_OUTCOMES.update(zip([c.name for c in CASES], await _play(runs), strict=True))
-    async with serving(real, shards):
-        runs = [Run(real, case, f"s{shards}-{case.name}", "default-scheduler") for case in CASES]
-        ours = dict(zip([c.name for c in CASES], await _play(runs), strict=True))
+        runs = [Run(real, c, f"k-{c.name}", _peer(c)) for c in ALL if c.peer is not None]
+        PEER_OUTCOMES.update(await _play(runs))
+    async with serving(real, shards, _shoal_config()) as service:
+        runs = [Run(real, c, f"s{shards}-{c.name}", _shoal(c)) for c in ALL]
+        ours = await _play(runs)
+        parts = await _verified(service, shards)
+    if shards > 1:
+        assert not _lumped(parts, runs, shards), "a case's nodes all in one shard"
     differ = {
         name: (ours[name], PEER_OUTCOMES[name])
-        for name in ours
+        for name in PEER_OUTCOMES
         if ours[name] != PEER_OUTCOMES[name]
     }
     assert not differ, f"shoal, kube-scheduler: {differ}"
-    wrong = {c.name: PEER_OUTCOMES[c.name] for c in CASES if PEER_OUTCOMES[c.name] != c.expected}
-    assert not wrong, f"not the one right answer: {wrong}"
+    wrong = {
+        name: PEER_OUTCOMES[name]
+        for name in PEER_OUTCOMES
+        if PEER_OUTCOMES[name] != _expected(name)
+    }
+    assert not wrong, f"kube-scheduler, not the one right answer: {wrong}"
+    own = {c.name: ours[c.name] for c in ALL if c.peer is None and ours[c.name] != c.expected}
+    assert not own, f"shoal, not what one shard does: {own}"
+
+
+def _expected(name: str) -> dict[str, str]:
+    return next(c.expected for c in ALL if c.name == name)
