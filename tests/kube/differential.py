@@ -312,7 +312,14 @@ class Run:
             outcome = await self.settle()
         return {**outcome, **{f"claim/{c}": self.claim_outcome(c) for c in self.claims}}
 
-    def remove_nodes(self) -> None:
+    def remove(self) -> None:
+        """Take away the run's pods (at once, as a kubelet would) and events, one call
+        each (the next test's ``empty`` deletes one object a call), its nodes and
+        their ResourceSlices."""
+        for kind in ("pods", "events"):
+            self.real._call(
+                "DELETE", f"/api/v1/namespaces/{self.namespace}/{kind}?gracePeriodSeconds=0"
+            )
         for body in self.case.nodes:
             logical = body["metadata"]["name"]
             self.real.remove("Node", self.node(logical))

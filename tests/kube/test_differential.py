@@ -382,6 +382,7 @@ def peer(
 
 
 ALL = CASES + PACKING_CASES
+PEERED = [c for c in ALL if c.peer is not None]
 PEER_OUTCOMES: dict[str, dict[str, str]] = {}
 """kube-scheduler's outcome of each case it has an equivalent for (played once for the
 module)."""
@@ -409,8 +410,6 @@ def _priorities(real: RealApiServer) -> None:
 
 async def _play(runs: list[Run]) -> dict[str, dict[str, str]]:
     outcomes = await asyncio.gather(*(run.play() for run in runs))
-    for run in runs:
-        run.remove_nodes()
     return {run.case.name: outcome for run, outcome in zip(runs, outcomes, strict=True)}
 
 
@@ -449,14 +448,15 @@ async def test_shoal_places_pods_as_kube_scheduler_does(
     real = real_apiserver
     real.empty()
     _priorities(real)
-    # the cases side by side (each on nodes and in a namespace of its own)
-    if not PEER_OUTCOMES:
-        runs = [Run(real, c, f"k-{c.name}", _peer(c)) for c in ALL if c.peer is not None]
-        PEER_OUTCOMES.update(await _play(runs))
+    # the cases side by side, each on nodes and in a namespace of its own, and
+    # kube-scheduler's (once for the module) beside shoal's first
+    theirs = [] if PEER_OUTCOMES else [Run(real, c, f"k-{c.name}", _peer(c)) for c in PEERED]
     async with serving(real, shards, _shoal_config()) as service:
         runs = [Run(real, c, f"s{shards}-{c.name}", _shoal(c)) for c in ALL]
-        ours = await _play(runs)
+        ours, peers = await asyncio.gather(_play(runs), _play(theirs))
         parts = await _verified(service, shards)
+    PEER_OUTCOMES.update(peers)
+    await asyncio.gather(*(asyncio.to_thread(run.remove) for run in runs + theirs))
     if shards > 1:
         assert not _lumped(parts, runs, shards), "a case's nodes all in one shard"
     differ = {
