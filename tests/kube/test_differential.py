@@ -33,8 +33,12 @@ driver would; pool named after the node) and creates ResourceClaims directly (no
 template: no resourceclaim controller runs here); each claim's outcome is the node
 whose devices its ``status.allocation`` names, or ``pending`` while it has none.
 
-Cost: each shard count is one ``shoal serve`` with every case played at once. 1 and 2
-shards are in the default suite, 4 and 8 are ``slow`` (``pytest -m slow tests``).
+Each shard count is one ``shoal serve`` with every case played at once (kube-scheduler's
+runs beside shoal's first), then its log replayed with every decision verified
+(``replay``, ``replay_routed``: what ``shoal replay --verify`` runs). That costs about
+8 s of play (the longest case has four stages) and 10-11 s a count in all, on a loaded
+2-core machine: 1 and 2 shards are in the default suite, 4 and 8 are ``slow``
+(``pytest -m slow tests``).
 """
 
 from __future__ import annotations
