@@ -58,7 +58,12 @@ from engine.model.resources import PODS
 from engine.model.state import Bools, ClusterState
 from engine.model.statement import Statement
 from engine.model.victims import cost_of
-from engine.plugins.preemption_priority import MAX_CANDIDATES, plan_by_priority, priority_candidates
+from engine.plugins.preemption_candidates import (
+    MAX_CANDIDATES,
+    CandidateCache,
+    priority_candidates,
+)
+from engine.plugins.preemption_priority import plan_by_priority
 from engine.plugins.victim_choice import (
     Mode,
     Plan,
@@ -85,6 +90,8 @@ class DefaultPreemption:
 
     def __init__(self, handle: Handle) -> None:
         self.handle = handle
+        self.candidates = CandidateCache()
+        """The candidate nodes of recent preemptors, for the next identical one."""
 
     def __repr__(self) -> str:
         return "DefaultPreemption()"
@@ -102,7 +109,8 @@ class DefaultPreemption:
             or cycle.read(NAME, SKIP, False)
         ):
             return NOTHING
-        chosen = plan(pod, state, feasible, self.handle, cycle.read(NAME, EXCLUDE, ""))
+        exclude = cycle.read(NAME, EXCLUDE, "")
+        chosen = plan(pod, state, feasible, self.handle, exclude, cache=self.candidates)
         if chosen is None:
             return NOTHING
         pods = self.handle.pods
@@ -142,10 +150,12 @@ def plan(
     exclude_group: str = "",
     *,
     exact: bool = False,
+    cache: CandidateCache | None = None,
 ) -> Plan | None:
     """The cheapest way to make room for ``pod``, or None (see the module docstring).
     ``exact``: never by the fast path of priority preemption
-    (:mod:`engine.plugins.preemption_priority`), which gives the same plan."""
+    (:mod:`engine.plugins.preemption_priority`), which gives the same plan;
+    ``cache``: the candidate nodes kept for identical preemptors (the same either way)."""
     quotas = handle.quotas
     mode = mode_of(pod, quotas)
     exclude = exclude_group or pod.spec.group
@@ -191,7 +201,7 @@ def plan(
         # room on a node is all that is missing: only pods on the nodes that lower
         # priorities could free enough can be victims (found over the columns, not
         # pod by pod: a cluster holds many more pods than candidate nodes)
-        candidates = priority_candidates(pod, state, allowed)
+        candidates = priority_candidates(pod, state, allowed, cache)
         if not exact:
             fast = plan_by_priority(pod, state, allowed, handle, exclude, candidates, breaking)
             if not isinstance(fast, str):

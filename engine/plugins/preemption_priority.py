@@ -3,7 +3,7 @@
 ``DefaultPreemption`` (:mod:`engine.plugins.preemption`) in its priority mode (the
 preemptor's namespace has no quota: room on a node is all that is missing) chooses
 among at most ``MAX_CANDIDATES`` nodes, found over the columns
-(:func:`priority_candidates`), the one whose victims cost least in kube-scheduler's
+(:mod:`engine.plugins.preemption_candidates`), the one whose victims cost least in kube-scheduler's
 order (:func:`engine.model.victims.cost_of`). The exact path builds every eligible
 victim of every candidate and selects victims on each candidate node. This path gives
 the same plan and evaluates few nodes:
@@ -41,7 +41,7 @@ import numpy as np
 from engine.framework.handle import Handle
 from engine.model.pods import PodInfo
 from engine.model.resources import PODS
-from engine.model.state import Bools, ClusterState, Ints
+from engine.model.state import Bools, ClusterState
 from engine.model.victims import PRIORITY_OFFSET, Cost, cost_of
 from engine.plugins.victim_choice import (
     Mode,
@@ -56,56 +56,9 @@ from engine.plugins.victim_choice import (
     victims_for,
 )
 
-MAX_CANDIDATES: Final = 64
 DECLINED: Final = "declined"
 """:func:`plan_by_priority`'s answer where the exact path must decide."""
 INT32_MIN: Final = -(2**31)
-
-
-def priority_candidates(pod: PodInfo, state: ClusterState, allowed: Bools) -> list[int]:
-    """The nodes where evicting every pod of lower priority would make room for
-    ``pod`` (its GPU cards aside: checked exactly per node later), at most
-    ``MAX_CANDIDATES`` of them: those where the lowest priorities suffice first (the
-    highest victim priority comes first in the choice), then those with the fewest such
-    pods. Over the pod's own resource rows only (and the pod count)."""
-    levels = sorted(level for level in state.used_by_priority if level < pod.priority)
-    card_rows = state.cards.rows
-    scalar = [(row, amount) for row, amount in pod.request if row not in card_rows]
-    # what each node lacks, per resource the pod asks for (free does not change here)
-    short = [(row, amount - state.free[row]) for row, amount in scalar]
-    count = np.zeros(state.capacity, dtype=state.used.dtype)
-    evictable = [np.zeros(state.capacity, dtype=state.used.dtype) for _ in scalar]
-    first = np.full(state.capacity, len(levels), dtype=np.int64)
-    undecided = allowed.copy()
-    for index, level in enumerate(levels):
-        used = state.used_by_priority[level]
-        count += used[PODS]
-        for index_, (row, _) in enumerate(scalar):
-            evictable[index_] += used[row]
-        fits = undecided & (count > 0)
-        for (_, lack), sums in zip(short, evictable, strict=True):
-            fits &= sums >= lack
-        first[fits] = index
-        undecided &= ~fits
-    slots = np.flatnonzero(first < len(levels))
-    return _least(slots, count[slots], first[slots])
-
-
-def _least(slots: Ints, count: Ints, first: Ints) -> list[int]:
-    """The first ``MAX_CANDIDATES`` of ``slots`` by (``first``, ``count``, slot):
-    one composite key and a partition where it fits 62 bits (not a sort of every
-    candidate: a wave leaves tens of thousands), else a sort."""
-    if slots.size <= MAX_CANDIDATES:
-        order = np.lexsort((slots, count, first))
-        return [int(s) for s in slots[order]]
-    span = int(slots.max()) + 1
-    counts = int(count.max()) + 1
-    if int(first.max()) + 1 > (1 << 62) // (span * counts) or int(count.min()) < 0:
-        order = np.lexsort((slots, count, first))
-        return [int(s) for s in slots[order][:MAX_CANDIDATES]]
-    key = (first * counts + count) * span + slots
-    part = np.argpartition(key, MAX_CANDIDATES - 1)[:MAX_CANDIDATES]
-    return [int(s) for s in slots[part[np.argsort(key[part])]]]
 
 
 def plan_by_priority(
@@ -118,9 +71,10 @@ def plan_by_priority(
     breaking: Callable[[list[Victim]], set[str]],
 ) -> Plan | str | None:
     """The exact path's plan for ``pod`` in priority mode (see the module docstring),
-    None where it finds none, or :data:`DECLINED`. ``candidates``:
-    :func:`priority_candidates`; ``breaking``: the victims of a set that would break a
-    disruption budget, as the exact path counts them."""
+    None where it finds none, or :data:`DECLINED`. ``candidates``: the first
+    candidate nodes in their order (:mod:`engine.plugins.preemption_candidates`);
+    ``breaking``: the victims of a set that would break a disruption budget, as the
+    exact path counts them."""
     pods = handle.pods
     quotas = handle.quotas
     placed_pods = state.pods

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from engine.engine import Engine
 from engine.plugins.preemption import plan
-from engine.plugins.preemption_priority import DECLINED, plan_by_priority, priority_candidates
+from engine.plugins.preemption_candidates import CandidateCache, priority_candidates
+from engine.plugins.preemption_priority import DECLINED, plan_by_priority
 from events.types import (
     BudgetSpec,
     DisruptionBudgetSet,
@@ -93,3 +94,60 @@ def test_the_fast_path_plans_what_the_exact_path_plans(
     event("no plan" if exact is None else f"{len(exact.victims)} victim(s)")
     gangs = sum(1 for g in engine.groups.values() if set(g.members) & set(engine.state.pods))
     event(f"gangs placed: {min(gangs, 2)}")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    nodes=st.lists(st.sampled_from([2, 4, 8]), min_size=2, max_size=8),
+    running=st.lists(
+        st.tuples(st.integers(0, 7), st.sampled_from([1, 2]), st.sampled_from([0, 10, 50])),
+        max_size=16,
+    ),
+    steps=st.lists(
+        st.tuples(st.sampled_from(["evict", "place", "preempt"]), st.integers(0, 63)),
+        min_size=1,
+        max_size=12,
+    ),
+    need=st.integers(1, 6),
+)
+def test_the_candidate_cache_answers_what_a_whole_computation_answers(
+    nodes: list[int],
+    running: list[tuple[int, int, int]],
+    steps: list[tuple[str, int]],
+    need: int,
+) -> None:
+    """Identical preemptors ask for candidates between evictions and placements; the
+    cache, kept up to date from the journal, answers as a computation from scratch."""
+    engine = Engine()
+    engine.apply(env(SchedulerConfigured()))
+    for i, cpu in enumerate(nodes):
+        engine.apply(env(make_node(f"n{i}").cpu(cpu).added()))
+    for j, (at, cpu, prio) in enumerate(running):
+        spec = make_pod(f"r{j}").cpu(str(cpu)).priority(prio).on(f"n{at % len(nodes)}")
+        engine.apply(env(spec.submitted()))
+    engine.schedule()
+    engine.apply(env(make_pod("urgent").cpu(str(need)).priority(40).submitted()))
+    pod = engine.pods["default/urgent"]
+    state = engine.state
+    allowed = state.valid.copy()
+    cache = CandidateCache()
+    for kind, pick in steps:
+        assert priority_candidates(pod, state, allowed, cache) == priority_candidates(
+            pod, state, allowed
+        )
+        placed = sorted(state.pods)
+        if kind == "evict" and placed:
+            state.forget(placed[pick % len(placed)])
+        elif kind == "place":
+            slot = state.index[f"n{pick % len(nodes)}"]
+            state.assume(f"default/new-{pick}", slot, pod.request, priority=pick % 3 * 10)
+        elif kind == "preempt" and placed:
+            key = placed[pick % len(placed)]
+            slot = state.forget(key)
+            assert slot is not None
+            state.assume(f"default/wave-{pick}", slot, pod.request, priority=40)
+    assert priority_candidates(pod, state, allowed, cache) == priority_candidates(
+        pod, state, allowed
+    )
+    assert cache.hits + cache.misses == len(steps) + 1
+    event(f"hits: {min(cache.hits, 3)}")
