@@ -472,7 +472,9 @@ class ClusterState:
         delta = placed.delta
         rows = self._columns.shape[1]
         if delta.shape[1] < rows:  # resources registered since the pod was placed
-            delta = np.pad(delta, ((0, 0), (0, rows - delta.shape[1])))
+            wider = np.zeros((delta.shape[0], rows), dtype=delta.dtype)
+            wider[:, : delta.shape[1]] = delta
+            delta = wider
         by_priority = self.used_by_priority[placed.priority]
         add = _compiled_add
         if add is not None:

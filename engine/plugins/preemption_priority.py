@@ -86,7 +86,8 @@ def plan_by_priority(
     at = np.array(candidates, dtype=np.int64)
     allowed_at = allowed[at].tolist()
     rows = [row for row, _ in pod.request]
-    free_at = dict(zip(rows, state.free[np.ix_(rows, at)].tolist(), strict=True))
+    grid = np.ix_(np.array(rows, dtype=np.int64), at)
+    free_at = dict(zip(rows, state.free[grid].tolist(), strict=True))
     for i, slot in enumerate(candidates):
         if not allowed_at[i]:
             continue
@@ -156,8 +157,8 @@ def plan_by_priority(
         if chosen is None:
             continue
         expanded = dict.fromkeys(v.key for v in chosen)
-        for victim in chosen:
-            expanded.update(dict.fromkeys(gang_of(handle, state, victim.key)))
+        for taken in chosen:
+            expanded.update(dict.fromkeys(gang_of(handle, state, taken.key)))
         infos = [describe(handle, key) for key in expanded]
         if not infos:
             return DECLINED  # (not reached: nodes that fit with none declined above)
