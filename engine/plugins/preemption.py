@@ -63,7 +63,7 @@ from engine.plugins.preemption_candidates import (
     CandidateCache,
     priority_candidates,
 )
-from engine.plugins.preemption_priority import plan_by_priority
+from engine.plugins.preemption_priority import SlotMemos, plan_by_priority
 from engine.plugins.victim_choice import (
     Mode,
     Plan,
@@ -92,6 +92,8 @@ class DefaultPreemption:
         self.handle = handle
         self.candidates = CandidateCache()
         """The candidate nodes of recent preemptors, for the next identical one."""
+        self.examined = SlotMemos()
+        """Those nodes as examined for them, likewise."""
 
     def __repr__(self) -> str:
         return "DefaultPreemption()"
@@ -110,7 +112,15 @@ class DefaultPreemption:
         ):
             return NOTHING
         exclude = cycle.read(NAME, EXCLUDE, "")
-        chosen = plan(pod, state, feasible, self.handle, exclude, cache=self.candidates)
+        chosen = plan(
+            pod,
+            state,
+            feasible,
+            self.handle,
+            exclude,
+            cache=self.candidates,
+            memos=self.examined,
+        )
         if chosen is None:
             return NOTHING
         pods = self.handle.pods
@@ -151,11 +161,13 @@ def plan(
     *,
     exact: bool = False,
     cache: CandidateCache | None = None,
+    memos: SlotMemos | None = None,
 ) -> Plan | None:
     """The cheapest way to make room for ``pod``, or None (see the module docstring).
     ``exact``: never by the fast path of priority preemption
     (:mod:`engine.plugins.preemption_priority`), which gives the same plan;
-    ``cache``: the candidate nodes kept for identical preemptors (the same either way)."""
+    ``cache``, ``memos``: the candidate nodes kept for identical preemptors, and as
+    examined (the same plan either way)."""
     quotas = handle.quotas
     mode = mode_of(pod, quotas)
     exclude = exclude_group or pod.spec.group
@@ -203,7 +215,10 @@ def plan(
         # pod by pod: a cluster holds many more pods than candidate nodes)
         candidates = priority_candidates(pod, state, allowed, cache)
         if not exact:
-            fast = plan_by_priority(pod, state, allowed, handle, exclude, candidates, breaking)
+            memo = memos.get((pod.request, pod.priority, exclude)) if memos is not None else None
+            fast = plan_by_priority(
+                pod, state, allowed, handle, exclude, candidates, breaking, memo
+            )
             if not isinstance(fast, str):
                 return fast
         keys = [k for s in candidates for k in state.node_pods[s]]

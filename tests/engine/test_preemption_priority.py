@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from engine.engine import Engine
 from engine.plugins.preemption import plan
 from engine.plugins.preemption_candidates import CandidateCache, priority_candidates
-from engine.plugins.preemption_priority import DECLINED, plan_by_priority
+from engine.plugins.preemption_priority import DECLINED, SlotMemos, plan_by_priority
 from events.types import (
     BudgetSpec,
     DisruptionBudgetSet,
@@ -79,19 +79,33 @@ def test_the_fast_path_plans_what_the_exact_path_plans(
                     builder = builder.group(f"default/{group}")
                 engine.apply(env(builder.submitted(), time=when))
         engine.schedule()
-    engine.apply(env(make_pod("urgent").cpu(str(need)).priority(priority).submitted(), time=3))
-    pod = engine.pods["default/urgent"]
-    allowed = engine.state.valid.copy()
-    for i in cordoned:
-        if i < len(nodes):
-            allowed[engine.state.index[f"n{(i * 5) % 7}{i}"]] = False
-    exact = plan(pod, engine.state, allowed, engine, exact=True)
-    fast = plan(pod, engine.state, allowed, engine)
-    assert fast == exact
-    candidates = priority_candidates(pod, engine.state, allowed)
-    taken = plan_by_priority(pod, engine.state, allowed, engine, "", candidates, lambda v: set())
-    event("declined" if taken == DECLINED else "fast path")
-    event("no plan" if exact is None else f"{len(exact.victims)} victim(s)")
+    pod = None
+    cache, memos = CandidateCache(), SlotMemos()
+    for n in range(3):  # a wave of identical preemptors, each plan carried out
+        name = f"urgent-{n}"
+        urgent = make_pod(name).cpu(str(need)).priority(priority).submitted()
+        engine.apply(env(urgent, time=3 + n))
+        pod = engine.pods[f"default/{name}"]
+        allowed = engine.state.valid.copy()
+        for i in cordoned:
+            if i < len(nodes):
+                allowed[engine.state.index[f"n{(i * 5) % 7}{i}"]] = False
+        exact = plan(pod, engine.state, allowed, engine, exact=True)
+        fast = plan(pod, engine.state, allowed, engine)
+        kept = plan(pod, engine.state, allowed, engine, cache=cache, memos=memos)
+        assert fast == exact
+        assert kept == exact
+        candidates = priority_candidates(pod, engine.state, allowed)
+        taken = plan_by_priority(
+            pod, engine.state, allowed, engine, "", candidates, lambda v: set()
+        )
+        event("declined" if taken == DECLINED else "fast path")
+        event("no plan" if exact is None else f"{len(exact.victims)} victim(s)")
+        if exact is None:
+            break
+        for victim in exact.victims:
+            engine.state.forget(victim)
+        engine.state.assume(pod.key, exact.slot, pod.request, priority=pod.priority)
     gangs = sum(1 for g in engine.groups.values() if set(g.members) & set(engine.state.pods))
     event(f"gangs placed: {min(gangs, 2)}")
 
