@@ -192,7 +192,9 @@ def plan_by_priority(
         infos = [describe(handle, key) for key in expanded]
         if not infos:
             return DECLINED  # (not reached: nodes that fit with none declined above)
-        broken = len(breaking([victim_of(handle, state, k) for k in expanded]))
+        broken = 0
+        if handle.budgets:  # (none: nothing breaks one)
+            broken = len(breaking([victim_of(handle, state, k) for k in expanded]))
         cost = cost_of(broken, infos, state.names[slot] or "")
         if best is None or cost < best.cost:
             best = Plan(slot, tuple(expanded), cost)

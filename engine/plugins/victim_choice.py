@@ -189,8 +189,11 @@ def units_of(
 
 
 def victim_of(handle: Handle, state: ClusterState, key: str) -> Victim:
+    """``key`` as a victim; what it counts in quotas left empty where there are no
+    quotas (read only by the quota rules)."""
     pod = handle.pods[key]
     placed = state.pods[key]
+    quotas = handle.quotas
     return Victim(
         key,
         pod.priority,
@@ -198,7 +201,7 @@ def victim_of(handle: Handle, state: ClusterState, key: str) -> Victim:
         pod.spec.namespace,
         placed.slot,
         named(state, placed.request),
-        handle.quotas.named(placed.request),
+        quotas.named(placed.request) if quotas else {},
     )
 
 
