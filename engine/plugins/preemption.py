@@ -35,7 +35,11 @@ kube-scheduler, CapacityScheduling and Volcano. A budget never forbids a preempt
 The per-node work runs on at most ``MAX_CANDIDATES`` nodes, those whose victims could
 have the lowest highest priority first (then the fewest eligible pods). The coordinator
 decides the preemptions of several shards with this same plugin on its exact view, so
-the choice is the same at any number of shards.
+the choice is the same at any number of shards. Priority preemption (no quota
+involved) takes a faster path to the same plan (:mod:`engine.plugins.preemption_priority`:
+candidates ranked by a lower bound of their cost, evaluated until none can win, kept up
+to date between identical preemptors); the code below is the exact path, which decides
+the rest and is the reference the fast path is tested against.
 
 The victims and the pod are staged in the attempt's statement; the pass commits them
 (evictions first) or discards them whole, so nothing half-done is ever visible.

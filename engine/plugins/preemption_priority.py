@@ -3,17 +3,19 @@
 ``DefaultPreemption`` (:mod:`engine.plugins.preemption`) in its priority mode (the
 preemptor's namespace has no quota: room on a node is all that is missing) chooses
 among at most ``MAX_CANDIDATES`` nodes, found over the columns
-(:mod:`engine.plugins.preemption_candidates`), the one whose victims cost least in kube-scheduler's
-order (:func:`engine.model.victims.cost_of`). The exact path builds every eligible
-victim of every candidate and selects victims on each candidate node. This path gives
-the same plan and evaluates few nodes:
+(:mod:`engine.plugins.preemption_candidates`), the one whose victims cost least in
+kube-scheduler's order (:func:`engine.model.victims.cost_of`). The exact path builds
+every eligible victim of every candidate and selects victims on each candidate node.
+This path gives the same plan and evaluates few nodes:
 
 1. per candidate, its eligible pods are read lightly (priority, start, request), and
-   the nodes where evicting them all makes room are kept, as the exact path keeps them;
+   the nodes where evicting them all makes room are kept, as the exact path keeps
+   them (:func:`_examine`);
 2. each kept node gets a lower bound of its cost, from the victims it could take
-   (their units included): no budget broken, the lowest priority as the highest, that
-   one victim's ``priority + 2**31`` as the sum, one victim, the latest start, the
-   node's name. A plan never costs less than its bound (see :func:`_bound`);
+   (their units included): at least the fewest of them that cover what the node
+   lacks, so their priorities and sum at least those of as many of the lowest, no
+   budget broken, the latest start, the node's name. A plan never costs less than
+   its bound (see :func:`_bound`);
 3. nodes are evaluated exactly (:func:`engine.plugins.victim_choice.victims_for`, the
    exact path's own selection) in the order of their bounds, until the next bound is
    above the best cost found. Costs end with the node's name, so no two are equal: the
@@ -22,13 +24,23 @@ the same plan and evaluates few nodes:
 Where the exact path could stop early (a kept node where the pod fits without
 evicting anything, which it returns at once in its own order), or a priority lies
 below int32 (the bound on the sum assumes ``priority + 2**31 >= 0``), this path
-declines (returns :data:`DECLINED`) and the exact path decides.
+declines (returns :data:`DECLINED`) and the exact path decides. The exact path
+(:func:`engine.plugins.preemption.plan` with ``exact=True``) also decides every
+preemption that involves quotas (reclaim, a namespace's own pods).
 
-Cost: per preemptor, one pass over the priority levels below it over the columns
-(a few array operations per level, on the pod's own resource rows), then per
-candidate node Python work per pod on it, and the exact selection on the nodes whose
-bound can still win: one node when the candidates tie on all but the name (a wave of
-identical preemptors over identical victims), the 64 of the exact path at worst.
+Identical preemptors (a wave: one request, one priority) find the same candidates
+again but for the nodes the last preemption changed: the candidates are kept up to
+date from the cluster's journal (``CandidateCache`` in
+:mod:`engine.plugins.preemption_candidates`), and so are the nodes as examined
+(:class:`SlotMemo`, where no quota and no gang makes a node's reading depend on
+anything but the node).
+
+Cost per preemptor: the candidates (whole, a few array operations per priority level
+below it; kept, a loop over the levels per changed node), per candidate node a
+memo lookup (or Python work per pod on a changed one), a sort of at most 64 bounds,
+and the exact selection on the nodes whose bound can still win: one node when the
+candidates tie on all but the name (a wave of identical preemptors over identical
+victims), the 64 of the exact path at worst.
 """
 
 from __future__ import annotations
