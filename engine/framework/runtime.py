@@ -471,9 +471,9 @@ class Framework:
             rejected = alive & ~mask
             if any_set(rejected):
                 diagnosis.plugins[f.name] = f.reasons(cycle, pod, state, rejected)
-                diagnosis.rejected[f.name] = int(rejected.sum())
+                diagnosis.rejected[f.name] = int(np.count_nonzero(rejected))
             alive &= mask
-        diagnosis.feasible = int(alive.sum())
+        diagnosis.feasible = int(np.count_nonzero(alive))
         return diagnosis
 
     def run_post_filters(

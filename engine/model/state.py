@@ -166,6 +166,10 @@ class ClusterState:
         self._bind_columns()
         self.used_by_priority: dict[int, Ints] = {}
         """Priority → ``used`` by the pods of that priority (what preemption may free)."""
+        self._level_pods: dict[int, int] = {}
+        """Priority → placed pods of that priority that use anything: a level is
+        dropped when it reaches none (what ``used_by_priority[p].any()`` says, without
+        a pass over every node per eviction)."""
         self.label_columns: dict[str, Codes] = {}
         self.label_values: dict[str, dict[str, int]] = {}
         self._label_numeric: dict[str, Floats] = {}
@@ -433,6 +437,8 @@ class ClusterState:
         if by_priority is None:
             by_priority = np.zeros_like(self.used)
             self.used_by_priority[priority] = by_priority
+        if delta[1].any():
+            self._level_pods[priority] = self._level_pods.get(priority, 0) + 1
         add = _compiled_add
         if add is not None:
             add(self._columns, by_priority, slot, delta, 1)
@@ -466,7 +472,9 @@ class ClusterState:
         delta = placed.delta
         rows = self._columns.shape[1]
         if delta.shape[1] < rows:  # resources registered since the pod was placed
-            delta = np.pad(delta, ((0, 0), (0, rows - delta.shape[1])))
+            wider = np.zeros((delta.shape[0], rows), dtype=delta.dtype)
+            wider[:, : delta.shape[1]] = delta
+            delta = wider
         by_priority = self.used_by_priority[placed.priority]
         add = _compiled_add
         if add is not None:
@@ -474,7 +482,11 @@ class ClusterState:
         else:
             self._columns[:, :, slot] -= delta
             by_priority[:, slot] -= delta[1]
-        if not by_priority.any():
+        left = self._level_pods.get(placed.priority, 0) - (1 if delta[1].any() else 0)
+        if left > 0:
+            self._level_pods[placed.priority] = left
+        else:  # (requests are never negative: no pod using anything is left)
+            self._level_pods.pop(placed.priority, None)
             del self.used_by_priority[placed.priority]
         if placed.gpu is not None:
             self.cards.take(slot, placed.devices, placed.gpu, -1)
@@ -594,6 +606,7 @@ class ClusterState:
         new._columns = self._columns.copy()
         new._bind_columns()
         new.used_by_priority = {k: v.copy() for k, v in self.used_by_priority.items()}
+        new._level_pods = dict(self._level_pods)
         new.label_columns = {k: v.copy() for k, v in self.label_columns.items()}
         new.label_values = {k: dict(v) for k, v in self.label_values.items()}
         new._label_numeric = {}
@@ -634,6 +647,9 @@ class ClusterState:
         assert np.array_equal(nonzero_used, self.nonzero_used), "nonzero_used is off"
         by_priority = sum(self.used_by_priority.values(), np.zeros_like(self.used))
         assert np.array_equal(by_priority[scalar], self.used[scalar]), "used_by_priority is off"
+        for level, level_used in self.used_by_priority.items():
+            using = self._level_pods.get(level, 0) > 0
+            assert using == bool(level_used.any()), f"priority {level}: pods using it are off"
         self._check_cards()
         bound: dict[tuple[str, int, str], Ints] = {}
         for placed in self.pods.values():

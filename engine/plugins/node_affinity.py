@@ -31,7 +31,7 @@ class NodeAffinity:
     def reasons(
         self, cycle: CycleState, pod: PodInfo, state: ClusterState, rejected: Bools
     ) -> dict[str, int]:
-        return {REASON: int(rejected.sum())}
+        return {REASON: int(np.count_nonzero(rejected))}
 
     def events(self) -> frozenset[ClusterEvent]:
         return ALL_EVENTS - {ClusterEvent.POD_FREED}

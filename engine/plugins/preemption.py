@@ -35,7 +35,11 @@ kube-scheduler, CapacityScheduling and Volcano. A budget never forbids a preempt
 The per-node work runs on at most ``MAX_CANDIDATES`` nodes, those whose victims could
 have the lowest highest priority first (then the fewest eligible pods). The coordinator
 decides the preemptions of several shards with this same plugin on its exact view, so
-the choice is the same at any number of shards.
+the choice is the same at any number of shards. Priority preemption (no quota
+involved) takes a faster path to the same plan (:mod:`engine.plugins.preemption_priority`:
+candidates ranked by a lower bound of their cost, evaluated until none can win, kept up
+to date between identical preemptors); the code below is the exact path, which decides
+the rest and is the reference the fast path is tested against.
 
 The victims and the pod are staged in the attempt's statement; the pass commits them
 (evictions first) or discards them whole, so nothing half-done is ever visible.
@@ -43,9 +47,6 @@ The victims and the pod are staged in the attempt's statement; the pass commits 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from enum import Enum
 from typing import Final
 
 import numpy as np
@@ -54,18 +55,33 @@ from engine.framework.cycle import CycleState
 from engine.framework.handle import STATEMENT, Handle
 from engine.framework.interfaces import PostFilterResult
 from engine.framework.status import SUCCESS, unschedulable
-from engine.model.devices import GpuRequest
 from engine.model.disruption import violating
-from engine.model.groups import SCHEDULED
 from engine.model.pods import PodInfo
 from engine.model.quota import QuotaTable
 from engine.model.resources import PODS
-from engine.model.state import Bools, ClusterState, Request
+from engine.model.state import Bools, ClusterState
 from engine.model.statement import Statement
-from engine.model.victims import Cost, cost_of
+from engine.model.victims import cost_of
+from engine.plugins.preemption_candidates import (
+    MAX_CANDIDATES,
+    CandidateCache,
+    priority_candidates,
+)
+from engine.plugins.preemption_priority import SlotMemos, plan_by_priority
+from engine.plugins.victim_choice import (
+    Mode,
+    Plan,
+    Victim,
+    cards_fit,
+    describe,
+    gang_of,
+    named,
+    units_of,
+    victim_of,
+    victims_for,
+)
 
 NAME: Final = "DefaultPreemption"
-MAX_CANDIDATES: Final = 64
 EXCLUDE: Final = "exclude_group"
 """Cycle key: a gang whose members are never victims of its own attempt."""
 SKIP: Final = "skip"
@@ -73,43 +89,15 @@ SKIP: Final = "skip"
 NOTHING = PostFilterResult(unschedulable("no victims make room"))
 
 
-class Mode(Enum):
-    """Whose pods a preemptor may evict (see the module docstring)."""
-
-    PRIORITY = "priority"
-    RECLAIM = "reclaim"
-    OWN = "own"
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    slot: int
-    victims: tuple[str, ...]
-    cost: Cost
-
-
-@dataclass(frozen=True, slots=True)
-class _Victim:
-    key: str
-    priority: int
-    started: int
-    namespace: str
-    slot: int
-    request: dict[str, int]
-    """What it holds on its node, by resource name (its cards' rows aside)."""
-    counted: dict[str, int]
-    """What it counts in quotas (:meth:`QuotaTable.named`: its cards in milli-cards)."""
-
-    def rank(self) -> tuple[int, int, str]:
-        """Most valuable first: higher priority, then earlier start."""
-        return (-self.priority, self.started, self.key)
-
-
 class DefaultPreemption:
     name = NAME
 
     def __init__(self, handle: Handle) -> None:
         self.handle = handle
+        self.candidates = CandidateCache()
+        """The candidate nodes of recent preemptors, for the next identical one."""
+        self.examined = SlotMemos()
+        """Those nodes as examined for them, likewise."""
 
     def __repr__(self) -> str:
         return "DefaultPreemption()"
@@ -127,7 +115,16 @@ class DefaultPreemption:
             or cycle.read(NAME, SKIP, False)
         ):
             return NOTHING
-        chosen = plan(pod, state, feasible, self.handle, cycle.read(NAME, EXCLUDE, ""))
+        exclude = cycle.read(NAME, EXCLUDE, "")
+        chosen = plan(
+            pod,
+            state,
+            feasible,
+            self.handle,
+            exclude,
+            cache=self.candidates,
+            memos=self.examined,
+        )
         if chosen is None:
             return NOTHING
         pods = self.handle.pods
@@ -165,12 +162,20 @@ def plan(
     allowed: Bools,
     handle: Handle,
     exclude_group: str = "",
+    *,
+    exact: bool = False,
+    cache: CandidateCache | None = None,
+    memos: SlotMemos | None = None,
 ) -> Plan | None:
-    """The cheapest way to make room for ``pod``, or None (see the module docstring)."""
+    """The cheapest way to make room for ``pod``, or None (see the module docstring).
+    ``exact``: never by the fast path of priority preemption
+    (:mod:`engine.plugins.preemption_priority`), which gives the same plan;
+    ``cache``, ``memos``: the candidate nodes kept for identical preemptors, and as
+    examined (the same plan either way)."""
     quotas = handle.quotas
     mode = mode_of(pod, quotas)
     exclude = exclude_group or pod.spec.group
-    wanted = _names(state, pod.request)
+    wanted = named(state, pod.request)
     quota = quotas.get(pod.spec.namespace)
     agg_short: dict[str, int] = {}
     max_short: dict[str, int] = {}
@@ -182,7 +187,7 @@ def plan(
             if limit is not None and quota.used.get(resource, 0) + amount > limit:
                 max_short[resource] = quota.used.get(resource, 0) + amount - limit
 
-    def eligible(key: str) -> _Victim | None:
+    def eligible(key: str) -> Victim | None:
         victim = handle.pods.get(key)
         placed = state.pods.get(key)
         if victim is None or placed is None or (exclude and victim.spec.group == exclude):
@@ -197,20 +202,37 @@ def plan(
             ok = namespace != pod.spec.namespace and theirs is not None and theirs.borrowing()
         if not ok:
             return None
-        return _victim(handle, state, key)
+        return victim_of(handle, state, key)
+
+    budgets = handle.budgets
+    allowances = handle.disruptions_allowed(pod.key) if budgets else {}
+
+    def breaking(victims: list[Victim]) -> set[str]:
+        """The victims whose eviction would break a disruption budget, the most
+        valuable using its allowance first (kube-scheduler's order)."""
+        ranked = sorted(victims, key=lambda v: v.rank())
+        return violating(budgets, allowances, (handle.pods[v.key].spec for v in ranked))
 
     if mode == Mode.PRIORITY and not (agg_short or max_short):
         # room on a node is all that is missing: only pods on the nodes that lower
         # priorities could free enough can be victims (found over the columns, not
         # pod by pod: a cluster holds many more pods than candidate nodes)
-        keys = [k for s in _priority_candidates(pod, state, allowed) for k in state.node_pods[s]]
+        candidates = priority_candidates(pod, state, allowed, cache)
+        if not exact:
+            memo = memos.get((pod.request, pod.priority, exclude)) if memos is not None else None
+            fast = plan_by_priority(
+                pod, state, allowed, handle, exclude, candidates, breaking, memo
+            )
+            if not isinstance(fast, str):
+                return fast
+        keys = [k for s in candidates for k in state.node_pods[s]]
     else:
         keys = list(state.pods)
     everyone = [v for key in keys if (v := eligible(key)) is not None]
     if not everyone:
         return None
-    units = _units(everyone, state, handle)
-    by_slot: dict[int, list[_Victim]] = {}
+    units = units_of(everyone, state, handle)
+    by_slot: dict[int, list[Victim]] = {}
     extra = np.zeros_like(state.free)
     for victim in everyone:
         by_slot.setdefault(victim.slot, []).append(victim)
@@ -223,7 +245,7 @@ def plan(
         # with every eligible pod of the node gone
         row = state.resources.card_row(gpu.need)
         for slot_, here in by_slot.items():
-            potential[row, slot_] = gpu.cards * _cards_fit(state, gpu, slot_, here)
+            potential[row, slot_] = gpu.cards * cards_fit(state, gpu, slot_, here)
     fits = allowed.copy()
     for row, amount in pod.request:
         fits &= potential[row] >= amount
@@ -234,18 +256,9 @@ def plan(
         return None
     order = np.lexsort((slots, extra[PODS][slots]))
     least_first = sorted(everyone, key=lambda v: v.rank(), reverse=True)
-    budgets = handle.budgets
-    allowances = handle.disruptions_allowed(pod.key) if budgets else {}
-
-    def breaking(victims: list[_Victim]) -> set[str]:
-        """The victims whose eviction would break a disruption budget, the most
-        valuable using its allowance first (kube-scheduler's order)."""
-        ranked = sorted(victims, key=lambda v: v.rank())
-        return violating(budgets, allowances, (handle.pods[v.key].spec for v in ranked))
-
     best: Plan | None = None
     for slot in (int(s) for s in slots[order][:MAX_CANDIDATES]):
-        chosen = _victims_for(
+        chosen = victims_for(
             pod,
             state,
             slot,
@@ -263,255 +276,12 @@ def plan(
             continue
         expanded = dict.fromkeys(v.key for v in chosen)
         for victim in chosen:
-            expanded.update(dict.fromkeys(_gang_of(handle, state, victim.key)))
-        infos = [_describe(handle, key) for key in expanded]
+            expanded.update(dict.fromkeys(gang_of(handle, state, victim.key)))
+        infos = [describe(handle, key) for key in expanded]
         if not infos:
             return Plan(slot, (), cost_of(0, [], state.names[slot] or ""))  # fits already
-        broken = len(breaking([_victim(handle, state, k) for k in expanded]))
+        broken = len(breaking([victim_of(handle, state, k) for k in expanded]))
         cost = cost_of(broken, infos, state.names[slot] or "")
         if best is None or cost < best.cost:
             best = Plan(slot, tuple(expanded), cost)
     return best
-
-
-def _priority_candidates(pod: PodInfo, state: ClusterState, allowed: Bools) -> list[int]:
-    """The nodes where evicting every pod of lower priority would make room for
-    ``pod`` (its GPU cards aside: checked exactly per node later), at most
-    ``MAX_CANDIDATES`` of them: those where the lowest priorities suffice first (the
-    highest victim priority comes first in the choice), then those with the fewest such
-    pods."""
-    levels = sorted(level for level in state.used_by_priority if level < pod.priority)
-    card_rows = state.cards.rows
-    scalar = [(row, amount) for row, amount in pod.request if row not in card_rows]
-    evictable = np.zeros_like(state.used)
-    first = np.full(state.capacity, len(levels), dtype=np.int64)
-    for index, level in enumerate(levels):
-        evictable += state.used_by_priority[level]
-        fits = allowed & (evictable[PODS] > 0) & (first == len(levels))
-        for row, amount in scalar:
-            fits &= state.free[row] + evictable[row] >= amount
-        first[fits] = index
-    slots = np.flatnonzero(first < len(levels))
-    order = np.lexsort((slots, evictable[PODS][slots], first[slots]))
-    return [int(s) for s in slots[order][:MAX_CANDIDATES]]
-
-
-def _describe(handle: Handle, key: str) -> tuple[int, int]:
-    pod = handle.pods[key]
-    return pod.priority, handle.started.get(key, 0)
-
-
-def _victims_for(
-    pod: PodInfo,
-    state: ClusterState,
-    slot: int,
-    here: list[_Victim],
-    least_first: list[_Victim],
-    wanted: dict[str, int],
-    agg_short: dict[str, int],
-    max_short: dict[str, int],
-    quotas: QuotaTable,
-    mode: Mode,
-    units: dict[str, tuple[_Victim, ...]],
-    breaking: Callable[[list[_Victim]], set[str]],
-) -> list[_Victim] | None:
-    """A minimal set of victims that lets ``pod`` fit ``slot`` and its quota, or None.
-    A victim is taken with its unit (the gang that would fall with it), so the floor of
-    its namespace and the room it frees count every pod that goes."""
-    names = state.resources
-    card_rows = state.cards.rows
-    free = {
-        names.name(row): int(state.free[row, slot])
-        for row, _ in pod.request
-        if row not in card_rows
-    }
-    wanted = {r: a for r, a in wanted.items() if names.get(r) not in card_rows}
-    node_short = {r for r, amount in wanted.items() if free.get(r, 0) < amount}
-    reclaimed = set(agg_short) | node_short
-    taken: dict[str, dict[str, int]] = {}
-
-    def floor_ok(victim: _Victim) -> bool:
-        """Taking ``victim``'s unit too keeps every namespace at or above its ``min`` in
-        every resource being reclaimed (reclaim only)."""
-        if mode != Mode.RECLAIM:
-            return True
-        after: dict[str, dict[str, int]] = {}
-        for member in units[victim.key]:
-            if member.key in chosen_keys:
-                continue
-            quota = quotas.get(member.namespace)
-            if quota is None:
-                return False
-            took = taken.get(member.namespace, {})
-            left = after.setdefault(member.namespace, {})
-            for resource in reclaimed:
-                if resource not in quota.spec.min or not quota.names(resource):
-                    continue
-                floor = quota.min_of(resource)
-                if resource not in left:
-                    left[resource] = quota.used.get(resource, 0) - took.get(resource, 0)
-                left[resource] -= member.counted.get(resource, 0)
-                if left[resource] < floor:
-                    return False
-        return True
-
-    def take(victim: _Victim, chosen: list[_Victim]) -> None:
-        for member in units[victim.key]:
-            if member.key in chosen_keys:
-                continue
-            chosen.append(member)
-            chosen_keys.add(member.key)
-            took = taken.setdefault(member.namespace, {})
-            for resource, amount in member.counted.items():
-                took[resource] = took.get(resource, 0) + amount
-
-    chosen: list[_Victim] = []
-    chosen_keys: set[str] = set()
-    for victim in sorted(here, key=lambda v: v.rank(), reverse=True):
-        if victim.key not in chosen_keys and floor_ok(victim):
-            take(victim, chosen)
-    covers = _coverage(pod, wanted, free, agg_short, max_short, quotas, slot)
-    gpu = state.gpu_of(pod.request)
-    if gpu is not None:
-        covers = _with_cards(covers, state, gpu, slot)
-    if not covers(chosen):
-        if mode == Mode.PRIORITY or not (agg_short or max_short):
-            return None
-        for victim in least_first:  # the quota is what is short: victims anywhere
-            if victim.slot == slot or victim.key in chosen_keys or not floor_ok(victim):
-                continue
-            if not any(victim.counted.get(r, 0) > 0 for r in (*agg_short, *max_short)):
-                continue
-            take(victim, chosen)
-            if covers(chosen):
-                break
-        else:
-            return None
-    # reprieve a unit at a time, as kube-scheduler's selectVictimsOnNode does: those
-    # whose eviction would break a disruption budget first, then the most valuable (a
-    # gang as valuable as its most valuable member); whoever cannot be spared stays
-    kept = list(chosen)
-    breaks = breaking(chosen)
-
-    def order(victim: _Victim) -> tuple[bool, tuple[int, int, str], tuple[int, int, str]]:
-        unit = units[victim.key]
-        unit_breaks = any(m.key in breaks for m in unit)
-        return (not unit_breaks, min(m.rank() for m in unit), victim.rank())
-
-    for victim in sorted(chosen, key=order):
-        unit = {m.key for m in units[victim.key]}
-        if victim.key not in {v.key for v in kept}:
-            continue  # reprieved with its gang already
-        trial = [v for v in kept if v.key not in unit]
-        if covers(trial):
-            kept = trial
-    return kept
-
-
-def _units(
-    everyone: list[_Victim], state: ClusterState, handle: Handle
-) -> dict[str, tuple[_Victim, ...]]:
-    """Each eligible victim's unit: itself, or every placed member of the gang that would
-    drop below ``minMember`` without it (members that are not eligible themselves
-    included: they go down with it all the same)."""
-    by_key = {v.key: v for v in everyone}
-    units: dict[str, tuple[_Victim, ...]] = {}
-    for victim in everyone:
-        if victim.key in units:
-            continue  # a member of a gang already seen
-        gang = _gang_of(handle, state, victim.key)
-        if not gang:
-            units[victim.key] = (victim,)
-            continue
-        members = tuple(by_key.get(key) or _victim(handle, state, key) for key in gang)
-        for member in members:  # the same unit for every member, eligible or not
-            units[member.key] = members
-    return units
-
-
-def _victim(handle: Handle, state: ClusterState, key: str) -> _Victim:
-    pod = handle.pods[key]
-    placed = state.pods[key]
-    return _Victim(
-        key,
-        pod.priority,
-        handle.started.get(key, 0),
-        pod.spec.namespace,
-        placed.slot,
-        _names(state, placed.request),
-        handle.quotas.named(placed.request),
-    )
-
-
-def _names(state: ClusterState, request: Request) -> dict[str, int]:
-    """``request`` by resource name (what it takes on a node)."""
-    names = state.resources
-    return {names.name(row): amount for row, amount in request}
-
-
-def _coverage(
-    pod: PodInfo,
-    wanted: dict[str, int],
-    free: dict[str, int],
-    agg_short: dict[str, int],
-    max_short: dict[str, int],
-    quotas: QuotaTable,
-    slot: int,
-) -> Callable[[list[_Victim]], bool]:
-    """Whether a set of victims makes room for ``pod`` on ``slot`` and in its quota."""
-
-    def covers(victims: list[_Victim]) -> bool:
-        room = dict(free)
-        agg = dict.fromkeys(agg_short, 0)
-        own = dict.fromkeys(max_short, 0)
-        for victim in victims:
-            if victim.slot == slot:
-                for resource in room:
-                    room[resource] += victim.request.get(resource, 0)
-            theirs = quotas.get(victim.namespace)
-            for resource in agg:
-                if theirs is not None and theirs.names(resource):
-                    agg[resource] += victim.counted.get(resource, 0)
-            if victim.namespace == pod.spec.namespace:
-                for resource in own:
-                    own[resource] += victim.counted.get(resource, 0)
-        return (
-            all(room.get(r, 0) >= amount for r, amount in wanted.items())
-            and all(agg[r] >= need for r, need in agg_short.items())
-            and all(own[r] >= need for r, need in max_short.items())
-        )
-
-    return covers
-
-
-def _with_cards(
-    covers: Callable[[list[_Victim]], bool], state: ClusterState, gpu: GpuRequest, slot: int
-) -> Callable[[list[_Victim]], bool]:
-    """``covers``, and the pod's GPU cards fit ``slot`` without the victims there."""
-
-    def both(victims: list[_Victim]) -> bool:
-        here = [v for v in victims if v.slot == slot]
-        return covers(victims) and _cards_fit(state, gpu, slot, here)
-
-    return both
-
-
-def _cards_fit(state: ClusterState, gpu: GpuRequest, slot: int, victims: list[_Victim]) -> bool:
-    """Whether ``gpu`` fits the cards of ``slot`` with ``victims`` gone from it."""
-    released = []
-    for victim in victims:
-        placed = state.pods.get(victim.key)
-        if placed is not None and placed.gpu is not None and placed.slot == slot:
-            released.append((placed.devices, placed.gpu))
-    return state.cards.fits_after(slot, gpu, released)
-
-
-def _gang_of(handle: Handle, state: ClusterState, key: str) -> tuple[str, ...]:
-    """The placed members that go down with ``key`` (its gang, if it would drop below
-    ``minMember``)."""
-    pod = handle.pods.get(key)
-    group = handle.groups.get(pod.spec.group) if pod is not None and pod.spec.group else None
-    if group is None or group.phase != SCHEDULED:
-        return ()
-    placed = [m for m in group.members if m in state.pods]
-    return tuple(placed) if len(placed) - 1 < group.min_member else ()

@@ -58,19 +58,26 @@ class TaintToleration:
     def reasons(
         self, cycle: CycleState, pod: PodInfo, state: ClusterState, rejected: Bools
     ) -> dict[str, int]:
-        counts: dict[str, int] = {}
+        """Like kube-scheduler, name the first untolerated taint (by code) of each
+        rejected node; reasons in the order of the first node that gives each. Over
+        the columns: one pass per untolerated taint, not one per node."""
         codes = self._untolerated(pod, state, HARD_EFFECTS)
         by_code = {code: taint for taint, code in state.taint_codes.items()}
-        for slot in np.flatnonzero(rejected):
-            # Like kube-scheduler, name the first untolerated taint of the node.
-            for code in codes:
-                if state.taint_rows[code][slot]:
-                    taint = by_code[code]
-                    label = f"{taint.key}: {taint.value}" if taint.value else taint.key
-                    reason = f"node(s) had untolerated taint {{{label}}}"
-                    counts[reason] = counts.get(reason, 0) + 1
-                    break
-        return counts
+        left = rejected.copy()
+        found: dict[str, tuple[int, int]] = {}  # reason -> (first slot, nodes)
+        for code in codes:
+            hit = left & state.taint_rows[code]
+            count = int(np.count_nonzero(hit))
+            if not count:
+                continue
+            left &= ~hit
+            taint = by_code[code]
+            label = f"{taint.key}: {taint.value}" if taint.value else taint.key
+            reason = f"node(s) had untolerated taint {{{label}}}"
+            first, before = found.get(reason, (state.capacity, 0))
+            found[reason] = (min(first, int(np.argmax(hit))), before + count)
+        ordered = sorted(found.items(), key=lambda item: item[1][0])
+        return {reason: count for reason, (_, count) in ordered}
 
     def events(self) -> frozenset[ClusterEvent]:
         return ALL_EVENTS - {ClusterEvent.POD_FREED}
