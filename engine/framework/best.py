@@ -40,7 +40,8 @@ BLOCK: Final = 256
 """Slots per block (a power of two)."""
 _SHIFT: Final = BLOCK.bit_length() - 1
 _FULL_REFRESH: Final = 64
-"""Above this many changed slots, recompute every block maximum at once."""
+"""Above this many changed slots (or one per ``BLOCK`` slots, if more), take every
+block maximum again at once (cheaper than one by one from there)."""
 
 
 class Limits:
@@ -53,7 +54,7 @@ class Limits:
 class BestIndex:
     """Block maxima of one ``masked`` score array (see the module's docstring)."""
 
-    __slots__ = ("blocks", "counts", "dirty", "scores", "stale")
+    __slots__ = ("blocks", "counts", "dirty", "limit", "scores", "stale")
 
     def __init__(self, scores: Ints) -> None:
         self.scores = scores
@@ -63,6 +64,7 @@ class BestIndex:
         the value it held then."""
         self.stale = False
         """More slots were written than are worth refreshing one at a time."""
+        self.limit = max(_FULL_REFRESH, scores.shape[0] >> _SHIFT)
         self.blocks, self.counts = _block_max(scores)
         """Per block: its maximum, and how many of its slots hold it."""
 
@@ -75,7 +77,7 @@ class BestIndex:
         if self.stale:
             return
         dirty = self.dirty
-        if len(dirty) + len(slots) > _FULL_REFRESH:
+        if len(dirty) + len(slots) > self.limit:
             self.stale = True
             dirty.clear()
             return

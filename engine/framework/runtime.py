@@ -74,7 +74,8 @@ _PROTOCOLS: Mapping[str, type] = {
 TOP_NODES = 5
 INCREMENTAL_LIMIT = 512
 DERIVED = 8
-"""Shared masks kept per shape (spread verdicts alternate between a few)."""
+"""Shared masks kept per shape (spread verdicts alternate between a few); and
+``DERIVED_TOTAL`` over all shapes."""
 STABLE = "stable-mask"
 """Cycle key: ``(feasible, mask)`` when one filter that reads other nodes applied and
 gave a shared read-only mask (``feasible`` is the shape's verdict ANDed with it)."""
@@ -83,6 +84,13 @@ SCALAR_LIMIT = 8
 """Up to this many changed nodes are refreshed one by one in plain Python, beyond it
 with numpy over a gathered view."""
 SHAPE_CACHE_SIZE = 128
+STATIC_CACHE_SIZE = 256
+DERIVED_TOTAL = 32
+"""Memory per node of a profile's caches, at most: ``SHAPE_CACHE_SIZE`` shapes of 17
+bytes (verdict, local and masked scores, and their index: 16 bytes per ``BLOCK``
+nodes), ``STATIC_CACHE_SIZE`` static verdicts of 1 byte, and ``DERIVED_TOTAL`` scores
+under spread masks of 8 bytes: about 2.4 KB per node in all, far less in practice (a
+shape per pod template and static key in use)."""
 EXTENDER = "extender "
 """How rejections by HTTP extenders are named (``extender URLPREFIX``)."""
 
@@ -223,6 +231,8 @@ class Framework:
         )
         """The compiled refresh standing in for the resource plugins (None: numpy)."""
         self._shapes: OrderedDict[tuple[object, ...], _ShapeEntry] = OrderedDict()
+        self._derived_order: OrderedDict[int, _ShapeEntry] = OrderedDict()
+        """Shapes holding derived scores, least recently given one first."""
         self._constant_scores: dict[tuple[str, tuple[object, ...]], int] = {}
         self._counters = {"full": 0, "incremental": 0}
 
@@ -275,12 +285,15 @@ class Framework:
             self._static_cache.clear()
             self._constant_scores.clear()
             self._shapes.clear()
+            self._derived_order.clear()
             self._static_version = state.static_version
         mask = self._static_cache.get(pod.static_key)
         if mask is None:
             mask = state.valid
             for f in self.static_filters:
                 mask = mask & f.filter(cycle, pod, state)
+            if len(self._static_cache) >= STATIC_CACHE_SIZE:
+                self._static_cache.clear()
             self._static_cache[pod.static_key] = mask
         return mask
 
@@ -639,8 +652,19 @@ class Framework:
                 return Attempt(-1, status.with_plugin(permit.name), diagnosis=diagnosis)
         return Attempt(slot, SUCCESS, best, diagnosis, self._choose_cards(pod, state, slot))
 
-    @staticmethod
-    def _derived(shape: _ShapeEntry, mask: Bools) -> Ints:
+    def _derived_count(self, shape: _ShapeEntry) -> None:
+        """Keep at most ``DERIVED_TOTAL`` derived score arrays over all shapes (the
+        shapes least recently given one lose theirs first)."""
+        order = self._derived_order
+        order[id(shape)] = shape
+        order.move_to_end(id(shape))
+        total = sum(len(s.derived) for s in order.values())
+        while total > DERIVED_TOTAL and len(order) > 1:
+            _, oldest = order.popitem(last=False)
+            total -= len(oldest.derived)
+            oldest.derived.clear()
+
+    def _derived(self, shape: _ShapeEntry, mask: Bools) -> Ints:
         """``where(mask, shape.masked, -1)``, kept per shape (see :class:`_Derived`)."""
         assert shape.masked is not None
         derived = shape.derived.get(id(mask))
@@ -649,6 +673,7 @@ class Framework:
                 shape.derived.clear()
             derived = _Derived(mask, np.where(mask, shape.masked, -1), [])
             shape.derived[id(mask)] = derived
+            self._derived_count(shape)
         elif derived.slots:
             slots = np.array(derived.slots, dtype=np.int64)
             derived.masked[slots] = np.where(mask[slots], shape.masked[slots], -1)

@@ -35,8 +35,11 @@ from engine.model.podtable import PodTable, node_codes, selector_matches
 from engine.model.state import Bools, ClusterState, Codes
 from events.types import LabelSelector, TopologySpreadConstraint
 
-_MASKS: Final = 64
+_MASKS: Final = 16
 """Masks kept per pod kind (distinct per-domain verdicts seen); beyond, start again."""
+_KINDS: Final = 32
+"""Pod kinds kept per state; beyond, start again. Memory per node and state: at most
+``_KINDS * (_MASKS + 1 + constraints)`` bytes (one boolean per node per mask)."""
 
 Included = Callable[[PodInfo, ClusterState, TopologySpreadConstraint], Bools]
 AllKeys = Callable[[ClusterState, tuple[TopologySpreadConstraint, ...]], Bools]
@@ -127,6 +130,8 @@ class HardSpread:
                 present = np.zeros(values, dtype=np.bool_)
                 present[codes[eligible]] = True
                 parts.append(_Part(c, codes, eligible, present, int(present.sum()), values))
+            if len(cache.kinds) >= _KINDS:
+                cache.kinds.clear()
             kind = cache.kinds[key] = _Kind(labelled, parts)
         return kind
 
@@ -143,7 +148,7 @@ class HardSpread:
         kind = self._kind(pod, state, hard, included, all_keys)
         namespace = (pod.spec.namespace,)
         verdicts: list[bytes] = []
-        oks = []
+        oks: list[Bools | None] = []
         for part in kind.parts:
             if part.domains == 0:
                 verdicts.append(b"")  # no eligible domain: nothing is skewed
@@ -163,10 +168,10 @@ class HardSpread:
         mask = kind.masks.get(key)
         if mask is None:
             mask = kind.labelled.copy()
-            for part, ok in zip(kind.parts, oks, strict=True):
-                if ok is not None:
+            for part, verdict in zip(kind.parts, oks, strict=True):
+                if verdict is not None:
                     # a node without the key: True (it fails through ``labelled``)
-                    mask &= np.concatenate(([True], ok))[part.codes.astype(np.int64) + 1]
+                    mask &= np.concatenate(([True], verdict))[part.codes.astype(np.int64) + 1]
             mask.flags.writeable = False
             if len(kind.masks) >= _MASKS:
                 kind.masks.clear()

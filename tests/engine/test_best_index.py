@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.engine import Engine
-from engine.framework import best
+from engine.framework import best, runtime
 from engine.framework.best import BestIndex, Limits
 from engine.framework.cycle import CycleState
 from engine.framework.results import select
@@ -36,13 +36,15 @@ SMALL = settings(max_examples=40, deadline=None)
 @contextmanager
 def tiny_blocks() -> Iterator[None]:
     """Blocks of 4 slots and the index on every shard size: small clusters then
-    span many blocks and every attempt selects through the index."""
-    saved = best.BLOCK, best._SHIFT, Limits.min_nodes
+    span many blocks and every attempt selects through the index; and room for one
+    derived score array per shape and two in all (evictions happen)."""
+    saved = best.BLOCK, best._SHIFT, Limits.min_nodes, runtime.DERIVED, runtime.DERIVED_TOTAL
     best.BLOCK, best._SHIFT, Limits.min_nodes = 4, 2, 0  # type: ignore[misc]
+    runtime.DERIVED, runtime.DERIVED_TOTAL = 1, 2
     try:
         yield
     finally:
-        best.BLOCK, best._SHIFT, Limits.min_nodes = saved  # type: ignore[misc]
+        best.BLOCK, best._SHIFT, Limits.min_nodes, runtime.DERIVED, runtime.DERIVED_TOTAL = saved  # type: ignore[misc]
 
 
 @given(
