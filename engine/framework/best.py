@@ -3,8 +3,9 @@ shape's cached scores.
 
 :func:`engine.framework.results.select` takes the highest score and, among equals, the
 first slot at or after the pod's rotation (wrapping around). Done over the whole score
-array, that is two ``argmax`` passes over every node per attempt: at 130,000 nodes,
-about as much as all the rest of an attempt. Between two attempts of one shape only a
+array, that is two ``argmax`` passes over every node per attempt (a megabyte read at
+130,000 nodes), the one part of a plain pod's attempt that grows with the cluster once
+its shape's scores are cached. Between two attempts of one shape only a
 few nodes change (the pods placed meanwhile), and the framework already refreshes the
 shape's cached scores on those nodes only (``Framework._local_feasible``).
 
@@ -24,8 +25,12 @@ dozen numpy calls, against ``O(nodes)`` for the full scan; the answer is the ful
 scan's, slot for slot (property test: ``tests/engine/test_best_index.py``). Memory: two
 ``int64`` per block per cached shape (``16 / BLOCK`` bytes per node per shape).
 
-Below :data:`MIN_NODES` slots the full scan is as cheap as the index's calls, so the
-framework keeps it there (tests lower the threshold to compare the two).
+Below ``Limits.min_nodes`` slots the full scan is as cheap as the index's calls, so
+the framework keeps it there (tests lower the threshold to compare the two). The
+framework keeps one index per shape on its cached scores, and one on each of the
+shape's scores under a shared spread mask (``Framework._derived``); any attempt with
+something pod-specific on top (extenders, a sample, scores that normalise over the
+feasible nodes, more than one filter that reads other nodes) takes the full scan.
 """
 
 from __future__ import annotations
