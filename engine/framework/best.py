@@ -136,17 +136,19 @@ class BestIndex:
         top = blocks.max()
         start = tiebreak % used
         first = start >> _SHIFT
-        # the rotation's own block, from the rotation on
-        end = min((first + 1) << _SHIFT, used)
-        own = scores[start:end]
-        if own.max() == top:
-            return start + int(own.argmax())
-        # a later block
-        later = np.flatnonzero(blocks[first + 1 :] == top)
+        # the rotation's own block, from the rotation on (argmax: the first at the max)
+        own = scores[start : min((first + 1) << _SHIFT, used)]
+        j = int(own.argmax())
+        if own[j] == top:
+            return start + j
+        # the first later block holding the top
+        later = blocks[first + 1 :]
         if later.size:
-            return _first_in(scores, int(later[0]) + first + 1, used)
-        # wrapping: the first block that holds the top (the rotation's own block: before it)
-        b = int(np.flatnonzero(blocks[: first + 1] == top)[0])
+            j = int(later.argmax())
+            if later[j] == top:
+                return _first_in(scores, first + 1 + j, used)
+        # wrapping: the first block that holds the top (the rotation's own: before it)
+        b = int(blocks[: first + 1].argmax())
         if b == first:
             lo = first << _SHIFT
             return lo + int(scores[lo:start].argmax())
