@@ -39,7 +39,7 @@ from typing import Final
 
 import numpy as np
 
-from engine.model.state import Ints
+from engine.model.state import Bools, Ints
 
 BLOCK: Final = 256
 """Slots per block (a power of two)."""
@@ -175,3 +175,46 @@ def _block_max(scores: Ints) -> tuple[Ints, Ints]:
         tops[full] = tail.max()
         counts[full] = np.count_nonzero(tail == tops[full])
     return tops, counts
+
+
+class MaskedScores:
+    """A shape's scores under a shared, read-only filter mask (a spread constraint's
+    verdict, :mod:`engine.plugins.spread_cache`): ``where(mask, scores, -1)``, kept in
+    step with the shape's scores slot by slot while the filter returns the same mask
+    (the framework keeps a few per shape), with its own best-node index."""
+
+    __slots__ = ("best", "mask", "masked", "slots")
+
+    def __init__(self, mask: Bools, scores: Ints) -> None:
+        self.mask = mask
+        self.masked: Ints = np.where(mask, scores, -1)
+        self.slots: list[int] | None = []
+        """Slots of the shape's scores rewritten since ``masked`` was (None: too many
+        to follow; the owner builds a new one)."""
+        self.best: BestIndex | None = None
+
+    def __repr__(self) -> str:
+        return f"MaskedScores(slots={self.masked.shape[0]})"
+
+    def touch(self, slots: list[int], limit: int) -> None:
+        """The shape's scores at ``slots`` are about to be rewritten."""
+        if self.slots is None:
+            return
+        if len(self.slots) + len(slots) > limit:
+            self.slots = None
+            return
+        self.slots.extend(slots)
+        if self.best is not None:
+            self.best.touch(slots)
+
+    def sync(self, scores: Ints) -> None:
+        """Take the rewritten slots of the shape's ``scores`` (now up to date)."""
+        if self.slots:
+            slots = np.array(self.slots, dtype=np.int64)
+            self.masked[slots] = np.where(self.mask[slots], scores[slots], -1)
+            self.slots.clear()
+
+    def index(self) -> BestIndex:
+        if self.best is None:
+            self.best = BestIndex(self.masked)
+        return self.best

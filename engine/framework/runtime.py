@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.config import ProfileConfig
-from engine.framework.best import BestIndex, Limits
+from engine.framework.best import BestIndex, Limits, MaskedScores
 from engine.framework.cycle import CycleState
 from engine.framework.handle import Handle
 from engine.framework.interfaces import (
@@ -73,13 +73,13 @@ _PROTOCOLS: Mapping[str, type] = {
 }
 TOP_NODES = 5
 INCREMENTAL_LIMIT = 512
+"""Above this many changed nodes since a shape was last evaluated, recompute it whole."""
 DERIVED = 8
 """Shared masks kept per shape (spread verdicts alternate between a few); and
 ``DERIVED_TOTAL`` over all shapes."""
 STABLE = "stable-mask"
 """Cycle key: ``(feasible, mask)`` when one filter that reads other nodes applied and
 gave a shared read-only mask (``feasible`` is the shape's verdict ANDed with it)."""
-"""Above this many changed nodes since a shape was last evaluated, recompute it whole."""
 SCALAR_LIMIT = 8
 """Up to this many changed nodes are refreshed one by one in plain Python, beyond it
 with numpy over a gathered view."""
@@ -113,23 +113,9 @@ class _ShapeEntry:
     best: BestIndex | None = None
     """Block maxima of ``masked`` (:mod:`engine.framework.best`), built at the first
     attempt that selects through it; told of every slot refreshed since."""
-    derived: dict[int, _Derived] = field(default_factory=dict)
+    derived: dict[int, MaskedScores] = field(default_factory=dict)
     """``masked`` under each of the last few shared masks a filter that reads other
     nodes gave (by the mask's ``id``: the entry holds the mask, so the id is its)."""
-
-
-@dataclass(slots=True)
-class _Derived:
-    """A shape's scores under a shared, read-only filter mask (a spread constraint's
-    verdict, :mod:`engine.plugins.spread_cache`): ``where(mask, masked, -1)``, kept in
-    step with the shape's scores slot by slot while the filter returns the same mask,
-    with its own best-node index."""
-
-    mask: Bools
-    masked: Ints
-    slots: list[int] | None
-    """Slots of the shape's scores rewritten since ``masked`` was (None: too many)."""
-    best: BestIndex | None = None
 
 
 @dataclass(slots=True)
@@ -380,14 +366,7 @@ class Framework:
             entry.best.touch(changed)
         if changed:
             for derived in entry.derived.values():
-                if derived.slots is None:
-                    continue
-                if len(derived.slots) + len(changed) > INCREMENTAL_LIMIT:
-                    derived.slots = None
-                else:
-                    derived.slots.extend(changed)
-                    if derived.best is not None:
-                        derived.best.touch(changed)
+                derived.touch(changed, INCREMENTAL_LIMIT)
         kernel = self.kernel
         if (
             changed
@@ -665,19 +644,17 @@ class Framework:
             oldest.derived.clear()
 
     def _derived(self, shape: _ShapeEntry, mask: Bools) -> Ints:
-        """``where(mask, shape.masked, -1)``, kept per shape (see :class:`_Derived`)."""
+        """``where(mask, shape.masked, -1)``, kept per shape (see
+        :class:`engine.framework.best.MaskedScores`)."""
         assert shape.masked is not None
         derived = shape.derived.get(id(mask))
         if derived is None or derived.slots is None:
             if derived is None and len(shape.derived) >= DERIVED:
                 shape.derived.clear()
-            derived = _Derived(mask, np.where(mask, shape.masked, -1), [])
-            shape.derived[id(mask)] = derived
+            derived = shape.derived[id(mask)] = MaskedScores(mask, shape.masked)
             self._derived_count(shape)
-        elif derived.slots:
-            slots = np.array(derived.slots, dtype=np.int64)
-            derived.masked[slots] = np.where(mask[slots], shape.masked[slots], -1)
-            derived.slots.clear()
+        else:
+            derived.sync(shape.masked)
         return derived.masked
 
     @staticmethod
@@ -700,10 +677,7 @@ class Framework:
             return index.select(used, tiebreak)
         derived = shape.derived.get(id(derived_mask)) if derived_mask is not None else None
         if derived is not None and masked is derived.masked:
-            index = derived.best
-            if index is None or index.scores is not masked:
-                index = derived.best = BestIndex(masked)
-            return index.select(used, tiebreak)
+            return derived.index().select(used, tiebreak)
         return select(masked, used, tiebreak)
 
     def _sampled(self, feasible: Bools, pod: PodInfo, state: ClusterState, asked: bool) -> Bools:

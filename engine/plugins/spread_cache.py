@@ -15,10 +15,12 @@ that is a dozen passes over every node for each pod (5 ms at 130,000 nodes). But
   mask over every node is a function of the per-domain verdicts: kept per distinct
   tuple of them, which changes only when some domain crosses the skew.
 
-So a spread pod costs ``O(matching pods + domains)`` when no domain's verdict changed,
-and one pass over the nodes when one did. The mask returned is shared: callers must
-not modify it (it is read-only). Property test: ``tests/engine/test_spread_cache.py``
-compares it with the reference on random clusters.
+So a spread pod costs ``O(matching pods + domains)`` when its per-domain verdicts are
+ones seen before (spread verdicts alternate between a few as domains fill in turn),
+and one pass over the nodes when they are new. The mask returned is shared: callers
+must not modify it (it is read-only), and the framework keeps the pod shape's scores
+under it from one pod to the next (``Framework._derived``). Property test
+(``tests/engine/test_best_index.py``): equal to the reference on random clusters.
 """
 
 from __future__ import annotations
