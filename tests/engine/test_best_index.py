@@ -30,7 +30,7 @@ from events.types import (
 )
 from tests.builders import env, make_node, make_pod
 
-SMALL = settings(max_examples=40, deadline=None)
+SMALL = settings(max_examples=30, deadline=None)
 
 
 @contextmanager
