@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from engine.config import SchedulerConfig
+from engine.framework.sample import per_shard_warnings
 from engine.model.pools import Sharding
 from events.errors import (
     InputError,
@@ -104,6 +105,7 @@ async def _simulate(args: argparse.Namespace) -> int:
         scenario.warnings[:0] = [f"{args.config}: {w}" for w in config.warnings]
         config = with_topology(config, scenario.topology)
     check_topology(config or scenario.config, scenario)
+    scenario.warnings += per_shard_warnings(config or scenario.config, args.shards)
     for warning in scenario.warnings:
         print(f"shoal: warning: {warning}", file=sys.stderr)
     sharding = sharding_for(args.shards, scenario.sharding)

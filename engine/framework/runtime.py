@@ -23,11 +23,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from engine.config import ProfileConfig
+from engine.framework.best import BestIndex, Limits, MaskedScores
 from engine.framework.cycle import CycleState
 from engine.framework.handle import Handle
 from engine.framework.interfaces import (
@@ -73,10 +74,23 @@ _PROTOCOLS: Mapping[str, type] = {
 TOP_NODES = 5
 INCREMENTAL_LIMIT = 512
 """Above this many changed nodes since a shape was last evaluated, recompute it whole."""
+DERIVED = 8
+"""Shared masks kept per shape (spread verdicts alternate between a few); and
+``DERIVED_TOTAL`` over all shapes."""
+STABLE = "stable-mask"
+"""Cycle key: ``(feasible, mask)`` when one filter that reads other nodes applied and
+gave a shared read-only mask (``feasible`` is the shape's verdict ANDed with it)."""
 SCALAR_LIMIT = 8
 """Up to this many changed nodes are refreshed one by one in plain Python, beyond it
 with numpy over a gathered view."""
 SHAPE_CACHE_SIZE = 128
+STATIC_CACHE_SIZE = 256
+DERIVED_TOTAL = 32
+"""Memory per node of a profile's caches, at most: ``SHAPE_CACHE_SIZE`` shapes of 17
+bytes (verdict, local and masked scores, and their index: 16 bytes per ``BLOCK``
+nodes), ``STATIC_CACHE_SIZE`` static verdicts of 1 byte, and ``DERIVED_TOTAL`` scores
+under spread masks of 8 bytes: about 2.4 KB per node in all, far less in practice (a
+shape per pod template and static key in use)."""
 EXTENDER = "extender "
 """How rejections by HTTP extenders are named (``extender URLPREFIX``)."""
 
@@ -96,6 +110,12 @@ class _ShapeEntry:
     pending_view: ClusterState | None = None
     pending_slots: list[int] | None = None
     """Like ``pending``, refreshed one by one (see ``SCALAR_LIMIT``)."""
+    best: BestIndex | None = None
+    """Block maxima of ``masked`` (:mod:`engine.framework.best`), built at the first
+    attempt that selects through it; told of every slot refreshed since."""
+    derived: dict[int, MaskedScores] = field(default_factory=dict)
+    """``masked`` under each of the last few shared masks a filter that reads other
+    nodes gave (by the mask's ``id``: the entry holds the mask, so the id is its)."""
 
 
 @dataclass(slots=True)
@@ -197,6 +217,8 @@ class Framework:
         )
         """The compiled refresh standing in for the resource plugins (None: numpy)."""
         self._shapes: OrderedDict[tuple[object, ...], _ShapeEntry] = OrderedDict()
+        self._derived_order: OrderedDict[int, _ShapeEntry] = OrderedDict()
+        """Shapes holding derived scores, least recently given one first."""
         self._constant_scores: dict[tuple[str, tuple[object, ...]], int] = {}
         self._counters = {"full": 0, "incremental": 0}
 
@@ -249,12 +271,15 @@ class Framework:
             self._static_cache.clear()
             self._constant_scores.clear()
             self._shapes.clear()
+            self._derived_order.clear()
             self._static_version = state.static_version
         mask = self._static_cache.get(pod.static_key)
         if mask is None:
             mask = state.valid
             for f in self.static_filters:
                 mask = mask & f.filter(cycle, pod, state)
+            if len(self._static_cache) >= STATIC_CACHE_SIZE:
+                self._static_cache.clear()
             self._static_cache[pod.static_key] = mask
         return mask
 
@@ -305,9 +330,11 @@ class Framework:
             return self.feasible(cycle, pod, state), None
         feasible, entry = self._local_feasible(cycle, pod, state)
         if self.conditional:
-            for f in self.conditional:
-                if f.applies(pod, state):
-                    feasible = feasible & f.filter(cycle, pod, state)
+            masks = [f.filter(cycle, pod, state) for f in self.conditional if f.applies(pod, state)]
+            for mask in masks:
+                feasible = feasible & mask
+            if len(masks) == 1 and not masks[0].flags.writeable:
+                cycle.write("", STABLE, (feasible, masks[0]))
         return feasible, entry
 
     def _local_feasible(
@@ -335,6 +362,11 @@ class Framework:
         if entry.pending_slots is not None:
             changed = [*changed, *entry.pending_slots]
             entry.pending_slots = None
+        if changed and entry.best is not None:
+            entry.best.touch(changed)
+        if changed:
+            for derived in entry.derived.values():
+                derived.touch(changed, INCREMENTAL_LIMIT)
         kernel = self.kernel
         if (
             changed
@@ -392,6 +424,8 @@ class Framework:
             if entry is not None:
                 entry.local, entry.masked = local, masked
                 entry.pending = entry.pending_view = entry.pending_slots = None
+                entry.best = None
+                entry.derived.clear()
             return masked
         if entry.pending_slots is not None:
             local, masked = entry.local, entry.masked
@@ -431,7 +465,11 @@ class Framework:
         local = feasible if shape is None else shape.feasible
         masked = self._local_masked(cycle, pod, state, local, shape, keep)
         if local is not feasible:  # the shape's scores, where the pod's own filters pass
-            masked = np.where(feasible, masked, -1)
+            stable = cycle.read("", STABLE)
+            if shape is not None and keep is None and stable is not None and stable[0] is feasible:
+                masked = self._derived(shape, stable[1])
+            else:
+                masked = np.where(feasible, masked, -1)
         if final is not None:
             feasible = final
             masked = np.where(final, masked, -1)
@@ -570,7 +608,10 @@ class Framework:
             masked = np.where(feasible, masked + verdict.scores, -1)
             if keep is not None:
                 keep["extenders"] = verdict.scores
-        slot = select(masked, state.high_water, pod.tiebreak)
+        stable = cycle.read("", STABLE)
+        slot = self._select(
+            masked, shape, state.high_water, pod.tiebreak, None if stable is None else stable[1]
+        )
         best = int(masked[slot]) + constant
         diagnosis = None
         if explain:
@@ -589,6 +630,55 @@ class Framework:
                     done.unreserve(cycle, pod, state, slot)
                 return Attempt(-1, status.with_plugin(permit.name), diagnosis=diagnosis)
         return Attempt(slot, SUCCESS, best, diagnosis, self._choose_cards(pod, state, slot))
+
+    def _derived_count(self, shape: _ShapeEntry) -> None:
+        """Keep at most ``DERIVED_TOTAL`` derived score arrays over all shapes (the
+        shapes least recently given one lose theirs first)."""
+        order = self._derived_order
+        order[id(shape)] = shape
+        order.move_to_end(id(shape))
+        total = sum(len(s.derived) for s in order.values())
+        while total > DERIVED_TOTAL and len(order) > 1:
+            _, oldest = order.popitem(last=False)
+            total -= len(oldest.derived)
+            oldest.derived.clear()
+
+    def _derived(self, shape: _ShapeEntry, mask: Bools) -> Ints:
+        """``where(mask, shape.masked, -1)``, kept per shape (see
+        :class:`engine.framework.best.MaskedScores`)."""
+        assert shape.masked is not None
+        derived = shape.derived.get(id(mask))
+        if derived is None or derived.slots is None:
+            if derived is None and len(shape.derived) >= DERIVED:
+                shape.derived.clear()
+            derived = shape.derived[id(mask)] = MaskedScores(mask, shape.masked)
+            self._derived_count(shape)
+        else:
+            derived.sync(shape.masked)
+        return derived.masked
+
+    @staticmethod
+    def _select(
+        masked: Ints,
+        shape: _ShapeEntry | None,
+        used: int,
+        tiebreak: int,
+        derived_mask: Bools | None = None,
+    ) -> int:
+        """:func:`select`; through a best-node index when ``masked`` is the shape's own
+        cached scores, or those under a shared mask (nothing pod-specific on top: no
+        extender, no sample, no score that reads other nodes) on a large shard."""
+        if shape is None or used < Limits.min_nodes:
+            return select(masked, used, tiebreak)
+        if masked is shape.masked:
+            index = shape.best
+            if index is None or index.scores is not masked:
+                index = shape.best = BestIndex(masked)
+            return index.select(used, tiebreak)
+        derived = shape.derived.get(id(derived_mask)) if derived_mask is not None else None
+        if derived is not None and masked is derived.masked:
+            return derived.index().select(used, tiebreak)
+        return select(masked, used, tiebreak)
 
     def _sampled(self, feasible: Bools, pod: PodInfo, state: ClusterState, asked: bool) -> Bools:
         """The feasible nodes kube-scheduler would score under the profile's

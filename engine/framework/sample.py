@@ -55,6 +55,7 @@ from typing import Final
 
 import numpy as np
 
+from engine.config import SchedulerConfig
 from engine.model.state import Bools, ClusterState, Ints
 
 MIN_FEASIBLE_NODES: Final = 100
@@ -72,6 +73,23 @@ def nodes_to_find(percentage: int, nodes: int) -> int:
     if percentage >= 100:
         return nodes
     return max(nodes * percentage // 100, MIN_FEASIBLE_NODES)
+
+
+def per_shard_warnings(config: SchedulerConfig | None, shards: int) -> list[str]:
+    """Where more than one shard schedules and a profile samples: a warning that the
+    share is taken per shard, of its own nodes (one kube-scheduler takes it of every
+    node, from one position carried over all pods), so the nodes scored differ from
+    one scheduler's."""
+    if config is None or shards < 2:
+        return []
+    return [
+        f"profile {p.scheduler_name!r}: percentageOfNodesToScore "
+        f"({p.percentage_of_nodes_to_score}) applies per shard: each of the {shards} "
+        "shards scores that share of its own nodes, so the nodes a pod is compared "
+        "over differ from one kube-scheduler's"
+        for p in config.profiles
+        if p.percentage_of_nodes_to_score is not None
+    ]
 
 
 def sample(feasible: Bools, state: ClusterState, find: int, start: int) -> Bools:

@@ -40,6 +40,7 @@ from engine.model.pods import PodInfo
 from engine.model.podtable import PodTable, node_codes, pod_table, selector_matches
 from engine.model.state import Bools, ClusterState, Ints
 from engine.plugins.selector import match_labels, match_terms
+from engine.plugins.spread_cache import HardSpread
 from engine.plugins.taints import HARD_EFFECTS, tolerates
 from events.errors import InputError
 from events.types import TopologySpreadConstraint
@@ -116,6 +117,7 @@ class PodTopologySpread:
         self.system = defaulting == "System"
         self.defaults = SYSTEM_DEFAULTS if self.system else _default_constraints(raw, where)
         self.handle = handle
+        self._hard_masks = HardSpread()
 
     def __repr__(self) -> str:
         return f"PodTopologySpread(system={self.system}, defaults={len(self.defaults)})"
@@ -208,10 +210,13 @@ class PodTopologySpread:
         return labelled, within
 
     def filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState) -> Bools:
-        if not self._hard(pod):
+        """``labelled & within`` of :meth:`verdicts`, kept between pods
+        (:mod:`engine.plugins.spread_cache`); read-only."""
+        hard = self._hard(pod)
+        if not hard:
             return state.valid
-        labelled, within = self.verdicts(pod, state)
-        return labelled & within
+        table = pod_table(state, self.handle.pods)
+        return self._hard_masks.mask(pod, state, hard, table, self._included, self._all_keys)
 
     def reasons(
         self, cycle: CycleState, pod: PodInfo, state: ClusterState, rejected: Bools

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from shards.cli import main
 from tests.shards.coordinator_kit import shoal
 from tests.shards.scenario_text import node, pod
 
@@ -45,3 +47,20 @@ def test_sampled_runs_replay_and_pass_the_best_node_by(
     if shards == 1:
         assert exact == 12
     assert sampled < exact
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_more_than_one_shard_warns_that_the_share_is_per_shard(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
+) -> None:
+    """kube-scheduler takes the share of every node; N shards each take it of their
+    own, so a run with more than one says so (and still replays exactly)."""
+    text = CONFIG + "".join(node(f"n{i}", cpu=4) for i in range(4)) + pod("p", cpu="1")
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text(text)
+    code = main(["simulate", str(scenario), "--shards", str(shards), "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    warned = [w for w in json.loads(captured.out)["warnings"] if "applies per shard" in w]
+    assert len(warned) == (shards > 1)
+    assert ("applies per shard" in captured.err) == (shards > 1)

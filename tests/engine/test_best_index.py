@@ -1,0 +1,175 @@
+"""The indexed paths of one placement (engine/framework/best.py, the per-shape scores
+under a shared spread mask, engine/plugins/spread_cache.py) decide exactly as the full
+scans they stand in for: the same node for every pod, ties broken the same way."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.engine import Engine
+from engine.framework import best, runtime
+from engine.framework.best import BestIndex, Limits
+from engine.framework.cycle import CycleState
+from engine.framework.results import select
+from engine.model.pods import pod_info
+from engine.plugins.topology_spread import PodTopologySpread
+from events.types import (
+    ClockTicked,
+    Event,
+    NodeAdded,
+    NodeRemoved,
+    PodDeleted,
+    PodSubmitted,
+    PodSucceeded,
+)
+from tests.builders import env, make_node, make_pod
+
+SMALL = settings(max_examples=30, deadline=None)
+
+
+@contextmanager
+def tiny_blocks() -> Iterator[None]:
+    """Blocks of 4 slots and the index on every shard size: small clusters then
+    span many blocks and every attempt selects through the index; and room for one
+    derived score array per shape and two in all (evictions happen)."""
+    saved = best.BLOCK, best._SHIFT, Limits.min_nodes, runtime.DERIVED, runtime.DERIVED_TOTAL
+    best.BLOCK, best._SHIFT, Limits.min_nodes = 4, 2, 0  # type: ignore[misc]
+    runtime.DERIVED, runtime.DERIVED_TOTAL = 1, 2
+    try:
+        yield
+    finally:
+        best.BLOCK, best._SHIFT, Limits.min_nodes, runtime.DERIVED, runtime.DERIVED_TOTAL = saved  # type: ignore[misc]
+
+
+@given(
+    st.integers(1, 70),
+    st.lists(
+        st.tuples(st.lists(st.integers(0, 69), max_size=8), st.integers(-1, 4), st.integers(0, 99)),
+        min_size=1,
+        max_size=25,
+    ),
+    st.integers(-1, 4),
+)
+@SMALL
+def test_the_index_selects_as_the_full_scan(
+    used: int, rounds: list[tuple[list[int], int, int]], fill: int
+) -> None:
+    """Random score arrays (few values: many ties), rewritten a few slots at a time
+    as the framework does (the index told first), and random rotations."""
+    with tiny_blocks():
+        _select_rounds(used, rounds, fill)
+
+
+def _select_rounds(used: int, rounds: list[tuple[list[int], int, int]], fill: int) -> None:
+    scores = np.full(used + (-used) % 4 + 4, -1, dtype=np.int64)
+    scores[:used] = fill
+    index = BestIndex(scores)
+    for slots, value, tiebreak in rounds:
+        live = [s for s in slots if s < used]
+        index.touch(live)
+        for i, slot in enumerate(live):
+            scores[slot] = value + i % 2
+        assert index.select(used, tiebreak) == select(scores, used, tiebreak)
+
+
+ZONES = ["a", "b", "c"]
+
+
+@st.composite
+def cluster_event(draw: Any) -> Event:
+    if draw(st.integers(0, 9)) == 0:
+        return NodeRemoved(name=f"n{draw(st.integers(0, 23))}")
+    node = make_node(f"n{draw(st.integers(0, 23))}").cpu(draw(st.sampled_from(["2", "4", "8"])))
+    if draw(st.integers(0, 5)):
+        node = node.label("zone", draw(st.sampled_from(ZONES)))
+    if draw(st.integers(0, 5)) == 0:
+        node = node.taint("dedicated", "x")
+    return NodeAdded(node=node.memory("16Gi").spec())
+
+
+@st.composite
+def pod_event(draw: Any) -> Event:
+    name = f"p{draw(st.integers(0, 60))}"
+    kind = draw(st.sampled_from(["submit"] * 6 + ["delete", "succeed"]))
+    if kind == "delete":
+        return PodDeleted(pod=f"default/{name}")
+    if kind == "succeed":
+        return PodSucceeded(pod=f"default/{name}")
+    template = draw(st.integers(0, 4))  # pods of one template share shape and constraints
+    pod = make_pod(name).cpu(["100m", "500m", "1", "250m", "2"][template]).memory("256Mi")
+    pod = pod.labels(app=f"t{template}")
+    if template in (1, 3):
+        pod = pod.spread("zone", max_skew=template // 2 + 1, app=f"t{template}")
+    if template == 3:
+        pod = pod.tolerate("dedicated")
+    if template == 4:
+        pod = pod.selector(zone="b")
+    return pod.submitted()
+
+
+sequences = st.lists(
+    st.one_of(cluster_event(), pod_event(), pod_event(), st.just(ClockTicked())),
+    min_size=1,
+    max_size=70,
+)
+
+
+def _decide(sequence: list[Event], *, indexed: bool, incremental: bool = True) -> list[Event]:
+    saved = Limits.min_nodes
+    Limits.min_nodes = 0 if indexed else 1 << 30
+    try:
+        engine = Engine()
+        for framework in engine.profiles.frameworks.values():
+            framework.incremental = incremental
+        out: list[Event] = []
+        for i, event in enumerate(sequence):
+            engine.apply(env(event, i))
+            out.extend(engine.schedule())
+        return out
+    finally:
+        Limits.min_nodes = saved
+
+
+@given(sequences)
+@SMALL
+def test_indexed_placements_equal_the_full_scan(sequence: list[Event]) -> None:
+    """Random clusters (zones, taints, nodes added and removed) and random pods of a
+    few templates (spread over zones, selectors, tolerations), placed, deleted and
+    finished: every decision is the full scan's."""
+    with tiny_blocks():
+        indexed = _decide(sequence, indexed=True)
+    assert indexed == _decide(sequence, indexed=False)
+    assert indexed == _decide(sequence, indexed=False, incremental=False)
+
+
+@given(sequences, st.lists(pod_event(), min_size=1, max_size=8))
+@SMALL
+def test_the_spread_mask_is_the_reference_verdict(
+    sequence: list[Event], probes: list[Event]
+) -> None:
+    """The cached DoNotSchedule mask equals ``labelled & within`` computed whole, for
+    pods asked about after any history (the cache kept across the run)."""
+    engine = Engine()
+    framework = engine.profiles.frameworks["default-scheduler"]
+    spread = framework.plugins["PodTopologySpread"]
+    assert isinstance(spread, PodTopologySpread)
+    state = engine.state
+    for i, event in enumerate(sequence):
+        engine.apply(env(event, i))
+        engine.schedule()
+        for j, probe in enumerate(probes):
+            if not isinstance(probe, PodSubmitted) or not probe.pod.spread_constraints:
+                continue
+            spec = probe.pod
+            state.ensure_rows()
+            pod = pod_info(spec, state.resources, 10_000 + j)
+            labelled, within = spread.verdicts(pod, state)
+            got = spread.filter(CycleState(), pod, state)
+            assert not got.flags.writeable
+            assert got.tolist() == (labelled & within).tolist()
