@@ -46,7 +46,7 @@ from engine.model.devices import WHOLE
 from engine.model.pods import PodInfo
 from engine.model.resources import CPU, MEMORY
 from engine.model.state import Bools, ClusterState, Ints
-from engine.plugins.gpu.cache import CachedScore, check_args, parse_tie_break
+from engine.plugins.gpu.cache import CachedScore, Entry, check_args, parse_tie_break
 from engine.plugins.gpu.compiled import PARAMS, REFRESH, SHARE, WHOLE_CARDS, Kernel, kernel
 from engine.plugins.gpu.fragment import (
     Resolved,
@@ -121,6 +121,10 @@ class GpuFragmentation(CachedScore):
         self._pending = _EMPTY
         """Slots whose F the next kernel call refreshes first."""
         self._memory_aware = False
+        self._mark = _EMPTY
+        """Per slot, the kernel call that last did it (:meth:`update`: a slot the
+        journal lists twice is done once)."""
+        self._stamp = 0
 
     def __repr__(self) -> str:
         source = "given" if self.given is not None else f"learned from {len(self._seen)} pods"
@@ -183,6 +187,8 @@ class GpuFragmentation(CachedScore):
         self._kernel = kernel()
         self._pending = _EMPTY
         self._memory_aware = self._shapes.memory_aware
+        self._mark = np.zeros(state.capacity, dtype=np.int64)
+        self._stamp = 0
         if self._kernel is not None:
             self._frag = np.zeros(state.capacity, dtype=np.int64)
             self.compiled(state, slots, REFRESH)
@@ -261,6 +267,43 @@ class GpuFragmentation(CachedScore):
         after = fragmentation(shapes, cpu_a, free_a, models, memory)
         return after - before, np.full(slots.shape[0], -1, dtype=np.int64), free_a.sum(axis=1)
 
+    def update(
+        self, pod: PodInfo, state: ClusterState, entry: Entry, changed: list[int] | None
+    ) -> None:
+        """With the compiled kernel: one call refreshes F where the journal says,
+        scores ``changed`` (each once) and writes the tie-broken scores and cards into
+        ``entry`` (what :meth:`CachedScore.update` does with numpy around
+        :meth:`evaluate`: the same integers)."""
+        if self._kernel is None:
+            super().update(pod, state, entry, changed)
+            return
+        self.prepare(state)
+        if changed is None:
+            slots: Ints = np.arange(state.high_water, dtype=np.int64)
+        else:
+            slots = np.array(changed, dtype=np.int64)
+        self._stamp += 2
+        params, pressure = self.terms(pod)
+        self.compiled(
+            state,
+            slots,
+            self.pod_mode(pod),
+            pod,
+            params,
+            pressure,
+            not self.exact,
+            into=entry,
+        )
+
+    def terms(self, pod: PodInfo) -> tuple[Ints | None, Ints | None]:
+        """The kernel's ``params`` and ``pressure`` for ``pod`` (FGD: none)."""
+        return None, None
+
+    def offset(self) -> int:
+        """The exact resolution's score is ``offset - ΔF`` (never negative)."""
+        assert self._shapes is not None
+        return self._shapes.bound
+
     def compiled(
         self,
         state: ClusterState,
@@ -270,12 +313,15 @@ class GpuFragmentation(CachedScore):
         params: Ints | None = None,
         pressure: Ints | None = None,
         quantise: bool = False,
+        into: Entry | None = None,
     ) -> tuple[Ints, Ints]:
         """:meth:`deltas` (ΔF and card; with ShoalGpu's terms where ``params`` turns
         them on) or, for ``mode`` REFRESH, F into the per-slot cache, by the compiled
         kernel (:mod:`engine.plugins.gpu.compiled`), which must be available. The
         slots :meth:`prepare` left pending are refreshed first, in the same call. With
-        ``quantise``, :meth:`quantised` of ΔF rather than ΔF."""
+        ``quantise``, :meth:`quantised` of ΔF rather than ΔF. With ``into``, the
+        scores themselves (quantised, or :meth:`offset` - ΔF, tie-broken) and cards go
+        into that entry by slot, and what is returned is its arrays."""
         run = self._kernel
         shapes = self._shapes
         assert run is not None and shapes is not None
@@ -291,8 +337,14 @@ class GpuFragmentation(CachedScore):
             if gpu is not None:
                 cards = gpu.cards
                 milli = gpu.need.milli
-        delta = np.empty(slots.shape[0], dtype=np.int64)  # the kernel writes every entry
-        card = np.empty(slots.shape[0], dtype=np.int64)
+        if into is None:
+            delta = np.empty(slots.shape[0], dtype=np.int64)  # the kernel writes them all
+            card = np.empty(slots.shape[0], dtype=np.int64)
+            mark, offset, tie = _EMPTY, 0, 0
+        else:
+            delta, card, mark = into.scores, into.cards, self._mark
+            offset = 0 if quantise else self.offset()
+            tie = state.capacity + 1 if self.tie_break else 0
         refresh, self._pending = self._pending, _EMPTY
         run(
             mode,
@@ -322,6 +374,11 @@ class GpuFragmentation(CachedScore):
             quantise,
             delta,
             card,
+            mark,
+            self._stamp,
+            offset,
+            tie,
+            self.rank,
         )
         return delta, card
 
