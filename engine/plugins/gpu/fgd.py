@@ -125,6 +125,8 @@ class GpuFragmentation(CachedScore):
         """Per slot, the kernel call that last did it (:meth:`update`: a slot the
         journal lists twice is done once)."""
         self._stamp = 0
+        self._keyed: PodInfo | None = None
+        self._key: tuple[Any, ...] = ()
 
     def __repr__(self) -> str:
         source = "given" if self.given is not None else f"learned from {len(self._seen)} pods"
@@ -166,8 +168,13 @@ class GpuFragmentation(CachedScore):
     # ------------------------------------------------------------------ per-node caches
 
     def key(self, pod: PodInfo) -> tuple[Any, ...]:
+        if pod is self._keyed:  # asked again for the card of the pod just scored
+            return self._key
         key = super().key(pod)
-        return (*key, pod_memory(pod)) if self.counts_memory else key
+        if self.counts_memory:
+            key = (*key, pod_memory(pod))
+        self._keyed, self._key = pod, key
+        return key
 
     def _memory(self, state: ClusterState, slots: Ints) -> Ints | None:
         """Free memory of ``slots`` where the workload counts memory (else None)."""
@@ -274,25 +281,81 @@ class GpuFragmentation(CachedScore):
         scores ``changed`` (each once) and writes the tie-broken scores and cards into
         ``entry`` (what :meth:`CachedScore.update` does with numpy around
         :meth:`evaluate`: the same integers)."""
-        if self._kernel is None:
+        run = self._kernel
+        if run is None:
             super().update(pod, state, entry, changed)
             return
-        self.prepare(state)
+        # (prepare and compiled, inlined: this runs once per pod scored)
+        end = state.journal_end
+        refresh = self._pending
+        if self._position != end:
+            fresh = state.changed_since(self._position)
+            if fresh is None:
+                self.reset(state)
+                refresh = self._pending
+            elif refresh.size:
+                refresh = np.concatenate([refresh, np.array(fresh, dtype=np.int64)])
+            else:
+                refresh = np.array(fresh, dtype=np.int64)
+        self._position = end
+        self._pending = _EMPTY
         if changed is None:
             slots: Ints = np.arange(state.high_water, dtype=np.int64)
         else:
             slots = np.array(changed, dtype=np.int64)
         self._stamp += 2
         params, pressure = self.terms(pod)
-        self.compiled(
-            state,
+        shapes = self._shapes
+        assert shapes is not None
+        memory_aware = self._memory_aware
+        pod_cpu = pod_mem = milli = cards = 0
+        for row, amount in pod.request:
+            if row == CPU:
+                pod_cpu = amount
+            elif row == MEMORY and memory_aware:
+                pod_mem = amount
+        gpu = pod.gpu
+        mode = WHOLE_CARDS
+        if gpu is not None:
+            cards = gpu.cards
+            milli = gpu.need.milli
+            if not gpu.whole and cards == 1:
+                mode = SHARE
+        quantise = not self.exact
+        free = state.free
+        run(
+            mode,
+            refresh,
             slots,
-            self.pod_mode(pod),
-            pod,
-            params,
-            pressure,
-            not self.exact,
-            into=entry,
+            free[CPU],
+            free[MEMORY],
+            state.cards.free,
+            self._models,
+            self._frag,
+            shapes.cpu,
+            shapes.levels,
+            shapes.level,
+            shapes.cards,
+            shapes.weight,
+            shapes.allowed,
+            shapes.gpu,
+            shapes.memory,
+            memory_aware,
+            pod_cpu,
+            pod_mem,
+            milli,
+            cards,
+            _NO_PARAMS if params is None else params,
+            _NO_PARAMS if pressure is None else pressure,
+            self._thresholds,
+            quantise,
+            entry.scores,
+            entry.cards,
+            self._mark,
+            self._stamp,
+            0 if quantise else self.offset(),
+            state.capacity + 1 if self.tie_break else 0,
+            self.rank,
         )
 
     def terms(self, pod: PodInfo) -> tuple[Ints | None, Ints | None]:
@@ -313,15 +376,13 @@ class GpuFragmentation(CachedScore):
         params: Ints | None = None,
         pressure: Ints | None = None,
         quantise: bool = False,
-        into: Entry | None = None,
     ) -> tuple[Ints, Ints]:
         """:meth:`deltas` (ΔF and card; with ShoalGpu's terms where ``params`` turns
         them on) or, for ``mode`` REFRESH, F into the per-slot cache, by the compiled
         kernel (:mod:`engine.plugins.gpu.compiled`), which must be available. The
         slots :meth:`prepare` left pending are refreshed first, in the same call. With
-        ``quantise``, :meth:`quantised` of ΔF rather than ΔF. With ``into``, the
-        scores themselves (quantised, or :meth:`offset` - ΔF, tie-broken) and cards go
-        into that entry by slot, and what is returned is its arrays."""
+        ``quantise``, :meth:`quantised` of ΔF rather than ΔF (:meth:`update` calls
+        the kernel itself, with the scores written by slot into a shape's cache)."""
         run = self._kernel
         shapes = self._shapes
         assert run is not None and shapes is not None
@@ -337,14 +398,8 @@ class GpuFragmentation(CachedScore):
             if gpu is not None:
                 cards = gpu.cards
                 milli = gpu.need.milli
-        if into is None:
-            delta = np.empty(slots.shape[0], dtype=np.int64)  # the kernel writes them all
-            card = np.empty(slots.shape[0], dtype=np.int64)
-            mark, offset, tie = _EMPTY, 0, 0
-        else:
-            delta, card, mark = into.scores, into.cards, self._mark
-            offset = 0 if quantise else self.offset()
-            tie = state.capacity + 1 if self.tie_break else 0
+        delta = np.empty(slots.shape[0], dtype=np.int64)  # the kernel writes every entry
+        card = np.empty(slots.shape[0], dtype=np.int64)
         refresh, self._pending = self._pending, _EMPTY
         run(
             mode,
@@ -374,10 +429,10 @@ class GpuFragmentation(CachedScore):
             quantise,
             delta,
             card,
-            mark,
-            self._stamp,
-            offset,
-            tie,
+            _EMPTY,  # outputs by position, not into a cache by slot
+            0,
+            0,
+            0,
             self.rank,
         )
         return delta, card
