@@ -1,17 +1,24 @@
 """``shoal loadtest defrag``: the Alibaba GPU trace with departures, with and without
-defragmentation (:mod:`engine.passes.defrag`), at several budgets.
+defragmentation (:mod:`engine.passes.defrag`), at several budgets, for several placement
+policies.
 
 The trace's pods arrive at their ``creation_time`` and leave at their
 ``deletion_time`` (seconds), in time order, on the trace's GPU nodes, with the real
-engine; the profile scores with FGD (the file's target workload as args, as the
-fragmentation benchmark gives it) and the on-demand rescheduler is off, so that what
-changes between runs is the background defragmentation alone. A pod that finds no
-node waits and is tried again as others leave (the engine's own queue); at its
-deletion time it leaves, placed or not. Reported per configuration: the 8-card pods
-placed (of those that arrived), the GPU placed (milli-GPU of the pods ever placed, of
-all that arrived), the time-averaged share of GPU capacity idle while some pod waited
-(the fragmentation that made it wait), the moves made, and the CPU time.
-No published system reports this: the figures are shoal's to set.
+engine; the profile scores with the policy alone (``--policy``: ShoalGpu, FGD and
+BestFit by default; FGD and ShoalGpu get the pod file's own target workload as args, as
+the fragmentation benchmark gives it) and the on-demand rescheduler is off, so that
+what changes between the runs of a policy is the background defragmentation alone. A
+pod that finds no node waits and is tried again as others leave (the engine's own
+queue); at its deletion time it leaves, placed or not. Reported per policy and
+budget: the 8-card pods placed (of those that arrived), the GPU placed (milli-GPU of
+the pods ever placed, of all that arrived), the time-averaged share of GPU capacity
+idle while some pod waited (the fragmentation that made it wait), the moves made, and
+the CPU time (the compiled code loaded before).
+
+No published system reports this (the FGD paper's results are for arrivals only, the
+fragmentation benchmark's protocol): FGD and BestFit, the paper's best and best simple
+policies, run beside ShoalGpu in the same run instead. ``--churn`` draws its pods from
+the same pod file (the trace's own shapes, as the fragmentation protocol does).
 """
 
 from __future__ import annotations
@@ -41,9 +48,11 @@ from events.types import (
     PodMigrated,
     PodSubmitted,
 )
+from loadtest.fragmentation import warm_up
 from loadtest.gputrace import (
     NODE_FILE,
     POD_PREFIX,
+    POLICIES,
     TracePod,
     arrivals,
     node_order,
@@ -60,6 +69,9 @@ BUDGETS: Final = {
     "100/min": (100, 8),
 }
 """Configuration → (moves per minute in all, per node), or None: no defragmentation."""
+DEFAULT_POLICIES: Final = "shoal,fgd,bestfit"
+"""``--policy``: no published figures exist for departures, so the paper's FGD and
+BestFit run beside ShoalGpu."""
 FILL_PCT: Final = 120
 """``--churn``: pods arrive as in the fragmentation benchmark until this share of the
 GPU capacity has arrived (placed or not) before the churn starts."""
@@ -98,6 +110,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(seed 42) until 120%% of the GPU has arrived, then STEPS steps of one second, each "
         "one placed pod leaving and one new pod of the file arriving",
     )
+    parser.add_argument(
+        "--policy",
+        default=DEFAULT_POLICIES,
+        help=f"placement policies to run, of {', '.join(POLICIES)} (default: "
+        f"{DEFAULT_POLICIES}; nothing is published for departures to compare with)",
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--plot", type=Path, default=None, metavar="FILE.png")
 
@@ -135,14 +153,22 @@ def timeline(trace: Path, workload: str, copies: int = 1) -> list[Timed]:
     return out
 
 
-def config_of(pods: list[TracePod], budget: tuple[int, int] | None) -> dict[str, Any]:
+def config_of(
+    pods: list[TracePod], budget: tuple[int, int] | None, policy: str = "fgd"
+) -> dict[str, Any]:
+    """The profile of a run: ``policy`` (a ``--policy`` name) the only score, with the
+    pod file's target workload where it takes one (ShoalGpu's with memory)."""
     args: dict[str, Any] = {"maxMoves": 0}
     if budget is not None:
         args["defragmentation"] = {
             "movesPerMinute": budget[0],
             "movesPerNodePerMinute": budget[1],
         }
-    workload = {"targetWorkload": target_workload(pods).to_args()}
+    plugin = POLICIES[policy]
+    config: list[dict[str, Any]] = [{"name": "Rescheduler", "args": args}]
+    if plugin in ("GpuFragmentation", "ShoalGpu"):
+        workload = target_workload(pods, memory=plugin == "ShoalGpu")
+        config.append({"name": plugin, "args": {"targetWorkload": workload.to_args()}})
     return {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
@@ -151,25 +177,25 @@ def config_of(pods: list[TracePod], budget: tuple[int, int] | None) -> dict[str,
                 "plugins": {
                     "score": {
                         "disabled": [{"name": "*"}],
-                        "enabled": [{"name": "GpuFragmentation", "weight": 1}],
+                        "enabled": [{"name": plugin, "weight": 1}],
                     },
                     "postFilter": {"disabled": [{"name": "DefaultPreemption"}]},
                 },
-                "pluginConfig": [
-                    {"name": "Rescheduler", "args": args},
-                    {"name": "GpuFragmentation", "args": workload},
-                ],
+                "pluginConfig": config,
             }
         ],
     }
 
 
-def run_one(trace: Path, workload: str, name: str, copies: int = 1) -> dict[str, Any]:
+def run_one(
+    trace: Path, workload: str, name: str, copies: int = 1, policy: str = "fgd"
+) -> dict[str, Any]:
     nodes = read_nodes(trace)
     pods = read_pods(trace, workload)
     events = timeline(trace, workload, copies)
     capacity = sum(n.gpus for n in nodes) * 1000
-    engine = Engine(parse_config(config_of(pods, BUDGETS[name])))
+    engine = Engine(parse_config(config_of(pods, BUDGETS[name], policy)))
+    warm_up()
     for node in nodes:
         engine.apply(Envelope(event=NodeAdded(node=node.spec()), producer="ingest"))
     engine.schedule()
@@ -226,6 +252,7 @@ def run_one(trace: Path, workload: str, name: str, copies: int = 1) -> dict[str,
     return {
         "workload": workload,
         "copies": copies,
+        "policy": policy,
         "defragmentation": name,
         "pods": len(by_key),
         "eight_card_placed": placed_8,
@@ -237,14 +264,18 @@ def run_one(trace: Path, workload: str, name: str, copies: int = 1) -> dict[str,
     }
 
 
-def run_churn(trace: Path, workload: str, name: str, steps: int, seed: int = 42) -> dict[str, Any]:
+def run_churn(
+    trace: Path, workload: str, name: str, steps: int, seed: int = 42, policy: str = "fgd"
+) -> dict[str, Any]:
     """The saturated variant (see ``--churn``): 8-card pods placed of those that arrived
-    during the churn, the GPU left idle on average over its steps, the moves."""
+    during the churn, the GPU left idle on average over its steps, the moves. The pods
+    are the pod file's (the same draws for every policy and budget)."""
     nodes = read_nodes(trace)
     pods = read_pods(trace, workload)
     capacity = sum(n.gpus for n in nodes) * 1000
     rng = np.random.Generator(np.random.PCG64(seed))
-    engine = Engine(parse_config(config_of(pods, BUDGETS[name])))
+    engine = Engine(parse_config(config_of(pods, BUDGETS[name], policy)))
+    warm_up()
     for node in node_order(nodes, seed):
         engine.apply(Envelope(event=NodeAdded(node=node.spec()), producer="ingest"))
     engine.schedule()
@@ -296,6 +327,7 @@ def run_churn(trace: Path, workload: str, name: str, steps: int, seed: int = 42)
     return {
         "workload": workload,
         "churn_steps": steps,
+        "policy": policy,
         "defragmentation": name,
         "eight_card_placed": placed_8,
         "eight_card_arrived": arrived_8,
@@ -316,36 +348,49 @@ def run(args: argparse.Namespace) -> int:
             f"unknown configuration {unknown[0] if unknown else ''!r} (of {', '.join(BUDGETS)})",
             location="--budgets",
         )
+    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    strange = [p for p in policies if p not in POLICIES]
+    if strange or not policies:
+        raise InputError(
+            f"unknown policy {strange[0] if strange else ''!r} (of {', '.join(POLICIES)})",
+            location="--policy",
+        )
     results = []
-    for name in names:
-        print(f"defragmentation {name}: running", file=sys.stderr, flush=True)
-        if args.churn:
-            results.append(run_churn(trace, args.workload, name, args.churn))
-        else:
-            results.append(run_one(trace, args.workload, name, args.copies))
+    for policy in policies:
+        for name in names:
+            print(f"{policy}, defragmentation {name}: running", file=sys.stderr, flush=True)
+            if args.churn:
+                results.append(run_churn(trace, args.workload, name, args.churn, policy=policy))
+            else:
+                results.append(run_one(trace, args.workload, name, args.copies, policy))
     if args.json:
         print(json.dumps({"results": results}))
     elif args.churn:
-        print("| defragmentation | 8-card pods placed | idle GPU % | moves | CPU s |")
-        print("|---|---|---|---|---|")
+        print("| policy | defragmentation | 8-card pods placed | idle GPU % | moves | CPU s |")
+        print("|---|---|---|---|---|---|")
         for r in results:
             print(
-                f"| {r['defragmentation']} | {r['eight_card_placed']} of "
+                f"| {r['policy']} | {r['defragmentation']} | {r['eight_card_placed']} of "
                 f"{r['eight_card_arrived']} | {r['idle_gpu_pct']} | {r['moves']} "
                 f"| {r['cpu_seconds']} |"
             )
     else:
         print(
-            "| defragmentation | 8-card pods placed | GPU placed % "
+            "| policy | defragmentation | 8-card pods placed | GPU placed % "
             "| idle GPU % while pods waited | moves | CPU s |"
         )
-        print("|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|")
         for r in results:
             print(
-                f"| {r['defragmentation']} | {r['eight_card_placed']} of {r['eight_card_arrived']} "
-                f"| {r['gpu_placed_pct']} | {r['idle_gpu_pct_while_waiting']} | {r['moves']} "
-                f"| {r['cpu_seconds']} |"
+                f"| {r['policy']} | {r['defragmentation']} | {r['eight_card_placed']} of "
+                f"{r['eight_card_arrived']} | {r['gpu_placed_pct']} "
+                f"| {r['idle_gpu_pct_while_waiting']} | {r['moves']} | {r['cpu_seconds']} |"
             )
+    if not args.json:
+        print(
+            "(no published figures exist with departures: the FGD paper's are for arrivals "
+            "only; FGD and BestFit are run here instead)"
+        )
     if args.plot is not None:
         _plot(results, args.plot)
     return 0
@@ -363,14 +408,22 @@ def _plot(results: list[dict[str, Any]], path: Path) -> None:
             "pip install -e '.[plot]')",
             location="--plot",
         ) from None
-    names = [r["defragmentation"] for r in results]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
-    left.bar(names, [r["eight_card_placed"] for r in results], color="tab:blue")
-    left.set_title(f"8-card pods placed (of {results[0]['eight_card_arrived']})")
+    names = list(dict.fromkeys(r["defragmentation"] for r in results))
+    policies = list(dict.fromkeys(r["policy"] for r in results))
+    by = {(r["policy"], r["defragmentation"]): r for r in results}
     idle = "idle_gpu_pct" if "idle_gpu_pct" in results[0] else "idle_gpu_pct_while_waiting"
-    right.bar(names, [r[idle] for r in results], color="tab:orange")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    width = 0.8 / len(policies)
+    for k, policy in enumerate(policies):
+        xs = [i + (k - (len(policies) - 1) / 2) * width for i in range(len(names))]
+        rows = [by.get((policy, n)) for n in names]
+        left.bar(xs, [r["eight_card_placed"] if r else 0 for r in rows], width, label=policy)
+        right.bar(xs, [r[idle] if r else 0 for r in rows], width, label=policy)
+    left.set_title(f"8-card pods placed (of {results[0]['eight_card_arrived']})")
     right.set_title("idle GPU %" if idle == "idle_gpu_pct" else "idle GPU % while pods waited")
     for axis in (left, right):
+        axis.set_xticks(range(len(names)), names)
         axis.set_xlabel("defragmentation budget")
+    left.legend(title="policy", fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

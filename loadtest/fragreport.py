@@ -192,6 +192,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.json:
         keys = ["workload", "policy", "seed", "unallocated_pct_at_100", "alloc_pct_at_130"]
+        keys += ["pods_per_second"]
         if args.moves is not None:
             keys[3:3] = ["moves_budget_pct"]
             keys += ["moves_at_100", "placed_by_moves_at_100", "moves", "placed_by_moves"]
@@ -225,6 +226,7 @@ def table(results: list[dict[str, Any]], paper: dict[tuple[str, str, int], float
     moving = any(r.get("moves_budget_pct") is not None for r in results)
     if moving:
         lines[0] += f"  {'moves':>6} {'% placed':>8} {'placed by moves':>15} {'max/node':>8}"
+    lines[0] += f"  {'pods/s':>7}"
     groups: dict[tuple[str, str, int | None], list[dict[str, Any]]] = {}
     for r in results:
         groups.setdefault((r["workload"], r["policy"], r.get("moves_budget_pct")), []).append(r)
@@ -247,5 +249,7 @@ def table(results: list[dict[str, Any]], paper: dict[tuple[str, str, int], float
                 f"{statistics.mean(r.get('placed_by_moves_at_100', 0) for r in rows):>15.1f} "
                 f"{max(r.get('most_moves_off_one_node', 0) for r in rows):>8}"
             )
+        # the median run's speed (CPU seconds of its arrival loop, warm)
+        line += f"  {statistics.median(r['pods_per_second'] for r in rows):>7.0f}"
         lines.append(line)
     return "\n".join(lines)

@@ -93,6 +93,10 @@ def numpy_only() -> Iterator[None]:
     pods=st.lists(pod_st, min_size=1, max_size=12),
     shoal=st.booleans(),
     exact=st.booleans(),
+    shares=st.lists(
+        st.tuples(st.integers(0, 5), st.integers(0, 7), st.sampled_from([100, 250, 500, 1000])),
+        max_size=10,
+    ),
 )
 def test_compiled_scores_and_cards_are_the_numpy_paths(
     workload: list[dict[str, Any]],
@@ -100,11 +104,20 @@ def test_compiled_scores_and_cards_are_the_numpy_paths(
     pods: list[tuple[int, int, int, int, list[str]]],
     shoal: bool,
     exact: bool,
+    shares: list[tuple[int, int, int]],
 ) -> None:
     state = ClusterState()
     for n, (cpu, memory, cards, model) in enumerate(nodes):
         allocatable = {"cpu": cpu, "memory": memory, "pods": 100, GPU: cards}
         state.add_node(NodeSpec(name=f"n{n}", allocatable=allocatable, labels={MODEL_LABEL: model}))
+    # shares already running on any card (so cards come in any order of free milli)
+    for i, (n, c, milli) in enumerate(shares):
+        p = info(state, spec_of(-1 - i, 0, 0, 1, milli, []))
+        slot = n % len(nodes)
+        count = int(state.cards.count[slot])
+        card = c % max(count, 1)
+        if count and state.cards.free[slot, card] >= milli:
+            state.assume(p.key, slot, p.request, devices=(card,))
     plugin = ShoalGpu if shoal else GpuFragmentation
     args = {"targetWorkload": workload, "resolution": "exact" if exact else "simulator"}
     compiled, reference = plugin(args, "here"), plugin(args, "here")

@@ -3,12 +3,14 @@ with and without defragmentation that are deterministic and account for every po
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from events.errors import InputError
 from loadtest.defragbench import run_churn, run_one, timeline
+from shards.cli import main
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 TIMED = FIXTURES / "gputrace-times"
@@ -49,3 +51,42 @@ def test_churn_runs_are_deterministic(budget: str) -> None:
     assert 0 <= first["idle_gpu_pct"] <= 100
     if budget == "off":
         assert first["moves"] == 0
+
+
+@pytest.mark.parametrize("policy", ["shoal", "bestfit"])
+def test_churn_runs_each_policy_on_the_pod_files_shapes(policy: str) -> None:
+    first = run_churn(TINY, "tiny", "10/min", 40, policy=policy)
+    again = run_churn(TINY, "tiny", "10/min", 40, policy=policy)
+    first.pop("cpu_seconds")
+    again.pop("cpu_seconds")
+    assert first == again and first["policy"] == policy
+
+
+def test_the_command_runs_every_policy_at_every_budget(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["loadtest", "defrag", "--trace", str(TINY), "--workload", "tiny", "--churn", "20"]
+    assert main([*argv, "--budgets", "off,100/min", "--policy", "shoal,bestfit", "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)["results"]
+    assert [(r["policy"], r["defragmentation"]) for r in results] == [
+        ("shoal", "off"),
+        ("shoal", "100/min"),
+        ("bestfit", "off"),
+        ("bestfit", "100/min"),
+    ]
+    # by default ShoalGpu, FGD and BestFit side by side, and the table says why
+    assert main([*argv, "--budgets", "off"]) == 0
+    out = capsys.readouterr().out
+    assert [line.split("|")[1].strip() for line in out.splitlines()[2:5]] == [
+        "shoal",
+        "fgd",
+        "bestfit",
+    ]
+    assert "no published figures exist with departures" in out
+
+
+def test_an_unknown_policy_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as refused:
+        main(["loadtest", "defrag", "--trace", str(TINY), "--churn", "5", "--policy", "fgd,x"])
+    assert refused.value.code == 2
+    assert capsys.readouterr().err.startswith("shoal: error: --policy: unknown policy 'x'")

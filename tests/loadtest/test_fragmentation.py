@@ -83,8 +83,23 @@ def test_the_command_prints_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert [(r["policy"], r["seed"]) for r in results] == [("fgd", 1), ("fgd", 2)]
     assert set(results[0]) == {
         "workload", "policy", "seed", "unallocated_pct_at_100", "alloc_pct_at_130",
+        "pods_per_second",
     }  # fmt: skip
+    assert all(r["pods_per_second"] > 0 for r in results)
     assert err.count("tiny fgd seed") == 2  # a progress line per run
+
+
+def test_the_table_gives_each_policys_speed(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "loadtest", "fragmentation", "--trace", str(TRACE), "--workload", "tiny",
+            "--policy", "bestfit", "--seeds", "1", "--jobs", "1",
+        ]
+    )  # fmt: skip
+    header, row = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert header.split()[-1] == "pods/s"
+    assert row.split()[1] == "bestfit" and float(row.split()[-1]) > 0
 
 
 @pytest.mark.parametrize(

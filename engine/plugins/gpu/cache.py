@@ -41,7 +41,9 @@ def shape_key(pod: PodInfo) -> tuple[Any, ...]:
 
 
 @dataclass(slots=True)
-class _Entry:
+class Entry:
+    """One pod shape's cached scores and cards, by slot, as of journal ``position``."""
+
     position: int
     scores: Ints
     cards: Ints
@@ -61,7 +63,7 @@ class CachedScore:
         self._state: ClusterState | None = None
         self._version = -1
         self._capacity = -1
-        self._entries: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
+        self._entries: OrderedDict[tuple[Any, ...], Entry] = OrderedDict()
         self.counters = {"full": 0, "refreshed": 0, "reused": 0}
         self.rank = np.zeros(0, dtype=np.int64)
         """Per slot, the node's place in name order, the first name highest (1..n; 0
@@ -114,25 +116,39 @@ class CachedScore:
             changed = state.changed_since(entry.position)
         if entry is None or changed is None or len(changed) > REFRESH_LIMIT:
             capacity = state.capacity
-            entry = _Entry(end, np.zeros(capacity, dtype=np.int64), np.full(capacity, -1))
+            entry = Entry(
+                end, np.zeros(capacity, dtype=np.int64), np.full(capacity, -1, dtype=np.int64)
+            )
             self._entries[key] = entry
             if len(self._entries) > SHAPES:
                 self._entries.popitem(last=False)
-            slots: Ints = np.arange(state.high_water, dtype=np.int64)
             self.counters["full"] += 1
+            if state.high_water:
+                self.update(pod, state, entry, None)
         else:
             self._entries.move_to_end(key)
-            slots = np.array(sorted(set(changed)), dtype=np.int64)
-            self.counters["refreshed" if slots.size else "reused"] += 1
-        if slots.size:
-            self.prepare(state)
-            scores, cards = self.evaluate(pod, state, slots)
-            if self.tie_break:
-                scores = scores * (state.capacity + 1) + self.rank[slots]
-            entry.scores[slots] = scores
-            entry.cards[slots] = cards
+            self.counters["refreshed" if changed else "reused"] += 1
+            if changed:
+                self.update(pod, state, entry, changed)
         entry.position = end
         return entry.scores
+
+    def update(
+        self, pod: PodInfo, state: ClusterState, entry: Entry, changed: list[int] | None
+    ) -> None:
+        """Score ``pod``'s shape again into ``entry`` on the slots ``changed`` (journal
+        entries, repeats allowed; None: every slot): :meth:`prepare`, :meth:`evaluate`
+        and the tie-break. A subclass may do the same in one step of its own."""
+        if changed is None:
+            slots: Ints = np.arange(state.high_water, dtype=np.int64)
+        else:
+            slots = np.array(sorted(set(changed)), dtype=np.int64)
+        self.prepare(state)
+        scores, cards = self.evaluate(pod, state, slots)
+        if self.tie_break:
+            scores = scores * (state.capacity + 1) + self.rank[slots]
+        entry.scores[slots] = scores
+        entry.cards[slots] = cards
 
     def choose_cards(self, pod: PodInfo, state: ClusterState, slot: int) -> tuple[int, ...] | None:
         """The card this policy chose for a sharing pod on ``slot`` when it scored it."""

@@ -11,7 +11,17 @@ or the pod's ``ΔF`` on it, the card a sharing pod takes there (the same order k
 the node's idle GPU after it and, for ShoalGpu, its stranded-GPU and model-pressure
 terms. Everything is int64 with the same operations as the numpy twin (floor division,
 arithmetic shifts), so the results are the same integers; property tests compare the
-two paths.
+two paths, score by score and placement by placement.
+
+Cost per scored pod: one call, no numpy operation around it (the policy's score, its
+tie-break by node name and the card are written straight into the shape's cached rows
+by slot, each slot once however often the journal names it), and per slot of the
+changed nodes: ``levels x cards`` for the card counts, then ``shapes`` per distinct
+free value among the cards that hold a sharing pod (cards equally free give the same
+F, and the lowest index among them wins the tie; a machine of idle cards is one
+variant, not eight). On the trace's ``default`` (1,213 nodes, 35 shapes, 13 levels, 8
+cards) a pod rescores about 20 nodes, and about 200 of its 10,800 pods rescore all of
+them (a shape new, or not scored for more than ``REFRESH_LIMIT`` changes).
 
 The numpy twin stays the path when numba is missing or the edge turned the compiled
 code off (:func:`engine.plugins.kernels.configure`). Compiled (or loaded from numba's
@@ -76,30 +86,52 @@ def _run(
     quantise: bool,
     out_delta: Ints,
     out_card: Ints,
+    mark: Ints,
+    stamp: int,
+    offset: int,
+    tie: int,
+    rank: Ints,
 ) -> None:  # pragma: no cover - compiled; its twin is fgd.deltas and shoal.evaluate
     """First F of the slots ``refresh`` into ``frag``, then per slot ``slots[i]``
     (state columns indexed by slot: free ``cpu`` and ``memory``, ``cards`` free milli
     per card (-1 absent), model ``models``, F before ``frag``) by ``mode``: see the
     module docstring. ``pod_memory`` is 0 where memory is not counted. Writes
     ``frag[s]`` (REFRESH) or ``out_delta[i]`` (ΔF, or with ``quantise`` the
-    simulator's score of it against ``thresholds``) and ``out_card[i]``."""
+    simulator's score of it against ``thresholds``) and ``out_card[i]``.
+
+    With ``mark`` (one entry per slot; empty: off) the outputs are the policy's whole
+    score, written by slot into a shape's cached rows: ``out_delta[s]`` is the quantised
+    ΔF (``quantise``) or ``offset - ΔF``, then with ``tie`` (> 0) ``score * tie +
+    rank[s]``; ``out_card[s]`` the card. A slot listed twice is done once (``mark[s]``
+    set to ``stamp`` for ``refresh``, ``stamp + 1`` for ``slots``)."""
     width = cards.shape[1]
     shapes = s_weight.shape[0]
     levels = s_levels.shape[0]
+    by_slot = mark.shape[0] > 0
     row = np.zeros(width, dtype=np.int64)
     count = np.zeros(levels, dtype=np.int64)
     small = np.zeros(levels, dtype=np.int64)
-    ok = np.zeros(shapes, dtype=np.bool_)
+    count_w = np.zeros(levels, dtype=np.int64)
+    small_w = np.zeros(levels, dtype=np.int64)
+    fitting = np.zeros(shapes, dtype=np.int64)
     first = refresh.shape[0]
     for x in range(first + slots.shape[0]):
         if x < first:
             md = REFRESH
             i = 0
             s = refresh[x]
+            if by_slot:
+                if mark[s] == stamp:
+                    continue
+                mark[s] = stamp
         else:
             md = mode
             i = x - first
             s = slots[i]
+            if by_slot:
+                if mark[s] == stamp + 1:
+                    continue
+                mark[s] = stamp + 1
         total = 0
         for c in range(width):
             v = cards[s, c]
@@ -140,43 +172,65 @@ def _run(
                     rest += row[c]
             count[j] = n
             small[j] = rest
-        # per shape, what does not depend on the card a share takes
+        # per shape, what does not depend on the card a share takes: the shapes that
+        # may fit (the others' fragment is the whole idle GPU) and their weight
+        fits = 0
+        rest_weight = 0
         for m in range(shapes):
-            ok[m] = (
+            if (
                 s_gpu[m]
                 and s_allowed[m, column]
                 and cpu_a >= s_cpu[m]
                 and (not use_memory or mem_a >= s_memory[m])
-            )
+            ):
+                fitting[fits] = m
+                fits += 1
+            else:
+                rest_weight += s_weight[m]
         best = _INT64_MAX
         card = -1
         delta = 0
         for w in range(variants):
             held = row[w] if md == SHARE else 0
-            if md == SHARE and held < milli:
-                continue
-            left = held - milli
-            f = 0
-            for m in range(shapes):
-                if ok[m]:
-                    j = s_level[m]
+            if md == SHARE:
+                if held < milli:
+                    continue
+                # a card as free as a lower one gives the same F, and loses the tie
+                seen = False
+                for v in range(w):
+                    if row[v] == held:
+                        seen = True
+                        break
+                if seen:
+                    continue
+                # card w goes from ``held`` to ``left`` free milli
+                left = held - milli
+                for j in range(levels):
+                    need = s_levels[j]
                     n = count[j]
                     rest = small[j]
-                    if md == SHARE:
-                        # card w goes from ``held`` to ``left`` free milli
-                        need = s_levels[j]
-                        if held >= need:
-                            n -= 1
-                        else:
-                            rest -= held
-                        if left >= need:
-                            n += 1
-                        else:
-                            rest += left
-                    if n >= s_cards[m]:
-                        f += s_weight[m] * rest
-                        continue
-                f += s_weight[m] * idle_a
+                    if held >= need:
+                        n -= 1
+                    else:
+                        rest -= held
+                    if left >= need:
+                        n += 1
+                    else:
+                        rest += left
+                    count_w[j] = n
+                    small_w[j] = rest
+            else:
+                for j in range(levels):
+                    count_w[j] = count[j]
+                    small_w[j] = small[j]
+            f = rest_weight * idle_a
+            for k in range(fits):
+                m = fitting[k]
+                j = s_level[m]
+                if count_w[j] >= s_cards[m]:
+                    f += s_weight[m] * small_w[j]
+                else:
+                    f += s_weight[m] * idle_a
             if md == SHARE:
                 d = f - frag[s]
                 order = (d * (WHOLE + 1) + held) * 64 + w
@@ -224,8 +278,15 @@ def _run(
                 else:
                     high = mid
             delta = low
-        out_delta[i] = delta
-        out_card[i] = card
+        if by_slot:
+            score = delta if quantise else offset - delta
+            if tie > 0:
+                score = score * tie + rank[s]
+            out_delta[s] = score
+            out_card[s] = card
+        else:
+            out_delta[i] = delta
+            out_card[i] = card
 
 
 @functools.cache
@@ -239,7 +300,7 @@ def _compile() -> Kernel:
     table = np.zeros((0, 0), dtype=np.int64)
     run(REFRESH, ints, ints, ints, ints, table, ints, ints, ints, ints, ints, ints, ints,
         np.zeros((0, 0), dtype=np.bool_), flags, ints, False, 0, 0, 0, 0, params, params,
-        ints, False, ints, ints)  # fmt: skip
+        ints, False, ints, ints, ints, 0, 0, 0, ints)  # fmt: skip
     return run
 
 

@@ -46,7 +46,7 @@ from engine.model.devices import WHOLE
 from engine.model.pods import PodInfo
 from engine.model.resources import CPU, MEMORY
 from engine.model.state import Bools, ClusterState, Ints
-from engine.plugins.gpu.cache import CachedScore, check_args, parse_tie_break
+from engine.plugins.gpu.cache import CachedScore, Entry, check_args, parse_tie_break
 from engine.plugins.gpu.compiled import PARAMS, REFRESH, SHARE, WHOLE_CARDS, Kernel, kernel
 from engine.plugins.gpu.fragment import (
     Resolved,
@@ -121,6 +121,12 @@ class GpuFragmentation(CachedScore):
         self._pending = _EMPTY
         """Slots whose F the next kernel call refreshes first."""
         self._memory_aware = False
+        self._mark = _EMPTY
+        """Per slot, the kernel call that last did it (:meth:`update`: a slot the
+        journal lists twice is done once)."""
+        self._stamp = 0
+        self._keyed: PodInfo | None = None
+        self._key: tuple[Any, ...] = ()
 
     def __repr__(self) -> str:
         source = "given" if self.given is not None else f"learned from {len(self._seen)} pods"
@@ -162,8 +168,13 @@ class GpuFragmentation(CachedScore):
     # ------------------------------------------------------------------ per-node caches
 
     def key(self, pod: PodInfo) -> tuple[Any, ...]:
+        if pod is self._keyed:  # asked again for the card of the pod just scored
+            return self._key
         key = super().key(pod)
-        return (*key, pod_memory(pod)) if self.counts_memory else key
+        if self.counts_memory:
+            key = (*key, pod_memory(pod))
+        self._keyed, self._key = pod, key
+        return key
 
     def _memory(self, state: ClusterState, slots: Ints) -> Ints | None:
         """Free memory of ``slots`` where the workload counts memory (else None)."""
@@ -183,6 +194,8 @@ class GpuFragmentation(CachedScore):
         self._kernel = kernel()
         self._pending = _EMPTY
         self._memory_aware = self._shapes.memory_aware
+        self._mark = np.zeros(state.capacity, dtype=np.int64)
+        self._stamp = 0
         if self._kernel is not None:
             self._frag = np.zeros(state.capacity, dtype=np.int64)
             self.compiled(state, slots, REFRESH)
@@ -261,6 +274,99 @@ class GpuFragmentation(CachedScore):
         after = fragmentation(shapes, cpu_a, free_a, models, memory)
         return after - before, np.full(slots.shape[0], -1, dtype=np.int64), free_a.sum(axis=1)
 
+    def update(
+        self, pod: PodInfo, state: ClusterState, entry: Entry, changed: list[int] | None
+    ) -> None:
+        """With the compiled kernel: one call refreshes F where the journal says,
+        scores ``changed`` (each once) and writes the tie-broken scores and cards into
+        ``entry`` (what :meth:`CachedScore.update` does with numpy around
+        :meth:`evaluate`: the same integers)."""
+        run = self._kernel
+        if run is None:
+            super().update(pod, state, entry, changed)
+            return
+        # (prepare and compiled, inlined: this runs once per pod scored)
+        end = state.journal_end
+        refresh = self._pending
+        if self._position != end:
+            fresh = state.changed_since(self._position)
+            if fresh is None:
+                self.reset(state)
+                refresh = self._pending
+            elif refresh.size:
+                refresh = np.concatenate([refresh, np.array(fresh, dtype=np.int64)])
+            else:
+                refresh = np.array(fresh, dtype=np.int64)
+        self._position = end
+        self._pending = _EMPTY
+        if changed is None:
+            slots: Ints = np.arange(state.high_water, dtype=np.int64)
+        else:
+            slots = np.array(changed, dtype=np.int64)
+        self._stamp += 2
+        params, pressure = self.terms(pod)
+        shapes = self._shapes
+        assert shapes is not None
+        memory_aware = self._memory_aware
+        pod_cpu = pod_mem = milli = cards = 0
+        for row, amount in pod.request:
+            if row == CPU:
+                pod_cpu = amount
+            elif row == MEMORY and memory_aware:
+                pod_mem = amount
+        gpu = pod.gpu
+        mode = WHOLE_CARDS
+        if gpu is not None:
+            cards = gpu.cards
+            milli = gpu.need.milli
+            if not gpu.whole and cards == 1:
+                mode = SHARE
+        quantise = not self.exact
+        free = state.free
+        run(
+            mode,
+            refresh,
+            slots,
+            free[CPU],
+            free[MEMORY],
+            state.cards.free,
+            self._models,
+            self._frag,
+            shapes.cpu,
+            shapes.levels,
+            shapes.level,
+            shapes.cards,
+            shapes.weight,
+            shapes.allowed,
+            shapes.gpu,
+            shapes.memory,
+            memory_aware,
+            pod_cpu,
+            pod_mem,
+            milli,
+            cards,
+            _NO_PARAMS if params is None else params,
+            _NO_PARAMS if pressure is None else pressure,
+            self._thresholds,
+            quantise,
+            entry.scores,
+            entry.cards,
+            self._mark,
+            self._stamp,
+            0 if quantise else self.offset(),
+            state.capacity + 1 if self.tie_break else 0,
+            self.rank,
+        )
+
+    def terms(self, pod: PodInfo) -> tuple[Ints | None, Ints | None]:
+        """The kernel's ``params`` and ``pressure`` for ``pod`` (FGD: none)."""
+        return None, None
+
+    def offset(self) -> int:
+        """The exact resolution's score is ``offset - ΔF`` (never negative)."""
+        assert self._shapes is not None
+        return self._shapes.bound
+
     def compiled(
         self,
         state: ClusterState,
@@ -275,7 +381,8 @@ class GpuFragmentation(CachedScore):
         them on) or, for ``mode`` REFRESH, F into the per-slot cache, by the compiled
         kernel (:mod:`engine.plugins.gpu.compiled`), which must be available. The
         slots :meth:`prepare` left pending are refreshed first, in the same call. With
-        ``quantise``, :meth:`quantised` of ΔF rather than ΔF."""
+        ``quantise``, :meth:`quantised` of ΔF rather than ΔF (:meth:`update` calls
+        the kernel itself, with the scores written by slot into a shape's cache)."""
         run = self._kernel
         shapes = self._shapes
         assert run is not None and shapes is not None
@@ -322,6 +429,11 @@ class GpuFragmentation(CachedScore):
             quantise,
             delta,
             card,
+            _EMPTY,  # outputs by position, not into a cache by slot
+            0,
+            0,
+            0,
+            self.rank,
         )
         return delta, card
 

@@ -157,11 +157,19 @@ class ShoalGpu(GpuFragmentation):
         out: Ints = frag + total * strand + total * used * pressure // PERMILLE
         return out
 
+    def terms(self, pod: PodInfo) -> tuple[Ints | None, Ints | None]:
+        self._params[P_MILLI] = _milli(pod)
+        return self._params, self._pressure
+
+    def offset(self) -> int:
+        # |ΔF| <= bound, and each added term is at most W * the node's milli-GPU
+        assert self._shapes is not None
+        return 3 * self._shapes.bound
+
     def evaluate(self, pod: PodInfo, state: ClusterState, slots: Ints) -> tuple[Ints, Ints]:
         shapes = self._shapes
         assert shapes is not None
-        gpu = pod.gpu
-        milli = 0 if gpu is None else gpu.cards * (WHOLE if gpu.whole else gpu.need.milli)
+        milli = _milli(pod)
         if self._kernel is not None:
             self._params[P_MILLI] = milli
             mode = self.pod_mode(pod)
@@ -174,8 +182,7 @@ class ShoalGpu(GpuFragmentation):
         else:
             delta, card = self._numpy_deltas(pod, state, slots, milli)
         if self.exact:
-            # |ΔF| <= bound, and each added term is at most W * the node's milli-GPU
-            return 3 * shapes.bound - delta, card
+            return self.offset() - delta, card
         return self.quantised(delta), card
 
     def _numpy_deltas(
@@ -198,3 +205,9 @@ class ShoalGpu(GpuFragmentation):
         total = int(shapes.weight.sum())
         delta = delta + total * (after - before) + total * milli * pressure // PERMILLE
         return delta, card
+
+
+def _milli(pod: PodInfo) -> int:
+    """The milli-GPU ``pod`` takes in all."""
+    gpu = pod.gpu
+    return 0 if gpu is None else gpu.cards * (WHOLE if gpu.whole else gpu.need.milli)
