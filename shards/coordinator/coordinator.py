@@ -283,6 +283,36 @@ class Coordinator:
         self.engine.dispatched[unit] = str(shard)
         self._pending(flight, +1)
 
+    def fly_run(self, pods: list[PodInfo], shards: list[int], decisions: list[str]) -> None:
+        """A run of identical plain pods (one request, one namespace) was handed over,
+        ``pods[i]`` to ``shards[i]`` under ``decisions[i]``: one flight each (the
+        shard answers per pod), but what each shard has pending and the quota charge
+        change once per shard, by how many pods went there (not once per pod)."""
+        lead = pods[0]
+        request = lead.request
+        namespace = lead.spec.namespace
+        requests = (request,)
+        namespaces = (namespace,)
+        now = self.now
+        flights = self.flights
+        dispatched = self.engine.dispatched
+        own = self.decisions
+        per_shard = [0] * self.n
+        names = [str(shard) for shard in range(self.n)]
+        for pod, shard, decision in zip(pods, shards, decisions, strict=True):
+            key = pod.key
+            flights[key] = Flight(key, shard, now, (key,), requests, namespaces)
+            dispatched[key] = names[shard]
+            own[key] = decision
+            per_shard[shard] += 1
+        pending = self._pending_rows()
+        delta = request_delta(request, pending.shape[2])
+        for shard, count in enumerate(per_shard):
+            if count:
+                pending[shard] += delta * count
+                self.inflight[shard] += count
+        self.engine.quotas.add(namespace, request, len(pods))
+
     def _pending(self, flight: Flight, sign: int, quota: bool = True) -> None:
         """Count ``flight`` in (``sign`` +1) or out of (-1) what its shard has pending,
         and its quota charged (``quota`` False: the charge stays, for a placement)."""

@@ -85,6 +85,7 @@ from events.types import (
 from shards.coordinator.choice import (
     ShardView,
     label_scores,
+    run_scores,
     scores,
     shard_columns,
     summarised,
@@ -222,6 +223,9 @@ class ShardDispatch:
         )
         framework = frameworks[0]
         assert framework is not None
+        if not (lead.spec.group or lead.spec.depends_on or is_group_unit(unit)):
+            # a plain pod: it and the identical pods behind it, in one step
+            return self._admitted(pods, frameworks) and self._hand_run(p, framework, lead, counts)
         shard = self._choose(framework, lead, counts)
         if shard is None or counts[shard] < c.inflight[shard] + len(pods):
             return False
@@ -287,17 +291,7 @@ class ShardDispatch:
             return None
         if len(candidates) == 1:
             return candidates[0]
-        e = c.engine
-
-        def view() -> ShardView:
-            static = framework.static_feasible(pod, e.state)
-            return ShardView(
-                shard_columns(e.state, static, c.routing.slot_shard, c.n),
-                e.state,
-                label_scores(framework, pod, e.state, static, c.routing.slot_shard, c.n),
-            )
-
-        shards = c.cached(("shards", pod.static_key, pod.spec.scheduler_name), view)
+        shards = self._shard_view(framework, pod)
         nodes = shards.refresh(c.pending)
         kernel = framework.kernel
         params = kernel.params(pod.request, nodes) if kernel is not None else None
@@ -325,6 +319,108 @@ class ShardDispatch:
         order = candidates[start:] + candidates[:start]
         values: list[int] = total.tolist()  # (one conversion, not one per shard)
         return max(order, key=values.__getitem__)
+
+    def _shard_view(self, framework: Framework, pod: PodInfo) -> ShardView:
+        """Each shard's sums over the nodes ``pod``'s static filters allow (cached while
+        the view's nodes and placements stand)."""
+        c = self.c
+        e = c.engine
+
+        def view() -> ShardView:
+            static = framework.static_feasible(pod, e.state)
+            return ShardView(
+                shard_columns(e.state, static, c.routing.slot_shard, c.n),
+                e.state,
+                label_scores(framework, pod, e.state, static, c.routing.slot_shard, c.n),
+            )
+
+        return c.cached(("shards", pod.static_key, pod.spec.scheduler_name), view)
+
+    def _run(self, p: PassContext, lead: PodInfo, room: int) -> list[PodInfo]:
+        """``lead`` and the pods that follow it at the head of the queue with the same
+        spec but for name and uid (one Deployment's, Job's or ReplicaSet's), at most
+        ``room`` in all, taken out of the queue: what holds for ``lead`` on the view
+        holds for each of them (their filters, pre-filters and scores read the same
+        spec, and nothing handed over changes the view). Only a plain pod starts a run,
+        and only where no quota orders the queue (dominant shares change with each
+        charge) and no extender is asked; a pod handed back (decided here), held under
+        a claim, or in a gang ends it."""
+        e = self.c.engine
+        queue = e.queue
+        run = [lead]
+        if room <= 1 or e.quotas or e.config.extenders:
+            return run
+        template = _template(lead.spec)
+        pods = e.pods
+        placed = e.state.pods
+        hard = self.c.hard
+        held = self.c.held_by
+        queue.remove(lead.key)  # handed: the pass removes it too (a no-op then)
+        while len(run) < room:
+            key = queue.peek(None)
+            if key is None:
+                break
+            pod = pods.get(key)
+            if (
+                pod is None
+                or key in placed
+                or key in hard
+                or key in held
+                or pod.request != lead.request
+                or _template(pod.spec) != template
+            ):
+                break
+            queue.remove(key)
+            run.append(pod)
+        return run
+
+    def _hand_run(
+        self, p: PassContext, framework: Framework, lead: PodInfo, counts: list[int]
+    ) -> bool:
+        """Hand ``lead`` and the run of identical pods behind it over in one step: each
+        pod to the shard :meth:`_choose` would pick for it after the ones before it were
+        handed over (the scores of every shard after ``j`` more pods of the run, in one
+        vectorised call), while that shard certainly holds it. The records are the ones
+        handing the pods over one by one would make, in the same order; pods of the run
+        past the first that does not fit where it would go are queued again as they
+        were (same priority and arrival: the same place in the queue)."""
+        c = self.c
+        e = c.engine
+        first = self._choose(framework, lead, counts)
+        room = [max(counts[s] - c.inflight[s], 0) for s in range(c.n)]
+        if first is None or not room[first]:
+            return False  # (the queue untouched: nothing moved)
+        run = self._run(p, lead, sum(room))
+        taken = [0] * c.n
+        taken[first] = 1
+        shards = [first]
+        candidates = [s for s in range(c.n) if counts[s] > 0]
+        if len(run) > 1 and len(candidates) == 1:
+            shards += [first] * min(len(run) - 1, room[first] - 1)
+        elif len(run) > 1:
+            view = self._shard_view(framework, lead)
+            table = run_scores(framework, lead, view, c.pending, len(run))
+            many = len(candidates)
+            for pod in run[1:]:
+                start = pod.tiebreak % many
+                order = candidates[start:] + candidates[:start]
+                shard = max(order, key=lambda s: table[s][taken[s]])
+                if taken[shard] >= room[shard]:
+                    break
+                taken[shard] += 1
+                shards.append(shard)
+        handed = len(shards)
+        for pod in run[handed:]:
+            e.queue.add(pod.key, pod.priority, pod.seq, e.queue_of(pod.spec.namespace))
+        decisions: list[str] = []
+        send = c.send
+        for pod, shard in zip(run, shards, strict=False):
+            decision = f"{pod.key}#{c.next_seq()}"
+            send(shard, PodRouted(pod=pod.spec, decision_id=decision))
+            decisions.append(decision)
+        c.fly_run(run[:handed], shards, decisions)
+        c.counters["handed"] += handed
+        return True
 
     def _hand_pod(self, pod: PodInfo, shard: int, *, moves: bool = False) -> None:
         """Hand ``pod`` to ``shard``; ``moves``: for a plan of moves there, with the
@@ -567,6 +663,12 @@ def _topology_bound(group: GroupInfo | None) -> bool:
     chosen among that shard's nodes only."""
     spec = group.spec if group is not None else None
     return spec is not None and bool(spec.topology_required or spec.topology_preferred)
+
+
+def _template(spec: PodSpec) -> tuple[object, ...]:
+    """``spec`` but for its name and uid: pods with equal templates are one run."""
+    fields = msgspec.structs.astuple(spec)
+    return fields[:1] + fields[3:]
 
 
 def _part_spec(spec: GroupSpec, rid: str, members: int) -> GroupSpec:
