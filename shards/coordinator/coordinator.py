@@ -180,6 +180,7 @@ class Coordinator:
         self.seq = 0
         self.counters = {
             "handed": 0,
+            "batches": 0,
             "decided": 0,
             "handbacks": 0,
             "prepared": 0,
@@ -279,6 +280,7 @@ class Coordinator:
                 tuple(pod.spec.namespace for pod in pods),
                 rid,
             )
+        self.flights.pop(unit, None)  # (kept in the order made: see next_wakeup)
         self.flights[unit] = flight
         self.engine.dispatched[unit] = str(shard)
         self._pending(flight, +1)
@@ -877,7 +879,13 @@ class Coordinator:
         group time-out, or a time-out of what the shards were asked."""
         timeout = self.reservation_timeout
         times = [c.since + timeout for c in self.claims.values() if c.stage == PREPARING]
-        times.extend(f.since + timeout for f in self.flights.values())
+        for flight in self.flights.values():
+            # flights are kept in the order they were made, so by ``since``: the first
+            # not timed out yet is the next to time out (not a pass over every flight
+            # at each poll: thousands are under way under load)
+            if flight.since + timeout > self.now:
+                times.append(flight.since + timeout)
+                break
         times.extend(since + timeout for since, _ in self.nominated.values())
         wakeups = [t for t in times if t > self.now]
         view = self.engine.next_wakeup()

@@ -225,7 +225,7 @@ class ShardDispatch:
         assert framework is not None
         if not (lead.spec.group or lead.spec.depends_on or is_group_unit(unit)):
             # a plain pod: it and the identical pods behind it, in one step
-            return self._admitted(pods, frameworks) and self._hand_run(p, framework, lead, counts)
+            return self._admitted(pods, frameworks) and self._hand_batch(p, framework, lead, counts)
         shard = self._choose(framework, lead, counts)
         if shard is None or counts[shard] < c.inflight[shard] + len(pods):
             return False
@@ -336,90 +336,140 @@ class ShardDispatch:
 
         return c.cached(("shards", pod.static_key, pod.spec.scheduler_name), view)
 
-    def _run(self, p: PassContext, lead: PodInfo, room: int) -> list[PodInfo]:
-        """``lead`` and the pods that follow it at the head of the queue with the same
-        spec but for name and uid (one Deployment's, Job's or ReplicaSet's), at most
-        ``room`` in all, taken out of the queue: what holds for ``lead`` on the view
-        holds for each of them (their filters, pre-filters and scores read the same
-        spec, and nothing handed over changes the view). Only a plain pod starts a run,
-        and only where no quota orders the queue (dominant shares change with each
-        charge) and no extender is asked; a pod handed back (decided here), held under
-        a claim, or in a gang ends it."""
-        e = self.c.engine
+    def _kind(self, pod: PodInfo) -> _Kind | None:
+        """The checks of :meth:`_hand_over` for a plain pod that follows the head of the
+        queue, made once per kind of pod in a batch (None: not to be handed over)."""
+        c = self.c
+        e = c.engine
+        framework = e.profiles.framework_for(pod)
+        if framework is None or not framework.incremental or not self._summarised(framework):
+            return None
+        if framework.conditional and framework.cluster_wide(pod, e.state):
+            return None
+        counts = c.cached(
+            ("counts", pod.shape_key, pod.spec.scheduler_name),
+            lambda: c.feasible_counts(self._feasible([pod], [framework])),
+        )
+        if not self._admitted([pod], [framework]):
+            return None
+        kind = _Kind(framework, pod, counts)
+        return kind if kind.candidates else None
+
+    def _batch(self, lead: PodInfo, kind: _Kind) -> list[tuple[PodInfo, _Kind]]:
+        """``lead`` and the plain pods that follow it at the head of the queue, in queue
+        order, as long as each passes the checks of a hand-over (made once per kind of
+        pod: :func:`_kind_key`), taken out of the queue. Only where no quota orders the
+        queue (dominant shares change with each charge, and admission with them) and no
+        extender is asked; a pod handed back (decided here), held under a claim, or in
+        a gang ends the batch, and so does a pod whose kind cannot be handed over."""
+        c = self.c
+        e = c.engine
+        batch = [(lead, kind)]
+        if e.quotas or e.config.extenders:
+            return batch
+        # every pod handed over takes one node at least: no more than there are nodes
+        bound = min(len(e.state.index) - sum(c.inflight), MAX_BATCH)
+        if bound <= 1:
+            return batch
+        try:
+            kinds = {_kind_key(lead): kind}
+        except TypeError:
+            return batch  # (a spec with unhashable constraints: handed over alone)
         queue = e.queue
-        run = [lead]
-        if room <= 1 or e.quotas or e.config.extenders:
-            return run
-        template = _template(lead.spec)
         pods = e.pods
         placed = e.state.pods
-        hard = self.c.hard
-        held = self.c.held_by
+        hard = c.hard
+        held = c.held_by
         queue.remove(lead.key)  # handed: the pass removes it too (a no-op then)
-        while len(run) < room:
+        while len(batch) < bound:
             key = queue.peek(None)
             if key is None:
                 break
             pod = pods.get(key)
-            if (
-                pod is None
-                or key in placed
-                or key in hard
-                or key in held
-                or pod.request != lead.request
-                or _template(pod.spec) != template
-            ):
+            if pod is None or key in placed or key in hard or key in held:
                 break
+            spec = pod.spec
+            if spec.group or spec.depends_on:
+                break
+            try:
+                found = kinds.get(_kind_key(pod))
+            except TypeError:
+                break
+            if found is None:
+                found = self._kind(pod)
+                if found is None:
+                    break
+                kinds[_kind_key(pod)] = found
             queue.remove(key)
-            run.append(pod)
-        return run
+            batch.append((pod, found))
+            found.pods += 1
+        return batch
 
-    def _hand_run(
+    def _hand_batch(
         self, p: PassContext, framework: Framework, lead: PodInfo, counts: list[int]
     ) -> bool:
-        """Hand ``lead`` and the run of identical pods behind it over in one step: each
-        pod to the shard :meth:`_choose` would pick for it after the ones before it were
-        handed over (the scores of every shard after ``j`` more pods of the run, in one
-        vectorised call), while that shard certainly holds it. The records are the ones
-        handing the pods over one by one would make, in the same order; pods of the run
-        past the first that does not fit where it would go are queued again as they
-        were (same priority and arrival: the same place in the queue)."""
+        """Hand ``lead`` and the plain pods behind it over in one step (:meth:`_batch`),
+        in queue order, each while a shard certainly holds it (more of the shard's
+        nodes pass its filters than pods are handed there and unanswered). ``lead`` goes
+        where :meth:`_choose` puts it; each other pod to the best shard by the scores of
+        its kind with the pods of that kind before it in the batch counted pending
+        there (one vectorised score per kind: :func:`run_scores`; pods of other kinds
+        in the same batch are not counted, so several kinds spread each on its own).
+        Pods after the first that does not fit where it would go are queued again as
+        they were (same priority and arrival: the same place in the queue); the pass
+        then finds that one at the head, as if pods were handed one by one."""
         c = self.c
         e = c.engine
         first = self._choose(framework, lead, counts)
-        room = [max(counts[s] - c.inflight[s], 0) for s in range(c.n)]
-        if first is None or not room[first]:
+        if first is None or counts[first] < c.inflight[first] + 1:
             return False  # (the queue untouched: nothing moved)
-        run = self._run(p, lead, sum(room))
-        taken = [0] * c.n
-        taken[first] = 1
-        shards = [first]
-        candidates = [s for s in range(c.n) if counts[s] > 0]
-        if len(run) > 1 and len(candidates) == 1:
-            shards += [first] * min(len(run) - 1, room[first] - 1)
-        elif len(run) > 1:
-            view = self._shard_view(framework, lead)
-            table = run_scores(framework, lead, view, c.pending, len(run))
-            many = len(candidates)
-            for pod in run[1:]:
-                start = pod.tiebreak % many
+        head = _Kind(framework, lead, counts)
+        batch = self._batch(lead, head)
+        pending = c.pending
+        kinds: dict[int, _Kind] = {}
+        for _, kind in batch:
+            kinds[id(kind)] = kind
+        for kind in kinds.values():
+            if len(kind.candidates) > 1 and kind.pods > 1:
+                view = self._shard_view(kind.framework, kind.lead)
+                kind.table = run_scores(kind.framework, kind.lead, view, pending, kind.pods)
+        inflight = list(c.inflight)
+        shards: list[int] = []
+        for index, (pod, kind) in enumerate(batch):
+            candidates = kind.candidates
+            taken = kind.taken
+            table = kind.table
+            if index == 0:
+                shard = first
+            elif table is None:
+                shard = candidates[0]
+            else:
+                start = pod.tiebreak % len(candidates)
                 order = candidates[start:] + candidates[:start]
                 shard = max(order, key=lambda s: table[s][taken[s]])
-                if taken[shard] >= room[shard]:
-                    break
-                taken[shard] += 1
-                shards.append(shard)
+            if kind.counts[shard] < inflight[shard] + 1:
+                break
+            inflight[shard] += 1
+            taken[shard] += 1
+            shards.append(shard)
         handed = len(shards)
-        for pod in run[handed:]:
+        for pod, _ in batch[handed:]:
             e.queue.add(pod.key, pod.priority, pod.seq, e.queue_of(pod.spec.namespace))
-        decisions: list[str] = []
         send = c.send
-        for pod, shard in zip(run, shards, strict=False):
+        by_kind: dict[int, tuple[list[PodInfo], list[int], list[str]]] = {}
+        for (pod, kind), shard in zip(batch, shards, strict=False):
             decision = f"{pod.key}#{c.next_seq()}"
             send(shard, PodRouted(pod=pod.spec, decision_id=decision))
-            decisions.append(decision)
-        c.fly_run(run[:handed], shards, decisions)
+            group = by_kind.get(id(kind))
+            if group is None:
+                group = by_kind[id(kind)] = ([], [], [])
+            group[0].append(pod)
+            group[1].append(shard)
+            group[2].append(decision)
+        for kind_pods, kind_shards, decisions in by_kind.values():
+            c.fly_run(kind_pods, kind_shards, decisions)
         c.counters["handed"] += handed
+        c.counters["batches"] += 1
         return True
 
     def _hand_pod(self, pod: PodInfo, shard: int, *, moves: bool = False) -> None:
@@ -665,10 +715,55 @@ def _topology_bound(group: GroupInfo | None) -> bool:
     return spec is not None and bool(spec.topology_required or spec.topology_preferred)
 
 
-def _template(spec: PodSpec) -> tuple[object, ...]:
-    """``spec`` but for its name and uid: pods with equal templates are one run."""
-    fields = msgspec.structs.astuple(spec)
-    return fields[:1] + fields[3:]
+MAX_BATCH: Final = 8192
+"""Pods handed over in one step at most."""
+
+
+class _Kind:
+    """A kind of pod in a batch handed over (:meth:`ShardDispatch._batch`): the checks
+    made once for it, and its pods' choices of shard."""
+
+    __slots__ = ("candidates", "counts", "framework", "lead", "pods", "table", "taken")
+
+    def __init__(self, framework: Framework, lead: PodInfo, counts: list[int]) -> None:
+        self.framework = framework
+        self.lead = lead
+        self.counts = counts
+        """Per shard, its nodes that pass every filter for this kind (the view's)."""
+        self.candidates = [s for s, count in enumerate(counts) if count > 0]
+        self.pods = 1
+        self.table: list[list[int]] | None = None
+        """Per shard, its score after ``j`` more pods of the kind (:func:`run_scores`)."""
+        self.taken = [0] * len(counts)
+        """Per shard, the pods of this kind the batch gave it so far."""
+
+    def __repr__(self) -> str:
+        return f"_Kind({self.lead.key!r}, pods={self.pods})"
+
+
+def _kind_key(pod: PodInfo) -> tuple[object, ...]:
+    """What decides a plain pod's hand-over besides the view (its filters, pre-filters,
+    scores, whether an inter-pod rule applies to it): pods with equal keys are one kind,
+    checked once per batch. Hashed by the caller (TypeError: a constraint holding a
+    dict, such as a label selector; such a pod is handed over alone)."""
+    spec = pod.spec
+    return (
+        pod.shape_key,
+        spec.namespace,
+        spec.scheduler_name,
+        spec.priority,
+        spec.priority_class,
+        spec.preemption_policy,
+        tuple(spec.labels.items()),
+        spec.spread_constraints,
+        spec.owner_selector,
+        spec.owner,
+        spec.pod_affinity,
+        spec.pod_anti_affinity,
+        spec.pod_affinity_preferred,
+        spec.pod_anti_affinity_preferred,
+        spec.claims,
+    )
 
 
 def _part_spec(spec: GroupSpec, rid: str, members: int) -> GroupSpec:
