@@ -33,21 +33,39 @@ profiles, plugins and queue as one shard; what differs is what becomes of a unit
 So the order of the queue is one order for the whole cluster, and whatever a shard is
 asked to do fits there when it does it. Only what is handed over is placed concurrently.
 
-**Cost per pod handed over** (the cost model of :mod:`shards.coordinator.coordinator`):
-about 35-40 µs on a busy 2-core machine, of which the choice of shard is about 12
-(refresh the shards' sums by what is pending, one compiled score of N "nodes") and
-the hand-over about 15 (the ``PodRouted``, the flight, the pending columns and the
-quota charge); the rest are checks, each O(1) per pod: the profile is summarised
-(cached per framework), no inter-pod rule applies (no placed pod carries terms: an
-O(changes) look, not a walk of node pods), no extender, and the counts of feasible
-nodes per shard (cached per shape while the view stands). Why these and not the
-other directions of issue 25, for now: the workloads measured (a few dozen shapes
-interleaved) have runs of identical pods of about one, so routing a run in one step
-would save only the checks (about 5 µs) where runs are long; publishing per-shape
-capacities from the shards would save the choice (about 12 µs) at the price of a new
-report kind and its replay, and is the next step. Units that need the whole cluster
-(preemption, reclaim, spanning gangs, inter-pod rules, user scores, extenders) are
-decided here on the exact view, as before. So are all units of a packing profile
+**Handing over in batches, and why.** The plain pods at the head of the queue are
+handed over in one step (:meth:`ShardDispatch._hand_batch`): in queue order, each
+while a shard certainly holds it, the batch ending at the first pod that does not
+(it waits at the head, as one by one it would) or that cannot be handed over at all
+(a gang, a pod an inter-pod rule applies to, one handed back...: the exact path
+below). The checks (profile, inter-pod rules, extenders, pre-filters, feasible nodes
+per shard) are made once per kind of pod in the batch
+(:func:`shards.coordinator.batches.kind_key`: same request, filters, labels and
+constraints), not per pod; the choice of shard for the
+pods of one kind is one vectorised score of every shard after 0, 1, 2... more pods of
+that kind (:func:`shards.coordinator.choice.run_scores`), so a run of identical pods
+(one Deployment's, Job's) goes exactly where one by one it would; pods of other kinds
+in the same batch are not counted in a kind's scores (each kind spreads on its own;
+all are counted in what a shard certainly holds). Batches are made only where no
+quota orders the queue (dominant shares and admission change with every charge) and
+no extender is asked; otherwise a pod is handed over alone, as before.
+
+**Cost per pod handed over** (the cost model of :mod:`shards.coordinator.coordinator`;
+5,000 nodes, 42 shapes, 2 shards, a busy 2-core machine): about 15-20 µs, down from
+45-55: per pod, taking it out of the queue and its kind's key (about 4), its choice
+(a look-up and a comparison per shard), its ``PodRouted`` and decision id, its flight;
+per kind and batch, the checks and the counts (O(nodes), see the coordinator).
+
+**The directions of issue 25 weighed.** Routing runs in one step: done, generalised to
+every plain pod at the head of the queue, since the measured workloads interleave a
+few dozen shapes (runs of identical pods average about one there). Shards publishing
+per-shape capacities (how many pods they certainly hold, their best score): not done
+yet; it would remove the per-batch O(nodes) counts and let more than one pod per
+feasible node be in flight, at the price of a new report kind and its replay.
+Folding placement reports in bulk: done per report already; what is left per pod is
+the view assuming each placement. Units that need the whole cluster (preemption,
+reclaim, spanning gangs, inter-pod rules, user scores, extenders) are decided here on
+the exact view, as before; so are all units of a packing profile
 (:mod:`shards.coordinator.choice` says why, and their cost: one scheduling attempt here
 and a directed part per pod, instead of the choice and the hand-over).
 """
@@ -82,6 +100,7 @@ from events.types import (
     PreemptionRequested,
     ReservationRequested,
 )
+from shards.coordinator.batches import Kind, take
 from shards.coordinator.choice import (
     ShardView,
     label_scores,
@@ -140,6 +159,8 @@ class Coordinating(Protocol):
     def claim(self, claim: Claim) -> None: ...
 
     def fly(self, unit: str, shard: int, pods: list[PodInfo], rid: str = "") -> None: ...
+
+    def fly_run(self, pods: list[PodInfo], shards: list[int], decisions: list[str]) -> None: ...
 
     def nominate(self, unit: str, victims: list[str]) -> None: ...
 
@@ -336,7 +357,7 @@ class ShardDispatch:
 
         return c.cached(("shards", pod.static_key, pod.spec.scheduler_name), view)
 
-    def _kind(self, pod: PodInfo) -> _Kind | None:
+    def _kind(self, pod: PodInfo) -> Kind | None:
         """The checks of :meth:`_hand_over` for a plain pod that follows the head of the
         queue, made once per kind of pod in a batch (None: not to be handed over)."""
         c = self.c
@@ -352,65 +373,16 @@ class ShardDispatch:
         )
         if not self._admitted([pod], [framework]):
             return None
-        kind = _Kind(framework, pod, counts)
+        kind = Kind(framework, pod, counts)
         return kind if kind.candidates else None
-
-    def _batch(self, lead: PodInfo, kind: _Kind) -> list[tuple[PodInfo, _Kind]]:
-        """``lead`` and the plain pods that follow it at the head of the queue, in queue
-        order, as long as each passes the checks of a hand-over (made once per kind of
-        pod: :func:`_kind_key`), taken out of the queue. Only where no quota orders the
-        queue (dominant shares change with each charge, and admission with them) and no
-        extender is asked; a pod handed back (decided here), held under a claim, or in
-        a gang ends the batch, and so does a pod whose kind cannot be handed over."""
-        c = self.c
-        e = c.engine
-        batch = [(lead, kind)]
-        if e.quotas or e.config.extenders:
-            return batch
-        # every pod handed over takes one node at least: no more than there are nodes
-        bound = min(len(e.state.index) - sum(c.inflight), MAX_BATCH)
-        if bound <= 1:
-            return batch
-        try:
-            kinds = {_kind_key(lead): kind}
-        except TypeError:
-            return batch  # (a spec with unhashable constraints: handed over alone)
-        queue = e.queue
-        pods = e.pods
-        placed = e.state.pods
-        hard = c.hard
-        held = c.held_by
-        queue.remove(lead.key)  # handed: the pass removes it too (a no-op then)
-        while len(batch) < bound:
-            key = queue.peek(None)
-            if key is None:
-                break
-            pod = pods.get(key)
-            if pod is None or key in placed or key in hard or key in held:
-                break
-            spec = pod.spec
-            if spec.group or spec.depends_on:
-                break
-            try:
-                found = kinds.get(_kind_key(pod))
-            except TypeError:
-                break
-            if found is None:
-                found = self._kind(pod)
-                if found is None:
-                    break
-                kinds[_kind_key(pod)] = found
-            queue.remove(key)
-            batch.append((pod, found))
-            found.pods += 1
-        return batch
 
     def _hand_batch(
         self, p: PassContext, framework: Framework, lead: PodInfo, counts: list[int]
     ) -> bool:
-        """Hand ``lead`` and the plain pods behind it over in one step (:meth:`_batch`),
-        in queue order, each while a shard certainly holds it (more of the shard's
-        nodes pass its filters than pods are handed there and unanswered). ``lead`` goes
+        """Hand ``lead`` and the plain pods behind it over in one step
+        (:func:`shards.coordinator.batches.take`), in queue order, each while a shard
+        certainly holds it (more of the shard's nodes pass its filters than pods are
+        handed there and unanswered). ``lead`` goes
         where :meth:`_choose` puts it; each other pod to the best shard by the scores of
         its kind with the pods of that kind before it in the batch counted pending
         there (one vectorised score per kind: :func:`run_scores`; pods of other kinds
@@ -423,10 +395,10 @@ class ShardDispatch:
         first = self._choose(framework, lead, counts)
         if first is None or counts[first] < c.inflight[first] + 1:
             return False  # (the queue untouched: nothing moved)
-        head = _Kind(framework, lead, counts)
-        batch = self._batch(lead, head)
+        head = Kind(framework, lead, counts)
+        batch = take(c, lead, head, self._kind)
         pending = c.pending
-        kinds: dict[int, _Kind] = {}
+        kinds: dict[int, Kind] = {}
         for _, kind in batch:
             kinds[id(kind)] = kind
         for kind in kinds.values():
@@ -713,57 +685,6 @@ def _topology_bound(group: GroupInfo | None) -> bool:
     chosen among that shard's nodes only."""
     spec = group.spec if group is not None else None
     return spec is not None and bool(spec.topology_required or spec.topology_preferred)
-
-
-MAX_BATCH: Final = 8192
-"""Pods handed over in one step at most."""
-
-
-class _Kind:
-    """A kind of pod in a batch handed over (:meth:`ShardDispatch._batch`): the checks
-    made once for it, and its pods' choices of shard."""
-
-    __slots__ = ("candidates", "counts", "framework", "lead", "pods", "table", "taken")
-
-    def __init__(self, framework: Framework, lead: PodInfo, counts: list[int]) -> None:
-        self.framework = framework
-        self.lead = lead
-        self.counts = counts
-        """Per shard, its nodes that pass every filter for this kind (the view's)."""
-        self.candidates = [s for s, count in enumerate(counts) if count > 0]
-        self.pods = 1
-        self.table: list[list[int]] | None = None
-        """Per shard, its score after ``j`` more pods of the kind (:func:`run_scores`)."""
-        self.taken = [0] * len(counts)
-        """Per shard, the pods of this kind the batch gave it so far."""
-
-    def __repr__(self) -> str:
-        return f"_Kind({self.lead.key!r}, pods={self.pods})"
-
-
-def _kind_key(pod: PodInfo) -> tuple[object, ...]:
-    """What decides a plain pod's hand-over besides the view (its filters, pre-filters,
-    scores, whether an inter-pod rule applies to it): pods with equal keys are one kind,
-    checked once per batch. Hashed by the caller (TypeError: a constraint holding a
-    dict, such as a label selector; such a pod is handed over alone)."""
-    spec = pod.spec
-    return (
-        pod.shape_key,
-        spec.namespace,
-        spec.scheduler_name,
-        spec.priority,
-        spec.priority_class,
-        spec.preemption_policy,
-        tuple(spec.labels.items()),
-        spec.spread_constraints,
-        spec.owner_selector,
-        spec.owner,
-        spec.pod_affinity,
-        spec.pod_anti_affinity,
-        spec.pod_affinity_preferred,
-        spec.pod_anti_affinity_preferred,
-        spec.claims,
-    )
 
 
 def _part_spec(spec: GroupSpec, rid: str, members: int) -> GroupSpec:
