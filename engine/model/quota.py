@@ -185,10 +185,11 @@ class QuotaTable:
             out[SHOAL_MILLI] = milli
         return out
 
-    def add(self, namespace: str, request: Request) -> None:
+    def add(self, namespace: str, request: Request, count: int = 1) -> None:
+        """Charge ``count`` pods of ``request`` to ``namespace``."""
         used = self._usage.setdefault(namespace, {})
         for name, amount in self.named(request).items():
-            used[name] = used.get(name, 0) + amount
+            used[name] = used.get(name, 0) + amount * count
 
     def remove(self, namespace: str, request: Request) -> None:
         used = self._usage.setdefault(namespace, {})

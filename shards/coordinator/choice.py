@@ -63,7 +63,7 @@ import numpy.typing as npt
 from engine.framework.cycle import CycleState
 from engine.framework.runtime import Framework
 from engine.model.pods import PodInfo
-from engine.model.state import Bools, ClusterState, Ints
+from engine.model.state import Bools, ClusterState, Ints, request_delta
 
 NEVER: Final = np.iinfo(np.int64).min // 4
 
@@ -216,3 +216,31 @@ def label_scores(
     np.maximum.at(best, owner[usable], total[:top][usable])
     best[best == NEVER] = 0
     return best
+
+
+def run_scores(
+    framework: Framework,
+    pod: PodInfo,
+    view: ShardView,
+    pending: npt.NDArray[np.int64],
+    pods: int,
+) -> list[list[int]]:
+    """For a run of ``pods`` pods identical to ``pod``: ``scores[s][j]``, shard ``s``'s
+    score for the next pod once ``j`` more of the run went there (besides ``pending``).
+    One vectorised score of N times ``pods`` "nodes" (each shard's sums plus ``j`` requests),
+    so that the choice of each pod of the run is a look-up, as the choice of one pod
+    after another with their requests counted pending would find it (the local scores
+    read only their own column, so scoring the columns together changes nothing)."""
+    nodes = view.refresh(pending)
+    current = nodes._columns  # (4, rows, n)
+    rows = current.shape[1]
+    shards = current.shape[2]
+    top = max((row for row, _ in pod.request), default=0) + 1
+    delta = request_delta(pod.request, max(rows, top))[:, :rows]
+    steps = np.arange(pods, dtype=np.int64)
+    columns = current[:, :, :, None] + delta[:, :, None, None] * steps
+    wide = ShardNodes(nodes, np.ascontiguousarray(columns.reshape(4, rows, shards * pods)))
+    labels = None if view.labels is None else np.repeat(view.labels, pods)
+    total = scores(framework, pod, wide, labels)
+    table: list[list[int]] = total.reshape(shards, pods).tolist()
+    return table

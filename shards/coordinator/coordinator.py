@@ -1,17 +1,34 @@
 """The coordinator of several shards: one fold of the control partition, and passes.
 
-**Cost per plain pod** (5,000 nodes, 20,000 pods of 42 shapes, 2 shards, CPU of the
-coordinator alone, this 2-core machine busy; November 2026): about 70 µs, down from
-about 95 µs, none of it a pass over the nodes. Folding the submission (its
-:class:`~engine.model.pods.PodInfo`, the queue) is about a fifth; routing it about
-half (the choice of shard, :mod:`shards.coordinator.choice`, one compiled refresh of N
-"nodes"; the flight, what the shard has pending and the quota charge; the checks,
-cached per shape while the view stands); folding where the shard placed it about an
-eighth, in bulk per report (:meth:`Coordinator._placed`). Per pod nothing grows with
-the nodes: the feasible nodes per shard are counted once per shape and view
-(:meth:`Coordinator.cached`), and the inter-pod rule check reads only the pods placed
-since it last looked (:meth:`engine.model.podtable.PodTable._terms_placed`). What
-still costs per pod, and the ways out, are in :mod:`shards.coordinator.dispatch`.
+**Cost per plain pod** (5,000 nodes, 20,000 pods of ``shoal loadtest``'s mix of 42
+shapes, 2 shards; CPU of :meth:`apply` and :meth:`schedule` alone, the records fed in
+batches of 1,000 with the shards' placements, no log; a busy 2-core machine, November
+2026): about 50 µs, down from about 80-90, split as
+
+- *folding the submission*, about 20 µs: the record's checks
+  (:func:`engine.refusals.refused`), its :class:`~engine.model.pods.PodInfo`, the
+  queue; per pod, in the engine's fold (the next cost to batch: a bulk submit);
+- *handing it over*, about 15-20 µs, down from 45-55: the plain pods at the head of
+  the queue go in one step (:meth:`~shards.coordinator.dispatch.ShardDispatch._hand_batch`),
+  the checks made once per kind of pod in the step, the choice of shard one
+  vectorised score per kind (:func:`shards.coordinator.choice.run_scores`), what each
+  shard has pending and the quota charged once per kind and shard
+  (:meth:`Coordinator.fly_run`); left per pod: taking it out of the queue, its
+  ``PodRouted`` and decision id, its flight;
+- *folding where the shard placed it*, about 11 µs: in bulk per report
+  (:meth:`Coordinator._placed`), but each placement is assumed in the view one by one
+  (:meth:`engine.model.shard.ShardModel.place`), as the view must hold every pod for
+  preemption and reclaim over every node.
+
+Per batch (not per pod): per kind of pod, the count of its feasible nodes per shard
+and the shards' sums over them (:meth:`Coordinator.cached`, computed again when
+placements changed the view): O(nodes) per kind and batch, about 1 µs per pod at
+5,000 nodes and 42 kinds in batches of 1,000, growing with the cluster (shards
+publishing their per-kind capacities, or sums kept up to date from the journal of
+changed nodes, would make it O(changed nodes); not done yet). The inter-pod rule
+check reads only the pods placed since it last looked
+(:meth:`engine.model.podtable.PodTable._terms_placed`). What the exact path costs (units
+decided here) is in :mod:`shards.coordinator.dispatch`.
 
 With N shards the log has N + 1 partitions: partition ``i`` is shard ``i``'s own, the
 last one is the *control* partition. Ingest (and the cluster's own voice: pods that
@@ -180,6 +197,7 @@ class Coordinator:
         self.seq = 0
         self.counters = {
             "handed": 0,
+            "batches": 0,
             "decided": 0,
             "handbacks": 0,
             "prepared": 0,
@@ -279,9 +297,40 @@ class Coordinator:
                 tuple(pod.spec.namespace for pod in pods),
                 rid,
             )
+        self.flights.pop(unit, None)  # (kept in the order made: see next_wakeup)
         self.flights[unit] = flight
         self.engine.dispatched[unit] = str(shard)
         self._pending(flight, +1)
+
+    def fly_run(self, pods: list[PodInfo], shards: list[int], decisions: list[str]) -> None:
+        """A run of identical plain pods (one request, one namespace) was handed over,
+        ``pods[i]`` to ``shards[i]`` under ``decisions[i]``: one flight each (the
+        shard answers per pod), but what each shard has pending and the quota charge
+        change once per shard, by how many pods went there (not once per pod)."""
+        lead = pods[0]
+        request = lead.request
+        namespace = lead.spec.namespace
+        requests = (request,)
+        namespaces = (namespace,)
+        now = self.now
+        flights = self.flights
+        dispatched = self.engine.dispatched
+        own = self.decisions
+        per_shard = [0] * self.n
+        names = [str(shard) for shard in range(self.n)]
+        for pod, shard, decision in zip(pods, shards, decisions, strict=True):
+            key = pod.key
+            flights[key] = Flight(key, shard, now, (key,), requests, namespaces)
+            dispatched[key] = names[shard]
+            own[key] = decision
+            per_shard[shard] += 1
+        pending = self._pending_rows()
+        delta = request_delta(request, pending.shape[2])
+        for shard, count in enumerate(per_shard):
+            if count:
+                pending[shard] += delta * count
+                self.inflight[shard] += count
+        self.engine.quotas.add(namespace, request, len(pods))
 
     def _pending(self, flight: Flight, sign: int, quota: bool = True) -> None:
         """Count ``flight`` in (``sign`` +1) or out of (-1) what its shard has pending,
@@ -847,7 +896,13 @@ class Coordinator:
         group time-out, or a time-out of what the shards were asked."""
         timeout = self.reservation_timeout
         times = [c.since + timeout for c in self.claims.values() if c.stage == PREPARING]
-        times.extend(f.since + timeout for f in self.flights.values())
+        for flight in self.flights.values():
+            # flights are kept in the order they were made, so by ``since``: the first
+            # not timed out yet is the next to time out (not a pass over every flight
+            # at each poll: thousands are under way under load)
+            if flight.since + timeout > self.now:
+                times.append(flight.since + timeout)
+                break
         times.extend(since + timeout for since, _ in self.nominated.values())
         wakeups = [t for t in times if t > self.now]
         view = self.engine.next_wakeup()

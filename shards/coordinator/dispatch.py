@@ -33,21 +33,39 @@ profiles, plugins and queue as one shard; what differs is what becomes of a unit
 So the order of the queue is one order for the whole cluster, and whatever a shard is
 asked to do fits there when it does it. Only what is handed over is placed concurrently.
 
-**Cost per pod handed over** (the cost model of :mod:`shards.coordinator.coordinator`):
-about 35-40 µs on a busy 2-core machine, of which the choice of shard is about 12
-(refresh the shards' sums by what is pending, one compiled score of N "nodes") and
-the hand-over about 15 (the ``PodRouted``, the flight, the pending columns and the
-quota charge); the rest are checks, each O(1) per pod: the profile is summarised
-(cached per framework), no inter-pod rule applies (no placed pod carries terms: an
-O(changes) look, not a walk of node pods), no extender, and the counts of feasible
-nodes per shard (cached per shape while the view stands). Why these and not the
-other directions of issue 25, for now: the workloads measured (a few dozen shapes
-interleaved) have runs of identical pods of about one, so routing a run in one step
-would save only the checks (about 5 µs) where runs are long; publishing per-shape
-capacities from the shards would save the choice (about 12 µs) at the price of a new
-report kind and its replay, and is the next step. Units that need the whole cluster
-(preemption, reclaim, spanning gangs, inter-pod rules, user scores, extenders) are
-decided here on the exact view, as before. So are all units of a packing profile
+**Handing over in batches, and why.** The plain pods at the head of the queue are
+handed over in one step (:meth:`ShardDispatch._hand_batch`): in queue order, each
+while a shard certainly holds it, the batch ending at the first pod that does not
+(it waits at the head, as one by one it would) or that cannot be handed over at all
+(a gang, a pod an inter-pod rule applies to, one handed back...: the exact path
+below). The checks (profile, inter-pod rules, extenders, pre-filters, feasible nodes
+per shard) are made once per kind of pod in the batch
+(:func:`shards.coordinator.batches.kind_key`: same request, filters, labels and
+constraints), not per pod; the choice of shard for the
+pods of one kind is one vectorised score of every shard after 0, 1, 2... more pods of
+that kind (:func:`shards.coordinator.choice.run_scores`), so a run of identical pods
+(one Deployment's, Job's) goes exactly where one by one it would; pods of other kinds
+in the same batch are not counted in a kind's scores (each kind spreads on its own;
+all are counted in what a shard certainly holds). Batches are made only where no
+quota orders the queue (dominant shares and admission change with every charge) and
+no extender is asked; otherwise a pod is handed over alone, as before.
+
+**Cost per pod handed over** (the cost model of :mod:`shards.coordinator.coordinator`;
+5,000 nodes, 42 shapes, 2 shards, a busy 2-core machine): about 15-20 µs, down from
+45-55: per pod, taking it out of the queue and its kind's key (about 4), its choice
+(a look-up and a comparison per shard), its ``PodRouted`` and decision id, its flight;
+per kind and batch, the checks and the counts (O(nodes), see the coordinator).
+
+**The directions of issue 25 weighed.** Routing runs in one step: done, generalised to
+every plain pod at the head of the queue, since the measured workloads interleave a
+few dozen shapes (runs of identical pods average about one there). Shards publishing
+per-shape capacities (how many pods they certainly hold, their best score): not done
+yet; it would remove the per-batch O(nodes) counts and let more than one pod per
+feasible node be in flight, at the price of a new report kind and its replay.
+Folding placement reports in bulk: done per report already; what is left per pod is
+the view assuming each placement. Units that need the whole cluster (preemption,
+reclaim, spanning gangs, inter-pod rules, user scores, extenders) are decided here on
+the exact view, as before; so are all units of a packing profile
 (:mod:`shards.coordinator.choice` says why, and their cost: one scheduling attempt here
 and a directed part per pod, instead of the choice and the hand-over).
 """
@@ -82,9 +100,11 @@ from events.types import (
     PreemptionRequested,
     ReservationRequested,
 )
+from shards.coordinator.batches import Kind, take
 from shards.coordinator.choice import (
     ShardView,
     label_scores,
+    run_scores,
     scores,
     shard_columns,
     summarised,
@@ -139,6 +159,8 @@ class Coordinating(Protocol):
     def claim(self, claim: Claim) -> None: ...
 
     def fly(self, unit: str, shard: int, pods: list[PodInfo], rid: str = "") -> None: ...
+
+    def fly_run(self, pods: list[PodInfo], shards: list[int], decisions: list[str]) -> None: ...
 
     def nominate(self, unit: str, victims: list[str]) -> None: ...
 
@@ -222,6 +244,9 @@ class ShardDispatch:
         )
         framework = frameworks[0]
         assert framework is not None
+        if not (lead.spec.group or lead.spec.depends_on or is_group_unit(unit)):
+            # a plain pod: it and the identical pods behind it, in one step
+            return self._admitted(pods, frameworks) and self._hand_batch(p, framework, lead, counts)
         shard = self._choose(framework, lead, counts)
         if shard is None or counts[shard] < c.inflight[shard] + len(pods):
             return False
@@ -287,17 +312,7 @@ class ShardDispatch:
             return None
         if len(candidates) == 1:
             return candidates[0]
-        e = c.engine
-
-        def view() -> ShardView:
-            static = framework.static_feasible(pod, e.state)
-            return ShardView(
-                shard_columns(e.state, static, c.routing.slot_shard, c.n),
-                e.state,
-                label_scores(framework, pod, e.state, static, c.routing.slot_shard, c.n),
-            )
-
-        shards = c.cached(("shards", pod.static_key, pod.spec.scheduler_name), view)
+        shards = self._shard_view(framework, pod)
         nodes = shards.refresh(c.pending)
         kernel = framework.kernel
         params = kernel.params(pod.request, nodes) if kernel is not None else None
@@ -325,6 +340,109 @@ class ShardDispatch:
         order = candidates[start:] + candidates[:start]
         values: list[int] = total.tolist()  # (one conversion, not one per shard)
         return max(order, key=values.__getitem__)
+
+    def _shard_view(self, framework: Framework, pod: PodInfo) -> ShardView:
+        """Each shard's sums over the nodes ``pod``'s static filters allow (cached while
+        the view's nodes and placements stand)."""
+        c = self.c
+        e = c.engine
+
+        def view() -> ShardView:
+            static = framework.static_feasible(pod, e.state)
+            return ShardView(
+                shard_columns(e.state, static, c.routing.slot_shard, c.n),
+                e.state,
+                label_scores(framework, pod, e.state, static, c.routing.slot_shard, c.n),
+            )
+
+        return c.cached(("shards", pod.static_key, pod.spec.scheduler_name), view)
+
+    def _kind(self, pod: PodInfo) -> Kind | None:
+        """The checks of :meth:`_hand_over` for a plain pod that follows the head of the
+        queue, made once per kind of pod in a batch (None: not to be handed over)."""
+        c = self.c
+        e = c.engine
+        framework = e.profiles.framework_for(pod)
+        if framework is None or not framework.incremental or not self._summarised(framework):
+            return None
+        if framework.conditional and framework.cluster_wide(pod, e.state):
+            return None
+        counts = c.cached(
+            ("counts", pod.shape_key, pod.spec.scheduler_name),
+            lambda: c.feasible_counts(self._feasible([pod], [framework])),
+        )
+        if not self._admitted([pod], [framework]):
+            return None
+        kind = Kind(framework, pod, counts)
+        return kind if kind.candidates else None
+
+    def _hand_batch(
+        self, p: PassContext, framework: Framework, lead: PodInfo, counts: list[int]
+    ) -> bool:
+        """Hand ``lead`` and the plain pods behind it over in one step
+        (:func:`shards.coordinator.batches.take`), in queue order, each while a shard
+        certainly holds it (more of the shard's nodes pass its filters than pods are
+        handed there and unanswered). ``lead`` goes
+        where :meth:`_choose` puts it; each other pod to the best shard by the scores of
+        its kind with the pods of that kind before it in the batch counted pending
+        there (one vectorised score per kind: :func:`run_scores`; pods of other kinds
+        in the same batch are not counted, so several kinds spread each on its own).
+        Pods after the first that does not fit where it would go are queued again as
+        they were (same priority and arrival: the same place in the queue); the pass
+        then finds that one at the head, as if pods were handed one by one."""
+        c = self.c
+        e = c.engine
+        first = self._choose(framework, lead, counts)
+        if first is None or counts[first] < c.inflight[first] + 1:
+            return False  # (the queue untouched: nothing moved)
+        head = Kind(framework, lead, counts)
+        batch = take(c, lead, head, self._kind)
+        pending = c.pending
+        kinds: dict[int, Kind] = {}
+        for _, kind in batch:
+            kinds[id(kind)] = kind
+        for kind in kinds.values():
+            if len(kind.candidates) > 1 and kind.pods > 1:
+                view = self._shard_view(kind.framework, kind.lead)
+                kind.table = run_scores(kind.framework, kind.lead, view, pending, kind.pods)
+        inflight = list(c.inflight)
+        shards: list[int] = []
+        for index, (pod, kind) in enumerate(batch):
+            candidates = kind.candidates
+            taken = kind.taken
+            table = kind.table
+            if index == 0:
+                shard = first
+            elif table is None:
+                shard = candidates[0]
+            else:
+                start = pod.tiebreak % len(candidates)
+                order = candidates[start:] + candidates[:start]
+                shard = max(order, key=lambda s: table[s][taken[s]])
+            if kind.counts[shard] < inflight[shard] + 1:
+                break
+            inflight[shard] += 1
+            taken[shard] += 1
+            shards.append(shard)
+        handed = len(shards)
+        for pod, _ in batch[handed:]:
+            e.queue.add(pod.key, pod.priority, pod.seq, e.queue_of(pod.spec.namespace))
+        send = c.send
+        by_kind: dict[int, tuple[list[PodInfo], list[int], list[str]]] = {}
+        for (pod, kind), shard in zip(batch, shards, strict=False):
+            decision = f"{pod.key}#{c.next_seq()}"
+            send(shard, PodRouted(pod=pod.spec, decision_id=decision))
+            group = by_kind.get(id(kind))
+            if group is None:
+                group = by_kind[id(kind)] = ([], [], [])
+            group[0].append(pod)
+            group[1].append(shard)
+            group[2].append(decision)
+        for kind_pods, kind_shards, decisions in by_kind.values():
+            c.fly_run(kind_pods, kind_shards, decisions)
+        c.counters["handed"] += handed
+        c.counters["batches"] += 1
+        return True
 
     def _hand_pod(self, pod: PodInfo, shard: int, *, moves: bool = False) -> None:
         """Hand ``pod`` to ``shard``; ``moves``: for a plan of moves there, with the
