@@ -4,12 +4,17 @@ left out."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loadtest.fragbound import Arrived, bounds, lp_bound
+from loadtest.fragmentation import Run, run_one
 from loadtest.gputrace import TracePod
+from shards.cli import main
 
 
 def _arrived(shares: list[int], whole: int) -> Arrived:
@@ -54,7 +59,7 @@ def _greedy_idle(shares: list[int], whole: int, cards: int) -> float:
     return 100 * (cards * 1000 - allocated) / (cards * 1000)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(
     shares=st.lists(st.sampled_from([110, 230, 320, 470, 650, 810]), max_size=14),
     whole=st.integers(0, 4),
@@ -80,3 +85,17 @@ def test_the_runs_bounds_on_trace_like_pods() -> None:
     row = bounds(pods * 20, 8, seed=1)
     assert set(row) == {"placed", "late", "any"}
     assert row["any"] <= row["late"] <= row["placed"]
+
+
+TRACE = Path(__file__).parent.parent / "fixtures" / "gputrace"
+
+
+def test_the_command_prints_bounds_no_run_beats(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["loadtest", "fragmentation", "--trace", str(TRACE), "--workload", "big"]
+    assert main([*argv, "--bound", "--seeds", "1-2", "--json"]) == 0
+    rows = json.loads(capsys.readouterr()[0])["bounds"]
+    assert [(r["workload"], r["seed"]) for r in rows] == [("big", 1), ("big", 2)]
+    for row, policy in zip(rows, ["bestfit", "shoal"], strict=True):
+        reached = run_one(TRACE, Run("big", policy, row["seed"]))["unallocated_pct_at_100"]
+        assert row["any"] <= row["late"] <= row["placed"]
+        assert row["any"] <= reached + 1e-6
