@@ -95,7 +95,7 @@ def test_the_command_prints_bounds_no_run_beats(capsys: pytest.CaptureFixture[st
     assert main([*argv, "--bound", "--seeds", "1-2", "--json"]) == 0
     rows = json.loads(capsys.readouterr()[0])["bounds"]
     assert [(r["workload"], r["seed"]) for r in rows] == [("big", 1), ("big", 2)]
-    for row, policy in zip(rows, ["bestfit", "shoal"], strict=True):
+    for row, policy in zip(rows, ["bestfit", "gpupacking"], strict=True):
         reached = run_one(TRACE, Run("big", policy, row["seed"]))["unallocated_pct_at_100"]
         assert row["any"] <= row["late"] <= row["placed"]
         assert row["any"] <= reached + 1e-6
