@@ -212,32 +212,40 @@ LATE: Final = 95
 """The arrival percent after which share pods may be left out, for ``lp_late``."""
 
 
-def bounds(pods: Sequence[TracePod], cards: int, seed: int) -> dict[str, float]:
+def bounds(pods: Sequence[TracePod], cards: int, seed: int) -> dict[str, float | None]:
     """The bounds of one run (workload ``pods``, ``seed``) in unallocated GPU % at 100%
     arrival, from :func:`lp_bound`: ``placed`` (every share pod placed), ``late`` (only
     shares arriving after ``LATE``% left out, besides whole-card pods), ``any`` (any
-    pod left out)."""
+    pod left out); None where the shares that may not be left out fit on no cards
+    (then no policy places them all)."""
     arrived = arrived_at_100(pods, cards, seed, (LATE,))
-    return {
-        "placed": round(lp_bound(arrived, cards, ()), 3),
-        "late": round(lp_bound(arrived, cards, dict(arrived.late)[LATE]), 3),
-        "any": round(lp_bound(arrived, cards), 3),
-    }
+    out: dict[str, float | None] = {}
+    for name, refusable in (("placed", ()), ("late", dict(arrived.late)[LATE]), ("any", None)):
+        try:
+            out[name] = round(lp_bound(arrived, cards, refusable), 3)
+        except ValueError:
+            out[name] = None
+    return out
 
 
-def bounds_table(rows: Sequence[tuple[str, int, dict[str, float]]]) -> str:
-    """Per workload, the means over seeds of :func:`bounds`."""
+def bounds_table(rows: Sequence[tuple[str, int, dict[str, float | None]]]) -> str:
+    """Per workload, the means over seeds of :func:`bounds` ("-" where a seed has none)."""
     lines = [
         f"{'workload':<12} {'seeds':>5}  {'every share placed':>18}"
         f"  {f'shares after {LATE}% left out':>27}  {'any pod left out':>16}"
     ]
-    groups: dict[str, list[dict[str, float]]] = {}
+    groups: dict[str, list[dict[str, float | None]]] = {}
     for workload, _, row in rows:
         groups.setdefault(workload, []).append(row)
     for workload, values in groups.items():
-        mean = {k: sum(v[k] for v in values) / len(values) for k in values[0]}
+        mean = {k: _mean([v[k] for v in values]) for k in ("placed", "late", "any")}
         lines.append(
-            f"{workload:<12} {len(values):>5}  {mean['placed']:>17.2f}%"
-            f"  {mean['late']:>26.2f}%  {mean['any']:>15.2f}%"
+            f"{workload:<12} {len(values):>5}  {mean['placed']:>18}"
+            f"  {mean['late']:>27}  {mean['any']:>16}"
         )
     return "\n".join(lines)
+
+
+def _mean(values: list[float | None]) -> str:
+    known = [v for v in values if v is not None]
+    return f"{sum(known) / len(known):.2f}%" if len(known) == len(values) else "-"

@@ -84,7 +84,11 @@ def test_the_runs_bounds_on_trace_like_pods() -> None:
     pods = [TracePod("a", 1000, 1024, 1, 810, ()), TracePod("b", 1000, 1024, 1, 1000, ())]
     row = bounds(pods * 20, 8, seed=1)
     assert set(row) == {"placed", "late", "any"}
+    assert row["any"] is not None and row["late"] is not None and row["placed"] is not None
     assert row["any"] <= row["late"] <= row["placed"]
+    # more share pods than the cards hold: no policy places them all
+    crowded = bounds([TracePod("a", 1000, 1024, 1, 600, ())] * 40, 8, seed=1)
+    assert crowded["placed"] is None and crowded["any"] is not None
 
 
 TRACE = Path(__file__).parent.parent / "fixtures" / "gputrace"
