@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from events.errors import InputError
+from loadtest.fragbound import bounds, bounds_table
 from loadtest.fragplot import plot
 from loadtest.gputrace import (
     NODE_FILE,
@@ -20,6 +21,8 @@ from loadtest.gputrace import (
     POLICIES,
     PUBLISHED_FILE,
     PUBLISHED_NAMES,
+    read_nodes,
+    read_pods,
     workloads,
 )
 from loadtest.tracefiles import TRACE_HELP, has, read_text, trace_source
@@ -40,6 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--on-demand-only",
         action="store_true",
         help="with --moves: move pods only to place one that would fail (no consolidation)",
+    )
+    parser.add_argument(
+        "--bound",
+        action="store_true",
+        help="print lower bounds on the unallocated GPU %% at 100%% arrival that no policy "
+        "beats, with any moves (loadtest/fragbound.py), instead of running",
     )
     parser.add_argument("--trace", type=Path, default=None, help=TRACE_HELP)
     parser.add_argument("--jobs", type=int, default=0, help="processes (default: CPUs)")
@@ -121,6 +130,8 @@ def run(args: argparse.Namespace) -> int:
             f"unknown policy {args.policy!r} (all, {', '.join(POLICIES)})", location="--policy"
         )
     seeds = _seeds(args.seeds)
+    if args.bound:
+        return _bounds(trace, chosen, seeds, args.json)
     budgets = _budgets(args.moves)
     if args.on_demand_only and args.moves is None:
         raise InputError("needs --moves", location="--on-demand-only")
@@ -202,6 +213,17 @@ def run(args: argparse.Namespace) -> int:
         print(table(results, published(trace)))
     if args.plot is not None:
         plot(results, args.plot, published(trace), published(trace, "alloc_pct_std"))
+    return 0
+
+
+def _bounds(trace: Path, chosen: list[str], seeds: list[int], as_json: bool) -> int:
+    cards = sum(n.gpus for n in read_nodes(trace))
+    rows = [(w, s, bounds(read_pods(trace, w), cards, s)) for w in chosen for s in seeds]
+    if as_json:
+        out = [{"workload": w, "seed": s, **b} for w, s, b in rows]
+        print(json.dumps({"bounds": out}))
+    else:
+        print(bounds_table(rows))
     return 0
 
 
