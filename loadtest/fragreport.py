@@ -272,6 +272,8 @@ def table(results: list[dict[str, Any]], paper: dict[tuple[str, str, int], float
                 f"{max(r.get('most_moves_off_one_node', 0) for r in rows):>8}"
             )
         # the median run's speed (CPU seconds of its arrival loop, warm)
-        line += f"  {statistics.median(r['pods_per_second'] for r in rows):>7.0f}"
+        speeds = [r["pods_per_second"] for r in rows if "pods_per_second" in r]
+        # runs kept in --results by an earlier version carry no speed
+        line += f"  {statistics.median(speeds):>7.0f}" if speeds else f"  {'-':>7}"
         lines.append(line)
     return "\n".join(lines)
