@@ -58,7 +58,9 @@ def curves(results: list[dict[str, Any]], workload: str) -> list[PolicyCurve]:
     runs: dict[str, list[dict[str, Any]]] = {}
     for r in results:
         if r["workload"] == workload and r.get("curve"):
-            runs.setdefault(r["policy"], []).append(r)
+            budget = r.get("moves_budget_pct")  # runs with moves: a curve per budget
+            name = r["policy"] if budget is None else f"{r['policy']} {budget}%"
+            runs.setdefault(name, []).append(r)
     out = []
     for policy, rows in runs.items():
         size = min(len(r["curve"]) for r in rows)

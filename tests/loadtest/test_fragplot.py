@@ -49,6 +49,19 @@ def test_curves_are_means_over_seeds_least_idle_first() -> None:
     assert rand.label == "random: 13.00 ± 1.41"
 
 
+def test_runs_with_moves_get_a_curve_per_budget() -> None:
+    """Budgets are not merged into one curve: each is a curve of its own, named as the
+    table names it."""
+    moved = [
+        {**_run("shoal", seed, level, 100.0 - level), "moves_budget_pct": budget}
+        for seed in (1, 2)
+        for budget, level in ((0, 95.0), (2, 97.0))
+    ]
+    two, none = curves(moved, WORKLOAD)
+    assert (two.policy, two.seeds, two.mean[100]) == ("shoal 2%", 2, 97.0)
+    assert (none.policy, none.seeds, none.mean[100]) == ("shoal 0%", 2, 95.0)
+
+
 def test_the_published_fgd_point_comes_from_the_bundled_trace() -> None:
     means, stds = published(BUNDLED), published(BUNDLED, "alloc_pct_std")
     assert published_point(WORKLOAD, means, stds) == (95.227, 0.106)
