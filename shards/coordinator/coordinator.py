@@ -9,7 +9,7 @@ batches of 1,000 with the shards' placements, no log; a busy 2-core machine, Nov
   (:func:`engine.refusals.refused`), its :class:`~engine.model.pods.PodInfo`, the
   queue; per pod, in the engine's fold (the next cost to batch: a bulk submit);
 - *handing it over*, about 15-20 µs, down from 45-55: the plain pods at the head of
-  the queue go in one step (:meth:`~shards.coordinator.dispatch.ShardDispatch._hand_batch`),
+  the queue go in one step (:func:`~shards.coordinator.batches.hand_batch`),
   the checks made once per kind of pod in the step, the choice of shard one
   vectorised score per kind (:func:`shards.coordinator.choice.run_scores`), what each
   shard has pending and the quota charged once per kind and shard

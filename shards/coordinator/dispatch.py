@@ -33,28 +33,10 @@ profiles, plugins and queue as one shard; what differs is what becomes of a unit
 So the order of the queue is one order for the whole cluster, and whatever a shard is
 asked to do fits there when it does it. Only what is handed over is placed concurrently.
 
-**Handing over in batches, and why.** The plain pods at the head of the queue are
-handed over in one step (:meth:`ShardDispatch._hand_batch`): in queue order, each
-while a shard certainly holds it, the batch ending at the first pod that does not
-(it waits at the head, as one by one it would) or that cannot be handed over at all
-(a gang, a pod an inter-pod rule applies to, one handed back...: the exact path
-below). The checks (profile, inter-pod rules, extenders, pre-filters, feasible nodes
-per shard) are made once per kind of pod in the batch
-(:func:`shards.coordinator.batches.kind_key`: same request, filters, labels and
-constraints), not per pod; the choice of shard for the
-pods of one kind is one vectorised score of every shard after 0, 1, 2... more pods of
-that kind (:func:`shards.coordinator.choice.run_scores`), so a run of identical pods
-(one Deployment's, Job's) goes exactly where one by one it would; pods of other kinds
-in the same batch are not counted in a kind's scores (each kind spreads on its own;
-all are counted in what a shard certainly holds). Batches are made only where no
-quota orders the queue (dominant shares and admission change with every charge) and
-no extender is asked; otherwise a pod is handed over alone, as before.
-
-**Cost per pod handed over** (the cost model of :mod:`shards.coordinator.coordinator`;
-5,000 nodes, 42 shapes, 2 shards, a busy 2-core machine): about 15-20 µs, down from
-45-55: per pod, taking it out of the queue and its kind's key (about 4), its choice
-(a look-up and a comparison per shard), its ``PodRouted`` and decision id, its flight;
-per kind and batch, the checks and the counts (O(nodes), see the coordinator).
+**Handing over in batches.** The plain pods at the head of the queue are handed over
+in one step, checked once per kind of pod, each to the shard one by one would give it:
+:mod:`shards.coordinator.batches` says how, why, and what it costs per pod handed over;
+the checks of a hand-over and the choice of shard are :mod:`shards.coordinator.handover`.
 
 **The directions of issue 25 weighed.** Routing runs in one step: done, generalised to
 every plain pod at the head of the queue, since the measured workloads interleave a
@@ -72,27 +54,20 @@ and a directed part per pod, instead of the choice and the hand-over).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Final, Protocol, TypeVar
+from typing import Protocol
 
 import msgspec
-import numpy as np
-import numpy.typing as npt
 
-from engine.engine import Engine
-from engine.framework.cycle import CycleState
 from engine.framework.runtime import Framework
 from engine.model.groups import GroupInfo, is_group_unit
 from engine.model.pods import PodInfo
-from engine.model.state import Bools, Ints
+from engine.model.state import Ints
 from engine.model.statement import Statement
 from engine.passes.context import PassContext
 from engine.passes.dispatch import Placed, Route
 from engine.passes.extenders import applicable
 from engine.passes.gangs import park_gang
-from engine.plugins.registry import builtin_registry
 from events.types import (
-    Event,
     GroupSpec,
     PodRouted,
     PodSpec,
@@ -100,47 +75,24 @@ from events.types import (
     PreemptionRequested,
     ReservationRequested,
 )
-from shards.coordinator.batches import Kind, take
-from shards.coordinator.choice import (
-    ShardView,
-    label_scores,
-    run_scores,
-    scores,
-    shard_columns,
-    summarised,
-)
+from shards.coordinator.batches import Handing, hand_batch
 from shards.coordinator.flights import ABORTING, MAX_MOVES_REFUSED, MOVES, Claim
-from shards.coordinator.routing import Routing
-
-BUILT_IN: Final = frozenset(builtin_registry().names())
-"""The plugins whose scores :mod:`shards.coordinator.choice` summarises per shard."""
-
-T = TypeVar("T")
+from shards.coordinator.handover import Checks
 
 
-class Coordinating(Protocol):
+class Coordinating(Handing, Protocol):
     """What the dispatch reads and asks of the coordinator it serves
-    (:class:`shards.coordinator.coordinator.Coordinator`, which imports this module)."""
+    (:class:`shards.coordinator.coordinator.Coordinator`, which imports this module);
+    what the hand-over of a batch and its checks read of it are
+    :class:`shards.coordinator.batches.Handing` and
+    :class:`shards.coordinator.handover.Viewing`."""
 
-    n: int
-    engine: Engine
-    """The coordinator's view."""
-    routing: Routing
-    counters: dict[str, int]
     decisions: dict[str, str]
     claims: dict[str, Claim]
     claim_of: dict[str, str]
-    held_by: dict[str, dict[str, None]]
-    hard: dict[str, None]
-    inflight: list[int]
-    pending: npt.NDArray[np.int64]
     moves_refused: dict[str, int]
     ready: list[str]
     now: int
-
-    def send(self, partition: int, event: Event) -> None: ...
-
-    def next_seq(self) -> int: ...
 
     def expiry(self) -> int: ...
 
@@ -152,15 +104,9 @@ class Coordinating(Protocol):
 
     def recall(self, group: str, reason: str) -> None: ...
 
-    def cached(self, key: tuple[object, ...], compute: Callable[[], T]) -> T: ...
-
-    def feasible_counts(self, feasible: Bools) -> list[int]: ...
-
     def claim(self, claim: Claim) -> None: ...
 
     def fly(self, unit: str, shard: int, pods: list[PodInfo], rid: str = "") -> None: ...
-
-    def fly_run(self, pods: list[PodInfo], shards: list[int], decisions: list[str]) -> None: ...
 
     def nominate(self, unit: str, victims: list[str]) -> None: ...
 
@@ -174,8 +120,7 @@ class ShardDispatch:
 
     def __init__(self, coordinator: Coordinating) -> None:
         self.c = coordinator
-        self._known: dict[int, tuple[Framework, bool]] = {}
-        """Per framework (by id, kept alive here): whether it can be handed over."""
+        self.checks = Checks(coordinator)
 
     def __repr__(self) -> str:
         return "ShardDispatch()"
@@ -226,7 +171,7 @@ class ShardDispatch:
         state = e.state
         for pod in pods:
             f = e.profiles.framework_for(pod)
-            if f is None or not f.incremental or not self._summarised(f):
+            if f is None or not f.incremental or not self.checks.summarised(f):
                 return False
             if f.conditional and f.cluster_wide(pod, state):
                 return False  # inter-pod rules apply: decided here, on the whole view
@@ -240,17 +185,19 @@ class ShardDispatch:
             ("counts", lead.shape_key, lead.spec.scheduler_name)
             if len(pods) == 1
             else ("counts", *(pod.shape_key for pod in pods), lead.spec.scheduler_name),
-            lambda: c.feasible_counts(self._feasible(pods, frameworks)),
+            lambda: c.feasible_counts(self.checks.feasible(pods, frameworks)),
         )
         framework = frameworks[0]
         assert framework is not None
         if not (lead.spec.group or lead.spec.depends_on or is_group_unit(unit)):
             # a plain pod: it and the identical pods behind it, in one step
-            return self._admitted(pods, frameworks) and self._hand_batch(p, framework, lead, counts)
-        shard = self._choose(framework, lead, counts)
+            return self.checks.admitted(pods, frameworks) and hand_batch(
+                c, self.checks, framework, lead, counts
+            )
+        shard = self.checks.choose(framework, lead, counts)
         if shard is None or counts[shard] < c.inflight[shard] + len(pods):
             return False
-        if not self._admitted(pods, frameworks):
+        if not self.checks.admitted(pods, frameworks):
             return False
         running = c.engine.groups.get(lead.spec.group) if lead.spec.group else None
         if is_group_unit(unit) or (running is not None and running.spec is not None):
@@ -259,189 +206,6 @@ class ShardDispatch:
             self._hand_gang(unit, pods, shard)
         else:
             self._hand_pod(lead, shard)
-        return True
-
-    def _summarised(self, framework: Framework) -> bool:
-        """Whether every plugin at ``framework``'s preScore and score points is one the
-        choice of a shard knows how to summarise (a built-in, and no packing score:
-        :func:`shards.coordinator.choice.summarised`)."""
-        known = self._known.get(id(framework))
-        if known is None or known[0] is not framework:
-            plugins = [*framework.pre_scores, *(entry.plugin for entry in framework.scores)]
-            known = (
-                framework,
-                all(p.name in BUILT_IN for p in plugins)
-                and all(summarised(entry.plugin) for entry in framework.scores),
-            )
-            self._known[id(framework)] = known
-        return known[1]
-
-    def _feasible(self, pods: list[PodInfo], frameworks: list[Framework | None]) -> Bools:
-        e = self.c.engine
-        feasible: Bools | None = None
-        for pod, framework in zip(pods, frameworks, strict=True):
-            assert framework is not None
-            mask, _ = framework._shape_feasible(CycleState(), pod, e.state)
-            feasible = mask.copy() if feasible is None else feasible & mask
-        assert feasible is not None
-        return feasible
-
-    def _admitted(self, pods: list[PodInfo], frameworks: list[Framework | None]) -> bool:
-        """Every pod passes its profile's pre-filters (quota, minResources) on the
-        coordinator's view, counted together (the quota is charged when it is handed
-        over, until the shard answers)."""
-        e = self.c.engine
-        charged: list[PodInfo] = []
-        try:
-            for pod, framework in zip(pods, frameworks, strict=True):
-                assert framework is not None
-                if not framework.run_pre_filters(CycleState(), pod, e.state).ok:
-                    return False
-                if len(pods) > 1:
-                    e.quotas.add(pod.spec.namespace, pod.request)
-                    charged.append(pod)
-            return True
-        finally:
-            for done in charged:
-                e.quotas.remove(done.spec.namespace, done.request)
-
-    def _choose(self, framework: Framework, pod: PodInfo, counts: list[int]) -> int | None:
-        c = self.c
-        candidates = [s for s in range(c.n) if counts[s] > 0]
-        if not candidates:
-            return None
-        if len(candidates) == 1:
-            return candidates[0]
-        shards = self._shard_view(framework, pod)
-        nodes = shards.refresh(c.pending)
-        kernel = framework.kernel
-        params = kernel.params(pod.request, nodes) if kernel is not None else None
-        if (
-            kernel is not None
-            and params is not None
-            and kernel.worth(0, 0)  # loaded: no numba load for a small simulation
-            and kernel.run(
-                candidates,
-                shards.ones,
-                nodes,
-                params,
-                shards.feasible,
-                shards.local,
-                shards.masked,
-            )
-        ):
-            # the compiled twin of the local score plugins, on the shards as nodes
-            total = shards.local
-            if shards.labels is not None:
-                total = total + shards.labels
-        else:
-            total = scores(framework, pod, nodes, shards.labels)
-        start = pod.tiebreak % len(candidates)
-        order = candidates[start:] + candidates[:start]
-        values: list[int] = total.tolist()  # (one conversion, not one per shard)
-        return max(order, key=values.__getitem__)
-
-    def _shard_view(self, framework: Framework, pod: PodInfo) -> ShardView:
-        """Each shard's sums over the nodes ``pod``'s static filters allow (cached while
-        the view's nodes and placements stand)."""
-        c = self.c
-        e = c.engine
-
-        def view() -> ShardView:
-            static = framework.static_feasible(pod, e.state)
-            return ShardView(
-                shard_columns(e.state, static, c.routing.slot_shard, c.n),
-                e.state,
-                label_scores(framework, pod, e.state, static, c.routing.slot_shard, c.n),
-            )
-
-        return c.cached(("shards", pod.static_key, pod.spec.scheduler_name), view)
-
-    def _kind(self, pod: PodInfo) -> Kind | None:
-        """The checks of :meth:`_hand_over` for a plain pod that follows the head of the
-        queue, made once per kind of pod in a batch (None: not to be handed over)."""
-        c = self.c
-        e = c.engine
-        framework = e.profiles.framework_for(pod)
-        if framework is None or not framework.incremental or not self._summarised(framework):
-            return None
-        if framework.conditional and framework.cluster_wide(pod, e.state):
-            return None
-        counts = c.cached(
-            ("counts", pod.shape_key, pod.spec.scheduler_name),
-            lambda: c.feasible_counts(self._feasible([pod], [framework])),
-        )
-        if not self._admitted([pod], [framework]):
-            return None
-        kind = Kind(framework, pod, counts)
-        return kind if kind.candidates else None
-
-    def _hand_batch(
-        self, p: PassContext, framework: Framework, lead: PodInfo, counts: list[int]
-    ) -> bool:
-        """Hand ``lead`` and the plain pods behind it over in one step
-        (:func:`shards.coordinator.batches.take`), in queue order, each while a shard
-        certainly holds it (more of the shard's nodes pass its filters than pods are
-        handed there and unanswered). ``lead`` goes
-        where :meth:`_choose` puts it; each other pod to the best shard by the scores of
-        its kind with the pods of that kind before it in the batch counted pending
-        there (one vectorised score per kind: :func:`run_scores`; pods of other kinds
-        in the same batch are not counted, so several kinds spread each on its own).
-        Pods after the first that does not fit where it would go are queued again as
-        they were (same priority and arrival: the same place in the queue); the pass
-        then finds that one at the head, as if pods were handed one by one."""
-        c = self.c
-        e = c.engine
-        first = self._choose(framework, lead, counts)
-        if first is None or counts[first] < c.inflight[first] + 1:
-            return False  # (the queue untouched: nothing moved)
-        head = Kind(framework, lead, counts)
-        batch = take(c, lead, head, self._kind)
-        pending = c.pending
-        kinds: dict[int, Kind] = {}
-        for _, kind in batch:
-            kinds[id(kind)] = kind
-        for kind in kinds.values():
-            if len(kind.candidates) > 1 and kind.pods > 1:
-                view = self._shard_view(kind.framework, kind.lead)
-                kind.table = run_scores(kind.framework, kind.lead, view, pending, kind.pods)
-        inflight = list(c.inflight)
-        shards: list[int] = []
-        for index, (pod, kind) in enumerate(batch):
-            candidates = kind.candidates
-            taken = kind.taken
-            table = kind.table
-            if index == 0:
-                shard = first
-            elif table is None:
-                shard = candidates[0]
-            else:
-                start = pod.tiebreak % len(candidates)
-                order = candidates[start:] + candidates[:start]
-                shard = max(order, key=lambda s: table[s][taken[s]])
-            if kind.counts[shard] < inflight[shard] + 1:
-                break
-            inflight[shard] += 1
-            taken[shard] += 1
-            shards.append(shard)
-        handed = len(shards)
-        for pod, _ in batch[handed:]:
-            e.queue.add(pod.key, pod.priority, pod.seq, e.queue_of(pod.spec.namespace))
-        send = c.send
-        by_kind: dict[int, tuple[list[PodInfo], list[int], list[str]]] = {}
-        for (pod, kind), shard in zip(batch, shards, strict=False):
-            decision = f"{pod.key}#{c.next_seq()}"
-            send(shard, PodRouted(pod=pod.spec, decision_id=decision))
-            group = by_kind.get(id(kind))
-            if group is None:
-                group = by_kind[id(kind)] = ([], [], [])
-            group[0].append(pod)
-            group[1].append(shard)
-            group[2].append(decision)
-        for kind_pods, kind_shards, decisions in by_kind.values():
-            c.fly_run(kind_pods, kind_shards, decisions)
-        c.counters["handed"] += handed
-        c.counters["batches"] += 1
         return True
 
     def _hand_pod(self, pod: PodInfo, shard: int, *, moves: bool = False) -> None:

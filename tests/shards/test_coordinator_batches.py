@@ -1,5 +1,5 @@
 """The coordinator hands the plain pods at the head of its queue over in one step
-(:meth:`shards.coordinator.dispatch.ShardDispatch._hand_batch`): in queue order, each
+(:func:`shards.coordinator.batches.hand_batch`): in queue order, each
 while a shard certainly holds it, and a run of identical pods exactly as handing them
 over one by one would."""
 
