@@ -154,13 +154,14 @@ def take(
         except TypeError:
             break
         if found is None:
-            found = kind_of(pod)
+            found = kind_of(pod)  # (counts its first pod)
             if found is None:
                 break
             kinds[kind_key(pod)] = found
+        else:
+            found.pods += 1
         queue.remove(key)
         batch.append((pod, found))
-        found.pods += 1
     return batch
 
 
@@ -209,7 +210,9 @@ def hand_batch(
     for _, kind in batch:
         kinds[id(kind)] = kind
     for kind in kinds.values():
-        if len(kind.candidates) > 1 and kind.pods > 1:
+        # the lead alone needs no table (it goes to ``first``); any other kind does,
+        # even with one pod, to go to its best shard
+        if len(kind.candidates) > 1 and (kind is not head or kind.pods > 1):
             view = checks.shard_view(kind.framework, kind.lead)
             kind.table = run_scores(kind.framework, kind.lead, view, pending, kind.pods)
     inflight = list(c.inflight)
@@ -221,7 +224,7 @@ def hand_batch(
         if index == 0:
             shard = first
         elif table is None:
-            shard = candidates[0]
+            shard = candidates[0]  # (its only candidate)
         else:
             start = pod.tiebreak % len(candidates)
             order = candidates[start:] + candidates[:start]

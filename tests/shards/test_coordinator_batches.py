@@ -84,3 +84,14 @@ def test_pods_of_several_kinds_are_handed_over_together_in_queue_order() -> None
     assert routed == [(1, "a1"), (0, "b1"), (1, "a2"), (0, "b2")]
     assert control.coordinator.counters["batches"] == 1
     assert control.coordinator.inflight == [2, 2]
+
+
+def test_a_kind_with_one_pod_in_a_batch_goes_to_its_best_shard() -> None:
+    """Behind the lead, a pod of another kind, alone of its kind in the batch, is scored
+    over the shards like any run (here the emptier shard 1), not sent to the first shard
+    that can hold it."""
+    control = _cluster(2, [[4, 4], [16, 16]])
+    out = control.input(_pod("a", 2), _pod("b", 1))
+    routed = [(p, e.pod.name) for p, e in sent(out, PodRouted)]
+    assert routed == [(1, "a"), (1, "b")]
+    assert control.coordinator.counters["batches"] == 1
