@@ -86,11 +86,11 @@ T = TypeVar("T")
 TERM_HEADER = "shoal-term"
 """The record header that carries a leader's term: ``FENCE:EPOCH`` (``events.fence``)."""
 _STEP_MS = 5
+"""How often a read looks whether a fetch has been answered."""
 RECORD_OVERHEAD = 128
 """Bytes a record costs in a batch beyond its key and value (Kafka's varints and
 attributes, the term header): a record whose key and value leave less than this of
 ``max_batch_bytes`` is refused, as no batch can hold it."""
-"""How often a read looks whether a fetch has been answered."""
 
 
 async def create_topic(

@@ -64,6 +64,7 @@ from events.limits import ServerLimits
 from events.log import check_partition
 from events.throttle import Throttled
 from events.wire import (
+    FRAME_SLACK,
     KIND_CODES,
     MAX_TOKEN,
     PROTOCOL,
@@ -151,7 +152,7 @@ class LogServer:
         self.limits = limits or ServerLimits()
         self._digest = digest(token) if token is not None else None
         self._budget = ByteBudget(self.limits.max_buffered)
-        self._answer_cap = self.limits.max_frame - 1024
+        self._answer_cap = self.limits.max_frame - FRAME_SLACK
         self._epochs: dict[tuple[int, str], int] = {}
         """The highest leader epoch stored per partition and fence (``events.fence``)."""
         self._codes: list[bytearray] = [bytearray() for _ in range(partitions)]

@@ -87,12 +87,16 @@ from events.limits import ServerLimits
 from events.log import check_partition
 from events.logserver import FENCED, LogServer
 from events.types import Envelope
-from events.wire import KIND_CODES, MAX_FRAME, PROTOCOL, UNAUTHORIZED, encode_frame, read_frame
+from events.wire import (
+    FRAME_SLACK,
+    KIND_CODES,
+    MAX_FRAME,
+    PROTOCOL,
+    UNAUTHORIZED,
+    encode_frame,
+    read_frame,
+)
 
-FRAME_SLACK: Final = 1024
-"""Bytes of a frame an append leaves to the request around its records: so that any
-record appended also fits, alone, in an answer to a read (the server cuts answers at
-its frame limit less as much)."""
 ITEM_OVERHEAD: Final = 16
 """Bytes a record costs in an append request beyond itself and its kind (msgpack
 headers), at most."""

@@ -38,6 +38,10 @@ UNAUTHORIZED: Final = "unauthorized"
 KIND_CODES: Final = {tag: code for code, tag in enumerate(sorted(TAGS.values()))}
 """A byte for each kind of record: the tags of the event union (a few dozen). A record
 of any other kind is refused on append."""
+FRAME_SLACK: Final = 1024
+"""Bytes of a frame an append leaves to the request around its records, and a read's
+answer leaves below the frame limit: so that any record appended also fits, alone, in
+an answer to a read (``events.remote`` cuts appends, ``events.logserver`` answers)."""
 
 _ENC = msgspec.msgpack.Encoder()
 _DEC = msgspec.msgpack.Decoder()

@@ -320,6 +320,7 @@ class Coordinator:
         names = [str(shard) for shard in range(self.n)]
         for pod, shard, decision in zip(pods, shards, decisions, strict=True):
             key = pod.key
+            flights.pop(key, None)  # (kept in the order made: see next_wakeup)
             flights[key] = Flight(key, shard, now, (key,), requests, namespaces)
             dispatched[key] = names[shard]
             own[key] = decision
