@@ -370,6 +370,9 @@ async def _serve(args: argparse.Namespace) -> int:
 
     shards = args.shards if args.shards is not None else _env_int("SHOAL_SHARDS", 1)
     every, per_pod = snapshots(args)
+    config = _config(args.config)
+    for warning in per_shard_warnings(config, shards):
+        logging.getLogger("shoal.serve").warning("%s", warning)
     options = ServeOptions(
         role=args.role,
         bus=args.bus,
@@ -381,7 +384,7 @@ async def _serve(args: argparse.Namespace) -> int:
         sharding=_serve_sharding(shards, args.sharding),
         snapshot_every=every,
         snapshot_per_pod=per_pod,
-        config=_config(args.config),
+        config=config,
         listen=args.listen,
         ui_token=read_token(args.ui_token_file, "--ui-token-file"),
         namespace=args.namespace,

@@ -64,3 +64,25 @@ def test_more_than_one_shard_warns_that_the_share_is_per_shard(
     warned = [w for w in json.loads(captured.out)["warnings"] if "applies per shard" in w]
     assert len(warned) == (shards > 1)
     assert ("applies per shard" in captured.err) == (shards > 1)
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_serve_with_more_than_one_shard_warns_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, shards: int
+) -> None:
+    """``serve --shards N`` logs the same warning at start (the service itself is not
+    started here: only what the command line makes of its configuration)."""
+    config = tmp_path / "config.yaml"
+    config.write_text(CONFIG.split("---")[0])
+    started: list[object] = []
+
+    async def serve(options: object) -> int:
+        started.append(options)
+        return 0
+
+    monkeypatch.setattr("shards.serve.serve", serve)
+    with caplog.at_level("WARNING", logger="shoal.serve"):
+        code = main(["serve", "--shards", str(shards), "--config", str(config)])
+    assert code == 0 and len(started) == 1
+    warned = [r for r in caplog.records if "applies per shard" in r.getMessage()]
+    assert len(warned) == (shards > 1)
