@@ -73,7 +73,7 @@ def test_serve_with_more_than_one_shard_warns_too(
     """``serve --shards N`` logs the same warning at start (the service itself is not
     started here: only what the command line makes of its configuration)."""
     config = tmp_path / "config.yaml"
-    config.write_text(CONFIG.split("---")[0])
+    config.write_text(CONFIG.split("---", maxsplit=1)[0])
     started: list[object] = []
 
     async def serve(options: object) -> int:
