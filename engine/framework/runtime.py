@@ -348,10 +348,12 @@ class Framework:
             mask = static
             for f in self.dynamic_filters:
                 mask = mask & f.filter(cycle, pod, state)
+            if entry is not None:
+                self._forget_derived(entry)
             entry = _ShapeEntry(state.journal_end, mask.copy())
             self._shapes[pod.shape_key] = entry
             if len(self._shapes) > SHAPE_CACHE_SIZE:
-                self._shapes.popitem(last=False)
+                self._forget_derived(self._shapes.popitem(last=False)[1])
             return entry.feasible, entry
         self._counters["incremental"] += 1
         self._shapes.move_to_end(pod.shape_key)
@@ -425,7 +427,7 @@ class Framework:
                 entry.local, entry.masked = local, masked
                 entry.pending = entry.pending_view = entry.pending_slots = None
                 entry.best = None
-                entry.derived.clear()
+                self._forget_derived(entry)
             return masked
         if entry.pending_slots is not None:
             local, masked = entry.local, entry.masked
@@ -630,6 +632,12 @@ class Framework:
                     done.unreserve(cycle, pod, state, slot)
                 return Attempt(-1, status.with_plugin(permit.name), diagnosis=diagnosis)
         return Attempt(slot, SUCCESS, best, diagnosis, self._choose_cards(pod, state, slot))
+
+    def _forget_derived(self, shape: _ShapeEntry) -> None:
+        """Drop ``shape``'s derived scores, and the order's hold on it (a shape replaced
+        or evicted is then freed, as ``DERIVED_TOTAL`` counts)."""
+        shape.derived.clear()
+        self._derived_order.pop(id(shape), None)
 
     def _derived_count(self, shape: _ShapeEntry) -> None:
         """Keep at most ``DERIVED_TOTAL`` derived score arrays over all shapes (the

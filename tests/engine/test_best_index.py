@@ -39,12 +39,14 @@ def tiny_blocks() -> Iterator[None]:
     span many blocks and every attempt selects through the index; and room for one
     derived score array per shape and two in all (evictions happen)."""
     saved = best.BLOCK, best._SHIFT, Limits.min_nodes, runtime.DERIVED, runtime.DERIVED_TOTAL
+    shapes = runtime.SHAPE_CACHE_SIZE
     best.BLOCK, best._SHIFT, Limits.min_nodes = 4, 2, 0  # type: ignore[misc]
-    runtime.DERIVED, runtime.DERIVED_TOTAL = 1, 2
+    runtime.DERIVED, runtime.DERIVED_TOTAL, runtime.SHAPE_CACHE_SIZE = 1, 2, 2
     try:
         yield
     finally:
         best.BLOCK, best._SHIFT, Limits.min_nodes, runtime.DERIVED, runtime.DERIVED_TOTAL = saved  # type: ignore[misc]
+        runtime.SHAPE_CACHE_SIZE = shapes
 
 
 @given(
@@ -131,6 +133,10 @@ def _decide(sequence: list[Event], *, indexed: bool, incremental: bool = True) -
         for i, event in enumerate(sequence):
             engine.apply(env(event, i))
             out.extend(engine.schedule())
+            for framework in engine.profiles.frameworks.values():
+                # derived scores are held only for shapes still cached (memory bounded)
+                cached = {id(shape) for shape in framework._shapes.values()}
+                assert set(framework._derived_order) <= cached
         return out
     finally:
         Limits.min_nodes = saved
