@@ -15,6 +15,12 @@ which pods they apply to (``applies``): a pod none applies to never runs them, a
 some apply to keeps its shape's cached local verdicts and scores, their verdict ANDed on
 top.
 
+A failed attempt is diagnosed in full (every rejected node's reasons) unless the
+caller asks for it briefly (a preemptor: the reasons matter only if preemption fails
+too); then :mod:`engine.framework.rejecting` says which filters rejected nodes, kept
+per shape and refreshed over the changed nodes, and :meth:`Framework.complete` gives
+the reasons later, on the same state.
+
 Why one module of over 500 lines: the shape caches and the attempt that reads them are
 one mechanism; split, a cache could be refreshed by rules the attempt does not follow.
 """

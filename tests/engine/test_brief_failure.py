@@ -25,24 +25,25 @@ from tests.builders import env, make_node, make_pod
 NODE = st.tuples(
     st.sampled_from([2, 4, 8]),  # cpu
     st.sampled_from(["a", "b"]),  # zone label
-    st.booleans(),  # tainted
-    st.booleans(),  # cordoned
+    st.sampled_from([False, False, True]),  # tainted
+    st.sampled_from([False, False, False, True]),  # cordoned
 )
 STEP = st.tuples(
-    st.sampled_from(["wave", "wave", "finish", "remove", "add"]),
+    st.sampled_from(["wave", "wave", "wave", "finish", "remove", "add"]),
     st.integers(0, 63),  # which pod / node
     st.integers(1, 3),  # wave size
     st.sampled_from([1, 2, 3, 6]),  # cpu per preemptor
-    st.sampled_from([0, 20, 100]),  # priority
+    st.sampled_from([0, 20, 100, 100]),  # priority
     st.sampled_from(["", "a", "b"]),  # zone the preemptors select ("" any)
     st.booleans(),  # they tolerate the taint
+    st.sampled_from(["", "", "anti", "spread"]),  # a rule that reads other nodes
 )
 
 
 def _run(
     nodes: list[tuple[int, str, bool, bool]],
     running: list[tuple[int, int, int]],
-    steps: list[tuple[str, int, int, int, int, str, bool]],
+    steps: list[tuple[str, int, int, int, int, str, bool, str]],
 ) -> list[Event]:
     engine = Engine()
     engine.apply(env(SchedulerConfigured()))
@@ -55,10 +56,11 @@ def _run(
         engine.apply(env(node.added()))
     for j, (at, cpu, prio) in enumerate(running):
         spec = make_pod(f"r{j}").cpu(str(cpu)).priority(prio).on(f"n{at % len(nodes)}")
+        spec = spec.tolerate()  # (runs on tainted and cordoned nodes too)
         engine.apply(env(spec.submitted()))
     out = engine.schedule()
     added = len(nodes)
-    for t, (kind, pick, size, cpu, prio, zone, tolerate) in enumerate(steps, start=1):
+    for t, (kind, pick, size, cpu, prio, zone, tolerate, rule) in enumerate(steps, start=1):
         if kind == "wave":
             for k in range(size):
                 pod = make_pod(f"w{t}-{k}").cpu(str(cpu)).priority(prio)
@@ -66,6 +68,10 @@ def _run(
                     pod = pod.selector(zone=zone)
                 if tolerate:
                     pod = pod.tolerate("dedicated", "Equal", "x", "NoSchedule")
+                if rule == "anti":
+                    pod = pod.labels(app="w").anti("zone", app="w")
+                elif rule == "spread":
+                    pod = pod.labels(app="w").spread("zone", 1, app="w")
                 engine.apply(env(pod.submitted(), time=t))
         elif kind == "finish":
             placed = sorted(engine.state.pods)
@@ -103,19 +109,19 @@ def _checked_brief(
 ORIGINAL = Framework._brief_failure
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     nodes=st.lists(NODE, min_size=1, max_size=6),
     running=st.lists(
-        st.tuples(st.integers(0, 7), st.sampled_from([1, 2]), st.sampled_from([0, 10, 50])),
-        max_size=14,
+        st.tuples(st.integers(0, 7), st.sampled_from([1, 2, 4]), st.sampled_from([0, 10, 50])),
+        max_size=20,
     ),
     steps=st.lists(STEP, min_size=1, max_size=8),
 )
 def test_brief_failures_decide_and_answer_as_full_diagnoses(
     nodes: list[tuple[int, str, bool, bool]],
     running: list[tuple[int, int, int]],
-    steps: list[tuple[str, int, int, int, int, str, bool]],
+    steps: list[tuple[str, int, int, int, int, str, bool, str]],
 ) -> None:
     with mock.patch.object(Framework, "_brief_failure", _checked_brief):
         brief = _run(nodes, running, steps)
