@@ -76,6 +76,9 @@ class Attempt:
     devices: tuple[int, ...] | None = None
     """The GPU cards a score plugin chose on ``slot`` (None: the state's default
     choice, :meth:`engine.model.cards.Cards.choose`)."""
+    brief: bool = False
+    """A failure without reasons: the status's message and the diagnosis's reasons
+    are empty until :meth:`engine.framework.runtime.Framework.complete` gives them."""
 
 
 def select(masked: Ints, used: int, tiebreak: int) -> int:

@@ -15,6 +15,12 @@ which pods they apply to (``applies``): a pod none applies to never runs them, a
 some apply to keeps its shape's cached local verdicts and scores, their verdict ANDed on
 top.
 
+A failed attempt is diagnosed in full (every rejected node's reasons) unless the
+caller asks for it briefly (a preemptor: the reasons matter only if preemption fails
+too); then :mod:`engine.framework.rejecting` says which filters rejected nodes, kept
+per shape and refreshed over the changed nodes, and :meth:`Framework.complete` gives
+the reasons later, on the same state.
+
 Why one module of over 500 lines: the shape caches and the attempt that reads them are
 one mechanism; split, a cache could be refreshed by rules the attempt does not follow.
 """
@@ -47,6 +53,7 @@ from engine.framework.interfaces import (
     ScorePlugin,
 )
 from engine.framework.registry import Registry
+from engine.framework.rejecting import Rejecting
 from engine.framework.results import (
     Attempt,
     Diagnosis,
@@ -221,6 +228,8 @@ class Framework:
         """Shapes holding derived scores, least recently given one first."""
         self._constant_scores: dict[tuple[str, tuple[object, ...]], int] = {}
         self._counters = {"full": 0, "incremental": 0}
+        self._rejecting = Rejecting(self.filters, self.incremental)
+        """Which filters reject each failing shape (for brief failures)."""
 
     def __repr__(self) -> str:
         return (
@@ -556,6 +565,7 @@ class Framework:
         explain: bool = False,
         within: Bools | None = None,
         verdict: Verdict | None = None,
+        brief: bool = False,
     ) -> Attempt:
         """Find a node for ``pod``; do not change ``state`` (the caller assumes).
         ``within``: only among these slots (a gang's topology domain). With a
@@ -579,24 +589,11 @@ class Framework:
         if verdict is not None and verdict.mask is not None:
             feasible = feasible & verdict.mask
         if not any_set(feasible):
-            failure = self.diagnose(cycle, pod, state)
-            if verdict is not None and any_set(passed):
-                failure.plugins.update(verdict.rejections)
-                for name, reasons in verdict.rejections.items():
-                    failure.rejected[name] = sum(reasons.values())
-                failure.feasible = 0
-            plugins = tuple(failure.plugins)
-            code = Code.UNSCHEDULABLE
-            if plugins and all(
-                getattr(self.plugins[n], "unresolvable", False)
-                if n in self.plugins
-                else verdict_unresolvable(verdict)
-                for n in plugins
-            ):
-                code = Code.UNSCHEDULABLE_AND_UNRESOLVABLE
-            status = Status(code, (failure.message(),), ",".join(plugins))
-            failure.status = status
-            return Attempt(-1, status, diagnosis=failure)
+            if brief and verdict is None:
+                briefly = self._brief_failure(cycle, pod, state)
+                if briefly is not None:
+                    return briefly
+            return self._failure(cycle, pod, state, verdict, passed)
         for pre in self.pre_scores:
             status = pre.pre_score(cycle, pod, state, feasible)
             if not status.ok:
@@ -638,6 +635,67 @@ class Framework:
         or evicted is then freed, as ``DERIVED_TOTAL`` counts)."""
         shape.derived.clear()
         self._derived_order.pop(id(shape), None)
+
+    def _failure(
+        self,
+        cycle: CycleState,
+        pod: PodInfo,
+        state: ClusterState,
+        verdict: Verdict | None,
+        passed: Bools | None,
+    ) -> Attempt:
+        """The failed attempt, with its full diagnosis (every rejected node's reasons)."""
+        failure = self.diagnose(cycle, pod, state)
+        if verdict is not None and passed is not None and any_set(passed):
+            failure.plugins.update(verdict.rejections)
+            for name, reasons in verdict.rejections.items():
+                failure.rejected[name] = sum(reasons.values())
+            failure.feasible = 0
+        plugins = tuple(failure.plugins)
+        code = Code.UNSCHEDULABLE
+        if plugins and all(
+            getattr(self.plugins[n], "unresolvable", False)
+            if n in self.plugins
+            else verdict_unresolvable(verdict)
+            for n in plugins
+        ):
+            code = Code.UNSCHEDULABLE_AND_UNRESOLVABLE
+        status = Status(code, (failure.message(),), ",".join(plugins))
+        failure.status = status
+        return Attempt(-1, status, diagnosis=failure)
+
+    def _brief_failure(
+        self, cycle: CycleState, pod: PodInfo, state: ClusterState
+    ) -> Attempt | None:
+        """The failed attempt as :meth:`_failure` gives it, but for the reasons: status
+        code and plugin, and the diagnosis's plugins (with no reasons), ``rejected`` and
+        ``feasible``, from :mod:`engine.framework.rejecting`. None where that cannot
+        tell (a filter that reads other nodes applies) or the code is unresolvable
+        (nothing will preempt: the caller would complete it at once)."""
+        if self.conditional and self.cluster_wide(pod, state):
+            return None
+        counts = self._rejecting.counts(cycle, pod, state)
+        plugins = tuple(f.name for i, f in enumerate(self.filters) if counts[i])
+        if plugins and all(getattr(self.plugins[n], "unresolvable", False) for n in plugins):
+            return None
+        diagnosis = Diagnosis(
+            nodes=len(state.index),
+            feasible=int(counts[self._rejecting.passed]),
+            plugins={name: {} for name in plugins},
+            rejected={f.name: int(counts[i]) for i, f in enumerate(self.filters) if counts[i]},
+        )
+        status = Status(Code.UNSCHEDULABLE, ("",), ",".join(plugins))
+        diagnosis.status = status
+        return Attempt(-1, status, diagnosis=diagnosis, brief=True)
+
+    def complete(self, pod: PodInfo, state: ClusterState) -> Attempt:
+        """The full failed attempt of ``pod`` (as :meth:`schedule` without ``brief``
+        gives it) on ``state``, which must be as it was at the brief attempt."""
+        cycle = CycleState()
+        status = self.run_pre_filters(cycle, pod, state)
+        if not status.ok:
+            return Attempt(-1, status, diagnosis=Diagnosis(nodes=len(state.index), status=status))
+        return self._failure(cycle, pod, state, None, None)
 
     def _derived_count(self, shape: _ShapeEntry) -> None:
         """Keep at most ``DERIVED_TOTAL`` derived score arrays over all shapes (the

@@ -55,7 +55,8 @@ def attempt_pod(p: PassContext, pod: PodInfo) -> None:
     cache_key = (id(framework), pod.shape_key, pod.spec.namespace if e.quotas else "")
     attempt = None if explain or verdict is not None else p.failed.get(cache_key)
     if attempt is None:
-        attempt = framework.schedule(pod, e.state, explain=explain, verdict=verdict)
+        brief = not explain and verdict is None and preempts_only(p, pod, framework)
+        attempt = framework.schedule(pod, e.state, explain=explain, verdict=verdict, brief=brief)
     if attempt.slot >= 0:
         p.record(pod, attempt)
         if attempt.devices is not None:
@@ -64,13 +65,8 @@ def attempt_pod(p: PassContext, pod: PodInfo) -> None:
         return
     if verdict is not None:
         pass  # this pod's own answers: not for other pods of its shape
-    elif (
-        attempt.diagnosis is not None
-        and (attempt.diagnosis.plugins or attempt.status.plugin)
-        and not (framework.conditional and framework.cluster_wide(pod, e.state))
-    ):
-        # (not when inter-pod rules applied: they read the pod's labels, not its shape)
-        p.failed[cache_key] = attempt
+    elif not attempt.brief:
+        keep_failed(p, pod, framework, cache_key, attempt)
     note = p.unmovable.get(cache_key, "")
     preempts = verdict is None and may_preempt(p, pod, attempt)
     # (preemption does not ask extenders: a pod they judged is not preempted for)
@@ -91,6 +87,18 @@ def attempt_pod(p: PassContext, pod: PodInfo) -> None:
         if not migrates:
             cycle.write(RESCHEDULER, SKIP, True)
         slot = preempt_into(p, statement, pod, framework, cycle=cycle, preempts=preempts)
+        if slot is not None and attempt.brief and not statement.evicted():
+            # placed with nothing evicted, so the failed attempt stays for the pods of
+            # its shape: complete it on the state it failed on, then plan again (the
+            # same plan: nothing else changed)
+            statement.discard()
+            attempt = framework.complete(pod, e.state)
+            keep_failed(p, pod, framework, cache_key, attempt)
+            statement = Statement(e.state, e.quotas)
+            cycle = CycleState()
+            if not migrates:
+                cycle.write(RESCHEDULER, SKIP, True)
+            slot = preempt_into(p, statement, pod, framework, cycle=cycle, preempts=preempts)
         if slot is not None:
             p.record(pod, attempt)
             p.dispatch.commit(p, statement, [(pod, slot, 0)])
@@ -101,6 +109,9 @@ def attempt_pod(p: PassContext, pod: PodInfo) -> None:
             p.unmovable[cache_key] = note
         if migrates and no_plan:
             e.no_plan[no_plan] = note
+    if attempt.brief:  # the state is again what the attempt failed on (discarded)
+        attempt = framework.complete(pod, e.state)
+        keep_failed(p, pod, framework, cache_key, attempt)
     p.record(pod, attempt)
     diagnosis = attempt.diagnosis
     plugins = tuple(diagnosis.plugins) if diagnosis else ()
@@ -110,6 +121,38 @@ def attempt_pod(p: PassContext, pod: PodInfo) -> None:
     if note:
         message = f"{message}; {note}"
     p.unschedulable(pod, message, plugins, diagnosis.rejections() if diagnosis else {})
+
+
+def keep_failed(
+    p: PassContext,
+    pod: PodInfo,
+    framework: Framework,
+    cache_key: tuple[object, ...],
+    attempt: Attempt,
+) -> None:
+    """Keep a failed attempt for the pods of its shape this pass (see the module)."""
+    if (
+        attempt.diagnosis is not None
+        and (attempt.diagnosis.plugins or attempt.status.plugin)
+        and not (framework.conditional and framework.cluster_wide(pod, p.e.state))
+    ):
+        # (not when inter-pod rules applied: they read the pod's labels, not its shape)
+        p.failed[cache_key] = attempt
+
+
+def preempts_only(p: PassContext, pod: PodInfo, framework: Framework) -> bool:
+    """Whether a failure of ``pod`` goes to preemption alone, its reasons needed only
+    if that fails too: then the attempt may fail briefly (``Framework.schedule``).
+
+    Only where the dispatch does not route: the plain one frees the victims' nodes
+    when it commits the preemption (``PassContext.freed`` forgets failed attempts),
+    while one that routes keeps the attempt for the pods of its shape. (The
+    rescheduler reads only which plugins rejected nodes, which a brief failure says;
+    a plan of moves alone frees nothing, and the caller completes the attempt then.)"""
+    e = p.e
+    if p.dispatch.waits or pod.spec.preemption_policy == "Never" or pod.key in e.delegated:
+        return False
+    return e.quotas.get(pod.spec.namespace) is not None or e.preemptible_below(pod.priority)
 
 
 def place_in_hold(p: PassContext, pod: PodInfo, framework: Framework) -> bool:

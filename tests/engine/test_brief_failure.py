@@ -1,0 +1,132 @@
+"""A preemptor's failed attempt may come without reasons (``Framework.schedule(brief=
+True)``, :mod:`engine.framework.rejecting`): what it says (which filters rejected how
+many nodes, how many passed, the status's code and plugin) is what a full diagnosis
+says on the same state, and the engine decides and answers exactly as with full
+diagnoses, on random clusters and waves of preemptors.
+"""
+
+from __future__ import annotations
+
+from unittest import mock
+
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+import engine.passes.pods as pods_pass
+from engine.engine import Engine
+from engine.framework.cycle import CycleState
+from engine.framework.results import Attempt
+from engine.framework.runtime import Framework
+from engine.model.pods import PodInfo
+from engine.model.state import ClusterState
+from events.types import Event, NodeRemoved, PodSucceeded, SchedulerConfigured
+from tests.builders import env, make_node, make_pod
+
+NODE = st.tuples(
+    st.sampled_from([2, 4, 8]),  # cpu
+    st.sampled_from(["a", "b"]),  # zone label
+    st.sampled_from([False, False, True]),  # tainted
+    st.sampled_from([False, False, False, True]),  # cordoned
+)
+STEP = st.tuples(
+    st.sampled_from(["wave", "wave", "wave", "finish", "remove", "add"]),
+    st.integers(0, 63),  # which pod / node
+    st.integers(1, 3),  # wave size
+    st.sampled_from([1, 2, 3, 6]),  # cpu per preemptor
+    st.sampled_from([0, 20, 100, 100]),  # priority
+    st.sampled_from(["", "a", "b"]),  # zone the preemptors select ("" any)
+    st.booleans(),  # they tolerate the taint
+    st.sampled_from(["", "", "anti", "spread"]),  # a rule that reads other nodes
+)
+
+
+def _run(
+    nodes: list[tuple[int, str, bool, bool]],
+    running: list[tuple[int, int, int]],
+    steps: list[tuple[str, int, int, int, int, str, bool, str]],
+) -> list[Event]:
+    engine = Engine()
+    engine.apply(env(SchedulerConfigured()))
+    for i, (cpu, zone, tainted, cordoned) in enumerate(nodes):
+        node = make_node(f"n{i}").cpu(cpu).label("zone", zone)
+        if tainted:
+            node = node.taint("dedicated", "x")
+        if cordoned:
+            node = node.cordoned()
+        engine.apply(env(node.added()))
+    for j, (at, cpu, prio) in enumerate(running):
+        spec = make_pod(f"r{j}").cpu(str(cpu)).priority(prio).on(f"n{at % len(nodes)}")
+        spec = spec.tolerate()  # (runs on tainted and cordoned nodes too)
+        engine.apply(env(spec.submitted()))
+    out = engine.schedule()
+    added = len(nodes)
+    for t, (kind, pick, size, cpu, prio, zone, tolerate, rule) in enumerate(steps, start=1):
+        if kind == "wave":
+            for k in range(size):
+                pod = make_pod(f"w{t}-{k}").cpu(str(cpu)).priority(prio)
+                if zone:
+                    pod = pod.selector(zone=zone)
+                if tolerate:
+                    pod = pod.tolerate("dedicated", "Equal", "x", "NoSchedule")
+                if rule == "anti":
+                    pod = pod.labels(app="w").anti("zone", app="w")
+                elif rule == "spread":
+                    pod = pod.labels(app="w").spread("zone", 1, app="w")
+                engine.apply(env(pod.submitted(), time=t))
+        elif kind == "finish":
+            placed = sorted(engine.state.pods)
+            if placed:
+                key = placed[pick % len(placed)]
+                engine.apply(env(PodSucceeded(pod=key), time=t))
+        elif kind == "remove":
+            engine.apply(env(NodeRemoved(name=f"n{pick % len(nodes)}"), time=t))
+        else:
+            engine.apply(env(make_node(f"x{added}").cpu(4).label("zone", "a").added(), time=t))
+            added += 1
+        out += engine.schedule()
+    return out
+
+
+def _checked_brief(
+    self: Framework, cycle: CycleState, pod: PodInfo, state: ClusterState
+) -> Attempt | None:
+    """The brief failure, checked against a full diagnosis on the same state."""
+    brief = ORIGINAL(self, cycle, pod, state)
+    if brief is None:
+        event("brief: declined")
+        return None
+    full = self._failure(cycle, pod, state, None, None)
+    assert brief.diagnosis is not None and full.diagnosis is not None
+    assert list(brief.diagnosis.plugins) == list(full.diagnosis.plugins)
+    assert brief.diagnosis.rejected == full.diagnosis.rejected
+    assert brief.diagnosis.feasible == full.diagnosis.feasible
+    assert brief.diagnosis.nodes == full.diagnosis.nodes
+    assert (brief.status.code, brief.status.plugin) == (full.status.code, full.status.plugin)
+    event("brief: given")
+    return brief
+
+
+ORIGINAL = Framework._brief_failure
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    nodes=st.lists(NODE, min_size=1, max_size=6),
+    running=st.lists(
+        st.tuples(st.integers(0, 7), st.sampled_from([1, 2, 4]), st.sampled_from([0, 10, 50])),
+        max_size=20,
+    ),
+    steps=st.lists(STEP, min_size=1, max_size=8),
+)
+def test_brief_failures_decide_and_answer_as_full_diagnoses(
+    nodes: list[tuple[int, str, bool, bool]],
+    running: list[tuple[int, int, int]],
+    steps: list[tuple[str, int, int, int, int, str, bool, str]],
+) -> None:
+    with mock.patch.object(Framework, "_brief_failure", _checked_brief):
+        brief = _run(nodes, running, steps)
+    with mock.patch.object(pods_pass, "preempts_only", lambda *_: False):
+        full = _run(nodes, running, steps)
+    assert brief == full
+    event(f"preempted: {min(sum(type(e).__name__ == 'PodPreempted' for e in full), 3)}")
+    event(f"unschedulable: {min(sum(type(e).__name__ == 'PodUnschedulable' for e in full), 3)}")
