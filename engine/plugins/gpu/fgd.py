@@ -305,23 +305,60 @@ class GpuFragmentation(CachedScore):
             slots = np.array(changed, dtype=np.int64)
         self._stamp += 2
         params, pressure = self.terms(pod)
-        shapes = self._shapes
-        assert shapes is not None
-        memory_aware = self._memory_aware
-        pod_cpu = pod_mem = milli = cards = 0
-        for row, amount in pod.request:
-            if row == CPU:
-                pod_cpu = amount
-            elif row == MEMORY and memory_aware:
-                pod_mem = amount
-        gpu = pod.gpu
-        mode = WHOLE_CARDS
-        if gpu is not None:
-            cards = gpu.cards
-            milli = gpu.need.milli
-            if not gpu.whole and cards == 1:
-                mode = SHARE
         quantise = not self.exact
+        self._run(
+            self.pod_mode(pod),
+            refresh,
+            slots,
+            state,
+            self._request(pod),
+            params,
+            pressure,
+            quantise,
+            (
+                entry.scores,
+                entry.cards,
+                self._mark,
+                self._stamp,
+                0 if quantise else self.offset(),
+                state.capacity + 1 if self.tie_break else 0,
+            ),
+        )
+
+    def _request(self, pod: PodInfo | None) -> tuple[int, int, int, int]:
+        """The kernel's view of ``pod``'s request: cpu, memory (0 unless memory-aware),
+        milli-GPU per card and cards (all 0 for no pod)."""
+        pod_cpu = pod_mem = milli = cards = 0
+        if pod is not None:
+            for row, amount in pod.request:
+                if row == CPU:
+                    pod_cpu = amount
+                elif row == MEMORY and self._memory_aware:
+                    pod_mem = amount
+            gpu = pod.gpu
+            if gpu is not None:
+                cards = gpu.cards
+                milli = gpu.need.milli
+        return pod_cpu, pod_mem, milli, cards
+
+    def _run(
+        self,
+        mode: int,
+        refresh: Ints,
+        slots: Ints,
+        state: ClusterState,
+        request: tuple[int, int, int, int],
+        params: Ints | None,
+        pressure: Ints | None,
+        quantise: bool,
+        out: tuple[Ints, Ints, Ints, int, int, int],
+    ) -> None:
+        """One call of the compiled kernel over ``slots`` (after ``refresh``), its
+        outputs and their form given by ``out`` (a shape's cache by slot, or two arrays by
+        position)."""
+        run = self._kernel
+        shapes = self._shapes
+        assert run is not None and shapes is not None
         free = state.free
         run(
             mode,
@@ -340,21 +377,13 @@ class GpuFragmentation(CachedScore):
             shapes.allowed,
             shapes.gpu,
             shapes.memory,
-            memory_aware,
-            pod_cpu,
-            pod_mem,
-            milli,
-            cards,
+            self._memory_aware,
+            *request,
             _NO_PARAMS if params is None else params,
             _NO_PARAMS if pressure is None else pressure,
             self._thresholds,
             quantise,
-            entry.scores,
-            entry.cards,
-            self._mark,
-            self._stamp,
-            0 if quantise else self.offset(),
-            state.capacity + 1 if self.tie_break else 0,
+            *out,
             self.rank,
         )
 
@@ -383,58 +412,12 @@ class GpuFragmentation(CachedScore):
         slots :meth:`prepare` left pending are refreshed first, in the same call. With
         ``quantise``, :meth:`quantised` of ΔF rather than ΔF (:meth:`update` calls
         the kernel itself, with the scores written by slot into a shape's cache)."""
-        run = self._kernel
-        shapes = self._shapes
-        assert run is not None and shapes is not None
-        pod_cpu = pod_mem = milli = cards = 0
-        memory_aware = self._memory_aware
-        if pod is not None:
-            for row, amount in pod.request:
-                if row == CPU:
-                    pod_cpu = amount
-                elif row == MEMORY and memory_aware:
-                    pod_mem = amount
-            gpu = pod.gpu
-            if gpu is not None:
-                cards = gpu.cards
-                milli = gpu.need.milli
         delta = np.empty(slots.shape[0], dtype=np.int64)  # the kernel writes every entry
         card = np.empty(slots.shape[0], dtype=np.int64)
         refresh, self._pending = self._pending, _EMPTY
-        run(
-            mode,
-            refresh,
-            slots,
-            state.free[CPU],
-            state.free[MEMORY],
-            state.cards.free,
-            self._models,
-            self._frag,
-            shapes.cpu,
-            shapes.levels,
-            shapes.level,
-            shapes.cards,
-            shapes.weight,
-            shapes.allowed,
-            shapes.gpu,
-            shapes.memory,
-            memory_aware,
-            pod_cpu,
-            pod_mem,
-            milli,
-            cards,
-            _NO_PARAMS if params is None else params,
-            _NO_PARAMS if pressure is None else pressure,
-            self._thresholds,
-            quantise,
-            delta,
-            card,
-            _EMPTY,  # outputs by position, not into a cache by slot
-            0,
-            0,
-            0,
-            self.rank,
-        )
+        # outputs by position, not into a cache by slot
+        out = (delta, card, _EMPTY, 0, 0, 0)
+        self._run(mode, refresh, slots, state, self._request(pod), params, pressure, quantise, out)
         return delta, card
 
     def pod_mode(self, pod: PodInfo) -> int:
