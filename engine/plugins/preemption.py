@@ -74,11 +74,11 @@ from engine.plugins.victim_choice import (
     Victim,
     cards_fit,
     describe,
-    gang_of,
     named,
     units_of,
     victim_of,
     victims_for,
+    with_gangs,
 )
 
 NAME: Final = "DefaultPreemption"
@@ -274,9 +274,7 @@ def plan(
         )
         if chosen is None:
             continue
-        expanded = dict.fromkeys(v.key for v in chosen)
-        for victim in chosen:
-            expanded.update(dict.fromkeys(gang_of(handle, state, victim.key)))
+        expanded = with_gangs(handle, state, chosen)
         infos = [describe(handle, key) for key in expanded]
         if not infos:
             return Plan(slot, (), cost_of(0, [], state.names[slot] or ""))  # fits already

@@ -68,6 +68,7 @@ from engine.plugins.victim_choice import (
     units_of,
     victim_of,
     victims_for,
+    with_gangs,
 )
 
 DECLINED: Final = "declined"
@@ -198,9 +199,7 @@ def plan_by_priority(
         )
         if chosen is None:
             continue
-        expanded = dict.fromkeys(v.key for v in chosen)
-        for taken in chosen:
-            expanded.update(dict.fromkeys(gang_of(handle, state, taken.key)))
+        expanded = with_gangs(handle, state, chosen)
         infos = [describe(handle, key) for key in expanded]
         if not infos:
             return DECLINED  # (not reached: nodes that fit with none declined above)

@@ -10,7 +10,7 @@ quota, as kube-scheduler's ``selectVictimsOnNode`` does (see :func:`victims_for`
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -266,6 +266,15 @@ def cards_fit(state: ClusterState, gpu: GpuRequest, slot: int, victims: list[Vic
         if placed is not None and placed.gpu is not None and placed.slot == slot:
             released.append((placed.devices, placed.gpu))
     return state.cards.fits_after(slot, gpu, released)
+
+
+def with_gangs(handle: Handle, state: ClusterState, chosen: Sequence[Victim]) -> list[str]:
+    """The keys of ``chosen``, then of the members that go down with each
+    (:func:`gang_of`), each once, in that order."""
+    expanded = dict.fromkeys(v.key for v in chosen)
+    for victim in chosen:
+        expanded.update(dict.fromkeys(gang_of(handle, state, victim.key)))
+    return list(expanded)
 
 
 def gang_of(handle: Handle, state: ClusterState, key: str) -> tuple[str, ...]:
