@@ -373,15 +373,9 @@ async def _wave_processes(
     evicted = 0
     for shard in range(shards):
         evicted += (await count_kinds(log, shard, positions[shard], ("preempt",)))[1]
-    rows = meter.report(before, after, len(wave))
-    return {
-        "pods": len(wave),
-        "bound": len(wave) - len(waiting),
-        "evicted": evicted,
-        "seconds": seconds,
-        "pods_per_second": len(wave) / seconds if seconds > 0 else 0.0,
-        "processes": rows,
-    }
+    return _wave_result(
+        len(wave), len(waiting), evicted, seconds, meter.report(before, after, len(wave))
+    )
 
 
 # ------------------------------------------------------------------ in process
@@ -475,11 +469,18 @@ async def _wave_in_process(
             await asyncio.sleep(0.001)
     seconds = time.perf_counter() - started
     rows = meter.report(before, meter.cpu(), len(wave))
+    return _wave_result(len(wave), len(waiting), evicted, seconds, rows)
+
+
+def _wave_result(
+    pods: int, waiting: int, evicted: int, seconds: float, rows: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A preemption wave's figures, as both ways of running it report them."""
     return {
-        "pods": len(wave),
-        "bound": len(wave) - len(waiting),
+        "pods": pods,
+        "bound": pods - waiting,
         "evicted": evicted,
         "seconds": seconds,
-        "pods_per_second": len(wave) / seconds if seconds > 0 else 0.0,
+        "pods_per_second": pods / seconds if seconds > 0 else 0.0,
         "processes": rows,
     }
