@@ -25,6 +25,7 @@ from tests.builders import env, make_node, make_pod
 from tests.shards.coordinator_kit import shoal
 from tests.shards.scenario_text import gpu_node, gpu_pod, node, pod
 from tests.shards.test_answers import one, quota
+from tests.shards.test_one_scheduler import SHARDING
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples" / "plugins"))  # the plugin classes themselves
@@ -146,17 +147,6 @@ def test_spread_answer_names_the_key_and_the_max_skew(
     answer = one(found, "default/w1", "spread")
     assert answer["summary"] == "2 of 3 nodes would break the spread (zone maxSkew 1)"
     assert answer["next_step"] == "add room in the less used domains, or raise maxSkew"
-
-
-SHARDING = """
-apiVersion: shoal.io/v1alpha1
-kind: ShardingConfiguration
-pools:
-- {name: old, nodeSelector: {hw: old}}
-- {name: new, nodeSelector: {hw: new}}
-tenants:
-- {namespace: research, pools: [new]}
----"""
 
 
 @pytest.mark.parametrize("shards", SHARDS)
