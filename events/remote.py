@@ -229,6 +229,9 @@ class RemoteLog:
         """``items`` ([kind, record] pairs) in consecutive runs that each fit one frame
         with ``reserved`` bytes to spare (the request around them); at least one run."""
         budget = self._max_frame - reserved
+        sizes = [len(record) + len(kind) + ITEM_OVERHEAD for kind, record in items]
+        if sum(sizes) <= budget:
+            return [items]  # the usual case: one request, no record-by-record cutting
         for kind, record in items:
             if len(record) + len(kind) + ITEM_OVERHEAD > budget:
                 raise RecordTooLargeError(
@@ -239,8 +242,7 @@ class RemoteLog:
                 )
         chunks: list[list[list[Any]]] = []
         start, size = 0, 0
-        for i, (kind, record) in enumerate(items):
-            cost = len(record) + len(kind) + ITEM_OVERHEAD
+        for i, cost in enumerate(sizes):
             if size + cost > budget:
                 chunks.append(items[start:i])
                 start, size = i, 0

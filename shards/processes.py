@@ -49,11 +49,12 @@ def wall_clock() -> int:
 
 
 async def _wait_for_growth(bus: EventLog, partition: int, offset: int, seconds: float) -> None:
-    """Wait until ``partition`` has a record at ``offset`` (long poll when the log can)."""
+    """Wait until ``partition`` has a record at ``offset`` (long poll when the log can:
+    a fetch of no record, so nothing is sent back nor decoded twice)."""
     fetch = getattr(bus, "fetch", None)
     if fetch is not None:
         with contextlib.suppress(LogCorruptedError):  # it is there: its reader skips it
-            await fetch(partition, offset, 1, wait=seconds)
+            await fetch(partition, offset, 0, wait=seconds)
     else:
         await asyncio.sleep(min(seconds, 0.01))
 
@@ -158,7 +159,7 @@ async def _run_shard(
             continue
         if decided == 0:
             wait = idle_wait if wake is None else min(idle_wait, max(wake - now, 0) / 1e9)
-            await _wait_for_growth(bus, shard, worker.position, wait)
+            await _wait_for_growth(bus, shard, worker.reading_from(), wait)
     return worker
 
 

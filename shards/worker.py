@@ -7,6 +7,14 @@ Each ``poll`` reads everything new in the shard's partition, folds it, and, if a
 chunk (``events.log``): a shard that died between two chunks left the first of its
 last pass's decisions; the restarted one re-runs that pass and appends the rest.
 
+Records travel in batches both ways: a poll reads everything new in as few reads as the
+bus needs, and a pass's decisions go out in one append. What the worker appended itself
+(its decisions, snapshots) is already applied, so it is not read back:
+the worker keeps the runs of offsets its appends got and reads around them (over a
+socket or Kafka, reading back and decoding its own decisions was half of what a shard
+process read, and a third of its transport cost). A restarted worker has no such runs
+and reads its predecessor's records, as it must.
+
 Snapshots: with ``snapshot_every`` set, after a pass with decisions that comes at least
 that many records after the previous snapshot (and, with ``snapshot_per_pod``, at least
 that many records for each pod the shard holds), the worker appends its state
@@ -21,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Sequence
 
 from engine.config import SchedulerConfig
@@ -84,6 +93,9 @@ class ShardWorker:
         self._own_until = 0
         """Records below this offset that this worker appended itself are already
         applied (a restarted worker has none, so it folds its predecessor's)."""
+        self._own: deque[tuple[int, int]] = deque()
+        """Runs ``[start, end)`` of offsets this worker appended at or after
+        ``position``, in order: reads go around them (:meth:`reading_from`)."""
         self.passes = 0
         self.pass_seconds = 0.0
         self._owed = -1
@@ -208,14 +220,45 @@ class ShardWorker:
         worker._owed = last_input if last_input > last_pass else -1
         return worker
 
+    def reading_from(self) -> int:
+        """The offset the next read starts at: ``position``, moved past the runs of
+        records this worker appended itself that it has reached."""
+        own = self._own
+        while own and own[0][0] <= self.position:
+            self.position = max(self.position, own.popleft()[1])
+        return self.position
+
+    def _appended(self, offsets: Sequence[int]) -> None:
+        """Note the offsets an append of this worker got (runs of consecutive ones)."""
+        own = self._own
+        for offset in offsets:
+            if own and own[-1][1] == offset:
+                own[-1] = (own[-1][0], offset + 1)
+            else:
+                own.append((offset, offset + 1))
+
+    async def _read_new(self) -> tuple[list[Envelope], list[tuple[int, str]]]:
+        """Everything new in the partition but this worker's own records: one read
+        per stretch between them (usually one), ``position`` moved past all of it."""
+        records: list[Envelope] = []
+        unreadable: list[tuple[int, str]] = []
+        while True:
+            start = self.reading_from()
+            limit = self._own[0][0] - start if self._own else None
+            batch, skipped, stop = await read_past_unreadable(
+                self.log, self.partition, start, limit
+            )
+            records += batch
+            unreadable += skipped
+            self.position = max(start, stop)
+            if limit is None or self.position < self._own[0][0]:
+                return records, unreadable  # the end, or records not readable yet
+
     async def poll(self) -> int:
         """Fold what is new and run a pass if needed; return the decisions appended."""
-        records, unreadable, position = await read_past_unreadable(
-            self.log, self.partition, self.position
-        )
+        records, unreadable = await self._read_new()
         owed, self._owed = self._owed, -1
         if unreadable:
-            self.position = position
             await self._quarantine(unreadable)
         if not records and owed < 0:
             return await self._ask_extenders()  # (a recovered worker's unanswered asks)
@@ -231,8 +274,6 @@ class ShardWorker:
             engine.apply(env)
             if not is_output_of(env, name):
                 last_input = env.offset  # the router forwards decisions too: inputs here
-        if records:
-            self.position = max(self.position, records[-1].offset + 1)
         if engine.unfolded:
             await self._quarantine(engine.unfolded)
         if last_input < 0:
@@ -249,6 +290,7 @@ class ShardWorker:
             self.partition,
         )
         self._own_until = offsets[-1] + 1
+        self._appended(offsets)
         asked = await self._ask_extenders()
         if not engine.extenders.in_flight and snapshot_due(
             self.position - self.snapshot_at,
@@ -294,6 +336,7 @@ class ShardWorker:
             producer=self.name,
         )
         self._own_until = offsets[-1] + 1
+        self._appended(offsets)
         self.snapshot_at = self.position
         self.snapshots += 1
         self.snapshot_seconds += time.perf_counter() - started
