@@ -87,6 +87,9 @@ TERM_HEADER = "shoal-term"
 """The record header that carries a leader's term: ``FENCE:EPOCH`` (``events.fence``)."""
 _STEP_MS = 5
 """How often a read looks whether a fetch has been answered."""
+PARSED_TERMS = 1024
+"""Distinct term headers a log keeps parsed (a writer that makes up many only empties
+the cache, it does not grow it)."""
 RECORD_OVERHEAD = 128
 """Bytes a record costs in a batch beyond its key and value (Kafka's varints and
 attributes, the term header): a record whose key and value leave less than this of
@@ -168,6 +171,8 @@ class KafkaLog:
         """Per partition, the highest epoch seen per fence (up to ``_judged``)."""
         self._dropped: dict[int, dict[int, int]] = {}
         """Per partition, the offsets of records fenced, and the epoch that fenced each."""
+        self._parsed: dict[bytes, tuple[str, int]] = {}
+        """Term headers seen, parsed (at most ``PARSED_TERMS``: emptied when full)."""
         self.terms = TermProducers(
             settings,
             call=self._call,
@@ -274,10 +279,17 @@ class KafkaLog:
     ) -> list[int]:
         records = []
         limit = self.settings.max_batch_bytes
+        terms: dict[tuple[str, int], list[tuple[str, bytes]]] = {}
         for env in envelopes:  # every record checked before any batch is sent
-            value = encode(replace_partition(env, partition))
+            as_stored = env.partition == partition and env.offset == -1  # (no copy then)
+            value = encode(env if as_stored else replace_partition(env, partition))
             key = kind_of(env).encode()
-            headers = [(TERM_HEADER, f"{env.fence}:{env.epoch}".encode())] if env.epoch else []
+            headers = []
+            if env.epoch:  # (a call's records share a term or two: its header made once)
+                term = (env.fence, env.epoch)
+                headers = terms.get(term) or terms.setdefault(
+                    term, [(TERM_HEADER, f"{env.fence}:{env.epoch}".encode())]
+                )
             if len(value) + len(key) + RECORD_OVERHEAD > limit:
                 raise RecordTooLargeError(
                     f"kafka {self.settings.bootstrap}: cannot append a {key.decode()!r} record",
@@ -365,11 +377,20 @@ class KafkaLog:
             return self._dropped.get(partition, {}).get(at, 0)
         # (offsets between are no records: transaction markers, aborted transactions)
         self._judged[partition] = at + 1
-        term = next((v for k, v in record.headers or () if k == TERM_HEADER), None)
+        term = None
+        for key, value in record.headers or ():  # (a plain loop: this runs per record)
+            if key == TERM_HEADER:
+                term = bytes(value)
+                break
         if term is None:
             return 0
-        fence, _, text = bytes(term).decode(errors="replace").rpartition(":")
-        epoch = int(text) if text.isdigit() else 0
+        parsed = self._parsed.get(term)
+        if parsed is None:  # the records of a term share its header: parsed once
+            if len(self._parsed) >= PARSED_TERMS:
+                self._parsed.clear()
+            fence, _, text = term.decode(errors="replace").rpartition(":")
+            parsed = self._parsed[term] = (fence, int(text) if text.isdigit() else 0)
+        fence, epoch = parsed
         terms = self._terms.setdefault(partition, {})
         highest = terms.get(fence, 0)
         if epoch >= highest:
