@@ -61,29 +61,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, Final, TypeVar
+from collections.abc import Callable
+from typing import Final
 
-import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from engine.model.devices import GpuRequest, node_cards
-from engine.model.pods import pod_gpu
 from events.log import EventLog, read_past_unreadable
 from events.types import (
-    BindFailed,
     Envelope,
     Event,
     MigrationEvicted,
-    NodeAdded,
-    NodeRemoved,
-    NodeUpdated,
-    PodAdopted,
     PodBound,
     PodDeleted,
     PodEvicted,
@@ -93,21 +84,20 @@ from events.types import (
     PodMigrated,
     PodPreempted,
     PodRejected,
-    PodRouted,
-    PodSpec,
     PodSubmitted,
     PodSucceeded,
     PodUnschedulable,
     PositionRecorded,
-    ReservationRequested,
 )
-from shards.kube.client import RateLimit, checked
+from shards.kube.apicall import ApiRetry, Unavailable, raw, split_key
+from shards.kube.bindwindow import BindWindow, subjects_of
+from shards.kube.client import RateLimit
 from shards.kube.client import api_message as _message
-from shards.kube.devices import device_annotations
 from shards.kube.drabinder import DraAllocator
-from shards.kube.groups import KUBERNETES
-from shards.kube.groupstatus import KubernetesGroupStatus
-from shards.kube.recorder import AS_MERGE_PATCH, NS_PER_S, EventRecorder, PodScheduledWriter
+from shards.kube.evicting import Evicter, bind_failed
+from shards.kube.known import Known
+from shards.kube.recorder import NS_PER_S
+from shards.kube.telling import Teller, coordinators_group_status, coordinators_judgement
 from shards.kube.victims import Victims
 
 log = logging.getLogger(__name__)
@@ -118,26 +108,6 @@ the coordinator forwarding it (several)."""
 CONTROL_TOLD: Final = "binder-control"
 """The component of the ``PositionRecorded`` that says how far in the control partition
 the pods the coordinator judged were told (several shards)."""
-T = TypeVar("T")
-
-
-def _coordinators_judgement(env: Envelope) -> bool:
-    """A pod the coordinator found no room for (several shards: gangs, and pods no
-    shard could place, are its to judge), not a shard's record relayed."""
-    event = env.event
-    return isinstance(event, PodUnschedulable) and env.producer == "router" and event.shard < 0
-
-
-def _coordinators_group_status(env: Envelope) -> bool:
-    """A group's status as the coordinator's view reports it (several shards: the shards
-    place a gang's members under parts of their own, and only the view knows the
-    group whole)."""
-    event = env.event
-    return isinstance(event, PodGroupStatusChanged) and env.producer == "router" and event.shard < 0
-
-
-class _Unavailable(Exception):
-    """The API could not be reached after every retry."""
 
 
 class KubeBinder:
@@ -166,7 +136,6 @@ class KubeBinder:
         self.rate = rate or RateLimit()
         """Client-side rate limit on the binder's API calls (``--kube-qps``/``--kube-burst``)."""
         self.core = client.CoreV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
         self.log = log_
         self.partition = partition
         self.position = 0
@@ -174,20 +143,15 @@ class KubeBinder:
         self.max_attempts = max_attempts
         self.initial_backoff = initial_backoff
         self.clock = clock
-        self.recorder = EventRecorder(api, self._retry, clock=clock)
+        self._retry = ApiRetry(self.rate, max_attempts, initial_backoff)
         self.victims = Victims(
             nomination_timeout=int(nomination_timeout * NS_PER_S),
             eviction_attempts=eviction_attempts,
             eviction_backoff=int(eviction_backoff * NS_PER_S),
             recheck=int(recheck_seconds * NS_PER_S),
         )
-        self.group_sources: dict[str, str] = {}
-        self.group_of: dict[str, str] = {}
-        """Each pod that joins a group → its group."""
-        self.group_answers: dict[str, str] = {}
-        """Each group's latest answer (the text of its members' ``PodUnschedulable``):
-        the message of a Kubernetes PodGroup's ``Unschedulable`` condition."""
-        self.kubernetes_groups = KubernetesGroupStatus(api, self._retry)
+        self.known = Known()
+        """Uids, GPU requests, groups and GPU nodes learnt from the inputs."""
         self.control = control
         """Several shards: the control partition, whose groups' status (the coordinator's
         view's: only it knows each group whole) this binder writes too; read only."""
@@ -196,16 +160,8 @@ class KubeBinder:
         """The control partition's offset up to which pods were told (recorded)."""
         self.control_uids: dict[str, str] = {}
         """The uids of the pods the control partition submitted (live ones)."""
-        self.conditions = PodScheduledWriter(self.core, self._retry, clock=self.clock)
-        self.uids: dict[str, str] = {}
-        """Live pods → their uid, from the records that brought them: a Binding names it,
-        so that a decision made for a pod never binds another that took its name."""
-        self.gpus: dict[str, GpuRequest] = {}
-        """Live pods that ask for GPU cards → what they ask (their convention)."""
         self.dra = DraAllocator(api)
         """Pods' DRA claims, allocated and reserved before they are bound."""
-        self.gpu_nodes: dict[str, tuple[int, dict[str, str]]] = {}
-        """GPU nodes seen in the log → one card's memory in MiB and their annotations."""
         self.counters = {
             "bound": 0,
             "bind_failed": 0,
@@ -220,6 +176,17 @@ class KubeBinder:
             "migrations": 0,
             "conditions": 0,
         }
+        self.teller = Teller(api, self.core, self._retry, clock=clock, counters=self.counters)
+        self.evicter = Evicter(
+            self.core,
+            self._retry,
+            self.victims,
+            clock=clock,
+            counters=self.counters,
+            gone=self._gone,
+        )
+        """Events, conditions and group status: why pods are pending."""
+        self.recorder = self.teller.recorder
 
     def __repr__(self) -> str:
         return f"KubeBinder(position={self.position}, {self.counters})"
@@ -256,7 +223,7 @@ class KubeBinder:
     def _hold(self, event: PodPreempted | PodEvicted) -> None:
         """An eviction decided: the pod holds its node until ingest says it is gone (if
         the log says it is there at all: one already gone frees nothing)."""
-        uid = self.uids.pop(event.pod, None)
+        uid = self.known.uids.pop(event.pod, None)
         if uid is not None:
             self.victims.hold(event.node, event.pod, uid)
 
@@ -267,45 +234,15 @@ class KubeBinder:
 
     def _forget_told(self, key: str) -> None:
         """``key`` was bound or is gone: what it was told is not bumped again."""
-        self.recorder.forget(key)
-        self.conditions.forget(key)
+        self.teller.forget(key)
 
     def _learn(self, event: Event) -> None:
-        """Keep what later decisions need from a record that is not one: a group's
-        convention, a pod's uid (forgotten when the pod is gone)."""
+        """Keep what later decisions need from a record that is not one (a group's
+        convention, a pod's uid and cards, its claims); a pod gone is forgotten."""
         self.dra.learn(event)
-        match event:
-            case PodGroupSubmitted(group=spec):
-                self.group_sources[spec.key] = spec.source
-            case PodSubmitted(pod=spec) | PodRouted(pod=spec):
-                self._learn_pod(spec)
-            case PodAdopted(placement=placement):
-                self._learn_pod(placement.pod)
-            case ReservationRequested(pods=specs):
-                for spec in specs:
-                    self._learn_pod(spec)
-            case NodeAdded(node=node) | NodeUpdated(node=node):
-                count, mib = node_cards(node.allocatable, node.labels)
-                if count > 0 or node.name in self.gpu_nodes:
-                    self.gpu_nodes[node.name] = (mib, dict(node.annotations))
-            case NodeRemoved(name=name):
-                self.gpu_nodes.pop(name, None)
-            case PodDeleted(pod=key) | PodSucceeded(pod=key) | PodFailed(pod=key):
-                self.uids.pop(key, None)
-                self.gpus.pop(key, None)
-                self.group_of.pop(key, None)
-                self._gone(key)
-            case _:
-                pass
-
-    def _learn_pod(self, spec: PodSpec) -> None:
-        if spec.uid:
-            self.uids[spec.key] = spec.uid
-        if spec.group:
-            self.group_of[spec.key] = spec.group
-        gpu = pod_gpu(spec)
-        if gpu is not None:
-            self.gpus[spec.key] = gpu
+        gone = self.known.learn(event)
+        if gone is not None:
+            self._gone(gone)
 
     async def poll(self) -> int:
         """Apply what is new in the log; return the events appended (bind failures)."""
@@ -320,7 +257,7 @@ class KubeBinder:
             log.warning("record skipped partition=%d offset=%d: %s", self.partition, offset, reason)
         out: list[Envelope] = []
         applied = False
-        window = _Window(self.in_flight)
+        window = BindWindow(self.in_flight)
         try:
             for env in records:
                 event = env.event
@@ -335,7 +272,7 @@ class KubeBinder:
                 elif (
                     not from_shard
                     and not (isinstance(event, PodRejected) and env.producer in _ADMISSION)
-                    and not (_subjects(event) & window.subjects)
+                    and not (subjects_of(event) & window.subjects)
                 ):
                     # what a later decision needs (a uid, a node's cards), of no pod
                     # or node being bound now: no need to wait for the bindings
@@ -374,7 +311,7 @@ class KubeBinder:
         self.position = position
         return sum(1 for e in out if not isinstance(e.event, PositionRecorded))
 
-    def _independent(self, env: Envelope, window: _Window) -> bool:
+    def _independent(self, env: Envelope, window: BindWindow) -> bool:
         """Whether ``env`` is a binding that may be sent while the window's are in
         flight: a shard's ``PodBound`` onto a node no eviction holds, of a pod none of
         them binds."""
@@ -398,9 +335,9 @@ class KubeBinder:
         now = self.clock()
         out: list[Event] = []
         for key, eviction in self.victims.evictions_due(now):
-            out.extend(await self._evict(key, eviction.node, eviction.offset))
+            out.extend(await self.evicter.evict(key, eviction.node, eviction.offset))
         for key, uid in self.victims.to_recheck(now):
-            if await self._is_gone(key, uid):
+            if await self.evicter.is_gone(key, uid):
                 self._gone(key)
         for event in self.victims.released():
             out.extend(await self._apply_bind(event))
@@ -408,29 +345,12 @@ class KubeBinder:
         for event, victims in self.victims.late(now):
             self.counters["bind_failed"] += 1
             out.append(
-                self._failed(
+                bind_failed(
                     event,
                     f"still nominated after {waited}s: {victims} still terminating on {event.node}",
                 )
             )
         return out
-
-    async def _is_gone(self, key: str, uid: str) -> bool:
-        """Pod ``key`` (of ``uid``) is no longer in the cluster, or has finished: what
-        the API says now (unreachable: not known to be gone)."""
-        namespace, name = self._split(key)
-        try:
-            response = await checked(
-                await self.core.read_namespaced_pod(name, namespace, _preload_content=False)
-            )
-            found = json.loads(await response.read())
-        except ApiException as exc:
-            return exc.status == 404
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
-            return False
-        meta = found.get("metadata") or {}
-        phase = (found.get("status") or {}).get("phase")
-        return meta.get("uid") != uid or phase in ("Succeeded", "Failed")
 
     async def _apply(self, env: Envelope) -> list[Event]:
         event = env.event
@@ -439,12 +359,12 @@ class KubeBinder:
             match event:
                 case PodBound() if from_shard:
                     if self.victims.holds(event.node):
-                        await self._nominate(event, env.offset or 0)
+                        await self.evicter.nominate(event, env.offset or 0)
                         return []
                     return await self._apply_bind(event)
                 case PodPreempted() | PodEvicted() if from_shard:
                     self._hold(event)
-                    return await self._evict(event.pod, event.node, env.offset or 0)
+                    return await self.evicter.evict(event.pod, event.node, env.offset or 0)
                 case PodMigrated() if from_shard:
                     # a pod cannot move: it is evicted (budgets honoured) and its node
                     # held until it is gone; its controller's replacement is placed
@@ -456,127 +376,61 @@ class KubeBinder:
                     )
                     return [
                         carried,
-                        *await self._evict(event.pod, event.from_node, env.offset or 0),
+                        *await self.evicter.evict(event.pod, event.from_node, env.offset or 0),
                     ]
                 case PodUnschedulable() if from_shard and event.attempt > 0:
-                    await self._unschedulable(event, self.uids.get(event.pod, ""))
+                    await self._unschedulable(event, self.known.uids.get(event.pod, ""))
                 case PodRejected() if from_shard or env.producer in _ADMISSION:
                     # from a shard, or refused by ingest (told by the coordinator when
                     # there are several shards)
                     if event.uid:
-                        self.uids[event.pod] = event.uid
+                        self.known.uids[event.pod] = event.uid
                     await self._warn(event.pod, "FailedScheduling", event.reason)
-                    self.uids.pop(event.pod, None)
+                    self.known.uids.pop(event.pod, None)
                 case PodGroupStatusChanged() if from_shard:
-                    await self._group_status(event)
+                    await self.teller.group_status(event, self.known.group_sources.get(event.group))
                 case _ if not from_shard:
                     self._learn(event)
-        except _Unavailable as exc:
+        except Unavailable as exc:
             if isinstance(event, PodBound):
                 self.counters["bind_failed"] += 1
-                return [self._failed(event, f"API unavailable: {exc}")]
+                return [bind_failed(event, f"API unavailable: {exc}")]
             log.error("could not apply decision offset=%s error=%s", env.offset, exc)
         return []
 
     async def _apply_bind(self, event: PodBound) -> list[Event]:
         try:
             caused = await self._bind(event)
-        except _Unavailable as exc:
+        except Unavailable as exc:
             self.counters["bind_failed"] += 1
-            return [self._failed(event, f"API unavailable: {exc}")]
+            return [bind_failed(event, f"API unavailable: {exc}")]
         if not caused:
             self._forget_told(event.pod)
         return caused
 
-    async def _nominate(self, event: PodBound, offset: int) -> None:
-        """Hold ``event`` back until its node's victims are gone; tell the pod where it
-        is going (``status.nominatedNodeName``), as kube-scheduler does."""
-        if not self.victims.wait(offset, event, self.clock()):
-            return
-        self.counters["nominated"] += 1
-        namespace, name = self._split(event.pod)
-        body = {"status": {"nominatedNodeName": event.node}}
-        try:
-            await self._retry(
-                lambda: self._raw(
-                    self.core.patch_namespaced_pod_status(
-                        name, namespace, body, **AS_MERGE_PATCH, _preload_content=False
-                    )
-                )
-            )
-        except (ApiException, _Unavailable) as exc:
-            # informational: the binding still waits, and still happens
-            log.warning("nomination not written pod=%s error=%s", event.pod, exc)
-
-    async def _retry(self, call: Callable[[], Awaitable[T]], *, busy: bool = True) -> T:
-        """``call``, tried again on a server error or an unreachable server, and on
-        ``429`` unless ``busy`` is false (an eviction's 429 is a disruption budget's
-        answer, waited out by the caller, not here)."""
-        delay = self.initial_backoff
-        for attempt in range(self.max_attempts):
-            await self.rate.acquire()
-            try:
-                return await call()
-            except ApiException as exc:
-                if exc.status is not None and exc.status < 500 and (exc.status != 429 or not busy):
-                    raise
-                why = f"{exc.status} {exc.reason}"
-            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                why = f"{type(exc).__name__}: {exc}"
-            if attempt + 1 < self.max_attempts:
-                log.warning("API call failed; retrying in=%.2fs error=%s", delay, why)
-                await asyncio.sleep(delay)
-                delay *= 2
-        raise _Unavailable(why)
-
-    @staticmethod
-    async def _raw(call: Awaitable[Any]) -> Any:
-        response = await checked(await call)
-        response.release()
-        return response
-
-    @staticmethod
-    def _split(key: str) -> tuple[str, str]:
-        namespace, name = key.split("/", 1)
-        return namespace, name
-
-    @staticmethod
-    def _failed(event: PodBound, reason: str) -> BindFailed:
-        return BindFailed(
-            pod=event.pod, node=event.node, decision_id=event.decision_id, reason=reason
-        )
-
-    def _device_annotations(self, event: PodBound) -> dict[str, str] | None:
-        """The annotations that tell the pod's device plugin its cards (None: no cards)."""
-        gpu = self.gpus.get(event.pod)
-        if gpu is None or not event.devices:
-            return None
-        mib, annotations = self.gpu_nodes.get(event.node, (0, {}))
-        cards, warning = device_annotations(gpu, event.devices, event.node, mib, annotations)
-        if warning:
-            log.warning("pod=%s %s", event.pod, warning)
-        return cards
-
     async def _bind(self, event: PodBound) -> list[Event]:
-        namespace, name = self._split(event.pod)
-        cards = self._device_annotations(event)
-        unallocated = await self.dra.allocate(event, self.uids.get(event.pod), self._retry)
+        namespace, name = split_key(event.pod)
+        cards = self.known.device_annotations(event)
+        unallocated = await self.dra.allocate(event, self.known.uids.get(event.pod), self._retry)
         if unallocated is not None:
             self.counters["bind_failed"] += 1
-            return [self._failed(event, unallocated)]
+            return [bind_failed(event, unallocated)]
         body = client.V1Binding(
             # the uid is a precondition: the API server refuses to bind another pod
             # that has taken the name since (409); the annotations are copied onto the
             # pod with its node
             metadata=client.V1ObjectMeta(
-                name=name, namespace=namespace, uid=self.uids.get(event.pod), annotations=cards
+                name=name,
+                namespace=namespace,
+                uid=self.known.uids.get(event.pod),
+                annotations=cards,
             ),
             target=client.V1ObjectReference(api_version="v1", kind="Node", name=event.node),
         )
         try:
             # the generated model fails to parse the server's answer: take it raw
             await self._retry(
-                lambda: self._raw(
+                lambda: raw(
                     self.core.create_namespaced_pod_binding(
                         name, namespace, body, _preload_content=False
                     )
@@ -586,7 +440,7 @@ class KubeBinder:
             if exc.status == 409 and await self._bound_to(namespace, name) == event.node:
                 return []  # the same decision applied twice
             self.counters["bind_failed"] += 1
-            return [self._failed(event, f"{exc.status} {exc.reason}: {_message(exc)}")]
+            return [bind_failed(event, f"{exc.status} {exc.reason}: {_message(exc)}")]
         self.counters["bound"] += 1
         if cards is not None:
             self.counters["devices_written"] += 1
@@ -599,53 +453,8 @@ class KubeBinder:
             return None
         return pod.spec.node_name if pod.spec else None
 
-    async def _evict(self, key: str, node: str, offset: int) -> list[Event]:
-        """Evict ``key``; a disruption budget's refusal (429) is tried again later, and
-        given up after ``eviction_attempts``: then the bindings waiting on its node fail."""
-        namespace, name = self._split(key)
-        body = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace))
-        try:
-            await self._retry(
-                lambda: self._raw(
-                    self.core.create_namespaced_pod_eviction(
-                        name, namespace, body, _preload_content=False
-                    )
-                ),
-                busy=False,
-            )
-        except ApiException as exc:
-            if exc.status == 404:  # already gone: it holds nothing
-                self._gone(key)
-                return []
-            if exc.status != 429:
-                self.victims.evictions.pop(key, None)
-                log.error("eviction refused pod=%s status=%s", key, exc.status)
-                return []
-            return self._refused(key, node, offset, f"429 {_message(exc) or exc.reason}")
-        except _Unavailable as exc:
-            return self._refused(key, node, offset, f"API unavailable: {exc}")
-        self.victims.evictions.pop(key, None)
-        self.counters["evicted"] += 1
-        return []
-
-    def _refused(self, key: str, node: str, offset: int, why: str) -> list[Event]:
-        self.counters["evictions_refused"] += 1
-        waited = self.victims.refused(key, node, offset, why, self.clock())
-        attempts = self.victims.attempts(key)
-        if waited is None:
-            log.warning("eviction refused; retrying pod=%s attempt=%d error=%s", key, attempts, why)
-            return []
-        self.counters["evictions_given_up"] += 1
-        log.error("eviction given up pod=%s error=%s", key, why)
-        self.counters["bind_failed"] += len(waited)
-        return [self._failed(e, f"victim {key} could not be evicted: {why}") for e in waited]
-
     async def _warn(self, key: str, reason: str, message: str) -> None:
-        try:
-            if await self.recorder.warn(key, self.uids.get(key, ""), reason, message):
-                self.counters["events"] += 1
-        except ApiException as exc:
-            log.warning("event not written pod=%s status=%s", key, exc.status)
+        await self.teller.warn(key, self.known.uids.get(key, ""), reason, message)
 
     async def _follow_control(self) -> None:
         """Write what the coordinator reports in the control partition: the groups'
@@ -661,29 +470,30 @@ class KubeBinder:
         for env in records:
             match env.event:
                 case PodGroupSubmitted(group=spec):
-                    self.group_sources[spec.key] = spec.source
-                case PodGroupStatusChanged() as event if _coordinators_group_status(env):
+                    self.known.group_sources[spec.key] = spec.source
+                case PodGroupStatusChanged() as event if coordinators_group_status(env):
                     try:
-                        await self._group_status(event)
-                    except _Unavailable as exc:  # informational: not retried
+                        source = self.known.group_sources.get(event.group)
+                        await self.teller.group_status(event, source)
+                    except Unavailable as exc:  # informational: not retried
                         log.warning("group status not written group=%s: %s", event.group, exc)
                 case PodSubmitted(pod=spec) if spec.uid or spec.group:
                     if spec.uid:
                         self.control_uids[spec.key] = spec.uid
                     if spec.group:
-                        self.group_of[spec.key] = spec.group
+                        self.known.group_of[spec.key] = spec.group
                 case PodDeleted(pod=key) | PodSucceeded(pod=key) | PodFailed(pod=key):
                     self.control_uids.pop(key, None)
-                    self.group_of.pop(key, None)
+                    self.known.group_of.pop(key, None)
                     self._forget_told(key)
                 case PodBound(pod=key):
                     self._forget_told(key)  # (a shard's, relayed) bound: no more to tell
                 case PodUnschedulable() as event if (
-                    _coordinators_judgement(env)
+                    coordinators_judgement(env)
                     and event.attempt > 0
                     and (env.offset or 0) >= self.control_told
                 ):
-                    uid = self.control_uids.get(event.pod) or self.uids.get(event.pod, "")
+                    uid = self.control_uids.get(event.pod) or self.known.uids.get(event.pod, "")
                     await self._unschedulable(event, uid)
                     told = True
         if told:
@@ -694,75 +504,7 @@ class KubeBinder:
             )
 
     async def _unschedulable(self, event: PodUnschedulable, uid: str) -> None:
-        """Tell pod ``event.pod`` (of ``uid``) why it is pending: a ``FailedScheduling``
-        Event, and its ``PodScheduled`` condition (written when its message changes)."""
-        message = unschedulable_message(event)
-        key = event.pod
-        group = self.group_of.get(key)
-        if group and event.answer is not None:
-            self.group_answers[group] = event.answer.text()
-        try:
-            if await self.recorder.warn(key, uid, "FailedScheduling", message):
-                self.counters["events"] += 1
-        except (ApiException, _Unavailable) as exc:
-            log.warning("event not written pod=%s error=%s", key, exc)
-        try:
-            if await self.conditions.unschedulable(key, message):
-                self.counters["conditions"] += 1
-        except (ApiException, _Unavailable) as exc:
-            # informational, as the Event (a pod gone meanwhile answers 404)
-            log.warning("condition not written pod=%s error=%s", key, exc)
-
-    async def _group_status(self, event: PodGroupStatusChanged) -> None:
-        source = self.group_sources.get(event.group)
-        answer = self.group_answers.get(event.group, "")
-        if event.phase != "Pending":
-            self.group_answers.pop(event.group, None)
-        if source == KUBERNETES.source:
-            try:
-                if await self.kubernetes_groups.write(event, answer):
-                    self.counters["group_status"] += 1
-            except ApiException as exc:
-                if exc.status != 404:
-                    log.warning(
-                        "group status not written group=%s status=%s", event.group, exc.status
-                    )
-            return
-        if source != "scheduler-plugins":
-            return
-        namespace, name = self._split(event.group)
-        status: dict[str, Any] = {"phase": event.phase, "scheduled": event.scheduled}
-        try:
-            await self._retry(
-                lambda: self._raw(
-                    self.custom.patch_namespaced_custom_object_status(
-                        "scheduling.x-k8s.io",
-                        "v1alpha1",
-                        namespace,
-                        "podgroups",
-                        name,
-                        {"status": status},
-                        **AS_MERGE_PATCH,
-                        _preload_content=False,
-                    )
-                )
-            )
-            self.counters["group_status"] += 1
-        except ApiException as exc:
-            if exc.status != 404:
-                log.warning("group status not written group=%s status=%s", event.group, exc.status)
-
-
-MESSAGE_LIMIT: Final = 1024
-"""The most of a message an Event carries (the API server's limit)."""
-
-
-def unschedulable_message(event: PodUnschedulable) -> str:
-    """A ``FailedScheduling`` Event's message: the engine's answer (why, and what to do),
-    then kube-scheduler's count of nodes by reason; the reason alone without an answer."""
-    if event.answer is None:
-        return event.reason
-    return f"{event.answer.text()} ({event.reason})"[:MESSAGE_LIMIT]
+        await self.teller.unschedulable(event, uid, self.known.group_of.get(event.pod))
 
 
 def as_eviction(event: PodMigrated) -> PodEvicted:
@@ -774,69 +516,3 @@ def as_eviction(event: PodMigrated) -> PodEvicted:
         decision_id=event.decision_id,
         shard=event.shard,
     )
-
-
-class _Window:
-    """Bindings in flight, at most ``size``, each started as soon as there is room (not
-    in lockstep groups: one slow answer holds up nothing but its own slot), and every
-    result kept in log order."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.running: dict[asyncio.Task[list[Event]], tuple[str, str]] = {}
-        self.subjects: set[str] = set()
-        """The pods and nodes of the bindings in flight."""
-        self._results: list[tuple[Envelope, asyncio.Task[list[Event]] | list[Event]]] = []
-
-    def start(self, env: Envelope, event: PodBound, work: Awaitable[list[Event]]) -> None:
-        task = asyncio.ensure_future(work)
-        self.running[task] = (event.pod, event.node)
-        self.subjects.update((event.pod, event.node))
-        self._results.append((env, task))
-
-    def done(self, env: Envelope, caused: list[Event]) -> None:
-        self._results.append((env, caused))
-
-    async def room(self) -> None:
-        while len(self.running) >= self.size:
-            finished, _ = await asyncio.wait(self.running, return_when=asyncio.FIRST_COMPLETED)
-            self._forget(finished)
-
-    async def settle(self) -> None:
-        if self.running:
-            finished, _ = await asyncio.wait(self.running)
-            self._forget(finished)
-
-    def _forget(self, finished: set[asyncio.Task[list[Event]]]) -> None:
-        for task in finished:
-            del self.running[task]
-        self.subjects = {subject for both in self.running.values() for subject in both}
-
-    def cancel(self) -> None:
-        for task in self.running:
-            task.cancel()
-
-    def results(self) -> list[tuple[Envelope, list[Event]]]:
-        """Each record's events, in log order; a binding that failed raises here."""
-        out: list[tuple[Envelope, list[Event]]] = []
-        for env, result in self._results:
-            out.append((env, result.result() if isinstance(result, asyncio.Task) else result))
-        return out
-
-
-def _subjects(event: Event) -> set[str]:
-    """The pods and nodes whose binding an input's lesson could change."""
-    match event:
-        case PodSubmitted(pod=spec) | PodRouted(pod=spec):
-            return {spec.key}
-        case PodAdopted(placement=placement):
-            return {placement.pod.key}
-        case ReservationRequested(pods=specs):
-            return {spec.key for spec in specs}
-        case PodDeleted(pod=key) | PodSucceeded(pod=key) | PodFailed(pod=key):
-            return {key}
-        case NodeAdded(node=node) | NodeUpdated(node=node):
-            return {node.name}
-        case NodeRemoved(name=name):
-            return {name}
-    return set()
