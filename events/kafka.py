@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import msgspec
@@ -87,6 +87,9 @@ TERM_HEADER = "shoal-term"
 """The record header that carries a leader's term: ``FENCE:EPOCH`` (``events.fence``)."""
 _STEP_MS = 5
 """How often a read looks whether a fetch has been answered."""
+WAIT_FETCH_MS = 500
+"""How long the broker may hold a fetch of :meth:`KafkaLog.wait_for` (it answers as soon
+as a record comes)."""
 PARSED_TERMS = 1024
 """Distinct term headers a log keeps parsed (a writer that makes up many only empties
 the cache, it does not grow it)."""
@@ -152,6 +155,9 @@ class KafkaLog:
         """Fetches the records of a read (waits up to ``catch_up_wait_ms``)."""
         self._probe_consumer: AIOKafkaConsumer | None = None
         """Learns where a partition ends (waits up to ``fetch_max_wait_ms``)."""
+        self._waiter: AIOKafkaConsumer | None = None
+        """Waits for a partition to grow (:meth:`wait_for`; started at its first use)."""
+        self._wait_lock = asyncio.Lock()
         self._marks: dict[int, int] = {}
         """The highest high-water mark learnt per partition (where ``end_offset``
         probes from)."""
@@ -532,6 +538,42 @@ class KafkaLog:
         msgspec.structs.force_setattr(env, "partition", partition)
         return env
 
+    async def wait_for(self, partition: int, offset: int, seconds: float) -> None:
+        """Return once ``partition`` holds a record at or after ``offset`` that a reader
+        sees, or after ``seconds``: a long poll, the broker holding the fetch until a
+        record comes (up to ``WAIT_FETCH_MS`` at a time), so an idle reader costs a
+        fetch per wait, not a read every few milliseconds."""
+        await self.wait_any({partition: offset}, seconds)
+
+    async def wait_any(self, offsets: Mapping[int, int], seconds: float) -> None:
+        """:meth:`wait_for` on several partitions at once (``offsets``: partition → the
+        offset a record must be at or after): return when any of them has one."""
+        for partition in offsets:
+            check_partition(partition, self.partitions)
+        if seconds > 0 and offsets:
+            await self._call("wait", lambda: self._wait_any(offsets, seconds))
+
+    async def _wait_any(self, offsets: Mapping[int, int], seconds: float) -> None:
+        async with self._wait_lock:
+            if self._waiter is None:
+                waiter = AIOKafkaConsumer(
+                    **self.settings.client_options(),
+                    enable_auto_commit=False,
+                    isolation_level="read_committed",
+                    fetch_max_wait_ms=WAIT_FETCH_MS,
+                    max_partition_fetch_bytes=64 * 1024,  # (what it fetches is dropped)
+                )
+                await waiter.start()
+                self._waiter = waiter
+            tps = {TopicPartition(self.settings.topic, p): o for p, o in offsets.items()}
+            self._waiter.assign(list(tps))
+            for tp, offset in tps.items():
+                self._waiter.seek(tp, max(offset, 0))
+            try:
+                await self._waiter.getmany(*tps, timeout_ms=int(seconds * 1000), max_records=1)
+            finally:
+                self._waiter.pause(*tps)
+
     async def end_offset(self, partition: int) -> int:
         check_partition(partition, self.partitions)
         return await self._call("end offset", lambda: self._end_offset(partition))
@@ -548,8 +590,8 @@ class KafkaLog:
         the same: none is left running unowned (nor is a term's producer dropped
         earlier and still stopping)."""
         terms = self.terms.release()
-        clients = (self._producer, self._consumer, self._probe_consumer, *terms)
-        self._producer = self._consumer = self._probe_consumer = None
+        clients = (self._producer, self._consumer, self._probe_consumer, self._waiter, *terms)
+        self._producer = self._consumer = self._probe_consumer = self._waiter = None
         self._stop_in_background(clients)
         await asyncio.shield(asyncio.gather(*self._stopping))
 

@@ -134,6 +134,14 @@ class ControlWorker:
     def control(self) -> Coordinator:
         return self.coordinator
 
+    def reading_from(self) -> dict[int, int]:
+        """Per partition, the offset the next poll reads from: each shard's, where the
+        relay goes on; the control partition's, where the fold goes on."""
+        relayed = self.coordinator.relayed
+        offsets = {s: max(start, relayed[s] + 1) for s, start in enumerate(self.relay_from)}
+        offsets[self.partition] = self.position
+        return offsets
+
     async def recover(self, *, use_snapshots: bool = True) -> int:
         """Rebuild the coordinator from its partition (its newest snapshot, if any, and
         what follows), re-running each recorded pass where it ran; append what the

@@ -44,6 +44,11 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], int]
 
 
+LONG_WAIT = 0.2
+"""Seconds an idle coordinator waits on a log that long-polls several partitions at once
+(Kafka) before it looks again (its own wake-ups and ``stop`` come sooner)."""
+
+
 def wall_clock() -> int:
     return time.time_ns()
 
@@ -51,6 +56,10 @@ def wall_clock() -> int:
 async def _wait_for_growth(bus: EventLog, partition: int, offset: int, seconds: float) -> None:
     """Wait until ``partition`` has a record at ``offset`` (long poll when the log can:
     a fetch of no record, so nothing is sent back nor decoded twice)."""
+    wait_for = getattr(bus, "wait_for", None)
+    if wait_for is not None:  # (Kafka: the broker holds the fetch)
+        await wait_for(partition, offset, seconds)
+        return
     fetch = getattr(bus, "fetch", None)
     if fetch is not None:
         with contextlib.suppress(LogCorruptedError):  # it is there: its reader skips it
@@ -191,7 +200,16 @@ async def run_coordinator(
         if await tick_if_due(bus, control, worker.control.next_wakeup(), clock(), "clock"):
             continue
         if not moved and not warm_up_when_idle():
-            await asyncio.sleep(idle_wait)
+            wait_any = getattr(bus, "wait_any", None)
+            if wait_any is None:
+                await asyncio.sleep(idle_wait)
+                continue
+            # Kafka: the broker holds a fetch on every partition until one grows (a
+            # read of each every few milliseconds was most of an idle coordinator's
+            # time, and each one waited at the broker anyway)
+            wake, now = worker.control.next_wakeup(), clock()
+            seconds = LONG_WAIT if wake is None else min(LONG_WAIT, max(wake - now, 0) / 1e9)
+            await wait_any(worker.reading_from(), seconds)
     return worker
 
 

@@ -330,3 +330,34 @@ async def test_a_log_of_many_small_batches_is_read_whole_from_anywhere(
     finally:
         await writer.close()
         await reader.close()
+
+
+async def test_a_wait_returns_when_one_of_its_partitions_grows_past_a_commit_marker(
+    kafka_bootstrap: str,
+) -> None:
+    """An idle reader long-polls: the broker holds its fetch until a record comes to
+    any partition it waits on (a commit marker, which no reader sees, does not count),
+    instead of the reader asking every few milliseconds."""
+    settings = KafkaSettings(
+        bootstrap=kafka_bootstrap, topic=f"wait-{uuid.uuid4().hex[:8]}", partitions=2
+    )
+    await create_topic(settings)
+    log, writer = KafkaLog(settings), KafkaLog(settings)
+    await log.start()
+    await writer.start()
+    try:
+        term = FencedLog(writer, fence="c", epoch=1)
+        first = await term.append([Envelope(event=PodDeleted(pod="a/0"), time=0)], 1)
+        after = first[-1] + 1  # the transaction's commit marker is there
+        waiting = asyncio.ensure_future(log.wait_any({0: 0, 1: after}, 60.0))
+        await asyncio.sleep(0.3)  # (it waits at the broker meanwhile)
+        assert not waiting.done()
+        await writer.append([Envelope(event=PodDeleted(pod="a/1"), time=1)], 1)
+        await asyncio.wait_for(waiting, 30.0)  # well before its 60 s
+        again = asyncio.ensure_future(log.wait_for(0, 0, 60.0))
+        await writer.append([Envelope(event=PodDeleted(pod="a/2"), time=2)], 0)
+        await asyncio.wait_for(again, 30.0)
+        await log.wait_for(0, 5, 0.05)  # nothing there: back after its time
+    finally:
+        await writer.close()
+        await log.close()
