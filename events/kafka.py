@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -90,6 +91,9 @@ _STEP_MS = 5
 WAIT_FETCH_MS = 500
 """How long the broker may hold a fetch of :meth:`KafkaLog.wait_for` (it answers as soon
 as a record comes)."""
+PLAIN_RUNS = 1024
+"""Runs of its own plain appends a log remembers per partition (older ones are judged by
+reading them, as any other record)."""
 PARSED_TERMS = 1024
 """Distinct term headers a log keeps parsed (a writer that makes up many only empties
 the cache, it does not grow it)."""
@@ -177,6 +181,10 @@ class KafkaLog:
         """Per partition, the highest epoch seen per fence (up to ``_judged``)."""
         self._dropped: dict[int, dict[int, int]] = {}
         """Per partition, the offsets of records fenced, and the epoch that fenced each."""
+        self._plain: dict[int, deque[tuple[int, int]]] = {}
+        """Per partition, runs ``[start, end)`` of offsets this log appended outside any
+        leader term (records with no term to judge: a read past them need not scan
+        them first), the last ``PLAIN_RUNS`` at most."""
         self._parsed: dict[bytes, tuple[str, int]] = {}
         """Term headers seen, parsed (at most ``PARSED_TERMS``: emptied when full)."""
         self.terms = TermProducers(
@@ -256,9 +264,17 @@ class KafkaLog:
         check_partition(partition, self.partitions)
         if not envelopes:
             return []
-        return await self._call(
+        offsets = await self._call(
             "append", lambda: self._append(self._need(self._producer), envelopes, partition)
         )
+        if not any(env.epoch for env in envelopes):
+            runs = self._plain.setdefault(partition, deque(maxlen=PLAIN_RUNS))
+            for offset in offsets:  # (consecutive within a batch)
+                if runs and runs[-1][1] == offset:
+                    runs[-1] = (runs[-1][0], offset + 1)
+                else:
+                    runs.append((offset, offset + 1))
+        return offsets
 
     async def append_term(
         self, envelopes: Sequence[Envelope], partition: int, *, fence: str, epoch: int
@@ -360,12 +376,25 @@ class KafkaLog:
         headers only), so that a read from ``offset`` can judge its own."""
         while self._judged.get(partition, 0) < offset:
             start = self._judged.get(partition, 0)
+            if self._past_plain(partition, start):
+                continue  # records of ours with no term: nothing to judge in them
             await self._call(
                 "read",
                 lambda at=start: self._read(partition, at, None, frozenset()),  # type: ignore[misc]
             )
             if self._judged.get(partition, 0) <= start:
                 break  # the partition ends before ``offset``
+
+    def _past_plain(self, partition: int, start: int) -> bool:
+        """If a run of records this log appended outside any term begins at ``start``
+        (where judging stands), move judging past it; whether it did."""
+        runs = self._plain.get(partition)
+        while runs and runs[0][1] <= start:
+            runs.popleft()
+        if runs and runs[0][0] == start:
+            self._judged[partition] = runs.popleft()[1]
+            return True
+        return False
 
     async def highest_epoch(self, fence: str) -> int:
         """The highest epoch the topic holds for ``fence`` (``events.fence``): every

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -360,4 +361,39 @@ async def test_a_wait_returns_when_one_of_its_partitions_grows_past_a_commit_mar
         await log.wait_for(0, 5, 0.05)  # nothing there: back after its time
     finally:
         await writer.close()
+        await log.close()
+
+
+async def test_a_read_past_its_own_plain_records_does_not_scan_them_and_still_judges_terms(
+    kafka_bootstrap: str,
+) -> None:
+    """A shard reads around what it appended (``shards.worker``): its log knows those
+    records carry no term and judges from after them without fetching them, while a
+    deposed leader's record after them is still dropped."""
+    settings = KafkaSettings(bootstrap=kafka_bootstrap, topic=f"plain-{uuid.uuid4().hex[:8]}")
+    await create_topic(settings)
+    log, other = KafkaLog(settings), KafkaLog(settings)
+    await log.start()
+    await other.start()
+    scans: list[int] = []
+    read = log._read
+
+    async def counted(partition: int, offset: int, limit: int | None, kinds: object = None) -> Any:
+        if kinds == frozenset():
+            scans.append(offset)  # a scan of headers only: judging before a read
+        return await read(partition, offset, limit, kinds)  # type: ignore[arg-type]
+
+    log._read = counted  # type: ignore[method-assign]
+    try:
+        await FencedLog(other, fence="c", epoch=2).begin([0], holder="b", now=0)
+        begun = await log.read(0, 0)
+        own = await log.append([Envelope(event=PodDeleted(pod=f"a/{i}"), time=i) for i in range(3)])
+        stale = Envelope(event=PodDeleted(pod="a/x"), time=9, fence="c", epoch=1)
+        await other.append([stale])  # (no transaction: the read side must drop it)
+        after = await log.read(0, own[-1] + 1)
+        assert scans == []
+        assert [type(e.event).__name__ for e in after] == ["RecordFenced"]
+        assert len(begun) == 1
+    finally:
+        await other.close()
         await log.close()
