@@ -76,16 +76,11 @@ from events.types import (
     Event,
     MigrationEvicted,
     PodBound,
-    PodDeleted,
     PodEvicted,
-    PodFailed,
     PodGroupStatusChanged,
-    PodGroupSubmitted,
     PodMigrated,
     PodPreempted,
     PodRejected,
-    PodSubmitted,
-    PodSucceeded,
     PodUnschedulable,
     PositionRecorded,
 )
@@ -93,11 +88,12 @@ from shards.kube.apicall import ApiRetry, Unavailable, raw, split_key
 from shards.kube.bindwindow import BindWindow, subjects_of
 from shards.kube.client import RateLimit
 from shards.kube.client import api_message as _message
+from shards.kube.controlfollow import CONTROL_TOLD, ControlFollower
 from shards.kube.drabinder import DraAllocator
 from shards.kube.evicting import Evicter, bind_failed
 from shards.kube.known import Known
 from shards.kube.recorder import NS_PER_S
-from shards.kube.telling import Teller, coordinators_group_status, coordinators_judgement
+from shards.kube.telling import Teller
 from shards.kube.victims import Victims
 
 log = logging.getLogger(__name__)
@@ -105,9 +101,6 @@ log = logging.getLogger(__name__)
 _ADMISSION: Final = ("ingest", "router")
 """Producers of a ``PodRejected`` for a pod refused at admission: ingest (one shard), or
 the coordinator forwarding it (several)."""
-CONTROL_TOLD: Final = "binder-control"
-"""The component of the ``PositionRecorded`` that says how far in the control partition
-the pods the coordinator judged were told (several shards)."""
 
 
 class KubeBinder:
@@ -152,14 +145,6 @@ class KubeBinder:
         )
         self.known = Known()
         """Uids, GPU requests, groups and GPU nodes learnt from the inputs."""
-        self.control = control
-        """Several shards: the control partition, whose groups' status (the coordinator's
-        view's: only it knows each group whole) this binder writes too; read only."""
-        self.control_position = 0
-        self.control_told = 0
-        """The control partition's offset up to which pods were told (recorded)."""
-        self.control_uids: dict[str, str] = {}
-        """The uids of the pods the control partition submitted (live ones)."""
         self.dra = DraAllocator(api)
         """Pods' DRA claims, allocated and reserved before they are bound."""
         self.counters = {
@@ -187,6 +172,11 @@ class KubeBinder:
         )
         """Events, conditions and group status: why pods are pending."""
         self.recorder = self.teller.recorder
+        self.follower = ControlFollower(
+            log_, control, partition, self.known, self.teller, clock=clock
+        )
+        """Several shards (``control``, the control partition): what the coordinator
+        reports there for the binder of partition 0 to write (read only)."""
 
     def __repr__(self) -> str:
         return f"KubeBinder(position={self.position}, {self.counters})"
@@ -211,7 +201,7 @@ class KubeBinder:
                 # the newest: it may be behind an earlier one while a binding waits
                 self.position = event.position
             elif isinstance(event, PositionRecorded) and event.component == CONTROL_TOLD:
-                self.control_told = event.position
+                self.follower.told = event.position
             elif isinstance(event, PodPreempted | PodEvicted | PodMigrated):
                 if env.producer.startswith("shard-"):
                     self._hold(as_eviction(event) if isinstance(event, PodMigrated) else event)
@@ -248,7 +238,7 @@ class KubeBinder:
         """Apply what is new in the log; return the events appended (bind failures)."""
         if not self.resumed:
             await self.resume()
-        await self._follow_control()
+        await self.follower.follow()
         records, unreadable, position = await read_past_unreadable(
             self.log, self.partition, self.position
         )
@@ -455,53 +445,6 @@ class KubeBinder:
 
     async def _warn(self, key: str, reason: str, message: str) -> None:
         await self.teller.warn(key, self.known.uids.get(key, ""), reason, message)
-
-    async def _follow_control(self) -> None:
-        """Write what the coordinator reports in the control partition: the groups'
-        status (read from its start after a restart: a status already written is not
-        written again, nor is a scheduler-plugins one changed by writing it twice), and
-        why the pods it judged are pending (only past what was recorded as told)."""
-        if self.control is None:
-            return
-        records, _, self.control_position = await read_past_unreadable(
-            self.log, self.control, self.control_position
-        )
-        told = False
-        for env in records:
-            match env.event:
-                case PodGroupSubmitted(group=spec):
-                    self.known.group_sources[spec.key] = spec.source
-                case PodGroupStatusChanged() as event if coordinators_group_status(env):
-                    try:
-                        source = self.known.group_sources.get(event.group)
-                        await self.teller.group_status(event, source)
-                    except Unavailable as exc:  # informational: not retried
-                        log.warning("group status not written group=%s: %s", event.group, exc)
-                case PodSubmitted(pod=spec) if spec.uid or spec.group:
-                    if spec.uid:
-                        self.control_uids[spec.key] = spec.uid
-                    if spec.group:
-                        self.known.group_of[spec.key] = spec.group
-                case PodDeleted(pod=key) | PodSucceeded(pod=key) | PodFailed(pod=key):
-                    self.control_uids.pop(key, None)
-                    self.known.group_of.pop(key, None)
-                    self._forget_told(key)
-                case PodBound(pod=key):
-                    self._forget_told(key)  # (a shard's, relayed) bound: no more to tell
-                case PodUnschedulable() as event if (
-                    coordinators_judgement(env)
-                    and event.attempt > 0
-                    and (env.offset or 0) >= self.control_told
-                ):
-                    uid = self.control_uids.get(event.pod) or self.known.uids.get(event.pod, "")
-                    await self._unschedulable(event, uid)
-                    told = True
-        if told:
-            self.control_told = self.control_position
-            record = PositionRecorded(component=CONTROL_TOLD, position=self.control_told)
-            await self.log.append(
-                [Envelope(event=record, time=self.clock(), producer="binder")], self.partition
-            )
 
     async def _unschedulable(self, event: PodUnschedulable, uid: str) -> None:
         await self.teller.unschedulable(event, uid, self.known.group_of.get(event.pod))
