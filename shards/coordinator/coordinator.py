@@ -56,7 +56,7 @@ stands alone it has its module (dispatch, choice, flights, routing, snapshot).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final, TypeVar
 
 import numpy as np
@@ -65,6 +65,7 @@ import numpy.typing as npt
 from engine.config import SchedulerConfig
 from engine.engine import Engine
 from engine.framework.registry import Registry
+from engine.model.bulk import place_all
 from engine.model.changes import ClusterEvent
 from engine.model.groups import FAILED, PENDING, SCHEDULED, advance, group_unit, is_group_unit
 from engine.model.pods import PodInfo
@@ -94,6 +95,7 @@ from events.types import (
     PodMigrated,
     PodPreempted,
     PodRejected,
+    PodSubmitted,
     PodSucceeded,
     PodUnbound,
     PoolHandedOver,
@@ -444,6 +446,42 @@ class Coordinator:
         else:
             self._input(env)
 
+    def apply_all(self, envelopes: Sequence[Envelope]) -> None:
+        """:meth:`apply` for each of ``envelopes`` in order, with the submissions of pods
+        at the time reached so far folded in bulk (:meth:`Engine.apply_submitted`, which
+        leaves the state the one-by-one fold leaves: replay folds one by one, so
+        ``--verify`` checks that too). Each submission's checks
+        (:func:`engine.refusals.refused`) are made once per template of pod."""
+        run: list[Envelope] = []
+        valid: dict[tuple[object, ...], None] = {}
+        engine = self.engine
+        for env in envelopes:
+            event = env.event
+            if (
+                type(event) is PodSubmitted
+                and 0 <= env.time <= engine.now
+                and env.time <= self.now
+                and env.stream != RELAY
+                and env.producer != ROUTER
+            ):
+                pod = event.pod
+                try:
+                    checks = (pod.priority, pod.runtime, tuple(pod.requests.items()))
+                    known = checks in valid
+                except TypeError:
+                    checks, known = None, False
+                if known or refused(env) is None:
+                    if checks is not None:
+                        valid[checks] = None
+                    run.append(env)
+                    continue
+            if run:
+                engine.apply_submitted(run)
+                run = []
+            self.apply(env)
+        if run:
+            engine.apply_submitted(run)
+
     def _input(self, env: Envelope) -> None:
         engine = self.engine
         event = env.event
@@ -648,6 +686,7 @@ class Coordinator:
         decisions = self.decisions
         landed: dict[Request, int] = {}
         pods = 0
+        run: list[tuple[str, int, str]] = []
         for key, node in placed.items():
             flight = flights.get(key)
             if flight is None or flight.shard != shard:
@@ -659,11 +698,16 @@ class Coordinator:
                 pods += len(flight.pods)
                 for request in flight.requests:
                     landed[request] = landed.get(request, 0) + 1
-                engine.place(key, slot, decisions.get(key, key), charged=True)
+                run.append((key, slot, decisions.get(key, key)))
                 continue
+            if run:
+                place_all(engine, run, charged=True)
+                run = []
             self.land(key)
             if slot is not None and key in live:
                 engine.place(key, slot, decisions.get(key, key))
+        if run:
+            place_all(engine, run, charged=True)
         if pods:
             self._uncount(shard, landed, pods)
 
