@@ -82,14 +82,16 @@ class Inputs(Reports):
         run: list[Envelope] = []
         valid: dict[tuple[object, ...], None] = {}
         engine = self.engine
+        retired = engine.retired
         for env in envelopes:
             event = env.event
+            time = env.time
             if (
                 type(event) is PodSubmitted
-                and 0 <= env.time <= engine.now
-                and env.time <= self.now
+                and 0 <= time <= MAX_TIME
                 and env.stream != RELAY
                 and env.producer != ROUTER
+                and (time <= engine.now or not retired.sweeps(time))
             ):
                 pod = event.pod
                 try:
@@ -100,6 +102,9 @@ class Inputs(Reports):
                 if known or refused(env) is None:
                     if checks is not None:
                         valid[checks] = None
+                    # time moves on as :meth:`apply` moves it (nothing to forget)
+                    self.now = max(self.now, time)
+                    engine.now = max(engine.now, time)
                     run.append(env)
                     continue
             if run:
