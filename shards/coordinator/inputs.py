@@ -108,11 +108,15 @@ class Inputs(Reports):
                     run.append(env)
                     continue
             if run:
-                engine.apply_submitted(run)
+                self._submit(run)
                 run = []
             self.apply(env)
         if run:
-            engine.apply_submitted(run)
+            self._submit(run)
+
+    def _submit(self, run: list[Envelope]) -> None:
+        self.engine.apply_submitted(run)
+        self.folded_in_bulk += len(run)
 
     def _input(self, env: Envelope) -> None:
         engine = self.engine

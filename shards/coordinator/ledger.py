@@ -135,6 +135,9 @@ class Ledger:
         self._out: list[Output] = []
         self._cache: dict[tuple[object, ...], Any] = {}
         self._cache_at = (-1, -1)
+        self.folded_in_bulk = 0
+        """Submissions folded in bulk (:meth:`Inputs.apply_all`; not state: a replay
+        folds each record alone, to the same state)."""
 
     def __repr__(self) -> str:
         return (
