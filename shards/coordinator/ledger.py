@@ -151,6 +151,16 @@ class Ledger:
     def send(self, partition: int, event: Event) -> None:
         self._out.append((partition, event))
 
+    def send_all(self, outputs: list[Output]) -> None:
+        """:meth:`send` each of ``outputs`` (partition, event), in order."""
+        self._out += outputs
+
+    def next_seqs(self, count: int) -> int:
+        """The first of ``count`` numbers in a row that :meth:`next_seq` would give."""
+        first = self.seq + 1
+        self.seq += count
+        return first
+
     def next_seq(self) -> int:
         self.seq += 1
         return self.seq
