@@ -24,10 +24,12 @@ the queue (dominant shares and admission change with every charge) and no extend
 asked; otherwise a pod is handed over alone, as before.
 
 **Cost per pod handed over** (the cost model of :mod:`shards.coordinator.coordinator`;
-5,000 nodes, 42 shapes, 2 shards, a busy 2-core machine): about 15-20 µs, down from
-45-55: per pod, taking it out of the queue and its kind's key (about 4), its choice
-(a look-up and a comparison per shard), its ``PodRouted`` and decision id, its flight;
-per kind and batch, the checks and the counts (O(nodes), see the coordinator).
+5,000 nodes, one template, 2 shards, a busy 2-core machine): about 7 µs: per pod,
+taking it out of the queue and its kind's key (about 3), its choice (a look-up and a
+comparison per shard), its ``PodRouted`` and decision id (drawn for the batch at
+once), its flight; per kind and batch, the checks and the count of feasible nodes
+(O(nodes), see the coordinator) and the shards' sums (O(nodes changed):
+:class:`shards.coordinator.handover.Sums`).
 """
 
 from __future__ import annotations

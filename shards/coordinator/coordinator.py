@@ -1,34 +1,49 @@
 """The coordinator of several shards: one fold of the control partition, and passes.
 
-**Cost per plain pod** (5,000 nodes, 20,000 pods of ``shoal loadtest``'s mix of 42
-shapes, 2 shards; CPU of :meth:`apply` and :meth:`schedule` alone, the records fed in
-batches of 1,000 with the shards' placements, no log; a busy 2-core machine, November
-2026): about 50 µs, down from about 80-90, split as
+**Cost per plain pod** (5,000 nodes, 20,000 pods of one template, 2 shards; CPU of the
+coordinator's fold and passes alone, the records fed in slices of 1,000 with the
+shards' placements, no log, the collector off; a busy 2-core machine, November 2026):
+about 18-20 µs, down from about 29 (about 21-23 with the collector, from about 40),
+split as
 
-- *folding the submission*, about 20 µs: the record's checks
-  (:func:`engine.refusals.refused`), its :class:`~engine.model.pods.PodInfo`, the
-  queue; per pod, in the engine's fold (the next cost to batch: a bulk submit);
-- *handing it over*, about 15-20 µs, down from 45-55: the plain pods at the head of
-  the queue go in one step (:func:`~shards.coordinator.batches.hand_batch`),
-  the checks made once per kind of pod in the step, the choice of shard one
-  vectorised score per kind (:func:`shards.coordinator.choice.run_scores`), what each
-  shard has pending and the quota charged once per kind and shard
-  (:meth:`Coordinator.fly_run`); left per pod: taking it out of the queue, its
-  ``PodRouted`` and decision id, its flight;
-- *folding where the shard placed it*, about 11 µs: in bulk per report
-  (:meth:`Coordinator._placed`), but each placement is assumed in the view one by one
-  (:meth:`engine.model.shard.ShardModel.place`), as the view must hold every pod for
-  preemption and reclaim over every node.
+- *folding the submission*, about 4-6 µs, down from 15-20: a slice's submissions are
+  folded together (:meth:`~shards.coordinator.inputs.Inputs.apply_all`), checked once
+  per template, each pod's facts derived once per template
+  (:func:`engine.model.bulk.submit_all`); left per pod: its ``PodInfo``, its entries
+  in the table of pods and the queue;
+- *handing it over*, about 7 µs: the plain pods at the head of the queue go in one
+  step (:func:`~shards.coordinator.batches.hand_batch`), the checks made once per kind
+  of pod in the step, the choice of shard one vectorised score per kind, each shard's
+  sums per kind kept up to date from the nodes that changed
+  (:class:`~shards.coordinator.handover.Sums`), what each shard has pending and the
+  quota charged once per kind and shard; left per pod: taking it out of the queue,
+  its kind's key, its ``PodRouted`` and decision id, its flight;
+- *folding where the shard placed it*, about 4-5 µs, down from 10: in bulk per report
+  (:meth:`~shards.coordinator.reports.Reports._placed`), the node columns changed once
+  per request and node (:func:`engine.model.bulk.place_all`); left per pod: its
+  flight taken off, its record in the view (which must hold every pod, for preemption
+  and reclaim over every node).
 
 Per batch (not per pod): per kind of pod, the count of its feasible nodes per shard
-and the shards' sums over them (:meth:`Coordinator.cached`, computed again when
-placements changed the view): O(nodes) per kind and batch, about 1 µs per pod at
-5,000 nodes and 42 kinds in batches of 1,000, growing with the cluster (shards
-publishing their per-kind capacities, or sums kept up to date from the journal of
-changed nodes, would make it O(changed nodes); not done yet). The inter-pod rule
-check reads only the pods placed since it last looked
-(:meth:`engine.model.podtable.PodTable._terms_placed`). What the exact path costs (units
-decided here) is in :mod:`shards.coordinator.dispatch`.
+(O(nodes) at each batch after placements: the framework's shape cache refreshes the
+changed nodes, the count is taken over all), and each shard's sums over the nodes it
+may use (O(nodes changed) since :class:`~shards.coordinator.handover.Sums`). At
+130,000 nodes the same run costs about 35 µs per pod, from about 39 (the collector on):
+what grows is the per-batch count and the collector's passes over a larger heap.
+
+What is not a plain pod costs far more: a pod an inter-pod rule or a spread constraint
+applies to is decided here, on the exact view, after every flight is answered
+(:mod:`shards.coordinator.dispatch`); each one ends a batch. With ``loadtest scale
+--templates 20`` (two of twenty templates spread over zones: about one pod in ten)
+that makes batches of about ten pods and about 450 µs per pod on the coordinator:
+the next thing to change (hand such a pod over with the other shards' counts per
+domain, so its shard decides it exactly; or decide runs of them together).
+
+The coordinator is built in layers, one module each, each importing only those below
+it: :mod:`~shards.coordinator.ledger` (its state and bookkeeping) <
+:mod:`~shards.coordinator.handed` (flights) < :mod:`~shards.coordinator.reports` (the
+shards' reports) < :mod:`~shards.coordinator.inputs` (ingest's records) < this module
+(the pass, time-outs, wake-ups).
 
 With N shards the log has N + 1 partitions: partition ``i`` is shard ``i``'s own, the
 last one is the *control* partition. Ingest (and the cluster's own voice: pods that
@@ -49,9 +64,11 @@ partitions and to the control partition). A restarted coordinator folds its part
 again, re-running each recorded pass where it ran, and appends only what is missing;
 ``replay --verify`` does the same and compares.
 
-Why one module of about 800 lines: the fold of every record kind and the pass are one
-state machine over the same state (view, flights, claims, evictions); where a concern
-stands alone it has its module (dispatch, choice, flights, routing, snapshot).
+The fold of every record kind and the pass are one state machine over one state
+(view, flights, claims, evictions): the layers split its methods by what they fold,
+not its state, which :class:`~shards.coordinator.ledger.Ledger` holds; where a concern
+stands alone it has its module (dispatch, batches, handover, choice, flights, routing,
+snapshot).
 """
 
 from __future__ import annotations
