@@ -17,12 +17,14 @@ data and runs the fold and the passes.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 from engine.config import SchedulerConfig, default_config, parse_config
 from engine.fold import HANDLERS
 from engine.framework.profiles import Profiles
 from engine.framework.registry import Registry
 from engine.framework.runtime import Framework
+from engine.model.bulk import submit_all
 from engine.model.pods import PodInfo
 from engine.model.pools import Pools, Sharding
 from engine.model.reservations import HELD, STAGING
@@ -34,7 +36,15 @@ from engine.passes.run import SchedulingPass
 from engine.plugins.registry import builtin_registry
 from engine.refusals import CHECKED, MAX_TIME, refused
 from events.errors import InputError
-from events.types import SECOND, Envelope, Event, SchedulerConfigured, ShardingConfigured
+from events.types import (
+    SECOND,
+    Envelope,
+    Event,
+    PodSpec,
+    PodSubmitted,
+    SchedulerConfigured,
+    ShardingConfigured,
+)
 
 
 class Engine(ShardModel):
@@ -120,6 +130,30 @@ class Engine(ShardModel):
         if envelope.causation > self.seen and envelope.producer == "router":
             self.seen = envelope.causation
         self.apply_decision(envelope.event)
+
+    def apply_submitted(self, envelopes: Sequence[Envelope]) -> None:
+        """:meth:`apply` (``checked``) for each of ``envelopes``, records the caller has
+        checked already and none later than ``now``: the submissions of pods among them
+        folded in bulk (:func:`engine.model.bulk.submit_all`, the state the one-by-one
+        fold leaves), any other record one by one, in its place."""
+        specs: list[PodSpec] = []
+        for envelope in envelopes:
+            event = envelope.event
+            if (
+                type(event) is PodSubmitted
+                and envelope.time <= self.now
+                and envelope.producer != "router"
+                and not self.next_runs
+            ):
+                self.counters["events"] += 1
+                specs.append(self.pools.fenced(event.pod))
+                continue
+            if specs:
+                submit_all(self, specs)
+                specs = []
+            self.apply(envelope, checked=True)
+        if specs:
+            submit_all(self, specs)
 
     def apply_decision(self, event: Event) -> None:
         """Fold a decision the current pass has just made (as its replay will)."""

@@ -326,10 +326,12 @@ class ControlWorker:
             self._outputs = 0
             last_input = owed
             last_time = coordinator.now
-            for env in records[start : start + self.fold_slice]:
-                coordinator.apply(env)
+            folding = records[start : start + self.fold_slice]
+            coordinator.apply_all(folding)
+            for env in reversed(folding):
                 if env.producer not in (ROUTER, COORDINATOR):
                     last_input, last_time = env.offset, env.time
+                    break
             owed = -1
             self.position = records[min(start + self.fold_slice, len(records)) - 1].offset + 1
             self.folded += min(self.fold_slice, len(records) - start)

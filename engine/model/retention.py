@@ -79,6 +79,12 @@ class Retired:
         """``key`` is live again (or forgotten another way): no longer due."""
         self.at.pop(key, None)
 
+    def sweeps(self, now: int) -> bool:
+        """Whether :meth:`due` at ``now`` would take anything out (False: time may move
+        on to ``now`` with nothing to forget)."""
+        order = self.order
+        return bool(order) and order[0][0] <= now - self.window - self.window // SWEEP_SLACK
+
     def due(self, now: int) -> list[str]:
         """The names over for a whole window at ``now``, taken out (oldest first); none
         until the oldest is an eighth of a window past due, so that sweeps come in

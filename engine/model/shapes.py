@@ -65,7 +65,10 @@ class ShapeCounts:
         return f"ShapeCounts(shapes={len(self.counts)}, total={self.total})"
 
     def add(self, pod: PodInfo) -> None:
-        shape = shape_of(pod)
+        self.add_shape(shape_of(pod))
+
+    def add_shape(self, shape: ShapeKey) -> None:
+        """Count a pod of ``shape`` (derived once for pods of one template)."""
         self.counts[shape] = self.counts.get(shape, 0) + 1
         self.total += 1
         total = self.total

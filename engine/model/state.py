@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import heapq
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -449,6 +449,45 @@ class ClusterState:
             assert devices is not None
             self.cards.take(slot, devices, gpu, 1)
             self._count_cards(np.array([slot]))
+
+    def assume_all(self, placements: Sequence[tuple[str, int, Request, int]]) -> None:
+        """:meth:`assume` for each ``(key, slot, request, priority)`` in order, for pods
+        not placed yet, without host ports or GPU cards (the caller checks): each is
+        recorded in its place in the order, and the columns change once per request,
+        priority and node, by how many of those pods landed there, not once per pod
+        (the same sums: integer columns)."""
+        if not placements:
+            return
+        resources = self.resources
+        if len(resources) != self._columns.shape[1] or len(resources.card_needs) != len(
+            self.cards.rows
+        ):
+            self.ensure_rows()
+        rows = self._columns.shape[1]
+        pods = self.pods
+        node_pods = self.node_pods
+        touch = self._touch
+        runs: dict[tuple[Request, int], list[int]] = {}
+        for key, slot, request, priority in placements:
+            delta = request_delta(request, rows)
+            pods[key] = PlacedPod(slot, request, delta, priority)
+            node_pods[slot][key] = None
+            touch(slot)
+            run = runs.get((request, priority))
+            if run is None:
+                run = runs[(request, priority)] = []
+                if priority not in self.used_by_priority:
+                    self.used_by_priority[priority] = np.zeros_like(self.used)
+            run.append(slot)
+        for (request, priority), slots in runs.items():
+            delta = request_delta(request, rows)
+            if delta[1].any():
+                self._level_pods[priority] = self._level_pods.get(priority, 0) + len(slots)
+            counts = np.bincount(np.asarray(slots, dtype=np.int64))
+            landed = np.flatnonzero(counts)
+            times = counts[landed]
+            self._columns[:, :, landed] += delta[:, :, None] * times
+            self.used_by_priority[priority][:, landed] += delta[1][:, None] * times
 
     def gpu_of(self, request: Request) -> GpuRequest | None:
         """The GPU cards ``request`` asks for (from its card-need row), or None."""

@@ -44,10 +44,11 @@ few dozen shapes (runs of identical pods average about one there). Shards publis
 per-shape capacities (how many pods they certainly hold, their best score): not done
 yet; it would remove the per-batch O(nodes) counts and let more than one pod per
 feasible node be in flight, at the price of a new report kind and its replay.
-Folding placement reports in bulk: done per report already; what is left per pod is
-the view assuming each placement. Units that need the whole cluster (preemption,
-reclaim, spanning gangs, inter-pod rules, user scores, extenders) are decided here on
-the exact view, as before; so are all units of a packing profile
+Folding placement reports and submissions in bulk: done (:mod:`engine.model.bulk`:
+the node columns change once per request and node, a template's facts are derived
+once; what is left per pod is its record in the view). Units that need the whole
+cluster (preemption, reclaim, spanning gangs, inter-pod rules, user scores,
+extenders) are decided here on the exact view, as before; so are all units of a packing profile
 (:mod:`shards.coordinator.choice` says why, and their cost: one scheduling attempt here
 and a directed part per pod, instead of the choice and the hand-over).
 """

@@ -22,7 +22,7 @@ from engine.engine import Engine
 from engine.framework.cycle import CycleState
 from engine.framework.runtime import Framework
 from engine.model.pods import PodInfo
-from engine.model.state import Bools
+from engine.model.state import Bools, ClusterState
 from engine.plugins.registry import builtin_registry
 from shards.coordinator.choice import (
     ShardView,
@@ -59,6 +59,7 @@ class Checks:
         self.c = coordinator
         self._known: dict[int, tuple[Framework, bool]] = {}
         """Per framework (by id, kept alive here): whether it can be handed over."""
+        self.sums = Sums()
 
     def __repr__(self) -> str:
         return f"Checks(frameworks={len(self._known)})"
@@ -144,17 +145,109 @@ class Checks:
         return max(order, key=values.__getitem__)
 
     def shard_view(self, framework: Framework, pod: PodInfo) -> ShardView:
-        """Each shard's sums over the nodes ``pod``'s static filters allow (cached while
-        the view's nodes and placements stand)."""
+        """Each shard's sums over the nodes ``pod``'s static filters allow: kept per
+        kind of pod while the view's nodes stand, brought up to date with the nodes
+        placements changed since (:class:`Sums`), not summed again over every node. A
+        pod with host ports (its static filters read placements) has them summed
+        again whenever the view's placements change."""
         c = self.c
         e = c.engine
 
-        def view() -> ShardView:
-            static = framework.static_feasible(pod, e.state)
+        def view(static: Bools | None = None) -> ShardView:
+            if static is None:
+                static = framework.static_feasible(pod, e.state)
             return ShardView(
                 shard_columns(e.state, static, c.routing.slot_shard, c.n),
                 e.state,
                 label_scores(framework, pod, e.state, static, c.routing.slot_shard, c.n),
             )
 
-        return c.cached(("shards", pod.static_key, pod.spec.scheduler_name), view)
+        key = ("shards", pod.static_key, pod.spec.scheduler_name)
+        if pod.spec.host_ports:
+            return c.cached(key, view)
+        self.sums.sync(e.state, c.routing.slot_shard)
+        found = self.sums.views.get(key)
+        if found is None:
+            static = framework.static_feasible(pod, e.state)
+            found = self.sums.keep(key, view(static), static)
+        return found
+
+
+class Sums:
+    """Per kind of pod, each shard's sums over the nodes its static filters allow
+    (a :class:`ShardView`'s ``base``), kept up to date from the view's journal of
+    changed nodes: at each :meth:`sync`, the columns of the nodes changed since, less
+    what they were then (a copy of the columns, kept for it), are added to each kind's
+    sums, per shard. Integer sums: the same as summing every node again.
+
+    **Cost**: O(nodes changed, times kinds) per sync, instead of O(nodes, times resources) per
+    kind each time placements change (at 130,000 nodes, about 30 ms per kind and batch
+    of hand-overs). Everything is summed again when a node is added, removed or
+    changed, when a shard's nodes change hands, or when the journal no longer reaches
+    back to the last sync."""
+
+    def __init__(self) -> None:
+        self.views: dict[tuple[object, ...], ShardView] = {}
+        self.masks: dict[tuple[object, ...], Bools] = {}
+        self._mirror: npt.NDArray[np.int64] | None = None
+        self._owner: npt.NDArray[np.int64] | None = None
+        self._at = -1
+        self._version: tuple[int, int, int] = (-1, -1, -1)
+
+    def __repr__(self) -> str:
+        return f"Sums(kinds={len(self.views)})"
+
+    def keep(self, key: tuple[object, ...], view: ShardView, static: Bools) -> ShardView:
+        self.views[key] = view
+        self.masks[key] = static.copy()
+        return view
+
+    def sync(self, state: ClusterState, slot_shard: npt.NDArray[np.int64]) -> None:
+        """Bring every kind's sums up to date with ``state`` (or forget them all)."""
+        columns = state._columns
+        top = state.high_water
+        version = (state.static_version, top, columns.shape[1])
+        owner = slot_shard[:top]
+        if (
+            version != self._version
+            or self._mirror is None
+            or self._owner is None
+            or not np.array_equal(owner, self._owner)
+        ):
+            self._restart(state, owner, version)
+            return
+        changed = state.changed_since(self._at)
+        if changed is None:
+            self._restart(state, owner, version)
+            return
+        self._at = state.journal_end
+        if not changed:
+            return
+        slots = np.unique(np.asarray(changed, dtype=np.int64))
+        slots = slots[slots < top]
+        now = columns[:, :, slots]
+        diff = now - self._mirror[:, :, slots]
+        self._mirror[:, :, slots] = now
+        if not self.views:
+            return
+        moved = diff.any(axis=(0, 1))
+        if not moved.any():
+            return
+        slots, diff = slots[moved], diff[:, :, moved]
+        whose = owner[slots]
+        for key, view in self.views.items():
+            picked = self.masks[key][slots] & (whose >= 0)
+            if not picked.any():
+                continue
+            for shard in np.unique(whose[picked]).tolist():
+                view.base[:, :, shard] += diff[:, :, picked & (whose == shard)].sum(axis=2)
+
+    def _restart(
+        self, state: ClusterState, owner: npt.NDArray[np.int64], version: tuple[int, int, int]
+    ) -> None:
+        self.views.clear()
+        self.masks.clear()
+        self._mirror = state._columns[:, :, : state.high_water].copy()
+        self._owner = owner.copy()
+        self._at = state.journal_end
+        self._version = version

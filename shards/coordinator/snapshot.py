@@ -44,9 +44,10 @@ from shards.coordinator.routing import Routing
 COMPONENT: Final = "coordinator"
 COORDINATOR: Final = COMPONENT
 """The producer of the coordinator's snapshots."""
-TRANSIENT: Final = frozenset({"engine", "_out", "_cache", "_cache_at"})
+TRANSIENT: Final = frozenset({"engine", "_out", "_cache", "_cache_at", "folded_in_bulk"})
 """Coordinator attributes that are not state (the engine is written on its own; the
-rest is empty or rebuilt between passes)."""
+rest is empty or rebuilt between passes, or counts how the fold went: a replay folds
+one record at a time)."""
 ALLOWED: Final = Allowed(
     {
         **STATE_CLASSES,

@@ -1,0 +1,173 @@
+"""Folding many submitted pods, or many placements, in one step.
+
+:func:`submit_all` is ``for spec in specs: m.submit(spec)`` and :func:`place_all` is
+``for key, slot, decision in placements: m.place(key, slot, decision, charged)``:
+each leaves exactly the state the loop leaves (the same pods with the same sequence
+numbers, queue entries and generations, shape counts, columns, journal, counters),
+which the property tests of ``tests/engine/test_bulk_fold.py`` check against the loop.
+What they save is the per-pod Python the loop repeats for pods of one template:
+
+- a submitted pod's derived facts (:class:`~engine.model.pods.PodInfo`'s request,
+  static and shape keys, GPU request, its shape for :class:`~engine.model.shapes.ShapeCounts`)
+  are derived once per template in the batch (pods equal in every field they are
+  derived from), not per pod; what is left per pod is its record (a ``PodInfo``, the
+  table of pods, its queue entry);
+- placements of one request and priority change the node columns once per node, by
+  how many of them landed there (:meth:`~engine.model.state.ClusterState.assume_run`),
+  not once per pod.
+
+A pod that is not plain (in a gang, with dependencies, named like a pod that finished
+or told twice) or a placement that is not (a gang member, host ports, GPU cards, a pod
+some parked pod waits to see placed) goes through the one-by-one method, in its place
+in the order: the loop's result either way.
+
+**Cost per pod** (the coordinator's fold of 1,000 submissions of one template; 5,000
+nodes): about 4 µs submitted, against about 12 one by one; about 3 µs placed, against
+about 8.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+from engine.model.changes import ClusterEvent
+from engine.model.pods import PodInfo, pod_info
+from engine.model.shapes import ShapeKey, shape_of
+from engine.model.shard import ShardModel
+from engine.model.state import Request
+from events.types import PodSpec
+
+Derived = tuple[Request, tuple[Any, ...], tuple[Any, ...], Any, ShapeKey]
+"""A template's request, static key, shape key, GPU request and shape."""
+
+
+def template_key(spec: PodSpec) -> tuple[object, ...]:
+    """Every field of ``spec`` a :class:`PodInfo` derives something from (bar its name):
+    pods with equal keys derive the same request, keys, GPU request and shape.
+    TypeError: a field that cannot be hashed (the pod is derived on its own)."""
+    return (
+        tuple(spec.requests.items()),
+        tuple(spec.node_selector.items()),
+        spec.node_name,
+        spec.required_affinity,
+        spec.preferred_affinity,
+        spec.tolerations,
+        spec.host_ports,
+    )
+
+
+def submit_all(m: ShardModel, specs: Sequence[PodSpec]) -> None:
+    """``m.submit(spec)`` for each of ``specs`` in order, the plain ones in bulk."""
+    pods = m.pods
+    outcomes = m.outcomes
+    queue = m.queue
+    shapes = m.shapes
+    resources = m.state.resources
+    derived: dict[tuple[object, ...], Derived] = {}
+    queues: dict[str, str] = {}
+    fresh = False
+    for spec in specs:
+        key = spec.key
+        if key in pods or key in outcomes or spec.group or spec.depends_on or m.next_runs:
+            if fresh:
+                m.state.ensure_rows()  # (what the loop had done by now)
+                fresh = False
+            m.submit(spec)
+            continue
+        try:
+            tk = template_key(spec)
+            facts = derived.get(tk)
+        except TypeError:
+            tk, facts = None, None
+        seq = m.submissions
+        if facts is None:
+            lead = pod_info(spec, resources, seq)
+            facts = (lead.request, lead.static_key, lead.shape_key, lead.gpu, shape_of(lead))
+            if tk is not None:
+                derived[tk] = facts
+            fresh = True
+        request, static_key, shape_key, gpu, shape = facts
+        info = PodInfo(
+            spec=spec,
+            key=key,
+            request=request,
+            seq=seq,
+            static_key=static_key,
+            shape_key=shape_key,
+            tiebreak=zlib.crc32(key.encode()),
+            gpu=gpu,
+        )
+        m.submissions = seq + 1
+        pods[key] = info
+        shapes.add_shape(shape)
+        namespace = spec.namespace
+        name = queues.get(namespace)
+        if name is None:
+            name = queues[namespace] = m.queue_of(namespace)
+        queue.add(key, spec.priority, seq, name)
+    if fresh:
+        m.state.ensure_rows()
+
+
+def place_all(m: ShardModel, placements: Sequence[tuple[str, int, str]], charged: bool) -> None:
+    """``m.place(key, slot, decision, charged)`` for each placement in order, those of
+    plain pods not placed yet in bulk: their columns change once per request,
+    priority and node (:meth:`~engine.model.state.ClusterState.assume_all`)."""
+    state = m.state
+    pods = m.pods
+    held = state.pods
+    bindings = m.bindings
+    started = m.started
+    dispatched = m.dispatched
+    dependents = m.dependents
+    priorities = m.placed_priorities
+    waits = m.queue.waits_for(ClusterEvent.POD_PLACED)
+    cards = bool(state.cards.rows)
+    assumed: list[tuple[str, int, Request, int]] = []
+    quota: dict[tuple[str, Request], int] = {}
+    now = m.now
+    for key, slot, decision in placements:
+        pod = pods[key]
+        spec = pod.spec
+        request = pod.request
+        if (
+            waits
+            or key in held
+            or key in bindings
+            or spec.group
+            or spec.host_ports
+            or (cards and state.gpu_of(request) is not None)
+        ):
+            _flush(m, assumed, quota)
+            m.place(key, slot, decision, charged)
+            continue
+        priority = spec.priority
+        assumed.append((key, slot, request, priority))
+        if not charged:
+            counted = (spec.namespace, request)
+            quota[counted] = quota.get(counted, 0) + 1
+        m.placed_total += 1
+        priorities[priority] = priorities.get(priority, 0) + 1
+        bindings[key] = decision
+        started[key] = now
+        dispatched.pop(key, None)
+        waiting = dependents.get(key)
+        if waiting:
+            m.dirty.update(waiting)
+    _flush(m, assumed, quota)
+
+
+def _flush(
+    m: ShardModel,
+    assumed: list[tuple[str, int, Request, int]],
+    quota: dict[tuple[str, Request], int],
+) -> None:
+    """Assume the placements gathered, and charge their quota (nothing in between
+    read the columns or the quota)."""
+    m.state.assume_all(assumed)
+    for (namespace, request), count in quota.items():
+        m.quotas.add(namespace, request, count)
+    assumed.clear()
+    quota.clear()

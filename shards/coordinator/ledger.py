@@ -1,0 +1,333 @@
+"""What the coordinator keeps between records, and the bookkeeping that keeps it whole.
+
+:class:`Ledger` holds the coordinator's state: its view (one engine over every shard's
+nodes), what each shard was asked and has not answered (flights, claims, evictions),
+the units a shard handed back, and the records a pass will append. Its methods keep
+that state consistent when a pod finishes, a claim ends or a unit goes back to the
+queue; they decide nothing. The coordinator is built in layers, each a subclass of the
+one before, each module importing only those below it (no cycle)::
+
+    Ledger (this module) < Handed (flights: handed.py) < Reports (shards' reports:
+    reports.py) < Inputs (ingest's records: inputs.py) < Coordinator (the pass:
+    coordinator.py)
+
+**Cost per pod**: nothing of its own per plain pod; what each layer costs is at the
+top of its module, and the whole in :mod:`shards.coordinator.coordinator`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.config import SchedulerConfig
+from engine.engine import Engine
+from engine.framework.registry import Registry
+from engine.model.groups import PENDING, is_group_unit
+from engine.model.pools import Sharding
+from engine.model.state import Bools
+from events.types import (
+    SECOND,
+    Event,
+    ReservationAborted,
+    ShardingConfigured,
+)
+from shards import plugins
+from shards.coordinator.flights import (
+    ABORTING,
+    COMMITTED,
+    Claim,
+    Flight,
+)
+from shards.coordinator.routing import Routing
+
+ROUTER: Final = "router"
+"""The producer of the coordinator's records (in every partition)."""
+RELAY: Final = "relay"
+COORDINATOR: Final = -1
+"""``shard`` of the decisions the coordinator makes itself."""
+
+Output = tuple[int, Event]
+"""(partition, event) for the worker to append after a pass."""
+T = TypeVar("T")
+
+
+def relay_source(producer: str, shards: int) -> int | None:
+    """The shard partition a relayed copy came from (None: not a valid relay)."""
+    text = producer.removeprefix(f"{RELAY}-")
+    if text == producer or not (text.isascii() and text.isdigit()):
+        return None
+    source = int(text)
+    return source if source < shards else None
+
+
+class Ledger:
+    """The coordinator's state and its bookkeeping (see the module's docstring)."""
+
+    def __init__(
+        self,
+        sharding: Sharding,
+        config: SchedulerConfig | None = None,
+        registry: Registry | None = None,
+    ) -> None:
+        """``registry``: the plugins (default: the built-ins and every user plugin
+        installed, for the configurations the log records may name any)."""
+        if registry is None:
+            registry = plugins.installed().registry
+        self.sharding = sharding
+        self.n = sharding.shards
+        self.control = sharding.shards
+        """The control partition's number."""
+        self.engine = Engine(config, shard=COORDINATOR, registry=registry)
+        """The view (its dispatch, :class:`ShardDispatch`, is set by the coordinator)."""
+        self.engine.sharded(ShardingConfigured(config=sharding.to_json()))
+        self.routing = Routing(sharding)
+        self.flights: dict[str, Flight] = {}
+        """Units handed to a shard, not answered yet (by unit)."""
+        self.inflight = [0] * self.n
+        """Pods handed to each shard and not answered yet."""
+        rows = len(self.engine.state.resources)
+        self.pending: npt.NDArray[np.int64] = np.zeros((self.n, 4, rows), dtype=np.int64)
+        """Requests handed to each shard and not answered yet, as the shard's columns
+        change by them (alloc, used, free and non-zero used; rows by shards)."""
+        self.decisions: dict[str, str] = {}
+        """Pods handed over → the decision id the shard places them under."""
+        self.claims: dict[str, Claim] = {}
+        self.claim_of: dict[str, str] = {}
+        """Pod → the claim (reservation) it was placed under."""
+        self.held_by: dict[str, dict[str, None]] = {}
+        """Pod → the claims whose parts hold it on their shards (until it finishes, or
+        fails to bind there; an abort does not end it: the shard answers that)."""
+        self.nominated: dict[str, tuple[int, dict[str, None]]] = {}
+        """Units whose preemption is under way → (since, victims not yet gone)."""
+        self.evicting: dict[str, str] = {}
+        """Victim → the unit it makes room for."""
+        self.hard: dict[str, None] = {}
+        """Units a shard handed back: decided here next time, not handed over again."""
+        self.ready: list[str] = []
+        """Preemptors whose victims are all gone: attempted first at the next pass (the
+        room is theirs, as when one scheduler evicts and places in one step)."""
+        self.relayed = [-1] * self.n
+        """Per shard partition: the offset of the last record relayed into control."""
+        self.shard_nodes = [0] * self.n
+        """The nodes each shard said it had, in its last summary."""
+        self.now = 0
+        self.seq = 0
+        self.counters = {
+            "handed": 0,
+            "batches": 0,
+            "decided": 0,
+            "handbacks": 0,
+            "prepared": 0,
+            "committed": 0,
+            "aborted": 0,
+            "evictions": 0,
+            "migrations_handed": 0,
+            "migrations_across": 0,
+        }
+        self.moves_refused: dict[str, int] = {}
+        """Unit → how many times a shard refused to take in pods moved for it (after
+        ``MAX_MOVES_REFUSED``, its plans across shards are not tried again)."""
+        """Request → how it changes a shard's columns (a cache, not state)."""
+        self._out: list[Output] = []
+        self._cache: dict[tuple[object, ...], Any] = {}
+        self._cache_at = (-1, -1)
+        self.folded_in_bulk = 0
+        """Submissions folded in bulk (:meth:`Inputs.apply_all`; not state: a replay
+        folds each record alone, to the same state)."""
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(shards={self.n}, pods={len(self.engine.pods)}, "
+            f"flights={len(self.flights)}, claims={len(self.claims)})"
+        )
+
+    def stats(self) -> dict[str, int]:
+        return {**self.counters, "flights": len(self.flights), "claims": len(self.claims)}
+
+    def send(self, partition: int, event: Event) -> None:
+        self._out.append((partition, event))
+
+    def send_all(self, outputs: list[Output]) -> None:
+        """:meth:`send` each of ``outputs`` (partition, event), in order."""
+        self._out += outputs
+
+    def next_seqs(self, count: int) -> int:
+        """The first of ``count`` numbers in a row that :meth:`next_seq` would give."""
+        first = self.seq + 1
+        self.seq += count
+        return first
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    @property
+    def reservation_timeout(self) -> int:
+        """How long a reservation may hold capacity before it commits: Coscheduling's
+        ``permitWaitingTimeSeconds`` where the configuration states it, else the
+        sharding's ``reservationTimeoutSeconds``."""
+        stated = self.engine.config.reservation_timeout_seconds
+        return self.sharding.reservation_timeout if stated is None else stated * SECOND
+
+    def expiry(self) -> int:
+        return self.now + self.reservation_timeout
+
+    def fresh(self, since: int) -> bool:
+        return self.now < since + self.reservation_timeout
+
+    def flights_under_way(self) -> bool:
+        """Handed units not answered (and not so old that their shard is presumed
+        gone): the view is short of where they went."""
+        return any(self.fresh(f.since) for f in self.flights.values())
+
+    def nominations_under_way(self) -> bool:
+        return any(self.fresh(since) for since, _ in self.nominated.values())
+
+    def cached(self, key: tuple[object, ...], compute: Callable[[], T]) -> T:
+        """``compute()``, remembered until the view's nodes or placements change."""
+        state = self.engine.state
+        at = (state.journal_end, state.static_version)
+        if at != self._cache_at:
+            self._cache.clear()
+            self._cache_at = at
+        if key not in self._cache:
+            self._cache[key] = compute()
+        value: T = self._cache[key]
+        return value
+
+    def feasible_counts(self, feasible: Bools) -> list[int]:
+        """How many of each shard's nodes ``feasible`` marks."""
+        top = self.engine.state.high_water
+        owner = self.routing.slot_shard[:top]
+        picked = owner[feasible[:top] & (owner >= 0)]
+        return [int(c) for c in np.bincount(picked, minlength=self.n)[: self.n]]
+
+    def claim(self, claim: Claim) -> None:
+        self.claims[claim.rid] = claim
+        for pod in claim.pods:
+            self.held_by.setdefault(pod, {})[claim.rid] = None
+
+    def nominate(self, unit: str, victims: list[str]) -> None:
+        self.nominated[unit] = (self.now, dict.fromkeys(victims))
+        for victim in victims:
+            self.evicting[victim] = unit
+        self.engine.dispatched[unit] = "evicting"
+        self.counters["evictions"] += len(victims)
+
+    def wait_for_owner(self, unit: str) -> None:
+        """``unit`` was decided onto a node no shard owns now (its pool is moving to
+        another shard): it tries again after its back-off."""
+        self._requeue(unit, backoff=True)
+
+    def _victim_gone(self, victim: str) -> None:
+        unit = self.evicting.pop(victim, None)
+        if unit is None or unit not in self.nominated:
+            return
+        _, waiting = self.nominated[unit]
+        waiting.pop(victim, None)
+        if not waiting:
+            del self.nominated[unit]
+            self.engine.dispatched.pop(unit, None)
+            self.ready.append(unit)
+
+    def _requeue(self, unit: str, *, hard: bool = False, backoff: bool = False) -> None:
+        """``unit`` is the queue's again: settled at the next pass, or (``backoff``:
+        what was asked of a shard failed) after its back-off, as a failed bind is."""
+        e = self.engine
+        e.dispatched.pop(unit, None)
+        if hard:
+            self.hard[unit] = None
+        if is_group_unit(unit):
+            group = e.groups.get(unit[1:])
+            pods = [e.pods[m] for m in group.members if m in e.pods] if group else []
+            if backoff and group is not None and pods and group.phase == PENDING:
+                lead = pods[0]
+                group.attempts += 1
+                e.queue.back_off(
+                    unit,
+                    lead.priority,
+                    group.seq,
+                    group.attempts,
+                    e.now,
+                    e.queue_of(group.namespace),
+                )
+                return
+            e.dirty[unit] = None
+        elif unit in e.pods:
+            pod = e.pods[unit]
+            if backoff and e.unit_of(unit) == unit and unit not in e.state.pods:
+                e.queue.back_off(
+                    unit,
+                    pod.priority,
+                    pod.seq,
+                    max(pod.attempts, 1),
+                    e.now,
+                    e.queue_of(pod.spec.namespace),
+                )
+                return
+            e.dirty[unit] = None
+
+    def _forget_claim(self, claim: Claim) -> None:
+        """``claim`` is over (every part closed, or none of its pods holds it): forget it,
+        and that its pods were held under it (a pod the view rejected meanwhile, its gang
+        timed out, is gone from the view and would keep that record for good)."""
+        del self.claims[claim.rid]
+        for pod in claim.pods:
+            held = self.held_by.get(pod)
+            if held is not None and claim.rid in held:
+                del held[claim.rid]
+                if not held:
+                    del self.held_by[pod]
+
+    def _unclaim(self, key: str) -> None:
+        """``key`` no longer holds its place under its claim; a committed claim none of
+        whose pods does is over."""
+        rid = self.claim_of.pop(key, None)
+        claim = self.claims.get(rid) if rid is not None else None
+        if (
+            claim is not None
+            and claim.stage == COMMITTED
+            and not any(self.claim_of.get(pod) == rid for pod in claim.pods)
+        ):
+            self._forget_claim(claim)
+
+    def _left_part(self, key: str, rid: str | None = None) -> None:
+        """Pod ``key`` left the part of claim ``rid`` (None: of every claim) on its
+        shard: it finished, or its bind failed. As the shard folds it, a part with no
+        pod left is over there (nothing to abort or release, no answer comes)."""
+        held = self.held_by.get(key)
+        if not held:
+            return
+        for claim_rid in [rid] if rid is not None else list(held):
+            if claim_rid not in held:
+                continue
+            del held[claim_rid]
+            claim = self.claims.get(claim_rid)
+            if claim is None:
+                continue
+            for shard, left in claim.left.items():
+                if key in left:
+                    del left[key]
+                    if not left and shard in claim.open:
+                        del claim.open[shard]
+                        claim.granted.pop(shard, None)
+            if not claim.open:
+                self._forget_claim(claim)
+        if not held:
+            del self.held_by[key]
+
+    def _let_go(self, claim: Claim, reason: str) -> None:
+        """Abort every open part of ``claim``, once (the shards answer, and the claim is
+        forgotten with the last answer)."""
+        if claim.stage == ABORTING:
+            return
+        claim.advance(ABORTING)
+        self.counters["aborted"] += 1
+        for shard in sorted(claim.open):
+            self.send(shard, ReservationAborted(rid=claim.rid, reason=reason))
+        if not claim.open:
+            self._forget_claim(claim)

@@ -1,0 +1,153 @@
+"""Folding submissions and placements in bulk (:mod:`engine.model.bulk`) leaves exactly
+the state that folding them one by one leaves: the same pods, sequence numbers, queue,
+shape counts, columns, journal, quota and bookkeeping."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.engine import Engine
+from engine.model.bulk import place_all, submit_all
+from events.types import Envelope, Event, PodSpec, PodSucceeded
+from tests.builders import make_node, make_pod
+
+TEMPLATES = 5
+
+
+def _spec(template: int, name: str, group: bool, uid: str) -> PodSpec:
+    pod = make_pod(name)
+    if template == 0:
+        pod = pod.cpu("1")
+    elif template == 1:
+        pod = pod.cpu("2").memory("1Gi").selector(zone="a")
+    elif template == 2:
+        pod = pod.cpu("1").gpu(1)
+    elif template == 3:
+        pod = pod.cpu("500m").host_port(8080 + len(name) % 2)
+    else:
+        pod = pod.cpu("1").priority(7).require("zone", "In", "a", "b")
+    if group:
+        pod = pod.group("g")
+    if uid:
+        pod = pod.uid(uid)
+    return pod.spec()
+
+
+def _engine() -> Engine:
+    engine = Engine()
+    for i in range(4):
+        spec = make_node(f"n{i}").cpu("64").memory("256Gi").gpu(8).label("zone", "ab"[i % 2])
+        engine.apply(Envelope(event=spec.added(), producer="ingest"))
+    return engine
+
+
+def _fold(engine: Engine, event: Event) -> None:
+    engine.apply(Envelope(event=event, producer="ingest"))
+
+
+def _state(engine: Engine) -> dict[str, Any]:
+    """Everything the folds change, in a form that compares order too."""
+    s = engine.state
+    q = engine.queue
+    return {
+        "pods": [
+            (k, p.request, p.seq, p.static_key, p.shape_key, p.tiebreak, p.gpu, p.spec)
+            for k, p in engine.pods.items()
+        ],
+        "submissions": engine.submissions,
+        "queue": [
+            (k, e.where, e.generation, e.priority, e.seq, e.queue) for k, e in q._entries.items()
+        ],
+        "heads": {name: sorted(heap) for name, heap in q._active.items()},
+        "generation": q.generation,
+        "shapes": (
+            list(engine.shapes.counts.items()),
+            engine.shapes.total,
+            engine.shapes.learned,
+            engine.shapes.version,
+        ),
+        "groups": [(k, list(g.members)) for k, g in engine.groups.items()],
+        "dirty": list(engine.dirty),
+        "outcomes": list(engine.outcomes.items()),
+        "placed": [
+            (k, p.slot, p.request, p.priority, p.ports, p.devices, p.delta.tolist())
+            for k, p in s.pods.items()
+        ],
+        "node_pods": [list(p) for p in s.node_pods],
+        "columns": s._columns.tolist(),
+        "by_priority": [(p, a.tolist()) for p, a in s.used_by_priority.items()],
+        "levels": list(s._level_pods.items()),
+        "journal": (s.journal_base, list(s.journal)),
+        "quota": engine.quotas._usage,
+        "bindings": list(engine.bindings.items()),
+        "started": list(engine.started.items()),
+        "priorities": list(engine.placed_priorities.items()),
+        "totals": (engine.placed_total, engine.moved_total),
+        "dispatched": list(engine.dispatched.items()),
+    }
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
+    for field, value in a.items():
+        assert value == b[field], field
+
+
+submissions = st.lists(
+    st.tuples(
+        st.integers(0, TEMPLATES - 1),  # template
+        st.integers(0, 9),  # name: some told twice
+        st.booleans() | st.just(False),  # in gang g
+        st.sampled_from(["", "", "u1", "u2"]),  # uid: a pod named like one that finished
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(submissions, st.lists(st.integers(0, 9), max_size=3, unique=True))
+def test_submitting_in_bulk_is_submitting_one_by_one(
+    pods: list[tuple[int, int, bool, str]], finished: list[int]
+) -> None:
+    bulk, loop = _engine(), _engine()
+    for engine in (bulk, loop):
+        for i in finished:  # names used before, by pods that are over
+            _fold(engine, make_pod(f"p{i}").cpu("1").uid("u1").submitted())
+            _fold(engine, PodSucceeded(pod=f"default/p{i}"))
+    specs = [_spec(t, f"p{n}", group, uid) for t, n, group, uid in pods]
+    submit_all(bulk, specs)
+    for spec in specs:
+        loop.submit(spec)
+    _same(_state(bulk), _state(loop))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, TEMPLATES - 1), min_size=4, max_size=20),
+    st.data(),
+    st.booleans(),
+)
+def test_placing_in_bulk_is_placing_one_by_one(
+    templates: list[int], data: st.DataObject, charged: bool
+) -> None:
+    bulk, loop = _engine(), _engine()
+    specs = [_spec(t, f"p{i}", False, "") for i, t in enumerate(templates)]
+    for engine in (bulk, loop):
+        submit_all(engine, specs)
+    # every pod at least once (in an order drawn), some twice: several land on one node
+    picked = data.draw(st.permutations(range(len(specs))))
+    picked += data.draw(st.lists(st.integers(0, len(specs) - 1), max_size=len(specs)))
+    slots = data.draw(st.lists(st.integers(0, 3), min_size=len(picked), max_size=len(picked)))
+    placements = [
+        (specs[i].key, slot, f"{specs[i].key}#{n}")
+        for n, (i, slot) in enumerate(zip(picked, slots, strict=True))
+    ]
+    place_all(bulk, placements, charged)
+    for key, slot, decision in placements:
+        loop.place(key, slot, decision, charged)
+    _same(_state(bulk), _state(loop))
+    assert np.array_equal(bulk.state.used, loop.state.used)
