@@ -89,7 +89,7 @@ def priority_candidates(
             and entry.levels == levels
             and changed is not None
             and len(changed) <= CHANGED_LIMIT
-            and np.array_equal(entry.allowed, allowed)
+            and (entry.allowed is allowed or np.array_equal(entry.allowed, allowed))
         ):
             cache.hits += 1
             cache.entries.move_to_end(key)
@@ -97,8 +97,12 @@ def priority_candidates(
     first, count = _whole(state, levels, scalar, allowed)
     if cache is not None:
         cache.misses += 1
+        # (an array of its own that cannot be written is kept as it is: the next
+        # identical preemptor's, the framework's cached one, is then known equal at once)
+        frozen = allowed.base is None and not allowed.flags.writeable
+        kept = allowed if frozen else allowed.copy()
         cache.entries[key] = _Entry(
-            state, state.capacity, state.journal_end, levels, allowed.copy(), first, count
+            state, state.capacity, state.journal_end, levels, kept, first, count
         )
         cache.entries.move_to_end(key)
         if len(cache.entries) > ENTRIES:
