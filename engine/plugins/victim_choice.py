@@ -307,6 +307,17 @@ def lean_plan(
     rows = [(row, amount) for row, amount in pod.request if row not in card_rows]
     free = state.free
     room = [int(free[row, slot]) for row, _ in rows]
+    if len(keys) == 1:  # (a wave's nodes: taken unless the pod fits without it)
+        key = keys[0]
+        held = dict(placed_pods[key].request)
+        if any(
+            have + held.get(row, 0) < amount for have, (row, amount) in zip(room, rows, strict=True)
+        ):
+            return None
+        name = state.names[slot] or ""
+        if all(have >= amount for have, (_, amount) in zip(room, rows, strict=True)):
+            return Plan(slot, (), cost_of(0, [], name))
+        return Plan(slot, (key,), cost_of(0, [(pods[key].priority, started.get(key, 0))], name))
     taken: list[tuple[tuple[int, int, str], list[int]]] = []
     for key in keys:
         held = dict(placed_pods[key].request)
