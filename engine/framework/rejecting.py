@@ -15,7 +15,9 @@ entry is dropped); so after k changed nodes the dynamic filters run over those k
 only (they are local: :attr:`Framework.incremental`), and the counts move by k.
 
 Cost: an attempt whose shape is cached costs the changed slots' dynamic filters plus
-O(filters); otherwise one pass of every filter over all nodes (no reasons). Memory: 2
+O(filters) (up to ``SCALAR`` changed slots through the filters' one-slot forms, in plain
+Python: a wave changes one or two per preemptor); otherwise one pass of every filter
+over all nodes (no reasons). Memory: 2
 bytes per node per shape, for at most ``CACHE_SIZE`` shapes (64 bytes per node).
 
 Used only where no filter that reads other nodes applies to the pod (such a filter is
