@@ -475,12 +475,20 @@ async def _wave_in_process(
 def _wave_result(
     pods: int, waiting: int, evicted: int, seconds: float, rows: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    """A preemption wave's figures, as both ways of running it report them."""
+    """A preemption wave's figures, as both ways of running it report them. Its
+    engine CPU: the coordinator's and the shards' (in process, the one process's,
+    the log and driver included), what deciding every eviction cost."""
+    engine = sum(
+        r["cpu_seconds"]
+        for r in rows
+        if r["process"] == "coordinator" or r["process"].startswith("shard")
+    )
     return {
         "pods": pods,
         "bound": pods - waiting,
         "evicted": evicted,
         "seconds": seconds,
         "pods_per_second": pods / seconds if seconds > 0 else 0.0,
+        "engine_cpu_seconds": round(engine, 3),
         "processes": rows,
     }

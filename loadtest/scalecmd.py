@@ -201,7 +201,8 @@ def table(results: list[dict[str, Any]]) -> str:
                 f"wave at {shape['nodes']:,} nodes, {shape['templates']} template(s), "
                 f"{shape['configuration']}: "
                 f"{w['bound']}/{w['pods']} bound, {w['evicted']} evicted in "
-                f"{w['seconds']:.2f} s ({w['pods_per_second']:,.0f} pods/s)"
+                f"{w['seconds']:.2f} s ({w['pods_per_second']:,.0f} pods/s), "
+                f"engine CPU {w['engine_cpu_seconds']:.2f} s"
             )
     lines.append("")
     lines.append(

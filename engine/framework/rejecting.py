@@ -15,7 +15,9 @@ entry is dropped); so after k changed nodes the dynamic filters run over those k
 only (they are local: :attr:`Framework.incremental`), and the counts move by k.
 
 Cost: an attempt whose shape is cached costs the changed slots' dynamic filters plus
-O(filters); otherwise one pass of every filter over all nodes (no reasons). Memory: 2
+O(filters) (up to ``SCALAR`` changed slots through the filters' one-slot forms, in plain
+Python: a wave changes one or two per preemptor); otherwise one pass of every filter
+over all nodes (no reasons). Memory: 2
 bytes per node per shape, for at most ``CACHE_SIZE`` shapes (64 bytes per node).
 
 Used only where no filter that reads other nodes applies to the pod (such a filter is
@@ -39,6 +41,8 @@ from engine.model.state import ClusterState
 CACHE_SIZE = 32
 LIMIT = 512
 """Above this many changed nodes since a shape's entry, recompute it whole."""
+SCALAR = 16
+"""At most this many changed nodes are refreshed one by one, in plain Python."""
 
 Codes = npt.NDArray[np.int8]
 
@@ -67,6 +71,9 @@ class Rejecting:
             for i, f in enumerate(self.filters)
             if not f.static and getattr(f, "local", False)
         ]
+        self._scalar = all(hasattr(f, "filter_one") for _, f in self._dynamic)
+        """Every dynamic filter has a one-slot form: a few changed slots are refreshed in
+        plain Python (numpy costs more per call than the work)."""
         self._entries: OrderedDict[tuple[object, ...], _Entry] = OrderedDict()
         self._version = -1
 
@@ -89,7 +96,9 @@ class Rejecting:
                 self._entries.popitem(last=False)
             return entry.counts
         self._entries.move_to_end(pod.shape_key)
-        if changed:
+        if changed and self._scalar and len(changed) <= SCALAR:
+            self._refresh_few(entry, set(changed), pod, state)
+        elif changed:
             self._refresh(entry, np.array(sorted(set(changed)), dtype=np.int64), cycle, pod, state)
         entry.position = state.journal_end
         return entry.counts
@@ -129,3 +138,26 @@ class Rejecting:
         entry.counts -= np.bincount(old, minlength=size)
         entry.counts += np.bincount(new, minlength=size)
         entry.first[slots] = new
+
+    def _refresh_few(
+        self, entry: _Entry, slots: set[int], pod: PodInfo, state: ClusterState
+    ) -> None:
+        """:meth:`_refresh`, a slot at a time through the filters' one-slot forms: a
+        slot's code is the least of its static code and the first dynamic filter that
+        rejects it."""
+        first, static_first, counts = entry.first, entry.static_first, entry.counts
+        gone = self.gone
+        for slot in slots:
+            new = int(static_first[slot])
+            if new < gone:
+                for i, f in self._dynamic:
+                    if i >= new:
+                        break
+                    if not f.filter_one(pod, state, slot):  # type: ignore[attr-defined]
+                        new = i
+                        break
+            old = int(first[slot])
+            if old != new:
+                counts[old] -= 1
+                counts[new] += 1
+                first[slot] = new

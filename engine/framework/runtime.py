@@ -189,6 +189,8 @@ class Framework:
         self.reserves: list[ReservePlugin] = [p for p, _ in chosen["reserve"]]  # type: ignore[misc]
         self.permits: list[PermitPlugin] = [p for p, _ in chosen["permit"]]  # type: ignore[misc]
         self._static_cache: dict[tuple[object, ...], Bools] = {}
+        self._static_feasible: dict[tuple[object, ...], tuple[Bools, Bools]] = {}
+        """Per static key: the static mask and :meth:`static_feasible` of it (read-only)."""
         self._static_version = -1
         self._requeue = [
             (f.name, f.events(), f if isinstance(f, QueueingHintPlugin) else None)
@@ -278,6 +280,7 @@ class Framework:
     def _static_mask(self, cycle: CycleState, pod: PodInfo, state: ClusterState) -> Bools:
         if self._static_version != state.static_version:
             self._static_cache.clear()
+            self._static_feasible.clear()
             self._constant_scores.clear()
             self._shapes.clear()
             self._derived_order.clear()
@@ -301,8 +304,19 @@ class Framework:
         return all(name in self._room_plugins for name in plugins) or None
 
     def static_feasible(self, pod: PodInfo, state: ClusterState) -> Bools:
-        """Nodes only free resources keep ``pod`` from (what preemption may change)."""
-        return self._static_mask(CycleState(), pod, state) & state.valid
+        """Nodes only free resources keep ``pod`` from (what preemption may change).
+        Read-only, and the same array while the static mask stands (a wave of
+        preemptors compares it by identity: :mod:`engine.plugins.preemption_candidates`)."""
+        mask = self._static_mask(CycleState(), pod, state)
+        kept = self._static_feasible.get(pod.static_key)
+        if kept is not None and kept[0] is mask:
+            return kept[1]
+        feasible = mask & state.valid
+        feasible.flags.writeable = False
+        if len(self._static_feasible) >= STATIC_CACHE_SIZE:
+            self._static_feasible.clear()
+        self._static_feasible[pod.static_key] = (mask, feasible)
+        return feasible
 
     def cluster_wide(self, pod: PodInfo, state: ClusterState) -> bool:
         """Whether a filter that reads pods on other nodes (inter-pod affinity, spread
@@ -401,7 +415,8 @@ class Framework:
                     f.filter_one(pod, state, slot)  # type: ignore[attr-defined]
                     for f in filters
                 )
-            entry.pending_slots = unique
+            if entry.local is not None:  # (else the scores are computed whole when needed)
+                entry.pending_slots = unique
         elif changed:
             slots = np.array(sorted(set(changed)), dtype=np.int64)
             view = state.view(slots)
@@ -409,7 +424,8 @@ class Framework:
             for f in self.dynamic_filters:
                 sub = sub & f.filter(cycle, pod, view)
             entry.feasible[slots] = sub
-            entry.pending, entry.pending_view = slots, view
+            if entry.local is not None:
+                entry.pending, entry.pending_view = slots, view
         entry.position = state.journal_end
         return entry.feasible, entry
 
@@ -687,6 +703,44 @@ class Framework:
         status = Status(Code.UNSCHEDULABLE, ("",), ",".join(plugins))
         diagnosis.status = status
         return Attempt(-1, status, diagnosis=diagnosis, brief=True)
+
+    def sole_fit(self, pod: PodInfo, state: ClusterState, changed: list[int]) -> int | None:
+        """The slot :meth:`schedule` would choose for ``pod``, where its filters rejected
+        every node (its pre-filters passing) before the slots ``changed`` changed (or a
+        superset): a preemptor's attempt after its victims are evicted. Every filter
+        that applies being local, only changed slots can pass now; where exactly one
+        does, it is the choice whatever the scores; none: -1. None where that cannot
+        tell (a rule that reads other nodes applies, a pre-filter refuses now, several
+        changed slots pass, sampling, or a pre-score, reserve or permit plugin could
+        act): the caller schedules in full."""
+        if (
+            not self.incremental
+            or self.pre_scores
+            or self.reserves
+            or self.permits
+            or self.profile.percentage_of_nodes_to_score is not None
+            or (self.conditional and self.cluster_wide(pod, state))
+        ):
+            return None
+        cycle = CycleState()
+        if not self.run_pre_filters(cycle, pod, state).ok:
+            return None
+        static = self._static_mask(cycle, pod, state)
+        filters = self.dynamic_filters
+        found = -1
+        for slot in sorted(set(changed)):
+            if not static[slot]:
+                continue
+            if self._scalar:
+                fits = all(f.filter_one(pod, state, slot) for f in filters)  # type: ignore[attr-defined]
+            else:
+                view = state.view(np.array([slot], dtype=np.int64))
+                fits = all(bool(f.filter(cycle, pod, view)[0]) for f in filters)
+            if fits:
+                if found >= 0:
+                    return None
+                found = slot
+        return found
 
     def complete(self, pod: PodInfo, state: ClusterState) -> Attempt:
         """The full failed attempt of ``pod`` (as :meth:`schedule` without ``brief``

@@ -57,6 +57,8 @@ def attempt_pod(p: PassContext, pod: PodInfo) -> None:
     if attempt is None:
         brief = not explain and verdict is None and preempts_only(p, pod, framework)
         attempt = framework.schedule(pod, e.state, explain=explain, verdict=verdict, brief=brief)
+    # a brief failure: every node failed the filters here (Framework.sole_fit)
+    failed_at = e.state.journal_end if attempt.brief else None
     if attempt.slot >= 0:
         p.record(pod, attempt)
         if attempt.devices is not None:
@@ -86,7 +88,9 @@ def attempt_pod(p: PassContext, pod: PodInfo) -> None:
         cycle = CycleState()
         if not migrates:
             cycle.write(RESCHEDULER, SKIP, True)
-        slot = preempt_into(p, statement, pod, framework, cycle=cycle, preempts=preempts)
+        slot = preempt_into(
+            p, statement, pod, framework, cycle=cycle, preempts=preempts, failed_at=failed_at
+        )
         if slot is not None and attempt.brief and not statement.evicted():
             # placed with nothing evicted, so the failed attempt stays for the pods of
             # its shape: complete it on the state it failed on, then plan again (the
@@ -98,7 +102,9 @@ def attempt_pod(p: PassContext, pod: PodInfo) -> None:
             cycle = CycleState()
             if not migrates:
                 cycle.write(RESCHEDULER, SKIP, True)
-            slot = preempt_into(p, statement, pod, framework, cycle=cycle, preempts=preempts)
+            slot = preempt_into(
+                p, statement, pod, framework, cycle=cycle, preempts=preempts, failed_at=failed_at
+            )
         if slot is not None:
             p.record(pod, attempt)
             p.dispatch.commit(p, statement, [(pod, slot, 0)])
@@ -144,13 +150,13 @@ def preempts_only(p: PassContext, pod: PodInfo, framework: Framework) -> bool:
     """Whether a failure of ``pod`` goes to preemption alone, its reasons needed only
     if that fails too: then the attempt may fail briefly (``Framework.schedule``).
 
-    Only where the dispatch does not route: the plain one frees the victims' nodes
-    when it commits the preemption (``PassContext.freed`` forgets failed attempts),
-    while one that routes keeps the attempt for the pods of its shape. (The
+    The coordinator's dispatch too: it keeps its view's victims until their shards
+    evict them, and a brief failure is not kept for the pods of its shape (they fail
+    briefly again, for the changed nodes only, or wait behind the nomination). (The
     rescheduler reads only which plugins rejected nodes, which a brief failure says;
     a plan of moves alone frees nothing, and the caller completes the attempt then.)"""
     e = p.e
-    if p.dispatch.waits or pod.spec.preemption_policy == "Never" or pod.key in e.delegated:
+    if pod.spec.preemption_policy == "Never" or pod.key in e.delegated:
         return False
     return e.quotas.get(pod.spec.namespace) is not None or e.preemptible_below(pod.priority)
 
@@ -208,11 +214,14 @@ def preempt_into(
     *,
     cycle: CycleState | None = None,
     preempts: bool = True,
+    failed_at: int | None = None,
 ) -> int | None:
     """Stage the evictions (or moves) that make room for ``pod`` (the profile's
     post-filters) and its placement; the slot, or None (the caller discards the
     statement). ``preempts``: whether preemption may evict at all (else only the
-    rescheduler may act)."""
+    rescheduler may act). ``failed_at``: a journal position where the pod's filters
+    rejected every node (its pre-filters passing): the attempt after the evictions
+    then looks at the nodes changed since (``Framework.sole_fit``), not at all."""
     e = p.e
     if statement.evicted():
         # earlier evictions of this attempt (a gang) may already have made room
@@ -232,8 +241,11 @@ def preempt_into(
     placed = cycle.read(RESCHEDULER, PLACED, -1)
     if isinstance(placed, int) and placed >= 0:
         return placed  # the plan placed the pod itself
-    attempt = framework.schedule(pod, e.state)
-    if attempt.slot < 0:
+    changed = e.state.changed_since(failed_at) if failed_at is not None else None
+    slot = framework.sole_fit(pod, e.state, changed) if changed is not None else None
+    if slot is None:
+        slot = framework.schedule(pod, e.state).slot
+    if slot < 0:
         return None
-    statement.assume_pod(pod, attempt.slot)
-    return attempt.slot
+    statement.assume_pod(pod, slot)
+    return slot

@@ -53,7 +53,9 @@ class _Entry:
     count: Ints
     """Per node: the pods below the priority there."""
     ranked: list[tuple[int, int, int]] | None = None
-    """(first, count, slot) of every candidate, least first (made on first reuse)."""
+    """(-first, -count, -slot) of every candidate, sorted: the least candidate last, so
+    that a wave, which takes the first candidates, deletes near the end of a long list
+    (made on first reuse)."""
 
 
 @dataclass
@@ -89,7 +91,7 @@ def priority_candidates(
             and entry.levels == levels
             and changed is not None
             and len(changed) <= CHANGED_LIMIT
-            and np.array_equal(entry.allowed, allowed)
+            and (entry.allowed is allowed or np.array_equal(entry.allowed, allowed))
         ):
             cache.hits += 1
             cache.entries.move_to_end(key)
@@ -97,8 +99,12 @@ def priority_candidates(
     first, count = _whole(state, levels, scalar, allowed)
     if cache is not None:
         cache.misses += 1
+        # (an array of its own that cannot be written is kept as it is: the next
+        # identical preemptor's, the framework's cached one, is then known equal at once)
+        frozen = allowed.base is None and not allowed.flags.writeable
+        kept = allowed if frozen else allowed.copy()
         cache.entries[key] = _Entry(
-            state, state.capacity, state.journal_end, levels, allowed.copy(), first, count
+            state, state.capacity, state.journal_end, levels, kept, first, count
         )
         cache.entries.move_to_end(key)
         if len(cache.entries) > ENTRIES:
@@ -146,13 +152,13 @@ def _update(
     if ranked is None:
         slots = np.flatnonzero(first < none)
         ranked = sorted(
-            zip(first[slots].tolist(), count[slots].tolist(), slots.tolist(), strict=True)
+            zip((-first[slots]).tolist(), (-count[slots]).tolist(), (-slots).tolist(), strict=True)
         )
         entry.ranked = ranked
     by_level = [state.used_by_priority[level] for level in levels]
     free = state.free
     for slot in dict.fromkeys(changed):
-        old = (int(first[slot]), int(count[slot]), slot)
+        old = (-int(first[slot]), -int(count[slot]), -slot)
         pods = 0
         sums = [0] * len(scalar)
         lack = [amount - int(free[row, slot]) for row, amount in scalar]
@@ -171,16 +177,16 @@ def _update(
                 level_at = index
         first[slot] = level_at
         count[slot] = pods
-        new = (level_at, pods, slot)
+        new = (-level_at, -pods, -slot)
         if new == old:
             continue
-        if old[0] < none:
+        if -old[0] < none:
             at = bisect.bisect_left(ranked, old)
             del ranked[at]
         if level_at < none:
             bisect.insort(ranked, new)
     entry.position = state.journal_end
-    return [slot for _, _, slot in ranked[:MAX_CANDIDATES]]
+    return [-slot for _, _, slot in reversed(ranked[-MAX_CANDIDATES:])]
 
 
 def _least(slots: Ints, count: Ints, first: Ints) -> list[int]:

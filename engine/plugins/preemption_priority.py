@@ -19,7 +19,10 @@ This path gives the same plan and evaluates few nodes:
 3. nodes are evaluated exactly (:func:`engine.plugins.victim_choice.victims_for`, the
    exact path's own selection) in the order of their bounds, until the next bound is
    above the best cost found. Costs end with the node's name, so no two are equal: the
-   least is the exact path's choice.
+   least is the exact path's choice. Where room on the node is all that decides (no
+   gang among its victims, no disruption budget, no GPU cards asked for), the same
+   selection runs over integers per resource
+   (:func:`engine.plugins.victim_choice.lean_plan`).
 
 Where the exact path could stop early (a kept node where the pod fits without
 evicting anything, which it returns at once in its own order), or a priority lies
@@ -31,20 +34,24 @@ preemption that involves quotas (reclaim, a namespace's own pods).
 Identical preemptors (a wave: one request, one priority) find the same candidates
 again but for the nodes the last preemption changed: the candidates are kept up to
 date from the cluster's journal (``CandidateCache`` in
-:mod:`engine.plugins.preemption_candidates`), and so are the nodes as examined
-(:class:`SlotMemo`, where no quota and no gang makes a node's reading depend on
-anything but the node).
+:mod:`engine.plugins.preemption_candidates`), and so are the nodes as examined and the
+candidates ranked by bound (:class:`SlotMemo`, where no quota and no gang makes a
+node's reading depend on anything but the node): the next preemptor examines and
+re-ranks only the candidates that changed, left the first ``MAX_CANDIDATES`` or came
+into them (one or two in a wave), with a sorted-list update each.
 
 Cost per preemptor: the candidates (whole, a few array operations per priority level
-below it; kept, a loop over the levels per changed node), per candidate node a
-memo lookup (or Python work per pod on a changed one), a sort of at most 64 bounds,
-and the exact selection on the nodes whose bound can still win: one node when the
-candidates tie on all but the name (a wave of identical preemptors over identical
-victims), the 64 of the exact path at worst.
+below it; kept, a loop over the levels per changed node); the ranking (whole, per
+candidate node a memo lookup or Python work per pod, and a sort of at most 64 bounds;
+kept, set operations over the 64 candidates and Python work per pod of the changed
+ones); and the exact selection on the nodes whose bound can still win: one node when
+the candidates tie on all but the name (a wave of identical preemptors over
+identical victims), the 64 of the exact path at worst.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -64,6 +71,7 @@ from engine.plugins.victim_choice import (
     cards_fit,
     describe,
     gang_of,
+    lean_plan,
     named,
     units_of,
     victim_of,
@@ -92,26 +100,39 @@ class SlotMemo:
 
     Kept only where what is examined depends on the node alone: no quotas (they
     decide who is eligible), and no node where a pod belongs to a gang (a gang's
-    fall depends on its members elsewhere)."""
+    fall depends on its members elsewhere).
+
+    With the nodes, the last candidates' bounds in order (``ranked``), so that the
+    next preemptor re-ranks only the candidates that changed, left or came: kept
+    while every candidate's reading lasts (none declined, none with a gang)."""
 
     state: ClusterState | None = None
     position: int = 0
     slots: dict[int, Examined] = field(default_factory=dict)
+    ranked: list[tuple[Cost, int]] | None = None
+    """(bound, slot) of the last candidates that are candidates, least first."""
+    listed: dict[int, Cost | None] = field(default_factory=dict)
+    """The last candidates (those allowed), each with its bound (None: no candidate)."""
 
     def __repr__(self) -> str:
         return f"SlotMemo(slots={len(self.slots)})"
 
     def fresh(self, state: ClusterState) -> dict[int, Examined]:
         """The nodes examined and not changed since (all dropped for another state)."""
+        return self.refresh(state)[0]
+
+    def refresh(self, state: ClusterState) -> tuple[dict[int, Examined], list[int] | None]:
+        """:meth:`fresh`, with the slots changed since (None: everything dropped)."""
         changed = state.changed_since(self.position) if self.state is state else None
         if changed is None:
             self.slots = {}
+            self.ranked = None
         else:
             for slot in changed:
                 self.slots.pop(slot, None)
         self.state = state
         self.position = state.journal_end
-        return self.slots
+        return self.slots, changed
 
 
 @dataclass
@@ -149,67 +170,180 @@ def plan_by_priority(
     ``breaking``: the victims of a set that would break a disruption budget, as the
     exact path counts them; ``memo``: the nodes examined for the same request,
     priority and excluded gang (kept up to date here)."""
-    quotas = handle.quotas
-    kept: list[tuple[Cost, int, list[str]]] = []
-    empty = False
     at = np.array(candidates, dtype=np.int64)
-    allowed_at = allowed[at].tolist()
-    known = memo.fresh(state) if memo is not None and not quotas else None
-    for i, slot in enumerate(candidates):
-        if not allowed_at[i]:
-            continue
+    listed = [slot for slot, ok in zip(candidates, allowed[at].tolist(), strict=True) if ok]
+    if memo is not None and not handle.quotas:
+        ranked = _rank_kept(pod, state, handle, exclude, listed, memo)
+    else:
+        ranked = _rank(pod, state, handle, exclude, listed, None, None)
+    if isinstance(ranked, str):
+        return ranked
+    kept, examined = ranked
+    best: Plan | None = None
+    for bound, slot in kept:
+        if best is not None and bound > best.cost:
+            break  # every later bound is higher still, and a plan never costs less
+        entry = examined[slot]
+        assert entry is not None
+        chosen = _evaluate(pod, state, handle, slot, entry[0], breaking)
+        if isinstance(chosen, str):
+            return chosen
+        if chosen is not None and (best is None or chosen.cost < best.cost):
+            best = chosen
+    return best
+
+
+Ranked = tuple[list[tuple[Cost, int]], dict[int, Examined]]
+"""The kept candidates, (bound, slot) least first, and each one's reading."""
+
+
+def _rank(
+    pod: PodInfo,
+    state: ClusterState,
+    handle: Handle,
+    exclude: str,
+    listed: list[int],
+    known: dict[int, Examined] | None,
+    memo: SlotMemo | None,
+) -> Ranked | str:
+    """Every candidate of ``listed`` examined (``known``: those read already, kept up
+    to date here), ranked by bound; :data:`DECLINED` where the exact path must decide.
+    ``memo``: given the ranking to keep, where every reading lasts."""
+    kept: list[tuple[Cost, int]] = []
+    examined: dict[int, Examined] = {}
+    bounds: dict[int, Cost | None] = {}
+    empty = False
+    lasting_all = True
+    for slot in listed:
         if known is not None and slot in known:
-            examined = known[slot]
+            reading = known[slot]
         else:
-            examined, lasting = _examine(pod, state, handle, exclude, slot)
+            reading, lasting = _examine(pod, state, handle, exclude, slot)
             if known is not None and lasting:
-                known[slot] = examined
-        if examined is None:
+                known[slot] = reading
+            lasting_all = lasting_all and lasting
+        examined[slot] = reading
+        if reading is None:
+            bounds[slot] = None
             continue
-        keys, fits_now, bound = examined
+        _, fits_now, bound = reading
         if fits_now:
             empty = True
         if bound is None:
             return DECLINED
-        kept.append((bound, slot, keys))
-    if not kept:
-        return None
+        bounds[slot] = bound
+        kept.append((bound, slot))
     if empty:
-        return DECLINED
-    kept.sort(key=lambda item: item[0])
-    wanted = named(state, pod.request)
-    best: Plan | None = None
-    for bound, slot, keys in kept:
-        if best is not None and bound > best.cost:
-            break  # every later bound is higher still, and a plan never costs less
-        here = [victim_of(handle, state, k) for k in keys]
-        chosen = victims_for(
-            pod,
-            state,
-            slot,
-            here,
-            [],
-            wanted,
-            {},
-            {},
-            quotas,
-            Mode.PRIORITY,
-            units_of(here, state, handle),
-            breaking,
-        )
-        if chosen is None:
+        return DECLINED  # (the exact path returns the node where it fits at once)
+    kept.sort()  # (bounds end with the node's name: no two are equal)
+    if memo is not None and lasting_all:
+        memo.ranked = list(kept)
+        memo.listed = bounds
+    return kept, examined
+
+
+def _rank_kept(
+    pod: PodInfo,
+    state: ClusterState,
+    handle: Handle,
+    exclude: str,
+    listed: list[int],
+    memo: SlotMemo,
+) -> Ranked | str:
+    """:func:`_rank` through ``memo``: the last ranking, with the candidates that
+    changed, left or came ranked again (the same ranking as a whole one: a reading
+    that lasts depends on its node alone)."""
+    known, changed = memo.refresh(state)
+    ranked = memo.ranked
+    if ranked is None or changed is None:
+        memo.ranked = None
+        return _rank(pod, state, handle, exclude, listed, known, memo)
+    before = memo.listed
+    now = set(listed)
+    dropped = before.keys() - now
+    if changed:
+        dropped |= before.keys() & set(changed)
+    for slot in dropped:
+        bound = before.pop(slot)
+        if bound is not None:
+            del ranked[bisect.bisect_left(ranked, (bound, slot))]
+    for slot in listed:
+        if slot in before:
             continue
-        expanded = with_gangs(handle, state, chosen)
-        infos = [describe(handle, key) for key in expanded]
-        if not infos:
-            return DECLINED  # (not reached: nodes that fit with none declined above)
-        broken = 0
-        if handle.budgets:  # (none: nothing breaks one)
-            broken = len(breaking([victim_of(handle, state, k) for k in expanded]))
-        cost = cost_of(broken, infos, state.names[slot] or "")
-        if best is None or cost < best.cost:
-            best = Plan(slot, tuple(expanded), cost)
-    return best
+        if slot in known:
+            reading = known[slot]
+        else:
+            reading, lasting = _examine(pod, state, handle, exclude, slot)
+            if not lasting:
+                memo.ranked = None
+                return _rank(pod, state, handle, exclude, listed, known, memo)
+            known[slot] = reading
+        if reading is None:
+            before[slot] = None
+            continue
+        _, fits_now, bound = reading
+        if fits_now or bound is None:
+            memo.ranked = None
+            return DECLINED
+        before[slot] = bound
+        bisect.insort(ranked, (bound, slot))
+    return ranked, known
+
+
+def _evaluate(
+    pod: PodInfo,
+    state: ClusterState,
+    handle: Handle,
+    slot: int,
+    keys: list[str],
+    breaking: Callable[[list[Victim]], set[str]],
+) -> Plan | str | None:
+    """The exact path's plan on ``slot`` (its eligible pods ``keys``), None where
+    evicting them makes no room, or :data:`DECLINED`: by :func:`lean_plan` where room
+    on the node is all that decides, else by :func:`plan_on`."""
+    if not handle.budgets and state.gpu_of(pod.request) is None:
+        pods = handle.pods
+        if not any(pods[key].spec.group for key in keys):
+            lean = lean_plan(pod, state, handle, slot, keys)
+            return DECLINED if lean is not None and not lean.victims else lean
+    return plan_on(pod, state, handle, slot, keys, breaking)
+
+
+def plan_on(
+    pod: PodInfo,
+    state: ClusterState,
+    handle: Handle,
+    slot: int,
+    keys: list[str],
+    breaking: Callable[[list[Victim]], set[str]],
+) -> Plan | str | None:
+    """The exact path's own selection on ``slot`` (:func:`victims_for`, gangs and
+    budgets included) and the plan's cost; as :func:`_evaluate`."""
+    here = [victim_of(handle, state, k) for k in keys]
+    chosen = victims_for(
+        pod,
+        state,
+        slot,
+        here,
+        [],
+        named(state, pod.request),
+        {},
+        {},
+        handle.quotas,
+        Mode.PRIORITY,
+        units_of(here, state, handle),
+        breaking,
+    )
+    if chosen is None:
+        return None
+    expanded = with_gangs(handle, state, chosen)
+    infos = [describe(handle, key) for key in expanded]
+    if not infos:
+        return DECLINED  # (not reached: nodes that fit with none declined above)
+    broken = 0
+    if handle.budgets:  # (none: nothing breaks one)
+        broken = len(breaking([victim_of(handle, state, k) for k in expanded]))
+    return Plan(slot, tuple(expanded), cost_of(broken, infos, state.names[slot] or ""))
 
 
 def _examine(

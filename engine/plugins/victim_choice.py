@@ -20,7 +20,7 @@ from engine.model.groups import SCHEDULED
 from engine.model.pods import PodInfo
 from engine.model.quota import QuotaTable
 from engine.model.state import ClusterState, Request
-from engine.model.victims import Cost
+from engine.model.victims import Cost, cost_of
 
 
 class Mode(Enum):
@@ -286,3 +286,54 @@ def gang_of(handle: Handle, state: ClusterState, key: str) -> tuple[str, ...]:
         return ()
     placed = [m for m in group.members if m in state.pods]
     return tuple(placed) if len(placed) - 1 < group.min_member else ()
+
+
+def lean_plan(
+    pod: PodInfo, state: ClusterState, handle: Handle, slot: int, keys: list[str]
+) -> Plan | None:
+    """:func:`victims_for` on ``slot`` in priority mode, and the plan's cost, where
+    every one of ``keys`` (the eligible pods there) is a unit of its own (no gang),
+    no disruption budget exists and ``pod`` asks for no GPU cards: then room on the
+    node is all that decides, so the same choice runs over integers per resource.
+
+    As :func:`victims_for`: all of them taken, least valuable first; then each
+    reprieved, most valuable first, while the rest still free what the node lacks; the
+    rest in the order taken. None where even all of them leave the pod no room; no
+    victims where the pod fits without any."""
+    pods = handle.pods
+    started = handle.started
+    placed_pods = state.pods
+    card_rows = state.cards.rows
+    rows = [(row, amount) for row, amount in pod.request if row not in card_rows]
+    free = state.free
+    room = [int(free[row, slot]) for row, _ in rows]
+    if len(keys) == 1:  # (a wave's nodes: taken unless the pod fits without it)
+        key = keys[0]
+        held = dict(placed_pods[key].request)
+        if any(
+            have + held.get(row, 0) < amount for have, (row, amount) in zip(room, rows, strict=True)
+        ):
+            return None
+        name = state.names[slot] or ""
+        if all(have >= amount for have, (_, amount) in zip(room, rows, strict=True)):
+            return Plan(slot, (), cost_of(0, [], name))
+        return Plan(slot, (key,), cost_of(0, [(pods[key].priority, started.get(key, 0))], name))
+    taken: list[tuple[tuple[int, int, str], list[int]]] = []
+    for key in keys:
+        held = dict(placed_pods[key].request)
+        freed = [held.get(row, 0) for row, _ in rows]
+        taken.append(((-pods[key].priority, started.get(key, 0), key), freed))
+        for i, amount in enumerate(freed):
+            room[i] += amount
+    if any(have < amount for have, (_, amount) in zip(room, rows, strict=True)):
+        return None
+    taken.sort(key=lambda item: item[0], reverse=True)  # least valuable first
+    spared: set[str] = set()
+    for rank, freed in reversed(taken):  # most valuable first
+        if all(have - f >= amount for have, f, (_, amount) in zip(room, freed, rows, strict=True)):
+            spared.add(rank[2])
+            for i, amount in enumerate(freed):
+                room[i] -= amount
+    kept = [(rank[2], -rank[0], rank[1]) for rank, _ in taken if rank[2] not in spared]
+    cost = cost_of(0, [(priority, start) for _, priority, start in kept], state.names[slot] or "")
+    return Plan(slot, tuple(key for key, _, _ in kept), cost)

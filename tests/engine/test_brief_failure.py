@@ -2,7 +2,9 @@
 True)``, :mod:`engine.framework.rejecting`): what it says (which filters rejected how
 many nodes, how many passed, the status's code and plugin) is what a full diagnosis
 says on the same state, and the engine decides and answers exactly as with full
-diagnoses, on random clusters and waves of preemptors.
+diagnoses, on random clusters and waves of preemptors. After a brief failure, the
+attempt that follows the evictions looks at the changed nodes only
+(``Framework.sole_fit``), and chooses what a whole attempt chooses.
 """
 
 from __future__ import annotations
@@ -107,6 +109,21 @@ def _checked_brief(
 
 
 ORIGINAL = Framework._brief_failure
+SOLE_FIT = Framework.sole_fit
+
+
+def _checked_sole_fit(
+    self: Framework, pod: PodInfo, state: ClusterState, changed: list[int]
+) -> int | None:
+    """The preemptor's attempt after its evictions, read off the changed nodes,
+    checked against a whole attempt on the same state."""
+    slot = SOLE_FIT(self, pod, state, changed)
+    if slot is None:
+        event("after evictions: scheduled in full")
+        return None
+    assert slot == self.schedule(pod, state).slot
+    event("after evictions: the one changed node that fits")
+    return slot
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -123,7 +140,10 @@ def test_brief_failures_decide_and_answer_as_full_diagnoses(
     running: list[tuple[int, int, int]],
     steps: list[tuple[str, int, int, int, int, str, bool, str]],
 ) -> None:
-    with mock.patch.object(Framework, "_brief_failure", _checked_brief):
+    with (
+        mock.patch.object(Framework, "_brief_failure", _checked_brief),
+        mock.patch.object(Framework, "sole_fit", _checked_sole_fit),
+    ):
         brief = _run(nodes, running, steps)
     with mock.patch.object(pods_pass, "preempts_only", lambda *_: False):
         full = _run(nodes, running, steps)

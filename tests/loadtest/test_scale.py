@@ -63,7 +63,15 @@ async def test_a_tiny_run_counts_every_pod_and_reports_every_process(shards: int
     _check_projection(result, shards)
     wave = result["wave"]
     assert wave["pods"] == wave["bound"] == wave["evicted"] == 5
+    engine = [
+        row["cpu_seconds"]
+        for row in wave["processes"]
+        if row["process"] == "coordinator" or row["process"].startswith("shard")
+    ]
+    assert len(engine) == max(shards, 1) + (1 if shards else 0)
+    assert wave["engine_cpu_seconds"] == pytest.approx(sum(engine), abs=0.002)
     assert f"| 100 | 20 | {shape.label} |" in table([result])
+    assert f"engine CPU {wave['engine_cpu_seconds']:.2f} s" in table([result])
 
 
 def test_the_workload_is_seeded_and_honours_its_options() -> None:

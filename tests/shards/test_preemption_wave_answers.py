@@ -1,7 +1,8 @@
 """A wave of identical preemptors decides and answers the same whether each failed
 attempt is diagnosed in full or briefly (:mod:`engine.framework.rejecting`): same
 placements, same victims, same answers for the pods left waiting, at 1, 2 and 4 shards,
-each run replayed with ``--verify``."""
+each run replayed with ``--verify``; and the preemptors placed are never diagnosed in
+full, on the coordinator either."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from unittest import mock
 import pytest
 
 import engine.passes.pods as pods_pass
+from engine.framework.runtime import Framework
 from tests.shards.coordinator_kit import shoal
 from tests.shards.scenario_text import node, pod
 
@@ -54,3 +56,25 @@ def test_a_wave_answers_the_same_with_brief_failures(
     assert len(brief["preemptions"]) >= 8
     waiting = [v for v in brief["pods"].values() if v["phase"] == "Pending"]
     assert waiting and all(v.get("reason") for v in waiting)
+
+
+@pytest.mark.parametrize("shards", SHARDS)
+def test_preemptors_that_are_placed_are_never_diagnosed_in_full(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
+) -> None:
+    """A preemptor whose preemption succeeds needs no reasons, on a shard or on the
+    coordinator: its failed attempt is brief, and the attempt after its evictions
+    looks at the changed nodes only. Only the pods left waiting are diagnosed."""
+    diagnosed: list[str] = []
+    original = Framework._failure
+
+    def counted(self: Framework, cycle: Any, pod: Any, *rest: Any) -> Any:
+        diagnosed.append(pod.key)
+        return original(self, cycle, pod, *rest)
+
+    with mock.patch.object(Framework, "_failure", counted):
+        run = _run(tmp_path / "run", capsys, shards)
+    bound = {k for k, v in run["pods"].items() if v["phase"] == "Bound"}
+    urgent = {k for k in bound if "/urgent-" in k}
+    assert len(urgent) >= 8
+    assert not urgent & set(diagnosed)
