@@ -146,6 +146,7 @@ class Inputs(Reports):
                         slot = engine.state.index.get(name)
                         if slot is not None:
                             self.routing._set_slot(slot, NONE)
+                    self.ownership_changed()
                     self.send(old, PoolReleased(pool=pool, nodes=nodes, to=shard))
             case SchedulerConfigured() | DisruptionBudgetSet() | DisruptionBudgetDeleted():
                 # every shard knows the budgets (its plans count against them)

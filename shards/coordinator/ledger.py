@@ -131,7 +131,6 @@ class Ledger:
         self.moves_refused: dict[str, int] = {}
         """Unit → how many times a shard refused to take in pods moved for it (after
         ``MAX_MOVES_REFUSED``, its plans across shards are not tried again)."""
-        """Request → how it changes a shard's columns (a cache, not state)."""
         self._out: list[Output] = []
         self._cache: dict[tuple[object, ...], Any] = {}
         self._cache_at = (-1, -1)
@@ -198,6 +197,13 @@ class Ledger:
             self._cache[key] = compute()
         value: T = self._cache[key]
         return value
+
+    def ownership_changed(self) -> None:
+        """Nodes changed shards (a pool handed over or taken over): what ``cached``
+        remembers per shard no longer holds, though the nodes and placements did not
+        change."""
+        self._cache.clear()
+        self._cache_at = (-1, -1)
 
     def feasible_counts(self, feasible: Bools) -> list[int]:
         """How many of each shard's nodes ``feasible`` marks."""

@@ -249,6 +249,7 @@ class Reports(Handed):
             spec = engine.pools.labelled(_spec_of(engine, slot))
             self.routing.own(spec, shard, slot)
             self.send(shard, NodeAdded(node=spec))
+        self.ownership_changed()
         for placement in event.placements:
             self.send(shard, PodAdopted(placement=placement))
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.model.pools import POOL_LABEL
-from events.types import Envelope, PodSubmitted
+from events.types import Envelope, PodSubmitted, PoolReassigned
 from shards.coordinator.choice import shard_columns
 from shards.coordinator.coordinator import Coordinator
 from shards.coordinator.dispatch import ShardDispatch
@@ -62,3 +62,26 @@ def test_sums_kept_up_to_date_are_the_sums_made_again(
             static = framework.static_feasible(pod, engine.state)
             again = shard_columns(engine.state, static, coordinator.routing.slot_shard, shards)
             assert np.array_equal(view.base, again)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(2, 4), st.integers(1, 6), st.integers(0, 3))
+def test_counts_per_shard_follow_a_pool_handed_to_another_shard(
+    shards: int, nodes: int, to: int
+) -> None:
+    """What the coordinator remembers per shard between passes (``Ledger.cached``)
+    follows a pool that changes hands, though no node or placement changed."""
+    to %= shards
+    coordinator = Coordinator(pinned(shards, pa=(to + 1) % shards))
+    for i in range(nodes):
+        node = make_node(f"n{i}").cpu("8").memory("8Gi").label(POOL_LABEL, "pa")
+        coordinator.apply(Envelope(event=node.added(), offset=i, producer="ingest"))
+    feasible = np.ones(coordinator.engine.state.high_water, dtype=bool)
+
+    def counts() -> list[int]:
+        return coordinator.cached(("counts",), lambda: coordinator.feasible_counts(feasible))
+
+    assert counts()[(to + 1) % shards] == nodes
+    moved = PoolReassigned(pool="pa", shard=to)
+    coordinator.apply(Envelope(event=moved, offset=nodes, producer="ingest"))
+    assert counts() == [0] * shards  # in transit: no shard owns them
