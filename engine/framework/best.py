@@ -12,18 +12,20 @@ shape's cached scores on those nodes only (``Framework._local_feasible``).
 :class:`BestIndex` keeps, beside a shape's cached ``masked`` scores (``-1``: the node
 does not fit), the maximum of each block of :data:`BLOCK` slots. An attempt then
 
-* refreshes the maxima of the blocks holding the slots changed since the last attempt,
-  from each slot's old and new value and how many slots of the block hold its maximum
-  (a block is read again only when the last slot holding its maximum fell);
+* takes again the maximum of each block holding a slot changed since the last attempt
+  (every block, when more changed than that is worth);
 * takes the top score over the block maxima (``nodes / BLOCK`` of them);
 * finds the first slot holding it at or after the rotation: in the rotation's own
   block from the rotation on, else in the first later block whose maximum is the top,
   else (wrapping) in the first block that holds it.
 
-Cost per attempt: ``O(changed + BLOCK + nodes / BLOCK)`` element operations, in half a
-dozen numpy calls, against ``O(nodes)`` for the full scan; the answer is the full
-scan's, slot for slot (property test: ``tests/engine/test_best_index.py``). Memory: two
-``int64`` per block per cached shape (``16 / BLOCK`` bytes per node per shape).
+Cost per attempt: ``O(changed * BLOCK + nodes / BLOCK)`` element operations, against
+``O(nodes)`` for the full scan; the answer is the full scan's, slot for slot (property
+test: ``tests/engine/test_best_index.py``). With numba loaded (:mod:`engine.plugins.kernels`
+installs :func:`refresh_select` through :func:`use_compiled`) that is one compiled call,
+a few microseconds at 130,000 nodes (20 changed slots: 5,000 reads of a block, 500 of
+the maxima); without, half a dozen numpy calls. Memory: one ``int64`` per block per
+cached shape (``8 / BLOCK`` bytes per node per shape).
 
 Below ``Limits.min_nodes`` slots the full scan is as cheap as the index's calls, so
 the framework keeps it there (tests lower the threshold to compare the two). The
@@ -35,6 +37,7 @@ feasible nodes, more than one filter that reads other nodes) takes the full scan
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 import numpy as np
@@ -46,7 +49,25 @@ BLOCK: Final = 256
 _SHIFT: Final = BLOCK.bit_length() - 1
 _FULL_REFRESH: Final = 64
 """Above this many changed slots (or one per ``BLOCK`` slots, if more), take every
-block maximum again at once (cheaper than one by one from there)."""
+block maximum again at once (cheaper than block by block from there)."""
+
+RefreshSelect = Callable[[Ints, Ints, Ints, bool, int, int, int], int]
+""":func:`refresh_select`'s signature (compiled, as :func:`use_compiled` installs it)."""
+_compiled: list[RefreshSelect] = []
+_NO_SLOTS: Final = np.zeros(0, dtype=np.int64)
+
+
+def use_compiled(refresh: RefreshSelect | None) -> None:
+    """Let every index refresh its block maxima and select in one compiled call
+    (:func:`refresh_select`, compiled by numba); :mod:`engine.plugins.kernels`
+    installs it when it loads numba. None: numpy (the same answers)."""
+    _compiled.clear()
+    if refresh is not None:
+        _compiled.append(refresh)
+
+
+def compiled() -> RefreshSelect | None:
+    return _compiled[0] if _compiled else None
 
 
 class Limits:
@@ -59,77 +80,67 @@ class Limits:
 class BestIndex:
     """Block maxima of one ``masked`` score array (see the module's docstring)."""
 
-    __slots__ = ("blocks", "counts", "dirty", "limit", "scores", "stale")
+    __slots__ = ("blocks", "limit", "pending", "scores", "stale")
 
     def __init__(self, scores: Ints) -> None:
         self.scores = scores
         """The array indexed (the shape's own ``masked``, refreshed in place)."""
-        self.dirty: dict[int, int] = {}
-        """Slots written since the block maxima were last brought up to date, each with
-        the value it held then."""
-        self.stale = False
-        """More slots were written than are worth refreshing one at a time."""
+        self.pending: list[int] = []
+        """Slots written since the block maxima were last brought up to date."""
+        self.stale = True
+        """More slots were written than are worth refreshing block by block (and at
+        first: the maxima are taken at the first selection)."""
         self.limit = max(_FULL_REFRESH, scores.shape[0] >> _SHIFT)
-        self.blocks, self.counts = _block_max(scores)
-        """Per block: its maximum, and how many of its slots hold it."""
+        n = (scores.shape[0] + BLOCK - 1) >> _SHIFT
+        self.blocks: Ints = np.empty(n, dtype=np.int64)
+        """Per block: its maximum (up to date but for ``pending``, unless ``stale``)."""
 
     def __repr__(self) -> str:
-        return f"BestIndex(slots={self.scores.shape[0]}, dirty={len(self.dirty)})"
+        return f"BestIndex(slots={self.scores.shape[0]}, pending={len(self.pending)})"
 
     def touch(self, slots: list[int]) -> None:
-        """``slots`` of the scores are about to be rewritten (call before writing: the
-        values they hold now are what the block maxima were taken over)."""
+        """``slots`` of the scores are rewritten (before or after the call, but
+        before the next :meth:`select`)."""
         if self.stale:
             return
-        dirty = self.dirty
-        if len(dirty) + len(slots) > self.limit:
+        pending = self.pending
+        if len(pending) + len(slots) > self.limit:
             self.stale = True
-            dirty.clear()
+            pending.clear()
             return
-        scores = self.scores
-        for slot in slots:
-            if slot not in dirty:
-                dirty[slot] = int(scores[slot])
-
-    def _refresh(self) -> None:
-        """Bring the block maxima up to date from each changed slot's old and new
-        value: a new maximum, one more or one fewer slot at it; a block is taken again
-        only when no slot holds its maximum any more."""
-        if self.stale:
-            self.blocks, self.counts = _block_max(self.scores)
-            self.stale = False
-            self.dirty.clear()
-            return
-        dirty = self.dirty
-        if not dirty:
-            return
-        scores, blocks, counts = self.scores, self.blocks, self.counts
-        again: set[int] = set()
-        for slot, old in dirty.items():
-            b = slot >> _SHIFT
-            new = int(scores[slot])
-            if new == old:
-                continue
-            top = int(blocks[b])
-            if new > top:
-                blocks[b], counts[b] = new, 1
-            elif new == top:
-                counts[b] += 1
-            elif old == top:
-                counts[b] -= 1
-                if not counts[b]:
-                    again.add(b)
-        for b in again:
-            lo = b << _SHIFT
-            block = scores[lo : lo + BLOCK]
-            top = block.max()
-            blocks[b], counts[b] = top, np.count_nonzero(block == top)
-        dirty.clear()
+        pending.extend(slots)
 
     def select(self, used: int, tiebreak: int) -> int:
         """What :func:`engine.framework.results.select` returns for the same scores
         (``used``: slots in use; ``tiebreak``: the pod's rotation)."""
+        refresh = compiled()
+        if refresh is not None:
+            pending = self.pending
+            slots = np.array(pending, dtype=np.int64) if pending else _NO_SLOTS
+            slot = refresh(self.scores, self.blocks, slots, self.stale, used, tiebreak, _SHIFT)
+            self.stale = False
+            pending.clear()
+            return slot
         self._refresh()
+        return self._select(used, tiebreak)
+
+    def _refresh(self) -> None:
+        """Take again the maximum of every block holding a pending slot (numpy)."""
+        if self.stale:
+            self.blocks[:] = _block_max(self.scores)
+            self.stale = False
+            self.pending.clear()
+            return
+        if not self.pending:
+            return
+        scores = self.scores
+        size = scores.shape[0]
+        blocks = np.unique(np.array(self.pending, dtype=np.int64) >> _SHIFT)
+        at = (blocks << _SHIFT)[:, None] + np.arange(BLOCK, dtype=np.int64)
+        self.blocks[blocks] = np.where(at < size, scores[np.minimum(at, size - 1)], -1).max(axis=1)
+        self.pending.clear()
+
+    def _select(self, used: int, tiebreak: int) -> int:
         scores = self.scores
         nblocks = ((used - 1) >> _SHIFT) + 1
         blocks = self.blocks[:nblocks]
@@ -160,21 +171,71 @@ def _first_in(scores: Ints, block: int, used: int) -> int:
     return lo + int(scores[lo : min(lo + BLOCK, used)].argmax())
 
 
-def _block_max(scores: Ints) -> tuple[Ints, Ints]:
+def _block_max(scores: Ints) -> Ints:
     size = scores.shape[0]
     full = size >> _SHIFT
     n = full + (1 if size & (BLOCK - 1) else 0)
     tops = np.empty(n, dtype=np.int64)
-    counts = np.empty(n, dtype=np.int64)
     if full:
-        body = scores[: full << _SHIFT].reshape(full, BLOCK)
-        tops[:full] = body.max(axis=1)
-        counts[:full] = np.count_nonzero(body == tops[:full, None], axis=1)
+        tops[:full] = scores[: full << _SHIFT].reshape(full, BLOCK).max(axis=1)
     if n > full:
-        tail = scores[full << _SHIFT :]
-        tops[full] = tail.max()
-        counts[full] = np.count_nonzero(tail == tops[full])
-    return tops, counts
+        tops[full] = scores[full << _SHIFT :].max()
+    return tops
+
+
+_PENDING: Final = -(1 << 62)
+"""A block maximum no score takes: marks the blocks to take again."""
+
+
+def refresh_select(
+    scores: Ints, blocks: Ints, slots: Ints, stale: bool, used: int, tiebreak: int, shift: int
+) -> int:  # pragma: no cover - compiled; its twin is BestIndex._refresh and _select
+    """:meth:`BestIndex.select` in one loop, for numba: take again the maximum of
+    every block holding one of ``slots`` (of every block if ``stale``), then select
+    as :func:`engine.framework.results.select` does, reading only the block maxima,
+    the rotation's own block and the first block holding the top."""
+    size = scores.shape[0]
+    width = 1 << shift
+    if stale:
+        for b in range(blocks.shape[0]):
+            blocks[b] = _PENDING
+    else:
+        for i in range(slots.shape[0]):
+            blocks[slots[i] >> shift] = _PENDING
+    for i in range(blocks.shape[0] if stale else slots.shape[0]):
+        b = i if stale else slots[i] >> shift
+        if blocks[b] != _PENDING:
+            continue  # taken already (another slot of the block)
+        lo = b << shift
+        hi = min(lo + width, size)
+        top = scores[lo]
+        for s in range(lo + 1, hi):
+            top = max(top, scores[s])
+        blocks[b] = top
+    nblocks = ((used - 1) >> shift) + 1
+    top = blocks[0]
+    for b in range(1, nblocks):
+        top = max(top, blocks[b])
+    start = tiebreak % used
+    first = start >> shift
+    # the rotation's own block, from the rotation on
+    for s in range(start, min((first + 1) << shift, used)):
+        if scores[s] == top:
+            return s
+    # the first later block holding the top; then, wrapping, the first from the start
+    # (the rotation's own block: before the rotation)
+    for turn in range(2):
+        lo_b = first + 1 if turn == 0 else 0
+        hi_b = nblocks if turn == 0 else first + 1
+        for b in range(lo_b, hi_b):
+            if blocks[b] != top:
+                continue
+            lo = b << shift
+            hi = start if b == first else min(lo + width, used)
+            for s in range(lo, hi):
+                if scores[s] == top:
+                    return s
+    return start  # not reached: some slot in use holds the top
 
 
 class MaskedScores:

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +19,7 @@ from engine.framework.best import BestIndex, Limits
 from engine.framework.cycle import CycleState
 from engine.framework.results import select
 from engine.model.pods import pod_info
+from engine.plugins import kernels
 from engine.plugins.topology_spread import PodTopologySpread
 from events.types import (
     ClockTicked,
@@ -49,6 +51,24 @@ def tiny_blocks() -> Iterator[None]:
         runtime.SHAPE_CACHE_SIZE = shapes
 
 
+@contextmanager
+def index_kind(compiled: bool) -> Iterator[None]:
+    """The index refreshed and selecting in one compiled call (numba, as loaded with
+    the resource kernel), or with numpy."""
+    saved = best.compiled()
+    if compiled and not kernels.available():
+        pytest.skip("numba is not available here")
+    best.use_compiled(kernels.index_kernel() if compiled else None)
+    try:
+        yield
+    finally:
+        best.use_compiled(saved)
+
+
+KINDS = pytest.mark.parametrize("compiled", [False, True], ids=["numpy", "compiled"])
+
+
+@KINDS
 @given(
     st.integers(1, 70),
     st.lists(
@@ -60,11 +80,12 @@ def tiny_blocks() -> Iterator[None]:
 )
 @SMALL
 def test_the_index_selects_as_the_full_scan(
-    used: int, rounds: list[tuple[list[int], int, int]], fill: int
+    compiled: bool, used: int, rounds: list[tuple[list[int], int, int]], fill: int
 ) -> None:
     """Random score arrays (few values: many ties), rewritten a few slots at a time
-    as the framework does (the index told first), and random rotations."""
-    with tiny_blocks():
+    as the framework does (the index told first), and random rotations; refreshed
+    and selected with numpy and in the compiled loop."""
+    with tiny_blocks(), index_kind(compiled):
         _select_rounds(used, rounds, fill)
 
 
@@ -142,13 +163,14 @@ def _decide(sequence: list[Event], *, indexed: bool, incremental: bool = True) -
         Limits.min_nodes = saved
 
 
+@KINDS
 @given(sequences)
 @SMALL
-def test_indexed_placements_equal_the_full_scan(sequence: list[Event]) -> None:
+def test_indexed_placements_equal_the_full_scan(compiled: bool, sequence: list[Event]) -> None:
     """Random clusters (zones, taints, nodes added and removed) and random pods of a
     few templates (spread over zones, selectors, tolerations), placed, deleted and
-    finished: every decision is the full scan's."""
-    with tiny_blocks():
+    finished: every decision is the full scan's (the index with numpy or compiled)."""
+    with tiny_blocks(), index_kind(compiled):
         indexed = _decide(sequence, indexed=True)
     assert indexed == _decide(sequence, indexed=False)
     assert indexed == _decide(sequence, indexed=False, incremental=False)
