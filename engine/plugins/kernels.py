@@ -291,7 +291,7 @@ class ResourceKernel:
 
     def run(
         self,
-        slots: list[int],
+        slots: list[int] | Ints,
         static: Bools,
         state: ClusterState,
         params: Params,

@@ -54,10 +54,12 @@ def tiny_blocks() -> Iterator[None]:
 @contextmanager
 def index_kind(compiled: bool) -> Iterator[None]:
     """The index refreshed and selecting in one compiled call (numba, as loaded with
-    the resource kernel), or with numpy."""
+    the resource kernel, which then also gives a shape's first scores), or with numpy."""
     saved = best.compiled()
-    if compiled and not kernels.available():
-        pytest.skip("numba is not available here")
+    if compiled:
+        if not kernels.available():
+            pytest.skip("numba is not available here")
+        kernels.warm_up()
     best.use_compiled(kernels.index_kernel() if compiled else None)
     try:
         yield
