@@ -9,13 +9,16 @@ that is a dozen passes over every node for each pod (5 ms at 130,000 nodes). But
 * the eligible nodes, their domain codes and which domains exist depend on the nodes'
   labels and taints and the pod's selector, affinity and tolerations only: they are
   kept per pod ``static_key`` and constraint set until ``state.static_version`` moves;
-* a domain's count is the number of matching placed pods on its eligible nodes: read
-  from the placed pods' table (:mod:`engine.model.podtable`), ``O(matching pods)``;
+* a domain's count is the number of matching placed pods on its eligible nodes:
+  counted once from the placed pods' table (:mod:`engine.model.podtable`), then kept
+  per constraint and namespace by recounting, from the state's journal, only the nodes
+  changed since (``O(changed nodes * pods on each)``; the whole count again beyond
+  ``_RECOUNT`` changed nodes), where a count over the table reads every placed pod;
 * a node's verdict is its domains' (a node lacking a constraint's key fails), so the
   mask over every node is a function of the per-domain verdicts: kept per distinct
   tuple of them, which changes only when some domain crosses the skew.
 
-So a spread pod costs ``O(matching pods + domains)`` when its per-domain verdicts are
+So a spread pod costs ``O(changed nodes + domains)`` when its per-domain verdicts are
 ones seen before (spread verdicts alternate between a few as domains fill in turn),
 and one pass over the nodes when they are new. The mask returned is shared: callers
 must not modify it (it is read-only), and the framework keeps the pod shape's scores
@@ -34,22 +37,38 @@ import numpy as np
 
 from engine.model.pods import PodInfo
 from engine.model.podtable import PodTable, node_codes, selector_matches
-from engine.model.state import Bools, ClusterState, Codes
+from engine.model.state import Bools, ClusterState, Codes, Ints
 from events.types import LabelSelector, TopologySpreadConstraint
 
 _MASKS: Final = 16
 """Masks kept per pod kind (distinct per-domain verdicts seen); beyond, start again."""
+_RECOUNT: Final = 256
+"""Above this many nodes changed since a tally was kept, count it whole again."""
+_TALLIES: Final = 8
+"""Namespaces tallied per constraint of a pod kind; beyond, start again."""
 _KINDS: Final = 32
 """Pod kinds kept per state; beyond, start again. Memory per node and state: at most
-``_KINDS * (_MASKS + 1 + constraints)`` bytes (one boolean per node per mask)."""
+``_KINDS * (_MASKS + 1 + constraints * (1 + 8 * _TALLIES))`` bytes (one boolean per
+node per mask, one ``int64`` per node per tally); in practice a kind, one constraint
+and one namespace per spread template: 26 bytes per node."""
 
 Included = Callable[[PodInfo, ClusterState, TopologySpreadConstraint], Bools]
 AllKeys = Callable[[ClusterState, tuple[TopologySpreadConstraint, ...]], Bools]
 
 
 @dataclass(slots=True)
+class _Tally:
+    """The placed pods one constraint's selector matches in one namespace, as of
+    journal ``position``: per node, and per domain over the eligible nodes."""
+
+    position: int
+    per_node: Ints
+    counts: Ints
+
+
+@dataclass(slots=True)
 class _Part:
-    """One constraint's static facts."""
+    """One constraint's static facts, and its tallies (by the pod's namespace)."""
 
     constraint: TopologySpreadConstraint
     codes: Codes
@@ -58,6 +77,7 @@ class _Part:
     """Domains (value codes) holding an eligible node."""
     domains: int
     values: int
+    tallies: dict[str, _Tally] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -148,7 +168,6 @@ class HardSpread:
     ) -> Bools:
         """``labelled & within`` of the reference ``verdicts``, read-only."""
         kind = self._kind(pod, state, hard, included, all_keys)
-        namespace = (pod.spec.namespace,)
         verdicts: list[bytes] = []
         oks: list[Bools | None] = []
         for part in kind.parts:
@@ -157,10 +176,7 @@ class HardSpread:
                 oks.append(None)
                 continue
             c = part.constraint
-            rows = table.matching(c.selector, namespace, False)
-            slots = table.node[rows]
-            slots = slots[part.eligible[slots]]
-            counts = np.bincount(part.codes[slots], minlength=part.values)
+            counts = _counts(part, pod.spec.namespace, state, table)
             minimum = 0 if part.domains < c.min_domains else int(counts[part.present].min())
             own = 1 if selector_matches(c.selector, pod.spec.labels) else 0
             ok = counts + own - minimum <= c.max_skew
@@ -179,3 +195,55 @@ class HardSpread:
                 kind.masks.clear()
             kind.masks[key] = mask
         return mask
+
+
+def _counts(part: _Part, namespace: str, state: ClusterState, table: PodTable) -> Ints:
+    """Matching placed pods per domain of ``part`` (eligible nodes only): counted
+    whole the first time, then kept by recounting the nodes changed since, from the
+    pods on each (``table`` is in step with ``state``). The result is the tally's
+    own array: callers must not modify it."""
+    tally = part.tallies.get(namespace)
+    end = state.journal_end
+    changed = None if tally is None else state.changed_since(tally.position)
+    selector = part.constraint.selector
+    if tally is None or changed is None or len(changed) > _RECOUNT:
+        rows = table.matching(selector, (namespace,), False)
+        per_node = table.per_node(rows, state.capacity)
+        counts = np.bincount(
+            part.codes[part.eligible], weights=per_node[part.eligible], minlength=part.values
+        ).astype(np.int64)
+        if len(part.tallies) >= _TALLIES:
+            part.tallies.clear()
+        part.tallies[namespace] = _Tally(end, per_node, counts)
+        return counts
+    if changed:
+        per_node, counts = tally.per_node, tally.counts
+        eligible, codes = part.eligible, part.codes
+        for slot in set(changed):
+            now = _matching_on(table, slot, selector, namespace)
+            was = int(per_node[slot])
+            if now != was:
+                per_node[slot] = now
+                if eligible[slot]:
+                    counts[codes[slot]] += now - was
+    tally.position = end
+    return tally.counts
+
+
+def _matching_on(table: PodTable, slot: int, selector: LabelSelector | None, namespace: str) -> int:
+    """Placed pods on ``slot`` in ``namespace`` that ``selector`` matches (what
+    :meth:`PodTable.matching` counts there)."""
+    keys = table.on_slot.get(slot)
+    if not keys:
+        return 0
+    specs, row_of = table.specs, table.row_of
+    count = 0
+    for key in keys:
+        spec = specs[row_of[key]]
+        if (
+            spec is not None
+            and spec.namespace == namespace
+            and selector_matches(selector, spec.labels)
+        ):
+            count += 1
+    return count
