@@ -12,20 +12,25 @@ shape's cached scores on those nodes only (``Framework._local_feasible``).
 :class:`BestIndex` keeps, beside a shape's cached ``masked`` scores (``-1``: the node
 does not fit), the maximum of each block of :data:`BLOCK` slots. An attempt then
 
-* takes again the maximum of each block holding a slot changed since the last attempt
-  (every block, when more changed than that is worth);
+* refreshes the maxima of the blocks holding the slots changed since the last attempt,
+  from each slot's old value (read as the framework tells the index, before it
+  writes) and new one, and how many slots of the block hold its maximum (a block is
+  read again only when the last slot holding its maximum fell; every block, when
+  more changed than that is worth);
 * takes the top score over the block maxima (``nodes / BLOCK`` of them);
 * finds the first slot holding it at or after the rotation: in the rotation's own
   block from the rotation on, else in the first later block whose maximum is the top,
   else (wrapping) in the first block that holds it.
 
-Cost per attempt: ``O(changed * BLOCK + nodes / BLOCK)`` element operations, against
+Cost per attempt: ``O(changed + BLOCK + nodes / BLOCK)`` element operations, against
 ``O(nodes)`` for the full scan; the answer is the full scan's, slot for slot (property
 test: ``tests/engine/test_best_index.py``). With numba loaded (:mod:`engine.plugins.kernels`
-installs :func:`refresh_select` through :func:`use_compiled`) that is one compiled call,
-a few microseconds at 130,000 nodes (20 changed slots: 5,000 reads of a block, 500 of
-the maxima); without, half a dozen numpy calls. Memory: one ``int64`` per block per
-cached shape (``8 / BLOCK`` bytes per node per shape).
+installs :func:`refresh_select` through :func:`use_compiled`) the refresh and the
+selection are one compiled call (at 130,000 nodes and twenty templates, about 7 µs per
+attempt with the old values' reads, against 25 µs for numpy's calls and a Python loop
+over the changed slots); without, a Python loop over the changed slots and half a
+dozen numpy calls. Memory: two ``int64`` per block per cached shape (``16 / BLOCK``
+bytes per node per shape).
 
 Below ``Limits.min_nodes`` slots the full scan is as cheap as the index's calls, so
 the framework keeps it there (tests lower the threshold to compare the two). The
@@ -51,7 +56,7 @@ _FULL_REFRESH: Final = 64
 """Above this many changed slots (or one per ``BLOCK`` slots, if more), take every
 block maximum again at once (cheaper than block by block from there)."""
 
-RefreshSelect = Callable[[Ints, Ints, Ints, bool, int, int, int], int]
+RefreshSelect = Callable[[Ints, Ints, Ints, Ints, Ints, bool, int, int, int], int]
 """:func:`refresh_select`'s signature (compiled, as :func:`use_compiled` installs it)."""
 _compiled: list[RefreshSelect] = []
 _NO_SLOTS: Final = np.zeros(0, dtype=np.int64)
@@ -80,65 +85,99 @@ class Limits:
 class BestIndex:
     """Block maxima of one ``masked`` score array (see the module's docstring)."""
 
-    __slots__ = ("blocks", "limit", "pending", "scores", "stale")
+    __slots__ = ("blocks", "changed", "counts", "limit", "olds", "scores", "stale", "written")
 
     def __init__(self, scores: Ints) -> None:
         self.scores = scores
         """The array indexed (the shape's own ``masked``, refreshed in place)."""
-        self.pending: list[int] = []
-        """Slots written since the block maxima were last brought up to date."""
+        self.changed: list[Ints] = []
+        self.olds: list[Ints] = []
+        """Slots written since the block maxima were last brought up to date, each
+        batch with the values its slots held before (a slot may recur: its first
+        value is the one the maxima were taken over)."""
+        self.written = 0
         self.stale = True
-        """More slots were written than are worth refreshing block by block (and at
+        """More slots were written than are worth refreshing one at a time (and at
         first: the maxima are taken at the first selection)."""
         self.limit = max(_FULL_REFRESH, scores.shape[0] >> _SHIFT)
         n = (scores.shape[0] + BLOCK - 1) >> _SHIFT
         self.blocks: Ints = np.empty(n, dtype=np.int64)
-        """Per block: its maximum (up to date but for ``pending``, unless ``stale``)."""
+        self.counts: Ints = np.empty(n, dtype=np.int64)
+        """Per block: its maximum, and how many of its slots hold it (up to date but
+        for the slots written since, unless ``stale``)."""
 
     def __repr__(self) -> str:
-        return f"BestIndex(slots={self.scores.shape[0]}, pending={len(self.pending)})"
+        return f"BestIndex(slots={self.scores.shape[0]}, written={self.written})"
 
     def touch(self, slots: list[int]) -> None:
-        """``slots`` of the scores are rewritten (before or after the call, but
-        before the next :meth:`select`)."""
+        """``slots`` of the scores are about to be rewritten (call before writing: the
+        values they hold now are what the block maxima were taken over)."""
         if self.stale:
             return
-        pending = self.pending
-        if len(pending) + len(slots) > self.limit:
+        self.written += len(slots)
+        if self.written > self.limit:
             self.stale = True
-            pending.clear()
+            self.changed.clear()
+            self.olds.clear()
             return
-        pending.extend(slots)
+        at = np.array(slots, dtype=np.int64)
+        self.changed.append(at)
+        self.olds.append(self.scores[at])
 
     def select(self, used: int, tiebreak: int) -> int:
         """What :func:`engine.framework.results.select` returns for the same scores
         (``used``: slots in use; ``tiebreak``: the pod's rotation)."""
+        changed, olds = self.changed, self.olds
+        if len(changed) > 1:
+            slots, old = np.concatenate(changed), np.concatenate(olds)
+        elif changed:
+            slots, old = changed[0], olds[0]
+        else:
+            slots = old = _NO_SLOTS
+        changed.clear()
+        olds.clear()
+        self.written = 0
+        stale, self.stale = self.stale, False
         refresh = compiled()
         if refresh is not None:
-            pending = self.pending
-            slots = np.array(pending, dtype=np.int64) if pending else _NO_SLOTS
-            slot = refresh(self.scores, self.blocks, slots, self.stale, used, tiebreak, _SHIFT)
-            self.stale = False
-            pending.clear()
-            return slot
-        self._refresh()
+            return refresh(
+                self.scores, self.blocks, self.counts, slots, old, stale, used, tiebreak, _SHIFT
+            )
+        if stale:
+            self.blocks[:], self.counts[:] = _block_max(self.scores)
+        elif slots.size:
+            self._refresh(slots.tolist(), old.tolist())
         return self._select(used, tiebreak)
 
-    def _refresh(self) -> None:
-        """Take again the maximum of every block holding a pending slot (numpy)."""
-        if self.stale:
-            self.blocks[:] = _block_max(self.scores)
-            self.stale = False
-            self.pending.clear()
-            return
-        if not self.pending:
-            return
-        scores = self.scores
-        size = scores.shape[0]
-        blocks = np.unique(np.array(self.pending, dtype=np.int64) >> _SHIFT)
-        at = (blocks << _SHIFT)[:, None] + np.arange(BLOCK, dtype=np.int64)
-        self.blocks[blocks] = np.where(at < size, scores[np.minimum(at, size - 1)], -1).max(axis=1)
-        self.pending.clear()
+    def _refresh(self, slots: list[int], olds: list[int]) -> None:
+        """Bring the block maxima up to date from each changed slot's old and new
+        value: a new maximum, one more or one fewer slot at it; a block is taken again
+        only when no slot holds its maximum any more (numpy)."""
+        scores, blocks, counts = self.scores, self.blocks, self.counts
+        again: set[int] = set()
+        seen: set[int] = set()
+        for slot, old in zip(slots, olds, strict=True):
+            if slot in seen:
+                continue  # the first value written over is the one the maxima knew
+            seen.add(slot)
+            b = slot >> _SHIFT
+            new = int(scores[slot])
+            if new == old or b in again:
+                continue
+            top = int(blocks[b])
+            if new > top:
+                blocks[b], counts[b] = new, 1
+            elif new == top:
+                counts[b] += 1
+            elif old == top:
+                counts[b] -= 1
+                if not counts[b]:
+                    again.add(b)
+        for b in again:
+            lo = b << _SHIFT
+            block = scores[lo : lo + BLOCK]
+            top = block.max()
+            blocks[b], counts[b] = top, np.count_nonzero(block == top)
 
     def _select(self, used: int, tiebreak: int) -> int:
         scores = self.scores
@@ -171,16 +210,21 @@ def _first_in(scores: Ints, block: int, used: int) -> int:
     return lo + int(scores[lo : min(lo + BLOCK, used)].argmax())
 
 
-def _block_max(scores: Ints) -> Ints:
+def _block_max(scores: Ints) -> tuple[Ints, Ints]:
     size = scores.shape[0]
     full = size >> _SHIFT
     n = full + (1 if size & (BLOCK - 1) else 0)
     tops = np.empty(n, dtype=np.int64)
+    counts = np.empty(n, dtype=np.int64)
     if full:
-        tops[:full] = scores[: full << _SHIFT].reshape(full, BLOCK).max(axis=1)
+        body = scores[: full << _SHIFT].reshape(full, BLOCK)
+        tops[:full] = body.max(axis=1)
+        counts[:full] = np.count_nonzero(body == tops[:full, None], axis=1)
     if n > full:
-        tops[full] = scores[full << _SHIFT :].max()
-    return tops
+        tail = scores[full << _SHIFT :]
+        tops[full] = tail.max()
+        counts[full] = np.count_nonzero(tail == tops[full])
+    return tops, counts
 
 
 _PENDING: Final = -(1 << 62)
@@ -188,30 +232,65 @@ _PENDING: Final = -(1 << 62)
 
 
 def refresh_select(
-    scores: Ints, blocks: Ints, slots: Ints, stale: bool, used: int, tiebreak: int, shift: int
+    scores: Ints,
+    blocks: Ints,
+    counts: Ints,
+    slots: Ints,
+    olds: Ints,
+    stale: bool,
+    used: int,
+    tiebreak: int,
+    shift: int,
 ) -> int:  # pragma: no cover - compiled; its twin is BestIndex._refresh and _select
-    """:meth:`BestIndex.select` in one loop, for numba: take again the maximum of
-    every block holding one of ``slots`` (of every block if ``stale``), then select
-    as :func:`engine.framework.results.select` does, reading only the block maxima,
-    the rotation's own block and the first block holding the top."""
+    """:meth:`BestIndex.select` in one loop, for numba: bring the block maxima up to
+    date from each written slot's old value (``olds``: the first one written over, where
+    a slot recurs) and new one (every block, if ``stale``), then select as
+    :func:`engine.framework.results.select` does, reading only the block maxima, the
+    rotation's own block and the first block holding the top."""
     size = scores.shape[0]
     width = 1 << shift
     if stale:
         for b in range(blocks.shape[0]):
             blocks[b] = _PENDING
     else:
-        for i in range(slots.shape[0]):
-            blocks[slots[i] >> shift] = _PENDING
+        order = np.argsort(slots, kind="mergesort")  # a recurring slot: its first first
+        last = -1
+        for k in range(order.shape[0]):
+            s = slots[order[k]]
+            if s == last:
+                continue
+            last = s
+            b = s >> shift
+            old = olds[order[k]]
+            new = scores[s]
+            top = blocks[b]
+            if new == old or top == _PENDING:
+                continue
+            if new > top:
+                blocks[b] = new
+                counts[b] = 1
+            elif new == top:
+                counts[b] += 1
+            elif old == top:
+                counts[b] -= 1
+                if counts[b] == 0:
+                    blocks[b] = _PENDING  # taken again below
     for i in range(blocks.shape[0] if stale else slots.shape[0]):
         b = i if stale else slots[i] >> shift
         if blocks[b] != _PENDING:
-            continue  # taken already (another slot of the block)
+            continue
         lo = b << shift
         hi = min(lo + width, size)
         top = scores[lo]
+        count = 1
         for s in range(lo + 1, hi):
-            top = max(top, scores[s])
+            if scores[s] > top:
+                top = scores[s]
+                count = 1
+            elif scores[s] == top:
+                count += 1
         blocks[b] = top
+        counts[b] = count
     nblocks = ((used - 1) >> shift) + 1
     top = blocks[0]
     for b in range(1, nblocks):

@@ -181,7 +181,7 @@ def index_kernel() -> best.RefreshSelect | None:
         return None
     select: best.RefreshSelect = jit(best.refresh_select)  # type: ignore[assignment]
     one = np.zeros(1, dtype=np.int64)
-    select(one, one.copy(), one, True, 1, 0, 0)
+    select(one, one.copy(), one.copy(), _EMPTY, _EMPTY, True, 1, 0, 0)
     return select
 
 
