@@ -26,10 +26,10 @@ Cost per attempt: ``O(changed + BLOCK + nodes / BLOCK)`` element operations, aga
 ``O(nodes)`` for the full scan; the answer is the full scan's, slot for slot (property
 test: ``tests/engine/test_best_index.py``). With numba loaded (:mod:`engine.plugins.kernels`
 installs :func:`refresh_select` through :func:`use_compiled`) the refresh and the
-selection are one compiled call (at 130,000 nodes and twenty templates, about 7 µs per
-attempt with the old values' reads, against 25 µs for numpy's calls and a Python loop
-over the changed slots); without, a Python loop over the changed slots and half a
-dozen numpy calls. Memory: two ``int64`` per block per cached shape (``16 / BLOCK``
+selection are one compiled call (at 130,000 nodes and twenty templates, on a busy
+2-core machine: about 15 µs per pod for telling and selecting, against 32 µs with a
+Python loop over the changed slots); without, that Python loop and half a dozen numpy
+calls. Memory: two ``int64`` per block per cached shape (``16 / BLOCK``
 bytes per node per shape).
 
 Below ``Limits.min_nodes`` slots the full scan is as cheap as the index's calls, so
