@@ -131,13 +131,13 @@ def _compile() -> Refresh | None:
     return jit(refresh)
 
 
-def jit(function: Callable[..., None]) -> Callable[..., None]:
+def jit(function: Callable[..., Any]) -> Callable[..., Any]:
     """``function`` compiled by numba (which must be :func:`available`), cached on disk
     where it can be; compiled at its first call."""
     import numba
 
     try:
-        compiled: Callable[..., None] = numba.njit(cache=True, nogil=True)(function)
+        compiled: Callable[..., Any] = numba.njit(cache=True, nogil=True)(function)
     except RuntimeError:  # no writable cache directory: compile in every process
         compiled = numba.njit(cache=False, nogil=True)(function)
     return compiled
@@ -179,7 +179,7 @@ def index_kernel() -> best.RefreshSelect | None:
     :func:`refresh_kernel` is."""
     if not available():
         return None
-    select: best.RefreshSelect = jit(best.refresh_select)  # type: ignore[assignment]
+    select: best.RefreshSelect = jit(best.refresh_select)
     one = np.zeros(1, dtype=np.int64)
     select(one, one.copy(), one.copy(), _EMPTY, _EMPTY, True, 1, 0, 0)
     return select
