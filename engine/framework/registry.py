@@ -34,7 +34,7 @@ class Kernel(Protocol):
 
     def run(
         self,
-        slots: list[int],
+        slots: list[int] | Ints,
         static: Bools,
         state: ClusterState,
         params: Any,

@@ -441,6 +441,8 @@ class Framework:
         """``where(feasible, weighted local scores, -1)``, kept per shape when possible.
         The result may be the shape's own array: callers must not modify it."""
         if entry is None or entry.local is None or entry.masked is None or keep is not None:
+            if keep is None and entry is not None and self._compiled_scores(pod, state, entry):
+                return entry.masked  # type: ignore[return-value]
             local = np.zeros(state.capacity, dtype=np.int64)
             for e in self._local_scores:
                 weighted = e.plugin.score(cycle, pod, state, feasible) * e.weight
@@ -473,6 +475,28 @@ class Framework:
             entry.masked[slots] = np.where(feasible[slots], sub, -1)
             entry.pending = entry.pending_view = None
         return entry.masked
+
+    def _compiled_scores(self, pod: PodInfo, state: ClusterState, entry: _ShapeEntry) -> bool:
+        """A shape's first scores on every slot through the compiled kernel (its
+        results are the plugins', bit for bit: at 130,000 nodes a few milliseconds
+        instead of some twenty for numpy's passes); False where it does not stand in."""
+        kernel = self.kernel
+        if kernel is None or not kernel.worth(state.capacity, INCREMENTAL_LIMIT):
+            return False
+        params = kernel.params(pod.request, state)
+        if params is None:
+            return False
+        local = np.empty(state.capacity, dtype=np.int64)
+        masked = np.empty(state.capacity, dtype=np.int64)
+        slots = np.arange(state.capacity, dtype=np.int64)
+        # the verdict is the shape's already: refreshed over itself, it stays as it is
+        if not kernel.run(slots, entry.feasible, state, params, entry.feasible, local, masked):
+            return False
+        entry.local, entry.masked = local, masked
+        entry.pending = entry.pending_view = entry.pending_slots = None
+        entry.best = None
+        self._forget_derived(entry)
+        return True
 
     def score(
         self,

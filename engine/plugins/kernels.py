@@ -20,7 +20,8 @@ Loading numba and the compiled code costs about 0.7 s (from numba's cache), so i
 happens only when a refresh first needs it (more nodes changed than the plain-Python
 path handles well), or at start in processes that schedule for long (:func:`warm_up`):
 a small simulation never pays for it. Loading it also installs the compiled column
-update of ``ClusterState.assume`` and ``forget`` (:func:`engine.model.state.use_compiled_columns`).
+update of ``ClusterState.assume`` and ``forget`` (:func:`engine.model.state.use_compiled_columns`)
+and the best-node index's refresh and selection (:func:`engine.framework.best.use_compiled`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.framework import best
 from engine.model.state import Bools, ClusterState, Ints, Request, use_compiled_columns
 from engine.plugins.fit import NodeResourcesBalancedAllocation, NodeResourcesFit
 from engine.plugins.normalize import MAX_NODE_SCORE
@@ -129,13 +131,13 @@ def _compile() -> Refresh | None:
     return jit(refresh)
 
 
-def jit(function: Callable[..., None]) -> Callable[..., None]:
+def jit(function: Callable[..., Any]) -> Callable[..., Any]:
     """``function`` compiled by numba (which must be :func:`available`), cached on disk
     where it can be; compiled at its first call."""
     import numba
 
     try:
-        compiled: Callable[..., None] = numba.njit(cache=True, nogil=True)(function)
+        compiled: Callable[..., Any] = numba.njit(cache=True, nogil=True)(function)
     except RuntimeError:  # no writable cache directory: compile in every process
         compiled = numba.njit(cache=False, nogil=True)(function)
     return compiled
@@ -166,7 +168,21 @@ def refresh_kernel() -> Refresh | None:
             delta.flags.writeable = writeable
             add(np.zeros((4, 1, 1), dtype=np.int64), np.zeros((1, 1), dtype=np.int64), 0, delta, 1)
         use_compiled_columns(add)
+        best.use_compiled(index_kernel())
     return refresh
+
+
+@functools.cache
+def index_kernel() -> best.RefreshSelect | None:
+    """The best-node index's compiled refresh and selection
+    (:func:`engine.framework.best.refresh_select`), or None; loaded and run once as
+    :func:`refresh_kernel` is."""
+    if not available():
+        return None
+    select: best.RefreshSelect = jit(best.refresh_select)
+    one = np.zeros(1, dtype=np.int64)
+    select(one, one.copy(), one.copy(), _EMPTY, _EMPTY, True, 1, 0, 0)
+    return select
 
 
 def _add_column(
@@ -275,7 +291,7 @@ class ResourceKernel:
 
     def run(
         self,
-        slots: list[int],
+        slots: list[int] | Ints,
         static: Bools,
         state: ClusterState,
         params: Params,

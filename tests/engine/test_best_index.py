@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +19,7 @@ from engine.framework.best import BestIndex, Limits
 from engine.framework.cycle import CycleState
 from engine.framework.results import select
 from engine.model.pods import pod_info
+from engine.plugins import kernels, spread_cache
 from engine.plugins.topology_spread import PodTopologySpread
 from events.types import (
     ClockTicked,
@@ -49,6 +51,26 @@ def tiny_blocks() -> Iterator[None]:
         runtime.SHAPE_CACHE_SIZE = shapes
 
 
+@contextmanager
+def index_kind(compiled: bool) -> Iterator[None]:
+    """The index refreshed and selecting in one compiled call (numba, as loaded with
+    the resource kernel, which then also gives a shape's first scores), or with numpy."""
+    saved = best.compiled()
+    if compiled:
+        if not kernels.available():
+            pytest.skip("numba is not available here")
+        kernels.warm_up()
+    best.use_compiled(kernels.index_kernel() if compiled else None)
+    try:
+        yield
+    finally:
+        best.use_compiled(saved)
+
+
+KINDS = pytest.mark.parametrize("compiled", [False, True], ids=["numpy", "compiled"])
+
+
+@KINDS
 @given(
     st.integers(1, 70),
     st.lists(
@@ -60,11 +82,12 @@ def tiny_blocks() -> Iterator[None]:
 )
 @SMALL
 def test_the_index_selects_as_the_full_scan(
-    used: int, rounds: list[tuple[list[int], int, int]], fill: int
+    compiled: bool, used: int, rounds: list[tuple[list[int], int, int]], fill: int
 ) -> None:
     """Random score arrays (few values: many ties), rewritten a few slots at a time
-    as the framework does (the index told first), and random rotations."""
-    with tiny_blocks():
+    as the framework does (the index told first), and random rotations; refreshed
+    and selected with numpy and in the compiled loop."""
+    with tiny_blocks(), index_kind(compiled):
         _select_rounds(used, rounds, fill)
 
 
@@ -98,13 +121,16 @@ def cluster_event(draw: Any) -> Event:
 @st.composite
 def pod_event(draw: Any) -> Event:
     name = f"p{draw(st.integers(0, 60))}"
+    # a spread counts the pods of the pod's own namespace only
+    namespace = draw(st.sampled_from(["default", "default", "other"]))
     kind = draw(st.sampled_from(["submit"] * 6 + ["delete", "succeed"]))
     if kind == "delete":
-        return PodDeleted(pod=f"default/{name}")
+        return PodDeleted(pod=f"{namespace}/{name}")
     if kind == "succeed":
-        return PodSucceeded(pod=f"default/{name}")
+        return PodSucceeded(pod=f"{namespace}/{name}")
     template = draw(st.integers(0, 4))  # pods of one template share shape and constraints
-    pod = make_pod(name).cpu(["100m", "500m", "1", "250m", "2"][template]).memory("256Mi")
+    pod = make_pod(name, namespace).cpu(["100m", "500m", "1", "250m", "2"][template])
+    pod = pod.memory("256Mi")
     pod = pod.labels(app=f"t{template}")
     if template in (1, 3):
         pod = pod.spread("zone", max_skew=template // 2 + 1, app=f"t{template}")
@@ -142,25 +168,46 @@ def _decide(sequence: list[Event], *, indexed: bool, incremental: bool = True) -
         Limits.min_nodes = saved
 
 
+@KINDS
 @given(sequences)
 @SMALL
-def test_indexed_placements_equal_the_full_scan(sequence: list[Event]) -> None:
+def test_indexed_placements_equal_the_full_scan(compiled: bool, sequence: list[Event]) -> None:
     """Random clusters (zones, taints, nodes added and removed) and random pods of a
     few templates (spread over zones, selectors, tolerations), placed, deleted and
-    finished: every decision is the full scan's."""
-    with tiny_blocks():
+    finished: every decision is the full scan's (the index with numpy or compiled)."""
+    with tiny_blocks(), index_kind(compiled):
         indexed = _decide(sequence, indexed=True)
     assert indexed == _decide(sequence, indexed=False)
     assert indexed == _decide(sequence, indexed=False, incremental=False)
 
 
+@contextmanager
+def tallied(on: bool = True) -> Iterator[None]:
+    """Spread counts kept per node and recounted on the changed nodes on every
+    cluster size (or never)."""
+    saved = spread_cache.Tallies.min_nodes
+    spread_cache.Tallies.min_nodes = 0 if on else 1 << 30
+    try:
+        yield
+    finally:
+        spread_cache.Tallies.min_nodes = saved
+
+
+@pytest.mark.parametrize("tallies", [False, True], ids=["counted", "tallied"])
 @given(sequences, st.lists(pod_event(), min_size=1, max_size=8))
 @SMALL
 def test_the_spread_mask_is_the_reference_verdict(
-    sequence: list[Event], probes: list[Event]
+    tallies: bool, sequence: list[Event], probes: list[Event]
 ) -> None:
     """The cached DoNotSchedule mask equals ``labelled & within`` computed whole, for
-    pods asked about after any history (the cache kept across the run)."""
+    pods asked about after any history (the cache kept across the run; its counts of
+    matching pods per domain counted whole, or kept by recounting the nodes changed
+    since)."""
+    with tallied(tallies):
+        _probe_spread(sequence, probes)
+
+
+def _probe_spread(sequence: list[Event], probes: list[Event]) -> None:
     engine = Engine()
     framework = engine.profiles.frameworks["default-scheduler"]
     spread = framework.plugins["PodTopologySpread"]
@@ -178,4 +225,68 @@ def test_the_spread_mask_is_the_reference_verdict(
             labelled, within = spread.verdicts(pod, state)
             got = spread.filter(CycleState(), pod, state)
             assert not got.flags.writeable
+            assert got.tolist() == (labelled & within).tolist()
+
+
+@st.composite
+def spread_pod_event(draw: Any) -> Event:
+    """Pods of two namespaces, most labelled alike, half spread over zones (skew 1)."""
+    name = f"p{draw(st.integers(0, 12))}"
+    namespace = draw(st.sampled_from(["default", "other"]))
+    kind = draw(st.sampled_from(["submit"] * 4 + ["delete", "succeed"]))
+    if kind == "delete":
+        return PodDeleted(pod=f"{namespace}/{name}")
+    if kind == "succeed":
+        return PodSucceeded(pod=f"{namespace}/{name}")
+    # a name may come back with other labels
+    pod = make_pod(name, namespace).cpu("1").memory("256Mi")
+    pod = pod.labels(app=draw(st.sampled_from(["web", "web", "db"])))
+    if draw(st.booleans()):
+        pod = pod.spread("zone", max_skew=1, app="web")
+    if draw(st.integers(0, 3)) == 0:
+        pod = pod.tolerate("dedicated")
+    if draw(st.integers(0, 3)) == 0:
+        pod = pod.selector(disk="ssd")
+    return pod.submitted()
+
+
+@given(st.lists(spread_pod_event(), min_size=1, max_size=40))
+@SMALL
+def test_spread_counts_kept_per_node_equal_a_recount(sequence: list[Event]) -> None:
+    """On a fixed cluster (three zones, one node tainted, some with SSDs), pods of
+    two namespaces come and go; after each event, the cached DoNotSchedule mask of a
+    spread pod of either namespace, tolerating the taint or not, selecting SSDs (the
+    other nodes' pods do not count) or not, equals the reference verdict."""
+    with tallied():
+        _recount(sequence)
+
+
+def _recount(sequence: list[Event]) -> None:
+    engine = Engine()
+    framework = engine.profiles.frameworks["default-scheduler"]
+    spread = framework.plugins["PodTopologySpread"]
+    assert isinstance(spread, PodTopologySpread)
+    nodes = []
+    for i in range(7):
+        node = make_node(f"n{i}").cpu("4").memory("16Gi").label("zone", ZONES[i % 3])
+        if i < 4:
+            node = node.label("disk", "ssd")
+        nodes.append(node.taint("dedicated", "x") if i == 6 else node)
+    for i, node in enumerate(nodes):
+        engine.apply(env(NodeAdded(node=node.spec()), i))
+    state = engine.state
+    probes = [
+        make_pod(f"probe{j}", ns).labels(app="web").spread("zone", max_skew=1, app="web")
+        for j, ns in enumerate(["default", "other"])
+    ]
+    probes += [p.tolerate("dedicated") for p in probes]
+    probes += [p.selector(disk="ssd") for p in probes]
+    for i, event in enumerate(sequence):
+        engine.apply(env(event, 100 + i))
+        engine.schedule()
+        for j, probe in enumerate(probes):
+            state.ensure_rows()
+            pod = pod_info(probe.spec(), state.resources, 10_000 + j)
+            labelled, within = spread.verdicts(pod, state)
+            got = spread.filter(CycleState(), pod, state)
             assert got.tolist() == (labelled & within).tolist()
