@@ -28,7 +28,7 @@ one mechanism; split, a cache could be refreshed by rules the attempt does not f
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -339,11 +339,15 @@ class Framework:
             return self.feasible(cycle, pod, state), None
         feasible, entry = self._local_feasible(cycle, pod, state)
         if self.conditional:
-            masks = [f.filter(cycle, pod, state) for f in self.conditional if f.applies(pod, state)]
-            for mask in masks:
-                feasible = feasible & mask
-            if len(masks) == 1 and not masks[0].flags.writeable:
-                cycle.write("", STABLE, (feasible, masks[0]))
+            applied = 0
+            mask = feasible
+            for f in self.conditional:
+                if f.applies(pod, state):
+                    mask = f.filter(cycle, pod, state)
+                    feasible = feasible & mask
+                    applied += 1
+            if applied == 1 and not mask.flags.writeable:
+                cycle.write("", STABLE, (feasible, mask))
         return feasible, entry
 
     def _local_feasible(
@@ -565,12 +569,13 @@ class Framework:
         explain: bool = False,
         within: Bools | None = None,
         verdict: Verdict | None = None,
-        brief: bool = False,
+        brief: bool | Callable[[], bool] = False,
     ) -> Attempt:
         """Find a node for ``pod``; do not change ``state`` (the caller assumes).
         ``within``: only among these slots (a gang's topology domain). With a
         ``verdict``, the extenders' answers filter after the filters and add to the
-        scores, as kube-scheduler's extenders do."""
+        scores, as kube-scheduler's extenders do. ``brief``: a failure may come without
+        reasons (see the module); a callable is asked only if the attempt fails."""
         cycle = CycleState()
         status = self.run_pre_filters(cycle, pod, state)
         if not status.ok:
@@ -589,7 +594,7 @@ class Framework:
         if verdict is not None and verdict.mask is not None:
             feasible = feasible & verdict.mask
         if not any_set(feasible):
-            if brief and verdict is None:
+            if verdict is None and (brief() if callable(brief) else brief):
                 briefly = self._brief_failure(cycle, pod, state)
                 if briefly is not None:
                     return briefly
@@ -607,10 +612,14 @@ class Framework:
             masked = np.where(feasible, masked + verdict.scores, -1)
             if keep is not None:
                 keep["extenders"] = verdict.scores
-        stable = cycle.read("", STABLE)
-        slot = self._select(
-            masked, shape, state.high_water, pod.tiebreak, None if stable is None else stable[1]
-        )
+        used = state.high_water
+        if shape is None or used < Limits.min_nodes:
+            slot = select(masked, used, pod.tiebreak)
+        else:
+            stable = cycle.read("", STABLE)
+            slot = self._select(
+                masked, shape, used, pod.tiebreak, None if stable is None else stable[1]
+            )
         best = int(masked[slot]) + constant
         diagnosis = None
         if explain:
