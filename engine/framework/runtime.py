@@ -377,9 +377,9 @@ class Framework:
         if entry.pending_slots is not None:
             changed = [*changed, *entry.pending_slots]
             entry.pending_slots = None
-        if changed and entry.best is not None:
-            entry.best.touch(changed)
-        if changed:
+        if changed and (entry.best is not None or entry.derived):
+            if entry.best is not None:
+                entry.best.touch(changed)
             for derived in entry.derived.values():
                 derived.touch(changed, INCREMENTAL_LIMIT)
         kernel = self.kernel
