@@ -89,7 +89,7 @@ class BestIndex:
         scores = self.scores
         for slot in slots:
             if slot not in dirty:
-                dirty[slot] = int(scores[slot])
+                dirty[slot] = scores.item(slot)
 
     def _refresh(self) -> None:
         """Bring the block maxima up to date from each changed slot's old and new
@@ -107,10 +107,10 @@ class BestIndex:
         again: set[int] = set()
         for slot, old in dirty.items():
             b = slot >> _SHIFT
-            new = int(scores[slot])
+            new = scores.item(slot)
             if new == old:
                 continue
-            top = int(blocks[b])
+            top = blocks.item(b)
             if new > top:
                 blocks[b], counts[b] = new, 1
             elif new == top:
@@ -133,22 +133,26 @@ class BestIndex:
         scores = self.scores
         nblocks = ((used - 1) >> _SHIFT) + 1
         blocks = self.blocks[:nblocks]
-        top = blocks.max()
+        # (argmax, not max: no reduction machinery, and it names the first block
+        # holding the top, which answers at once when that block is after the rotation's)
+        b = int(blocks.argmax())
+        top = blocks.item(b)
         start = tiebreak % used
         first = start >> _SHIFT
+        if b > first:  # no block up to the rotation's holds the top
+            return _first_in(scores, b, used)
         # the rotation's own block, from the rotation on (argmax: the first at the max)
         own = scores[start : min((first + 1) << _SHIFT, used)]
         j = int(own.argmax())
-        if own[j] == top:
+        if own.item(j) == top:
             return start + j
         # the first later block holding the top
         later = blocks[first + 1 :]
         if later.size:
             j = int(later.argmax())
-            if later[j] == top:
+            if later.item(j) == top:
                 return _first_in(scores, first + 1 + j, used)
         # wrapping: the first block that holds the top (the rotation's own: before it)
-        b = int(blocks[: first + 1].argmax())
         if b == first:
             lo = first << _SHIFT
             return lo + int(scores[lo:start].argmax())
