@@ -130,6 +130,9 @@ class _ScoreEntry:
     plugin: ScorePlugin
     weight: int
     normalize: bool
+    static: bool = False
+    """The plugin's ``static`` (a score that depends on the node's labels and taints
+    only), read once."""
 
 
 class Framework:
@@ -183,7 +186,7 @@ class Framework:
         self.post_filters: list[PostFilterPlugin] = [p for p, _ in chosen["postFilter"]]  # type: ignore[misc]
         self.pre_scores: list[PreScorePlugin] = [p for p, _ in chosen["preScore"]]  # type: ignore[misc]
         self.scores = [
-            _ScoreEntry(p, w, isinstance(p, NormalizeScorePlugin))  # type: ignore[arg-type]
+            _ScoreEntry(p, w, isinstance(p, NormalizeScorePlugin), getattr(p, "static", False))  # type: ignore[arg-type]
             for p, w in chosen["score"]
         ]
         self.reserves: list[ReservePlugin] = [p for p, _ in chosen["reserve"]]  # type: ignore[misc]
@@ -493,12 +496,13 @@ class Framework:
         for entry in self._global_scores:
             # A static plugin that gives every node the same score gives it again until
             # a node's labels or taints change (then the cache is dropped).
-            static = keep is None and getattr(entry.plugin, "static", False)
-            cache_key = (entry.plugin.name, pod.static_key)
-            cached = self._constant_scores.get(cache_key) if static else None
-            if cached is not None:
-                constant += cached
-                continue
+            static = entry.static and keep is None
+            if static:
+                cache_key = (entry.plugin.name, pod.static_key)
+                cached = self._constant_scores.get(cache_key)
+                if cached is not None:
+                    constant += cached
+                    continue
             raw = entry.plugin.score(cycle, pod, state, feasible)
             if entry.normalize:
                 raw = entry.plugin.normalize(raw, feasible)  # type: ignore[attr-defined]
@@ -589,7 +593,8 @@ class Framework:
         if verdict is not None and verdict.error:
             status = Status(Code.ERROR, (verdict.error,), verdict.plugin)
             return Attempt(-1, status, diagnosis=Diagnosis(nodes=len(state.index), status=status))
-        feasible = self._sampled(feasible, pod, state, verdict is not None)
+        if self.profile.percentage_of_nodes_to_score is not None:
+            feasible = self._sampled(feasible, pod, state, verdict is not None)
         passed = feasible
         if verdict is not None and verdict.mask is not None:
             feasible = feasible & verdict.mask
@@ -620,7 +625,7 @@ class Framework:
             slot = self._select(
                 masked, shape, used, pod.tiebreak, None if stable is None else stable[1]
             )
-        best = int(masked[slot]) + constant
+        best = masked.item(slot) + constant
         diagnosis = None
         if explain:
             diagnosis = self.diagnose(cycle, pod, state)
@@ -637,7 +642,8 @@ class Framework:
                 for done in reversed(self.reserves):
                     done.unreserve(cycle, pod, state, slot)
                 return Attempt(-1, status.with_plugin(permit.name), diagnosis=diagnosis)
-        return Attempt(slot, SUCCESS, best, diagnosis, self._choose_cards(pod, state, slot))
+        cards = None if pod.gpu is None else self._choose_cards(pod, state, slot)
+        return Attempt(slot, SUCCESS, best, diagnosis, cards)
 
     def _forget_derived(self, shape: _ShapeEntry) -> None:
         """Drop ``shape``'s derived scores, and the order's hold on it (a shape replaced
