@@ -122,7 +122,7 @@ class BestIndex:
         for b in again:
             lo = b << _SHIFT
             block = scores[lo : lo + BLOCK]
-            top = block.max()
+            top = block.item(int(block.argmax()))  # (argmax: no reduction machinery)
             blocks[b], counts[b] = top, np.count_nonzero(block == top)
         dirty.clear()
 
