@@ -161,10 +161,10 @@ class BestIndex:
                 continue  # the first value written over is the one the maxima knew
             seen.add(slot)
             b = slot >> _SHIFT
-            new = int(scores[slot])
+            new = scores.item(slot)
             if new == old or b in again:
                 continue
-            top = int(blocks[b])
+            top = blocks.item(b)
             if new > top:
                 blocks[b], counts[b] = new, 1
             elif new == top:
@@ -176,29 +176,33 @@ class BestIndex:
         for b in again:
             lo = b << _SHIFT
             block = scores[lo : lo + BLOCK]
-            top = block.max()
+            top = block.item(int(block.argmax()))  # (argmax: no reduction machinery)
             blocks[b], counts[b] = top, np.count_nonzero(block == top)
 
     def _select(self, used: int, tiebreak: int) -> int:
         scores = self.scores
         nblocks = ((used - 1) >> _SHIFT) + 1
         blocks = self.blocks[:nblocks]
-        top = blocks.max()
+        # (argmax, not max: no reduction machinery, and it names the first block
+        # holding the top, which answers at once when that block is after the rotation's)
+        b = int(blocks.argmax())
+        top = blocks.item(b)
         start = tiebreak % used
         first = start >> _SHIFT
+        if b > first:  # no block up to the rotation's holds the top
+            return _first_in(scores, b, used)
         # the rotation's own block, from the rotation on (argmax: the first at the max)
         own = scores[start : min((first + 1) << _SHIFT, used)]
         j = int(own.argmax())
-        if own[j] == top:
+        if own.item(j) == top:
             return start + j
         # the first later block holding the top
         later = blocks[first + 1 :]
         if later.size:
             j = int(later.argmax())
-            if later[j] == top:
+            if later.item(j) == top:
                 return _first_in(scores, first + 1 + j, used)
         # wrapping: the first block that holds the top (the rotation's own: before it)
-        b = int(blocks[: first + 1].argmax())
         if b == first:
             lo = first << _SHIFT
             return lo + int(scores[lo:start].argmax())

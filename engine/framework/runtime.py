@@ -28,7 +28,7 @@ one mechanism; split, a cache could be refreshed by rules the attempt does not f
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -130,6 +130,9 @@ class _ScoreEntry:
     plugin: ScorePlugin
     weight: int
     normalize: bool
+    static: bool = False
+    """The plugin's ``static`` (a score that depends on the node's labels and taints
+    only), read once."""
 
 
 class Framework:
@@ -183,7 +186,7 @@ class Framework:
         self.post_filters: list[PostFilterPlugin] = [p for p, _ in chosen["postFilter"]]  # type: ignore[misc]
         self.pre_scores: list[PreScorePlugin] = [p for p, _ in chosen["preScore"]]  # type: ignore[misc]
         self.scores = [
-            _ScoreEntry(p, w, isinstance(p, NormalizeScorePlugin))  # type: ignore[arg-type]
+            _ScoreEntry(p, w, isinstance(p, NormalizeScorePlugin), getattr(p, "static", False))  # type: ignore[arg-type]
             for p, w in chosen["score"]
         ]
         self.reserves: list[ReservePlugin] = [p for p, _ in chosen["reserve"]]  # type: ignore[misc]
@@ -353,11 +356,15 @@ class Framework:
             return self.feasible(cycle, pod, state), None
         feasible, entry = self._local_feasible(cycle, pod, state)
         if self.conditional:
-            masks = [f.filter(cycle, pod, state) for f in self.conditional if f.applies(pod, state)]
-            for mask in masks:
-                feasible = feasible & mask
-            if len(masks) == 1 and not masks[0].flags.writeable:
-                cycle.write("", STABLE, (feasible, masks[0]))
+            applied = 0
+            mask = feasible
+            for f in self.conditional:
+                if f.applies(pod, state):
+                    mask = f.filter(cycle, pod, state)
+                    feasible = feasible & mask
+                    applied += 1
+            if applied == 1 and not mask.flags.writeable:
+                cycle.write("", STABLE, (feasible, mask))
         return feasible, entry
 
     def _local_feasible(
@@ -387,9 +394,9 @@ class Framework:
         if entry.pending_slots is not None:
             changed = [*changed, *entry.pending_slots]
             entry.pending_slots = None
-        if changed and entry.best is not None:
-            entry.best.touch(changed)
-        if changed:
+        if changed and (entry.best is not None or entry.derived):
+            if entry.best is not None:
+                entry.best.touch(changed)
             for derived in entry.derived.values():
                 derived.touch(changed, INCREMENTAL_LIMIT)
         kernel = self.kernel
@@ -529,12 +536,13 @@ class Framework:
         for entry in self._global_scores:
             # A static plugin that gives every node the same score gives it again until
             # a node's labels or taints change (then the cache is dropped).
-            static = keep is None and getattr(entry.plugin, "static", False)
-            cache_key = (entry.plugin.name, pod.static_key)
-            cached = self._constant_scores.get(cache_key) if static else None
-            if cached is not None:
-                constant += cached
-                continue
+            static = entry.static and keep is None
+            if static:
+                cache_key = (entry.plugin.name, pod.static_key)
+                cached = self._constant_scores.get(cache_key)
+                if cached is not None:
+                    constant += cached
+                    continue
             raw = entry.plugin.score(cycle, pod, state, feasible)
             if entry.normalize:
                 raw = entry.plugin.normalize(raw, feasible)  # type: ignore[attr-defined]
@@ -605,12 +613,13 @@ class Framework:
         explain: bool = False,
         within: Bools | None = None,
         verdict: Verdict | None = None,
-        brief: bool = False,
+        brief: bool | Callable[[], bool] = False,
     ) -> Attempt:
         """Find a node for ``pod``; do not change ``state`` (the caller assumes).
         ``within``: only among these slots (a gang's topology domain). With a
         ``verdict``, the extenders' answers filter after the filters and add to the
-        scores, as kube-scheduler's extenders do."""
+        scores, as kube-scheduler's extenders do. ``brief``: a failure may come without
+        reasons (see the module); a callable is asked only if the attempt fails."""
         cycle = CycleState()
         status = self.run_pre_filters(cycle, pod, state)
         if not status.ok:
@@ -624,12 +633,13 @@ class Framework:
         if verdict is not None and verdict.error:
             status = Status(Code.ERROR, (verdict.error,), verdict.plugin)
             return Attempt(-1, status, diagnosis=Diagnosis(nodes=len(state.index), status=status))
-        feasible = self._sampled(feasible, pod, state, verdict is not None)
+        if self.profile.percentage_of_nodes_to_score is not None:
+            feasible = self._sampled(feasible, pod, state, verdict is not None)
         passed = feasible
         if verdict is not None and verdict.mask is not None:
             feasible = feasible & verdict.mask
         if not any_set(feasible):
-            if brief and verdict is None:
+            if verdict is None and (brief() if callable(brief) else brief):
                 briefly = self._brief_failure(cycle, pod, state)
                 if briefly is not None:
                     return briefly
@@ -647,11 +657,15 @@ class Framework:
             masked = np.where(feasible, masked + verdict.scores, -1)
             if keep is not None:
                 keep["extenders"] = verdict.scores
-        stable = cycle.read("", STABLE)
-        slot = self._select(
-            masked, shape, state.high_water, pod.tiebreak, None if stable is None else stable[1]
-        )
-        best = int(masked[slot]) + constant
+        used = state.high_water
+        if shape is None or used < Limits.min_nodes:
+            slot = select(masked, used, pod.tiebreak)
+        else:
+            stable = cycle.read("", STABLE)
+            slot = self._select(
+                masked, shape, used, pod.tiebreak, None if stable is None else stable[1]
+            )
+        best = masked.item(slot) + constant
         diagnosis = None
         if explain:
             diagnosis = self.diagnose(cycle, pod, state)
@@ -668,7 +682,8 @@ class Framework:
                 for done in reversed(self.reserves):
                     done.unreserve(cycle, pod, state, slot)
                 return Attempt(-1, status.with_plugin(permit.name), diagnosis=diagnosis)
-        return Attempt(slot, SUCCESS, best, diagnosis, self._choose_cards(pod, state, slot))
+        cards = None if pod.gpu is None else self._choose_cards(pod, state, slot)
+        return Attempt(slot, SUCCESS, best, diagnosis, cards)
 
     def _forget_derived(self, shape: _ShapeEntry) -> None:
         """Drop ``shape``'s derived scores, and the order's hold on it (a shape replaced

@@ -189,7 +189,7 @@ class QuotaTable:
         """Charge ``count`` pods of ``request`` to ``namespace``."""
         used = self._usage.setdefault(namespace, {})
         for name, amount in self.named(request).items():
-            used[name] = used.get(name, 0) + amount * count
+            used[name] = used.get(name, 0) + (amount if count == 1 else amount * count)
 
     def remove(self, namespace: str, request: Request) -> None:
         used = self._usage.setdefault(namespace, {})

@@ -83,6 +83,15 @@ class PlacedPod:
 _DELTAS: dict[tuple[Request, int], npt.NDArray[np.int64]] = {}
 
 
+def _uses(request: Request) -> bool:
+    """Whether ``request`` asks for anything: ``request_delta(request, rows)[1].any()``
+    (requests are never negative) in a few bytecodes, not a numpy reduction per pod."""
+    for _, amount in request:  # noqa: SIM110 (no generator per placed pod)
+        if amount:
+            return True
+    return False
+
+
 def any_set(mask: Bools) -> bool:
     """Whether any element of ``mask`` is set: ``mask.any()`` at a third of the cost on
     the small arrays of the hot path (argmax stops at the first set element and skips
@@ -437,7 +446,7 @@ class ClusterState:
         if by_priority is None:
             by_priority = np.zeros_like(self.used)
             self.used_by_priority[priority] = by_priority
-        if delta[1].any():
+        if _uses(request) if gpu is None else delta[1].any():
             self._level_pods[priority] = self._level_pods.get(priority, 0) + 1
         add = _compiled_add
         if add is not None:
@@ -521,7 +530,8 @@ class ClusterState:
         else:
             self._columns[:, :, slot] -= delta
             by_priority[:, slot] -= delta[1]
-        left = self._level_pods.get(placed.priority, 0) - (1 if delta[1].any() else 0)
+        uses = _uses(placed.request) if placed.gpu is None else delta[1].any()
+        left = self._level_pods.get(placed.priority, 0) - (1 if uses else 0)
         if left > 0:
             self._level_pods[placed.priority] = left
         else:  # (requests are never negative: no pod using anything is left)

@@ -9,6 +9,8 @@ attempt is reused instead of repeated (``PassContext.failed``).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Final
 
 from engine.config import DEFAULT_SCHEDULER
@@ -55,7 +57,9 @@ def attempt_pod(p: PassContext, pod: PodInfo) -> None:
     cache_key = (id(framework), pod.shape_key, pod.spec.namespace if e.quotas else "")
     attempt = None if explain or verdict is not None else p.failed.get(cache_key)
     if attempt is None:
-        brief = not explain and verdict is None and preempts_only(p, pod, framework)
+        brief: bool | Callable[[], bool] = False
+        if not explain and verdict is None:  # (asked only if the attempt fails)
+            brief = functools.partial(preempts_only, p, pod, framework)
         attempt = framework.schedule(pod, e.state, explain=explain, verdict=verdict, brief=brief)
     # a brief failure: every node failed the filters here (Framework.sole_fit)
     failed_at = e.state.journal_end if attempt.brief else None

@@ -148,8 +148,13 @@ def warm_up() -> None:
     refresh_kernel()
 
 
+_LOADED = [False]
+"""Whether :func:`refresh_kernel` was called (and compiled, or found it cannot be)."""
+
+
 def loaded() -> bool:
-    return refresh_kernel.cache_info().currsize > 0
+    """Whether the refresh is loaded (asked for every pod: a flag, not ``cache_info``)."""
+    return _LOADED[0]
 
 
 @functools.cache
@@ -169,6 +174,7 @@ def refresh_kernel() -> Refresh | None:
             add(np.zeros((4, 1, 1), dtype=np.int64), np.zeros((1, 1), dtype=np.int64), 0, delta, 1)
         use_compiled_columns(add)
         best.use_compiled(index_kernel())
+    _LOADED[0] = True
     return refresh
 
 

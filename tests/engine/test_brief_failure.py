@@ -150,3 +150,28 @@ def test_brief_failures_decide_and_answer_as_full_diagnoses(
     assert brief == full
     event(f"preempted: {min(sum(type(e).__name__ == 'PodPreempted' for e in full), 3)}")
     event(f"unschedulable: {min(sum(type(e).__name__ == 'PodUnschedulable' for e in full), 3)}")
+
+
+def test_whether_to_fail_briefly_is_asked_only_of_an_attempt_that_fails() -> None:
+    """The pass hands ``schedule`` a predicate (is a failure for preemption alone?), not
+    its answer: a pod that fits, most pods, never pays for asking it."""
+    engine = Engine()
+    engine.apply(env(SchedulerConfigured()))
+    engine.apply(env(make_node("n0").cpu(2).added()))
+    engine.apply(env(make_pod("fits").cpu("1").submitted()))
+    engine.apply(env(make_pod("big").cpu("4").submitted()))
+    fits, big = engine.pods["default/fits"], engine.pods["default/big"]
+    framework = engine.profiles.framework_for(fits)
+    assert framework is not None
+    asked: list[str] = []
+
+    def predicate(pod: PodInfo) -> bool:
+        asked.append(pod.key)
+        return True
+
+    placed = framework.schedule(fits, engine.state, brief=lambda: predicate(fits))
+    assert placed.slot >= 0 and asked == []
+    failed = framework.schedule(big, engine.state, brief=lambda: predicate(big))
+    assert failed.slot < 0 and failed.brief and asked == ["default/big"]
+    no = framework.schedule(big, engine.state, brief=lambda: False)
+    assert no.slot < 0 and not no.brief and no.status.message()
