@@ -64,6 +64,7 @@ from engine.framework.status import SUCCESS, unschedulable
 from engine.model.pods import PodInfo
 from engine.model.state import Bools, ClusterState
 from engine.model.statement import Statement
+from engine.plugins.cardchain import free_card
 from engine.plugins.migration import (
     MAX_COMBINATIONS,
     Plan,
@@ -249,24 +250,17 @@ class Rescheduler:
                 for budget in handle.budgets.covering(handle.pods[key].spec):
                     left[budget] = left.get(budget, 0) - 1
             allowances = left
-        movable = landable(
-            handle,
-            pod,
-            state,
-            feasible,
-            movable_units(handle, pod, state, allowances, pod.spec.group, moved),
-        )
+        units = movable_units(handle, pod, state, allowances, pod.spec.group, moved)
+        movable = landable(handle, pod, state, feasible, units)
         candidates = [
             slot
             for slot in sorted(movable, key=lambda s: (len(movable[s]), s))
             if feasible[slot]
             and fits_without(pod, state, slot, [k for unit in movable[slot] for k in unit])
         ][:MAX_CANDIDATES]
-        if not candidates:
-            return NOTHING
         trials = 0
         refused: list[tuple[Plan, str]] = []
-        for size in range(1, limit + 1):
+        for size in range(1, limit + 1 if candidates else 1):
             found = plans(handle, pod, state, candidates, movable, size, allowances, refused)
             best, trials = _least_fragmenting(
                 handle, statement, framework, pod, state, found, trials
@@ -275,7 +269,17 @@ class Rescheduler:
                 cycle.write(NAME, PLACED, best.slot)
                 return PostFilterResult(SUCCESS, best.slot)
             if trials > MAX_TRIALS:
-                return NOTHING
+                break
+        if not gang:
+            # a card freed by moving the pods that share it, directly or by chains
+            chain = free_card(
+                handle, statement, framework, pod, state, feasible, units, limit, allowances
+            )
+            if chain is not None:
+                cycle.write(NAME, PLACED, chain.slot)
+                return PostFilterResult(SUCCESS, chain.slot)
+        if not candidates or trials > MAX_TRIALS:
+            return NOTHING
         note = _why_not(handle, statement, framework, pod, state, refused, MAX_TRIALS - trials)
         if not note:
             cheapest = self._beyond(
