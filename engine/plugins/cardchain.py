@@ -10,9 +10,9 @@ passed, cpu and memory free), each card and each smallest set of the pods on it 
 departure leaves the card room enough, cheapest first (fewest pods, then the lowest
 priorities, then the pods that started last); each moved pod lands
 
-- directly: on the node other than its own and the card's where placing it changes the
-  profile's fragmentation least (exact, over every node its filters allow; where the
-  profile has no such measure, where the profile would place it), or
+- directly: where its profile would place it now, among the nodes other than its own
+  and the card's (the policy's own choice: its coarse scores and tie-breaks consolidate
+  better than the exact least change of fragmentation, which was tried), or
 - through one more move (a *chain*): a pod on a card of another node steps aside
   (directly, as above, never onto the two nodes of the chain) to leave that card room
   for it; the smallest such pod first, at most ``HOPS`` tried per moved pod.

@@ -14,6 +14,13 @@ terms), the one whose staged outcome leaves the least of it on the nodes it touc
 to ``CHOICES`` compared), else the lowest node slot. Pods that could go to no other
 node now are never part of a plan (:func:`engine.plugins.migration.landable`).
 
+When that search finds nothing for a pod that asks for one card (whole or a share),
+a second one frees a card (:mod:`engine.plugins.cardchain`): the pods sharing a card of
+a node the pod fits but for its card move off it, each landing where its profile would
+place it, or after one pod of another card steps aside for it (a chain of two moves);
+the fewest moves first, then the least work lost, then the least fragmentation. Gang
+members are left to the first search.
+
 Budget (arg ``budget: {percentOfPlaced: P}``): the moves this engine makes in all (the
 rescheduler's, the defragmentation's, the consolidation's) stay within P% of the pods it
 has placed so far, both counted from what it folded (``placed_total``,
