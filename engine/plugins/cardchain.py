@@ -46,9 +46,9 @@ from engine.model.state import Bools, ClusterState, Ints
 from engine.model.statement import Statement
 from engine.plugins.migration import Unit, unpinned
 
-HOPS: Final = 4
+HOPS: Final = 3
 """Pods tried per moved pod to step aside for it (a chain of two moves)."""
-CARDS: Final = 16
+CARDS: Final = 8
 """(card, pods to move) sets staged per attempt at most."""
 CHOICES: Final = 4
 """Plans of the fewest moves compared by fragmentation before the best is kept."""
@@ -191,6 +191,12 @@ def _card_sets(
         if row not in rows:
             ok &= state.free[row] >= amount
     free = state.cards.free
+    # the largest share any card could take directly, and through a chain (a pod that
+    # could itself land directly stepping aside): a set with a larger one is no plan
+    direct = int(free[state.valid].max(initial=-1))
+    stepping = index.size <= direct
+    chained = free[index.slot, index.card] + index.size
+    reach = max(direct, int(chained[stepping].max(initial=-1)))
     on_card: dict[tuple[int, int], list[int]] = {}
     for i in np.flatnonzero(ok[index.slot]).tolist():
         on_card.setdefault((int(index.slot[i]), int(index.card[i])), []).append(i)
@@ -208,8 +214,11 @@ def _card_sets(
         if not count or count > limit:
             continue
         for chosen in itertools.combinations(members, count):
-            if sum(int(index.size[i]) for i in chosen) < short:
+            sizes = [int(index.size[i]) for i in chosen]
+            if sum(sizes) < short or max(sizes) > reach:
                 continue
+            if count + sum(size > direct for size in sizes) > limit:
+                continue  # each pod no card takes directly needs a chain of two moves
             keys = tuple(sorted(index.keys[i] for i in chosen))
             cost = (
                 sum(pods[k].priority for k in keys),
