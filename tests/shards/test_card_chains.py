@@ -47,20 +47,21 @@ def _moves(data: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 
 @pytest.mark.parametrize(
-    ("args", "made"),
+    ("enough", "short"),
     [
-        ("{maxMoves: 2}", True),
-        ("{maxMoves: 1}", False),
-        ("{budget: {percentOfPlaced: 50}}", True),  # 4 placed: two moves
-        ("{budget: {percentOfPlaced: 49}}", False),  # one move
+        ("{maxMoves: 2}", "{maxMoves: 1}"),
+        # 4 pods placed: 50% allows two moves, 49% one
+        ("{budget: {percentOfPlaced: 50}}", "{budget: {percentOfPlaced: 49}}"),
     ],
 )
 def test_a_chain_is_made_only_within_the_moves_left(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: str, made: bool
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], enough: str, short: str
 ) -> None:
-    data, _ = shoal(tmp_path, capsys, chain_case(args), 1)
-    assert _moves(data) == (CHAIN if made else [])
-    assert data["pods"]["default/podC"]["node"] == ("node1" if made else None)
+    for args, made in ((enough, True), (short, False)):
+        (tmp_path / args).mkdir()
+        data, _ = shoal(tmp_path / args, capsys, chain_case(args), 1)
+        assert _moves(data) == (CHAIN if made else []), args
+        assert data["pods"]["default/podC"]["node"] == ("node1" if made else None)
 
 
 BUDGET = """
@@ -71,18 +72,20 @@ spec: {minAvailable: "100%", selector: {}}
 ---"""
 
 
-@pytest.mark.parametrize("protect", ["none", "gang", "disruption budget"])
+@pytest.mark.parametrize("protect", ["gang", "disruption budget"])
 def test_gang_members_and_disruption_budgets_stop_a_chain(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], protect: str
 ) -> None:
+    # the same case unprotected makes the chain (test_a_chain_of_two_moves_frees_a_card);
     # a gang of one bound member is left to the first search (which has no plan: a
     # lands nowhere directly); a budget that allows no disruption moves nobody
     if protect == "gang":
         text = pod_group("g", 1) + chain_case(protected="g")
-    elif protect == "disruption budget":
-        text = BUDGET + chain_case()
     else:
-        text = chain_case()
-    data, _ = shoal(tmp_path, capsys, text, 1)
-    assert _moves(data) == (CHAIN if protect == "none" else [])
-    assert data["pods"]["default/podC"]["node"] == ("node1" if protect == "none" else None)
+        text = BUDGET + chain_case()
+    for case, made in ((chain_case(), True), (text, False)):
+        where = tmp_path / str(made)
+        where.mkdir()
+        data, _ = shoal(where, capsys, case, 1)
+        assert _moves(data) == (CHAIN if made else [])
+        assert data["pods"]["default/podC"]["node"] == ("node1" if made else None)
