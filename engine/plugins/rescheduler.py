@@ -18,8 +18,9 @@ When that search finds nothing for a pod that asks for one card (whole or a shar
 a second one frees a card (:mod:`engine.plugins.cardchain`): the pods sharing a card of
 a node the pod fits but for its card move off it, each landing where its profile would
 place it, or after one pod of another card steps aside for it (a chain of two moves);
-the fewest moves first, then the least work lost, then the least fragmentation. Gang
-members are left to the first search.
+the fewest moves first; of those, up to four tried, the cheapest (least work lost)
+first, and the one that leaves the least fragmentation kept. Gang members are left to
+the first search.
 
 Budget (arg ``budget: {percentOfPlaced: P}``): the moves this engine makes in all (the
 rescheduler's, the defragmentation's, the consolidation's) stay within P% of the pods it
