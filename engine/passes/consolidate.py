@@ -43,6 +43,7 @@ import numpy as np
 from engine.framework.cycle import CycleState
 from engine.framework.interfaces import PotentialPlugin
 from engine.model.disruption import broken_by
+from engine.model.shard import ShardModel
 from engine.model.statement import Statement
 from engine.passes.context import PassContext
 from engine.passes.dispatch import migrate
@@ -113,17 +114,10 @@ def _move_one(p: PassContext, rescheduler: Rescheduler) -> bool:
             feasible = own.feasible(CycleState(), pod, state)
             feasible[source] = False
             target = own.schedule_among(pod, state, feasible) if feasible.any() else -1
-            if target < 0:
-                statement.discard()
-                continue
-            statement.land(
-                key, spec.namespace, target, pod.request, pod.priority, spec.host_ports, BY
-            )
-            pair = np.array([source, target], dtype=np.int64)
-            after = int(judge.potential(state, pair).sum())
             statement.discard()
-            before = int(judge.potential(state, pair).sum())
-            delta = after - before
+            if target < 0:
+                continue
+            delta = staged_change(e, judge, key, source, target)
             if delta < 0 and (best is None or (delta, rank, key) < best[:3]):
                 best = (delta, rank, key, target)
     if best is None:
@@ -140,6 +134,24 @@ def _move_one(p: PassContext, rescheduler: Rescheduler) -> bool:
     statement.commit()
     migrate(p, key, origin, target, BY)
     return True
+
+
+def staged_change(e: ShardModel, judge: PotentialPlugin, key: str, source: int, target: int) -> int:
+    """The change of ``judge``'s potential, summed over the two nodes, of moving running
+    pod ``key`` from ``source`` to ``target`` (staged, then undone): the move's own
+    accounting, what the move is chosen by."""
+    state = e.state
+    info = e.pods[key]
+    pod = unpinned(info)
+    spec = info.spec
+    pair = np.array([source, target], dtype=np.int64)
+    statement = Statement(state, e.quotas)
+    statement.lift(key, spec.namespace, BY)
+    statement.land(key, spec.namespace, target, pod.request, pod.priority, spec.host_ports, BY)
+    after = int(judge.potential(state, pair).sum())
+    statement.discard()
+    before = int(judge.potential(state, pair).sum())
+    return after - before
 
 
 def _judge(p: PassContext, rescheduler: Rescheduler) -> PotentialPlugin | None:

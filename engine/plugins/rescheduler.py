@@ -14,6 +14,14 @@ terms), the one whose staged outcome leaves the least of it on the nodes it touc
 to ``CHOICES`` compared), else the lowest node slot. Pods that could go to no other
 node now are never part of a plan (:func:`engine.plugins.migration.landable`).
 
+When that search finds nothing for a pod that asks for one card (whole or a share),
+a second one frees a card (:mod:`engine.plugins.cardchain`): the pods sharing a card of
+a node the pod fits but for its card move off it, each landing where its profile would
+place it, or after one pod of another card steps aside for it (a chain of two moves);
+the fewest moves first; of those, up to four tried, the cheapest (least work lost)
+first, and the one that leaves the least fragmentation kept. Gang members are left to
+the first search.
+
 Budget (arg ``budget: {percentOfPlaced: P}``): the moves this engine makes in all (the
 rescheduler's, the defragmentation's, the consolidation's) stay within P% of the pods it
 has placed so far, both counted from what it folded (``placed_total``,
@@ -64,6 +72,7 @@ from engine.framework.status import SUCCESS, unschedulable
 from engine.model.pods import PodInfo
 from engine.model.state import Bools, ClusterState
 from engine.model.statement import Statement
+from engine.plugins.cardchain import free_card
 from engine.plugins.migration import (
     MAX_COMBINATIONS,
     Plan,
@@ -249,24 +258,17 @@ class Rescheduler:
                 for budget in handle.budgets.covering(handle.pods[key].spec):
                     left[budget] = left.get(budget, 0) - 1
             allowances = left
-        movable = landable(
-            handle,
-            pod,
-            state,
-            feasible,
-            movable_units(handle, pod, state, allowances, pod.spec.group, moved),
-        )
+        units = movable_units(handle, pod, state, allowances, pod.spec.group, moved)
+        movable = landable(handle, pod, state, feasible, units)
         candidates = [
             slot
             for slot in sorted(movable, key=lambda s: (len(movable[s]), s))
             if feasible[slot]
             and fits_without(pod, state, slot, [k for unit in movable[slot] for k in unit])
         ][:MAX_CANDIDATES]
-        if not candidates:
-            return NOTHING
         trials = 0
         refused: list[tuple[Plan, str]] = []
-        for size in range(1, limit + 1):
+        for size in range(1, limit + 1 if candidates else 1):
             found = plans(handle, pod, state, candidates, movable, size, allowances, refused)
             best, trials = _least_fragmenting(
                 handle, statement, framework, pod, state, found, trials
@@ -275,7 +277,17 @@ class Rescheduler:
                 cycle.write(NAME, PLACED, best.slot)
                 return PostFilterResult(SUCCESS, best.slot)
             if trials > MAX_TRIALS:
-                return NOTHING
+                break
+        if not gang:
+            # a card freed by moving the pods that share it, directly or by chains
+            chain = free_card(
+                handle, statement, framework, pod, state, feasible, units, limit, allowances
+            )
+            if chain is not None:
+                cycle.write(NAME, PLACED, chain.slot)
+                return PostFilterResult(SUCCESS, chain.slot)
+        if not candidates or trials > MAX_TRIALS:
+            return NOTHING
         note = _why_not(handle, statement, framework, pod, state, refused, MAX_TRIALS - trials)
         if not note:
             cheapest = self._beyond(

@@ -1,0 +1,112 @@
+"""Moves on the trace's protocol, share-heavy and tight (cards of a few nodes, most pods
+sharing one): every move within the budget and counted per node, the same decisions
+from the same input, and each consolidation move changing the fragmentation by exactly
+what it was chosen for (its own accounting), which is a decrease."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine.config import parse_config
+from engine.engine import Engine
+from engine.passes.consolidate import BY, staged_change
+from events.types import (
+    BudgetSpec,
+    DisruptionBudgetSet,
+    Envelope,
+    Event,
+    LabelSelector,
+    NodeAdded,
+    PodBound,
+    PodDeleted,
+    PodMigrated,
+    PodSubmitted,
+)
+from loadtest.fragmentation import Moves, profile_config
+from loadtest.gputrace import TraceNode, TracePod
+
+NODES = [TraceNode(f"node-{i}", 16_000, 64 << 10, 1 + i % 2, "T4") for i in range(5)]
+
+pods_st = st.lists(
+    st.builds(
+        TracePod,
+        name=st.just("p"),
+        cpu=st.sampled_from([1000, 2000, 4000]),
+        memory_mib=st.just(1024),
+        gpus=st.sampled_from([1, 1, 1, 1, 2]),
+        milli=st.sampled_from([150, 250, 400, 500, 600, 800, 1000]),
+        models=st.just(()),
+    ).map(lambda p: p if p.gpus == 1 else TracePod(p.name, p.cpu, p.memory_mib, 2, 1000, ())),
+    min_size=8,
+    max_size=30,
+)
+
+
+def _engine(pods: list[TracePod], percent: int, protected: bool) -> Engine:
+    engine = Engine(parse_config(profile_config("shoal", 1, pods, percent, consolidate=True)))
+    if protected:  # every pod of the namespace stays: no disruption allowed
+        spec = BudgetSpec(
+            namespace="default", name="all", selector=LabelSelector(), min_available="100%"
+        )
+        engine.apply(Envelope(event=DisruptionBudgetSet(budget=spec), producer="ingest"))
+    for node in NODES:
+        engine.apply(Envelope(event=NodeAdded(node=node.spec()), producer="ingest"))
+    engine.schedule()
+    return engine
+
+
+def _fragmentation(engine: Engine, slots: list[int]) -> int:
+    potential = engine.profiles.frameworks["default-scheduler"].potential
+    assert potential is not None
+    return int(potential.potential(engine.state, np.array(sorted(slots))).sum())
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pods=pods_st, percent=st.sampled_from([0, 10, 50, 100]), protected=st.booleans())
+def test_moves_are_counted_in_budget_deterministic_and_as_accounted(
+    pods: list[TracePod], percent: int, protected: bool
+) -> None:
+    engine = _engine(pods, percent, protected)
+    twin = _engine(pods, percent, protected)  # the same input: the same decisions
+    replica = _engine(pods, percent, protected)  # folds the decisions one by one
+    potential = replica.profiles.frameworks["default-scheduler"].potential
+    assert potential is not None
+    counted = Moves()
+    placed = 0
+    for i, pod in enumerate(pods):
+        spec = pod.spec(f"{pod.name}-{i}")
+        submitted: Event = PodSubmitted(pod=spec)
+        for e in (engine, twin, replica):
+            e.apply(Envelope(event=submitted, producer="ingest"))
+        decisions = engine.schedule()
+        assert twin.schedule() == decisions
+        bound = {d.pod for d in decisions if isinstance(d, PodBound)}
+        for decision in decisions:
+            if isinstance(decision, PodMigrated):
+                assert not protected, decision  # the disruption budget allows none
+                assert decision.from_node != decision.to_node
+                if decision.by == BY:
+                    # consolidation: exactly the change it was chosen for, a decrease
+                    state = replica.state
+                    source, target = state.index[decision.from_node], state.index[decision.to_node]
+                    said = staged_change(replica, potential, decision.pod, source, target)
+                    before = _fragmentation(replica, [source, target])
+                    replica.apply(Envelope(event=decision, producer="shard"))
+                    assert _fragmentation(replica, [source, target]) - before == said < 0
+                    continue
+                assert decision.by in bound  # moved only for a pod placed in the same pass
+            replica.apply(Envelope(event=decision, producer="shard"))
+        placed += len(bound)
+        for key in bound:
+            counted.count(decisions, key)
+        counted.count([d for d in decisions if isinstance(d, PodMigrated) and d.by == BY], "")
+        # each move counted, in all and per node it left, within the budget
+        assert (engine.placed_total, engine.moved_total) == (placed, counted.total)
+        assert sum(counted.per_node.values()) == counted.total
+        assert counted.total * 100 <= placed * percent
+        if not bound:
+            gone: Event = PodDeleted(pod=spec.key)
+            for e in (engine, twin, replica):
+                e.apply(Envelope(event=gone, producer="ingest"))
