@@ -333,17 +333,20 @@ class Framework:
     def feasible(
         self, cycle: CycleState, pod: PodInfo, state: ClusterState, *, local_only: bool = False
     ) -> Bools:
-        """Filter verdict over all slots (computed whole, no cache). ``local_only``:
-        without the filters that read pods on other nodes (a shard staging what the
-        coordinator chose on its whole view)."""
-        mask = self._static_mask(cycle, pod, state)
+        """Filter verdict over all slots (computed whole, no cache), an array the
+        caller owns (it may bar slots in it). ``local_only``: without the filters that
+        read pods on other nodes (a shard staging what the coordinator chose on its
+        whole view)."""
+        static = self._static_mask(cycle, pod, state)
+        mask = static
         for f in self.dynamic_filters:
             mask = mask & f.filter(cycle, pod, state)
         if not local_only:
             for f in self.conditional:
                 if f.applies(pod, state):
                     mask = mask & f.filter(cycle, pod, state)
-        return mask
+        # no filter ANDed in: that is the cached static mask (or ``state.valid``) itself
+        return mask.copy() if mask is static else mask
 
     def _shape_feasible(
         self, cycle: CycleState, pod: PodInfo, state: ClusterState

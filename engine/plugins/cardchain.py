@@ -52,6 +52,10 @@ CARDS: Final = 8
 """(card, pods to move) sets staged per attempt at most."""
 CHOICES: Final = 4
 """Plans of the fewest moves compared by fragmentation before the best is kept."""
+SETS: Final = 64
+"""Sets of pods to move tried per card at most: a card's sets are its movable pods
+taken ``count`` at a time, which for many small shares (twenty 10m pods, eight to
+move) are far too many to list; its pods are taken largest first, then cheapest."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,8 +184,9 @@ def _card_sets(
     limit: int,
 ) -> list[tuple[int, tuple[int, int], int, tuple[str, ...]]]:
     """Per card of a node where ``pod`` fits but for its card (its other requests free
-    now): the sets of the card's movable pods, of the fewest that leave it room, as
-    (moves, (priorities, -started), node, pods), cheapest first."""
+    now): the sets of the card's movable pods, of the fewest that leave it room (at
+    most :data:`SETS` a card), as (moves, (priorities, -started), node, pods),
+    cheapest first."""
     gpu = state.gpu_of(pod.request)
     assert gpu is not None
     need = WHOLE if gpu.whole else gpu.need.milli
@@ -204,7 +209,14 @@ def _card_sets(
     out: list[tuple[int, tuple[int, int], int, tuple[str, ...]]] = []
     for (slot, card), members in sorted(on_card.items()):
         short = need - int(free[slot, card])
-        members.sort(key=lambda i: (-int(index.size[i]), index.keys[i]))
+        members.sort(
+            key=lambda i: (
+                -int(index.size[i]),
+                pods[index.keys[i]].priority,
+                -started.get(index.keys[i], 0),
+                index.keys[i],
+            )
+        )
         sizes = [int(index.size[i]) for i in members]
         if gpu.whole and sum(sizes) != short:
             continue  # a pod that may not move holds part of the card
@@ -213,7 +225,7 @@ def _card_sets(
             count = len(members)
         if not count or count > limit:
             continue
-        for chosen in itertools.combinations(members, count):
+        for chosen in itertools.islice(itertools.combinations(members, count), SETS):
             sizes = [int(index.size[i]) for i in chosen]
             if sum(sizes) < short or max(sizes) > reach:
                 continue
