@@ -181,10 +181,7 @@ def kind_of(c: Handing, checks: Checks, pod: PodInfo) -> Kind | None:
         return None
     if framework.conditional and framework.cluster_wide(pod, e.state):
         return None
-    counts = c.cached(
-        ("counts", pod.shape_key, pod.spec.scheduler_name),
-        lambda: c.feasible_counts(checks.feasible([pod], [framework])),
-    )
+    counts = checks.counts(("counts", pod.shape_key, pod.spec.scheduler_name), [pod], [framework])
     if not checks.admitted([pod], [framework]):
         return None
     kind = Kind(framework, pod, counts)
