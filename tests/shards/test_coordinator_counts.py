@@ -1,0 +1,84 @@
+"""Each shard's count of the nodes that pass every filter for a kind of pod
+(:class:`shards.coordinator.handover.Counted`), kept across batches and brought up to
+date from the nodes changed since, is the count made again over every node."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.framework.cycle import CycleState
+from engine.model.pools import POOL_LABEL
+from events.types import Envelope, PodSubmitted, PoolReassigned
+from shards.coordinator.coordinator import Coordinator
+from shards.coordinator.dispatch import ShardDispatch
+from tests.builders import make_node, make_pod
+from tests.shards.coordinator_kit import pinned
+
+POOLS = ("pa", "pb", "pc")
+KINDS = 3
+
+
+def _pod(i: int, kind: int) -> PodSubmitted:
+    pod = make_pod(f"p{i}").cpu(str(1 + kind)).memory(f"{kind + 1}Gi")
+    if kind == 1:
+        pod = pod.selector(disk="ssd")
+    return pod.submitted()
+
+
+STEP = st.tuples(st.integers(0, 3), st.integers(0, 40), st.integers(0, 8), st.integers(0, 2))
+"""(what: place, release, move a pool, add a node; a pod; a slot; a pool or shard)."""
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.sampled_from([1, 2, 4]),
+    st.lists(st.tuples(st.integers(0, 2), st.booleans()), min_size=2, max_size=9),
+    st.lists(STEP, max_size=40),
+)
+def test_counts_kept_across_batches_are_the_counts_made_again(
+    shards: int, nodes: list[tuple[int, bool]], steps: list[tuple[int, int, int, int]]
+) -> None:
+    coordinator = Coordinator(pinned(shards, **{p: i % shards for i, p in enumerate(POOLS)}))
+    engine = coordinator.engine
+    offset = 0
+
+    def add(i: int, pool: int, ssd: bool) -> None:
+        nonlocal offset
+        node = make_node(f"n{i}").cpu("4").memory("8Gi").label(POOL_LABEL, POOLS[pool])
+        if ssd:
+            node = node.label("disk", "ssd")
+        coordinator.apply(Envelope(event=node.added(), offset=offset, producer="ingest"))
+        offset += 1
+
+    for i, (pool, ssd) in enumerate(nodes):
+        add(i, pool, ssd)
+    pods = [_pod(i, i % KINDS) for i in range(41)]
+    for pod in pods:
+        coordinator.apply(Envelope(event=pod, offset=offset, producer="ingest"))
+        offset += 1
+    dispatch = engine.dispatch
+    assert isinstance(dispatch, ShardDispatch)
+    checks = dispatch.checks
+    added = len(nodes)
+    for what, index, slot, which in steps:
+        key = pods[index].pod.key
+        if what == 0 and key not in engine.state.pods and slot < engine.state.high_water:
+            if engine.state.fits(engine.pods[key].request, slot):
+                engine.place(key, slot, f"{key}#1")
+        elif what == 1:
+            engine.release(key)
+        elif what == 2:
+            moved = PoolReassigned(pool=POOLS[which], shard=slot % shards)
+            coordinator.apply(Envelope(event=moved, offset=offset, producer="ingest"))
+            offset += 1
+        elif what == 3:
+            add(added, which, slot % 2 == 0)
+            added += 1
+        for kind in range(KINDS):
+            pod = engine.pods[pods[kind].pod.key]
+            framework = engine.profiles.framework_for(pod)
+            assert framework is not None
+            kept = checks.counts(("counts", pod.shape_key), [pod], [framework])
+            again = coordinator.feasible_counts(framework.feasible(CycleState(), pod, engine.state))
+            assert kept == again
