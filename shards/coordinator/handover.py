@@ -261,12 +261,20 @@ class Sums:
             return
         slots, diff = slots[moved], diff[:, :, moved]
         whose = owner[slots]
-        for key, view in self.views.items():
-            picked = self.masks[key][slots] & (whose >= 0)
-            if not picked.any():
+        # every kind at once (one product per shard), not a few array operations per
+        # kind and shard: with twenty kinds and batches of ten pods (issue 25's mixed
+        # templates) the loop over kinds was most of a sync
+        views = list(self.views.values())
+        picked = np.stack([self.masks[key][slots] for key in self.views])  # (kinds, changed)
+        flat = diff.reshape(-1, diff.shape[2])  # (4 * rows, changed)
+        for shard in np.unique(whose[whose >= 0]).tolist():
+            mine = picked & (whose == shard)
+            hit = mine.any(axis=1)
+            if not hit.any():
                 continue
-            for shard in np.unique(whose[picked]).tolist():
-                view.base[:, :, shard] += diff[:, :, picked & (whose == shard)].sum(axis=2)
+            added = mine.astype(np.int64) @ flat.T  # (kinds, 4 * rows): exact integers
+            for k in np.flatnonzero(hit).tolist():
+                views[k].base[:, :, shard] += added[k].reshape(diff.shape[0], diff.shape[1])
 
     def _restart(
         self, state: ClusterState, owner: npt.NDArray[np.int64], version: tuple[int, int, int]
