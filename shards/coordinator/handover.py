@@ -113,7 +113,15 @@ class Checks:
             c.engine.state,
             c.routing.slot_shard,
             c.n,
+            self.owners(),
         )
+
+    def owners(self) -> object:
+        """An object that stays the same while the view's nodes, placements and the
+        shards' nodes stand (what ``cached`` remembers is forgotten when a pool changes
+        hands: ``Ledger.ownership_changed``): the caches here compare who owns every
+        slot once per batch, not once per kind."""
+        return self.c.cached(("owners",), object)
 
     def admitted(self, pods: list[PodInfo], frameworks: list[Framework | None]) -> bool:
         """Every pod passes its profile's pre-filters (quota, minResources) on the
@@ -191,7 +199,7 @@ class Checks:
         key = ("shards", pod.static_key, pod.spec.scheduler_name)
         if pod.spec.host_ports:
             return c.cached(key, view)
-        self.sums.sync(e.state, c.routing.slot_shard)
+        self.sums.sync(e.state, c.routing.slot_shard, self.owners())
         found = self.sums.views.get(key)
         if found is None:
             static = framework.static_feasible(pod, e.state)
@@ -219,6 +227,7 @@ class Sums:
         self._owner: npt.NDArray[np.int64] | None = None
         self._at = -1
         self._version: tuple[int, int, int] = (-1, -1, -1)
+        self._token: object = None
 
     def __repr__(self) -> str:
         return f"Sums(kinds={len(self.views)})"
@@ -228,8 +237,13 @@ class Sums:
         self.masks[key] = static.copy()
         return view
 
-    def sync(self, state: ClusterState, slot_shard: npt.NDArray[np.int64]) -> None:
-        """Bring every kind's sums up to date with ``state`` (or forget them all)."""
+    def sync(
+        self, state: ClusterState, slot_shard: npt.NDArray[np.int64], token: object = None
+    ) -> None:
+        """Bring every kind's sums up to date with ``state`` (or forget them all).
+        ``token``: the same object as at the last call while the shards' nodes are
+        known not to have changed hands (:meth:`Checks.owners`), sparing the
+        comparison of the owners of every slot."""
         columns = state._columns
         top = state.high_water
         version = (state.static_version, top, columns.shape[1])
@@ -238,10 +252,14 @@ class Sums:
             version != self._version
             or self._mirror is None
             or self._owner is None
-            or not np.array_equal(owner, self._owner)
+            or (
+                (token is None or token is not self._token)
+                and not np.array_equal(owner, self._owner)
+            )
         ):
             self._restart(state, owner, version)
             return
+        self._token = token
         changed = state.changed_since(self._at)
         if changed is None:
             self._restart(state, owner, version)
@@ -285,6 +303,7 @@ class Sums:
         self._owner = owner.copy()
         self._at = state.journal_end
         self._version = version
+        self._token = None
 
 
 COUNTED_LIMIT: Final = 4096
@@ -331,6 +350,7 @@ class Counted:
         self._kinds: dict[tuple[object, ...], _Count] = {}
         self._owner: npt.NDArray[np.int64] | None = None
         self._version: tuple[int, int] = (-1, -1)
+        self._token: object = None
 
     def __repr__(self) -> str:
         return f"Counted(kinds={len(self._kinds)})"
@@ -342,8 +362,10 @@ class Counted:
         state: ClusterState,
         slot_shard: npt.NDArray[np.int64],
         shards: int,
+        token: object = None,
     ) -> list[int]:
-        """Per shard, its nodes ``feasible`` marks (the verdict for kind ``key`` now)."""
+        """Per shard, its nodes ``feasible`` marks (the verdict for kind ``key`` now);
+        ``token`` as for :meth:`Sums.sync`."""
         top = state.high_water
         owner = slot_shard[:top]
         version = (state.static_version, top)
@@ -351,11 +373,15 @@ class Counted:
             version != self._version
             or self._owner is None
             or self._owner.shape != owner.shape
-            or not np.array_equal(owner, self._owner)
+            or (
+                (token is None or token is not self._token)
+                and not np.array_equal(owner, self._owner)
+            )
         ):
             self._kinds.clear()
             self._owner = owner.copy()
             self._version = version
+        self._token = token
         kept = self._kinds.get(key)
         changed = None if kept is None else state.changed_since(kept.at)
         if kept is None or changed is None or len(changed) > COUNTED_LIMIT:
