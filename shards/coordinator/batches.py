@@ -39,7 +39,6 @@ from typing import Final, Protocol
 
 from engine.framework.runtime import Framework
 from engine.model.pods import PodInfo
-from engine.model.state import Bools
 from events.types import Event, PodRouted
 from shards.coordinator.choice import run_scores
 from shards.coordinator.handover import Checks, Viewing
@@ -60,8 +59,6 @@ class Handing(Viewing, Protocol):
     def next_seqs(self, count: int) -> int: ...
 
     def send_all(self, outputs: list[tuple[int, Event]]) -> None: ...
-
-    def feasible_counts(self, feasible: Bools) -> list[int]: ...
 
     def fly_run(self, pods: list[PodInfo], shards: list[int], decisions: list[str]) -> None: ...
 

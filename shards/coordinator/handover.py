@@ -51,6 +51,8 @@ class Viewing(Protocol):
 
     def cached(self, key: tuple[object, ...], compute: Callable[[], T]) -> T: ...
 
+    def feasible_counts(self, feasible: Bools) -> list[int]: ...
+
 
 class Checks:
     """The checks of a hand-over on the coordinator's view, and the choice of shard."""

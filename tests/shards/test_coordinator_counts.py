@@ -54,8 +54,8 @@ def test_counts_kept_across_batches_are_the_counts_made_again(
     for i, (pool, ssd) in enumerate(nodes):
         add(i, pool, ssd)
     pods = [_pod(i, i % KINDS) for i in range(41)]
-    for pod in pods:
-        coordinator.apply(Envelope(event=pod, offset=offset, producer="ingest"))
+    for submitted in pods:
+        coordinator.apply(Envelope(event=submitted, offset=offset, producer="ingest"))
         offset += 1
     dispatch = engine.dispatch
     assert isinstance(dispatch, ShardDispatch)
