@@ -310,6 +310,9 @@ class Sums:
 
 COUNTED_LIMIT: Final = 4096
 """Nodes changed since a kind was last counted beyond which it is counted again whole."""
+COUNTED_SCALAR: Final = 48
+"""Nodes changed up to which they are counted again one by one (fewer array operations
+than the vectorised update, for the few nodes a batch of ten pods changes)."""
 
 
 class _Count:
@@ -350,6 +353,8 @@ class Counted:
 
     def __init__(self) -> None:
         self._kinds: dict[tuple[object, ...], _Count] = {}
+        self.scalar = COUNTED_SCALAR
+        """Nodes changed up to which they are counted again one by one."""
         self._owner: npt.NDArray[np.int64] | None = None
         self._version: tuple[int, int] = (-1, -1)
         self._token: object = None
@@ -393,7 +398,17 @@ class Counted:
             self._kinds[key] = _Count(state.journal_end, mask, counts)
             return [int(c) for c in counts]
         kept.at = state.journal_end
-        if changed:
+        if changed and len(changed) <= self.scalar:
+            counts, mask = kept.counts, kept.mask
+            for slot in set(changed):
+                if slot < top:
+                    now = bool(feasible[slot])
+                    if now != mask[slot]:
+                        mask[slot] = now
+                        shard = int(owner[slot])
+                        if shard >= 0:
+                            counts[shard] += 1 if now else -1
+        elif changed:
             slots = np.unique(np.asarray(changed, dtype=np.int64))
             slots = slots[slots < top]
             now = feasible[slots]

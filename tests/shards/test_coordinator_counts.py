@@ -38,10 +38,16 @@ STEP = st.tuples(st.integers(0, 3), st.integers(0, 40), st.integers(0, 8), st.in
     st.sampled_from([1, 2, 4]),
     st.lists(st.tuples(st.integers(0, 2), st.booleans()), min_size=2, max_size=9),
     st.lists(STEP, max_size=40),
+    st.sampled_from([0, 1, 48]),
 )
 def test_counts_kept_across_batches_are_the_counts_made_again(
-    shards: int, nodes: list[tuple[int, bool]], steps: list[tuple[int, int, int, int]]
+    shards: int,
+    nodes: list[tuple[int, bool]],
+    steps: list[tuple[int, int, int, int]],
+    scalar: int,
 ) -> None:
+    """``scalar``: nodes changed up to which they are counted one by one (0: always
+    the vectorised update)."""
     coordinator = Coordinator(pinned(shards, **{p: i % shards for i, p in enumerate(POOLS)}))
     engine = coordinator.engine
     offset = 0
@@ -63,6 +69,7 @@ def test_counts_kept_across_batches_are_the_counts_made_again(
     dispatch = engine.dispatch
     assert isinstance(dispatch, ShardDispatch)
     checks = dispatch.checks
+    checks.counted.scalar = scalar
     added = len(nodes)
     for what, index, slot, which in steps:
         key = pods[index].pod.key
