@@ -27,9 +27,11 @@ asked; otherwise a pod is handed over alone, as before.
 5,000 nodes, one template, 2 shards, a busy 2-core machine): about 7 µs: per pod,
 taking it out of the queue and its kind's key (about 3), its choice (a look-up and a
 comparison per shard), its ``PodRouted`` and decision id (drawn for the batch at
-once), its flight; per kind and batch, the checks and the count of feasible nodes
-(O(nodes), see the coordinator) and the shards' sums (O(nodes changed):
-:class:`shards.coordinator.handover.Sums`).
+once), its flight; per kind and batch, the checks, the count of feasible nodes per
+shard and the shards' sums, both O(nodes changed since the kind was last counted):
+:class:`shards.coordinator.handover.Counted` and :class:`shards.coordinator.handover.Sums`,
+and its shards' scores (a kind with one pod in the batch is scored without the
+wide table of a run).
 """
 
 from __future__ import annotations
