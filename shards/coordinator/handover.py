@@ -402,12 +402,12 @@ class Counted:
             counts, mask = kept.counts, kept.mask
             for slot in set(changed):
                 if slot < top:
-                    now = bool(feasible[slot])
-                    if now != mask[slot]:
-                        mask[slot] = now
+                    verdict = bool(feasible[slot])
+                    if verdict != mask[slot]:
+                        mask[slot] = verdict
                         shard = int(owner[slot])
                         if shard >= 0:
-                            counts[shard] += 1 if now else -1
+                            counts[shard] += 1 if verdict else -1
         elif changed:
             slots = np.unique(np.asarray(changed, dtype=np.int64))
             slots = slots[slots < top]
