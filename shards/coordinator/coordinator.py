@@ -153,7 +153,7 @@ class Coordinator(Inputs):
     def _timeouts(self) -> None:
         """Claims not granted within the reservation time-out are aborted; a preemption
         whose victims were not all reported gone lets its unit try again."""
-        for claim in list(self.claims.values()):
+        for claim in self.preparing():
             if claim.stage == PREPARING and not self.fresh(claim.since):
                 self._abort(claim, "not every part answered within the reservation time-out")
         for unit, (since, victims) in list(self.nominated.items()):
@@ -170,7 +170,7 @@ class Coordinator(Inputs):
         """When a pass would act without new records: the view's next back-off or
         group time-out, or a time-out of what the shards were asked."""
         timeout = self.reservation_timeout
-        times = [c.since + timeout for c in self.claims.values() if c.stage == PREPARING]
+        times = [c.since + timeout for c in self.preparing()]
         for flight in self.flights.values():
             # flights are kept in the order they were made, so by ``since``: the first
             # not timed out yet is the next to time out (not a pass over every flight
