@@ -27,9 +27,11 @@ asked; otherwise a pod is handed over alone, as before.
 5,000 nodes, one template, 2 shards, a busy 2-core machine): about 7 µs: per pod,
 taking it out of the queue and its kind's key (about 3), its choice (a look-up and a
 comparison per shard), its ``PodRouted`` and decision id (drawn for the batch at
-once), its flight; per kind and batch, the checks and the count of feasible nodes
-(O(nodes), see the coordinator) and the shards' sums (O(nodes changed):
-:class:`shards.coordinator.handover.Sums`).
+once), its flight; per kind and batch, the checks, the count of feasible nodes per
+shard and the shards' sums, both O(nodes changed since the kind was last counted):
+:class:`shards.coordinator.handover.Counted` and :class:`shards.coordinator.handover.Sums`,
+and its shards' scores (a kind with one pod in the batch is scored without the
+wide table of a run).
 """
 
 from __future__ import annotations
@@ -39,7 +41,6 @@ from typing import Final, Protocol
 
 from engine.framework.runtime import Framework
 from engine.model.pods import PodInfo
-from engine.model.state import Bools
 from events.types import Event, PodRouted
 from shards.coordinator.choice import run_scores
 from shards.coordinator.handover import Checks, Viewing
@@ -60,8 +61,6 @@ class Handing(Viewing, Protocol):
     def next_seqs(self, count: int) -> int: ...
 
     def send_all(self, outputs: list[tuple[int, Event]]) -> None: ...
-
-    def feasible_counts(self, feasible: Bools) -> list[int]: ...
 
     def fly_run(self, pods: list[PodInfo], shards: list[int], decisions: list[str]) -> None: ...
 
@@ -181,10 +180,7 @@ def kind_of(c: Handing, checks: Checks, pod: PodInfo) -> Kind | None:
         return None
     if framework.conditional and framework.cluster_wide(pod, e.state):
         return None
-    counts = c.cached(
-        ("counts", pod.shape_key, pod.spec.scheduler_name),
-        lambda: c.feasible_counts(checks.feasible([pod], [framework])),
-    )
+    counts = checks.counts(("counts", pod.shape_key, pod.spec.scheduler_name), [pod], [framework])
     if not checks.admitted([pod], [framework]):
         return None
     kind = Kind(framework, pod, counts)

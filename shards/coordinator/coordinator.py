@@ -25,19 +25,37 @@ split as
   and reclaim over every node).
 
 Per batch (not per pod): per kind of pod, the count of its feasible nodes per shard
-(O(nodes) at each batch after placements: the framework's shape cache refreshes the
-changed nodes, the count is taken over all), and each shard's sums over the nodes it
-may use (O(nodes changed) since :class:`~shards.coordinator.handover.Sums`). At
-130,000 nodes the same run costs about 35 µs per pod, from about 39 (the collector on):
-what grows is the per-batch count and the collector's passes over a larger heap.
+and each shard's sums over the nodes it may use, both O(nodes changed since the kind
+was last handed over): the counts are kept across batches
+(:class:`~shards.coordinator.handover.Counted`; until November 2026 they were taken
+over every node at each batch), the sums likewise
+(:class:`~shards.coordinator.handover.Sums`, all kinds in one product per shard);
+the scores of the shards, one vectorised score per kind. At 130,000 nodes the
+same run cost about 35 µs per pod, from about 39 (the collector on), before the
+counts were kept: what grew was the per-batch count and the collector's passes over a
+larger heap.
 
 What is not a plain pod costs far more: a pod an inter-pod rule or a spread constraint
 applies to is decided here, on the exact view, after every flight is answered
 (:mod:`shards.coordinator.dispatch`); each one ends a batch. With ``loadtest scale
 --templates 20`` (two of twenty templates spread over zones: about one pod in ten)
-that makes batches of about ten pods and about 450 µs per pod on the coordinator:
-the next thing to change (hand such a pod over with the other shards' counts per
-domain, so its shard decides it exactly; or decide runs of them together).
+that makes batches of about ten pods and 250-450 µs per pod on the coordinator
+(against about 30 with one template), most of it per batch: per kind in the batch
+(about six), its checks, counts, sums and scores (about 200-300 µs together), and per
+wait the polls, reports and passes until every flight is answered. Keeping the counts
+across batches (above) did not change that measurably at 5,000 nodes (the machine's
+noise, ±15%, is larger); it removes the O(nodes) part that grows with the cluster. The
+batch ends there on purpose: one scheduler decides such a pod after every pod ahead
+of it is placed, and the plain pods behind it take resources on the nodes it may
+choose, so handing them over first, or deciding several such pods at one wait with
+plain pods between them, would not be one scheduler's answer; handing it to a shard
+with the other shards' counts per domain would let that shard choose among its own
+nodes only. What might change it (not done; its exactness is still to be shown): let
+shards publish, per pending shape, their best node's score (issue 25), so that a spread
+pod whose selector no pod in flight matches goes, with every shard's counts per
+domain, to a shard that certainly holds a node as good as the cluster's best even
+once the pods in flight to the other shards are placed, and is decided there
+without a wait.
 
 The coordinator is built in layers, one module each, each importing only those below
 it: :mod:`~shards.coordinator.ledger` (its state and bookkeeping) <
@@ -135,7 +153,7 @@ class Coordinator(Inputs):
     def _timeouts(self) -> None:
         """Claims not granted within the reservation time-out are aborted; a preemption
         whose victims were not all reported gone lets its unit try again."""
-        for claim in list(self.claims.values()):
+        for claim in self.preparing():
             if claim.stage == PREPARING and not self.fresh(claim.since):
                 self._abort(claim, "not every part answered within the reservation time-out")
         for unit, (since, victims) in list(self.nominated.items()):
@@ -152,7 +170,7 @@ class Coordinator(Inputs):
         """When a pass would act without new records: the view's next back-off or
         group time-out, or a time-out of what the shards were asked."""
         timeout = self.reservation_timeout
-        times = [c.since + timeout for c in self.claims.values() if c.stage == PREPARING]
+        times = [c.since + timeout for c in self.preparing()]
         for flight in self.flights.values():
             # flights are kept in the order they were made, so by ``since``: the first
             # not timed out yet is the next to time out (not a pass over every flight

@@ -182,11 +182,12 @@ class ShardDispatch:
         # the nodes of each shard that pass every filter for the unit: the same while
         # the view's nodes and placements stand (only what is handed over changes)
         lead = pods[0]
-        counts = c.cached(
+        counts = self.checks.counts(
             ("counts", lead.shape_key, lead.spec.scheduler_name)
             if len(pods) == 1
             else ("counts", *(pod.shape_key for pod in pods), lead.spec.scheduler_name),
-            lambda: c.feasible_counts(self.checks.feasible(pods, frameworks)),
+            pods,
+            frameworks,
         )
         framework = frameworks[0]
         assert framework is not None

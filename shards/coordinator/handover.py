@@ -51,6 +51,8 @@ class Viewing(Protocol):
 
     def cached(self, key: tuple[object, ...], compute: Callable[[], T]) -> T: ...
 
+    def feasible_counts(self, feasible: Bools) -> list[int]: ...
+
 
 class Checks:
     """The checks of a hand-over on the coordinator's view, and the choice of shard."""
@@ -60,6 +62,7 @@ class Checks:
         self._known: dict[int, tuple[Framework, bool]] = {}
         """Per framework (by id, kept alive here): whether it can be handed over."""
         self.sums = Sums()
+        self.counted = Counted()
 
     def __repr__(self) -> str:
         return f"Checks(frameworks={len(self._known)})"
@@ -79,15 +82,48 @@ class Checks:
             self._known[id(framework)] = known
         return known[1]
 
-    def feasible(self, pods: list[PodInfo], frameworks: list[Framework | None]) -> Bools:
+    def feasible(
+        self, pods: list[PodInfo], frameworks: list[Framework | None], *, copy: bool = True
+    ) -> Bools:
+        """The nodes that pass every filter for the unit of ``pods``; ``copy=False``: for
+        one pod, the framework's own array (read at once, never kept or changed)."""
         e = self.c.engine
         feasible: Bools | None = None
         for pod, framework in zip(pods, frameworks, strict=True):
             assert framework is not None
             mask, _ = framework._shape_feasible(CycleState(), pod, e.state)
-            feasible = mask.copy() if feasible is None else feasible & mask
+            if feasible is None:
+                feasible = mask.copy() if copy or len(pods) > 1 else mask
+            else:
+                feasible = feasible & mask
         assert feasible is not None
         return feasible
+
+    def counts(
+        self, key: tuple[object, ...], pods: list[PodInfo], frameworks: list[Framework | None]
+    ) -> list[int]:
+        """Per shard, how many of its nodes pass every filter for the unit of ``pods``
+        (their kind: ``key``), kept across batches and brought up to date from the
+        nodes changed since (:class:`Counted`); a pod with host ports (its static
+        filters read placements) has them counted again whenever the view changes."""
+        c = self.c
+        if any(pod.spec.host_ports for pod in pods):
+            return c.cached(key, lambda: c.feasible_counts(self.feasible(pods, frameworks)))
+        return self.counted.counts(
+            key,
+            self.feasible(pods, frameworks, copy=False),
+            c.engine.state,
+            c.routing.slot_shard,
+            c.n,
+            self.owners(),
+        )
+
+    def owners(self) -> object:
+        """An object that stays the same while the view's nodes, placements and the
+        shards' nodes stand (what ``cached`` remembers is forgotten when a pool changes
+        hands: ``Ledger.ownership_changed``): the caches here compare who owns every
+        slot once per batch, not once per kind."""
+        return self.c.cached(("owners",), object)
 
     def admitted(self, pods: list[PodInfo], frameworks: list[Framework | None]) -> bool:
         """Every pod passes its profile's pre-filters (quota, minResources) on the
@@ -165,7 +201,7 @@ class Checks:
         key = ("shards", pod.static_key, pod.spec.scheduler_name)
         if pod.spec.host_ports:
             return c.cached(key, view)
-        self.sums.sync(e.state, c.routing.slot_shard)
+        self.sums.sync(e.state, c.routing.slot_shard, self.owners())
         found = self.sums.views.get(key)
         if found is None:
             static = framework.static_feasible(pod, e.state)
@@ -193,6 +229,7 @@ class Sums:
         self._owner: npt.NDArray[np.int64] | None = None
         self._at = -1
         self._version: tuple[int, int, int] = (-1, -1, -1)
+        self._token: object = None
 
     def __repr__(self) -> str:
         return f"Sums(kinds={len(self.views)})"
@@ -202,8 +239,13 @@ class Sums:
         self.masks[key] = static.copy()
         return view
 
-    def sync(self, state: ClusterState, slot_shard: npt.NDArray[np.int64]) -> None:
-        """Bring every kind's sums up to date with ``state`` (or forget them all)."""
+    def sync(
+        self, state: ClusterState, slot_shard: npt.NDArray[np.int64], token: object = None
+    ) -> None:
+        """Bring every kind's sums up to date with ``state`` (or forget them all).
+        ``token``: the same object as at the last call while the shards' nodes are
+        known not to have changed hands (:meth:`Checks.owners`), sparing the
+        comparison of the owners of every slot."""
         columns = state._columns
         top = state.high_water
         version = (state.static_version, top, columns.shape[1])
@@ -212,10 +254,14 @@ class Sums:
             version != self._version
             or self._mirror is None
             or self._owner is None
-            or not np.array_equal(owner, self._owner)
+            or (
+                (token is None or token is not self._token)
+                and not np.array_equal(owner, self._owner)
+            )
         ):
             self._restart(state, owner, version)
             return
+        self._token = token
         changed = state.changed_since(self._at)
         if changed is None:
             self._restart(state, owner, version)
@@ -235,12 +281,20 @@ class Sums:
             return
         slots, diff = slots[moved], diff[:, :, moved]
         whose = owner[slots]
-        for key, view in self.views.items():
-            picked = self.masks[key][slots] & (whose >= 0)
-            if not picked.any():
+        # every kind at once (one product per shard), not a few array operations per
+        # kind and shard: with twenty kinds and batches of ten pods (issue 25's mixed
+        # templates) the loop over kinds was most of a sync
+        views = list(self.views.values())
+        picked = np.stack([self.masks[key][slots] for key in self.views])  # (kinds, changed)
+        flat = diff.reshape(-1, diff.shape[2])  # (4 * rows, changed)
+        for shard in np.unique(whose[whose >= 0]).tolist():
+            mine = picked & (whose == shard)
+            hit = mine.any(axis=1)
+            if not hit.any():
                 continue
-            for shard in np.unique(whose[picked]).tolist():
-                view.base[:, :, shard] += diff[:, :, picked & (whose == shard)].sum(axis=2)
+            added = mine.astype(np.int64) @ flat.T  # (kinds, 4 * rows): exact integers
+            for k in np.flatnonzero(hit).tolist():
+                views[k].base[:, :, shard] += added[k].reshape(diff.shape[0], diff.shape[1])
 
     def _restart(
         self, state: ClusterState, owner: npt.NDArray[np.int64], version: tuple[int, int, int]
@@ -251,3 +305,118 @@ class Sums:
         self._owner = owner.copy()
         self._at = state.journal_end
         self._version = version
+        self._token = None
+
+
+COUNTED_LIMIT: Final = 4096
+"""Nodes changed since a kind was last counted beyond which it is counted again whole."""
+COUNTED_SCALAR: Final = 48
+"""Nodes changed up to which they are counted again one by one (fewer array operations
+than the vectorised update, for the few nodes a batch of ten pods changes)."""
+
+
+class _Count:
+    __slots__ = ("at", "counts", "mask")
+
+    def __init__(self, at: int, mask: Bools, counts: npt.NDArray[np.int64]) -> None:
+        self.at = at
+        self.mask = mask
+        self.counts = counts
+
+
+class Counted:
+    """Per kind of pod, each shard's count of the nodes that pass every filter for it,
+    kept across batches of hand-overs and brought up to date from the view's journal
+    of changed nodes.
+
+    **Why** (issue 25, the coordinator with mixed templates): a pod that a spread
+    constraint or an inter-pod rule applies to is decided on the coordinator once
+    every flight is answered, so it ends a batch; with twenty templates, two of them
+    spread over zones, batches are about ten pods, and each batch counted every kind's
+    feasible nodes again over every node (a copy of the mask and a count over all
+    slots, per kind and batch). Deciding runs of such pods without waiting would not
+    be one scheduler's answer (the plain pods ahead of one take resources on the nodes
+    it may choose), and handing one over with the counts per domain would let a shard
+    choose among its own nodes only; so the wait stays, and what each batch costs per
+    kind shrinks instead: the count is kept, and only the nodes changed since it was
+    taken are counted again (their verdict before, kept here, against now).
+
+    **Exactness**: a kind's verdict on a node changes only when the node is journaled
+    as changed or the static facts change (the premise of the framework's own shape
+    cache, ``Framework._shape_feasible``, which gives the verdict here); the count is
+    taken again whole when the static facts, the slots in use or the shards' nodes
+    change, or the journal no longer reaches back. Integer counts: the same as counting
+    every node again (``tests/shards/test_coordinator_counts.py``).
+
+    **Cost**: O(nodes changed since the kind was last counted) per kind and batch,
+    instead of O(nodes)."""
+
+    def __init__(self) -> None:
+        self._kinds: dict[tuple[object, ...], _Count] = {}
+        self.scalar = COUNTED_SCALAR
+        """Nodes changed up to which they are counted again one by one."""
+        self._owner: npt.NDArray[np.int64] | None = None
+        self._version: tuple[int, int] = (-1, -1)
+        self._token: object = None
+
+    def __repr__(self) -> str:
+        return f"Counted(kinds={len(self._kinds)})"
+
+    def counts(
+        self,
+        key: tuple[object, ...],
+        feasible: Bools,
+        state: ClusterState,
+        slot_shard: npt.NDArray[np.int64],
+        shards: int,
+        token: object = None,
+    ) -> list[int]:
+        """Per shard, its nodes ``feasible`` marks (the verdict for kind ``key`` now);
+        ``token`` as for :meth:`Sums.sync`."""
+        top = state.high_water
+        owner = slot_shard[:top]
+        version = (state.static_version, top)
+        if (
+            version != self._version
+            or self._owner is None
+            or self._owner.shape != owner.shape
+            or (
+                (token is None or token is not self._token)
+                and not np.array_equal(owner, self._owner)
+            )
+        ):
+            self._kinds.clear()
+            self._owner = owner.copy()
+            self._version = version
+        self._token = token
+        kept = self._kinds.get(key)
+        changed = None if kept is None else state.changed_since(kept.at)
+        if kept is None or changed is None or len(changed) > COUNTED_LIMIT:
+            mask = feasible[:top].copy()
+            picked = owner[mask & (owner >= 0)]
+            counts = np.bincount(picked, minlength=shards)[:shards].astype(np.int64)
+            self._kinds[key] = _Count(state.journal_end, mask, counts)
+            return [int(c) for c in counts]
+        kept.at = state.journal_end
+        if changed and len(changed) <= self.scalar:
+            counts, mask = kept.counts, kept.mask
+            for slot in set(changed):
+                if slot < top:
+                    verdict = bool(feasible[slot])
+                    if verdict != mask[slot]:
+                        mask[slot] = verdict
+                        shard = int(owner[slot])
+                        if shard >= 0:
+                            counts[shard] += 1 if verdict else -1
+        elif changed:
+            slots = np.unique(np.asarray(changed, dtype=np.int64))
+            slots = slots[slots < top]
+            now = feasible[slots]
+            flipped = now != kept.mask[slots]
+            if flipped.any():
+                slots, now = slots[flipped], now[flipped]
+                kept.mask[slots] = now
+                whose = owner[slots]
+                mine = whose >= 0
+                np.add.at(kept.counts, whose[mine], np.where(now[mine], 1, -1))
+        return [int(c) for c in kept.counts]

@@ -39,6 +39,7 @@ from shards import plugins
 from shards.coordinator.flights import (
     ABORTING,
     COMMITTED,
+    PREPARING,
     Claim,
     Flight,
 )
@@ -134,6 +135,14 @@ class Ledger:
         self._out: list[Output] = []
         self._cache: dict[tuple[object, ...], Any] = {}
         self._cache_at = (-1, -1)
+        self._preparing: dict[str, Claim] = {}
+        """The claims that may still be preparing (a superset, pruned as read: a claim
+        never goes back to preparing), so that each pass and wake-up reads those, not
+        every claim: a pod decided here keeps its committed claim while it runs, and
+        with spread pods among plain ones (``loadtest scale --templates 20``) there are
+        thousands, read at every pass. Not state: made again from ``claims``."""
+        self._preparing_of: dict[str, Claim] | None = None
+        """The ``claims`` that ``_preparing`` was made from (another after a restore)."""
         self.folded_in_bulk = 0
         """Submissions folded in bulk (:meth:`Inputs.apply_all`; not state: a replay
         folds each record alone, to the same state)."""
@@ -212,8 +221,26 @@ class Ledger:
         picked = owner[feasible[:top] & (owner >= 0)]
         return [int(c) for c in np.bincount(picked, minlength=self.n)[: self.n]]
 
+    def preparing(self) -> list[Claim]:
+        """The claims still preparing, in the order of ``claims``."""
+        if self._preparing_of is not self.claims:
+            self._preparing = {r: c for r, c in self.claims.items() if c.stage == PREPARING}
+            self._preparing_of = self.claims
+        claims = self.claims
+        over = [
+            rid
+            for rid, claim in self._preparing.items()
+            if claim.stage != PREPARING or claims.get(rid) is not claim
+        ]
+        for rid in over:
+            del self._preparing[rid]
+        return list(self._preparing.values())
+
     def claim(self, claim: Claim) -> None:
+        self.preparing()  # (made from ``claims`` first, if it is to be)
         self.claims[claim.rid] = claim
+        if claim.stage == PREPARING:
+            self._preparing[claim.rid] = claim
         for pod in claim.pods:
             self.held_by.setdefault(pod, {})[claim.rid] = None
 

@@ -44,7 +44,9 @@ from shards.coordinator.routing import Routing
 COMPONENT: Final = "coordinator"
 COORDINATOR: Final = COMPONENT
 """The producer of the coordinator's snapshots."""
-TRANSIENT: Final = frozenset({"engine", "_out", "_cache", "_cache_at", "folded_in_bulk"})
+TRANSIENT: Final = frozenset(
+    {"engine", "_out", "_cache", "_cache_at", "folded_in_bulk", "_preparing", "_preparing_of"}
+)
 """Coordinator attributes that are not state (the engine is written on its own; the
 rest is empty or rebuilt between passes, or counts how the fold went: a replay folds
 one record at a time)."""
