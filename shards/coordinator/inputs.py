@@ -138,6 +138,11 @@ class Inputs(Reports):
                     self.send(holder, event)
             case PodBound():
                 self._observed_bound(env, event)
+            case PoolReassigned(pool=pool, shard=shard) if pool in self.routing.moving:
+                # its nodes are between two owners: one hand-over at a time
+                to = self.routing.pool_shard[pool]
+                why = f"pool {pool!r} is still moving to shard {to}: reassign it once it has"
+                engine.unfolded.append((env.offset, f"{why} arrived"))
             case PoolReassigned(pool=pool, shard=shard):
                 moved = self.routing.reassign(pool, shard)
                 if moved is not None:

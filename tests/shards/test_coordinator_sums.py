@@ -85,3 +85,24 @@ def test_counts_per_shard_follow_a_pool_handed_to_another_shard(
     moved = PoolReassigned(pool="pa", shard=to)
     coordinator.apply(Envelope(event=moved, offset=nodes, producer="ingest"))
     assert counts() == [0] * shards  # in transit: no shard owns them
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(2, 4), st.integers(1, 5), st.integers(0, 3), st.integers(0, 3))
+def test_a_pool_reassigned_while_it_moves_is_refused_and_named(
+    shards: int, nodes: int, first: int, second: int
+) -> None:
+    """A pool's nodes move to one owner at a time: reassigning it again before the new
+    owner has taken it over is refused, with a reason, and the first move goes on."""
+    first, second = 1 + first % (shards - 1), second % shards  # pa starts on shard 0
+    coordinator = Coordinator(pinned(shards, pa=0))
+    for i in range(nodes):
+        node = make_node(f"n{i}").cpu("8").memory("8Gi").label(POOL_LABEL, "pa")
+        coordinator.apply(Envelope(event=node.added(), offset=i, producer="ingest"))
+    for offset, to in ((nodes, first), (nodes + 1, second)):
+        moved = PoolReassigned(pool="pa", shard=to)
+        coordinator.apply(Envelope(event=moved, offset=offset, producer="ingest"))
+    assert coordinator.routing.pool_shard["pa"] == first
+    assert coordinator.routing.moving["pa"] == tuple(sorted(f"n{i}" for i in range(nodes)))
+    (offset, reason), *_ = coordinator.engine.unfolded
+    assert offset == nodes + 1 and "still moving to shard" in reason
