@@ -41,6 +41,8 @@ MODULES = {
     ],
     "binder": [
         "shards/kube/binder.py",
+        "shards/kube/evicting.py",
+        "shards/kube/telling.py",
         "shards/kube/recorder.py",
         "shards/kube/groupstatus.py",
         "shards/kube/drabinder.py",
