@@ -76,7 +76,7 @@ def _cluster(
     return engine
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     nodes=st.lists(st.lists(RUNNING, max_size=4), min_size=2, max_size=9),
     steps=st.lists(STEP, min_size=1, max_size=10),

@@ -65,7 +65,7 @@ STEPS = (0, SECOND, 700 * SECOND)
 finished pods are kept for (their names are forgotten in the fold)."""
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(st.sampled_from([1, 2, 4]), records, records)
 def test_a_slice_folded_in_bulk_is_folded_record_by_record(
     shards: int, first: list[tuple[int, int, int]], second: list[tuple[int, int, int]]

@@ -134,7 +134,7 @@ async def test_coordinator_protocol_under_faults_deeply(
     case: Case, shards: int, seed: int, faults: tuple[float, ...], snapshot_every: int
 ) -> None:
     """The same search, deeper (400 cases: some 10 minutes on two cores; the suite's
-    test above draws the profile's 30 or 60). Not in the suite: run it before a release
+    test above draws the profile's 25 or 60). Not in the suite: run it before a release
     with ``pytest -m slow tests/shards/test_shards_properties.py``. Keep what it finds
     in ``tests/fixtures/chaos/`` (replayed by the suite below)."""
     await _keeps_the_invariants(case, shards, seed, faults, snapshot_every)
