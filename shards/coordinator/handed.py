@@ -11,6 +11,14 @@ does a hand-back or the pod's end.
 per shard and the quota change once per run of identical pods and shard
 (:meth:`Handed.fly_run`), and fall once per request and report
 (:meth:`Handed._uncount`), not per pod.
+
+**Flown again.** A unit is in ``flights`` only while it is out of the queue: handing
+it over takes it out, and every path that puts it back (a hand-back, an aborted claim,
+a gang recalled, the pod's end) lands its flight first; a flight past the time-out
+stays recorded, and nothing queues its unit again. So a unit is never flown while a
+flight of it is recorded. Should a future path do so, the old flight is counted out of
+its shard's pending rows, in-flight count and quota charge (:meth:`Handed._pending`)
+before the new one is recorded, so that neither drifts: a guard, not a path taken.
 """
 
 from __future__ import annotations
@@ -48,7 +56,9 @@ class Handed(Ledger):
                 tuple(pod.spec.namespace for pod in pods),
                 rid,
             )
-        self.flights.pop(unit, None)  # (kept in the order made: see next_wakeup)
+        old = self.flights.pop(unit, None)  # (kept in the order made: see next_wakeup)
+        if old is not None:
+            self._pending(old, -1)  # (never so today: see "Flown again" above)
         self.flights[unit] = flight
         self.engine.dispatched[unit] = str(shard)
         self._pending(flight, +1)
@@ -69,13 +79,18 @@ class Handed(Ledger):
         own = self.decisions
         per_shard = [0] * self.n
         names = [str(shard) for shard in range(self.n)]
+        stale: list[Flight] = []
         for pod, shard, decision in zip(pods, shards, decisions, strict=True):
             key = pod.key
-            flights.pop(key, None)  # (kept in the order made: see next_wakeup)
+            old = flights.pop(key, None)  # (kept in the order made: see next_wakeup)
+            if old is not None:
+                stale.append(old)  # (never so today: see "Flown again" above)
             flights[key] = Flight(key, shard, now, (key,), requests, namespaces)
             dispatched[key] = names[shard]
             own[key] = decision
             per_shard[shard] += 1
+        for old in stale:
+            self._pending(old, -1)
         pending = self._pending_rows()
         delta = request_delta(request, pending.shape[2])
         for shard, count in enumerate(per_shard):
