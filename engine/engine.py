@@ -137,22 +137,27 @@ class Engine(ShardModel):
         folded in bulk (:func:`engine.model.bulk.submit_all`, the state the one-by-one
         fold leaves), any other record one by one, in its place."""
         specs: list[PodSpec] = []
+        now = self.now
+        fenced = self.pools.fenced if self.pools.exclusive else None
         for envelope in envelopes:
             event = envelope.event
             if (
                 type(event) is PodSubmitted
-                and envelope.time <= self.now
+                and envelope.time <= now
                 and envelope.producer != "router"
                 and not self.next_runs
             ):
-                self.counters["events"] += 1
-                specs.append(self.pools.fenced(event.pod))
+                specs.append(event.pod if fenced is None else fenced(event.pod))
                 continue
             if specs:
+                self.counters["events"] += len(specs)
                 submit_all(self, specs)
                 specs = []
             self.apply(envelope, checked=True)
+            now = self.now
+            fenced = self.pools.fenced if self.pools.exclusive else None
         if specs:
+            self.counters["events"] += len(specs)
             submit_all(self, specs)
 
     def apply_decision(self, event: Event) -> None:

@@ -68,12 +68,19 @@ def submit_all(m: ShardModel, specs: Sequence[PodSpec]) -> None:
     derived: dict[tuple[object, ...], Derived] = {}
     queues: dict[str, str] = {}
     fresh = False
+    # queue entries not added yet, all of queue ``into``: added in order before anything
+    # else touches the queue (the same entries and generations as one by one), in one call
+    entries: list[tuple[str, int, int]] = []
+    into = ""
     for spec in specs:
         key = spec.key
         if key in pods or key in outcomes or spec.group or spec.depends_on or m.next_runs:
             if fresh:
                 m.state.ensure_rows()  # (what the loop had done by now)
                 fresh = False
+            if entries:
+                queue.add_new(entries, into)
+                entries = []
             m.submit(spec)
             continue
         try:
@@ -106,7 +113,17 @@ def submit_all(m: ShardModel, specs: Sequence[PodSpec]) -> None:
         name = queues.get(namespace)
         if name is None:
             name = queues[namespace] = m.queue_of(namespace)
-        queue.add(key, spec.priority, seq, name)
+        if name != into or key in queue:
+            if entries:
+                queue.add_new(entries, into)
+                entries = []
+            into = name
+            if key in queue:  # (not a new pod to the queue: as the loop adds it)
+                queue.add(key, spec.priority, seq, name)
+                continue
+        entries.append((key, spec.priority, seq))
+    if entries:
+        queue.add_new(entries, into)
     if fresh:
         m.state.ensure_rows()
 

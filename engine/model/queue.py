@@ -118,6 +118,29 @@ class SchedulingQueue:
         self._entries[key] = entry
         self._push_active(entry)
 
+    def add_new(self, pods: list[tuple[str, int, int]], queue: str = "") -> None:
+        """:meth:`add` for each ``(key, priority, seq)`` of ``pods`` in order, pods new
+        to the queue (the caller checks: none has an entry): the same entries,
+        generations and heap (the bulk fold of submissions,
+        :func:`engine.model.bulk.submit_all`, one call per namespace's run)."""
+        entries = self._entries
+        heap = self._active.get(queue)
+        if heap is None:
+            heap = self._active[queue] = []
+        push = heapq.heappush
+        generation = self._generation
+        for key, priority, seq in pods:
+            generation += 1
+            entries[key] = _Entry("active", generation, priority, seq, key, queue=queue)
+            push(heap, (-priority, seq, key, generation))
+        self._generation = generation
+
+    def take_active(self, key: str) -> None:
+        """Take ``key``, the head :meth:`peek` just gave (active), out of the queue:
+        :meth:`remove` without the look at where it waits (its heap entry goes at the
+        next look at the head, as after :meth:`remove`)."""
+        del self._entries[key]
+
     def _push_active(self, entry: _Entry) -> None:
         entry.where = "active"
         heap = self._active.get(entry.queue)

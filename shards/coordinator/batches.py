@@ -165,7 +165,7 @@ def take(
             kinds[kind_key(pod)] = found
         else:
             found.pods += 1
-        queue.remove(key)
+        queue.take_active(key)  # (the head peek gave: active)
         batch.append((pod, found))
     return batch
 
@@ -244,20 +244,30 @@ def hand_batch(
         e.queue.add(pod.key, pod.priority, pod.seq, e.queue_of(pod.spec.namespace))
     seq = c.next_seqs(handed)
     routed: list[tuple[int, Event]] = []
-    by_kind: dict[int, tuple[list[PodInfo], list[int], list[str]]] = {}
-    for (pod, kind), shard in zip(batch, shards, strict=False):
-        decision = f"{pod.key}#{seq}"
-        seq += 1
-        routed.append((shard, PodRouted(pod=pod.spec, decision_id=decision)))
-        group = by_kind.get(id(kind))
-        if group is None:
-            group = by_kind[id(kind)] = ([], [], [])
-        group[0].append(pod)
-        group[1].append(shard)
-        group[2].append(decision)
-    c.send_all(routed)
-    for kind_pods, kind_shards, decisions in by_kind.values():
-        c.fly_run(kind_pods, kind_shards, decisions)
+    if len(kinds) == 1:  # (one kind: no grouping)
+        pods = [pod for pod, _ in batch[:handed]]
+        decisions = [f"{pod.key}#{seq + i}" for i, pod in enumerate(pods)]
+        routed = [
+            (shard, PodRouted(pod=pod.spec, decision_id=decision))
+            for pod, shard, decision in zip(pods, shards, decisions, strict=True)
+        ]
+        c.send_all(routed)
+        c.fly_run(pods, shards, decisions)
+    else:
+        by_kind: dict[int, tuple[list[PodInfo], list[int], list[str]]] = {}
+        for (pod, kind), shard in zip(batch, shards, strict=False):
+            decision = f"{pod.key}#{seq}"
+            seq += 1
+            routed.append((shard, PodRouted(pod=pod.spec, decision_id=decision)))
+            group = by_kind.get(id(kind))
+            if group is None:
+                group = by_kind[id(kind)] = ([], [], [])
+            group[0].append(pod)
+            group[1].append(shard)
+            group[2].append(decision)
+        c.send_all(routed)
+        for kind_pods, kind_shards, decisions in by_kind.values():
+            c.fly_run(kind_pods, kind_shards, decisions)
     c.counters["handed"] += handed
     c.counters["batches"] += 1
     return True

@@ -95,7 +95,7 @@ class Inputs(Reports):
             ):
                 pod = event.pod
                 try:
-                    checks = (pod.priority, pod.runtime, tuple(pod.requests.items()))
+                    checks = (pod.priority, pod.runtime, *pod.requests.items())
                     known = checks in valid
                 except TypeError:
                     checks, known = None, False
@@ -103,8 +103,7 @@ class Inputs(Reports):
                     if checks is not None:
                         valid[checks] = None
                     # time moves on as :meth:`apply` moves it (nothing to forget)
-                    self.now = max(self.now, time)
-                    engine.now = max(engine.now, time)
+                    engine.now = max(engine.now, time)  # (self.now: once per run)
                     run.append(env)
                     continue
             if run:
@@ -115,6 +114,7 @@ class Inputs(Reports):
             self._submit(run)
 
     def _submit(self, run: list[Envelope]) -> None:
+        self.now = max(self.now, *(env.time for env in run))
         self.engine.apply_submitted(run)
         self.folded_in_bulk += len(run)
 

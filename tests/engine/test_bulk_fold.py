@@ -12,14 +12,14 @@ from hypothesis import strategies as st
 
 from engine.engine import Engine
 from engine.model.bulk import place_all, submit_all
-from events.types import Envelope, Event, PodSpec, PodSucceeded
+from events.types import Envelope, Event, PodSpec, PodSucceeded, QuotaDefined, QuotaSpec
 from tests.builders import make_node, make_pod
 
 TEMPLATES = 5
 
 
-def _spec(template: int, name: str, group: bool, uid: str) -> PodSpec:
-    pod = make_pod(name)
+def _spec(template: int, name: str, group: bool, uid: str, namespace: str = "default") -> PodSpec:
+    pod = make_pod(name, namespace)
     if template == 0:
         pod = pod.cpu("1")
     elif template == 1:
@@ -123,6 +123,34 @@ def test_submitting_in_bulk_is_submitting_one_by_one(
     for spec in specs:
         loop.submit(spec)
     _same(_state(bulk), _state(loop))
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, TEMPLATES - 1), st.integers(0, 9), st.sampled_from("abc")),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_submitting_in_bulk_across_queues_is_submitting_one_by_one(
+    pods: list[tuple[int, int, str]],
+) -> None:
+    """Namespaces with a quota have a queue of their own: runs of submissions that
+    alternate between queues are queued in bulk one queue's run at a time, in order
+    (the same entries, generations and heaps as one by one)."""
+    bulk, loop = _engine(), _engine()
+    for engine in (bulk, loop):
+        for namespace in "ab":  # c: the shared queue
+            quota = QuotaSpec(namespace=namespace, name="q", min={"cpu": 4000})
+            _fold(engine, QuotaDefined(quota=quota))
+    specs = [_spec(t, f"p{n}", False, "", namespace) for t, n, namespace in pods]
+    submit_all(bulk, specs)
+    for spec in specs:
+        loop.submit(spec)
+    _same(_state(bulk), _state(loop))
+    # (several queues taken: "c" has no quota, so the shared one)
+    assert set(bulk.queue._active) == {"" if ns == "c" else ns for _, _, ns in pods}
 
 
 @settings(max_examples=60, deadline=None)
