@@ -72,6 +72,9 @@ def submit_all(m: ShardModel, specs: Sequence[PodSpec]) -> None:
     # else touches the queue (the same entries and generations as one by one), in one call
     entries: list[tuple[str, int, int]] = []
     into = ""
+    # likewise the shapes counted: ``counted`` pods of shape ``counting`` in a row
+    counting: ShapeKey = (0, 0, 0, ())  # (none yet: counted is 0)
+    counted = 0
     for spec in specs:
         key = spec.key
         if key in pods or key in outcomes or spec.group or spec.depends_on or m.next_runs:
@@ -81,6 +84,9 @@ def submit_all(m: ShardModel, specs: Sequence[PodSpec]) -> None:
             if entries:
                 queue.add_new(entries, into)
                 entries = []
+            if counted:
+                shapes.add_shapes(counting, counted)
+                counted = 0
             m.submit(spec)
             continue
         try:
@@ -108,7 +114,11 @@ def submit_all(m: ShardModel, specs: Sequence[PodSpec]) -> None:
         )
         m.submissions = seq + 1
         pods[key] = info
-        shapes.add_shape(shape)
+        if shape is not counting:  # (equal shapes of one template are one object)
+            if counted:
+                shapes.add_shapes(counting, counted)
+            counting, counted = shape, 0
+        counted += 1
         namespace = spec.namespace
         name = queues.get(namespace)
         if name is None:
@@ -124,6 +134,8 @@ def submit_all(m: ShardModel, specs: Sequence[PodSpec]) -> None:
         entries.append((key, spec.priority, seq))
     if entries:
         queue.add_new(entries, into)
+    if counted:
+        shapes.add_shapes(counting, counted)
     if fresh:
         m.state.ensure_rows()
 

@@ -67,6 +67,24 @@ class ShapeCounts:
     def add(self, pod: PodInfo) -> None:
         self.add_shape(shape_of(pod))
 
+    def add_shapes(self, shape: ShapeKey, count: int) -> None:
+        """:meth:`add_shape` ``count`` times: the counts are taken (``learned``) at the
+        same totals, with the same counts, as one by one; one step per such total
+        crossed, not per pod."""
+        counts = self.counts
+        while count > 0:
+            total = self.total
+            # the next total at which the counts are taken: a power of two or a
+            # multiple of EVERY, whichever comes first
+            power = 1 << total.bit_length()
+            step = min(count, power - total, EVERY - total % EVERY)
+            counts[shape] = counts.get(shape, 0) + step
+            self.total = total = total + step
+            count -= step
+            if total & (total - 1) == 0 or total % EVERY == 0:
+                self.learned = dict(counts)
+                self.version += 1
+
     def add_shape(self, shape: ShapeKey) -> None:
         """Count a pod of ``shape`` (derived once for pods of one template)."""
         self.counts[shape] = self.counts.get(shape, 0) + 1

@@ -477,16 +477,24 @@ class ClusterState:
         node_pods = self.node_pods
         touch = self._touch
         runs: dict[tuple[Request, int], list[int]] = {}
+        # per request object (pods of one template share theirs) and priority: its
+        # delta and its run, looked up by identity, not by hashing the request again
+        # per pod (the requests stay alive in ``placements`` meanwhile)
+        known: dict[tuple[int, int], tuple[npt.NDArray[np.int64], list[int]]] = {}
         for key, slot, request, priority in placements:
-            delta = request_delta(request, rows)
+            found = known.get((id(request), priority))
+            if found is None:
+                delta = request_delta(request, rows)
+                run = runs.get((request, priority))
+                if run is None:
+                    run = runs[(request, priority)] = []
+                    if priority not in self.used_by_priority:
+                        self.used_by_priority[priority] = np.zeros_like(self.used)
+                found = known[(id(request), priority)] = (delta, run)
+            delta, run = found
             pods[key] = PlacedPod(slot, request, delta, priority)
             node_pods[slot][key] = None
             touch(slot)
-            run = runs.get((request, priority))
-            if run is None:
-                run = runs[(request, priority)] = []
-                if priority not in self.used_by_priority:
-                    self.used_by_priority[priority] = np.zeros_like(self.used)
             run.append(slot)
         for (request, priority), slots in runs.items():
             delta = request_delta(request, rows)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from engine.engine import Engine
 from engine.model.bulk import place_all, submit_all
+from engine.model.shapes import ShapeCounts
 from events.types import Envelope, Event, PodSpec, PodSucceeded, QuotaDefined, QuotaSpec
 from tests.builders import make_node, make_pod
 
@@ -179,3 +180,30 @@ def test_placing_in_bulk_is_placing_one_by_one(
         loop.place(key, slot, decision, charged)
     _same(_state(bulk), _state(loop))
     assert np.array_equal(bulk.state.used, loop.state.used)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.integers(0, 3000),
+    st.lists(st.tuples(st.integers(0, 2), st.integers(0, 1500)), min_size=1, max_size=6),
+)
+def test_counting_shapes_in_runs_is_counting_them_one_by_one(
+    before: int, runs: list[tuple[int, int]]
+) -> None:
+    """The counts are taken at the same totals (powers of two, multiples of EVERY),
+    holding the same counts, whether a run of pods of one shape is counted at once."""
+    shapes = [(1, 0, 0, ()), (2, 0, 0, ()), (1, 1, 0, ("gpu",))]
+    bulk, loop = ShapeCounts(), ShapeCounts()
+    for counts in (bulk, loop):
+        for _ in range(before):
+            counts.add_shape(shapes[0])
+    for shape, count in runs:
+        bulk.add_shapes(shapes[shape], count)
+        for _ in range(count):
+            loop.add_shape(shapes[shape])
+    assert (bulk.counts, bulk.total, bulk.learned, bulk.version) == (
+        loop.counts,
+        loop.total,
+        loop.learned,
+        loop.version,
+    )
