@@ -151,25 +151,28 @@ def place_all(m: ShardModel, placements: Sequence[tuple[str, int, str]], charged
     started = m.started
     dispatched = m.dispatched
     dependents = m.dependents
-    priorities = m.placed_priorities
     waits = m.queue.waits_for(ClusterEvent.POD_PLACED)
     cards = bool(state.cards.rows)
+    if waits:  # some parked pod waits to see a pod placed: each one by one
+        for key, slot, decision in placements:
+            m.place(key, slot, decision, charged)
+        return
     assumed: list[tuple[str, int, Request, int]] = []
     quota: dict[tuple[str, Request], int] = {}
+    levels: dict[int, int] = {}
     now = m.now
     for key, slot, decision in placements:
         pod = pods[key]
         spec = pod.spec
         request = pod.request
         if (
-            waits
-            or key in held
+            key in held
             or key in bindings
             or spec.group
             or spec.host_ports
             or (cards and state.gpu_of(request) is not None)
         ):
-            _flush(m, assumed, quota)
+            _flush(m, assumed, quota, levels)
             m.place(key, slot, decision, charged)
             continue
         priority = spec.priority
@@ -177,26 +180,33 @@ def place_all(m: ShardModel, placements: Sequence[tuple[str, int, str]], charged
         if not charged:
             counted = (spec.namespace, request)
             quota[counted] = quota.get(counted, 0) + 1
-        m.placed_total += 1
-        priorities[priority] = priorities.get(priority, 0) + 1
+        levels[priority] = levels.get(priority, 0) + 1
         bindings[key] = decision
         started[key] = now
         dispatched.pop(key, None)
-        waiting = dependents.get(key)
-        if waiting:
-            m.dirty.update(waiting)
-    _flush(m, assumed, quota)
+        if dependents:
+            waiting = dependents.get(key)
+            if waiting:
+                m.dirty.update(waiting)
+    _flush(m, assumed, quota, levels)
 
 
 def _flush(
     m: ShardModel,
     assumed: list[tuple[str, int, Request, int]],
     quota: dict[tuple[str, Request], int],
+    levels: dict[int, int],
 ) -> None:
-    """Assume the placements gathered, and charge their quota (nothing in between
-    read the columns or the quota)."""
+    """Assume the placements gathered, charge their quota and count them by priority
+    (nothing in between read the columns, the quota or the counts; new priorities are
+    counted in the order they came, as one by one)."""
     m.state.assume_all(assumed)
     for (namespace, request), count in quota.items():
         m.quotas.add(namespace, request, count)
+    priorities = m.placed_priorities
+    for priority, count in levels.items():
+        priorities[priority] = priorities.get(priority, 0) + count
+    m.placed_total += len(assumed)
     assumed.clear()
     quota.clear()
+    levels.clear()

@@ -15,6 +15,8 @@ per request, priority and node, what the shard has pending once per request and 
 
 from __future__ import annotations
 
+from typing import Any
+
 from engine.engine import Engine
 from engine.model.bulk import place_all
 from engine.model.changes import ClusterEvent
@@ -100,7 +102,9 @@ class Reports(Handed):
         flights = self.flights
         dispatched = engine.dispatched
         decisions = self.decisions
-        landed: dict[Request, int] = {}
+        # request → [request, how many landed], by the request's identity: the pods of
+        # one template share one request object (not hashed again per pod)
+        landed: dict[int, list[Any]] = {}
         pods = 0
         run: list[tuple[str, int, str]] = []
         for key, node in placed.items():
@@ -113,7 +117,11 @@ class Reports(Handed):
                 dispatched.pop(key, None)
                 pods += len(flight.pods)
                 for request in flight.requests:
-                    landed[request] = landed.get(request, 0) + 1
+                    count = landed.get(id(request))
+                    if count is None:
+                        landed[id(request)] = [request, 1]
+                    else:
+                        count[1] += 1
                 run.append((key, slot, decisions.get(key, key)))
                 continue
             if run:
@@ -125,7 +133,10 @@ class Reports(Handed):
         if run:
             place_all(engine, run, charged=True)
         if pods:
-            self._uncount(shard, landed, pods)
+            counts: dict[Request, int] = {}
+            for request, count in landed.values():
+                counts[request] = counts.get(request, 0) + count
+            self._uncount(shard, counts, pods)
 
     def _handed_back(self, key: str, shard: int, reason: str, decision: str = "") -> None:
         engine = self.engine
