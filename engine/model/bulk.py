@@ -10,11 +10,14 @@ What they save is the per-pod Python the loop repeats for pods of one template:
 - a submitted pod's derived facts (:class:`~engine.model.pods.PodInfo`'s request,
   static and shape keys, GPU request, its shape for :class:`~engine.model.shapes.ShapeCounts`)
   are derived once per template in the batch (pods equal in every field they are
-  derived from), not per pod; what is left per pod is its record (a ``PodInfo``, the
-  table of pods, its queue entry);
+  derived from), not per pod; the queue takes the entries of a run of one queue in
+  one call (:meth:`~engine.model.queue.SchedulingQueue.add_new`), and the shapes of
+  a run of one shape are counted at once
+  (:meth:`~engine.model.shapes.ShapeCounts.add_shapes`); what is left per pod is its
+  record (a ``PodInfo``, the table of pods, its queue entry);
 - placements of one request and priority change the node columns once per node, by
-  how many of them landed there (:meth:`~engine.model.state.ClusterState.assume_run`),
-  not once per pod.
+  how many of them landed there (:meth:`~engine.model.state.ClusterState.assume_all`),
+  not once per pod; they are counted by priority, and in the total, once per run.
 
 A pod that is not plain (in a gang, with dependencies, named like a pod that finished
 or told twice) or a placement that is not (a gang member, host ports, GPU cards, a pod
