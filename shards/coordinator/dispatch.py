@@ -79,9 +79,10 @@ from events.types import (
 from shards.coordinator.batches import Handing, hand_batch
 from shards.coordinator.flights import ABORTING, MAX_MOVES_REFUSED, MOVES, Claim
 from shards.coordinator.handover import Checks
+from shards.coordinator.wave import Wave, Waving
 
 
-class Coordinating(Handing, Protocol):
+class Coordinating(Handing, Waving, Protocol):
     """What the dispatch reads and asks of the coordinator it serves
     (:class:`shards.coordinator.coordinator.Coordinator`, which imports this module);
     what the hand-over of a batch and its checks read of it are
@@ -122,6 +123,7 @@ class ShardDispatch:
     def __init__(self, coordinator: Coordinating) -> None:
         self.c = coordinator
         self.checks = Checks(coordinator)
+        self.wave = Wave(coordinator)
 
     def __repr__(self) -> str:
         return "ShardDispatch()"
@@ -130,6 +132,8 @@ class ShardDispatch:
 
     def route(self, p: PassContext, unit: str) -> Route:
         c = self.c
+        if (wave := self.wave.route(p, unit)) is not None:
+            return wave  # a run of identical preemptors is being decided
         if c.nominations_under_way() or self._still_held(p, unit):
             return Route.WAIT
         if unit not in c.hard and self._hand_over(p, unit):
@@ -262,10 +266,14 @@ class ShardDispatch:
         return self.c.routing.slot_shard
 
     def first(self, p: PassContext) -> list[str]:
-        ready, self.c.ready = self.c.ready, []
-        for unit in ready:
-            self.c.engine.queue.remove(unit)
-        return ready
+        """Preemptors whose victims are gone; a run of them is placed here, whole
+        (:meth:`shards.coordinator.wave.Wave.first`)."""
+        return self.wave.first(p)
+
+    def done(self, p: PassContext) -> None:
+        """A run of preemptors decided this pass is carried out
+        (:meth:`shards.coordinator.wave.Wave.flush`)."""
+        self.wave.flush(p)
 
     def unbound(self, p: PassContext, event: PodUnbound) -> None:
         """The view rolled back a gang (a member's bind failed): the shards holding its
@@ -283,6 +291,9 @@ class ShardDispatch:
         c = self.c
         e = c.engine
         unit = p.unit
+        taken = self.wave.commit(p, statement, placed)
+        if taken is not None:
+            return taken  # a preemptor of a run: carried out with the run
         slots = [op.slot for op in statement.ops] if statement is not None else []
         slots += [slot for _, slot, _ in placed]
         if any(c.routing.slot_shard[slot] < 0 for slot in slots):
