@@ -359,54 +359,17 @@ class _Trial:
 
     def __init__(self, p: PassContext) -> None:
         self._p = p
-
-    @property
-    def e(self) -> ShardModel:
-        return self._p.e
-
-    @property
-    def profiles(self) -> Profiles:
-        return self._p.profiles
-
-    @property
-    def dispatch(self) -> Dispatch:
-        return self._p.dispatch
-
-    @property
-    def explain(self) -> str | None:
-        return self._p.explain
-
-    @property
-    def out(self) -> list[Event]:
-        return self._p.out
-
-    @property
-    def failed(self) -> dict[tuple[object, ...], Attempt]:
-        return self._p.failed
-
-    @property
-    def unmovable(self) -> dict[tuple[object, ...], str]:
-        return self._p.unmovable
-
-    @property
-    def extender_nodes(self) -> dict[tuple[object, ...], tuple[str, ...] | None]:
-        return self._p.extender_nodes
-
-    @property
-    def extender_verdicts(self) -> dict[tuple[object, ...], Verdict]:
-        return self._p.extender_verdicts
-
-    @property
-    def unit(self) -> str:
-        return self._p.unit
-
-    @unit.setter
-    def unit(self, unit: str) -> None:
-        self._p.unit = unit
-
-    @property
-    def devices(self) -> dict[str, tuple[int, ...]]:
-        return self._p.devices
+        self.e: ShardModel = p.e
+        self.profiles: Profiles = p.profiles
+        self.dispatch: Dispatch = p.dispatch
+        self.explain: str | None = p.explain
+        self.out: list[Event] = p.out
+        self.failed: dict[tuple[object, ...], Attempt] = p.failed
+        self.unmovable: dict[tuple[object, ...], str] = p.unmovable
+        self.extender_nodes: dict[tuple[object, ...], tuple[str, ...] | None] = p.extender_nodes
+        self.extender_verdicts: dict[tuple[object, ...], Verdict] = p.extender_verdicts
+        self.unit: str = p.unit
+        self.devices: dict[str, tuple[int, ...]] = p.devices
 
     def freed(self, slots: list[int]) -> None:
         self._p.freed(slots)
