@@ -33,6 +33,11 @@ profiles, plugins and queue as one shard; what differs is what becomes of a unit
 So the order of the queue is one order for the whole cluster, and whatever a shard is
 asked to do fits there when it does it. Only what is handed over is placed concurrently.
 
+**Preempting in runs.** A run of identical preemptors (consecutive in queue order) is
+decided in one pass, evicted with one ``PreemptionRequested`` per shard and placed in
+one pass once every victim is gone, each where one at a time would place it:
+:mod:`shards.coordinator.wave` says how, when a run ends, and what it costs.
+
 **Handing over in batches.** The plain pods at the head of the queue are handed over
 in one step, checked once per kind of pod, each to the shard one by one would give it:
 :mod:`shards.coordinator.batches` says how, why, and what it costs per pod handed over;
