@@ -65,6 +65,14 @@ per shard, the fold of its victims' evictions (O(victims)), the check of its nom
 node (one node) and its placement record (``ReservationRequested``, its claim), and the
 fold of its shard's answer. Per run: one pass to decide it, one to place it, and the
 passes between, each reading the run's members once (:meth:`Wave.first`).
+
+Measured (``shoal loadtest scale --shards 8 --templates 1 --pods 2000``, a loaded
+2-core machine, November 2026): at 20,000 nodes, a wave of 2,000, the wave's engine
+CPU (coordinator and shards) 9.2 s before, 1.2 s now (the coordinator 2.6 ms per
+preemption before, 0.42 ms now), 29 s of wall time before, 5 s now; at 130,000 nodes, a
+wave of 5,000, 4.3 s (0.87 ms per preemption, 0.62 ms of it the coordinator's), about
+34 s projected for 39,000. A profile of the coordinator puts the rest in the members'
+attempts (planning, about half), the placements' parts and claims, and the folds.
 """
 
 from __future__ import annotations
