@@ -101,6 +101,18 @@ class SchedulingQueue:
         """Whether some parked pod waits for ``event``."""
         return bool(self._parked.get(event))
 
+    def parked_from(self, event: ClusterEvent, priority: int) -> bool:
+        """Whether a unit of ``priority`` or higher is parked until ``event`` (one look
+        per bucket of parked pods, not per pod)."""
+        buckets = self._parked.get(event)
+        if not buckets:
+            return False
+        for bucket, keys in buckets.items():
+            level = bucket[2]  # (shape, plugins, priority): see :meth:`park`
+            if keys and isinstance(level, int) and level >= priority:
+                return True
+        return False
+
     def reason_plugins(self, key: str) -> tuple[str, ...]:
         entry = self._entries.get(key)
         return () if entry is None else entry.plugins

@@ -141,6 +141,12 @@ class Dispatch(Protocol):
         one step)."""
         ...
 
+    def done(self, p: PassContext) -> None:
+        """The pass has attempted what it will this time (its queue is empty, or it
+        waits): what the dispatch decided together and still holds staged is carried
+        out now, before the pass reports. Called once per pass."""
+        ...
+
     def slot_owners(self) -> Ints | None:
         """Per slot, the shard that owns its node (negative: none; the array may be
         shorter than the state's slots), or None where this engine owns every node.

@@ -34,6 +34,9 @@ class Local:
     def route(self, p: PassContext, unit: str) -> Route:
         return Route.ATTEMPT
 
+    def done(self, p: PassContext) -> None:
+        pass  # every decision was carried out as it was made
+
     def slot_owners(self) -> Ints | None:
         return None
 

@@ -166,6 +166,7 @@ class SchedulingPass:
                 attempt_pod(self, e.pods[unit])
             if e.dirty:
                 self._settle()
+        dispatch.done(self)
         if e.migrates and not waits:
             self._defragment()
         self._report_groups()

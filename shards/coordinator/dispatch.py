@@ -33,6 +33,11 @@ profiles, plugins and queue as one shard; what differs is what becomes of a unit
 So the order of the queue is one order for the whole cluster, and whatever a shard is
 asked to do fits there when it does it. Only what is handed over is placed concurrently.
 
+**Preempting in runs.** A run of identical preemptors (consecutive in queue order) is
+decided in one pass, evicted with one ``PreemptionRequested`` per shard and placed in
+one pass once every victim is gone, each where one at a time would place it:
+:mod:`shards.coordinator.wave` says how, when a run ends, and what it costs.
+
 **Handing over in batches.** The plain pods at the head of the queue are handed over
 in one step, checked once per kind of pod, each to the shard one by one would give it:
 :mod:`shards.coordinator.batches` says how, why, and what it costs per pod handed over;
@@ -79,9 +84,10 @@ from events.types import (
 from shards.coordinator.batches import Handing, hand_batch
 from shards.coordinator.flights import ABORTING, MAX_MOVES_REFUSED, MOVES, Claim
 from shards.coordinator.handover import Checks
+from shards.coordinator.wave import Wave, Waving
 
 
-class Coordinating(Handing, Protocol):
+class Coordinating(Handing, Waving, Protocol):
     """What the dispatch reads and asks of the coordinator it serves
     (:class:`shards.coordinator.coordinator.Coordinator`, which imports this module);
     what the hand-over of a batch and its checks read of it are
@@ -122,6 +128,7 @@ class ShardDispatch:
     def __init__(self, coordinator: Coordinating) -> None:
         self.c = coordinator
         self.checks = Checks(coordinator)
+        self.wave = Wave(coordinator)
 
     def __repr__(self) -> str:
         return "ShardDispatch()"
@@ -130,6 +137,8 @@ class ShardDispatch:
 
     def route(self, p: PassContext, unit: str) -> Route:
         c = self.c
+        if (wave := self.wave.route(p, unit)) is not None:
+            return wave  # a run of identical preemptors is being decided
         if c.nominations_under_way() or self._still_held(p, unit):
             return Route.WAIT
         if unit not in c.hard and self._hand_over(p, unit):
@@ -262,10 +271,14 @@ class ShardDispatch:
         return self.c.routing.slot_shard
 
     def first(self, p: PassContext) -> list[str]:
-        ready, self.c.ready = self.c.ready, []
-        for unit in ready:
-            self.c.engine.queue.remove(unit)
-        return ready
+        """Preemptors whose victims are gone; a run of them is placed here, whole
+        (:meth:`shards.coordinator.wave.Wave.first`)."""
+        return self.wave.first(p)
+
+    def done(self, p: PassContext) -> None:
+        """A run of preemptors decided this pass is carried out
+        (:meth:`shards.coordinator.wave.Wave.flush`)."""
+        self.wave.flush(p)
 
     def unbound(self, p: PassContext, event: PodUnbound) -> None:
         """The view rolled back a gang (a member's bind failed): the shards holding its
@@ -283,6 +296,9 @@ class ShardDispatch:
         c = self.c
         e = c.engine
         unit = p.unit
+        taken = self.wave.commit(p, statement, placed)
+        if taken is not None:
+            return taken  # a preemptor of a run: carried out with the run
         slots = [op.slot for op in statement.ops] if statement is not None else []
         slots += [slot for _, slot, _ in placed]
         if any(c.routing.slot_shard[slot] < 0 for slot in slots):

@@ -237,7 +237,9 @@ class Ledger:
         return list(self._preparing.values())
 
     def claim(self, claim: Claim) -> None:
-        self.preparing()  # (made from ``claims`` first, if it is to be)
+        if self._preparing_of is not self.claims:
+            self.preparing()  # (made from ``claims`` first; not pruned per claim: a
+            # run of preemptors makes thousands of claims in one pass)
         self.claims[claim.rid] = claim
         if claim.stage == PREPARING:
             self._preparing[claim.rid] = claim
