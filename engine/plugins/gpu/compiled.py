@@ -67,6 +67,7 @@ def _run(
     cards: Ints,
     models: Ints,
     frag: Ints,
+    tally: Ints,
     s_cpu: Ints,
     s_levels: Ints,
     s_level: Ints,
@@ -150,8 +151,8 @@ def _run(
             mem_a = mem_s - pod_memory
             variants = width if md == SHARE else 1
         idle_a = total
+        taken = 0
         if md == WHOLE_CARDS:
-            taken = 0
             for c in range(width):
                 if taken < n_cards and row[c] >= WHOLE:
                     row[c] -= WHOLE
@@ -160,18 +161,30 @@ def _run(
         elif md == SHARE:
             idle_a = total - milli
         # per level (a distinct per-card milli of the shapes): the cards that hold it
-        # and the free milli of those that do not
-        for j in range(levels):
-            need = s_levels[j]
-            n = 0
-            rest = 0
-            for c in range(width):
-                if row[c] >= need:
-                    n += 1
-                else:
-                    rest += row[c]
-            count[j] = n
-            small[j] = rest
+        # and the free milli of those that do not; counted when F is refreshed and kept
+        # in ``tally`` (the node's cards as they are now), from which a pod's whole
+        # cards (idle cards going to 0 free) take one count per card at levels above 0
+        if md == REFRESH:
+            for j in range(levels):
+                need = s_levels[j]
+                n = 0
+                rest = 0
+                for c in range(width):
+                    if row[c] >= need:
+                        n += 1
+                    else:
+                        rest += row[c]
+                count[j] = n
+                small[j] = rest
+                tally[s, j] = n
+                tally[s, levels + j] = rest
+        else:
+            for j in range(levels):
+                n = tally[s, j]
+                if taken > 0 and s_levels[j] > 0:
+                    n -= taken
+                count[j] = n
+                small[j] = tally[s, levels + j]
         # per shape, what does not depend on the card a share takes: the shapes that
         # may fit (the others' fragment is the whole idle GPU) and their weight
         fits = 0
@@ -298,7 +311,7 @@ def _compile() -> Kernel:
     flags = np.zeros(0, dtype=np.bool_)
     params = np.zeros(PARAMS, dtype=np.int64)
     table = np.zeros((0, 0), dtype=np.int64)
-    run(REFRESH, ints, ints, ints, ints, table, ints, ints, ints, ints, ints, ints, ints,
+    run(REFRESH, ints, ints, ints, ints, table, ints, ints, table, ints, ints, ints, ints, ints,
         np.zeros((0, 0), dtype=np.bool_), flags, ints, False, 0, 0, 0, 0, params, params,
         ints, False, ints, ints, ints, 0, 0, 0, ints)  # fmt: skip
     return run

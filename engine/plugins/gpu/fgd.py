@@ -114,6 +114,9 @@ class GpuFragmentation(CachedScore):
         self._counts: dict[Shape, int] = {}
         self._shapes: Resolved | None = None
         self._frag = np.zeros(0, dtype=np.int64)
+        self._tally = np.zeros((0, 0), dtype=np.int64)
+        """Per slot, the compiled kernel's card counts and small-card sums per level, kept
+        with ``_frag`` (:mod:`engine.plugins.gpu.compiled`)."""
         self._models = np.zeros(0, dtype=np.int64)
         self._position = 0
         self._kernel: Kernel | None = None
@@ -198,6 +201,7 @@ class GpuFragmentation(CachedScore):
         self._stamp = 0
         if self._kernel is not None:
             self._frag = np.zeros(state.capacity, dtype=np.int64)
+            self._tally = np.zeros((state.capacity, 2 * len(self._shapes.levels)), dtype=np.int64)
             self.compiled(state, slots, REFRESH)
         else:
             cpu, free = node_states(state, slots)
@@ -369,6 +373,7 @@ class GpuFragmentation(CachedScore):
             state.cards.free,
             self._models,
             self._frag,
+            self._tally,
             shapes.cpu,
             shapes.levels,
             shapes.level,
