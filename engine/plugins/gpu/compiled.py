@@ -16,7 +16,9 @@ two paths, score by score and placement by placement.
 Cost per scored pod: one call, no numpy operation around it (the policy's score, its
 tie-break by node name and the card are written straight into the shape's cached rows
 by slot, each slot once however often the journal names it), and per slot of the
-changed nodes: ``levels x cards`` for the card counts, then ``shapes`` per distinct
+changed nodes: ``levels`` for the card counts (``tally``: per node and level, the cards
+that hold it and the free milli of the others, counted over the cards, ``levels x
+cards``, only where F is refreshed after a placement), then ``shapes`` per distinct
 free value among the cards that hold a sharing pod (cards equally free give the same
 F, and the lowest index among them wins the tie; a machine of idle cards is one
 variant, not eight). On the trace's ``default`` (1,213 nodes, 35 shapes, 13 levels, 8
@@ -95,7 +97,8 @@ def _run(
 ) -> None:  # pragma: no cover - compiled; its twin is fgd.deltas and shoal.evaluate
     """First F of the slots ``refresh`` into ``frag``, then per slot ``slots[i]``
     (state columns indexed by slot: free ``cpu`` and ``memory``, ``cards`` free milli
-    per card (-1 absent), model ``models``, F before ``frag``) by ``mode``: see the
+    per card (-1 absent), model ``models``, F before ``frag`` and its card counts
+    ``tally``, both written by REFRESH) by ``mode``: see the
     module docstring. ``pod_memory`` is 0 where memory is not counted. Writes
     ``frag[s]`` (REFRESH) or ``out_delta[i]`` (ΔF, or with ``quantise`` the
     simulator's score of it against ``thresholds``) and ``out_card[i]``.
