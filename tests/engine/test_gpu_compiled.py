@@ -62,6 +62,8 @@ pod_st = st.tuples(
     st.sampled_from([50, 300, 500, 700, 1000]),  # per-card milli (one card)
     st.lists(st.sampled_from(MODELS), max_size=1),
 )
+leave_st = st.lists(st.integers(0, 11), max_size=4)
+"""Pods (by index) that leave again after the pod of that index is placed."""
 
 
 def spec_of(i: int, cpu: int, memory: int, cards: int, milli: int, models: list[str]) -> PodSpec:
@@ -97,6 +99,7 @@ def numpy_only() -> Iterator[None]:
         st.tuples(st.integers(0, 5), st.integers(0, 7), st.sampled_from([100, 250, 500, 1000])),
         max_size=10,
     ),
+    leave=leave_st,
 )
 def test_compiled_scores_and_cards_are_the_numpy_paths(
     workload: list[dict[str, Any]],
@@ -105,6 +108,7 @@ def test_compiled_scores_and_cards_are_the_numpy_paths(
     shoal: bool,
     exact: bool,
     shares: list[tuple[int, int, int]],
+    leave: list[int],
 ) -> None:
     state = ClusterState()
     for n, (cpu, memory, cards, model) in enumerate(nodes):
@@ -121,6 +125,8 @@ def test_compiled_scores_and_cards_are_the_numpy_paths(
     plugin = ShoalGpu if shoal else GpuFragmentation
     args = {"targetWorkload": workload, "resolution": "exact" if exact else "simulator"}
     compiled, reference = plugin(args, "here"), plugin(args, "here")
+    placed: list[str] = []
+    top = state.high_water
     for i, raw in enumerate(pods):
         p = info(state, spec_of(i, *raw))
         top = state.high_water
@@ -137,9 +143,27 @@ def test_compiled_scores_and_cards_are_the_numpy_paths(
         # placed on the best node it fits, on the chosen card
         slot = max(fits, key=lambda s: int(got[s]))
         state.assume(p.key, slot, p.request, devices=compiled.choose_cards(p, state, slot))
+        placed.append(p.key)
+        # pods leave again: their nodes' cards change back (the journal names them twice)
+        for k in leave:
+            if k < len(placed) and placed[k] in state.pods:
+                state.forget(placed[k])
     assert (
         compiled.node_fragmentation(state).tolist() == reference.node_fragmentation(state).tolist()
     )
+    # the card counts the kernel keeps with F are those of the cards now
+    assert compiled._tally[:top].tolist() == _tally(compiled, state)[:top].tolist()
+
+
+def _tally(plugin: GpuFragmentation, state: ClusterState) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """Per slot and level, the cards that hold the level and the free milli of the rest."""
+    assert plugin._shapes is not None
+    free = np.maximum(state.cards.free, 0)
+    levels = plugin._shapes.levels
+    enough = free[:, None, :] >= levels[None, :, None]
+    count = enough.sum(axis=2)
+    small = np.where(enough, 0, free[:, None, :]).sum(axis=2)
+    return np.concatenate([count, small], axis=1).astype(np.int64)
 
 
 def _fits(state: ClusterState, p: Any, slot: int) -> bool:

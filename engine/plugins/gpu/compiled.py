@@ -16,7 +16,9 @@ two paths, score by score and placement by placement.
 Cost per scored pod: one call, no numpy operation around it (the policy's score, its
 tie-break by node name and the card are written straight into the shape's cached rows
 by slot, each slot once however often the journal names it), and per slot of the
-changed nodes: ``levels x cards`` for the card counts, then ``shapes`` per distinct
+changed nodes: ``levels`` for the card counts (``tally``: per node and level, the cards
+that hold it and the free milli of the others, counted over the cards, ``levels x
+cards``, only where F is refreshed after a placement), then ``shapes`` per distinct
 free value among the cards that hold a sharing pod (cards equally free give the same
 F, and the lowest index among them wins the tie; a machine of idle cards is one
 variant, not eight). On the trace's ``default`` (1,213 nodes, 35 shapes, 13 levels, 8
@@ -67,6 +69,7 @@ def _run(
     cards: Ints,
     models: Ints,
     frag: Ints,
+    tally: Ints,
     s_cpu: Ints,
     s_levels: Ints,
     s_level: Ints,
@@ -94,7 +97,8 @@ def _run(
 ) -> None:  # pragma: no cover - compiled; its twin is fgd.deltas and shoal.evaluate
     """First F of the slots ``refresh`` into ``frag``, then per slot ``slots[i]``
     (state columns indexed by slot: free ``cpu`` and ``memory``, ``cards`` free milli
-    per card (-1 absent), model ``models``, F before ``frag``) by ``mode``: see the
+    per card (-1 absent), model ``models``, F before ``frag`` and its card counts
+    ``tally``, both written by REFRESH) by ``mode``: see the
     module docstring. ``pod_memory`` is 0 where memory is not counted. Writes
     ``frag[s]`` (REFRESH) or ``out_delta[i]`` (ΔF, or with ``quantise`` the
     simulator's score of it against ``thresholds``) and ``out_card[i]``.
@@ -150,8 +154,8 @@ def _run(
             mem_a = mem_s - pod_memory
             variants = width if md == SHARE else 1
         idle_a = total
+        taken = 0
         if md == WHOLE_CARDS:
-            taken = 0
             for c in range(width):
                 if taken < n_cards and row[c] >= WHOLE:
                     row[c] -= WHOLE
@@ -160,18 +164,30 @@ def _run(
         elif md == SHARE:
             idle_a = total - milli
         # per level (a distinct per-card milli of the shapes): the cards that hold it
-        # and the free milli of those that do not
-        for j in range(levels):
-            need = s_levels[j]
-            n = 0
-            rest = 0
-            for c in range(width):
-                if row[c] >= need:
-                    n += 1
-                else:
-                    rest += row[c]
-            count[j] = n
-            small[j] = rest
+        # and the free milli of those that do not; counted when F is refreshed and kept
+        # in ``tally`` (the node's cards as they are now), from which a pod's whole
+        # cards (idle cards going to 0 free) take one count per card at levels above 0
+        if md == REFRESH:
+            for j in range(levels):
+                need = s_levels[j]
+                n = 0
+                rest = 0
+                for c in range(width):
+                    if row[c] >= need:
+                        n += 1
+                    else:
+                        rest += row[c]
+                count[j] = n
+                small[j] = rest
+                tally[s, j] = n
+                tally[s, levels + j] = rest
+        else:
+            for j in range(levels):
+                n = tally[s, j]
+                if taken > 0 and s_levels[j] > 0:
+                    n -= taken
+                count[j] = n
+                small[j] = tally[s, levels + j]
         # per shape, what does not depend on the card a share takes: the shapes that
         # may fit (the others' fragment is the whole idle GPU) and their weight
         fits = 0
@@ -298,7 +314,7 @@ def _compile() -> Kernel:
     flags = np.zeros(0, dtype=np.bool_)
     params = np.zeros(PARAMS, dtype=np.int64)
     table = np.zeros((0, 0), dtype=np.int64)
-    run(REFRESH, ints, ints, ints, ints, table, ints, ints, ints, ints, ints, ints, ints,
+    run(REFRESH, ints, ints, ints, ints, table, ints, ints, table, ints, ints, ints, ints, ints,
         np.zeros((0, 0), dtype=np.bool_), flags, ints, False, 0, 0, 0, 0, params, params,
         ints, False, ints, ints, ints, 0, 0, 0, ints)  # fmt: skip
     return run

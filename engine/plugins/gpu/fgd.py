@@ -114,6 +114,9 @@ class GpuFragmentation(CachedScore):
         self._counts: dict[Shape, int] = {}
         self._shapes: Resolved | None = None
         self._frag = np.zeros(0, dtype=np.int64)
+        self._tally = np.zeros((0, 0), dtype=np.int64)
+        """Per slot, the compiled kernel's card counts and small-card sums per level, kept
+        with ``_frag`` (:mod:`engine.plugins.gpu.compiled`)."""
         self._models = np.zeros(0, dtype=np.int64)
         self._position = 0
         self._kernel: Kernel | None = None
@@ -127,6 +130,9 @@ class GpuFragmentation(CachedScore):
         self._stamp = 0
         self._keyed: PodInfo | None = None
         self._key: tuple[Any, ...] = ()
+        self._view = (WHOLE_CARDS, 0, 0, 0, 0)
+        """Of the pod :meth:`key` saw last: the kernel's mode, its cpu, memory,
+        milli-GPU per card and cards."""
 
     def __repr__(self) -> str:
         source = "given" if self.given is not None else f"learned from {len(self._seen)} pods"
@@ -170,9 +176,24 @@ class GpuFragmentation(CachedScore):
     def key(self, pod: PodInfo) -> tuple[Any, ...]:
         if pod is self._keyed:  # asked again for the card of the pod just scored
             return self._key
-        key = super().key(pod)
+        # shape_key and pod_memory, and the kernel's view of the request, in one pass
+        pod_cpu = pod_mem = 0
+        for row, amount in pod.request:
+            if row == CPU:
+                pod_cpu = amount
+            elif row == MEMORY:
+                pod_mem = amount
+        gpu = pod.gpu
+        key: tuple[Any, ...]
+        if gpu is None:
+            key = (pod_cpu,)
+            self._view = (WHOLE_CARDS, pod_cpu, pod_mem, 0, 0)
+        else:
+            key = (pod_cpu, gpu.cards, gpu.need)
+            mode = SHARE if not gpu.whole and gpu.cards == 1 else WHOLE_CARDS
+            self._view = (mode, pod_cpu, pod_mem, gpu.need.milli, gpu.cards)
         if self.counts_memory:
-            key = (*key, pod_memory(pod))
+            key = (*key, pod_mem)
         self._keyed, self._key = pod, key
         return key
 
@@ -198,6 +219,7 @@ class GpuFragmentation(CachedScore):
         self._stamp = 0
         if self._kernel is not None:
             self._frag = np.zeros(state.capacity, dtype=np.int64)
+            self._tally = np.zeros((state.capacity, 2 * len(self._shapes.levels)), dtype=np.int64)
             self.compiled(state, slots, REFRESH)
         else:
             cpu, free = node_states(state, slots)
@@ -287,31 +309,40 @@ class GpuFragmentation(CachedScore):
             return
         # (prepare and compiled, inlined: this runs once per pod scored)
         end = state.journal_end
-        refresh = self._pending
-        if self._position != end:
-            fresh = state.changed_since(self._position)
-            if fresh is None:
-                self.reset(state)
-                refresh = self._pending
-            elif refresh.size:
-                refresh = np.concatenate([refresh, np.array(fresh, dtype=np.int64)])
-            else:
-                refresh = np.array(fresh, dtype=np.int64)
-        self._position = end
-        self._pending = _EMPTY
         if changed is None:
             slots: Ints = np.arange(state.high_water, dtype=np.int64)
         else:
             slots = np.array(changed, dtype=np.int64)
+        refresh = self._pending
+        if self._position != end:
+            # the slots changed since the last call: the tail of ``changed`` where that
+            # reaches back so far (one conversion, not two), else the journal's
+            since = self._position - (end - slots.shape[0])
+            if changed is not None and not refresh.size and since >= 0:
+                refresh = slots[since:]
+            else:
+                fresh = state.changed_since(self._position)
+                if fresh is None:
+                    self.reset(state)
+                    refresh = self._pending
+                elif refresh.size:
+                    refresh = np.concatenate([refresh, np.array(fresh, dtype=np.int64)])
+                else:
+                    refresh = np.array(fresh, dtype=np.int64)
+        self._position = end
+        self._pending = _EMPTY
         self._stamp += 2
         params, pressure = self.terms(pod)
         quantise = not self.exact
+        if pod is not self._keyed:
+            self.key(pod)
+        mode, pod_cpu, pod_mem, milli, cards = self._view
         self._run(
-            self.pod_mode(pod),
+            mode,
             refresh,
             slots,
             state,
-            self._request(pod),
+            (pod_cpu, pod_mem if self._memory_aware else 0, milli, cards),
             params,
             pressure,
             quantise,
@@ -369,6 +400,7 @@ class GpuFragmentation(CachedScore):
             state.cards.free,
             self._models,
             self._frag,
+            self._tally,
             shapes.cpu,
             shapes.levels,
             shapes.level,
