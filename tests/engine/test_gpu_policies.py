@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from engine.framework.cycle import CycleState
 from engine.model.devices import GPU, MODEL_LABEL, SHOAL_MILLI
 from engine.model.pods import PodInfo, pod_info
+from engine.model.shapes import ShapeCounts
 from engine.model.state import ClusterState
 from engine.plugins.gpu.baselines import (
     GpuBestFit,
@@ -345,3 +346,21 @@ def test_a_learned_workload_is_state_a_restored_engine_learns_alike() -> None:
         for e in (engine, restored):
             e.apply(env(pod(i), i))
         assert restored.schedule() == engine.schedule()
+
+
+def test_fgd_learning_from_the_engine_keeps_its_cached_scores() -> None:
+    # the workload learnt from the engine's shape counts is re-derived only when the
+    # counts change; scoring again with nothing changed reuses the shape's scores (the
+    # two versions, the counts' and the state's, are kept apart)
+    class Handle:
+        shapes = ShapeCounts()
+
+    state = two_nodes()
+    handle = Handle()
+    first = info(state, pod("p0", 1000, 1, 300))
+    handle.shapes.add(first)
+    plugin = GpuFragmentation({}, "here", handle)  # type: ignore[arg-type]
+    for i in range(5):
+        plugin.score(CycleState(), info(state, pod(f"p{i}", 1000, 1, 300)), state, state.valid)
+    assert plugin.counters["full"] == 1
+    assert plugin.counters["reused"] == 4

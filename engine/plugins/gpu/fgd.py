@@ -93,7 +93,9 @@ class GpuFragmentation(CachedScore):
         self.handle = handle
         """The engine whose submitted pod shapes a learned workload comes from (None:
         the pods this plugin scores, for a plugin used alone)."""
-        self._version = -1
+        self._learned_version = -1
+        """The version of the engine's shape counts the workload was learnt from (apart
+        from :class:`CachedScore`'s ``_version``, the state's ``static_version``)."""
         check_args(args, _ARGS, where)
         self.tie_break = parse_tie_break(args, where)
         resolution = args.get("resolution", "simulator")
@@ -151,8 +153,8 @@ class GpuFragmentation(CachedScore):
             # the engine's counts (its state: a replay, or a restore from a snapshot,
             # learns what the run learnt), re-derived when their copy changes
             counts = self.handle.shapes
-            if counts.version != self._version:
-                self._version = counts.version
+            if counts.version != self._learned_version:
+                self._learned_version = counts.version
                 learned = {Shape(*key): count for key, count in counts.learned.items()}
                 self.workload = TargetWorkload.from_counts(learned, self.coverage)
                 self._state = None  # every cached score is against the old workload
