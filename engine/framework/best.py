@@ -124,6 +124,20 @@ class BestIndex:
         self.changed.append(at)
         self.olds.append(self.scores[at])
 
+    def told(self, slots: Ints, olds: Ints) -> None:
+        """:meth:`touch` with the slots as an array and the values they hold now,
+        read by the caller (who is about to write them)."""
+        if self.stale:
+            return
+        self.written += slots.shape[0]
+        if self.written > self.limit:
+            self.stale = True
+            self.changed.clear()
+            self.olds.clear()
+            return
+        self.changed.append(slots)
+        self.olds.append(olds)
+
     def select(self, used: int, tiebreak: int) -> int:
         """What :func:`engine.framework.results.select` returns for the same scores
         (``used``: slots in use; ``tiebreak``: the pod's rotation)."""
@@ -341,20 +355,22 @@ class MaskedScores:
         return f"MaskedScores(slots={self.masked.shape[0]})"
 
     def touch(self, slots: list[int], limit: int) -> None:
-        """The shape's scores at ``slots`` are about to be rewritten."""
+        """The shape's scores at ``slots`` are about to be rewritten (``masked`` and
+        its index learn of it at the next :meth:`sync`: a shape keeps several of these,
+        and only the one its pod's mask names is read)."""
         if self.slots is None:
             return
         if len(self.slots) + len(slots) > limit:
             self.slots = None
             return
         self.slots.extend(slots)
-        if self.best is not None:
-            self.best.touch(slots)
 
     def sync(self, scores: Ints) -> None:
         """Take the rewritten slots of the shape's ``scores`` (now up to date)."""
         if self.slots:
             slots = np.array(self.slots, dtype=np.int64)
+            if self.best is not None:
+                self.best.told(slots, self.masked[slots])
             self.masked[slots] = np.where(self.mask[slots], scores[slots], -1)
             self.slots.clear()
 

@@ -397,9 +397,12 @@ class Framework:
         if entry.pending_slots is not None:
             changed = [*changed, *entry.pending_slots]
             entry.pending_slots = None
+        at = None  # ``changed`` as an array, made once for the index and the kernel
         if changed and (entry.best is not None or entry.derived):
             if entry.best is not None:
-                entry.best.touch(changed)
+                assert entry.masked is not None  # (the index is over it)
+                at = np.array(changed, dtype=np.int64)
+                entry.best.told(at, entry.masked[at])
             for derived in entry.derived.values():
                 derived.touch(changed, INCREMENTAL_LIMIT)
         kernel = self.kernel
@@ -412,7 +415,13 @@ class Framework:
             params = kernel.params(pod.request, state)
             assert entry.masked is not None
             if params is not None and kernel.run(
-                changed, static, state, params, entry.feasible, entry.local, entry.masked
+                changed if at is None else at,
+                static,
+                state,
+                params,
+                entry.feasible,
+                entry.local,
+                entry.masked,
             ):
                 entry.position = state.journal_end
                 return entry.feasible, entry
