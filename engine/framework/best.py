@@ -52,6 +52,8 @@ from engine.model.state import Bools, Ints
 BLOCK: Final = 256
 """Slots per block (a power of two)."""
 _SHIFT: Final = BLOCK.bit_length() - 1
+_COMPILED_SHIFT: Final = 4
+"""With the compiled refresh: up to one changed slot per ``1 << _COMPILED_SHIFT``."""
 _FULL_REFRESH: Final = 64
 """Above this many changed slots (or one per ``BLOCK`` slots, if more), take every
 block maximum again at once (cheaper than block by block from there)."""
@@ -85,7 +87,17 @@ class Limits:
 class BestIndex:
     """Block maxima of one ``masked`` score array (see the module's docstring)."""
 
-    __slots__ = ("blocks", "changed", "counts", "limit", "olds", "scores", "stale", "written")
+    __slots__ = (
+        "blocks",
+        "changed",
+        "counts",
+        "limit",
+        "limit_compiled",
+        "olds",
+        "scores",
+        "stale",
+        "written",
+    )
 
     def __init__(self, scores: Ints) -> None:
         self.scores = scores
@@ -100,6 +112,9 @@ class BestIndex:
         """More slots were written than are worth refreshing one at a time (and at
         first: the maxima are taken at the first selection)."""
         self.limit = max(_FULL_REFRESH, scores.shape[0] >> _SHIFT)
+        self.limit_compiled = max(_FULL_REFRESH, scores.shape[0] >> _COMPILED_SHIFT)
+        """With the compiled refresh a slot costs some nanoseconds, not a Python loop's
+        microsecond: it follows more of them before taking every block again."""
         n = (scores.shape[0] + BLOCK - 1) >> _SHIFT
         self.blocks: Ints = np.empty(n, dtype=np.int64)
         self.counts: Ints = np.empty(n, dtype=np.int64)
@@ -115,7 +130,7 @@ class BestIndex:
         if self.stale:
             return
         self.written += len(slots)
-        if self.written > self.limit:
+        if self.written > (self.limit if not _compiled else self.limit_compiled):
             self.stale = True
             self.changed.clear()
             self.olds.clear()
@@ -130,7 +145,7 @@ class BestIndex:
         if self.stale:
             return
         self.written += slots.shape[0]
-        if self.written > self.limit:
+        if self.written > (self.limit if not _compiled else self.limit_compiled):
             self.stale = True
             self.changed.clear()
             self.olds.clear()
