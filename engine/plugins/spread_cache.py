@@ -70,6 +70,9 @@ _KINDS: Final = 32
 node per mask, one ``int64`` per node per tally); in practice a kind, one constraint
 and one namespace per spread template: 26 bytes per node."""
 
+Verdict = tuple[bool, ...] | bytes | None
+"""One constraint's verdict per domain (in plain Python, or numpy's bytes); None: no
+eligible domain, nothing skewed."""
 Included = Callable[[PodInfo, ClusterState, TopologySpreadConstraint], Bools]
 AllKeys = Callable[[ClusterState, tuple[TopologySpreadConstraint, ...]], Bools]
 
@@ -110,7 +113,7 @@ class _Kind:
 
     labelled: Bools
     parts: list[_Part]
-    masks: dict[tuple[bytes, ...], Bools] = field(default_factory=dict)
+    masks: dict[tuple[Verdict, ...], Bools] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -193,7 +196,7 @@ class HardSpread:
     ) -> Bools:
         """``labelled & within`` of the reference ``verdicts``, read-only."""
         kind = self._kind(pod, state, hard, included, all_keys)
-        verdicts: list[object] = []
+        verdicts: list[Verdict] = []
         for part in kind.parts:
             if part.domains == 0:
                 verdicts.append(None)  # no eligible domain: nothing is skewed
@@ -220,11 +223,10 @@ class HardSpread:
             mask = kind.labelled.copy()
             for part, verdict in zip(kind.parts, verdicts, strict=True):
                 if verdict is not None:
-                    ok = (
-                        np.array(verdict, dtype=np.bool_)
-                        if isinstance(verdict, tuple)
-                        else np.frombuffer(verdict, dtype=np.bool_)  # type: ignore[arg-type]
-                    )
+                    if isinstance(verdict, tuple):
+                        ok = np.array(verdict, dtype=np.bool_)
+                    else:
+                        ok = np.frombuffer(verdict, dtype=np.bool_)
                     # a node without the key: True (it fails through ``labelled``)
                     mask &= np.concatenate(([True], ok))[part.codes.astype(np.int64) + 1]
             mask.flags.writeable = False
