@@ -52,6 +52,8 @@ from engine.model.state import Bools, Ints
 BLOCK: Final = 256
 """Slots per block (a power of two)."""
 _SHIFT: Final = BLOCK.bit_length() - 1
+_COMPILED_SHIFT: Final = 4
+"""With the compiled refresh: up to one changed slot per ``1 << _COMPILED_SHIFT``."""
 _FULL_REFRESH: Final = 64
 """Above this many changed slots (or one per ``BLOCK`` slots, if more), take every
 block maximum again at once (cheaper than block by block from there)."""
@@ -85,7 +87,17 @@ class Limits:
 class BestIndex:
     """Block maxima of one ``masked`` score array (see the module's docstring)."""
 
-    __slots__ = ("blocks", "changed", "counts", "limit", "olds", "scores", "stale", "written")
+    __slots__ = (
+        "blocks",
+        "changed",
+        "counts",
+        "limit",
+        "limit_compiled",
+        "olds",
+        "scores",
+        "stale",
+        "written",
+    )
 
     def __init__(self, scores: Ints) -> None:
         self.scores = scores
@@ -100,6 +112,9 @@ class BestIndex:
         """More slots were written than are worth refreshing one at a time (and at
         first: the maxima are taken at the first selection)."""
         self.limit = max(_FULL_REFRESH, scores.shape[0] >> _SHIFT)
+        self.limit_compiled = max(_FULL_REFRESH, scores.shape[0] >> _COMPILED_SHIFT)
+        """With the compiled refresh a slot costs some nanoseconds, not a Python loop's
+        microsecond: it follows more of them before taking every block again."""
         n = (scores.shape[0] + BLOCK - 1) >> _SHIFT
         self.blocks: Ints = np.empty(n, dtype=np.int64)
         self.counts: Ints = np.empty(n, dtype=np.int64)
@@ -115,7 +130,7 @@ class BestIndex:
         if self.stale:
             return
         self.written += len(slots)
-        if self.written > self.limit:
+        if self.written > (self.limit if not _compiled else self.limit_compiled):
             self.stale = True
             self.changed.clear()
             self.olds.clear()
@@ -123,6 +138,20 @@ class BestIndex:
         at = np.array(slots, dtype=np.int64)
         self.changed.append(at)
         self.olds.append(self.scores[at])
+
+    def told(self, slots: Ints, olds: Ints) -> None:
+        """:meth:`touch` with the slots as an array and the values they hold now,
+        read by the caller (who is about to write them)."""
+        if self.stale:
+            return
+        self.written += slots.shape[0]
+        if self.written > (self.limit if not _compiled else self.limit_compiled):
+            self.stale = True
+            self.changed.clear()
+            self.olds.clear()
+            return
+        self.changed.append(slots)
+        self.olds.append(olds)
 
     def select(self, used: int, tiebreak: int) -> int:
         """What :func:`engine.framework.results.select` returns for the same scores
@@ -341,20 +370,22 @@ class MaskedScores:
         return f"MaskedScores(slots={self.masked.shape[0]})"
 
     def touch(self, slots: list[int], limit: int) -> None:
-        """The shape's scores at ``slots`` are about to be rewritten."""
+        """The shape's scores at ``slots`` are about to be rewritten (``masked`` and
+        its index learn of it at the next :meth:`sync`: a shape keeps several of these,
+        and only the one its pod's mask names is read)."""
         if self.slots is None:
             return
         if len(self.slots) + len(slots) > limit:
             self.slots = None
             return
         self.slots.extend(slots)
-        if self.best is not None:
-            self.best.touch(slots)
 
     def sync(self, scores: Ints) -> None:
         """Take the rewritten slots of the shape's ``scores`` (now up to date)."""
         if self.slots:
             slots = np.array(self.slots, dtype=np.int64)
+            if self.best is not None:
+                self.best.told(slots, self.masked[slots])
             self.masked[slots] = np.where(self.mask[slots], scores[slots], -1)
             self.slots.clear()
 

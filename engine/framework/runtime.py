@@ -87,6 +87,9 @@ DERIVED = 8
 STABLE = "stable-mask"
 """Cycle key: ``(feasible, mask)`` when one filter that reads other nodes applied and
 gave a shared read-only mask (``feasible`` is the shape's verdict ANDed with it)."""
+DERIVED_SHIFT = 5
+"""Scores under a shared mask follow the shape's rewritten slots up to
+``max(INCREMENTAL_LIMIT, nodes >> DERIVED_SHIFT)`` of them (beyond, they are built anew)."""
 SCALAR_LIMIT = 8
 """Up to this many changed nodes are refreshed one by one in plain Python, beyond it
 with numpy over a gathered view."""
@@ -109,7 +112,9 @@ class _ShapeEntry:
     position: int
     feasible: Bools
     local: Ints | None = None
-    """Weighted sum of the local score plugins (None until first scored)."""
+    """Weighted sum of the local score plugins (None until first scored), read only
+    where ``feasible`` holds: a slot whose verdict changes is scored again (on the
+    compiled path a shape's first scores leave the other slots at 0)."""
     masked: Ints | None = None
     """``where(feasible, local, -1)``, kept in step with both."""
     pending: Ints | None = None
@@ -397,11 +402,17 @@ class Framework:
         if entry.pending_slots is not None:
             changed = [*changed, *entry.pending_slots]
             entry.pending_slots = None
+        at = None  # ``changed`` as an array, made once for the index and the kernel
         if changed and (entry.best is not None or entry.derived):
             if entry.best is not None:
-                entry.best.touch(changed)
+                assert entry.masked is not None  # (the index is over it)
+                at = np.array(changed, dtype=np.int64)
+                entry.best.told(at, entry.masked[at])
+            # (followed up to a share of the nodes: taking them later, when the pod's
+            # mask names these scores again, costs less than building them anew)
+            limit = max(INCREMENTAL_LIMIT, state.capacity >> DERIVED_SHIFT)
             for derived in entry.derived.values():
-                derived.touch(changed, INCREMENTAL_LIMIT)
+                derived.touch(changed, limit)
         kernel = self.kernel
         if (
             changed
@@ -412,7 +423,13 @@ class Framework:
             params = kernel.params(pod.request, state)
             assert entry.masked is not None
             if params is not None and kernel.run(
-                changed, static, state, params, entry.feasible, entry.local, entry.masked
+                changed if at is None else at,
+                static,
+                state,
+                params,
+                entry.feasible,
+                entry.local,
+                entry.masked,
             ):
                 entry.position = state.journal_end
                 return entry.feasible, entry
@@ -496,10 +513,11 @@ class Framework:
         params = kernel.params(pod.request, state)
         if params is None:
             return False
-        local = np.empty(state.capacity, dtype=np.int64)
-        masked = np.empty(state.capacity, dtype=np.int64)
-        slots = np.arange(state.capacity, dtype=np.int64)
+        local = np.zeros(state.capacity, dtype=np.int64)
+        masked = np.full(state.capacity, -1, dtype=np.int64)
+        # the feasible slots only (a node selector's shape: a fraction of the nodes);
         # the verdict is the shape's already: refreshed over itself, it stays as it is
+        slots = np.flatnonzero(entry.feasible)
         if not kernel.run(slots, entry.feasible, state, params, entry.feasible, local, masked):
             return False
         entry.local, entry.masked = local, masked

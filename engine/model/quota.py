@@ -43,6 +43,8 @@ from events.types import QuotaSpec
 
 GPU_SCALE: Final = WHOLE
 """The table counts ``nvidia.com/gpu`` in milli-cards: a quota's amount times this."""
+_CHARGED: Final = 4096
+"""Requests whose charge a quota table keeps; beyond, it starts again."""
 
 
 def scale(resource: str) -> int:
@@ -135,6 +137,10 @@ class QuotaTable:
         self._usage: dict[str, dict[str, int]] = {}
         """Use of every namespace (with or without a quota), so a quota defined late
         starts from the truth."""
+        self._charged: dict[Request, dict[str, int]] = {}
+        """:meth:`named` per request, as :meth:`add` and :meth:`remove` charge it (pods
+        of one template share their request), for ``_charged_at`` resources."""
+        self._charged_at = (-1, -1)
 
     def __repr__(self) -> str:
         return f"QuotaTable({sorted(self.quotas)})"
@@ -185,15 +191,31 @@ class QuotaTable:
             out[SHOAL_MILLI] = milli
         return out
 
+    def _charge(self, request: Request) -> dict[str, int]:
+        """:meth:`named` of ``request``, kept while no resource row or card need is
+        registered (they are what it reads); read-only."""
+        resources = self.resources
+        at = (len(resources), len(resources.card_needs))
+        charged = self._charged
+        if at != self._charged_at:
+            charged.clear()
+            self._charged_at = at
+        found = charged.get(request)
+        if found is None:
+            if len(charged) >= _CHARGED:
+                charged.clear()
+            found = charged[request] = self.named(request)
+        return found
+
     def add(self, namespace: str, request: Request, count: int = 1) -> None:
         """Charge ``count`` pods of ``request`` to ``namespace``."""
         used = self._usage.setdefault(namespace, {})
-        for name, amount in self.named(request).items():
+        for name, amount in self._charge(request).items():
             used[name] = used.get(name, 0) + (amount if count == 1 else amount * count)
 
     def remove(self, namespace: str, request: Request) -> None:
         used = self._usage.setdefault(namespace, {})
-        for name, amount in self.named(request).items():
+        for name, amount in self._charge(request).items():
             used[name] = used.get(name, 0) - amount
 
     def wanted(self, quota: Quota, request: Request) -> dict[str, int]:

@@ -311,7 +311,7 @@ class ResourceKernel:
         if refresh is None:
             return False
         refresh(
-            np.array(slots, dtype=np.int64),
+            np.asarray(slots, dtype=np.int64),
             static,
             state._columns,
             params,

@@ -58,6 +58,8 @@ class Tallies:
     (the whole count reads every one for every spread pod)."""
 
 
+_LISTED: Final = 64
+"""Domains (label values) up to which a constraint's verdicts are taken in plain Python."""
 _RECOUNT: Final = 256
 """Above this many nodes changed since a tally was kept, count it whole again."""
 _TALLIES: Final = 8
@@ -68,6 +70,9 @@ _KINDS: Final = 32
 node per mask, one ``int64`` per node per tally); in practice a kind, one constraint
 and one namespace per spread template: 26 bytes per node."""
 
+Verdict = tuple[bool, ...] | bytes | None
+"""One constraint's verdict per domain (in plain Python, or numpy's bytes); None: no
+eligible domain, nothing skewed."""
 Included = Callable[[PodInfo, ClusterState, TopologySpreadConstraint], Bools]
 AllKeys = Callable[[ClusterState, tuple[TopologySpreadConstraint, ...]], Bools]
 
@@ -96,6 +101,9 @@ class _Part:
     """Domains (value codes) holding an eligible node."""
     domains: int
     values: int
+    listed: list[int] | None = None
+    """The present domains' codes, where there are at most ``_LISTED`` domains (the
+    verdicts are then taken in plain Python); None: beyond."""
     tallies: dict[str, _Tally] = field(default_factory=dict)
 
 
@@ -105,7 +113,7 @@ class _Kind:
 
     labelled: Bools
     parts: list[_Part]
-    masks: dict[tuple[bytes, ...], Bools] = field(default_factory=dict)
+    masks: dict[tuple[Verdict, ...], Bools] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -170,7 +178,8 @@ class HardSpread:
                 values = len(state.label_values.get(c.topology_key, {}))
                 present = np.zeros(values, dtype=np.bool_)
                 present[codes[eligible]] = True
-                parts.append(_Part(c, codes, eligible, present, int(present.sum()), values))
+                listed = np.flatnonzero(present).tolist() if values <= _LISTED else None
+                parts.append(_Part(c, codes, eligible, present, int(present.sum()), values, listed))
             if len(cache.kinds) >= _KINDS:
                 cache.kinds.clear()
             kind = cache.kinds[key] = _Kind(labelled, parts)
@@ -187,28 +196,39 @@ class HardSpread:
     ) -> Bools:
         """``labelled & within`` of the reference ``verdicts``, read-only."""
         kind = self._kind(pod, state, hard, included, all_keys)
-        verdicts: list[bytes] = []
-        oks: list[Bools | None] = []
+        verdicts: list[Verdict] = []
         for part in kind.parts:
             if part.domains == 0:
-                verdicts.append(b"")  # no eligible domain: nothing is skewed
-                oks.append(None)
+                verdicts.append(None)  # no eligible domain: nothing is skewed
                 continue
             c = part.constraint
             counts = _counts(part, pod.spec.namespace, state, table)
-            minimum = 0 if part.domains < c.min_domains else int(counts[part.present].min())
             own = 1 if selector_matches(c.selector, pod.spec.labels) else 0
-            ok = counts + own - minimum <= c.max_skew
-            verdicts.append(ok.tobytes())
-            oks.append(ok)
+            if part.listed is not None:
+                # few domains: their verdicts in plain Python (numpy's cost per call,
+                # not the arithmetic, is what half a dozen operations on a handful of
+                # counts would cost)
+                listed = counts.tolist()
+                minimum = 0
+                if part.domains >= c.min_domains:
+                    minimum = min([listed[d] for d in part.listed])
+                limit = c.max_skew - own + minimum
+                verdicts.append(tuple([n <= limit for n in listed]))
+            else:
+                minimum = 0 if part.domains < c.min_domains else int(counts[part.present].min())
+                verdicts.append((counts + own - minimum <= c.max_skew).tobytes())
         key = tuple(verdicts)
         mask = kind.masks.get(key)
         if mask is None:
             mask = kind.labelled.copy()
-            for part, verdict in zip(kind.parts, oks, strict=True):
+            for part, verdict in zip(kind.parts, verdicts, strict=True):
                 if verdict is not None:
+                    if isinstance(verdict, tuple):
+                        ok = np.array(verdict, dtype=np.bool_)
+                    else:
+                        ok = np.frombuffer(verdict, dtype=np.bool_)
                     # a node without the key: True (it fails through ``labelled``)
-                    mask &= np.concatenate(([True], verdict))[part.codes.astype(np.int64) + 1]
+                    mask &= np.concatenate(([True], ok))[part.codes.astype(np.int64) + 1]
             mask.flags.writeable = False
             if len(kind.masks) >= _MASKS:
                 kind.masks.clear()
@@ -260,10 +280,11 @@ def _counts(part: _Part, namespace: str, state: ClusterState, table: PodTable) -
                     )
                     known = seen[key] = (spec, hit)
                 now += known[1]
-            was = int(per_node[slot])
+            was = per_node.item(slot)  # (``item``: a Python int, not a numpy scalar)
             if now != was:
                 per_node[slot] = now
-                if eligible[slot]:
-                    counts[codes[slot]] += now - was
+                if eligible.item(slot):
+                    domain = codes.item(slot)
+                    counts[domain] = counts.item(domain) + now - was
     tally.position = end
     return tally.counts

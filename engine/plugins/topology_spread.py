@@ -255,6 +255,9 @@ class PodTopologySpread:
     def score(
         self, cycle: CycleState, pod: PodInfo, state: ClusterState, feasible: Bools
     ) -> Ints | int:
+        spec = pod.spec
+        if not spec.spread_constraints and (spec.owner_selector is None or not self.defaults):
+            return 0  # no constraint at all (most pods: asked for every pod scored)
         soft = self._soft(pod)
         if not soft:
             return 0

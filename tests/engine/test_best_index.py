@@ -193,17 +193,33 @@ def tallied(on: bool = True) -> Iterator[None]:
         spread_cache.Tallies.min_nodes = saved
 
 
-@pytest.mark.parametrize("tallies", [False, True], ids=["counted", "tallied"])
+@contextmanager
+def listed(on: bool) -> Iterator[None]:
+    """Spread verdicts over few domains taken in plain Python (or always with numpy)."""
+    saved = spread_cache._LISTED
+    spread_cache._LISTED = saved if on else -1  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        spread_cache._LISTED = saved  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("tallies", "in_python"),
+    [(False, True), (True, True), (True, False)],
+    ids=["counted", "tallied", "tallied-numpy"],
+)
 @given(sequences, st.lists(pod_event(), min_size=1, max_size=8))
 @SMALL
 def test_the_spread_mask_is_the_reference_verdict(
-    tallies: bool, sequence: list[Event], probes: list[Event]
+    tallies: bool, in_python: bool, sequence: list[Event], probes: list[Event]
 ) -> None:
     """The cached DoNotSchedule mask equals ``labelled & within`` computed whole, for
     pods asked about after any history (the cache kept across the run; its counts of
     matching pods per domain counted whole, or kept by recounting the nodes changed
-    since)."""
-    with tallied(tallies):
+    since; the verdict per domain in plain Python, as for a few domains, or with
+    numpy, as for many)."""
+    with tallied(tallies), listed(in_python):
         _probe_spread(sequence, probes)
 
 
