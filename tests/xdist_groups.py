@@ -9,6 +9,11 @@ that has one (:func:`group_of`, given by ``tests/conftest.py``) once it has coll
 and the controller's scheduler, which gets only node ids and starts scheduling once
 every worker has collected, reads it. A test without a group is a unit of its own, as
 with ``loadgroup``.
+
+The units are handed out longest first, by the durations of the last runs (kept in
+pytest's cache, ``shoal/durations``); without them, the groups first (as ``loadgroup``
+does: by their number of tests). A long test started last would otherwise keep one
+worker busy while the other has nothing left to do.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +33,8 @@ from xdist.scheduler import LoadScopeScheduling
 FILE = "SHOAL_XDIST_GROUPS"
 """The variable naming the file: set by the controller before it starts the workers
 (they inherit it)."""
+DURATIONS = "shoal/durations"
+"""The cache key of each test's duration (setup, call and teardown) in the last runs."""
 
 
 class GroupScheduling(LoadScopeScheduling):
@@ -36,6 +44,23 @@ class GroupScheduling(LoadScopeScheduling):
         super().__init__(config, log)
         self._path = path
         self._groups: dict[str, str] | None = None
+        cache = getattr(config, "cache", None)
+        self._durations: dict[str, float] = cache.get(DURATIONS, {}) if cache else {}
+        self._ordered = False
+
+    def _assign_work_unit(self, node: Any) -> None:
+        if not self._ordered:  # the first call: the queue is complete
+            self._ordered = True
+            units = sorted(
+                self.workqueue.items(),
+                key=lambda unit: (
+                    -sum(self._durations.get(nodeid, 0.0) for nodeid in unit[1]),
+                    -len(unit[1]),
+                ),
+            )
+            self.workqueue.clear()
+            self.workqueue.update(units)
+        super()._assign_work_unit(node)
 
     def _split_scope(self, nodeid: str) -> str:
         if self._groups is None:
@@ -49,12 +74,27 @@ class Plugin:
     def __init__(self, group_of: Callable[[pytest.Item], str | None]) -> None:
         self.group_of = group_of
         self.directory: str | None = None
+        self.durations: Counter[str] = Counter()
+        self.records = False
 
     def pytest_configure(self, config: pytest.Config) -> None:
         controller = not hasattr(config, "workerinput")
+        self.records = controller  # (a run in one process too: the next may have two)
         if controller and config.getoption("dist", "no") == "loadgroup":
             self.directory = tempfile.mkdtemp(prefix="shoal-xdist-")
             os.environ[FILE] = str(Path(self.directory) / "groups.json")
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self.records:
+            self.durations[report.nodeid] += report.duration
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        cache = getattr(session.config, "cache", None)
+        if cache is None or not self.durations:
+            return
+        durations = cache.get(DURATIONS, {})
+        durations.update({k: round(v, 2) for k, v in self.durations.items()})
+        cache.set(DURATIONS, durations)
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if self.directory is not None:
