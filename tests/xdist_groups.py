@@ -22,7 +22,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections import Counter
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -74,7 +74,7 @@ class Plugin:
     def __init__(self, group_of: Callable[[pytest.Item], str | None]) -> None:
         self.group_of = group_of
         self.directory: str | None = None
-        self.durations: Counter[str] = Counter()
+        self.durations: defaultdict[str, float] = defaultdict(float)
         self.records = False
 
     def pytest_configure(self, config: pytest.Config) -> None:
