@@ -11,7 +11,7 @@ import pytest
 from aiokafka.conn import AIOKafkaConnection
 from hypothesis import HealthCheck, settings
 
-from tests import broker
+from tests import broker, xdist_groups
 
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -25,6 +25,44 @@ settings.register_profile(
 settings.load_profile(
     os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
 )
+
+
+GROUPS = {
+    "rbac_apiserver": "realkube-rbac",
+    "real_apiserver": "realkube",
+    "kafka": "kafka",
+}
+"""Tests that use one of these session fixtures run in one worker under pytest-xdist
+(``./dev test``: ``-n 2 --dist loadgroup``, tests/xdist_groups.py): each is a server
+whose state its tests share (a real control plane is emptied between tests, the broker
+is stopped and started again by some), started then once, not in every worker."""
+TAKEN = {
+    ("apiserver", "real"): "real_apiserver",  # tests/kube/conftest.py
+    ("make_log", "kafka"): "kafka",  # tests/events/test_log_contract.py
+    ("bus", "kafka"): "kafka",  # tests/kube/test_serve_fencing.py
+}
+"""The cases whose fixture takes one of those servers by ``getfixturevalue`` (it is then
+not among the test's fixture names): (parameter, value) → the fixture."""
+MODULES = {"tests/deploy/test_server.py": "realkube-deploy"}
+"""Modules whose module-scoped fixture is a server of its own: kept in one worker."""
+
+
+def group_of(item: pytest.Item) -> str | None:
+    """The worker group of ``item``: that of the first server it uses (GROUPS, TAKEN)."""
+    module = item.nodeid.partition("::")[0]
+    if module in MODULES:
+        return MODULES[module]
+    names = set(getattr(item, "fixturenames", ()))
+    callspec = getattr(item, "callspec", None)
+    for param, value in callspec.params.items() if callspec is not None else ():
+        if isinstance(value, str) and (param, value) in TAKEN:
+            names.add(TAKEN[param, value])
+    return next((group for fixture, group in GROUPS.items() if fixture in names), None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(xdist_groups.Plugin(group_of), "shoal-xdist-groups")
 
 
 def kafka_missing() -> str | None:
