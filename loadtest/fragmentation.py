@@ -154,10 +154,13 @@ def run_one(trace: Path, run: Run) -> dict[str, Any]:
         spec = pod.spec(f"{pod.name}-{i}")
         engine.apply(Envelope(event=PodSubmitted(pod=spec), producer="ingest"))
         decisions = engine.schedule()
-        if any(isinstance(e, PodBound) for e in decisions):
+        placed = any(isinstance(e, PodBound) for e in decisions)
+        # every move of the pass, once: the placed pod's plan and consolidation's, which
+        # may also move pods in a pass that places none
+        moves.count(decisions, spec.key if placed else None)
+        if placed:
             allocated += pod.gpu_milli
             bound += 1
-            moves.count(decisions, spec.key)
         else:
             engine.apply(Envelope(event=PodDeleted(pod=spec.key), producer="ingest"))
         arrived += pod.gpu_milli
@@ -206,13 +209,16 @@ class Moves:
     at_100: tuple[int, int, int] = (0, 0, 0)
     """(moves, pods placed by moves, pods placed) when 100% had arrived."""
 
-    def count(self, decisions: list[Event], pod: str) -> None:
-        """Count the moves of a pass that placed ``pod``."""
+    def count(self, decisions: list[Event], pod: str | None) -> None:
+        """Count the moves of one pass, each once, whatever it was made for (a pod's
+        plan or consolidation); ``pod``: the pod the pass placed, if any (placed by
+        moves when some were made for it). Call once per pass: the engine's
+        ``moved_total`` counts the same moves."""
         made = [e for e in decisions if isinstance(e, PodMigrated)]
         if not made:
             return
         self.total += len(made)
-        self.rescued += any(e.by == pod for e in made)
+        self.rescued += pod is not None and any(e.by == pod for e in made)
         for e in made:
             self.per_node[e.from_node] = self.per_node.get(e.from_node, 0) + 1
 
