@@ -334,34 +334,49 @@ class SchedulingPass:
         self.e.finish(pod.key, FAILED)
 
     def _settle(self) -> None:
+        """Settle the units something changed for, in arrival order. Not in the order
+        they were marked: a pass that settles a unit and decides nothing leaves no
+        record, so replay, which runs only the recorded passes, still holds that unit
+        (marked earlier) when a later input marks it again, and would settle it, and
+        say why it waits, before units the live pass settled first."""
         e = self.e
         while e.dirty:
-            unit = next(iter(e.dirty))
-            del e.dirty[unit]
-            if unit in e.dispatched:
-                continue  # another component places it; it will answer
-            if is_group_unit(unit):
-                self._settle_group(unit)
-                continue
-            pod = e.pods.get(unit)
-            if pod is None or unit in e.state.pods:
-                continue
-            if (owner := e.unit_of(unit)) != unit:  # its gang is Pending: the gang's turn
-                if e.queue.where(unit) is not None:
-                    e.queue.remove(unit)
-                    e.dirty[owner] = None
-                continue
-            group = e.groups.get(pod.spec.group) if pod.spec.group else None
-            if group is not None and group.phase in (FAILED, SUCCEEDED):
-                self.reject(pod, f"pod group {group.key} has already {group.phase.lower()}")
-                continue
-            deps = e.dependency_state(e.depends_on(unit))
-            if deps.failed:
-                self.reject(pod, f"dependency {deps.failed} failed")
-            elif not deps.ok:
-                self._hold(unit, [pod], deps.waiting, waits_on=e.depends_on(unit))
-            else:
-                self._ready(unit, pod.priority, pod.seq, pod.spec.namespace)
+            for unit in sorted(e.dirty, key=self._arrival):
+                if unit in e.dirty:  # (not settled meanwhile)
+                    del e.dirty[unit]
+                    self._settle_unit(unit)
+
+    def _arrival(self, unit: str) -> tuple[int, str]:
+        e = self.e
+        info = e.groups.get(unit[1:]) if is_group_unit(unit) else e.pods.get(unit)
+        return (-1 if info is None else info.seq, unit)
+
+    def _settle_unit(self, unit: str) -> None:
+        e = self.e
+        if unit in e.dispatched:
+            return  # another component places it; it will answer
+        if is_group_unit(unit):
+            self._settle_group(unit)
+            return
+        pod = e.pods.get(unit)
+        if pod is None or unit in e.state.pods:
+            return
+        if (owner := e.unit_of(unit)) != unit:  # its gang is Pending: the gang's turn
+            if e.queue.where(unit) is not None:
+                e.queue.remove(unit)
+                e.dirty[owner] = None
+            return
+        group = e.groups.get(pod.spec.group) if pod.spec.group else None
+        if group is not None and group.phase in (FAILED, SUCCEEDED):
+            self.reject(pod, f"pod group {group.key} has already {group.phase.lower()}")
+            return
+        deps = e.dependency_state(e.depends_on(unit))
+        if deps.failed:
+            self.reject(pod, f"dependency {deps.failed} failed")
+        elif not deps.ok:
+            self._hold(unit, [pod], deps.waiting, waits_on=e.depends_on(unit))
+        else:
+            self._ready(unit, pod.priority, pod.seq, pod.spec.namespace)
 
     def _settle_group(self, unit: str) -> None:
         e = self.e
