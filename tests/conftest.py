@@ -74,6 +74,21 @@ def kafka_missing() -> str | None:
     return reason
 
 
+@pytest.fixture(autouse=True)
+def _connections_a_kafka_test_left(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The same as :func:`_connections_a_dying_broker_left`, after each test of the
+    broker: under pytest-xdist the Kafka tests share a worker with others, and a
+    connection a killed broker left would otherwise be collected in the middle of one of
+    those, whose run its socket's warnings would then fail."""
+    yield
+    if group_of(request.node) == "kafka" and any(
+        isinstance(o, AIOKafkaConnection) for o in gc.get_objects()
+    ):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            gc.collect()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _connections_a_dying_broker_left() -> Iterator[None]:
     """aiokafka can leave a connection to a broker killed under it unclosed
