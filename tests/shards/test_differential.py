@@ -194,10 +194,10 @@ def _compact(scenario: Scenario) -> list[str]:
 
 
 def _known_preemption_with_flights() -> Scenario:
-    """A case the property above found (pre-existing, not yet fixed): at 4 shards
-    ``a/p5`` is preempted and ``a/p3`` bound in the room it leaves, where one shard (and
-    two) places ``b/p8`` in room that is free and leaves ``a/p3`` pending (quota ``a``
-    full)."""
+    """A case the property above found (pre-existing, not yet fixed): ``b/p8`` must
+    reclaim quota to be admitted. One shard (and two) evicts ``a/g0-0`` (priority 10, on
+    another node) and leaves ``a/p3`` pending (quota ``a`` full); 4 shards evict
+    ``a/p5`` (priority 60, on ``b/p8``'s node), and ``a/p3`` takes the room freed."""
     items: list[tuple[int, Any]] = []
     for name, pool, cards in (("p0-0", "p0", 4), ("p0-1", "p0", 4), ("p1-0", "p1", 1)):
         node = make_node(name).cpu("64").memory("256Gi").gpu(cards).label("pool", pool)
