@@ -13,11 +13,23 @@ from hypothesis import HealthCheck, settings
 
 from tests import broker, xdist_groups
 
+# The suite's profiles draw a fixed set of examples per test (derandomize): a run passes
+# or fails the same way every time, on any machine. The search for new cases is the
+# "big" profile's (HYPOTHESIS_PROFILE=big) and the slow chaos search's (-m slow); a case
+# they find is kept as an @example, or as an expected failure until it is fixed.
 settings.register_profile(
-    "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    "ci",
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile(  # the suite's: it must stay under 10 minutes on 2 cores
-    "dev", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    "dev",
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile(
     "big", max_examples=400, deadline=None, suppress_health_check=list(HealthCheck)
