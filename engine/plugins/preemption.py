@@ -14,10 +14,14 @@ kube-scheduler's priority preemption wherever no elastic quota is involved:
 - a pod with ``preemptionPolicy: Never`` evicts nothing.
 
 Which: per candidate node (one that only resources keep the pod from), every eligible
-pod there is removed; if the quota still refuses (the cluster is larger than the quotas'
-``min``, so room on a node is not what is missing), eligible pods elsewhere are added,
-least valuable first; then victims are reprieved one unit at a time while the pod still
-fits the node and its quota, as kube-scheduler's ``selectVictimsOnNode`` does: those
+pod there is removed; where the quota is short too (the cluster is larger than the
+quotas' ``min``, so room on a node is not all that is missing), eligible pods elsewhere
+are taken with them in one order, least valuable first, whatever their node, until
+those from elsewhere free the quota short (:func:`engine.plugins.victim_choice.victims_for`:
+so a valuable pod that shares the node is not evicted where a cheaper one elsewhere
+frees the quota, and the choice does not depend on which of equal nodes pods landed on,
+nor on the number of shards); then victims are reprieved one unit at a time while the
+pod still fits the node and its quota, as kube-scheduler's ``selectVictimsOnNode`` does: those
 whose eviction would break a PodDisruptionBudget first, then the most valuable first
 (highest priority, then earliest start). A victim whose gang would drop below
 ``minMember`` takes its whole gang: the gang is one unit in the choice on a node (as

@@ -126,26 +126,47 @@ def victims_for(
 
     chosen: list[Victim] = []
     chosen_keys: set[str] = set()
-    for victim in sorted(here, key=lambda v: v.rank(), reverse=True):
-        if victim.key not in chosen_keys and floor_ok(victim):
-            take(victim, chosen)
     covers = coverage(pod, wanted, free, agg_short, max_short, quotas, slot)
     gpu = state.gpu_of(pod.request)
     if gpu is not None:
         covers = with_cards(covers, state, gpu, slot)
+    on_node = sorted(here, key=lambda v: v.rank(), reverse=True)  # least valuable first
+    if mode == Mode.PRIORITY or not (agg_short or max_short):
+        for victim in on_node:
+            if victim.key not in chosen_keys and floor_ok(victim):
+                take(victim, chosen)
+    else:
+        # the quota is short too: victims anywhere, in one order (least valuable first)
+        # whatever their node, so that what a pod elsewhere frees is weighed against
+        # the pods here, not only after them (and the choice does not depend on which
+        # of equal nodes the pods here happened to land on). Pods elsewhere are taken
+        # until those taken free the quota short: any more valuable one would be
+        # reprieved (those free the quota without it, and it frees no room here).
+        quota_only = coverage(pod, {}, {}, agg_short, max_short, quotas, slot)
+        short = (*agg_short, *max_short)
+        elsewhere = (
+            v for v in least_first if v.slot != slot and any(v.counted.get(r, 0) > 0 for r in short)
+        )
+        nxt = next(elsewhere, None)
+
+        def offer_elsewhere(victim: Victim) -> Victim | None:
+            """Take ``victim`` (from elsewhere) if its namespace's floor allows; the next
+            one to offer, or None once those taken free the quota short."""
+            if victim.key not in chosen_keys and floor_ok(victim):
+                take(victim, chosen)
+            if quota_only([v for v in chosen if v.slot != slot]):
+                return None
+            return next(elsewhere, None)
+
+        for victim in on_node:
+            while nxt is not None and nxt.rank() > victim.rank():
+                nxt = offer_elsewhere(nxt)
+            if victim.key not in chosen_keys and floor_ok(victim):
+                take(victim, chosen)
+        while nxt is not None:
+            nxt = offer_elsewhere(nxt)
     if not covers(chosen):
-        if mode == Mode.PRIORITY or not (agg_short or max_short):
-            return None
-        for victim in least_first:  # the quota is what is short: victims anywhere
-            if victim.slot == slot or victim.key in chosen_keys or not floor_ok(victim):
-                continue
-            if not any(victim.counted.get(r, 0) > 0 for r in (*agg_short, *max_short)):
-                continue
-            take(victim, chosen)
-            if covers(chosen):
-                break
-        else:
-            return None
+        return None
     # reprieve a unit at a time, as kube-scheduler's selectVictimsOnNode does: those
     # whose eviction would break a disruption budget first, then the most valuable (a
     # gang as valuable as its most valuable member); whoever cannot be spared stays

@@ -195,6 +195,31 @@ def test_reclaim_when_the_quota_admits_but_no_node_has_room(
 
 
 @pytest.mark.parametrize("shards", SHARDS)
+@pytest.mark.parametrize(("cards", "low", "high"), [(1, 10, 60), (2, 0, 5), (3, 40, 41)])
+def test_reclaim_takes_the_least_valuable_borrower_whatever_its_node(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    shards: int,
+    cards: int,
+    low: int,
+    high: int,
+) -> None:
+    """The owner's pod fits a node with room (``cards`` free beside a borrower's pod of
+    priority ``high``) but its quota is one card short; a borrower's one-card pod of
+    priority ``low`` runs on another node. Evicting either frees the card; the least
+    valuable goes, although the other shares the owner's node."""
+    text = node("n0", gpu=1, labels={"slot": "a"}) + node("n1", gpu=2 * cards, labels={"slot": "b"})
+    text += quota("borrower", {"nvidia.com/gpu": "1"}, {"nvidia.com/gpu": "99"})
+    text += quota("owner", {"nvidia.com/gpu": str(2 * cards - 1)}, {"nvidia.com/gpu": "99"})
+    text += pod("low", ns="borrower", gpu=1, priority=low, selector={"slot": "a"})
+    text += pod("high", ns="borrower", gpu=cards, priority=high, selector={"slot": "b"}, at=1)
+    text += pod("o0", ns="owner", gpu=cards, selector={"slot": "b"}, at=10)
+    data = simulate(tmp_path, capsys, text, shards)
+    assert bound(data, ["owner/o0", "borrower/high"]) == ["owner/o0", "borrower/high"]
+    assert preempted(data) == {"borrower/low"}
+
+
+@pytest.mark.parametrize("shards", SHARDS)
 @pytest.mark.parametrize(("gang", "cards", "spare"), [(2, 2, 1), (3, 1, 2), (2, 1, 0)])
 def test_reclaim_counts_a_gang_whole_against_the_borrowers_min(
     tmp_path: Path,
