@@ -30,6 +30,7 @@ from events.types import (
     Envelope,
     Event,
     PodBound,
+    PodGroupSubmitted,
     PodSubmitted,
     SchedulerConfigured,
     ShardingConfigured,
@@ -130,7 +131,10 @@ async def run_chaos(
 ) -> ChaosResult:
     """``min_members`` by gang, checked at quiet points; ``runs`` names, per pod, the
     gang it is checked under where that is not its group (a group's name run again:
-    each run is checked on its own)."""
+    each run is checked on its own, as ``ml/g0``, ``ml/g0#2``, … in the order the
+    group's PodGroups are submitted). Pods join a group by its name, so a pod of an
+    earlier run that first runs after the group was submitted again is checked under
+    the run it joined: the one submitted last when it started."""
     rng = random.Random(seed)
     n = sharding.shards
     memory = MemoryLog(n + 1)
@@ -150,6 +154,11 @@ async def run_chaos(
     cluster = FlakyCluster(rng, refuse)
     binder = Binder(cluster, memory, shards=n)  # the cluster side does not crash here
     member_of: dict[str, str] = {}
+    current: dict[str, str] = {}
+    """Each group's run submitted last (a pod starting now joins it)."""
+    submitted: dict[str, int] = {}
+    running: set[str] = set()
+    """Pods running at the last quiet point."""
     partial: list[str] = []
     restarts = 0
 
@@ -205,6 +214,10 @@ async def run_chaos(
             event = feed[i].event
             if isinstance(event, PodSubmitted) and event.pod.group:
                 member_of[event.pod.key] = (runs or {}).get(event.pod.key, event.pod.group)
+            elif isinstance(event, PodGroupSubmitted):
+                key = event.group.key
+                submitted[key] = submitted.get(key, 0) + 1
+                current[key] = key if submitted[key] == 1 else f"{key}#{submitted[key]}"
             batch.append(Envelope(event=event, time=now, producer="ingest"))
             i += 1
         batch.extend(Envelope(event=e, time=now, producer="cluster") for e in cluster.due(now))
@@ -230,6 +243,11 @@ async def run_chaos(
             # quiet: a last full round without faults to be sure
             if not moved and (calm or rounds > 3) and not await step(True):
                 break
+        for pod in cluster.running.keys() - running:  # started since the last quiet point
+            group = member_of.get(pod, "").split("#")[0]
+            if group in current:
+                member_of[pod] = current[group]
+        running = set(cluster.running)
         if min_members:
             partial.extend(_partial_gangs(cluster, member_of, min_members, now))
         times = [cluster.next_time(), router.control.next_wakeup()]

@@ -317,7 +317,11 @@ async def test_cases_the_search_found_keep_the_invariants(name: str) -> None:
     back and, past its time-out, fails in the same pass, which rejects the members not
     placed. The member's part must be aborted with the rollback: before, the shard
     granted and bound it later, and held it (and its room) for good, unknown to the
-    coordinator, which had forgotten the pod."""
+    coordinator, which had forgotten the pod. ``run-joined-by-an-earlier-pod``: a
+    gang's first run is preempted whole, a pod of that run created late waits, and the
+    group is submitted again; that pod joins the new run (pods join a group by its
+    name) and starts with one of its pods: the check counts it under the run it
+    joined, not the one it was created for."""
     raw = msgspec.json.decode((FOUND / name).read_bytes())
     events = msgspec.convert(raw["events"], list[TimedEvent])
     loss, restart, refuse = raw["faults"]
