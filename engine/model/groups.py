@@ -22,7 +22,7 @@ dependencies succeeded, fails when one failed, and waits otherwise.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
@@ -170,3 +170,34 @@ class DependencyState:
     waiting: str = ""
     details: tuple[tuple[str, str], ...] = ()
     """(dependency, its state) for ``--explain``."""
+
+
+def find_cycle(edges: Callable[[str], Iterable[str]], roots: Iterable[str]) -> list[str] | None:
+    """A cycle reachable from ``roots`` in a graph given by ``edges`` (a name → the names
+    it waits for), as the names along it with the first repeated at the end, or None.
+
+    Iterative depth-first search: chains of any length, no recursion limit; each name's
+    edges are asked for once.
+    """
+    done: set[str] = set()
+    for root in roots:
+        if root in done:
+            continue
+        path: list[str] = [root]
+        on_path = {root}
+        iters = [iter(edges(root))]
+        while iters:
+            nxt = next(iters[-1], None)
+            if nxt is None:
+                finished = path.pop()
+                on_path.discard(finished)
+                done.add(finished)
+                iters.pop()
+                continue
+            if nxt in on_path:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in done:
+                path.append(nxt)
+                on_path.add(nxt)
+                iters.append(iter(edges(nxt)))
+    return None

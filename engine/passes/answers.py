@@ -12,32 +12,33 @@ missing or short of members, a dependency not done, the quota's admission), sinc
 applies before any node is looked at; then the reason that rejected the most nodes
 (ties by name). Each kind has one template, with its numbers and names, and a next step:
 
-=================  ============================================================
-kind               next step
-=================  ============================================================
-``profile``        set ``schedulerName`` to a profile this scheduler serves
-``group-missing``  create the PodGroup
-``gang-members``   submit the missing members, or lower ``minMember``
-``dependency``     wait for the dependency (how long it has run, if it runs)
-``next-run``       wait for the earlier run of the pod group
-``extender``       wait for the extender's answer / fix what it rejects
-``quota-max``      raise the quota's ``max`` to the use it needs (and ``min`` where
-                   the quotas' guarantees fall short of it too), or wait for a pod
-``quota-reclaim``  wait for borrowers to give back (named, with what they borrow)
-``quota-borrow``   raise the quota's ``min``, or wait for borrowed capacity
-``resources``      free the difference on the fullest-fitting node, or add a node
-``gpu-cards``      the same, in GPU cards
-``taint``          add a toleration for the taint, or untaint the nodes
-``node-affinity``  label nodes to match the selector, or change it
-``pools``          add nodes to the tenant's pools (which have none)
-``pod-affinity``   the pods it must (not) be near; change the rule
-``spread``         add room in other domains, or raise ``maxSkew``
-``host-ports``     free the port, or pick another
-``cordoned``       uncordon nodes
-``node-name``      the node named does not take it
-``no-nodes``       add nodes
-``other``          see ``replay --explain``
-=================  ============================================================
+====================  ============================================================
+kind                  next step
+====================  ============================================================
+``profile``           set ``schedulerName`` to a profile this scheduler serves
+``group-missing``     create the PodGroup
+``gang-members``      submit the missing members, or lower ``minMember``
+``dependency``        wait for the dependency (how long it has run, if it runs)
+``dependency-cycle``  break the cycle of dependencies it waits on
+``next-run``          wait for the earlier run of the pod group
+``extender``          wait for the extender's answer / fix what it rejects
+``quota-max``         raise the quota's ``max`` to the use it needs (and ``min`` where
+                      the quotas' guarantees fall short of it too), or wait for a pod
+``quota-reclaim``     wait for borrowers to give back (named, with what they borrow)
+``quota-borrow``      raise the quota's ``min``, or wait for borrowed capacity
+``resources``         free the difference on the fullest-fitting node, or add a node
+``gpu-cards``         the same, in GPU cards
+``taint``             add a toleration for the taint, or untaint the nodes
+``node-affinity``     label nodes to match the selector, or change it
+``pools``             add nodes to the tenant's pools (which have none)
+``pod-affinity``      the pods it must (not) be near; change the rule
+``spread``            add room in other domains, or raise ``maxSkew``
+``host-ports``        free the port, or pick another
+``cordoned``          uncordon nodes
+``node-name``         the node named does not take it
+``no-nodes``          add nodes
+``other``             see ``replay --explain``
+====================  ============================================================
 
 Cost: called only where a pod is reported unschedulable or held (the slow path), and
 cached per pass by the caller (:meth:`engine.passes.run.SchedulingPass.answer`), keyed by
@@ -58,6 +59,8 @@ from events.types import SECOND, Answer
 
 _MEMBERS: Final = re.compile(r"waiting for members of pod group (\S+): (\d+) of minMember (\d+)")
 _MISSING: Final = re.compile(r"waiting for pod group (\S+), which does not exist")
+CYCLE: Final = "waiting on a dependency cycle: "
+"""The start of the reason of a unit whose dependencies wait for it (the names follow)."""
 _DEPENDENCY: Final = re.compile(r"waiting for (\S+) to succeed \((.*)\)$")
 _NEXT_RUN: Final = re.compile(r"waiting for the pods of the run of pod group (\S+) ")
 _EXTENDER: Final = re.compile(r"waiting for the answer of (.+)$")
@@ -161,6 +164,17 @@ def _held(e: ShardModel, pod: PodInfo, reason: str) -> Answer | None:
             next_step=(
                 f"submit {minimum - present} more member(s) of {key}, "
                 f"or lower its minMember to {present}"
+            ),
+        )
+    if reason.startswith(CYCLE):
+        chain = reason.removeprefix(CYCLE)
+        return Answer(
+            kind="dependency-cycle",
+            summary=f"waits on a dependency cycle: {chain}, so it can never start",
+            evidence=tuple(f"depends on {d}" for d in _depends_on(e, pod)),
+            next_step=(
+                "remove one of the cycle's dependencies (shoal.io/depends-on), "
+                "or delete one of its pods"
             ),
         )
     if m := _DEPENDENCY.match(reason):

@@ -34,7 +34,7 @@ from engine.model.pods import PodInfo, pod_info
 from engine.model.reservations import COMMITTED
 from engine.model.shard import ShardModel
 from engine.model.state import Request, held_devices
-from engine.passes.answers import compose
+from engine.passes.answers import CYCLE, compose
 from engine.passes.consolidate import consolidate
 from engine.passes.context import Dispatch, Route
 from engine.passes.defrag import defragment
@@ -374,7 +374,7 @@ class SchedulingPass:
         if deps.failed:
             self.reject(pod, f"dependency {deps.failed} failed")
         elif not deps.ok:
-            self._hold(unit, [pod], deps.waiting, waits_on=e.depends_on(unit))
+            self._hold(unit, [pod], self._waiting(unit, deps.waiting), waits_on=e.depends_on(unit))
         else:
             self._ready(unit, pod.priority, pod.seq, pod.spec.namespace)
 
@@ -398,7 +398,9 @@ class SchedulingPass:
             self.fail_group(group, f"dependency {deps.failed} failed")
             return
         if not deps.ok:
-            self._hold(unit, pending, deps.waiting, waits_on=e.depends_on(unit))
+            self._hold(
+                unit, pending, self._waiting(unit, deps.waiting), waits_on=e.depends_on(unit)
+            )
             return
         present = sum(1 for m in group.members if m in e.pods)
         if present < group.min_member:
@@ -410,6 +412,14 @@ class SchedulingPass:
             )
             return
         self._ready(unit, self.group_priority(group), group.seq, group.namespace)
+
+    def _waiting(self, unit: str, waiting: str) -> str:
+        """Why ``unit`` waits for its dependencies: ``waiting``, or the cycle among them
+        that keeps it waiting for good."""
+        cycle = self.e.dependency_cycle(unit)
+        if cycle is None:
+            return waiting
+        return f"{CYCLE}{' -> '.join(cycle)}"
 
     def _hold(
         self, unit: str, pods: list[PodInfo], reason: str, waits_on: tuple[str, ...] = ()

@@ -42,6 +42,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
+from engine.model.groups import find_cycle
 from events.errors import InputError
 from events.types import SECOND, GroupSpec, QuotaSpec
 from shards.inputs.limits import MAX_MIN_MEMBER, MAX_SECONDS, shown
@@ -431,7 +432,7 @@ def dependency_cycle(
         waits[group] = (*waits.get(group, ()), *pods)
         for pod in pods:
             waits[pod] = (*waits.get(pod, ()), *declared.get(group, ()))
-    cycle = find_cycle(waits)
+    cycle = find_cycle(lambda name: waits.get(name, ()), sorted(waits))
     if cycle is None:
         return None
     notes: list[str] = []
@@ -444,32 +445,3 @@ def dependency_cycle(
             notes.append(f"{a} waits for what its pod group {group_of[a]} depends on")
     note = f" ({'; '.join(notes)})" if notes else ""
     return "dependency cycle: " + " -> ".join(cycle) + note, declared_by
-
-
-def find_cycle(edges: Mapping[str, tuple[str, ...]]) -> list[str] | None:
-    """A dependency cycle in ``edges`` (node → what it waits for), or None.
-
-    Iterative depth-first search: chains of any length, no recursion limit.
-    """
-    done: set[str] = set()
-    for root in sorted(edges):
-        if root in done:
-            continue
-        path: list[str] = [root]
-        on_path = {root}
-        iters = [iter(edges.get(root, ()))]
-        while iters:
-            nxt = next(iters[-1], None)
-            if nxt is None:
-                finished = path.pop()
-                on_path.discard(finished)
-                done.add(finished)
-                iters.pop()
-                continue
-            if nxt in on_path:
-                return [*path[path.index(nxt) :], nxt]
-            if nxt not in done:
-                path.append(nxt)
-                on_path.add(nxt)
-                iters.append(iter(edges.get(nxt, ())))
-    return None
