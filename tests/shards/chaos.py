@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from engine.engine import Engine
+from engine.model.groups import group_is_over
 from engine.model.pools import Sharding
 from engine.model.reservations import HELD, STAGING
 from events.errors import LogError
@@ -132,9 +133,8 @@ async def run_chaos(
     """``min_members`` by gang, checked at quiet points; ``runs`` names, per pod, the
     gang it is checked under where that is not its group (a group's name run again:
     each run is checked on its own, as ``ml/g0``, ``ml/g0#2``, … in the order the
-    group's PodGroups are submitted). Pods join a group by its name, so a pod of an
-    earlier run that first runs after the group was submitted again is checked under
-    the run it joined: the one submitted last when it started."""
+    group's PodGroups are submitted). A pod not named there joins its group's run, or
+    the next run where that one is over when the pod comes (:func:`_run_joined`)."""
     rng = random.Random(seed)
     n = sharding.shards
     memory = MemoryLog(n + 1)
@@ -154,11 +154,8 @@ async def run_chaos(
     cluster = FlakyCluster(rng, refuse)
     binder = Binder(cluster, memory, shards=n)  # the cluster side does not crash here
     member_of: dict[str, str] = {}
-    current: dict[str, str] = {}
-    """Each group's run submitted last (a pod starting now joins it)."""
     submitted: dict[str, int] = {}
-    running: set[str] = set()
-    """Pods running at the last quiet point."""
+    """PodGroups submitted so far, by group."""
     partial: list[str] = []
     restarts = 0
 
@@ -213,11 +210,11 @@ async def run_chaos(
         while i < len(feed) and feed[i].time <= now:
             event = feed[i].event
             if isinstance(event, PodSubmitted) and event.pod.group:
-                member_of[event.pod.key] = (runs or {}).get(event.pod.key, event.pod.group)
+                member_of[event.pod.key] = (runs or {}).get(event.pod.key) or _run_joined(
+                    router.control.engine, event.pod.group, submitted.get(event.pod.group, 0)
+                )
             elif isinstance(event, PodGroupSubmitted):
-                key = event.group.key
-                submitted[key] = submitted.get(key, 0) + 1
-                current[key] = key if submitted[key] == 1 else f"{key}#{submitted[key]}"
+                submitted[event.group.key] = submitted.get(event.group.key, 0) + 1
             batch.append(Envelope(event=event, time=now, producer="ingest"))
             i += 1
         batch.extend(Envelope(event=e, time=now, producer="cluster") for e in cluster.due(now))
@@ -243,11 +240,6 @@ async def run_chaos(
             # quiet: a last full round without faults to be sure
             if not moved and (calm or rounds > 3) and not await step(True):
                 break
-        for pod in cluster.running.keys() - running:  # started since the last quiet point
-            group = member_of.get(pod, "").split("#")[0]
-            if group in current:
-                member_of[pod] = current[group]
-        running = set(cluster.running)
         if min_members:
             partial.extend(_partial_gangs(cluster, member_of, min_members, now))
         times = [cluster.next_time(), router.control.next_wakeup()]
@@ -276,6 +268,17 @@ async def run_chaos(
         restarts=restarts,
         lost=log.lost,
     )
+
+
+def _run_joined(engine: Engine, group: str, submitted: int) -> str:
+    """The run of ``group`` a pod coming now joins (``submitted``: its PodGroups so far):
+    pods join a group by its name, so where the group's run is over (its pods all gone:
+    a job preempted whole, say) the pod founds the next run, which the next PodGroup of
+    that name will declare (:func:`engine.model.groups.group_is_over`)."""
+    info = engine.groups.get(group)
+    if submitted and info is not None and group_is_over(info, engine.pods):
+        return f"{group}#{submitted + 1}"
+    return group if submitted <= 1 else f"{group}#{submitted}"
 
 
 def _partial_gangs(

@@ -318,10 +318,12 @@ async def test_cases_the_search_found_keep_the_invariants(name: str) -> None:
     placed. The member's part must be aborted with the rollback: before, the shard
     granted and bound it later, and held it (and its room) for good, unknown to the
     coordinator, which had forgotten the pod. ``run-joined-by-an-earlier-pod``: a
-    gang's first run is preempted whole, a pod of that run created late waits, and the
-    group is submitted again; that pod joins the new run (pods join a group by its
-    name) and starts with one of its pods: the check counts it under the run it
-    joined, not the one it was created for."""
+    gang's first run is preempted whole, a pod of that run comes late, and the group is
+    submitted again; that pod joins the new run (pods join a group by its name: it
+    came when the first run was over) and starts with one of its pods: the check
+    counts it under the run it joined. ``late-member-of-a-running-run``: a pod of the
+    first run that waits for room while the first run runs starts as that run's, not
+    the second's, although the second's PodGroup came meanwhile."""
     raw = msgspec.json.decode((FOUND / name).read_bytes())
     events = msgspec.convert(raw["events"], list[TimedEvent])
     loss, restart, refuse = raw["faults"]
