@@ -173,8 +173,8 @@ def _held(e: ShardModel, pod: PodInfo, reason: str) -> Answer | None:
             summary=f"waits on a dependency cycle: {chain}, so it can never start",
             evidence=tuple(f"depends on {d}" for d in _depends_on(e, pod)),
             next_step=(
-                "remove one of the cycle's dependencies (shoal.io/depends-on), "
-                "or delete one of its pods"
+                "delete the cycle's pods and create them again without one of its "
+                "dependencies (shoal.io/depends-on)"
             ),
         )
     if m := _DEPENDENCY.match(reason):
