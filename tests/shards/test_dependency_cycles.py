@@ -11,13 +11,16 @@ import itertools
 from typing import Any
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.engine import Engine
+from engine.model.pools import Sharding
 from engine.passes.answers import CYCLE
 from events.types import GroupSpec, PodGroupSubmitted, PodSubmitted, PodUnschedulable
 from tests.builders import env, make_node, make_pod
+from tests.shards.coordinator_kit import at, simulated
 
 
 def _said(engine: Engine) -> dict[str, PodUnschedulable]:
@@ -114,3 +117,30 @@ def test_a_unit_is_told_a_cycle_exactly_when_one_is_in_its_way(
                 assert b in edges[a], (cycle, edges)
         elif key in said:
             assert not said[key].reason.startswith(CYCLE), (p, said[key].reason)
+
+
+@pytest.mark.parametrize("shards", [2, 4])
+def test_several_shards_tell_the_cycle_as_one_does(shards: int) -> None:
+    """At several shards the coordinator holds dependent units: it tells the same cycle,
+    and the log replays."""
+    group = GroupSpec(namespace="ml", name="g", min_member=2)
+    member = make_pod("m1", "ml").cpu("1").group("ml/g").spec()
+    a = make_pod("a").cpu("1").spec()
+    b = make_pod("b").cpu("1").spec()
+    events = [
+        make_node("n0").cpu("8").added(),
+        PodGroupSubmitted(group=group),
+        make_pod("m0", "ml").cpu("1").group("ml/g").submitted(),
+        PodSubmitted(pod=msgspec.structs.replace(member, depends_on=("ml/m0",))),
+        PodSubmitted(pod=msgspec.structs.replace(a, depends_on=("default/b",))),
+        PodSubmitted(pod=msgspec.structs.replace(b, depends_on=("default/a",))),
+        make_pod("free").cpu("1").submitted(),
+    ]
+    data, _ = simulated(at(0, events), Sharding(shards=shards))
+    pods = data["pods"]
+    assert pods["default/free"]["phase"] == "Bound"
+    for key in ("ml/m0", "ml/m1", "default/a", "default/b"):
+        assert pods[key]["phase"] == "Pending"
+        assert pods[key]["reason"].startswith(CYCLE), pods[key]
+    assert pods["ml/m1"]["reason"] == f"{CYCLE}ml/g -> ml/m0 -> ml/g"
+    assert pods["default/a"]["reason"] == f"{CYCLE}default/a -> default/b -> default/a"
