@@ -142,19 +142,36 @@ def victims_for(
         # of equal nodes the pods here happened to land on). Pods elsewhere are taken
         # until those taken free the quota short: any more valuable one would be
         # reprieved (those free the quota without it, and it frees no room here).
-        quota_only = coverage(pod, {}, {}, agg_short, max_short, quotas, slot)
         short = (*agg_short, *max_short)
         elsewhere = (
             v for v in least_first if v.slot != slot and any(v.counted.get(r, 0) > 0 for r in short)
         )
         nxt = next(elsewhere, None)
+        freed_agg = dict.fromkeys(agg_short, 0)
+        freed_own = dict.fromkeys(max_short, 0)
+        counted = 0  # (of ``chosen``: what those from elsewhere free, kept as they come)
 
         def offer_elsewhere(victim: Victim) -> Victim | None:
             """Take ``victim`` (from elsewhere) if its namespace's floor allows; the next
-            one to offer, or None once those taken free the quota short."""
+            one to offer, or None once those taken from elsewhere free the quota short
+            (counted as :func:`coverage` counts)."""
+            nonlocal counted
             if victim.key not in chosen_keys and floor_ok(victim):
                 take(victim, chosen)
-            if quota_only([v for v in chosen if v.slot != slot]):
+            for member in chosen[counted:]:
+                if member.slot == slot:
+                    continue
+                theirs = quotas.get(member.namespace)
+                for resource in freed_agg:
+                    if theirs is not None and theirs.names(resource):
+                        freed_agg[resource] += member.counted.get(resource, 0)
+                if member.namespace == pod.spec.namespace:
+                    for resource in freed_own:
+                        freed_own[resource] += member.counted.get(resource, 0)
+            counted = len(chosen)
+            if all(freed_agg[r] >= need for r, need in agg_short.items()) and all(
+                freed_own[r] >= need for r, need in max_short.items()
+            ):
                 return None
             return next(elsewhere, None)
 
