@@ -159,15 +159,8 @@ def victims_for(
             if victim.key not in chosen_keys and floor_ok(victim):
                 take(victim, chosen)
             for member in chosen[counted:]:
-                if member.slot == slot:
-                    continue
-                theirs = quotas.get(member.namespace)
-                for resource in freed_agg:
-                    if theirs is not None and theirs.names(resource):
-                        freed_agg[resource] += member.counted.get(resource, 0)
-                if member.namespace == pod.spec.namespace:
-                    for resource in freed_own:
-                        freed_own[resource] += member.counted.get(resource, 0)
+                if member.slot != slot:
+                    frees(member, freed_agg, freed_own, quotas, pod.spec.namespace)
             counted = len(chosen)
             if all(freed_agg[r] >= need for r, need in agg_short.items()) and all(
                 freed_own[r] >= need for r, need in max_short.items()
@@ -268,13 +261,7 @@ def coverage(
             if victim.slot == slot:
                 for resource in room:
                     room[resource] += victim.request.get(resource, 0)
-            theirs = quotas.get(victim.namespace)
-            for resource in agg:
-                if theirs is not None and theirs.names(resource):
-                    agg[resource] += victim.counted.get(resource, 0)
-            if victim.namespace == pod.spec.namespace:
-                for resource in own:
-                    own[resource] += victim.counted.get(resource, 0)
+            frees(victim, agg, own, quotas, pod.spec.namespace)
         return (
             all(room.get(r, 0) >= amount for r, amount in wanted.items())
             and all(agg[r] >= need for r, need in agg_short.items())
@@ -282,6 +269,26 @@ def coverage(
         )
 
     return covers
+
+
+def frees(
+    victim: Victim,
+    agg: dict[str, int],
+    own: dict[str, int],
+    quotas: QuotaTable,
+    namespace: str,
+) -> None:
+    """Add what evicting ``victim`` gives back to ``agg`` (per resource short over the
+    quotas' sum of ``min``: what its quota counts) and to ``own`` (per resource short
+    under ``namespace``'s ``max``: what it counts there, if it is of ``namespace``)."""
+    theirs = quotas.get(victim.namespace)
+    if theirs is not None:
+        for resource in agg:
+            if theirs.names(resource):
+                agg[resource] += victim.counted.get(resource, 0)
+    if victim.namespace == namespace:
+        for resource in own:
+            own[resource] += victim.counted.get(resource, 0)
 
 
 def with_cards(
