@@ -3,8 +3,10 @@
 One topic, one Kafka partition per log partition. Each record's value is one msgpack
 envelope; its key is the event's kind (``pod+``, ``bind``...), so that a reader that
 wants some kinds only (``read_kinds``: the coordinator relaying shards' reports) skips
-the others without decoding them. Records written with the partition number as key (as
-before) are decoded and filtered. Offsets are Kafka's: a transaction's commit marker
+the others without decoding them; records its own log appended, of other kinds, it does
+not even fetch (``events.kafka_runs``: the coordinator passes over the pods it routed).
+Records written with the partition number as key (as before) are decoded and filtered.
+Offsets are Kafka's: a transaction's commit marker
 takes an offset of its own, so where a leader term writes (below) the offsets of the
 records have gaps, which readers pass over (no reader counts offsets: each goes on
 from the offset after the last record it read).
@@ -45,7 +47,8 @@ Contract notes, backend by backend:
   (sees a ``RecordFenced`` in place of) a record whose epoch is below one its partition
   already holds for that fence. The judgement is a function of the partition's order,
   kept per partition as reads go (headers only; a read from further on first scans the
-  records before it, undecoded), so every reader and replay drop the same records. It
+  records before it, undecoded; the records a log appended itself it judges from what
+  it appended, unfetched), so every reader and replay drop the same records. It
   finds nothing to drop where terms write in transactions; it is what fences a broker
   without transactions (``transactions=false``) and what replays logs written before.
 - Producer idempotence is on by default (``idempotence=False`` turns it off, for a
@@ -62,7 +65,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -71,9 +73,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import ConsumerStoppedError, KafkaError, KafkaTimeoutError
 
-from events.codec import DecodeError, decode, encode, kind_of
+from events.codec import TAGS, DecodeError, decode, encode, kind_of
 from events.errors import LogCorruptedError, LogError, RecordTooLargeError
 from events.fence import fenced
+from events.kafka_runs import OwnRuns, Run
 from events.kafka_settings import KafkaSettings, guard_client_logs, redact
 from events.kafka_terms import TermProducers, settle
 from events.log import check_partition
@@ -84,6 +87,7 @@ FAILURES = (KafkaError, ConsumerStoppedError, OSError)
 """What a client raises when the broker goes away, or when another caller sharing this
 log restarted the clients under it: each becomes a :class:`LogError`."""
 T = TypeVar("T")
+force_setattr = msgspec.structs.force_setattr
 TERM_HEADER = "shoal-term"
 """The record header that carries a leader's term: ``FENCE:EPOCH`` (``events.fence``)."""
 _STEP_MS = 5
@@ -91,9 +95,6 @@ _STEP_MS = 5
 WAIT_FETCH_MS = 500
 """How long the broker may hold a fetch of :meth:`KafkaLog.wait_for` (it answers as soon
 as a record comes)."""
-PLAIN_RUNS = 1024
-"""Runs of its own plain appends a log remembers per partition (older ones are judged by
-reading them, as any other record)."""
 PARSED_TERMS = 1024
 """Distinct term headers a log keeps parsed (a writer that makes up many only empties
 the cache, it does not grow it)."""
@@ -181,10 +182,9 @@ class KafkaLog:
         """Per partition, the highest epoch seen per fence (up to ``_judged``)."""
         self._dropped: dict[int, dict[int, int]] = {}
         """Per partition, the offsets of records fenced, and the epoch that fenced each."""
-        self._plain: dict[int, deque[tuple[int, int]]] = {}
-        """Per partition, runs ``[start, end)`` of offsets this log appended outside any
-        leader term (records with no term to judge: a read past them need not scan
-        them first), the last ``PLAIN_RUNS`` at most."""
+        self._own = OwnRuns()
+        """Per partition, the runs of records this log appended: judged without
+        fetching them, and passed over by a ``read_kinds`` of other kinds."""
         self._parsed: dict[bytes, tuple[str, int]] = {}
         """Term headers seen, parsed (at most ``PARSED_TERMS``: emptied when full)."""
         self.terms = TermProducers(
@@ -267,14 +267,16 @@ class KafkaLog:
         offsets = await self._call(
             "append", lambda: self._append(self._need(self._producer), envelopes, partition)
         )
-        if not any(env.epoch for env in envelopes):
-            runs = self._plain.setdefault(partition, deque(maxlen=PLAIN_RUNS))
-            for offset in offsets:  # (consecutive within a batch)
-                if runs and runs[-1][1] == offset:
-                    runs[-1] = (runs[-1][0], offset + 1)
-                else:
-                    runs.append((offset, offset + 1))
+        self._appended(envelopes, partition, offsets)
         return offsets
+
+    def _appended(self, envelopes: Sequence[Envelope], partition: int, offsets: list[int]) -> None:
+        """Note the records of an append that returned (so stored, and committed where
+        in a transaction) as runs of this log's own, if they share one term (or none)."""
+        terms = {(env.fence, env.epoch) if env.epoch else None for env in envelopes}
+        if len(terms) == 1:
+            kinds = frozenset(TAGS[kind].encode() for kind in {type(e.event) for e in envelopes})
+            self._own.add(partition, offsets, kinds, terms.pop())
 
     async def append_term(
         self, envelopes: Sequence[Envelope], partition: int, *, fence: str, epoch: int
@@ -288,7 +290,9 @@ class KafkaLog:
         check_partition(partition, self.partitions)
         if not envelopes:
             return []
-        return await self.terms.append(envelopes, partition, fence, epoch)
+        offsets = await self.terms.append(envelopes, partition, fence, epoch)
+        self._appended(envelopes, partition, offsets)
+        return offsets
 
     def _stop_in_background(self, clients: Sequence[Any]) -> asyncio.Future[None]:
         stopping = asyncio.ensure_future(_stop_clients(clients))
@@ -376,8 +380,10 @@ class KafkaLog:
         headers only), so that a read from ``offset`` can judge its own."""
         while self._judged.get(partition, 0) < offset:
             start = self._judged.get(partition, 0)
-            if self._past_plain(partition, start):
-                continue  # records of ours with no term: nothing to judge in them
+            self._own.drop_before(partition, start)
+            run = self._own.at(partition, start)
+            if run is not None and self._judge_own(partition, run):
+                continue  # records of ours: their terms known without fetching them
             await self._call(
                 "read",
                 lambda at=start: self._read(partition, at, None, frozenset()),  # type: ignore[misc]
@@ -385,16 +391,24 @@ class KafkaLog:
             if self._judged.get(partition, 0) <= start:
                 break  # the partition ends before ``offset``
 
-    def _past_plain(self, partition: int, start: int) -> bool:
-        """If a run of records this log appended outside any term begins at ``start``
-        (where judging stands), move judging past it; whether it did."""
-        runs = self._plain.get(partition)
-        while runs and runs[0][1] <= start:
-            runs.popleft()
-        if runs and runs[0][0] == start:
-            self._judged[partition] = runs.popleft()[1]
-            return True
-        return False
+    def _judge_own(self, partition: int, run: Run) -> bool:
+        """Judge ``run``, records of this log's own from where judging stands (or
+        before), without fetching them, as :meth:`_judge` would in order: they stand,
+        and their term is then the highest of its fence. False, judging nothing, if
+        the partition already holds a higher epoch for that fence (the records are
+        then fetched and dropped). (A read with a limit may stop inside a run: a limit
+        counts offsets, and the commit marker of a transaction before the run took
+        one.)"""
+        if self._judged.get(partition, 0) < run.start:
+            return False  # (out of order: never so, judging goes on from where it stands)
+        if run.term is not None:
+            fence, epoch = run.term
+            terms = self._terms.setdefault(partition, {})
+            if epoch < terms.get(fence, 0):
+                return False
+            terms[fence] = epoch
+        self._judged[partition] = max(self._judged.get(partition, 0), run.end)
+        return True
 
     async def highest_epoch(self, fence: str) -> int:
         """The highest epoch the topic holds for ``fence`` (``events.fence``): every
@@ -442,8 +456,31 @@ class KafkaLog:
         records kept)."""
         check_partition(partition, self.partitions)
         wanted = frozenset(kind.encode() for kind in kinds)
-        await self._judge_up_to(partition, offset)
-        return await self._call("read", lambda: self._read(partition, offset, None, wanted))
+        out: list[Envelope] = []
+        while True:  # each turn reads on past a run of this log's own records, or ends
+            await self._judge_up_to(partition, offset)
+            offset = self._past_own(partition, offset, wanted)
+            until = self._own.next_without(partition, offset, wanted)
+            stop, records = await self._call(
+                "read",
+                lambda at=offset, to=until: self._read(partition, at, None, wanted, to),  # type: ignore[misc]
+            )
+            out += records
+            if until is None or stop < until:
+                return stop, out
+            offset = stop
+
+    def _past_own(self, partition: int, offset: int, wanted: frozenset[bytes]) -> int:
+        """Where a read of ``wanted`` kinds from ``offset`` goes on: past the runs of
+        this log's own records there that hold none of them, judged as it goes (not
+        past a run of an older term than the partition holds: that one is read)."""
+        while True:
+            run = self._own.at(partition, offset)
+            if run is None or run.kinds & wanted:
+                return offset
+            if self._judged.get(partition, 0) < run.end and not self._judge_own(partition, run):
+                return offset
+            offset = run.end
 
     async def _read(
         self,
@@ -451,15 +488,28 @@ class KafkaLog:
         offset: int,
         limit: int | None,
         kinds: frozenset[bytes] | None = None,
+        until: int | None = None,
     ) -> tuple[int, list[Envelope]]:
+        """Up to ``limit`` records from ``offset`` (of ``kinds`` only, if given), none
+        at or after ``until``; (the offset this read goes on from, the records)."""
         tp = TopicPartition(self.settings.topic, partition)
         offset = max(offset, 0)
         out: list[Envelope] = []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.request_timeout_ms / 1000
-        in_order = offset <= self._judged.get(partition, 0)
+        judged = self._judged
+        in_order = offset <= judged.get(partition, 0)
         """Whether every record before this read's is judged: then so is every offset
         it passes, records or not."""
+        bound = until if until is not None else -1
+
+        def most() -> int | None:
+            """The most records the client need hand over (each costs it an object to
+            make): what ``limit`` leaves, and no more than the offsets to ``until``."""
+            left = [] if limit is None else [limit - len(out)]
+            if until is not None:
+                left.append(until - offset)
+            return max(min(left), 1) if left else None
 
         def take(records: list[Any], position: int) -> None:
             """Take the records of one fetch; ``position``: where the consumer reads on
@@ -468,16 +518,31 @@ class KafkaLog:
             stopped at ``limit``."""
             nonlocal offset
             for record in records:
-                if record.offset < offset:
+                at = record.offset
+                if at < offset:
                     continue  # a batch is fetched whole: the records before the offset asked
-                offset = record.offset + 1
-                stale = self._judge(partition, record)
+                if at >= bound >= 0:
+                    position = bound  # nothing a reader sees before it
+                    break
+                offset = at + 1
+                if record.headers:
+                    stale = self._judge(partition, record)
+                else:  # (no term: it stands; what _judge does, without the call per record)
+                    stale = 0
+                    if at >= judged.get(partition, 0):
+                        judged[partition] = offset
                 key = record.key
                 if kinds is not None and key and not key.isdigit() and key not in kinds:
                     continue  # a kind not asked for, told by the key
-                env = self._decode(record.value, partition, record.offset)
+                try:
+                    env = decode(record.value)
+                except (DecodeError, TypeError):
+                    env = self._decode(record.value, partition, at)  # raises, naming it
                 if kinds is not None and kind_of(env).encode() not in kinds:
                     continue  # an older record keyed by its partition
+                # freshly decoded, this read's alone: fill in where it lives, no copy
+                force_setattr(env, "offset", at)
+                force_setattr(env, "partition", partition)
                 if stale:
                     if kinds is not None:
                         continue  # a fenced record is of no kind asked for
@@ -485,16 +550,18 @@ class KafkaLog:
                 out.append(env)
                 if limit is not None and len(out) >= limit:
                     return
-            offset = max(offset, position)
-            if in_order and offset > self._judged.get(partition, 0):
-                self._judged[partition] = offset
+            offset = max(offset, position if bound < 0 else min(position, bound))
+            if in_order and offset > judged.get(partition, 0):
+                judged[partition] = offset
 
         async with self._read_lock:
             # 1. Where the partition ends now, from the first answer to a fetch of a
             # fresh assignment (so sent after this call began: it sees every append
             # that returned before), by the probe, whose fetches wait little.
-            end, records, position = await self._probe(partition, offset, deadline)
+            end, records, position = await self._probe(partition, offset, deadline, most())
             take(records, position)
+            if until is not None:
+                end = min(end, until)
             if offset >= end or (limit is not None and len(out) >= limit):
                 return offset, out
             # 2. The records up to that end, by the consumer whose fetches may take
@@ -516,7 +583,7 @@ class KafkaLog:
                     batch = await consumer.getmany(
                         tp,
                         timeout_ms=_STEP_MS * 20,
-                        max_records=None if limit is None else limit - len(out),
+                        max_records=most(),
                     )
                     take(batch.get(tp, []), await consumer.position(tp))
             finally:
@@ -524,13 +591,14 @@ class KafkaLog:
         return offset, out
 
     async def _probe(
-        self, partition: int, offset: int, deadline: float
+        self, partition: int, offset: int, deadline: float, limit: int | None = None
     ) -> tuple[int, list[Any], int]:
         """(the partition's high-water mark, records the answer brought from ``offset``,
-        the offset the probe would fetch next), from the first answer to a fetch sent
-        after this call began (a fresh assignment: answers to fetches sent before are
-        dropped). At the end of the log the broker holds the fetch for
-        ``fetch_max_wait_ms``; elsewhere it answers at once."""
+        at most ``limit`` of them (those past it are not unpacked), the offset the probe
+        would fetch next), from the first answer to a fetch sent after this call began
+        (a fresh assignment: answers to fetches sent before are dropped). At the end of
+        the log the broker holds the fetch for ``fetch_max_wait_ms``; elsewhere it
+        answers at once."""
         probe = self._need(self._probe_consumer)
         tp = TopicPartition(self.settings.topic, partition)
         probe.assign([tp])
@@ -538,7 +606,7 @@ class KafkaLog:
         loop = asyncio.get_running_loop()
         try:
             while True:
-                batch = await probe.getmany(tp, timeout_ms=_STEP_MS)
+                batch = await probe.getmany(tp, timeout_ms=_STEP_MS, max_records=limit)
                 mark = probe.highwater(tp)
                 if mark is not None:
                     self._marks[partition] = max(self._marks.get(partition, 0), int(mark))
@@ -563,8 +631,8 @@ class KafkaLog:
                 path=f"kafka:{self.settings.topic}",
             ) from None
         # freshly decoded, this read's alone: fill in where it lives rather than copy it
-        msgspec.structs.force_setattr(env, "offset", offset)
-        msgspec.structs.force_setattr(env, "partition", partition)
+        force_setattr(env, "offset", offset)
+        force_setattr(env, "partition", partition)
         return env
 
     async def wait_for(self, partition: int, offset: int, seconds: float) -> None:
