@@ -22,10 +22,20 @@ Contract notes, backend by backend:
   refuse it for ever (its ``message.max.bytes``, about 1 MB by default, bounds a batch). Idempotence
   never rests on Kafka transactions: decisions carry ids and every handler is
   idempotent.
-- ``read`` first learns where the partition ends, from the first answer to a fetch
-  sent after the call began (a fresh assignment of a small "probe" consumer, whose
-  fetches wait only ``fetch_max_wait_ms`` at the end of the log), then fetches up to
-  that end with a consumer whose fetches may wait ``catch_up_wait_ms``: Kafka answers
+- ``read`` first learns where the partition ends (its high-water mark) from a
+  ``ListOffsets`` request sent after the call began (so it sees every append that
+  returned before), answered at once, without a fetch: a read at the end of the log
+  (most reads: every poll of an idle shard or coordinator) costs that round trip only.
+  (It used to learn it from the first answer to a fetch, which the broker held at the
+  end of the log, after which the client sent another at once, which the next request
+  of the connection waited behind: two fetches, two waits and about 2 ms of CPU for a
+  read of nothing.) A read with records to fetch then fetches from where it starts
+  with a small "probe" consumer, whose fetches wait only ``fetch_max_wait_ms`` where
+  nothing is there yet (a transaction whose commit markers are being written: a fetch
+  held long would hold back the consumer's next ones, whatever their partition, as a
+  broker answers a connection's requests in turn), and the rest up to that end, if one
+  answer did not bring it all, with a consumer whose fetches may wait
+  ``catch_up_wait_ms``: Kafka answers
   as soon as it has records, but a broker that stops gathering at the wait (tansu's
   object store, the earlier test broker, lists every batch of the partition at each
   fetch, about 1 µs a batch) must be given long enough, or a large log is read a record
@@ -159,13 +169,12 @@ class KafkaLog:
         self._consumer: AIOKafkaConsumer | None = None
         """Fetches the records of a read (waits up to ``catch_up_wait_ms``)."""
         self._probe_consumer: AIOKafkaConsumer | None = None
-        """Learns where a partition ends (waits up to ``fetch_max_wait_ms``)."""
+        """Fetches a read's first records (waits up to ``fetch_max_wait_ms``)."""
+        self._ends: AIOKafkaConsumer | None = None
+        """Learns where partitions end (``ListOffsets``; it never fetches)."""
         self._waiter: AIOKafkaConsumer | None = None
         """Waits for a partition to grow (:meth:`wait_for`; started at its first use)."""
         self._wait_lock = asyncio.Lock()
-        self._marks: dict[int, int] = {}
-        """The highest high-water mark learnt per partition (where ``end_offset``
-        probes from)."""
         self._read_lock = asyncio.Lock()
         self._restart_lock = asyncio.Lock()
         self._needs_restart = False
@@ -231,6 +240,9 @@ class KafkaLog:
                 max_partition_fetch_bytes=1024 * 1024,
             )
             await self._probe_consumer.start()
+            # (read_uncommitted: the latest offset it is told is the high-water mark)
+            self._ends = AIOKafkaConsumer(**options, enable_auto_commit=False)
+            await self._ends.start()
             # every topic the broker has (a client asks about none until told which)
             found = None
             if self.settings.topic in await self._consumer.topics():
@@ -555,16 +567,19 @@ class KafkaLog:
                 judged[partition] = offset
 
         async with self._read_lock:
-            # 1. Where the partition ends now, from the first answer to a fetch of a
-            # fresh assignment (so sent after this call began: it sees every append
-            # that returned before), by the probe, whose fetches wait little.
-            end, records, position = await self._probe(partition, offset, deadline, most())
-            take(records, position)
+            # 1. Where the partition ends now (asked after this call began: it sees
+            # every append that returned before), without a fetch.
+            end = await self._high_water(partition)
             if until is not None:
                 end = min(end, until)
+            if offset >= end:
+                return offset, out
+            # 2. The first records, by the probe, whose fetches wait little.
+            records, position = await self._probe(partition, offset, deadline, most())
+            take(records, position)
             if offset >= end or (limit is not None and len(out) >= limit):
                 return offset, out
-            # 2. The records up to that end, by the consumer whose fetches may take
+            # 3. The rest up to that end, by the consumer whose fetches may take
             # long enough to gather them (a broker may stop gathering at the wait).
             consumer = self._need(self._consumer)
             consumer.assign([tp])
@@ -592,13 +607,12 @@ class KafkaLog:
 
     async def _probe(
         self, partition: int, offset: int, deadline: float, limit: int | None = None
-    ) -> tuple[int, list[Any], int]:
-        """(the partition's high-water mark, records the answer brought from ``offset``,
-        at most ``limit`` of them (those past it are not unpacked), the offset the probe
-        would fetch next), from the first answer to a fetch sent after this call began
-        (a fresh assignment: answers to fetches sent before are dropped). At the end of
-        the log the broker holds the fetch for ``fetch_max_wait_ms``; elsewhere it
-        answers at once."""
+    ) -> tuple[list[Any], int]:
+        """(records the answer brought from ``offset``, at most ``limit`` of them
+        (those past it are not unpacked), the offset the probe would fetch next), from
+        the first answer to a fetch sent after this call began (a fresh assignment:
+        answers to fetches sent before are dropped). Where a reader sees nothing yet the
+        broker holds the fetch for ``fetch_max_wait_ms``; elsewhere it answers at once."""
         probe = self._need(self._probe_consumer)
         tp = TopicPartition(self.settings.topic, partition)
         probe.assign([tp])
@@ -609,14 +623,19 @@ class KafkaLog:
                 batch = await probe.getmany(tp, timeout_ms=_STEP_MS, max_records=limit)
                 mark = probe.highwater(tp)
                 if mark is not None:
-                    self._marks[partition] = max(self._marks.get(partition, 0), int(mark))
-                    return int(mark), batch.get(tp, []), int(await probe.position(tp))
+                    return batch.get(tp, []), int(await probe.position(tp))
                 if loop.time() > deadline:
                     # every fetch answer carries the high-water mark: none means no
                     # answer (aiokafka logs fetch errors and returns nothing)
                     raise KafkaTimeoutError(f"no fetch answer for partition {partition}")
         finally:
             probe.pause(tp)
+
+    async def _high_water(self, partition: int) -> int:
+        """The partition's high-water mark, from a ``ListOffsets`` request sent now."""
+        tp = TopicPartition(self.settings.topic, partition)
+        ends = await self._need(self._ends).end_offsets([tp])
+        return int(ends[tp])
 
     def _decode(self, value: bytes | None, partition: int, offset: int) -> Envelope:
         if value is None:
@@ -677,9 +696,7 @@ class KafkaLog:
 
     async def _end_offset(self, partition: int) -> int:
         async with self._read_lock:
-            deadline = asyncio.get_running_loop().time() + self.settings.request_timeout_ms / 1000
-            end, _, _ = await self._probe(partition, self._marks.get(partition, 0), deadline)
-            return end
+            return await self._high_water(partition)
 
     async def close(self) -> None:
         """Stop the clients. A caller cancelled meanwhile (a deposed leader's work is
@@ -687,8 +704,15 @@ class KafkaLog:
         the same: none is left running unowned (nor is a term's producer dropped
         earlier and still stopping)."""
         terms = self.terms.release()
-        clients = (self._producer, self._consumer, self._probe_consumer, self._waiter, *terms)
-        self._producer = self._consumer = self._probe_consumer = self._waiter = None
+        clients = (
+            self._producer,
+            self._consumer,
+            self._probe_consumer,
+            self._ends,
+            self._waiter,
+            *terms,
+        )
+        self._producer = self._consumer = self._probe_consumer = self._ends = self._waiter = None
         self._stop_in_background(clients)
         await asyncio.shield(asyncio.gather(*self._stopping))
 
