@@ -29,7 +29,10 @@ Contract notes, backend by backend:
   (It used to learn it from the first answer to a fetch, which the broker held at the
   end of the log, after which the client sent another at once, which the next request
   of the connection waited behind: two fetches, two waits and about 2 ms of CPU for a
-  read of nothing.) A read with records to fetch then fetches from where it starts
+  read of nothing.) A read from below a high-water mark already learnt (from a wait's
+  answer, the log's own appends, an earlier read) has records to fetch: it skips that
+  request and learns where it ends from its first fetch's answer, sent after the call
+  began as well. A read with records to fetch fetches from where it starts
   with a small "probe" consumer, whose fetches wait only ``fetch_max_wait_ms`` where
   nothing is there yet (a transaction whose commit markers are being written: a fetch
   held long would hold back the consumer's next ones, whatever their partition, as a
@@ -172,6 +175,10 @@ class KafkaLog:
         """Fetches a read's first records (waits up to ``fetch_max_wait_ms``)."""
         self._ends: AIOKafkaConsumer | None = None
         """Learns where partitions end (``ListOffsets``; it never fetches)."""
+        self._marks: dict[int, int] = {}
+        """The highest high-water mark learnt per partition, from any answer: a read
+        from below it has records to fetch, and learns where it ends from the fetch's
+        answer instead of asking first (after :meth:`wait_for` said records came)."""
         self._waiter: AIOKafkaConsumer | None = None
         """Waits for a partition to grow (:meth:`wait_for`; started at its first use)."""
         self._wait_lock = asyncio.Lock()
@@ -285,6 +292,8 @@ class KafkaLog:
     def _appended(self, envelopes: Sequence[Envelope], partition: int, offsets: list[int]) -> None:
         """Note the records of an append that returned (so stored, and committed where
         in a transaction) as runs of this log's own, if they share one term (or none)."""
+        if offsets:
+            self._learnt(partition, offsets[-1] + 1)
         terms = {(env.fence, env.epoch) if env.epoch else None for env in envelopes}
         if len(terms) == 1:
             kinds = frozenset(TAGS[kind].encode() for kind in {type(e.event) for e in envelopes})
@@ -568,14 +577,17 @@ class KafkaLog:
 
         async with self._read_lock:
             # 1. Where the partition ends now (asked after this call began: it sees
-            # every append that returned before), without a fetch.
-            end = await self._high_water(partition)
-            if until is not None:
-                end = min(end, until)
-            if offset >= end:
+            # every append that returned before): without a fetch where no record is
+            # known to be there, or else from the answer to the fetch of step 2.
+            known = offset < self._marks.get(partition, 0)
+            end = -1 if known else await self._high_water(partition)
+            if not known and offset >= (end if until is None else min(end, until)):
                 return offset, out
             # 2. The first records, by the probe, whose fetches wait little.
-            records, position = await self._probe(partition, offset, deadline, most())
+            records, position, mark = await self._probe(partition, offset, deadline, most())
+            end = max(end, mark)
+            if until is not None:
+                end = min(end, until)
             take(records, position)
             if offset >= end or (limit is not None and len(out) >= limit):
                 return offset, out
@@ -607,9 +619,10 @@ class KafkaLog:
 
     async def _probe(
         self, partition: int, offset: int, deadline: float, limit: int | None = None
-    ) -> tuple[list[Any], int]:
+    ) -> tuple[list[Any], int, int]:
         """(records the answer brought from ``offset``, at most ``limit`` of them
-        (those past it are not unpacked), the offset the probe would fetch next), from
+        (those past it are not unpacked), the offset the probe would fetch next, the
+        high-water mark the answer told), from
         the first answer to a fetch sent after this call began (a fresh assignment:
         answers to fetches sent before are dropped). Where a reader sees nothing yet the
         broker holds the fetch for ``fetch_max_wait_ms``; elsewhere it answers at once."""
@@ -623,7 +636,8 @@ class KafkaLog:
                 batch = await probe.getmany(tp, timeout_ms=_STEP_MS, max_records=limit)
                 mark = probe.highwater(tp)
                 if mark is not None:
-                    return batch.get(tp, []), int(await probe.position(tp))
+                    self._learnt(partition, int(mark))
+                    return batch.get(tp, []), int(await probe.position(tp)), int(mark)
                 if loop.time() > deadline:
                     # every fetch answer carries the high-water mark: none means no
                     # answer (aiokafka logs fetch errors and returns nothing)
@@ -635,7 +649,12 @@ class KafkaLog:
         """The partition's high-water mark, from a ``ListOffsets`` request sent now."""
         tp = TopicPartition(self.settings.topic, partition)
         ends = await self._need(self._ends).end_offsets([tp])
+        self._learnt(partition, int(ends[tp]))
         return int(ends[tp])
+
+    def _learnt(self, partition: int, mark: int) -> None:
+        if mark > self._marks.get(partition, 0):
+            self._marks[partition] = mark
 
     def _decode(self, value: bytes | None, partition: int, offset: int) -> Envelope:
         if value is None:
@@ -687,6 +706,10 @@ class KafkaLog:
                 self._waiter.seek(tp, max(offset, 0))
             try:
                 await self._waiter.getmany(*tps, timeout_ms=int(seconds * 1000), max_records=1)
+                for tp in tps:
+                    mark = self._waiter.highwater(tp)
+                    if mark is not None:
+                        self._learnt(tp.partition, int(mark))
             finally:
                 self._waiter.pause(*tps)
 

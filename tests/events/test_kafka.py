@@ -553,3 +553,35 @@ async def test_a_read_at_the_end_of_the_log_fetches_nothing(kafka_bootstrap: str
         assert await log.end_offset(0) == 3
     finally:
         await log.close()
+
+
+async def test_a_read_after_a_wait_that_saw_records_fetches_without_asking_first(
+    kafka_bootstrap: str,
+) -> None:
+    """A shard woken by records reads them: the wait's answer told it that records are
+    there, so the read fetches at once and learns where it ends from the fetch's
+    answer, without a ``ListOffsets`` round trip first."""
+    settings = KafkaSettings(bootstrap=kafka_bootstrap, topic=f"woken-{uuid.uuid4().hex[:8]}")
+    await create_topic(settings)
+    log, writer = KafkaLog(settings), KafkaLog(settings)
+    await log.start()
+    await writer.start()
+    asked: list[int] = []
+    try:
+        assert await log.read(0, 0) == []
+        end_offsets = log._ends.end_offsets  # type: ignore[union-attr]
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            asked.append(1)
+            return await end_offsets(*args, **kwargs)
+
+        log._ends.end_offsets = counted  # type: ignore[union-attr]
+        waiting = asyncio.ensure_future(log.wait_for(0, 0, 30.0))
+        await writer.append([Envelope(event=PodDeleted(pod=f"a/{i}"), time=i) for i in range(3)])
+        await asyncio.wait_for(waiting, 30.0)
+        assert [e.offset for e in await log.read(0, 0)] == [0, 1, 2]
+        assert asked == []
+        assert await log.read(0, 3) == [] and asked == [1], "at the end: asked, not fetched"
+    finally:
+        await writer.close()
+        await log.close()
