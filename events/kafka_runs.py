@@ -49,15 +49,15 @@ class OwnRuns:
         """Note an append's ``offsets`` (ascending), joined to the run before where
         they follow it with the same term."""
         runs = self._runs.setdefault(partition, deque(maxlen=self.keep))
-        for offset in offsets:
+        for start, end in _stretches(offsets):
             last = runs[-1] if runs else None
-            if last is not None and offset < last.end:
+            if last is not None and start < last.end:
                 runs.clear()  # offsets going back: another log's numbering; forget it all
                 last = None
-            if last is not None and last.end == offset and last.term == term:
-                runs[-1] = Run(last.start, offset + 1, last.kinds | kinds, term)
+            if last is not None and last.end == start and last.term == term:
+                runs[-1] = Run(last.start, end, last.kinds | kinds, term)
             else:
-                runs.append(Run(offset, offset + 1, kinds, term))
+                runs.append(Run(start, end, kinds, term))
 
     def drop_before(self, partition: int, offset: int) -> None:
         """Forget the runs that end at or before ``offset``."""
@@ -81,3 +81,19 @@ class OwnRuns:
             if run.start > offset and not run.kinds & kinds:
                 return run.start
         return None
+
+
+def _stretches(offsets: Sequence[int]) -> list[tuple[int, int]]:
+    """``[start, end)`` of each stretch of consecutive ``offsets`` (ascending): one for
+    an append of one record batch (no loop per record then)."""
+    if not offsets:
+        return []
+    if offsets[-1] - offsets[0] == len(offsets) - 1:
+        return [(offsets[0], offsets[-1] + 1)]
+    out = [(offsets[0], offsets[0] + 1)]
+    for offset in offsets[1:]:
+        if out[-1][1] == offset:
+            out[-1] = (out[-1][0], offset + 1)
+        else:
+            out.append((offset, offset + 1))
+    return out
