@@ -3,8 +3,10 @@
 One topic, one Kafka partition per log partition. Each record's value is one msgpack
 envelope; its key is the event's kind (``pod+``, ``bind``...), so that a reader that
 wants some kinds only (``read_kinds``: the coordinator relaying shards' reports) skips
-the others without decoding them. Records written with the partition number as key (as
-before) are decoded and filtered. Offsets are Kafka's: a transaction's commit marker
+the others without decoding them; records its own log appended, of other kinds, it does
+not even fetch (``events.kafka_runs``: the coordinator passes over the pods it routed).
+Records written with the partition number as key (as before) are decoded and filtered.
+Offsets are Kafka's: a transaction's commit marker
 takes an offset of its own, so where a leader term writes (below) the offsets of the
 records have gaps, which readers pass over (no reader counts offsets: each goes on
 from the offset after the last record it read).
@@ -20,10 +22,23 @@ Contract notes, backend by backend:
   refuse it for ever (its ``message.max.bytes``, about 1 MB by default, bounds a batch). Idempotence
   never rests on Kafka transactions: decisions carry ids and every handler is
   idempotent.
-- ``read`` first learns where the partition ends, from the first answer to a fetch
-  sent after the call began (a fresh assignment of a small "probe" consumer, whose
-  fetches wait only ``fetch_max_wait_ms`` at the end of the log), then fetches up to
-  that end with a consumer whose fetches may wait ``catch_up_wait_ms``: Kafka answers
+- ``read`` first learns where the partition ends (its high-water mark) from a
+  ``ListOffsets`` request sent after the call began (so it sees every append that
+  returned before), answered at once, without a fetch: a read at the end of the log
+  (most reads: every poll of an idle shard or coordinator) costs that round trip only.
+  (It used to learn it from the first answer to a fetch, which the broker held at the
+  end of the log, after which the client sent another at once, which the next request
+  of the connection waited behind: two fetches, two waits and about 2 ms of CPU for a
+  read of nothing.) A read from below a high-water mark already learnt (from a wait's
+  answer, the log's own appends, an earlier read) has records to fetch: it skips that
+  request and learns where it ends from its first fetch's answer, sent after the call
+  began as well. A read with records to fetch fetches from where it starts
+  with a small "probe" consumer, whose fetches wait only ``fetch_max_wait_ms`` where
+  nothing is there yet (a transaction whose commit markers are being written: a fetch
+  held long would hold back the consumer's next ones, whatever their partition, as a
+  broker answers a connection's requests in turn), and the rest up to that end, if one
+  answer did not bring it all, with a consumer whose fetches may wait
+  ``catch_up_wait_ms``: Kafka answers
   as soon as it has records, but a broker that stops gathering at the wait (tansu's
   object store, the earlier test broker, lists every batch of the partition at each
   fetch, about 1 µs a batch) must be given long enough, or a large log is read a record
@@ -45,7 +60,8 @@ Contract notes, backend by backend:
   (sees a ``RecordFenced`` in place of) a record whose epoch is below one its partition
   already holds for that fence. The judgement is a function of the partition's order,
   kept per partition as reads go (headers only; a read from further on first scans the
-  records before it, undecoded), so every reader and replay drop the same records. It
+  records before it, undecoded; the records a log appended itself it judges from what
+  it appended, unfetched), so every reader and replay drop the same records. It
   finds nothing to drop where terms write in transactions; it is what fences a broker
   without transactions (``transactions=false``) and what replays logs written before.
 - Producer idempotence is on by default (``idempotence=False`` turns it off, for a
@@ -62,7 +78,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -71,9 +86,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import ConsumerStoppedError, KafkaError, KafkaTimeoutError
 
-from events.codec import DecodeError, decode, encode, kind_of
+from events.codec import TAGS, DecodeError, decode, encode, kind_of
 from events.errors import LogCorruptedError, LogError, RecordTooLargeError
 from events.fence import fenced
+from events.kafka_runs import OwnRuns, Run
 from events.kafka_settings import KafkaSettings, guard_client_logs, redact
 from events.kafka_terms import TermProducers, settle
 from events.log import check_partition
@@ -84,6 +100,7 @@ FAILURES = (KafkaError, ConsumerStoppedError, OSError)
 """What a client raises when the broker goes away, or when another caller sharing this
 log restarted the clients under it: each becomes a :class:`LogError`."""
 T = TypeVar("T")
+force_setattr = msgspec.structs.force_setattr
 TERM_HEADER = "shoal-term"
 """The record header that carries a leader's term: ``FENCE:EPOCH`` (``events.fence``)."""
 _STEP_MS = 5
@@ -91,9 +108,6 @@ _STEP_MS = 5
 WAIT_FETCH_MS = 500
 """How long the broker may hold a fetch of :meth:`KafkaLog.wait_for` (it answers as soon
 as a record comes)."""
-PLAIN_RUNS = 1024
-"""Runs of its own plain appends a log remembers per partition (older ones are judged by
-reading them, as any other record)."""
 PARSED_TERMS = 1024
 """Distinct term headers a log keeps parsed (a writer that makes up many only empties
 the cache, it does not grow it)."""
@@ -158,13 +172,16 @@ class KafkaLog:
         self._consumer: AIOKafkaConsumer | None = None
         """Fetches the records of a read (waits up to ``catch_up_wait_ms``)."""
         self._probe_consumer: AIOKafkaConsumer | None = None
-        """Learns where a partition ends (waits up to ``fetch_max_wait_ms``)."""
+        """Fetches a read's first records (waits up to ``fetch_max_wait_ms``)."""
+        self._ends: AIOKafkaConsumer | None = None
+        """Learns where partitions end (``ListOffsets``; it never fetches)."""
+        self._marks: dict[int, int] = {}
+        """The highest high-water mark learnt per partition, from any answer: a read
+        from below it has records to fetch, and learns where it ends from the fetch's
+        answer instead of asking first (after :meth:`wait_for` said records came)."""
         self._waiter: AIOKafkaConsumer | None = None
         """Waits for a partition to grow (:meth:`wait_for`; started at its first use)."""
         self._wait_lock = asyncio.Lock()
-        self._marks: dict[int, int] = {}
-        """The highest high-water mark learnt per partition (where ``end_offset``
-        probes from)."""
         self._read_lock = asyncio.Lock()
         self._restart_lock = asyncio.Lock()
         self._needs_restart = False
@@ -181,10 +198,9 @@ class KafkaLog:
         """Per partition, the highest epoch seen per fence (up to ``_judged``)."""
         self._dropped: dict[int, dict[int, int]] = {}
         """Per partition, the offsets of records fenced, and the epoch that fenced each."""
-        self._plain: dict[int, deque[tuple[int, int]]] = {}
-        """Per partition, runs ``[start, end)`` of offsets this log appended outside any
-        leader term (records with no term to judge: a read past them need not scan
-        them first), the last ``PLAIN_RUNS`` at most."""
+        self._own = OwnRuns()
+        """Per partition, the runs of records this log appended: judged without
+        fetching them, and passed over by a ``read_kinds`` of other kinds."""
         self._parsed: dict[bytes, tuple[str, int]] = {}
         """Term headers seen, parsed (at most ``PARSED_TERMS``: emptied when full)."""
         self.terms = TermProducers(
@@ -231,6 +247,9 @@ class KafkaLog:
                 max_partition_fetch_bytes=1024 * 1024,
             )
             await self._probe_consumer.start()
+            # (read_uncommitted: the latest offset it is told is the high-water mark)
+            self._ends = AIOKafkaConsumer(**options, enable_auto_commit=False)
+            await self._ends.start()
             # every topic the broker has (a client asks about none until told which)
             found = None
             if self.settings.topic in await self._consumer.topics():
@@ -267,14 +286,18 @@ class KafkaLog:
         offsets = await self._call(
             "append", lambda: self._append(self._need(self._producer), envelopes, partition)
         )
-        if not any(env.epoch for env in envelopes):
-            runs = self._plain.setdefault(partition, deque(maxlen=PLAIN_RUNS))
-            for offset in offsets:  # (consecutive within a batch)
-                if runs and runs[-1][1] == offset:
-                    runs[-1] = (runs[-1][0], offset + 1)
-                else:
-                    runs.append((offset, offset + 1))
+        self._appended(envelopes, partition, offsets)
         return offsets
+
+    def _appended(self, envelopes: Sequence[Envelope], partition: int, offsets: list[int]) -> None:
+        """Note the records of an append that returned (so stored, and committed where
+        in a transaction) as runs of this log's own, if they share one term (or none)."""
+        if offsets:
+            self._learnt(partition, offsets[-1] + 1)
+        terms = {(env.fence, env.epoch) if env.epoch else None for env in envelopes}
+        if len(terms) == 1:
+            kinds = frozenset(TAGS[kind].encode() for kind in {type(e.event) for e in envelopes})
+            self._own.add(partition, offsets, kinds, terms.pop())
 
     async def append_term(
         self, envelopes: Sequence[Envelope], partition: int, *, fence: str, epoch: int
@@ -288,7 +311,9 @@ class KafkaLog:
         check_partition(partition, self.partitions)
         if not envelopes:
             return []
-        return await self.terms.append(envelopes, partition, fence, epoch)
+        offsets = await self.terms.append(envelopes, partition, fence, epoch)
+        self._appended(envelopes, partition, offsets)
+        return offsets
 
     def _stop_in_background(self, clients: Sequence[Any]) -> asyncio.Future[None]:
         stopping = asyncio.ensure_future(_stop_clients(clients))
@@ -376,8 +401,10 @@ class KafkaLog:
         headers only), so that a read from ``offset`` can judge its own."""
         while self._judged.get(partition, 0) < offset:
             start = self._judged.get(partition, 0)
-            if self._past_plain(partition, start):
-                continue  # records of ours with no term: nothing to judge in them
+            self._own.drop_before(partition, start)
+            run = self._own.at(partition, start)
+            if run is not None and self._judge_own(partition, run):
+                continue  # records of ours: their terms known without fetching them
             await self._call(
                 "read",
                 lambda at=start: self._read(partition, at, None, frozenset()),  # type: ignore[misc]
@@ -385,16 +412,24 @@ class KafkaLog:
             if self._judged.get(partition, 0) <= start:
                 break  # the partition ends before ``offset``
 
-    def _past_plain(self, partition: int, start: int) -> bool:
-        """If a run of records this log appended outside any term begins at ``start``
-        (where judging stands), move judging past it; whether it did."""
-        runs = self._plain.get(partition)
-        while runs and runs[0][1] <= start:
-            runs.popleft()
-        if runs and runs[0][0] == start:
-            self._judged[partition] = runs.popleft()[1]
-            return True
-        return False
+    def _judge_own(self, partition: int, run: Run) -> bool:
+        """Judge ``run``, records of this log's own from where judging stands (or
+        before), without fetching them, as :meth:`_judge` would in order: they stand,
+        and their term is then the highest of its fence. False, judging nothing, if
+        the partition already holds a higher epoch for that fence (the records are
+        then fetched and dropped). (A read with a limit may stop inside a run: a limit
+        counts offsets, and the commit marker of a transaction before the run took
+        one.)"""
+        if self._judged.get(partition, 0) < run.start:
+            return False  # (out of order: never so, judging goes on from where it stands)
+        if run.term is not None:
+            fence, epoch = run.term
+            terms = self._terms.setdefault(partition, {})
+            if epoch < terms.get(fence, 0):
+                return False
+            terms[fence] = epoch
+        self._judged[partition] = max(self._judged.get(partition, 0), run.end)
+        return True
 
     async def highest_epoch(self, fence: str) -> int:
         """The highest epoch the topic holds for ``fence`` (``events.fence``): every
@@ -442,8 +477,31 @@ class KafkaLog:
         records kept)."""
         check_partition(partition, self.partitions)
         wanted = frozenset(kind.encode() for kind in kinds)
-        await self._judge_up_to(partition, offset)
-        return await self._call("read", lambda: self._read(partition, offset, None, wanted))
+        out: list[Envelope] = []
+        while True:  # each turn reads on past a run of this log's own records, or ends
+            await self._judge_up_to(partition, offset)
+            offset = self._past_own(partition, offset, wanted)
+            until = self._own.next_without(partition, offset, wanted)
+            stop, records = await self._call(
+                "read",
+                lambda at=offset, to=until: self._read(partition, at, None, wanted, to),  # type: ignore[misc]
+            )
+            out += records
+            if until is None or stop < until:
+                return stop, out
+            offset = stop
+
+    def _past_own(self, partition: int, offset: int, wanted: frozenset[bytes]) -> int:
+        """Where a read of ``wanted`` kinds from ``offset`` goes on: past the runs of
+        this log's own records there that hold none of them, judged as it goes (not
+        past a run of an older term than the partition holds: that one is read)."""
+        while True:
+            run = self._own.at(partition, offset)
+            if run is None or run.kinds & wanted:
+                return offset
+            if self._judged.get(partition, 0) < run.end and not self._judge_own(partition, run):
+                return offset
+            offset = run.end
 
     async def _read(
         self,
@@ -451,15 +509,28 @@ class KafkaLog:
         offset: int,
         limit: int | None,
         kinds: frozenset[bytes] | None = None,
+        until: int | None = None,
     ) -> tuple[int, list[Envelope]]:
+        """Up to ``limit`` records from ``offset`` (of ``kinds`` only, if given), none
+        at or after ``until``; (the offset this read goes on from, the records)."""
         tp = TopicPartition(self.settings.topic, partition)
         offset = max(offset, 0)
         out: list[Envelope] = []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.request_timeout_ms / 1000
-        in_order = offset <= self._judged.get(partition, 0)
+        judged = self._judged
+        in_order = offset <= judged.get(partition, 0)
         """Whether every record before this read's is judged: then so is every offset
         it passes, records or not."""
+        bound = until if until is not None else -1
+
+        def most() -> int | None:
+            """The most records the client need hand over (each costs it an object to
+            make): what ``limit`` leaves, and no more than the offsets to ``until``."""
+            left = [] if limit is None else [limit - len(out)]
+            if until is not None:
+                left.append(until - offset)
+            return max(min(left), 1) if left else None
 
         def take(records: list[Any], position: int) -> None:
             """Take the records of one fetch; ``position``: where the consumer reads on
@@ -468,16 +539,31 @@ class KafkaLog:
             stopped at ``limit``."""
             nonlocal offset
             for record in records:
-                if record.offset < offset:
+                at = record.offset
+                if at < offset:
                     continue  # a batch is fetched whole: the records before the offset asked
-                offset = record.offset + 1
-                stale = self._judge(partition, record)
+                if at >= bound >= 0:
+                    position = bound  # nothing a reader sees before it
+                    break
+                offset = at + 1
+                if record.headers:
+                    stale = self._judge(partition, record)
+                else:  # (no term: it stands; what _judge does, without the call per record)
+                    stale = 0
+                    if at >= judged.get(partition, 0):
+                        judged[partition] = offset
                 key = record.key
                 if kinds is not None and key and not key.isdigit() and key not in kinds:
                     continue  # a kind not asked for, told by the key
-                env = self._decode(record.value, partition, record.offset)
+                try:
+                    env = decode(record.value)
+                except (DecodeError, TypeError):
+                    env = self._decode(record.value, partition, at)  # raises, naming it
                 if kinds is not None and kind_of(env).encode() not in kinds:
                     continue  # an older record keyed by its partition
+                # freshly decoded, this read's alone: fill in where it lives, no copy
+                force_setattr(env, "offset", at)
+                force_setattr(env, "partition", partition)
                 if stale:
                     if kinds is not None:
                         continue  # a fenced record is of no kind asked for
@@ -485,19 +571,27 @@ class KafkaLog:
                 out.append(env)
                 if limit is not None and len(out) >= limit:
                     return
-            offset = max(offset, position)
-            if in_order and offset > self._judged.get(partition, 0):
-                self._judged[partition] = offset
+            offset = max(offset, position if bound < 0 else min(position, bound))
+            if in_order and offset > judged.get(partition, 0):
+                judged[partition] = offset
 
         async with self._read_lock:
-            # 1. Where the partition ends now, from the first answer to a fetch of a
-            # fresh assignment (so sent after this call began: it sees every append
-            # that returned before), by the probe, whose fetches wait little.
-            end, records, position = await self._probe(partition, offset, deadline)
+            # 1. Where the partition ends now (asked after this call began: it sees
+            # every append that returned before): without a fetch where no record is
+            # known to be there, or else from the answer to the fetch of step 2.
+            known = offset < self._marks.get(partition, 0)
+            end = -1 if known else await self._high_water(partition)
+            if not known and offset >= (end if until is None else min(end, until)):
+                return offset, out
+            # 2. The first records, by the probe, whose fetches wait little.
+            records, position, mark = await self._probe(partition, offset, deadline, most())
+            end = max(end, mark)
+            if until is not None:
+                end = min(end, until)
             take(records, position)
             if offset >= end or (limit is not None and len(out) >= limit):
                 return offset, out
-            # 2. The records up to that end, by the consumer whose fetches may take
+            # 3. The rest up to that end, by the consumer whose fetches may take
             # long enough to gather them (a broker may stop gathering at the wait).
             consumer = self._need(self._consumer)
             consumer.assign([tp])
@@ -516,7 +610,7 @@ class KafkaLog:
                     batch = await consumer.getmany(
                         tp,
                         timeout_ms=_STEP_MS * 20,
-                        max_records=None if limit is None else limit - len(out),
+                        max_records=most(),
                     )
                     take(batch.get(tp, []), await consumer.position(tp))
             finally:
@@ -524,13 +618,14 @@ class KafkaLog:
         return offset, out
 
     async def _probe(
-        self, partition: int, offset: int, deadline: float
-    ) -> tuple[int, list[Any], int]:
-        """(the partition's high-water mark, records the answer brought from ``offset``,
-        the offset the probe would fetch next), from the first answer to a fetch sent
-        after this call began (a fresh assignment: answers to fetches sent before are
-        dropped). At the end of the log the broker holds the fetch for
-        ``fetch_max_wait_ms``; elsewhere it answers at once."""
+        self, partition: int, offset: int, deadline: float, limit: int | None = None
+    ) -> tuple[list[Any], int, int]:
+        """(records the answer brought from ``offset``, at most ``limit`` of them
+        (those past it are not unpacked), the offset the probe would fetch next, the
+        high-water mark the answer told), from
+        the first answer to a fetch sent after this call began (a fresh assignment:
+        answers to fetches sent before are dropped). Where a reader sees nothing yet the
+        broker holds the fetch for ``fetch_max_wait_ms``; elsewhere it answers at once."""
         probe = self._need(self._probe_consumer)
         tp = TopicPartition(self.settings.topic, partition)
         probe.assign([tp])
@@ -538,17 +633,28 @@ class KafkaLog:
         loop = asyncio.get_running_loop()
         try:
             while True:
-                batch = await probe.getmany(tp, timeout_ms=_STEP_MS)
+                batch = await probe.getmany(tp, timeout_ms=_STEP_MS, max_records=limit)
                 mark = probe.highwater(tp)
                 if mark is not None:
-                    self._marks[partition] = max(self._marks.get(partition, 0), int(mark))
-                    return int(mark), batch.get(tp, []), int(await probe.position(tp))
+                    self._learnt(partition, int(mark))
+                    return batch.get(tp, []), int(await probe.position(tp)), int(mark)
                 if loop.time() > deadline:
                     # every fetch answer carries the high-water mark: none means no
                     # answer (aiokafka logs fetch errors and returns nothing)
                     raise KafkaTimeoutError(f"no fetch answer for partition {partition}")
         finally:
             probe.pause(tp)
+
+    async def _high_water(self, partition: int) -> int:
+        """The partition's high-water mark, from a ``ListOffsets`` request sent now."""
+        tp = TopicPartition(self.settings.topic, partition)
+        ends = await self._need(self._ends).end_offsets([tp])
+        self._learnt(partition, int(ends[tp]))
+        return int(ends[tp])
+
+    def _learnt(self, partition: int, mark: int) -> None:
+        if mark > self._marks.get(partition, 0):
+            self._marks[partition] = mark
 
     def _decode(self, value: bytes | None, partition: int, offset: int) -> Envelope:
         if value is None:
@@ -563,8 +669,8 @@ class KafkaLog:
                 path=f"kafka:{self.settings.topic}",
             ) from None
         # freshly decoded, this read's alone: fill in where it lives rather than copy it
-        msgspec.structs.force_setattr(env, "offset", offset)
-        msgspec.structs.force_setattr(env, "partition", partition)
+        force_setattr(env, "offset", offset)
+        force_setattr(env, "partition", partition)
         return env
 
     async def wait_for(self, partition: int, offset: int, seconds: float) -> None:
@@ -600,6 +706,10 @@ class KafkaLog:
                 self._waiter.seek(tp, max(offset, 0))
             try:
                 await self._waiter.getmany(*tps, timeout_ms=int(seconds * 1000), max_records=1)
+                for tp in tps:
+                    mark = self._waiter.highwater(tp)
+                    if mark is not None:
+                        self._learnt(tp.partition, int(mark))
             finally:
                 self._waiter.pause(*tps)
 
@@ -609,9 +719,7 @@ class KafkaLog:
 
     async def _end_offset(self, partition: int) -> int:
         async with self._read_lock:
-            deadline = asyncio.get_running_loop().time() + self.settings.request_timeout_ms / 1000
-            end, _, _ = await self._probe(partition, self._marks.get(partition, 0), deadline)
-            return end
+            return await self._high_water(partition)
 
     async def close(self) -> None:
         """Stop the clients. A caller cancelled meanwhile (a deposed leader's work is
@@ -619,8 +727,15 @@ class KafkaLog:
         the same: none is left running unowned (nor is a term's producer dropped
         earlier and still stopping)."""
         terms = self.terms.release()
-        clients = (self._producer, self._consumer, self._probe_consumer, self._waiter, *terms)
-        self._producer = self._consumer = self._probe_consumer = self._waiter = None
+        clients = (
+            self._producer,
+            self._consumer,
+            self._probe_consumer,
+            self._ends,
+            self._waiter,
+            *terms,
+        )
+        self._producer = self._consumer = self._probe_consumer = self._ends = self._waiter = None
         self._stop_in_background(clients)
         await asyncio.shield(asyncio.gather(*self._stopping))
 

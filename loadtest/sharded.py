@@ -356,6 +356,10 @@ async def _measure(
     return result
 
 
+LONG_POLL = 0.05
+"""The longest the harness waits on a log that long-polls before it looks again."""
+
+
 class _Decisions:
     """The decisions in one shard's partition as the harness sees them.
 
@@ -425,6 +429,7 @@ class _Collector:
         progress: Progress | None,
         when_counted: Callable[[], None] | None = None,
     ) -> None:
+        self.log = log
         self.shards = [_Decisions(log, shard, offset) for shard, offset in enumerate(positions)]
         self.positions = positions
         self.decided_at = decided_at
@@ -457,7 +462,18 @@ class _Collector:
         enough to pace submissions, not to time them)."""
         while self.counted < count:
             if not await self._poll():
-                await asyncio.sleep(0.001)
+                await self._idle(0.001)
+
+    async def _idle(self, seconds: float) -> None:
+        """Wait before looking again: ``seconds``, or, where the log long-polls
+        (Kafka), until a shard's partition grows (at most ``LONG_POLL`` seconds): there
+        each look is a request the broker answers, whose cost falls on the parent, and
+        so on the CPU the shards share, several hundred times a second."""
+        wait_any = getattr(self.log, "wait_any", None)
+        if wait_any is None:
+            await asyncio.sleep(seconds)
+        else:
+            await wait_any({s.shard: s.counted_to for s in self.shards}, LONG_POLL)
 
     async def finish(self) -> int:
         """Until every pod has a decision; return how many were bound. Calls
@@ -479,7 +495,7 @@ class _Collector:
                         elif isinstance(event, PodUnschedulable) and event.attempt > 0:
                             decided_at.setdefault(event.pod, at)
             if not moved and len(decided_at) < self.total:
-                await asyncio.sleep(0.01)  # the harness must not take the shards' CPU
+                await self._idle(0.01)  # the harness must not take the shards' CPU
         for index, shard in enumerate(self.shards):
             self.positions[index] = shard.read_to
         return self.bound

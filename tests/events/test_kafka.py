@@ -305,8 +305,8 @@ async def test_a_log_of_many_small_batches_is_read_whole_from_anywhere(
     """The test broker lists every stored batch of a partition at each fetch and stops
     at the fetch's wait: with thousands of one-record batches a fetch that may wait a
     few milliseconds brought one record, or none from late offsets, and shards stalled
-    (the stall of a real cluster's pod creation over Kafka). Learning the end with a
-    short wait and gathering with a long one reads everything, from any offset."""
+    (the stall of a real cluster's pod creation over Kafka). Learning the end without a
+    fetch and gathering with a long wait reads everything, from any offset."""
     settings = KafkaSettings(
         bootstrap=kafka_bootstrap,
         topic=f"small-{uuid.uuid4().hex[:8]}",
@@ -396,4 +396,192 @@ async def test_a_read_past_its_own_plain_records_does_not_scan_them_and_still_ju
         assert len(begun) == 1
     finally:
         await other.close()
+        await log.close()
+
+
+async def test_a_read_that_stopped_inside_its_own_plain_records_does_not_scan_them(
+    kafka_bootstrap: str,
+) -> None:
+    """A shard reads up to its own records with a limit counted in offsets; a commit
+    marker before them takes one of those offsets, so the read stops one record into
+    them. The next read, from after them, still judges from there without fetching
+    them again (the records are the log's own, with no term)."""
+    settings = KafkaSettings(bootstrap=kafka_bootstrap, topic=f"inside-{uuid.uuid4().hex[:8]}")
+    await create_topic(settings)
+    log, other = KafkaLog(settings), KafkaLog(settings)
+    await log.start()
+    await other.start()
+    scans: list[int] = []
+    read = log._read
+
+    async def counted(partition: int, offset: int, limit: int | None, kinds: object = None) -> Any:
+        if kinds == frozenset():
+            scans.append(offset)  # a scan of headers only: judging before a read
+        return await read(partition, offset, limit, kinds)  # type: ignore[arg-type]
+
+    log._read = counted  # type: ignore[method-assign]
+    try:
+        term = FencedLog(other, fence="c", epoch=1)
+        routed = await term.append(
+            [Envelope(event=PodDeleted(pod=f"r/{i}"), time=i) for i in range(2)]
+        )
+        for _ in range(500):  # the broker writes the commit marker once the commit is sent
+            if await log.end_offset(0) > routed[-1] + 1:
+                break
+            await asyncio.sleep(0.01)
+        own = await log.append([Envelope(event=PodDeleted(pod=f"a/{i}"), time=i) for i in range(3)])
+        assert own[0] > routed[-1] + 1, "the transaction's commit marker is between"
+        first = await log.read(0, 0, own[0])
+        assert [e.offset for e in first] == [*routed, own[0]]
+        stale = Envelope(event=PodDeleted(pod="a/x"), time=9, fence="c", epoch=0)
+        await other.append([Envelope(event=PodDeleted(pod="b/0"), time=9), stale])
+        after = await log.read(0, own[-1] + 1)
+        assert scans == []
+        assert [e.event.pod for e in after] == ["b/0", "a/x"]  # type: ignore[union-attr]
+    finally:
+        await other.close()
+        await log.close()
+
+
+async def test_a_read_with_a_limit_takes_no_more_records_from_the_client(
+    kafka_bootstrap: str,
+) -> None:
+    """Each record the client hands over costs a Python object; a read that wants few
+    of a long partition takes only those (the rest of the fetch is left unpacked)."""
+    settings = KafkaSettings(bootstrap=kafka_bootstrap, topic=f"few-{uuid.uuid4().hex[:8]}")
+    await create_topic(settings)
+    log = KafkaLog(settings)
+    await log.start()
+    handed: list[int] = []
+    try:
+        await log.append([Envelope(event=PodDeleted(pod=f"a/{i}"), time=i) for i in range(200)])
+        for client in (log._probe_consumer, log._consumer):
+            getmany = client.getmany
+
+            async def counted(*args: Any, _getmany: Any = getmany, **kwargs: Any) -> Any:
+                batch = await _getmany(*args, **kwargs)
+                handed.append(sum(len(records) for records in batch.values()))
+                return batch
+
+            client.getmany = counted
+        got = await log.read(0, 10, limit=3)
+        assert [e.offset for e in got] == [10, 11, 12]
+        assert sum(handed) == 3
+    finally:
+        await log.close()
+
+
+async def test_read_kinds_passes_over_its_own_records_of_other_kinds_unfetched(
+    kafka_bootstrap: str,
+) -> None:
+    """The coordinator routes pods to a shard's partition and reads back only the
+    shard's reports: its log passes over the pods it appended itself without taking
+    them from the client, and still judges their term (a deposed leader's record after
+    them is dropped). A run of its own of a term older than the partition holds is read
+    (its records are dropped, as any reader drops them)."""
+    settings = KafkaSettings(
+        bootstrap=kafka_bootstrap, topic=f"own-{uuid.uuid4().hex[:8]}", transactions=False
+    )
+    await create_topic(settings)
+    log, shard = KafkaLog(settings), KafkaLog(settings)
+    await log.start()
+    await shard.start()
+    handed: list[int] = []
+    for client in (log._probe_consumer, log._consumer):
+        getmany = client.getmany
+
+        async def counted(*args: Any, _getmany: Any = getmany, **kwargs: Any) -> Any:
+            batch = await _getmany(*args, **kwargs)
+            handed.append(sum(len(records) for records in batch.values()))
+            return batch
+
+        client.getmany = counted
+    try:
+        router = FencedLog(log, fence="c", epoch=2)
+        await router.append([Envelope(event=PodDeleted(pod=f"r/{i}"), time=i) for i in range(50)])
+        done = [Envelope(event=PodSucceeded(pod=f"r/{i}"), time=i) for i in range(2)]
+        await shard.append(done)
+        await router.append([Envelope(event=PodDeleted(pod=f"s/{i}"), time=i) for i in range(50)])
+        stale = Envelope(event=PodSucceeded(pod="r/x"), time=9, fence="c", epoch=1)
+        await shard.append([*done, stale])
+        stop, got = await log.read_kinds(0, 0, ["pod.ok"])
+        assert [e.event.pod for e in got] == ["r/0", "r/1", "r/0", "r/1"]  # type: ignore[union-attr]
+        assert stop == 105
+        assert sum(handed) == 5, "only the shard's records are taken from the client"
+        # a run of its own of an older term than the partition holds: read, dropped
+        await FencedLog(shard, fence="c", epoch=3).append([Envelope(event=PodDeleted(pod="t"))])
+        await router.append([Envelope(event=PodDeleted(pod="late"), time=1)])
+        await shard.append(done)
+        stop, got = await log.read_kinds(0, stop, ["pod.ok"])
+        assert [e.event.pod for e in got] == ["r/0", "r/1"]  # type: ignore[union-attr]
+        assert [type(e.event).__name__ for e in await log.read(0, 105)] == [
+            "PodDeleted",
+            "RecordFenced",
+            "PodSucceeded",
+            "PodSucceeded",
+        ]
+    finally:
+        await shard.close()
+        await log.close()
+
+
+async def test_a_read_at_the_end_of_the_log_fetches_nothing(kafka_bootstrap: str) -> None:
+    """Most reads find nothing new (every poll of an idle shard or coordinator): they
+    learn where the partition ends and stop there, with no fetch (one the broker held
+    at the end of the log, after which the client sent another at once, cost two waits
+    and about 2 ms of CPU)."""
+    settings = KafkaSettings(bootstrap=kafka_bootstrap, topic=f"end-{uuid.uuid4().hex[:8]}")
+    await create_topic(settings)
+    log = KafkaLog(settings)
+    await log.start()
+    fetched: list[int] = []
+    try:
+        await log.append([Envelope(event=PodDeleted(pod=f"a/{i}"), time=i) for i in range(3)])
+        assert len(await log.read(0, 0)) == 3
+        for client in (log._probe_consumer, log._consumer, log._ends):
+            getmany = client.getmany
+
+            async def counted(*args: Any, _getmany: Any = getmany, **kwargs: Any) -> Any:
+                fetched.append(1)
+                return await _getmany(*args, **kwargs)
+
+            client.getmany = counted
+        for _ in range(3):
+            assert await log.read(0, 3) == []
+            assert await log.read_kinds(0, 3, ["pod-"]) == (3, [])
+        assert fetched == []
+        assert await log.end_offset(0) == 3
+    finally:
+        await log.close()
+
+
+async def test_a_read_after_a_wait_that_saw_records_fetches_without_asking_first(
+    kafka_bootstrap: str,
+) -> None:
+    """A shard woken by records reads them: the wait's answer told it that records are
+    there, so the read fetches at once and learns where it ends from the fetch's
+    answer, without a ``ListOffsets`` round trip first."""
+    settings = KafkaSettings(bootstrap=kafka_bootstrap, topic=f"woken-{uuid.uuid4().hex[:8]}")
+    await create_topic(settings)
+    log, writer = KafkaLog(settings), KafkaLog(settings)
+    await log.start()
+    await writer.start()
+    asked: list[int] = []
+    try:
+        assert await log.read(0, 0) == []
+        end_offsets = log._ends.end_offsets  # type: ignore[union-attr]
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            asked.append(1)
+            return await end_offsets(*args, **kwargs)
+
+        log._ends.end_offsets = counted  # type: ignore[union-attr]
+        waiting = asyncio.ensure_future(log.wait_for(0, 0, 30.0))
+        await writer.append([Envelope(event=PodDeleted(pod=f"a/{i}"), time=i) for i in range(3)])
+        await asyncio.wait_for(waiting, 30.0)
+        assert [e.offset for e in await log.read(0, 0)] == [0, 1, 2]
+        assert asked == []
+        assert await log.read(0, 3) == [] and asked == [1], "at the end: asked, not fetched"
+    finally:
+        await writer.close()
         await log.close()
