@@ -1,14 +1,19 @@
-"""Shards are concurrency, not different semantics: one scheduler and 2 or 4 shards end
-the same.
+"""Shards are concurrency, not different semantics: one scheduler and 2, 4 or 8 shards
+end the same.
 
 Hypothesis generates scenarios whose right outcome does not depend on which node is
 chosen: pools of identical nodes, every pod held to one pool and asking for one slot of
 its nodes (so any placement leaves the same room), with gangs, elastic quotas,
 priorities (all distinct, so no tie is broken by node order), dependencies, arrivals
-and completions over time. Each runs at 1, 2 and 4 shards; every run must end, keep
-the invariants (no node over-committed, no quota above its max, no gang short of
-minMember) and replay exactly, and the three must agree on every pod's end phase and
-on who was preempted.
+and completions over time, under a drawn scheduler profile: the default (spreading,
+its pods handed over to shards), a packing one (``NodeResourcesFit`` with
+``MostAllocated`` or ``RequestedToCapacityRatio`` on the cards) or a GPU policy
+(``GpuPacking``, ``GpuFragmentation``, ``ShoalGpu``), whose pods the coordinator
+decides on its exact view. Each runs at 1, 2, 4 and 8 shards (the pools' nodes are
+spread over the shards by a hash of their names, so at 8 shards a shard holds one
+node of a pool, or none at all); every run must end, keep the invariants (no node
+over-committed, no quota above its max, no gang short of minMember) and replay
+exactly, and all must agree on every pod's end phase and on who was preempted.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from engine.config import SchedulerConfig, parse_config
 from engine.model.pools import Sharding
 from events.memory import MemoryLog
 from events.types import (
@@ -37,6 +43,57 @@ from shards.simulate import simulate
 from tests.builders import make_node
 
 GPU = "nvidia.com/gpu"
+SHARDS = (1, 2, 4, 8)
+
+CARDS = [{"name": GPU, "weight": 1}]
+PROFILES: dict[str, dict[str, Any] | None] = {
+    "default": None,
+    "MostAllocated": {
+        "pluginConfig": [
+            {
+                "name": "NodeResourcesFit",
+                "args": {"scoringStrategy": {"type": "MostAllocated", "resources": CARDS}},
+            }
+        ]
+    },
+    "RequestedToCapacityRatio": {
+        "pluginConfig": [
+            {
+                "name": "NodeResourcesFit",
+                "args": {
+                    "scoringStrategy": {
+                        "type": "RequestedToCapacityRatio",
+                        "resources": CARDS,
+                        "requestedToCapacityRatio": {
+                            "shape": [
+                                {"utilization": 0, "score": 0},
+                                {"utilization": 100, "score": 10},
+                            ]
+                        },
+                    }
+                },
+            }
+        ]
+    },
+    **{
+        policy: {"plugins": {"score": {"disabled": [{"name": "*"}], "enabled": [{"name": policy}]}}}
+        for policy in ("GpuPacking", "GpuFragmentation", "ShoalGpu")
+    },
+}
+"""The profiles a scenario is run under: by name, the profile's fields besides its
+``schedulerName`` (``None``: no configuration, the default profile)."""
+
+
+def scheduler_config(profile: str) -> SchedulerConfig | None:
+    fields = PROFILES[profile]
+    if fields is None:
+        return None
+    raw = {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "profiles": [_named(fields)],
+    }
+    return parse_config(raw, profile)
 
 
 @dataclass(frozen=True)
@@ -51,6 +108,7 @@ class Pool:
 
 @st.composite
 def scenarios(draw: Any) -> Scenario:
+    profile = draw(st.sampled_from(list(PROFILES)))
     pools = []
     for p in range(draw(st.integers(1, 3))):
         size = draw(st.sampled_from([1, 2, 4]))
@@ -116,7 +174,7 @@ def scenarios(draw: Any) -> Scenario:
             names.append(pod.key)
     events = [TimedEvent(t * SECOND, i, e) for i, (t, e) in enumerate(items)]
     events.sort(key=lambda e: (e.time, e.order))
-    return Scenario(events=events)
+    return Scenario(events=events, config=scheduler_config(profile))
 
 
 async def _run(scenario: Scenario, shards: int) -> tuple[dict[str, str], set[str]]:
@@ -147,14 +205,25 @@ async def _run(scenario: Scenario, shards: int) -> tuple[dict[str, str], set[str
 
 @settings(deadline=None)
 @given(scenarios())
-def test_one_two_and_four_shards_end_the_same(scenario: Scenario) -> None:
-    outcomes = [asyncio.run(_run(scenario, shards)) for shards in (1, 2, 4)]
-    one, two, four = outcomes
-    assert two == one, (_diff(one, two), _compact(scenario))
-    assert four == one, (_diff(one, four), _compact(scenario))
+def test_one_two_four_and_eight_shards_end_the_same(scenario: Scenario) -> None:
+    one, *others = (asyncio.run(_run(scenario, shards)) for shards in SHARDS)
+    for shards, other in zip(SHARDS[1:], others, strict=True):
+        assert other == one, (shards, _diff(one, other), _compact(scenario))
     phases, preempted = one
+    event(f"profile: {_profile(scenario)}")
     event(f"pods: {', '.join(sorted(set(phases.values())))}")
     event("some preempted" if preempted else "none preempted")
+
+
+def _profile(scenario: Scenario) -> str:
+    """The name :data:`PROFILES` gives the scenario's profile."""
+    config = scenario.config
+    source = None if config is None or config.source is None else config.source["profiles"][0]
+    return next(name for name, fields in PROFILES.items() if source == _named(fields))
+
+
+def _named(fields: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if fields is None else {"schedulerName": "default-scheduler", **fields}
 
 
 def _diff(a: tuple[dict[str, str], set[str]], b: tuple[dict[str, str], set[str]]) -> dict[str, Any]:
@@ -166,7 +235,7 @@ def _diff(a: tuple[dict[str, str], set[str]], b: tuple[dict[str, str], set[str]]
 
 def _compact(scenario: Scenario) -> list[str]:
     """The scenario, a line per event (what a failure needs to be reproduced)."""
-    lines = []
+    lines = [f"profile {_profile(scenario)}"]
     for timed in scenario.events:
         event = timed.event
         if isinstance(event, PodSubmitted):
@@ -245,6 +314,7 @@ def _known_preemption_with_flights() -> Scenario:
 
 def test_reclaim_chooses_its_victims_whatever_node_the_pods_landed_on() -> None:
     scenario = _known_preemption_with_flights()
-    one, two, four = (asyncio.run(_run(scenario, shards)) for shards in (1, 2, 4))
-    assert (two, four) == (one, one), (_diff(one, two), _diff(one, four))
+    one, *others = (asyncio.run(_run(scenario, shards)) for shards in SHARDS)
+    for shards, other in zip(SHARDS[1:], others, strict=True):
+        assert other == one, (shards, _diff(one, other))
     assert one[1] == {"a/g0-0"}  # the least valuable pod of the borrowing namespace
