@@ -46,8 +46,8 @@ GPU = "nvidia.com/gpu"
 SHARDS = (1, 2, 4, 8)
 
 CARDS = [{"name": GPU, "weight": 1}]
-PROFILES: dict[str, dict[str, Any] | None] = {
-    "default": None,
+PROFILES: dict[str, dict[str, Any]] = {
+    "default": {},
     "MostAllocated": {
         "pluginConfig": [
             {
@@ -81,19 +81,25 @@ PROFILES: dict[str, dict[str, Any] | None] = {
     },
 }
 """The profiles a scenario is run under: by name, the profile's fields besides its
-``schedulerName`` (``None``: no configuration, the default profile)."""
+``schedulerName``."""
+SCHEDULERS = ("default-scheduler", "second")
+"""The ``schedulerName`` of a scenario's first profile, and of its second if it has one
+(some of its pods then ask for it, the others for the first)."""
 
 
-def scheduler_config(profile: str) -> SchedulerConfig | None:
-    fields = PROFILES[profile]
-    if fields is None:
+def scheduler_config(profiles: tuple[str, ...]) -> SchedulerConfig | None:
+    """A configuration with the named profiles (none for the default profile alone)."""
+    if profiles == ("default",):
         return None
     raw = {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
-        "profiles": [_named(fields)],
+        "profiles": [
+            {"schedulerName": scheduler, **PROFILES[name]}
+            for scheduler, name in zip(SCHEDULERS, profiles, strict=False)
+        ],
     }
-    return parse_config(raw, profile)
+    return parse_config(raw, "+".join(profiles))
 
 
 @dataclass(frozen=True)
@@ -108,7 +114,9 @@ class Pool:
 
 @st.composite
 def scenarios(draw: Any) -> Scenario:
-    profile = draw(st.sampled_from(list(PROFILES)))
+    profiles = (draw(st.sampled_from(list(PROFILES))),)
+    if draw(st.integers(0, 3)) == 0:  # a second profile, asked for by some of the pods
+        profiles += (draw(st.sampled_from(list(PROFILES))),)
     pools = []
     for p in range(draw(st.integers(1, 3))):
         size = draw(st.sampled_from([1, 2, 4]))
@@ -135,6 +143,7 @@ def scenarios(draw: Any) -> Scenario:
         at = draw(st.integers(0, 40))
         runtime = draw(st.one_of(st.none(), st.integers(5, 60)))
         priority = next(next_priority) * 10
+        scheduler = draw(st.sampled_from(SCHEDULERS[: len(profiles)]))
         depends = ()
         if names and draw(st.integers(0, 4)) == 0:
             dep = draw(st.sampled_from(names))
@@ -145,6 +154,7 @@ def scenarios(draw: Any) -> Scenario:
             "node_selector": {"pool": pool.name},
             "runtime": None if runtime is None else runtime * SECOND,
             "depends_on": depends,
+            "scheduler_name": "" if scheduler == SCHEDULERS[0] else scheduler,
         }
         if draw(st.booleans()):
             size = draw(st.integers(2, 5))
@@ -174,7 +184,7 @@ def scenarios(draw: Any) -> Scenario:
             names.append(pod.key)
     events = [TimedEvent(t * SECOND, i, e) for i, (t, e) in enumerate(items)]
     events.sort(key=lambda e: (e.time, e.order))
-    return Scenario(events=events, config=scheduler_config(profile))
+    return Scenario(events=events, config=scheduler_config(profiles))
 
 
 async def _run(scenario: Scenario, shards: int) -> tuple[dict[str, str], set[str]]:
@@ -216,14 +226,18 @@ def test_one_two_four_and_eight_shards_end_the_same(scenario: Scenario) -> None:
 
 
 def _profile(scenario: Scenario) -> str:
-    """The name :data:`PROFILES` gives the scenario's profile."""
+    """The names :data:`PROFILES` gives the scenario's profiles, joined by ``+``."""
     config = scenario.config
-    source = None if config is None or config.source is None else config.source["profiles"][0]
-    return next(name for name, fields in PROFILES.items() if source == _named(fields))
-
-
-def _named(fields: dict[str, Any] | None) -> dict[str, Any] | None:
-    return None if fields is None else {"schedulerName": "default-scheduler", **fields}
+    if config is None or config.source is None:
+        return "default"
+    return "+".join(
+        next(
+            name
+            for name, fields in PROFILES.items()
+            if raw == {"schedulerName": raw["schedulerName"], **fields}
+        )
+        for raw in config.source["profiles"]
+    )
 
 
 def _diff(a: tuple[dict[str, str], set[str]], b: tuple[dict[str, str], set[str]]) -> dict[str, Any]:
@@ -244,7 +258,7 @@ def _compact(scenario: Scenario) -> list[str]:
                 f"t={timed.time // SECOND} pod {pod.key} prio={pod.priority} "
                 f"gpu={pod.requests.get(GPU)} pool={pod.node_selector.get('pool')} "
                 f"group={pod.group} runtime={pod.runtime and pod.runtime // SECOND} "
-                f"deps={list(pod.depends_on)}"
+                f"deps={list(pod.depends_on)} scheduler={pod.scheduler_name or SCHEDULERS[0]}"
             )
         elif isinstance(event, PodGroupSubmitted):
             group = event.group
