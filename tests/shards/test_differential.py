@@ -9,9 +9,11 @@ and completions over time, under a drawn scheduler profile: the default (spreadi
 its pods handed over to shards), a packing one (``NodeResourcesFit`` with
 ``MostAllocated`` or ``RequestedToCapacityRatio`` on the cards) or a GPU policy
 (``GpuPacking``, ``GpuFragmentation``, ``ShoalGpu``), whose pods the coordinator
-decides on its exact view. Each runs at 1, 2, 4 and 8 shards (the pools' nodes are
-spread over the shards by a hash of their names, so at 8 shards a shard holds one
-node of a pool, or none at all); every run must end, keep the invariants (no node
+decides on its exact view; sometimes two profiles, each asked for by some of the
+pods. Each runs at 1, 2, 4 and 8 shards: a pool is either a label of the scenario's,
+its nodes spread over the shards by a hash of their names (at 8 shards a shard holds
+one node of a pool, or none), or a sharding pool (``shoal.io/pool``: all its nodes on
+one shard, most shards holding none). Every run must end, keep the invariants (no node
 over-committed, no quota above its max, no gang short of minMember) and replay
 exactly, and all must agree on every pod's end phase and on who was preempted.
 """
@@ -22,11 +24,12 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from engine.config import SchedulerConfig, parse_config
-from engine.model.pools import Sharding
+from engine.model.pools import POOL_LABEL, Sharding
 from events.memory import MemoryLog
 from events.types import (
     SECOND,
@@ -117,6 +120,9 @@ def scenarios(draw: Any) -> Scenario:
     profiles = (draw(st.sampled_from(list(PROFILES))),)
     if draw(st.integers(0, 3)) == 0:  # a second profile, asked for by some of the pods
         profiles += (draw(st.sampled_from(list(PROFILES))),)
+    # a pool is a label of ours (its nodes spread over the shards by a hash of their
+    # names) or a sharding pool (all its nodes on one shard, the others holding none)
+    label = draw(st.sampled_from(["pool", POOL_LABEL]))
     pools = []
     for p in range(draw(st.integers(1, 3))):
         size = draw(st.sampled_from([1, 2, 4]))
@@ -126,7 +132,7 @@ def scenarios(draw: Any) -> Scenario:
     for pool in pools:
         for i in range(pool.nodes):
             node = make_node(f"{pool.name}-{i}").cpu("64").memory("256Gi").gpu(pool.cards)
-            items.append((0, node.label("pool", pool.name).added()))
+            items.append((0, node.label(label, pool.name).added()))
     namespaces = ["a", "b", "c"]
     for ns in namespaces[: draw(st.integers(0, 3))]:
         minimum = draw(st.integers(0, 6))
@@ -151,7 +157,7 @@ def scenarios(draw: Any) -> Scenario:
                 depends = (dep,)
         base = {
             "requests": {GPU: pool.size, "cpu": 100},
-            "node_selector": {"pool": pool.name},
+            "node_selector": {label: pool.name},
             "runtime": None if runtime is None else runtime * SECOND,
             "depends_on": depends,
             "scheduler_name": "" if scheduler == SCHEDULERS[0] else scheduler,
@@ -256,7 +262,7 @@ def _compact(scenario: Scenario) -> list[str]:
             pod = event.pod
             lines.append(
                 f"t={timed.time // SECOND} pod {pod.key} prio={pod.priority} "
-                f"gpu={pod.requests.get(GPU)} pool={pod.node_selector.get('pool')} "
+                f"gpu={pod.requests.get(GPU)} pool={pod.node_selector} "
                 f"group={pod.group} runtime={pod.runtime and pod.runtime // SECOND} "
                 f"deps={list(pod.depends_on)} scheduler={pod.scheduler_name or SCHEDULERS[0]}"
             )
@@ -326,8 +332,10 @@ def _known_preemption_with_flights() -> Scenario:
     return Scenario(events=events)
 
 
-def test_reclaim_chooses_its_victims_whatever_node_the_pods_landed_on() -> None:
+@pytest.mark.parametrize("profile", list(PROFILES))
+def test_reclaim_chooses_its_victims_whatever_node_the_pods_landed_on(profile: str) -> None:
     scenario = _known_preemption_with_flights()
+    scenario.config = scheduler_config((profile,))
     one, *others = (asyncio.run(_run(scenario, shards)) for shards in SHARDS)
     for shards, other in zip(SHARDS[1:], others, strict=True):
         assert other == one, (shards, _diff(one, other))
