@@ -5,7 +5,7 @@ Hypothesis generates scenarios whose right outcome does not depend on which node
 chosen: pools of identical nodes, every pod held to one pool and asking for one slot of
 its nodes (so any placement leaves the same room), with gangs, elastic quotas,
 priorities (all distinct, so no tie is broken by node order), dependencies, arrivals
-and completions over time, under a drawn scheduler profile: the default (spreading,
+and completions over time, nodes joining over time, under a drawn scheduler profile: the default (spreading,
 its pods handed over to shards), a packing one (``NodeResourcesFit`` with
 ``MostAllocated`` or ``RequestedToCapacityRatio`` on the cards) or a GPU policy
 (``GpuPacking``, ``GpuFragmentation``, ``ShoalGpu``), whose pods the coordinator
@@ -34,6 +34,7 @@ from events.memory import MemoryLog
 from events.types import (
     SECOND,
     GroupSpec,
+    NodeAdded,
     PodGroupSubmitted,
     PodSpec,
     PodSubmitted,
@@ -129,10 +130,12 @@ def scenarios(draw: Any) -> Scenario:
         cards = size * draw(st.integers(1, 3))
         pools.append(Pool(f"p{p}", draw(st.integers(1, 4)), cards, size))
     items: list[tuple[int, Any]] = []
+    joining = draw(st.integers(0, 3)) == 0  # nodes join over time (none ever leaves)
     for pool in pools:
         for i in range(pool.nodes):
             node = make_node(f"{pool.name}-{i}").cpu("64").memory("256Gi").gpu(pool.cards)
-            items.append((0, node.label(label, pool.name).added()))
+            at = draw(st.integers(0, 40)) if joining else 0
+            items.append((at, node.label(label, pool.name).added()))
     namespaces = ["a", "b", "c"]
     for ns in namespaces[: draw(st.integers(0, 3))]:
         minimum = draw(st.integers(0, 6))
@@ -271,6 +274,12 @@ def _compact(scenario: Scenario) -> list[str]:
             lines.append(
                 f"t={timed.time // SECOND} group {group.key} min={group.min_member} "
                 f"timeout={group.timeout and group.timeout // SECOND} prio={group.priority}"
+            )
+        elif isinstance(event, NodeAdded):
+            node = event.node
+            lines.append(
+                f"t={timed.time // SECOND} node {node.name} gpu={node.allocatable.get(GPU)} "
+                f"labels={node.labels}"
             )
         elif isinstance(event, QuotaDefined):
             lines.append(
