@@ -3,19 +3,20 @@ end the same.
 
 Hypothesis generates scenarios whose right outcome does not depend on which node is
 chosen: pools of identical nodes, every pod held to one pool and asking for one slot of
-its nodes (so any placement leaves the same room), with gangs, elastic quotas,
-priorities (all distinct, so no tie is broken by node order), dependencies, arrivals
-and completions over time, nodes joining over time, under a drawn scheduler profile: the default (spreading,
-its pods handed over to shards), a packing one (``NodeResourcesFit`` with
-``MostAllocated`` or ``RequestedToCapacityRatio`` on the cards) or a GPU policy
-(``GpuPacking``, ``GpuFragmentation``, ``ShoalGpu``), whose pods the coordinator
-decides on its exact view; sometimes two profiles, each asked for by some of the
-pods. Each runs at 1, 2, 4 and 8 shards: a pool is either a label of the scenario's,
-its nodes spread over the shards by a hash of their names (at 8 shards a shard holds
-one node of a pool, or none), or a sharding pool (``shoal.io/pool``: all its nodes on
-one shard, most shards holding none). Every run must end, keep the invariants (no node
-over-committed, no quota above its max, no gang short of minMember) and replay
-exactly, and all must agree on every pod's end phase and on who was preempted.
+its nodes (so any placement leaves the same room), with gangs (their members in one
+pool or in several), elastic quotas, priorities (all distinct, so no tie is broken by
+node order), dependencies, arrivals, completions and nodes joining over time, under a
+drawn scheduler profile: the default (spreading, its pods handed over to shards), a
+packing one (``NodeResourcesFit`` with ``MostAllocated`` or
+``RequestedToCapacityRatio`` on the cards) or a GPU policy (``GpuPacking``,
+``GpuFragmentation``, ``ShoalGpu``), whose pods the coordinator decides on its exact
+view; sometimes two profiles, each asked for by some of the pods. Each runs at 1, 2, 4
+and 8 shards: a pool is either a label of the scenario's, its nodes spread over the
+shards by a hash of their names (at 8 shards a shard holds one node of a pool, or
+none), or a sharding pool (``shoal.io/pool``: all its nodes on one shard, most shards
+holding none). Every run must end, keep the invariants (no node over-committed, no
+quota above its max, no gang short of minMember) and replay exactly, and all must
+agree on every pod's end phase and on who was preempted.
 """
 
 from __future__ import annotations
@@ -177,13 +178,19 @@ def scenarios(draw: Any) -> Scenario:
                 priority=priority,
             )
             items.append((at, PodGroupSubmitted(group=group)))
+            spread = draw(st.integers(0, 2)) == 0  # members held to different pools
             for m in range(size):
+                held = draw(st.sampled_from(pools)) if spread else pool
                 pod = PodSpec(
                     namespace=ns,
                     name=f"g{u}-{m}",
                     group=group.key,
                     priority=priority + m,
-                    **base,
+                    **{
+                        **base,
+                        "requests": {GPU: held.size, "cpu": 100},
+                        "node_selector": {label: held.name},
+                    },
                 )
                 items.append((at, PodSubmitted(pod=pod)))
             names.append(group.key)
