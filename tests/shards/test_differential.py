@@ -230,13 +230,16 @@ async def _run(scenario: Scenario, shards: int) -> tuple[dict[str, str], set[str
 
 
 @settings(deadline=None)
-@given(scenarios())
-def test_one_two_four_and_eight_shards_end_the_same(scenario: Scenario) -> None:
-    one, *others = (asyncio.run(_run(scenario, shards)) for shards in SHARDS)
-    for shards, other in zip(SHARDS[1:], others, strict=True):
+@given(scenarios(), st.booleans())
+def test_one_two_four_and_eight_shards_end_the_same(scenario: Scenario, eight: bool) -> None:
+    # 8 shards cost about as much as 1, 2 and 4 together: run on half the examples
+    counts = SHARDS if eight else SHARDS[:-1]
+    one, *others = (asyncio.run(_run(scenario, shards)) for shards in counts)
+    for shards, other in zip(counts[1:], others, strict=True):
         assert other == one, (shards, _diff(one, other), _compact(scenario))
     phases, preempted = one
     event(f"profile: {_profile(scenario)}")
+    event(f"shards: {counts}")
     event(f"pods: {', '.join(sorted(set(phases.values())))}")
     event("some preempted" if preempted else "none preempted")
 
@@ -348,7 +351,7 @@ def _known_preemption_with_flights() -> Scenario:
     return Scenario(events=events)
 
 
-@pytest.mark.parametrize("profile", list(PROFILES))
+@pytest.mark.parametrize("profile", ["default", "MostAllocated", "GpuPacking"])
 def test_reclaim_chooses_its_victims_whatever_node_the_pods_landed_on(profile: str) -> None:
     scenario = _known_preemption_with_flights()
     scenario.config = scheduler_config((profile,))
