@@ -119,7 +119,7 @@ class Pool:
 
 @st.composite
 def scenarios(draw: Any) -> Scenario:
-    profiles = (draw(st.sampled_from(list(PROFILES))),)
+    profiles: tuple[str, ...] = (draw(st.sampled_from(list(PROFILES))),)
     if draw(st.integers(0, 3)) == 0:  # a second profile, asked for by some of the pods
         profiles += (draw(st.sampled_from(list(PROFILES))),)
     # a pool is a label of ours (its nodes spread over the shards by a hash of their
@@ -154,12 +154,12 @@ def scenarios(draw: Any) -> Scenario:
         runtime = draw(st.one_of(st.none(), st.integers(5, 60)))
         priority = next(next_priority) * 10
         scheduler = draw(st.sampled_from(SCHEDULERS[: len(profiles)]))
-        depends = ()
+        depends: tuple[str, ...] = ()
         if names and draw(st.integers(0, 4)) == 0:
             dep = draw(st.sampled_from(names))
             if dep.startswith(f"{ns}/"):
                 depends = (dep,)
-        base = {
+        base: dict[str, Any] = {
             "requests": {GPU: pool.size, "cpu": 100},
             "node_selector": {label: pool.name},
             "runtime": None if runtime is None else runtime * SECOND,
