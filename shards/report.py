@@ -264,6 +264,7 @@ class RunReport:
             case PodEvicted(pod=key):
                 view = self._view(key)
                 view.phase, view.reason = "Failed", f"Evicted: {event.reason}"
+                view.node = event.node or view.node  # (its bind may be merged after it)
             case PodMigrated(pod=key):
                 view = self._view(key)
                 if view.decision != event.decision_id:
@@ -278,6 +279,7 @@ class RunReport:
             case PodPreempted(pod=key):
                 view = self._view(key)
                 view.phase, view.reason = "Failed", f"Preempted by {event.by}"
+                view.node = event.node or view.node  # (its bind may be merged after it)
                 self.preemptions.append({"pod": key, "node": event.node, "by": event.by})
             case _:
                 pass
