@@ -37,13 +37,18 @@ def no_profile(pod: PodInfo) -> str:
     return NO_PROFILE.format(pod.spec.scheduler_name or DEFAULT_SCHEDULER)
 
 
-def attempt_pod(p: PassContext, pod: PodInfo) -> None:
+def attempt_pod(p: PassContext, pod: PodInfo, *, trial: bool = False) -> None:
+    """Attempt ``pod``: the dispatch commits what fits (or what preemption or moves make
+    fit); else the pod says why it waits (:meth:`PassContext.unschedulable`).
+    ``trial``: a failure is not said, the caller undoes the attempt and decides the pod
+    later (a member of a run of preemptors: :mod:`shards.coordinator.wave`)."""
     e = p.e
     pod.attempts += 1
     e.count("attempts")
     framework = p.profiles.framework_for(pod)
     if framework is None:
-        p.unschedulable(pod, no_profile(pod), ())
+        if not trial:
+            p.unschedulable(pod, no_profile(pod), ())
         return
     explain = pod.key == p.explain
     if e.holds and place_in_hold(p, pod, framework):
@@ -123,6 +128,8 @@ def attempt_pod(p: PassContext, pod: PodInfo) -> None:
         attempt = framework.complete(pod, e.state)
         keep_failed(p, pod, framework, cache_key, attempt)
     p.record(pod, attempt)
+    if trial:
+        return
     diagnosis = attempt.diagnosis
     plugins = tuple(diagnosis.plugins) if diagnosis else ()
     if not plugins and attempt.status.plugin:

@@ -2,9 +2,10 @@
 
 1. *Reservations* a shard holds for the coordinator: commit, release, expire.
 2. *Timeouts*: Pending groups past their deadline fail; their pending members are
-   rejected.
+   rejected (:mod:`engine.passes.settle`).
 3. *Settle*: units whose readiness may have changed (a member arrived, a dependency
-   finished) either join the queue or wait with a reason (emitted once per change).
+   finished) either join the queue or wait with a reason (emitted once per change:
+   :mod:`engine.passes.settle`).
 4. *Attempts*: units leave the queue by priority, then fair share (DRF among queues
    that borrow), then arrival. Each goes where the engine's :class:`Dispatch` says: to
    an attempt here (:mod:`engine.passes.pods`, :mod:`engine.passes.gangs`: the
@@ -21,11 +22,8 @@ from engine.framework.profiles import Profiles
 from engine.framework.results import Attempt, Verdict
 from engine.model.changes import ClusterEvent
 from engine.model.groups import (
-    FAILED,
     PENDING,
-    SUCCEEDED,
     GroupInfo,
-    advance,
     group_unit,
     is_group_unit,
     next_run_reason,
@@ -33,8 +31,8 @@ from engine.model.groups import (
 from engine.model.pods import PodInfo, pod_info
 from engine.model.reservations import COMMITTED
 from engine.model.shard import ShardModel
-from engine.model.state import Request, held_devices
-from engine.passes.answers import CYCLE, compose
+from engine.model.state import held_devices
+from engine.passes.answers import compose
 from engine.passes.consolidate import consolidate
 from engine.passes.context import Dispatch, Route
 from engine.passes.defrag import defragment
@@ -49,14 +47,13 @@ from engine.passes.reservations import (
     moves_within,
     settle_reservations,
 )
+from engine.passes.settle import settle, timeouts
 from engine.plugins.rescheduler import Rescheduler
 from events.types import (
-    SECOND,
     Answer,
     Event,
     Placement,
     PodGroupStatusChanged,
-    PodRejected,
     PodUnbound,
     PodUnschedulable,
     PoolHandedOver,
@@ -119,10 +116,10 @@ class SchedulingPass:
             self._take_back_broken()
         if e.releasing:
             self._hand_over_pools()
-        self._timeouts()
+        timeouts(self)
         if e.holds:
             e.expire_holds()
-        self._settle()
+        settle(self)
         e.queue.flush_backoff(e.now)
         dispatch = self.dispatch
         for ready in dispatch.first(self):
@@ -150,7 +147,7 @@ class SchedulingPass:
                 # gang is the unit: a member alone would run the gang in part
                 e.queue.remove(unit)
                 e.dirty[owner] = None
-                self._settle()
+                settle(self)
                 continue
             if waits:  # (an engine that owns its nodes attempts every unit itself)
                 route = dispatch.route(self, unit)
@@ -165,7 +162,7 @@ class SchedulingPass:
             else:
                 attempt_pod(self, e.pods[unit])
             if e.dirty:
-                self._settle()
+                settle(self)
         dispatch.done(self)
         if e.migrates and not waits:
             self._defragment()
@@ -215,7 +212,7 @@ class SchedulingPass:
             elif unit in e.pods and unit not in e.state.pods:
                 attempt_pod(self, e.pods[unit])
             if e.dirty:
-                self._settle()
+                settle(self)
 
     def freed(self, slots: list[int]) -> None:
         """Room was freed on ``slots``: parked pods it may help go back to the queue."""
@@ -306,136 +303,6 @@ class SchedulingPass:
 
     # ------------------------------------------------------------------ waiting
 
-    def _timeouts(self) -> None:
-        for group in self.e.timed_out():
-            seconds = (group.spec.timeout or 0) / SECOND if group.spec else 0
-            last = f": {group.reason}" if group.reason else ""
-            self.fail_group(
-                group,
-                f"pod group {group.key} timed out: fewer than {group.min_member} members "
-                f"placed within {seconds:g}s{last}",
-            )
-
-    def fail_group(self, group: GroupInfo, reason: str) -> None:
-        e = self.e
-        advance(group, FAILED, reason)
-        e.wake(group.key)
-        unit = group_unit(group.key)
-        e.queue.remove(unit)
-        e.waiting.pop(unit, None)
-        for member in list(group.members):
-            if member in e.pods and member not in e.state.pods:
-                self.reject(e.pods[member], reason)
-        e.group_changes[group.key] = None
-        e.retire_if_over(group)
-
-    def reject(self, pod: PodInfo, reason: str) -> None:
-        self.out.append(PodRejected(pod=pod.key, reason=reason, shard=self.e.shard))
-        self.e.finish(pod.key, FAILED)
-
-    def _settle(self) -> None:
-        """Settle the units something changed for, in arrival order. Not in the order
-        they were marked: a pass that settles a unit and decides nothing leaves no
-        record, so replay, which runs only the recorded passes, still holds that unit
-        (marked earlier) when a later input marks it again, and would settle it, and
-        say why it waits, before units the live pass settled first."""
-        e = self.e
-        while e.dirty:
-            for unit in sorted(e.dirty, key=self._arrival):
-                if unit in e.dirty:  # (not settled meanwhile)
-                    del e.dirty[unit]
-                    self._settle_unit(unit)
-
-    def _arrival(self, unit: str) -> tuple[int, str]:
-        e = self.e
-        info = e.groups.get(unit[1:]) if is_group_unit(unit) else e.pods.get(unit)
-        return (-1 if info is None else info.seq, unit)
-
-    def _settle_unit(self, unit: str) -> None:
-        e = self.e
-        if unit in e.dispatched:
-            return  # another component places it; it will answer
-        if is_group_unit(unit):
-            self._settle_group(unit)
-            return
-        pod = e.pods.get(unit)
-        if pod is None or unit in e.state.pods:
-            return
-        if (owner := e.unit_of(unit)) != unit:  # its gang is Pending: the gang's turn
-            if e.queue.where(unit) is not None:
-                e.queue.remove(unit)
-                e.dirty[owner] = None
-            return
-        group = e.groups.get(pod.spec.group) if pod.spec.group else None
-        if group is not None and group.phase in (FAILED, SUCCEEDED):
-            self.reject(pod, f"pod group {group.key} has already {group.phase.lower()}")
-            return
-        deps = e.dependency_state(e.depends_on(unit))
-        if deps.failed:
-            self.reject(pod, f"dependency {deps.failed} failed")
-        elif not deps.ok:
-            self._hold(unit, [pod], self._waiting(unit, deps.waiting), waits_on=e.depends_on(unit))
-        else:
-            self._ready(unit, pod.priority, pod.seq, pod.spec.namespace)
-
-    def _settle_group(self, unit: str) -> None:
-        e = self.e
-        group = e.groups.get(unit[1:])
-        if group is None or group.phase != PENDING:
-            e.queue.remove(unit)
-            e.waiting.pop(unit, None)
-            return
-        pending = [e.pods[m] for m in group.members if m in e.pods and m not in e.state.pods]
-        if not pending:
-            e.queue.remove(unit)
-            e.waiting.pop(unit, None)
-            return
-        if group.spec is None:
-            self._hold(unit, pending, f"waiting for pod group {group.key}, which does not exist")
-            return
-        deps = e.dependency_state(e.depends_on(unit))
-        if deps.failed:
-            self.fail_group(group, f"dependency {deps.failed} failed")
-            return
-        if not deps.ok:
-            self._hold(
-                unit, pending, self._waiting(unit, deps.waiting), waits_on=e.depends_on(unit)
-            )
-            return
-        present = sum(1 for m in group.members if m in e.pods)
-        if present < group.min_member:
-            self._hold(
-                unit,
-                pending,
-                f"waiting for members of pod group {group.key}: "
-                f"{present} of minMember {group.min_member} present",
-            )
-            return
-        self._ready(unit, self.group_priority(group), group.seq, group.namespace)
-
-    def _waiting(self, unit: str, waiting: str) -> str:
-        """Why ``unit`` waits for its dependencies: ``waiting``, or the cycle among them
-        that keeps it waiting for good."""
-        cycle = self.e.dependency_cycle(unit)
-        if cycle is None:
-            return waiting
-        return f"{CYCLE}{' -> '.join(cycle)}"
-
-    def _hold(
-        self, unit: str, pods: list[PodInfo], reason: str, waits_on: tuple[str, ...] = ()
-    ) -> None:
-        e = self.e
-        e.queue.remove(unit)
-        e.waiting[unit] = reason
-        for dep in waits_on:
-            e.dependents.setdefault(dep, {})[unit] = None
-        if is_group_unit(unit):
-            group = e.groups[unit[1:]]
-            if group.reason != reason:
-                group.reason = reason
-                e.group_changes[group.key] = None
-        self.say([pod.key for pod in pods], reason)
-
     def say(self, keys: list[str], reason: str, held: dict[str, PodInfo] | None = None) -> None:
         """Tell why pods wait, once per pod and reason (``held``: pods not among the
         engine's yet, held for a group's next run)."""
@@ -482,12 +349,6 @@ class SchedulingPass:
         for key, (_, waiting) in sorted(self.e.next_runs.items()):
             held = {pod.key: pod_info(pod, self.e.state.resources, 0) for pod in waiting}
             self.say(list(held), next_run_reason(key), held)
-
-    def _ready(self, unit: str, priority: int, seq: int, namespace: str) -> None:
-        e = self.e
-        e.waiting.pop(unit, None)
-        if unit not in e.queue:
-            e.queue.add(unit, priority, seq, e.queue_of(namespace))
 
     def group_priority(self, group: GroupInfo) -> int:
         members = [self.e.pods[m].priority for m in group.members if m in self.e.pods]
@@ -595,10 +456,6 @@ class SchedulingPass:
                     )
                 )
         e.group_changes.clear()
-
-
-def request_names(e: ShardModel, request: Request) -> dict[str, int]:
-    return {e.state.resources.name(row): amount for row, amount in request}
 
 
 __all__ = ["RESOLVABLE", "SchedulingPass"]

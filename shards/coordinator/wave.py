@@ -82,17 +82,14 @@ from typing import Final, Protocol
 
 from engine.engine import Engine
 from engine.framework.cycle import CycleState
-from engine.framework.profiles import Profiles
-from engine.framework.results import Attempt, Verdict
 from engine.framework.runtime import Framework
 from engine.model.changes import ClusterEvent
-from engine.model.groups import GroupInfo, is_group_unit
+from engine.model.groups import is_group_unit
 from engine.model.pods import PodInfo
-from engine.model.shard import ShardModel
 from engine.model.statement import Statement
-from engine.passes.context import Dispatch, PassContext, Placed, Route
+from engine.passes.context import PassContext, Placed, Route
 from engine.passes.pods import attempt_pod
-from events.types import Answer, Event, PreemptionRequested
+from events.types import Event, PreemptionRequested
 from shards.coordinator.batches import kind_key
 from shards.coordinator.routing import Routing
 
@@ -172,7 +169,7 @@ class Wave:
             return Route.WAIT
         before = len(self.members)
         p.unit = unit
-        attempt_pod(_Trial(p), pod)
+        attempt_pod(p, pod, trial=True)
         if len(self.members) == before:
             # it failed, fits without evicting, or only by moves: one at a time would
             # decide it after the run; undone, it waits at the head of the queue
@@ -358,62 +355,6 @@ class Wave:
         e.count("attempts")
         p.dispatch.commit(p, None, [(pod, slot, 0)])
         return True
-
-
-class _Trial:
-    """The pass, as a member's attempt sees it (:meth:`Wave.route`): the same state and
-    services, but a failure is not said (the attempt is undone, and the pod is
-    decided after the run, as one at a time would decide it)."""
-
-    def __init__(self, p: PassContext) -> None:
-        self._p = p
-        self.e: ShardModel = p.e
-        self.profiles: Profiles = p.profiles
-        self.dispatch: Dispatch = p.dispatch
-        self.explain: str | None = p.explain
-        self.out: list[Event] = p.out
-        self.failed: dict[tuple[object, ...], Attempt] = p.failed
-        self.unmovable: dict[tuple[object, ...], str] = p.unmovable
-        self.extender_nodes: dict[tuple[object, ...], tuple[str, ...] | None] = p.extender_nodes
-        self.extender_verdicts: dict[tuple[object, ...], Verdict] = p.extender_verdicts
-        self.unit: str = p.unit
-        self.devices: dict[str, tuple[int, ...]] = p.devices
-
-    def freed(self, slots: list[int]) -> None:
-        self._p.freed(slots)
-
-    def say(self, keys: list[str], reason: str) -> None:
-        self._p.say(keys, reason)
-
-    def group_priority(self, group: GroupInfo) -> int:
-        return self._p.group_priority(group)
-
-    def unit_pods(self, unit: str) -> list[PodInfo]:
-        return self._p.unit_pods(unit)
-
-    def record(self, pod: PodInfo, attempt: Attempt) -> None:
-        pass  # (the explained pod is never a member)
-
-    def unschedulable(
-        self,
-        pod: PodInfo,
-        reason: str,
-        plugins: tuple[str, ...],
-        rejections: dict[str, int] | None = None,
-        unit: str | None = None,
-        answer: Answer | None = None,
-    ) -> None:
-        pass  # undone: decided after the run
-
-    def answer(
-        self,
-        pod: PodInfo,
-        reason: str,
-        plugins: tuple[str, ...],
-        rejections: dict[str, int],
-        unit: str | None = None,
-    ) -> Answer:
-        return self._p.answer(pod, reason, plugins, rejections, unit)
 
 
 def _fits(framework: Framework, pod: PodInfo, e: Engine, slot: int) -> bool:
