@@ -364,6 +364,20 @@ async def test_a_wait_returns_when_one_of_its_partitions_grows_past_a_commit_mar
         await log.close()
 
 
+def _count_scans(log: KafkaLog) -> list[int]:
+    """The offsets ``log`` scans headers from (to judge terms before a read), from now on."""
+    scans: list[int] = []
+    read = log._read
+
+    async def counted(partition: int, offset: int, limit: int | None, kinds: object = None) -> Any:
+        if kinds == frozenset():
+            scans.append(offset)  # a scan of headers only: judging before a read
+        return await read(partition, offset, limit, kinds)  # type: ignore[arg-type]
+
+    log._read = counted  # type: ignore[method-assign]
+    return scans
+
+
 async def test_a_read_past_its_own_plain_records_does_not_scan_them_and_still_judges_terms(
     kafka_bootstrap: str,
 ) -> None:
@@ -375,15 +389,7 @@ async def test_a_read_past_its_own_plain_records_does_not_scan_them_and_still_ju
     log, other = KafkaLog(settings), KafkaLog(settings)
     await log.start()
     await other.start()
-    scans: list[int] = []
-    read = log._read
-
-    async def counted(partition: int, offset: int, limit: int | None, kinds: object = None) -> Any:
-        if kinds == frozenset():
-            scans.append(offset)  # a scan of headers only: judging before a read
-        return await read(partition, offset, limit, kinds)  # type: ignore[arg-type]
-
-    log._read = counted  # type: ignore[method-assign]
+    scans = _count_scans(log)
     try:
         await FencedLog(other, fence="c", epoch=2).begin([0], holder="b", now=0)
         begun = await log.read(0, 0)
@@ -411,15 +417,7 @@ async def test_a_read_that_stopped_inside_its_own_plain_records_does_not_scan_th
     log, other = KafkaLog(settings), KafkaLog(settings)
     await log.start()
     await other.start()
-    scans: list[int] = []
-    read = log._read
-
-    async def counted(partition: int, offset: int, limit: int | None, kinds: object = None) -> Any:
-        if kinds == frozenset():
-            scans.append(offset)  # a scan of headers only: judging before a read
-        return await read(partition, offset, limit, kinds)  # type: ignore[arg-type]
-
-    log._read = counted  # type: ignore[method-assign]
+    scans = _count_scans(log)
     try:
         term = FencedLog(other, fence="c", epoch=1)
         routed = await term.append(
