@@ -111,11 +111,13 @@ class Fleet:
         await proc.wait()
         self.kills[role] += 1
 
-    async def stop(self) -> None:
-        for proc in self.procs.values():
+    async def stop(self, *, keep: str = "") -> None:
+        """Stop every role's process (``keep``: but that role's)."""
+        procs = [proc for role, proc in self.procs.items() if role != keep]
+        for proc in procs:
             if proc.returncode is None:
                 proc.terminate()
-        for proc in self.procs.values():
+        for proc in procs:
             await proc.wait()
 
 

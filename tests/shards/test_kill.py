@@ -56,6 +56,18 @@ async def _settled(log: RemoteLog, limit: float) -> None:
     raise AssertionError(f"the run never settled in {limit:.0f} s: {'; '.join(left[:5])}")
 
 
+async def _forwarded(log: RemoteLog, limit: float) -> None:
+    """Wait until the coordinator has forwarded every shard's record (a condition, read
+    from the log; ``limit``: a deadline for a run that never gets there)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        parts = [await log.read(p, 0) for p in range(log.partitions)]
+        if not replay_routed(parts, verify=True).unforwarded:
+            return
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"records still not forwarded after {limit:.0f} s")
+
+
 def _undecided(parts: list[list[Envelope]]) -> list[str]:
     """What is still under way in ``parts`` (empty: everything is decided)."""
     result = replay_routed(parts, verify=True)
@@ -119,6 +131,10 @@ async def test_sigkill_anywhere_loses_nothing(seed: int) -> None:
             for wave in waves:
                 await ingest(wave)
             await _settled(log, 300.0)
+            # a shard may still decide (a pending pod's retry after its back-off) while
+            # the others stop: the coordinator, stopped last, forwards what they wrote
+            await fleet.stop(keep="coordinator")
+            await _forwarded(log, 120.0)
         finally:
             await fleet.stop()
         parts = [await log.read(p, 0) for p in range(SHARDS + 1)]
