@@ -193,11 +193,13 @@ async def run_coordinator(
     )
     worker.asker.background = True
     control = sharding.shards
+    ticked = False
     while not stop.is_set():
         moved = await worker.poll()
         if on_poll is not None:
             on_poll(worker)
-        if await tick_if_due(bus, control, worker.control.next_wakeup(), clock(), "clock"):
+        ticked = await tick_if_due(bus, control, worker.control.next_wakeup(), clock(), "clock")
+        if ticked:
             continue
         if not moved and not warm_up_when_idle():
             wait_any = getattr(bus, "wait_any", None)
@@ -210,6 +212,10 @@ async def run_coordinator(
             wake, now = worker.control.next_wakeup(), clock()
             seconds = LONG_WAIT if wake is None else min(LONG_WAIT, max(wake - now, 0) / 1e9)
             await wait_any(worker.reading_from(), seconds)
+    if ticked:
+        # stopped (SIGTERM: a rolling update) right after its own clock tick: decide
+        # what the tick asks for, so that no tail of outputs is left to its successor
+        await worker.poll()
     return worker
 
 
