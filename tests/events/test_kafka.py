@@ -441,6 +441,21 @@ async def test_a_read_that_stopped_inside_its_own_plain_records_does_not_scan_th
         await log.close()
 
 
+def _count_handed(log: KafkaLog) -> list[int]:
+    """How many records each fetch of ``log``'s clients hands over, from now on."""
+    handed: list[int] = []
+    for client in (log._probe_consumer, log._consumer):
+        getmany = client.getmany
+
+        async def counted(*args: Any, _getmany: Any = getmany, **kwargs: Any) -> Any:
+            batch = await _getmany(*args, **kwargs)
+            handed.append(sum(len(records) for records in batch.values()))
+            return batch
+
+        client.getmany = counted
+    return handed
+
+
 async def test_a_read_with_a_limit_takes_no_more_records_from_the_client(
     kafka_bootstrap: str,
 ) -> None:
@@ -450,18 +465,9 @@ async def test_a_read_with_a_limit_takes_no_more_records_from_the_client(
     await create_topic(settings)
     log = KafkaLog(settings)
     await log.start()
-    handed: list[int] = []
+    handed = _count_handed(log)
     try:
         await log.append([Envelope(event=PodDeleted(pod=f"a/{i}"), time=i) for i in range(200)])
-        for client in (log._probe_consumer, log._consumer):
-            getmany = client.getmany
-
-            async def counted(*args: Any, _getmany: Any = getmany, **kwargs: Any) -> Any:
-                batch = await _getmany(*args, **kwargs)
-                handed.append(sum(len(records) for records in batch.values()))
-                return batch
-
-            client.getmany = counted
         got = await log.read(0, 10, limit=3)
         assert [e.offset for e in got] == [10, 11, 12]
         assert sum(handed) == 3
@@ -484,16 +490,7 @@ async def test_read_kinds_passes_over_its_own_records_of_other_kinds_unfetched(
     log, shard = KafkaLog(settings), KafkaLog(settings)
     await log.start()
     await shard.start()
-    handed: list[int] = []
-    for client in (log._probe_consumer, log._consumer):
-        getmany = client.getmany
-
-        async def counted(*args: Any, _getmany: Any = getmany, **kwargs: Any) -> Any:
-            batch = await _getmany(*args, **kwargs)
-            handed.append(sum(len(records) for records in batch.values()))
-            return batch
-
-        client.getmany = counted
+    handed = _count_handed(log)
     try:
         router = FencedLog(log, fence="c", epoch=2)
         await router.append([Envelope(event=PodDeleted(pod=f"r/{i}"), time=i) for i in range(50)])
