@@ -79,7 +79,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -495,6 +495,7 @@ class KafkaLog:
         """Where a read of ``wanted`` kinds from ``offset`` goes on: past the runs of
         this log's own records there that hold none of them, judged as it goes (not
         past a run of an older term than the partition holds: that one is read)."""
+        self._own.drop_before(partition, offset)  # (a reader that keeps up never judges)
         while True:
             run = self._own.at(partition, offset)
             if run is None or run.kinds & wanted:
@@ -558,7 +559,7 @@ class KafkaLog:
                 try:
                     env = decode(record.value)
                 except (DecodeError, TypeError):
-                    env = self._decode(record.value, partition, at)  # raises, naming it
+                    self._undecodable(record.value, partition, at)
                 if kinds is not None and kind_of(env).encode() not in kinds:
                     continue  # an older record keyed by its partition
                 # freshly decoded, this read's alone: fill in where it lives, no copy
@@ -656,11 +657,12 @@ class KafkaLog:
         if mark > self._marks.get(partition, 0):
             self._marks[partition] = mark
 
-    def _decode(self, value: bytes | None, partition: int, offset: int) -> Envelope:
+    def _undecodable(self, value: bytes | None, partition: int, offset: int) -> NoReturn:
+        """Raise what is wrong with a record that did not decode, naming where it is."""
         if value is None:
             raise LogCorruptedError("record has no value", partition=partition, offset=offset)
         try:
-            env = decode(value)
+            decode(value)
         except DecodeError as exc:
             raise LogCorruptedError(
                 f"record does not decode: {exc}",
@@ -668,10 +670,7 @@ class KafkaLog:
                 offset=offset,
                 path=f"kafka:{self.settings.topic}",
             ) from None
-        # freshly decoded, this read's alone: fill in where it lives rather than copy it
-        force_setattr(env, "offset", offset)
-        force_setattr(env, "partition", partition)
-        return env
+        raise LogCorruptedError("record does not decode", partition=partition, offset=offset)
 
     async def wait_for(self, partition: int, offset: int, seconds: float) -> None:
         """Return once ``partition`` holds a record at or after ``offset`` that a reader
