@@ -172,14 +172,18 @@ class DependencyState:
     """(dependency, its state) for ``--explain``."""
 
 
-def find_cycle(edges: Callable[[str], Iterable[str]], roots: Iterable[str]) -> list[str] | None:
+def find_cycle(
+    edges: Callable[[str], Iterable[str]], roots: Iterable[str], done: set[str] | None = None
+) -> list[str] | None:
     """A cycle reachable from ``roots`` in a graph given by ``edges`` (a name → the names
     it waits for), as the names along it with the first repeated at the end, or None.
+    ``done``: names known to reach no cycle (to those, the names found so are added).
 
     Iterative depth-first search: chains of any length, no recursion limit; each name's
     edges are asked for once.
     """
-    done: set[str] = set()
+    if done is None:
+        done = set()
     for root in roots:
         if root in done:
             continue

@@ -325,14 +325,16 @@ class ShardModel:
                 waiting = f"waiting for {dep} to succeed ({state})"
         return DependencyState(not waiting, waiting=waiting, details=tuple(details))
 
-    def dependency_cycle(self, unit: str) -> list[str] | None:
+    def dependency_cycle(self, unit: str, acyclic: set[str] | None = None) -> list[str] | None:
         """A cycle of dependencies ``unit`` waits on, so that it never starts, or None:
         names of pods and groups, each waiting for the next, the first again at the end.
         A pod waits for its dependencies and its group's, a member of a Pending group for
         the group, a Pending group for its own and its members' dependencies; only what
         has not started counts (a dependency that runs ends some day). The scenario
         files refuse such cycles (:func:`shards.inputs.groups.dependency_cycle`); pods
-        that come through an API server one by one are told here."""
+        that come through an API server one by one are told here. ``acyclic``: names
+        known to reach no cycle, added to (a settling pass shares one set: settling
+        only removes edges, so what reached none still reaches none)."""
 
         def blocking(name: str) -> bool:
             group = self.groups.get(name)
@@ -341,20 +343,18 @@ class ShardModel:
             return name in self.pods and name not in self.state.pods
 
         def waits(name: str) -> list[str]:
+            if not blocking(name):
+                return []
             group = self.groups.get(name)
             if group is not None and group.spec is not None:
-                if group.phase != PENDING:
-                    return []
                 return [d for d in self.depends_on(group_unit(name)) if blocking(d)]
-            pod = self.pods.get(name)
-            if pod is None or name in self.state.pods:
-                return []
+            pod = self.pods[name]
             deps = [d for d in self.depends_on(name) if blocking(d)]
             if pod.spec.group and blocking(pod.spec.group):
                 deps.append(pod.spec.group)
             return deps
 
-        return find_cycle(waits, [unit[1:] if is_group_unit(unit) else unit])
+        return find_cycle(waits, [unit[1:] if is_group_unit(unit) else unit], acyclic)
 
     def depends_on(self, unit: str) -> tuple[str, ...]:
         if is_group_unit(unit):

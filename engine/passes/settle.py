@@ -68,11 +68,12 @@ def settle(p: PassContext) -> None:
     (marked earlier) when a later input marks it again, and would settle it, and
     say why it waits, before units the live pass settled first."""
     e = p.e
+    acyclic: set[str] = set()  # (names that reach no dependency cycle: see _waiting)
     while e.dirty:
         for unit in sorted(e.dirty, key=functools.partial(_arrival, e)):
             if unit in e.dirty:  # (not settled meanwhile)
                 del e.dirty[unit]
-                _settle_unit(p, unit)
+                _settle_unit(p, unit, acyclic)
 
 
 def _arrival(e: ShardModel, unit: str) -> tuple[int, str]:
@@ -80,12 +81,12 @@ def _arrival(e: ShardModel, unit: str) -> tuple[int, str]:
     return (-1 if info is None else info.seq, unit)
 
 
-def _settle_unit(p: PassContext, unit: str) -> None:
+def _settle_unit(p: PassContext, unit: str, acyclic: set[str]) -> None:
     e = p.e
     if unit in e.dispatched:
         return  # another component places it; it will answer
     if is_group_unit(unit):
-        _settle_group(p, unit)
+        _settle_group(p, unit, acyclic)
         return
     pod = e.pods.get(unit)
     if pod is None or unit in e.state.pods:
@@ -103,12 +104,12 @@ def _settle_unit(p: PassContext, unit: str) -> None:
     if deps.failed:
         reject(p, pod, f"dependency {deps.failed} failed")
     elif not deps.ok:
-        _hold(p, unit, [pod], _waiting(e, unit, deps.waiting), waits_on=e.depends_on(unit))
+        _hold(p, unit, [pod], _waiting(e, unit, deps.waiting, acyclic), waits_on=e.depends_on(unit))
     else:
         _ready(e, unit, pod.priority, pod.seq, pod.spec.namespace)
 
 
-def _settle_group(p: PassContext, unit: str) -> None:
+def _settle_group(p: PassContext, unit: str, acyclic: set[str]) -> None:
     e = p.e
     group = e.groups.get(unit[1:])
     if group is None or group.phase != PENDING:
@@ -128,7 +129,9 @@ def _settle_group(p: PassContext, unit: str) -> None:
         fail_group(p, group, f"dependency {deps.failed} failed")
         return
     if not deps.ok:
-        _hold(p, unit, pending, _waiting(e, unit, deps.waiting), waits_on=e.depends_on(unit))
+        _hold(
+            p, unit, pending, _waiting(e, unit, deps.waiting, acyclic), waits_on=e.depends_on(unit)
+        )
         return
     present = sum(1 for m in group.members if m in e.pods)
     if present < group.min_member:
@@ -143,10 +146,12 @@ def _settle_group(p: PassContext, unit: str) -> None:
     _ready(e, unit, p.group_priority(group), group.seq, group.namespace)
 
 
-def _waiting(e: ShardModel, unit: str, waiting: str) -> str:
+def _waiting(e: ShardModel, unit: str, waiting: str, acyclic: set[str]) -> str:
     """Why ``unit`` waits for its dependencies: ``waiting``, or the cycle among them
-    that keeps it waiting for good (:meth:`ShardModel.dependency_cycle`)."""
-    cycle = e.dependency_cycle(unit)
+    that keeps it waiting for good (:meth:`ShardModel.dependency_cycle`; ``acyclic``,
+    shared by one settling, keeps a chain of dependents from being walked once per
+    unit of it)."""
+    cycle = e.dependency_cycle(unit, acyclic)
     if cycle is None:
         return waiting
     return f"{CYCLE}{' -> '.join(cycle)}"

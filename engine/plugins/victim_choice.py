@@ -131,50 +131,47 @@ def victims_for(
     if gpu is not None:
         covers = with_cards(covers, state, gpu, slot)
     on_node = sorted(here, key=lambda v: v.rank(), reverse=True)  # least valuable first
-    if mode == Mode.PRIORITY or not (agg_short or max_short):
-        for victim in on_node:
-            if victim.key not in chosen_keys and floor_ok(victim):
-                take(victim, chosen)
-    else:
-        # the quota is short too: victims anywhere, in one order (least valuable first)
-        # whatever their node, so that what a pod elsewhere frees is weighed against
-        # the pods here, not only after them (and the choice does not depend on which
-        # of equal nodes the pods here happened to land on). Pods elsewhere are taken
-        # until those taken free the quota short: any more valuable one would be
-        # reprieved (those free the quota without it, and it frees no room here).
-        short = (*agg_short, *max_short)
-        elsewhere = (
-            v for v in least_first if v.slot != slot and any(v.counted.get(r, 0) > 0 for r in short)
-        )
-        nxt = next(elsewhere, None)
-        freed_agg = dict.fromkeys(agg_short, 0)
-        freed_own = dict.fromkeys(max_short, 0)
-        counted = 0  # (of ``chosen``: what those from elsewhere free, kept as they come)
+    # where the quota is short too: victims anywhere, in one order (least valuable
+    # first) whatever their node, so that what a pod elsewhere frees is weighed against
+    # the pods here, not only after them (and the choice does not depend on which of
+    # equal nodes the pods here happened to land on). Pods elsewhere are taken until
+    # those taken free the quota short: any more valuable one would be reprieved (those
+    # free the quota without it, and it frees no room here).
+    short = () if mode == Mode.PRIORITY else (*agg_short, *max_short)
+    elsewhere = (
+        v for v in least_first if v.slot != slot and any(v.counted.get(r, 0) > 0 for r in short)
+    )
+    nxt = next(elsewhere, None) if short else None
+    freed_agg = dict.fromkeys(agg_short, 0)
+    freed_own = dict.fromkeys(max_short, 0)
+    counted = 0  # (of ``chosen``: what those from elsewhere free, kept as they come)
 
-        def offer_elsewhere(victim: Victim) -> Victim | None:
-            """Take ``victim`` (from elsewhere) if its namespace's floor allows; the next
-            one to offer, or None once those taken from elsewhere free the quota short
-            (counted as :func:`coverage` counts)."""
-            nonlocal counted
-            if victim.key not in chosen_keys and floor_ok(victim):
-                take(victim, chosen)
-            for member in chosen[counted:]:
-                if member.slot != slot:
-                    frees(member, freed_agg, freed_own, quotas, pod.spec.namespace)
-            counted = len(chosen)
-            if all(freed_agg[r] >= need for r, need in agg_short.items()) and all(
-                freed_own[r] >= need for r, need in max_short.items()
-            ):
-                return None
-            return next(elsewhere, None)
+    def offer(victim: Victim) -> None:
+        if victim.key not in chosen_keys and floor_ok(victim):
+            take(victim, chosen)
 
-        for victim in on_node:
-            while nxt is not None and nxt.rank() > victim.rank():
-                nxt = offer_elsewhere(nxt)
-            if victim.key not in chosen_keys and floor_ok(victim):
-                take(victim, chosen)
-        while nxt is not None:
+    def offer_elsewhere(victim: Victim) -> Victim | None:
+        """Offer ``victim`` (from elsewhere); the next one to offer, or None once those
+        taken from elsewhere free the quota short (counted as :func:`coverage` counts)."""
+        nonlocal counted
+        offer(victim)
+        for member in chosen[counted:]:
+            if member.slot != slot:
+                frees(member, freed_agg, freed_own, quotas, pod.spec.namespace)
+        counted = len(chosen)
+        if all(freed_agg[r] >= need for r, need in agg_short.items()) and all(
+            freed_own[r] >= need for r, need in max_short.items()
+        ):
+            return None
+        return next(elsewhere, None)
+
+    for victim in on_node:
+        rank = victim.rank()
+        while nxt is not None and nxt.rank() > rank:
             nxt = offer_elsewhere(nxt)
+        offer(victim)
+    while nxt is not None:
+        nxt = offer_elsewhere(nxt)
     if not covers(chosen):
         return None
     # reprieve a unit at a time, as kube-scheduler's selectVictimsOnNode does: those
