@@ -33,6 +33,31 @@ profiles, plugins and queue as one shard; what differs is what becomes of a unit
 So the order of the queue is one order for the whole cluster, and whatever a shard is
 asked to do fits there when it does it. Only what is handed over is placed concurrently.
 
+**Spread pods while pods fly.** A plain pod that is decided here only because of its
+topology spread constraints (no inter-pod rule applies to it) need not wait for every
+handed pod to land (:meth:`ShardDispatch._early`): it is attempted on the view at
+once, and its claim is made, when two things hold.
+
+- *Its constraints count exactly on the view*: no pod under way (of its namespace) has
+  labels one of its constraints selects (:meth:`Ledger.flying_match`; a pod handed for
+  a plan of moves counts as matching anything). The pods ahead of it in the queue that
+  its skew depends on are then all in the view, placed or under a claim, as for one
+  scheduler.
+- *Its node keeps its room whatever lands there*: the node's free resources cover its
+  request plus everything still under way to that node's shard, as if every such pod
+  landed on that node (:meth:`ShardDispatch._room_whatever_lands`). So the shard never
+  denies the part for want of room, and the pod is placed, as one scheduler would
+  place it.
+
+The node is the best on a view that lacks where the pods under way will land (as a
+handed pod's node is the best of its shard: the known difference "which node"); the
+outcome, placed and within its skew, is one scheduler's. Anything else (it does not
+fit, it would evict or move pods, it takes devices, an extender is asked, shards move
+pods on their own) undoes the attempt and the pod waits as before. With
+``loadtest scale --templates 20`` (about one pod in ten spread over zones) a spread
+pod no longer ends a pass: the coordinator made about one pass per spread pod, and now
+a few per batch of submissions.
+
 **Preempting in runs.** A run of identical preemptors (consecutive in queue order) is
 decided in one pass, evicted with one ``PreemptionRequested`` per shard and placed in
 one pass once every victim is gone, each where one at a time would place it:
@@ -60,21 +85,28 @@ and a directed part per pod, instead of the choice and the hand-over).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Protocol
 
 import msgspec
+import numpy as np
+import numpy.typing as npt
 
 from engine.framework.runtime import Framework
 from engine.model.groups import GroupInfo, is_group_unit
 from engine.model.pods import PodInfo
-from engine.model.state import Ints
+from engine.model.state import ClusterState, Ints
 from engine.model.statement import Statement
 from engine.passes.context import PassContext
 from engine.passes.dispatch import Placed, Route
 from engine.passes.extenders import applicable
 from engine.passes.gangs import park_gang
+from engine.passes.pods import attempt_pod
+from engine.plugins.rescheduler import Rescheduler
+from engine.plugins.topology_spread import PodTopologySpread
 from events.types import (
     GroupSpec,
+    LabelSelector,
     PodRouted,
     PodSpec,
     PodUnbound,
@@ -113,7 +145,13 @@ class Coordinating(Handing, Waving, Protocol):
 
     def claim(self, claim: Claim) -> None: ...
 
-    def fly(self, unit: str, shard: int, pods: list[PodInfo], rid: str = "") -> None: ...
+    def fly(
+        self, unit: str, shard: int, pods: list[PodInfo], rid: str = "", *, moves: bool = False
+    ) -> None: ...
+
+    def flying_match(self, namespace: str, selectors: list[LabelSelector | None]) -> bool: ...
+
+    def _pending_rows(self) -> npt.NDArray[np.int64]: ...
 
     def nominate(self, unit: str, victims: list[str]) -> None: ...
 
@@ -129,6 +167,11 @@ class ShardDispatch:
         self.c = coordinator
         self.checks = Checks(coordinator)
         self.wave = Wave(coordinator)
+        self._spread: list[LabelSelector | None] | None = None
+        """Set by :meth:`_hand_over` for a plain pod it did not hand over only because
+        of its spread constraints: their selectors (see :meth:`_early`)."""
+        self._trial = False
+        """An early attempt is under way (:meth:`_early`): :meth:`commit` checks it."""
 
     def __repr__(self) -> str:
         return "ShardDispatch()"
@@ -141,13 +184,67 @@ class ShardDispatch:
             return wave  # a run of identical preemptors is being decided
         if c.nominations_under_way() or self._still_held(p, unit):
             return Route.WAIT
+        self._spread = None
         if unit not in c.hard and self._hand_over(p, unit):
             return Route.HANDED
         if c.flights_under_way():
+            if self._early(p, unit):
+                return Route.HANDED  # decided here, placed under a claim
             return Route.WAIT
         c.hard.pop(unit, None)
         c.counters["decided"] += 1
         return Route.ATTEMPT
+
+    def _early(self, p: PassContext, unit: str) -> bool:
+        """Decide a plain pod with spread constraints here while pods handed to shards
+        are still under way, instead of waiting for every one of them to land: whether
+        it was placed (under a claim, as any unit decided here). See "Spread pods
+        while pods fly" in the module's docstring for when and why it is exact."""
+        c = self.c
+        e = c.engine
+        pod = e.pods.get(unit)
+        selectors = self._spread
+        if (
+            pod is None
+            or selectors is None
+            or unit == p.explain
+            or e.config.extenders
+            or e.holds
+            or _moves_on_their_own(e.profiles.frameworks.values())
+            or c.flying_match(pod.spec.namespace, selectors)
+        ):
+            return False
+        p.unit = unit
+        self._trial = True
+        try:
+            attempt_pod(p, pod, trial=True)
+        finally:
+            self._trial = False
+        if unit in e.state.pods:
+            c.counters["decided"] += 1
+            c.counters["early"] += 1
+            return True
+        # not placed, or only by evicting or moving pods: decided once the view is
+        # exact, as before (this attempt undone)
+        pod.attempts -= 1
+        e.count("attempts", -1)
+        return False
+
+    def _room_whatever_lands(self, placed: Placed) -> bool:
+        """Whether an early attempt's node keeps room for its pod whatever the pods
+        still flying to that node's shard take there (all of them on that node)."""
+        c = self.c
+        if len(placed) != 1:
+            return False
+        pod, slot, _ = placed[0]
+        shard = int(c.routing.slot_shard[slot])
+        if shard < 0:
+            return False
+        pending = c._pending_rows()[shard][1]  # what those pods ask for, summed
+        free = c.engine.state.free
+        return all(
+            int(free[row, slot]) >= amount + int(pending[row]) for row, amount in pod.request
+        )
 
     def _still_held(self, p: PassContext, unit: str) -> bool:
         """Is a pod of ``unit`` still held on a shard under a claim being aborted (a
@@ -184,7 +281,11 @@ class ShardDispatch:
             if f is None or not f.incremental or not self.checks.summarised(f):
                 return False
             if f.conditional and f.cluster_wide(pod, state):
-                return False  # inter-pod rules apply: decided here, on the whole view
+                # inter-pod rules apply: decided here, on the whole view (a plain pod
+                # with spread constraints only maybe before the flights land: _early)
+                if len(pods) == 1 and not (pod.spec.group or pod.spec.depends_on):
+                    self._spread = _spread_selectors(f, pod, state)
+                return False
             frameworks.append(f)
         if e.config.extenders and any(applicable(p, pod) for pod in pods):
             return False  # decided here, with the extenders' answers (a shard asks none)
@@ -230,7 +331,7 @@ class ShardDispatch:
             spec = msgspec.structs.replace(spec, group="", depends_on=())
         disruptions = c.engine.disruptions_allowed(pod.key) if moves and c.engine.budgets else None
         c.send(shard, PodRouted(pod=spec, decision_id=decision, disruptions=disruptions))
-        c.fly(pod.key, shard, [pod])
+        c.fly(pod.key, shard, [pod], moves=moves)
         c.decisions[pod.key] = decision
         c.counters["handed"] += 1
 
@@ -264,7 +365,7 @@ class ShardDispatch:
             ),
         )
         c.claim(Claim(rid, unit, {shard: keys}, c.now, directed=False, open={shard: None}))
-        c.fly(unit, shard, pods, rid)
+        c.fly(unit, shard, pods, rid, moves=moves)
         c.counters["handed"] += 1
 
     def slot_owners(self) -> Ints | None:
@@ -296,6 +397,15 @@ class ShardDispatch:
         c = self.c
         e = c.engine
         unit = p.unit
+        if self._trial and (
+            statement is not None or unit in p.devices or not self._room_whatever_lands(placed)
+        ):
+            # an early attempt that evicts, moves, takes devices, or may not find its
+            # room left: not now (:meth:`_early` undoes it)
+            if statement is not None:
+                statement.discard()
+            p.devices.pop(unit, None)
+            return False
         taken = self.wave.commit(p, statement, placed)
         if taken is not None:
             return taken  # a preemptor of a run: carried out with the run
@@ -458,6 +568,33 @@ class ShardDispatch:
         )
         keys = tuple(key for key, _, _ in moving)
         c.claim(Claim(rid, unit, {shard: keys}, c.now, directed=True, open={shard: None}))
+
+
+def _spread_selectors(
+    framework: Framework, pod: PodInfo, state: ClusterState
+) -> list[LabelSelector | None] | None:
+    """The selectors of ``pod``'s spread constraints (every one: ``DoNotSchedule`` and
+    ``ScheduleAnyway``), if they are the only filters reading other nodes that apply
+    to it (no inter-pod rule); else None."""
+    selectors: list[LabelSelector | None] = []
+    for plugin in framework.conditional:
+        if not plugin.applies(pod, state):
+            continue
+        if not isinstance(plugin, PodTopologySpread):
+            return None
+        selectors += [c.selector for c in plugin.constraints(pod)]
+    return selectors or None
+
+
+def _moves_on_their_own(frameworks: Iterable[Framework]) -> bool:
+    """Whether a profile has shards move pods on their own (defragmentation or
+    consolidation after their passes): the view then cannot bound what a shard's
+    nodes hold."""
+    for framework in frameworks:
+        plugin = framework.plugins.get("Rescheduler")
+        if isinstance(plugin, Rescheduler) and (plugin.defrag is not None or plugin.consolidate):
+            return True
+    return False
 
 
 def _topology_bound(group: GroupInfo | None) -> bool:

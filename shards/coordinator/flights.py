@@ -29,6 +29,15 @@ from typing import Final
 from engine.model.groups import TransitionError
 from engine.model.state import Request
 
+LabelKey = tuple[str, tuple[tuple[str, str], ...]]
+"""A pod's namespace and its labels, sorted."""
+UNKNOWN: Final[LabelKey] = ("", (("", ""),))
+"""The labels of a pod recorded without them (matches every selector)."""
+
+
+def label_key(namespace: str, labels: dict[str, str]) -> LabelKey:
+    return (namespace, tuple(sorted(labels.items())))
+
 
 class Stage(StrEnum):
     PREPARING = "preparing"
@@ -57,6 +66,10 @@ class Flight:
     """What each pod asked for (what the shard's view of its use is short of)."""
     namespaces: tuple[str, ...]
     rid: str = ""
+    labels: tuple[LabelKey, ...] = ()
+    """Each pod's namespace and labels (:func:`label_key`): whether a flying pod may
+    count for a spread constraint the coordinator decides by (see
+    :meth:`shards.coordinator.ledger.Ledger.flying_match`)."""
 
 
 @dataclass(slots=True)

@@ -29,22 +29,43 @@ import numpy.typing as npt
 from engine.model.groups import PENDING
 from engine.model.pods import PodInfo
 from engine.model.state import Request, request_delta
-from shards.coordinator.flights import (
-    Flight,
-)
+from shards.coordinator.flights import UNKNOWN, Flight, label_key
 from shards.coordinator.ledger import Ledger
 
 
 class Handed(Ledger):
     """The coordinator's flights (see the module's docstring)."""
 
-    def fly(self, unit: str, shard: int, pods: list[PodInfo], rid: str = "") -> None:
+    def fly(
+        self, unit: str, shard: int, pods: list[PodInfo], rid: str = "", *, moves: bool = False
+    ) -> None:
         """``pods`` (unit ``unit``) were handed to ``shard``; their quota is charged in
-        the view until the shard answers."""
-        if len(pods) == 1:  # (most flights: a plain pod)
+        the view until the shard answers. ``moves``: for a plan of moves there (the
+        pods it moves may fill any node of the shard, so its labels count as
+        :data:`UNKNOWN`: no spread constraint is counted on the view meanwhile)."""
+        flying = self.flying_labels()
+        if moves:
+            flight = Flight(
+                unit,
+                shard,
+                self.now,
+                tuple(pod.key for pod in pods),
+                tuple(pod.request for pod in pods),
+                tuple(pod.spec.namespace for pod in pods),
+                rid,
+                (UNKNOWN,) * len(pods),
+            )
+        elif len(pods) == 1:  # (most flights: a plain pod)
             one = pods[0]
             flight = Flight(
-                unit, shard, self.now, (one.key,), (one.request,), (one.spec.namespace,), rid
+                unit,
+                shard,
+                self.now,
+                (one.key,),
+                (one.request,),
+                (one.spec.namespace,),
+                rid,
+                (label_key(one.spec.namespace, one.spec.labels),),
             )
         else:
             flight = Flight(
@@ -55,13 +76,16 @@ class Handed(Ledger):
                 tuple(pod.request for pod in pods),
                 tuple(pod.spec.namespace for pod in pods),
                 rid,
+                tuple(label_key(pod.spec.namespace, pod.spec.labels) for pod in pods),
             )
         old = self.flights.pop(unit, None)  # (kept in the order made: see next_wakeup)
         if old is not None:
             self._pending(old, -1)  # (never so today: see "Flown again" above)
+            self.count_flying(flying, old, -1)
         self.flights[unit] = flight
         self.engine.dispatched[unit] = str(shard)
         self._pending(flight, +1)
+        self.count_flying(flying, flight, +1)
 
     def fly_run(self, pods: list[PodInfo], shards: list[int], decisions: list[str]) -> None:
         """A run of identical plain pods (one request, one namespace) was handed over,
@@ -73,6 +97,8 @@ class Handed(Ledger):
         namespace = lead.spec.namespace
         requests = (request,)
         namespaces = (namespace,)
+        labels = (label_key(namespace, lead.spec.labels),)  # (identical pods: one key)
+        flying = self.flying_labels()
         now = self.now
         flights = self.flights
         dispatched = self.engine.dispatched
@@ -85,12 +111,14 @@ class Handed(Ledger):
             old = flights.pop(key, None)  # (kept in the order made: see next_wakeup)
             if old is not None:
                 stale.append(old)  # (never so today: see "Flown again" above)
-            flights[key] = Flight(key, shard, now, (key,), requests, namespaces)
+            flights[key] = Flight(key, shard, now, (key,), requests, namespaces, "", labels)
             dispatched[key] = names[shard]
             own[key] = decision
             per_shard[shard] += 1
         for old in stale:
             self._pending(old, -1)
+            self.count_flying(flying, old, -1)
+        flying[labels[0]] = flying.get(labels[0], 0) + len(pods)
         pending = self._pending_rows()
         delta = request_delta(request, pending.shape[2])
         for shard, count in enumerate(per_shard):
@@ -119,9 +147,11 @@ class Handed(Ledger):
         """The shard answered about ``unit`` (or its pods are gone): it is no longer under
         way, and its quota no longer charged (a placement charges it again), unless
         ``placed``: the caller places every pod of it at once and keeps the charge."""
+        flying = self.flying_labels()
         flight = self.flights.pop(unit, None)
         if flight is None:
             return None
+        self.count_flying(flying, flight, -1)
         self.engine.dispatched.pop(unit, None)
         self._pending(flight, -1, quota=not placed)
         return flight

@@ -27,11 +27,13 @@ from engine.config import SchedulerConfig
 from engine.engine import Engine
 from engine.framework.registry import Registry
 from engine.model.groups import PENDING, is_group_unit
+from engine.model.podtable import selector_matches
 from engine.model.pools import Sharding
 from engine.model.state import Bools
 from events.types import (
     SECOND,
     Event,
+    LabelSelector,
     ReservationAborted,
     ShardingConfigured,
 )
@@ -40,8 +42,10 @@ from shards.coordinator.flights import (
     ABORTING,
     COMMITTED,
     PREPARING,
+    UNKNOWN,
     Claim,
     Flight,
+    LabelKey,
 )
 from shards.coordinator.routing import Routing
 
@@ -121,6 +125,7 @@ class Ledger:
             "handed": 0,
             "batches": 0,
             "decided": 0,
+            "early": 0,
             "handbacks": 0,
             "prepared": 0,
             "committed": 0,
@@ -143,6 +148,11 @@ class Ledger:
         thousands, read at every pass. Not state: made again from ``claims``."""
         self._preparing_of: dict[str, Claim] | None = None
         """The ``claims`` that ``_preparing`` was made from (another after a restore)."""
+        self._flying: dict[LabelKey, int] = {}
+        """How many flying pods have each namespace and labels (:meth:`flying_match`).
+        Not state: made again from ``flights``."""
+        self._flying_of: dict[str, Flight] | None = None
+        """The ``flights`` that ``_flying`` was made from (another after a restore)."""
         self.folded_in_bulk = 0
         """Submissions folded in bulk (:meth:`Inputs.apply_all`; not state: a replay
         folds each record alone, to the same state)."""
@@ -191,6 +201,46 @@ class Ledger:
         """Handed units not answered (and not so old that their shard is presumed
         gone): the view is short of where they went."""
         return any(self.fresh(f.since) for f in self.flights.values())
+
+    def flying_labels(self) -> dict[LabelKey, int]:
+        """How many flying pods have each namespace and labels; a flight recorded
+        without its pods' labels (a snapshot of an earlier version) counts under
+        :data:`UNKNOWN`, which matches every selector. Ask before changing
+        ``flights`` (it is made from them when they were replaced)."""
+        if self._flying_of is not self.flights:
+            counts: dict[LabelKey, int] = {}
+            for flight in self.flights.values():
+                keys = flight.labels if len(flight.labels) == len(flight.pods) else [UNKNOWN]
+                for key in keys:
+                    counts[key] = counts.get(key, 0) + 1
+            self._flying, self._flying_of = counts, self.flights
+        return self._flying
+
+    def count_flying(self, counts: dict[LabelKey, int], flight: Flight, sign: int) -> None:
+        """Count ``flight``'s pods in (``sign`` +1) or out of (-1) ``counts``
+        (:meth:`flying_labels`, asked before ``flights`` changed)."""
+        keys = flight.labels if len(flight.labels) == len(flight.pods) else [UNKNOWN]
+        for key in keys:
+            left = counts.get(key, 0) + sign
+            if left:
+                counts[key] = left
+            else:
+                del counts[key]
+
+    def flying_match(self, namespace: str, selectors: list[LabelSelector | None]) -> bool:
+        """Whether a flying pod (handed to a shard, where it lands is not known yet) of
+        ``namespace`` may match one of ``selectors``: then a spread constraint with
+        one of them cannot be counted on the view."""
+        for (ns, labels), _ in self.flying_labels().items():
+            if (ns, labels) == UNKNOWN:
+                return True
+            if ns != namespace:
+                continue
+            values = dict(labels)
+            for selector in selectors:
+                if selector_matches(selector, values):
+                    return True
+        return False
 
     def nominations_under_way(self) -> bool:
         return any(self.fresh(since) for since, _ in self.nominated.values())

@@ -102,6 +102,7 @@ class Reports(Handed):
         flights = self.flights
         dispatched = engine.dispatched
         decisions = self.decisions
+        flying = self.flying_labels()
         # request → [request, how many landed], by the request's identity: the pods of
         # one template share one request object (not hashed again per pod)
         landed: dict[int, list[Any]] = {}
@@ -114,6 +115,7 @@ class Reports(Handed):
             slot = index.get(node)
             if slot is not None and key in live and key not in held:
                 del flights[key]
+                self.count_flying(flying, flight, -1)
                 dispatched.pop(key, None)
                 pods += len(flight.pods)
                 for request in flight.requests:

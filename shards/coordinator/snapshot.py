@@ -45,7 +45,17 @@ COMPONENT: Final = "coordinator"
 COORDINATOR: Final = COMPONENT
 """The producer of the coordinator's snapshots."""
 TRANSIENT: Final = frozenset(
-    {"engine", "_out", "_cache", "_cache_at", "folded_in_bulk", "_preparing", "_preparing_of"}
+    {
+        "engine",
+        "_out",
+        "_cache",
+        "_cache_at",
+        "folded_in_bulk",
+        "_preparing",
+        "_preparing_of",
+        "_flying",
+        "_flying_of",
+    }
 )
 """Coordinator attributes that are not state (the engine is written on its own; the
 rest is empty or rebuilt between passes, or counts how the fold went: a replay folds

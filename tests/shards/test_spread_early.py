@@ -1,0 +1,193 @@
+"""A plain pod with spread constraints is decided on the coordinator while pods handed
+to shards are still under way (``ShardDispatch._early``), where that is exact: no pod
+under way may count for its constraints, and its node keeps room whatever those pods
+take on its shard. Otherwise it waits for them, as before. The records a pass makes
+show which: a ``ReservationRequested`` for the spread pod in the same pass as the
+hand-over, or none until the shard has answered.
+
+And, as a property, spread deployments beside plain ones end the same at 1, 2 and 4
+shards (every log replayed with ``--verify``), never above their skew."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine.model.pools import POOL_LABEL
+from events.types import PodRouted, PodSubmitted, ReservationRequested
+from tests.builders import make_node, make_pod
+from tests.shards.coordinator_kit import Control, pinned, sent, shoal
+
+ZONE = "topology.kubernetes.io/zone"
+
+
+def two_zones(cpu: str = "8") -> Control:
+    """Two shards (pool p0 on shard 0, p1 on shard 1), each with a node in zones a
+    and b."""
+    control = Control(pinned(2, p0=0, p1=1))
+    control.input(
+        *(
+            make_node(f"{zone}{i}").cpu(cpu).label(ZONE, zone).label(POOL_LABEL, f"p{i}").added()
+            for zone in "ab"
+            for i in range(2)
+        )
+    )
+    return control
+
+
+def spread_pod(name: str, cpu: str = "1") -> PodSubmitted:
+    return make_pod(name).cpu(cpu).labels(app="web").spread(ZONE, 1, app="web").submitted()
+
+
+def decided_early(control: Control, *flying: PodSubmitted, spread: PodSubmitted) -> bool:
+    """Hand ``flying`` over, then submit ``spread`` in the same pass: whether the spread
+    pod's reservation was asked for before any of them landed."""
+    out = control.input(*flying, spread)
+    routed = {e.pod.name for _, e in sent(out, PodRouted)}
+    assert routed == {f.pod.name for f in flying}, routed
+    reserved = [e for _, e in sent(out, ReservationRequested)]
+    early = control.coordinator.counters["early"]
+    assert early == len(reserved)
+    return bool(reserved)
+
+
+def test_a_spread_pod_is_decided_while_other_pods_fly() -> None:
+    control = two_zones()
+    plain = make_pod("plain").cpu("1").labels(app="other").submitted()
+    assert decided_early(control, plain, spread=spread_pod("s"))
+
+
+def test_a_spread_pod_waits_for_a_flying_pod_its_selector_matches() -> None:
+    # a pod with the spread pod's labels (and no constraint of its own) is under way:
+    # where it lands changes the counts, so the spread pod waits for it
+    control = two_zones()
+    shadow = make_pod("shadow").cpu("1").labels(app="web").submitted()
+    assert not decided_early(control, shadow, spread=spread_pod("s"))
+
+
+def test_a_flying_pod_of_another_namespace_does_not_count() -> None:
+    control = two_zones()
+    elsewhere = make_pod("shadow", "other").cpu("1").labels(app="web").submitted()
+    assert decided_early(control, elsewhere, spread=spread_pod("s"))
+
+
+def test_a_spread_pod_waits_where_flying_pods_may_take_its_room() -> None:
+    # every node has 8 cpu; 7 cpu are under way to each shard: they may all land on
+    # the node the spread pod would get, so it waits
+    control = two_zones()
+    big = [
+        make_pod(f"big{i}").cpu("7").labels(app="other").selector(**{POOL_LABEL: f"p{i}"})
+        for i in range(2)
+    ]
+    assert not decided_early(control, *(b.submitted() for b in big), spread=spread_pod("s", "2"))
+
+
+def test_room_left_whatever_lands_allows_the_early_decision() -> None:
+    control = two_zones()
+    small = [
+        make_pod(f"small{i}").cpu("3").labels(app="other").selector(**{POOL_LABEL: f"p{i}"})
+        for i in range(2)
+    ]
+    assert decided_early(control, *(s.submitted() for s in small), spread=spread_pod("s", "2"))
+
+
+# ----------------------------------------------------------------------------- property
+
+
+def _zone_node(name: str, zone: str, pool: str, role: str, cpu: int) -> str:
+    return f"""
+apiVersion: v1
+kind: Node
+metadata:
+  name: {name}
+  labels: {{{ZONE}: {zone}, {POOL_LABEL}: {pool}, role: {role}}}
+status: {{allocatable: {{cpu: "{cpu}", memory: 64Gi, pods: "110"}}}}
+---"""
+
+
+def _deployment(name: str, replicas: int, role: str, skew: int | None) -> str:
+    spread = (
+        f"""
+      topologySpreadConstraints:
+      - maxSkew: {skew}
+        topologyKey: {ZONE}
+        whenUnsatisfiable: DoNotSchedule
+        labelSelector: {{matchLabels: {{app: {name}}}}}"""
+        if skew is not None
+        else ""
+    )
+    return f"""
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {name}}}
+spec:
+  replicas: {replicas}
+  selector: {{matchLabels: {{app: {name}}}}}
+  template:
+    metadata: {{labels: {{app: {name}}}}}
+    spec:
+      nodeSelector: {{role: {role}}}{spread}
+      containers: [{{name: c, image: x, resources: {{requests: {{cpu: "1"}}}}}}]
+---"""
+
+
+@st.composite
+def spread_scenarios(draw: st.DrawFn) -> tuple[str, dict[str, tuple[int, list[int]]]]:
+    """Zones of nodes in pools spread over the shards: per spread deployment its own
+    nodes (its room per zone drawn, so that the skew binds), plain deployments on
+    nodes of their own, interleaved in the order they come. Returns the text and, per
+    spread deployment, its skew and room per zone."""
+    zones = draw(st.integers(2, 3))
+    text = []
+    spread: dict[str, tuple[int, list[int]]] = {}
+    deployments = []
+    for d in range(draw(st.integers(1, 2))):
+        name = f"s{d}"
+        skew = draw(st.integers(1, 3))
+        room = [draw(st.integers(0, 4)) for _ in range(zones)]
+        for z, cpu in enumerate(room):
+            if cpu:
+                zone = "abc"[z]
+                text.append(_zone_node(f"{name}-{zone}", zone, f"p{(d + z) % 4}", name, cpu))
+        spread[name] = (skew, room)
+        deployments.append(_deployment(name, draw(st.integers(1, 10)), name, skew))
+    for z in range(zones):
+        text.append(_zone_node(f"plain-{'abc'[z]}", "abc"[z], f"p{z % 4}", "plain", 64))
+    for d in range(draw(st.integers(1, 3))):
+        deployments.append(_deployment(f"d{d}", draw(st.integers(1, 12)), "plain", None))
+    order = draw(st.permutations(deployments))
+    return "".join(text) + "".join(order), spread
+
+
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(spread_scenarios())
+def test_spread_deployments_end_the_same_at_any_shard_count(
+    tmp_path_factory: pytest.TempPathFactory,
+    capsys: pytest.CaptureFixture[str],
+    scenario: tuple[str, dict[str, tuple[int, list[int]]]],
+) -> None:
+    text, spread = scenario
+    tmp_path: Path = tmp_path_factory.mktemp("spread")
+    placed: dict[int, dict[str, int]] = {}
+    for shards in (1, 2, 4):
+        data, _ = shoal(tmp_path, capsys, text, shards)
+        counts: dict[str, int] = {}
+        per_zone: dict[str, dict[str, int]] = {name: {} for name in spread}
+        for key, view in data["pods"].items():
+            app = key.split("/", 1)[1].rsplit("-", 2)[0]
+            if view["node"]:
+                counts[app] = counts.get(app, 0) + 1
+                if app in spread:
+                    zone = view["node"].rsplit("-", 1)[1]
+                    per_zone[app][zone] = per_zone[app].get(zone, 0) + 1
+        for name, (skew, room) in spread.items():
+            present = [per_zone[name].get("abc"[z], 0) for z, cpu in enumerate(room) if cpu]
+            if present:
+                assert max(present) - min(present) <= skew, (shards, name, per_zone[name])
+        placed[shards] = counts
+    assert placed[2] == placed[1] and placed[4] == placed[1], placed
