@@ -33,16 +33,18 @@ profiles, plugins and queue as one shard; what differs is what becomes of a unit
 So the order of the queue is one order for the whole cluster, and whatever a shard is
 asked to do fits there when it does it. Only what is handed over is placed concurrently.
 
-**Spread pods while pods fly.** A plain pod that is decided here only because of its
-topology spread constraints (no inter-pod rule applies to it) need not wait for every
+**Inter-pod rules while pods fly.** A plain pod that is decided here only because an
+inter-pod rule or a topology spread constraint applies to it need not wait for every
 handed pod to land (:meth:`ShardDispatch._early`): it is attempted on the view at
 once, and its claim is made, when two things hold.
 
-- *Its constraints count exactly on the view*: no pod under way (of its namespace) has
-  labels one of its constraints selects (:meth:`Ledger.flying_match`; a pod handed for
-  a plan of moves counts as matching anything). The pods ahead of it in the queue that
-  its skew depends on are then all in the view, placed or under a claim, as for one
-  scheduler.
+- *Its rules count exactly on the view*: no pod under way has a namespace and labels
+  one of its own terms or constraints selects (:func:`_selecting`,
+  :meth:`Ledger.flying_match`; a pod handed for a plan of moves counts as matching
+  anything). A handed pod has no required rule of its own (it would not have been
+  handed over), and the placed pods whose rules select this one are in the view; so
+  every pod its verdicts depend on is in the view, placed or under a claim, as for
+  one scheduler.
 - *Its node keeps its room whatever lands there*: the node's free resources cover its
   request plus everything still under way to that node's shard, as if every such pod
   landed on that node (:meth:`ShardDispatch._room_whatever_lands`). So the shard never
@@ -51,12 +53,12 @@ once, and its claim is made, when two things hold.
 
 The node is the best on a view that lacks where the pods under way will land (as a
 handed pod's node is the best of its shard: the known difference "which node"); the
-outcome, placed and within its skew, is one scheduler's. Anything else (it does not
+outcome, placed and within its rules, is one scheduler's. Anything else (it does not
 fit, it would evict or move pods, it takes devices, an extender is asked, shards move
 pods on their own) undoes the attempt and the pod waits as before. With
-``loadtest scale --templates 20`` (about one pod in ten spread over zones) a spread
-pod no longer ends a pass: the coordinator made about one pass per spread pod, and now
-a few per batch of submissions.
+``loadtest scale --templates 20`` (about one pod in ten spread over zones) such a pod
+no longer ends a pass: the coordinator made about one pass per spread pod, and now a
+few per batch of submissions.
 
 **Preempting in runs.** A run of identical preemptors (consecutive in queue order) is
 decided in one pass, evicted with one ``PreemptionRequested`` per shard and placed in
@@ -95,7 +97,7 @@ import numpy.typing as npt
 from engine.framework.runtime import Framework
 from engine.model.groups import GroupInfo, is_group_unit
 from engine.model.pods import PodInfo
-from engine.model.state import ClusterState, Ints
+from engine.model.state import Ints
 from engine.model.statement import Statement
 from engine.passes.context import PassContext
 from engine.passes.dispatch import Placed, Route
@@ -103,10 +105,8 @@ from engine.passes.extenders import applicable
 from engine.passes.gangs import park_gang
 from engine.passes.pods import attempt_pod
 from engine.plugins.rescheduler import Rescheduler
-from engine.plugins.topology_spread import PodTopologySpread
 from events.types import (
     GroupSpec,
-    LabelSelector,
     PodRouted,
     PodSpec,
     PodUnbound,
@@ -116,6 +116,7 @@ from events.types import (
 from shards.coordinator.batches import Handing, hand_batch
 from shards.coordinator.flights import ABORTING, MAX_MOVES_REFUSED, MOVES, Claim
 from shards.coordinator.handover import Checks
+from shards.coordinator.ledger import Selecting
 from shards.coordinator.wave import Wave, Waving
 
 
@@ -149,7 +150,7 @@ class Coordinating(Handing, Waving, Protocol):
         self, unit: str, shard: int, pods: list[PodInfo], rid: str = "", *, moves: bool = False
     ) -> None: ...
 
-    def flying_match(self, namespace: str, selectors: list[LabelSelector | None]) -> bool: ...
+    def flying_match(self, selectors: list[Selecting]) -> bool: ...
 
     def _pending_rows(self) -> npt.NDArray[np.int64]: ...
 
@@ -167,9 +168,10 @@ class ShardDispatch:
         self.c = coordinator
         self.checks = Checks(coordinator)
         self.wave = Wave(coordinator)
-        self._spread: list[LabelSelector | None] | None = None
+        self._selecting: list[Selecting] | None = None
         """Set by :meth:`_hand_over` for a plain pod it did not hand over only because
-        of its spread constraints: their selectors (see :meth:`_early`)."""
+        an inter-pod rule or spread constraint applies: which pods they count (see
+        :meth:`_early`)."""
         self._trial = False
         """An early attempt is under way (:meth:`_early`): :meth:`commit` checks it."""
 
@@ -184,7 +186,7 @@ class ShardDispatch:
             return wave  # a run of identical preemptors is being decided
         if c.nominations_under_way() or self._still_held(p, unit):
             return Route.WAIT
-        self._spread = None
+        self._selecting = None
         if unit not in c.hard and self._hand_over(p, unit):
             return Route.HANDED
         if c.flights_under_way():
@@ -196,14 +198,15 @@ class ShardDispatch:
         return Route.ATTEMPT
 
     def _early(self, p: PassContext, unit: str) -> bool:
-        """Decide a plain pod with spread constraints here while pods handed to shards
-        are still under way, instead of waiting for every one of them to land: whether
-        it was placed (under a claim, as any unit decided here). See "Spread pods
-        while pods fly" in the module's docstring for when and why it is exact."""
+        """Decide a plain pod that inter-pod rules or spread constraints keep here while
+        pods handed to shards are still under way, instead of waiting for every one of
+        them to land: whether it was placed (under a claim, as any unit decided here).
+        See "Inter-pod rules while pods fly" in the module's docstring for when and why
+        it is exact."""
         c = self.c
         e = c.engine
         pod = e.pods.get(unit)
-        selectors = self._spread
+        selectors = self._selecting
         if (
             pod is None
             or selectors is None
@@ -211,7 +214,7 @@ class ShardDispatch:
             or e.config.extenders
             or e.holds
             or _moves_on_their_own(e.profiles.frameworks.values())
-            or c.flying_match(pod.spec.namespace, selectors)
+            or c.flying_match(selectors)
         ):
             return False
         p.unit = unit
@@ -282,9 +285,9 @@ class ShardDispatch:
                 return False
             if f.conditional and f.cluster_wide(pod, state):
                 # inter-pod rules apply: decided here, on the whole view (a plain pod
-                # with spread constraints only maybe before the flights land: _early)
+                # maybe before the flights land: _early)
                 if len(pods) == 1 and not (pod.spec.group or pod.spec.depends_on):
-                    self._spread = _spread_selectors(f, pod, state)
+                    self._selecting = _selecting(pod)
                 return False
             frameworks.append(f)
         if e.config.extenders and any(applicable(p, pod) for pod in pods):
@@ -570,20 +573,27 @@ class ShardDispatch:
         c.claim(Claim(rid, unit, {shard: keys}, c.now, directed=True, open={shard: None}))
 
 
-def _spread_selectors(
-    framework: Framework, pod: PodInfo, state: ClusterState
-) -> list[LabelSelector | None] | None:
-    """The selectors of ``pod``'s spread constraints (every one: ``DoNotSchedule`` and
-    ``ScheduleAnyway``), if they are the only filters reading other nodes that apply
-    to it (no inter-pod rule); else None."""
-    selectors: list[LabelSelector | None] = []
-    for plugin in framework.conditional:
-        if not plugin.applies(pod, state):
-            continue
-        if not isinstance(plugin, PodTopologySpread):
-            return None
-        selectors += [c.selector for c in plugin.constraints(pod)]
-    return selectors or None
+def _selecting(pod: PodInfo) -> list[Selecting]:
+    """Which pods ``pod``'s own inter-pod rules and spread constraints count (every one:
+    required and preferred, ``DoNotSchedule`` and ``ScheduleAnyway``; the default
+    constraints select with its owner's selector). The placed pods whose rules count
+    it are in the view; a pod handed over has no required rule (it would not have been
+    handed over), so the pods under way count only through these."""
+    spec = pod.spec
+    own = (spec.namespace,)
+    selecting: list[Selecting] = [(own, c.selector) for c in spec.spread_constraints]
+    if not spec.spread_constraints and spec.owner_selector is not None:
+        selecting.append((own, spec.owner_selector))
+    terms = [
+        *spec.pod_affinity,
+        *spec.pod_anti_affinity,
+        *(w.term for w in spec.pod_affinity_preferred),
+        *(w.term for w in spec.pod_anti_affinity_preferred),
+    ]
+    for term in terms:
+        namespaces = None if term.all_namespaces else (term.namespaces or own)
+        selecting.append((namespaces, term.selector))
+    return selecting
 
 
 def _moves_on_their_own(frameworks: Iterable[Framework]) -> bool:

@@ -50,6 +50,10 @@ from shards.coordinator.flights import (
 from shards.coordinator.routing import Routing
 
 ROUTER: Final = "router"
+
+Selecting = tuple[tuple[str, ...] | None, LabelSelector | None]
+"""Which pods a constraint counts: their namespaces (None: every one) and a label
+selector (None: none)."""
 """The producer of the coordinator's records (in every partition)."""
 RELAY: Final = "relay"
 COORDINATOR: Final = -1
@@ -227,17 +231,19 @@ class Ledger:
             else:
                 del counts[key]
 
-    def flying_match(self, namespace: str, selectors: list[LabelSelector | None]) -> bool:
-        """Whether a flying pod (handed to a shard, where it lands is not known yet) of
-        ``namespace`` may match one of ``selectors``: then a spread constraint with
-        one of them cannot be counted on the view."""
+    def flying_match(self, selectors: list[Selecting]) -> bool:
+        """Whether a flying pod (handed to a shard; where it lands is not known yet) may
+        match one of ``selectors`` (namespaces, None for every one; label selector):
+        then a constraint with one of them cannot be counted on the view."""
         for (ns, labels), _ in self.flying_labels().items():
             if (ns, labels) == UNKNOWN:
                 return True
-            if ns != namespace:
-                continue
-            values = dict(labels)
-            for selector in selectors:
+            values: dict[str, str] | None = None
+            for namespaces, selector in selectors:
+                if namespaces is not None and ns not in namespaces:
+                    continue
+                if values is None:
+                    values = dict(labels)
                 if selector_matches(selector, values):
                     return True
         return False

@@ -1,9 +1,9 @@
-"""A plain pod with spread constraints is decided on the coordinator while pods handed
-to shards are still under way (``ShardDispatch._early``), where that is exact: no pod
-under way may count for its constraints, and its node keeps room whatever those pods
-take on its shard. Otherwise it waits for them, as before. The records a pass makes
-show which: a ``ReservationRequested`` for the spread pod in the same pass as the
-hand-over, or none until the shard has answered.
+"""A plain pod with inter-pod rules or spread constraints is decided on the
+coordinator while pods handed to shards are still under way (``ShardDispatch._early``),
+where that is exact: no pod under way may count for its rules, and its node keeps room
+whatever those pods take on its shard. Otherwise it waits for them, as before. The
+records a pass makes show which: a ``ReservationRequested`` for the pod in the same
+pass as the hand-over, or none until the shard has answered.
 
 And, as a property, spread deployments beside plain ones end the same at 1, 2 and 4
 shards (every log replayed with ``--verify``), never above their skew."""
@@ -12,16 +12,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.model.pools import POOL_LABEL
-from events.types import PodRouted, PodSubmitted, ReservationRequested
+from events.types import (
+    LabelSelector,
+    PodAffinityTerm,
+    PodRouted,
+    PodSubmitted,
+    ReservationRequested,
+)
 from tests.builders import make_node, make_pod
 from tests.shards.coordinator_kit import Control, pinned, sent, shoal
 
 ZONE = "topology.kubernetes.io/zone"
+HOST = "kubernetes.io/hostname"
 
 
 def two_zones(cpu: str = "8") -> Control:
@@ -92,6 +100,36 @@ def test_room_left_whatever_lands_allows_the_early_decision() -> None:
         for i in range(2)
     ]
     assert decided_early(control, *(s.submitted() for s in small), spread=spread_pod("s", "2"))
+
+
+def test_a_pod_with_required_anti_affinity_is_decided_while_other_pods_fly() -> None:
+    control = two_zones()
+    plain = make_pod("plain").cpu("1").labels(app="other").submitted()
+    lonely = make_pod("lonely").cpu("1").labels(app="web").anti(HOST, app="web").submitted()
+    assert decided_early(control, plain, spread=lonely)
+
+
+def test_a_pod_waits_for_a_flying_pod_its_affinity_term_selects() -> None:
+    control = two_zones()
+    db = make_pod("db").cpu("1").labels(app="db").submitted()
+    api = make_pod("api").cpu("1").affine(ZONE, app="db").submitted()
+    assert not decided_early(control, db, spread=api)
+
+
+def test_a_term_over_every_namespace_counts_flying_pods_of_any_namespace() -> None:
+    control = two_zones()
+    elsewhere = make_pod("db", "other").cpu("1").labels(app="db").submitted()
+    term = PodAffinityTerm(
+        topology_key=HOST, selector=LabelSelector(match_labels={"app": "db"}), all_namespaces=True
+    )
+    spec = make_pod("api").cpu("1").spec()
+    api = PodSubmitted(pod=msgspec.structs.replace(spec, pod_anti_affinity=(term,)))
+    assert not decided_early(control, elsewhere, spread=api)
+    # the same term over its own namespace only: the pod under way does not count
+    control = two_zones()
+    own = msgspec.structs.replace(term, all_namespaces=False, namespaces=("default",))
+    api = PodSubmitted(pod=msgspec.structs.replace(spec, pod_anti_affinity=(own,)))
+    assert decided_early(control, elsewhere, spread=api)
 
 
 # ----------------------------------------------------------------------------- property
