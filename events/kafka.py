@@ -86,10 +86,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import ConsumerStoppedError, KafkaError, KafkaTimeoutError
 
-from events.codec import TAGS, DecodeError, decode, encode, kind_of
+from events.codec import DecodeError, decode, encode, kind_of
 from events.errors import LogCorruptedError, LogError, RecordTooLargeError
 from events.fence import fenced
-from events.kafka_runs import OwnRuns, Run
+from events.kafka_runs import Appended, OwnRuns, Run
 from events.kafka_settings import KafkaSettings, guard_client_logs, redact
 from events.kafka_terms import TermProducers, settle
 from events.log import check_partition
@@ -283,21 +283,21 @@ class KafkaLog:
         check_partition(partition, self.partitions)
         if not envelopes:
             return []
-        offsets = await self._call(
+        appended: Appended = await self._call(
             "append", lambda: self._append(self._need(self._producer), envelopes, partition)
         )
-        self._appended(envelopes, partition, offsets)
-        return offsets
+        self._appended(partition, appended)
+        return appended.offsets
 
-    def _appended(self, envelopes: Sequence[Envelope], partition: int, offsets: list[int]) -> None:
+    def _appended(self, partition: int, appended: Appended) -> None:
         """Note the records of an append that returned (so stored, and committed where
         in a transaction) as runs of this log's own, if they share one term (or none)."""
+        offsets = appended.offsets
         if offsets:
             self._learnt(partition, offsets[-1] + 1)
-        terms = {(env.fence, env.epoch) if env.epoch else None for env in envelopes}
-        if len(terms) == 1:
-            kinds = frozenset(TAGS[kind].encode() for kind in {type(e.event) for e in envelopes})
-            self._own.add(partition, offsets, kinds, terms.pop())
+        if len(appended.terms) == 1:
+            (term,) = appended.terms
+            self._own.add(partition, offsets, appended.kinds, term)
 
     async def append_term(
         self, envelopes: Sequence[Envelope], partition: int, *, fence: str, epoch: int
@@ -311,9 +311,9 @@ class KafkaLog:
         check_partition(partition, self.partitions)
         if not envelopes:
             return []
-        offsets = await self.terms.append(envelopes, partition, fence, epoch)
-        self._appended(envelopes, partition, offsets)
-        return offsets
+        appended = await self.terms.append(envelopes, partition, fence, epoch)
+        self._appended(partition, appended)
+        return appended.offsets
 
     def _stop_in_background(self, clients: Sequence[Any]) -> asyncio.Future[None]:
         stopping = asyncio.ensure_future(_stop_clients(clients))
@@ -323,20 +323,26 @@ class KafkaLog:
 
     async def _append(
         self, producer: AIOKafkaProducer, envelopes: Sequence[Envelope], partition: int
-    ) -> list[int]:
+    ) -> Appended:
         records = []
         limit = self.settings.max_batch_bytes
         terms: dict[tuple[str, int], list[tuple[str, bytes]]] = {}
+        kinds: set[bytes] = set()
+        plain = False
+        """Whether a record has no term."""
         for env in envelopes:  # every record checked before any batch is sent
             as_stored = env.partition == partition and env.offset == -1  # (no copy then)
             value = encode(env if as_stored else replace_partition(env, partition))
             key = kind_of(env).encode()
+            kinds.add(key)
             headers = []
             if env.epoch:  # (a call's records share a term or two: its header made once)
                 term = (env.fence, env.epoch)
                 headers = terms.get(term) or terms.setdefault(
                     term, [(TERM_HEADER, f"{env.fence}:{env.epoch}".encode())]
                 )
+            else:
+                plain = True
             if len(value) + len(key) + RECORD_OVERHEAD > limit:
                 raise RecordTooLargeError(
                     f"kafka {self.settings.bootstrap}: cannot append a {key.decode()!r} record",
@@ -356,7 +362,8 @@ class KafkaLog:
                 batch.append(key=key, value=value, timestamp=None, headers=headers)
             count += 1
         offsets.extend(await self._send(producer, batch, partition, count))
-        return offsets
+        held: set[tuple[str, int] | None] = {*terms, None} if plain else set(terms)
+        return Appended(offsets, frozenset(kinds), frozenset(held))
 
     async def _call(self, what: str, work: Callable[[], Awaitable[T]]) -> T:
         """Run ``work`` with the current clients; any way they fail (the broker went
