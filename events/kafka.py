@@ -429,12 +429,8 @@ class KafkaLog:
         one.)"""
         if self._judged.get(partition, 0) < run.start:
             return False  # (out of order: never so, judging goes on from where it stands)
-        if run.term is not None:
-            fence, epoch = run.term
-            terms = self._terms.setdefault(partition, {})
-            if epoch < terms.get(fence, 0):
-                return False
-            terms[fence] = epoch
+        if run.term is not None and self._admit(partition, *run.term):
+            return False
         self._judged[partition] = max(self._judged.get(partition, 0), run.end)
         return True
 
@@ -467,13 +463,20 @@ class KafkaLog:
                 self._parsed.clear()
             fence, _, text = term.decode(errors="replace").rpartition(":")
             parsed = self._parsed[term] = (fence, int(text) if text.isdigit() else 0)
-        fence, epoch = parsed
+        stale = self._admit(partition, *parsed)
+        if stale:
+            self._dropped.setdefault(partition, {})[at] = stale
+        return stale
+
+    def _admit(self, partition: int, fence: str, epoch: int) -> int:
+        """The rule :meth:`_judge` and :meth:`_judge_own` share: the epoch that fences
+        a record of term ``epoch`` of ``fence`` judged next in ``partition``, in offset
+        order (0: it stands, and its epoch is then the highest of its fence there)."""
         terms = self._terms.setdefault(partition, {})
         highest = terms.get(fence, 0)
         if epoch >= highest:
             terms[fence] = epoch
             return 0
-        self._dropped.setdefault(partition, {})[at] = highest
         return highest
 
     async def read_kinds(
