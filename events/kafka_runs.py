@@ -15,9 +15,20 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 OWN_RUNS = 1024
 """Runs remembered per partition (older ones are read, as any other record)."""
+
+
+class Appended(NamedTuple):
+    """What one append stored: its ``offsets``, and the kinds (record keys) and terms
+    (``(FENCE, EPOCH)``; None: a record with no term) of its records, gathered as they
+    were encoded."""
+
+    offsets: list[int]
+    kinds: frozenset[bytes]
+    terms: frozenset[tuple[str, int] | None]
 
 
 @dataclass(frozen=True, slots=True)

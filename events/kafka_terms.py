@@ -34,6 +34,7 @@ from aiokafka.producer import sender as aiokafka_sender
 
 from events.errors import LogError
 from events.fence import FencedError
+from events.kafka_runs import Appended
 from events.kafka_settings import KafkaSettings
 from events.types import Envelope
 
@@ -57,7 +58,7 @@ REFUSED = (ProducerFenced, InvalidProducerEpoch)
 
 Call = Callable[[str, Callable[[], Awaitable[Any]]], Awaitable[Any]]
 """``KafkaLog._call``: run a call with the log's clients, any failure a ``LogError``."""
-Send = Callable[[AIOKafkaProducer, Sequence[Envelope], int], Awaitable[list[int]]]
+Send = Callable[[AIOKafkaProducer, Sequence[Envelope], int], Awaitable[Appended]]
 """Append envelopes to a partition with the producer given, in record batches."""
 
 
@@ -123,7 +124,7 @@ class TermProducers:
 
     async def append(
         self, envelopes: Sequence[Envelope], partition: int, fence: str, epoch: int
-    ) -> list[int]:
+    ) -> Appended:
         """Append ``envelopes`` in one transaction of term ``epoch`` of ``fence``; raise
         :class:`FencedError` once the log holds a later term (nothing of the call is
         then stored)."""
@@ -134,12 +135,11 @@ class TermProducers:
                     await self._check(fence, epoch)
                     term.checked = True
                 try:
-                    return list(
-                        await self._call(
-                            "append",
-                            lambda held=term: self._transaction(held, fence, envelopes, partition),  # type: ignore[misc]
-                        )
+                    appended: Appended = await self._call(
+                        "append",
+                        lambda held=term: self._transaction(held, fence, envelopes, partition),  # type: ignore[misc]
                     )
+                    return appended
                 except _Refused:
                     await self._check(fence, epoch)
                 except _Failed as failed:
@@ -201,21 +201,21 @@ class TermProducers:
 
     async def _transaction(
         self, term: _Term, fence: str, envelopes: Sequence[Envelope], partition: int
-    ) -> list[int]:
+    ) -> Appended:
         """One transaction of ``term``'s producer holding ``envelopes``. On any failure
         the producer is dropped (its transaction aborted where it can be): the next
         append starts another."""
         producer = term.producer
         try:
             await producer.begin_transaction()
-            offsets = await self._send(producer, envelopes, partition)
+            appended = await self._send(producer, envelopes, partition)
             try:
                 await asyncio.wait_for(
                     producer.commit_transaction(), self.settings.request_timeout_ms / 1000
                 )
             except TimeoutError:
                 raise KafkaTimeoutError("no answer to a commit") from None
-            return offsets
+            return appended
         except REFUSED:
             self._drop(fence, term)
             raise _Refused from None

@@ -25,7 +25,8 @@ complete without suspending.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import asyncio
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from events.codec import kind_of
@@ -93,6 +94,21 @@ async def read_kinds(
     stop = records[-1].offset + 1 if records else offset
     wanted = set(kinds)
     return stop, [env for env in records if kind_of(env) in wanted]
+
+
+async def long_poll_or_sleep(
+    log: EventLog, offsets: Mapping[int, int], seconds: float, sleep: float
+) -> None:
+    """Wait until a partition of ``offsets`` (partition → offset) holds a record at or
+    after its offset, for at most ``seconds``, where the log can long-poll (Kafka's
+    ``wait_any``: the broker holds a fetch on each partition until one grows, so an idle
+    reader costs a fetch per wait, not a read every few milliseconds); on any other log,
+    sleep ``sleep`` seconds (the caller then reads to see)."""
+    own = getattr(log, "wait_any", None)
+    if own is not None:
+        await own(offsets, seconds)
+    else:
+        await asyncio.sleep(sleep)
 
 
 async def count_kinds(

@@ -44,7 +44,7 @@ from engine.model.pools import Sharding
 from engine.plugins import kernels
 from events.errors import InputError
 from events.fence import FencedLog
-from events.log import EventLog, count_kinds, read_kinds
+from events.log import EventLog, count_kinds, long_poll_or_sleep, read_kinds
 from events.remote import LogServer
 from events.types import (
     Envelope,
@@ -469,11 +469,8 @@ class _Collector:
         (Kafka), until a shard's partition grows (at most ``LONG_POLL`` seconds): there
         each look is a request the broker answers, whose cost falls on the parent, and
         so on the CPU the shards share, several hundred times a second."""
-        wait_any = getattr(self.log, "wait_any", None)
-        if wait_any is None:
-            await asyncio.sleep(seconds)
-        else:
-            await wait_any({s.shard: s.counted_to for s in self.shards}, LONG_POLL)
+        offsets = {s.shard: s.counted_to for s in self.shards}
+        await long_poll_or_sleep(self.log, offsets, LONG_POLL, seconds)
 
     async def finish(self) -> int:
         """Until every pod has a decision; return how many were bound. Calls

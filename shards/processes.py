@@ -31,7 +31,7 @@ from engine.config import SchedulerConfig
 from engine.model.pools import Sharding
 from engine.plugins import kernels
 from events.errors import InputError, LogCorruptedError, LogError, cause
-from events.log import EventLog, read_past_unreadable
+from events.log import EventLog, long_poll_or_sleep, read_past_unreadable
 from events.types import BindFailed, ClockTicked, Envelope, ShardingConfigured
 from shards.binder import Binder
 from shards.cluster import SimulatedCluster
@@ -56,16 +56,12 @@ def wall_clock() -> int:
 async def _wait_for_growth(bus: EventLog, partition: int, offset: int, seconds: float) -> None:
     """Wait until ``partition`` has a record at ``offset`` (long poll when the log can:
     a fetch of no record, so nothing is sent back nor decoded twice)."""
-    wait_for = getattr(bus, "wait_for", None)
-    if wait_for is not None:  # (Kafka: the broker holds the fetch)
-        await wait_for(partition, offset, seconds)
-        return
     fetch = getattr(bus, "fetch", None)
-    if fetch is not None:
+    if fetch is not None:  # (the log server: it holds the fetch)
         with contextlib.suppress(LogCorruptedError):  # it is there: its reader skips it
             await fetch(partition, offset, 0, wait=seconds)
-    else:
-        await asyncio.sleep(min(seconds, 0.01))
+    else:  # (Kafka: the broker holds the fetch)
+        await long_poll_or_sleep(bus, {partition: offset}, seconds, min(seconds, 0.01))
 
 
 async def recorded_sharding(bus: EventLog) -> ShardingConfigured | None:
@@ -202,16 +198,12 @@ async def run_coordinator(
         if ticked:
             continue
         if not moved and not warm_up_when_idle():
-            wait_any = getattr(bus, "wait_any", None)
-            if wait_any is None:
-                await asyncio.sleep(idle_wait)
-                continue
             # Kafka: the broker holds a fetch on every partition until one grows (a
             # read of each every few milliseconds was most of an idle coordinator's
             # time, and each one waited at the broker anyway)
             wake, now = worker.control.next_wakeup(), clock()
             seconds = LONG_WAIT if wake is None else min(LONG_WAIT, max(wake - now, 0) / 1e9)
-            await wait_any(worker.reading_from(), seconds)
+            await long_poll_or_sleep(bus, worker.reading_from(), seconds, idle_wait)
     if ticked:
         # stopped (SIGTERM: a rolling update) right after its own clock tick: decide
         # what the tick asks for, so that no tail of outputs is left to its successor

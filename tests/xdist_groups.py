@@ -37,7 +37,7 @@ DURATIONS = "shoal/durations"
 """The cache key of each test's duration (setup, call and teardown) in the last runs."""
 
 
-class GroupScheduling(LoadScopeScheduling):
+class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]  # (xdist has no types)
     """``loadgroup`` with the groups from the file the workers wrote."""
 
     def __init__(self, config: pytest.Config, log: Any, path: Path) -> None:
@@ -114,7 +114,9 @@ class Plugin:
         partial.replace(path)  # whole: every worker collects the same tests
 
     @pytest.hookimpl(tryfirst=True)  # before xdist's own
-    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+    def pytest_xdist_make_scheduler(
+        self, config: pytest.Config, log: Any
+    ) -> GroupScheduling | None:
         if self.directory is None:
             return None  # another --dist: xdist's own
         return GroupScheduling(config, log, Path(os.environ[FILE]))

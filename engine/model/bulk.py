@@ -78,18 +78,26 @@ def submit_all(m: ShardModel, specs: Sequence[PodSpec]) -> None:
     # likewise the shapes counted: ``counted`` pods of shape ``counting`` in a row
     counting: ShapeKey = (0, 0, 0, ())  # (none yet: counted is 0)
     counted = 0
+
+    def flush() -> None:
+        """Hand on what is gathered: the queue entries to the queue, the shapes counted
+        to the counts, and the rows of new pods to the state (what the loop had done by
+        now)."""
+        nonlocal counted, fresh
+        if entries:
+            queue.add_new(entries, into)
+            entries.clear()
+        if counted:
+            shapes.add_shapes(counting, counted)
+            counted = 0
+        if fresh:
+            m.state.ensure_rows()
+            fresh = False
+
     for spec in specs:
         key = spec.key
         if key in pods or key in outcomes or spec.group or spec.depends_on or m.next_runs:
-            if fresh:
-                m.state.ensure_rows()  # (what the loop had done by now)
-                fresh = False
-            if entries:
-                queue.add_new(entries, into)
-                entries = []
-            if counted:
-                shapes.add_shapes(counting, counted)
-                counted = 0
+            flush()
             m.submit(spec)
             continue
         try:
@@ -127,20 +135,13 @@ def submit_all(m: ShardModel, specs: Sequence[PodSpec]) -> None:
         if name is None:
             name = queues[namespace] = m.queue_of(namespace)
         if name != into or key in queue:
-            if entries:
-                queue.add_new(entries, into)
-                entries = []
+            flush()
             into = name
             if key in queue:  # (not a new pod to the queue: as the loop adds it)
                 queue.add(key, spec.priority, seq, name)
                 continue
         entries.append((key, spec.priority, seq))
-    if entries:
-        queue.add_new(entries, into)
-    if counted:
-        shapes.add_shapes(counting, counted)
-    if fresh:
-        m.state.ensure_rows()
+    flush()
 
 
 def place_all(m: ShardModel, placements: Sequence[tuple[str, int, str]], charged: bool) -> None:

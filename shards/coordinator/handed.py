@@ -16,9 +16,10 @@ per shard and the quota change once per run of identical pods and shard
 it over takes it out, and every path that puts it back (a hand-back, an aborted claim,
 a gang recalled, the pod's end) lands its flight first; a flight past the time-out
 stays recorded, and nothing queues its unit again. So a unit is never flown while a
-flight of it is recorded. Should a future path do so, the old flight is counted out of
-its shard's pending rows, in-flight count and quota charge (:meth:`Handed._pending`)
-before the new one is recorded, so that neither drifts: a guard, not a path taken.
+flight of it is recorded, and :meth:`Handed.fly` and :meth:`Handed.fly_run` hold to
+that: a unit flown again raises :class:`~engine.model.groups.TransitionError` (a bug,
+not input; its shard's pending rows, in-flight count and quota charge would count it
+twice).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from engine.model.groups import PENDING
+from engine.model.groups import PENDING, TransitionError
 from engine.model.pods import PodInfo
 from engine.model.state import Request, request_delta
 from shards.coordinator.flights import UNKNOWN, Flight, label_key
@@ -42,7 +43,7 @@ class Handed(Ledger):
         """``pods`` (unit ``unit``) were handed to ``shard``; their quota is charged in
         the view until the shard answers. ``moves``: for a plan of moves there (the
         pods it moves may fill any node of the shard, so its labels count as
-        :data:`UNKNOWN`: no spread constraint is counted on the view meanwhile)."""
+        :data:`UNKNOWN`: no inter-pod rule is counted on the view meanwhile)."""
         flying = self.flying_labels()
         if moves:
             flight = Flight(
@@ -78,11 +79,9 @@ class Handed(Ledger):
                 rid,
                 tuple(label_key(pod.spec.namespace, pod.spec.labels) for pod in pods),
             )
-        old = self.flights.pop(unit, None)  # (kept in the order made: see next_wakeup)
-        if old is not None:
-            self._pending(old, -1)  # (never so today: see "Flown again" above)
-            self.count_flying(flying, old, -1)
-        self.flights[unit] = flight
+        if unit in self.flights:
+            raise _flown_again(self.flights[unit], shard)
+        self.flights[unit] = flight  # (kept in the order made: see next_wakeup)
         self.engine.dispatched[unit] = str(shard)
         self._pending(flight, +1)
         self.count_flying(flying, flight, +1)
@@ -105,19 +104,14 @@ class Handed(Ledger):
         own = self.decisions
         per_shard = [0] * self.n
         names = [str(shard) for shard in range(self.n)]
-        stale: list[Flight] = []
         for pod, shard, decision in zip(pods, shards, decisions, strict=True):
             key = pod.key
-            old = flights.pop(key, None)  # (kept in the order made: see next_wakeup)
-            if old is not None:
-                stale.append(old)  # (never so today: see "Flown again" above)
+            if key in flights:
+                raise _flown_again(flights[key], shard)
             flights[key] = Flight(key, shard, now, (key,), requests, namespaces, "", labels)
             dispatched[key] = names[shard]
             own[key] = decision
             per_shard[shard] += 1
-        for old in stale:
-            self._pending(old, -1)
-            self.count_flying(flying, old, -1)
         flying[labels[0]] = flying.get(labels[0], 0) + len(pods)
         pending = self._pending_rows()
         delta = request_delta(request, pending.shape[2])
@@ -212,3 +206,11 @@ class Handed(Ledger):
             claim = self.claims.get(flight.rid)
             if claim is not None:
                 self._let_go(claim, reason)
+
+
+def _flown_again(flight: Flight, shard: int) -> TransitionError:
+    """The error of ``flight``'s unit flown to ``shard`` while ``flight`` is recorded
+    (see "Flown again" in the module's docstring)."""
+    return TransitionError(
+        f"flight of {flight.unit}: flown to shard {shard} while in flight to shard {flight.shard}"
+    )

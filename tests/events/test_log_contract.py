@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 
 from events.filelog import FileLog
 from events.kafka import KafkaLog, KafkaSettings, create_topic
-from events.log import EventLog, count_kinds, read_kinds
+from events.log import EventLog, count_kinds, long_poll_or_sleep, read_kinds
 from events.memory import MemoryLog
 from events.remote import LogServer, RemoteLog
 from events.types import ClockTicked, Envelope, NodeRemoved, PodDeleted
@@ -179,3 +180,14 @@ async def test_count_kinds_counts_what_read_kinds_would_keep(make_log: Factory) 
     assert await count_kinds(log, 0, 3, ["pod-"]) == (4, 0)
     assert await count_kinds(log, 0, 4, ["pod-"]) == (4, 0)
     assert await count_kinds(log, 0, 0, []) == (4, 0)
+
+
+async def test_a_long_poll_returns_once_one_of_its_partitions_grows(make_log: Factory) -> None:
+    """Where the log long-polls (Kafka) the wait ends when a record comes; elsewhere it
+    is a short sleep. Either way it is back long before its ``seconds``."""
+    log = await make_log(2)
+    await log.append(records(1), 1)
+    waiting = asyncio.ensure_future(long_poll_or_sleep(log, {0: 0, 1: 1}, 600.0, 0.01))
+    await log.append(records(1), 0)
+    await asyncio.wait_for(waiting, 60)
+    await long_poll_or_sleep(log, {0: 1, 1: 1}, 0.01, 0.01)  # nothing comes: back in time

@@ -1,12 +1,13 @@
-"""A unit flown while a flight of it is still recorded (no path does so today: see the
-docstring of :mod:`shards.coordinator.handed`) is counted once: the old flight leaves
-its shard's pending rows, in-flight count and quota charge before the new one is
-recorded, whether flown alone (``fly``) or in a run (``fly_run``)."""
+"""A unit is never flown while a flight of it is still recorded (see the docstring of
+:mod:`shards.coordinator.handed`): flying it again, alone (``fly``) or in a run
+(``fly_run``), is a bug and raises, rather than counting the unit twice in its shard's
+pending rows, in-flight count and quota charge."""
 
 from __future__ import annotations
 
 import pytest
 
+from engine.model.groups import TransitionError
 from engine.model.pools import POOL_LABEL
 from events.types import Envelope
 from shards.coordinator.coordinator import Coordinator
@@ -30,29 +31,29 @@ def _coordinator() -> Coordinator:
     return coordinator
 
 
-def _counts(c: Coordinator) -> tuple[list[list[list[int]]], list[int], object]:
-    usage = {ns: dict(used) for ns, used in c.engine.quotas._usage.items()}
-    return c._pending_rows().tolist(), list(c.inflight), usage
-
-
 @pytest.mark.parametrize("again", ["fly", "fly_run"])
-def test_a_unit_flown_again_is_counted_once(again: str) -> None:
-    flown, once = _coordinator(), _coordinator()
-    for c in (flown, once):
-        pods = [c.engine.pods[f"default/p{i}"] for i in range(3)]
-        c.fly_run(pods, [0, 0, 1], ["d0", "d1", "d2"])
-    pods = [flown.engine.pods[f"default/p{i}"] for i in range(3)]
-    if again == "fly":
-        flown.fly(pods[0].key, 1, [pods[0]])
-    else:
-        flown.fly_run(pods[:2], [1, 1], ["e0", "e1"])
-    # as if flown to its last shard only
-    moved = [once.engine.pods[pod.key] for pod in pods[: 1 if again == "fly" else 2]]
-    for pod in moved:
-        once.land(pod.key)
-    once.fly_run(moved, [1] * len(moved), ["e"] * len(moved))
-    assert _counts(flown) == _counts(once)
-    assert flown.inflight == ([0, 3] if again == "fly_run" else [1, 2])
-    assert {key: f.shard for key, f in flown.flights.items()} == {
-        key: f.shard for key, f in once.flights.items()
+def test_a_unit_flown_again_is_refused(again: str) -> None:
+    c = _coordinator()
+    pods = [c.engine.pods[f"default/p{i}"] for i in range(3)]
+    c.fly_run(pods, [0, 0, 1], ["d0", "d1", "d2"])
+    assert c.inflight == [2, 1]
+    with pytest.raises(TransitionError, match="default/p0: flown to shard 1 while in flight"):
+        if again == "fly":
+            c.fly(pods[0].key, 1, [pods[0]])
+        else:
+            c.fly_run(pods[:2], [1, 1], ["e0", "e1"])
+    assert c.flights[pods[1].key].shard == 0
+
+
+def test_a_unit_landed_may_fly_again() -> None:
+    c = _coordinator()
+    pods = [c.engine.pods[f"default/p{i}"] for i in range(3)]
+    c.fly_run(pods, [0, 0, 1], ["d0", "d1", "d2"])
+    c.land(pods[0].key)
+    c.fly(pods[0].key, 1, [pods[0]])
+    assert c.inflight == [1, 2]
+    assert {key: f.shard for key, f in c.flights.items()} == {
+        "default/p0": 1,
+        "default/p1": 0,
+        "default/p2": 1,
     }

@@ -83,6 +83,23 @@ def pod_memory(pod: PodInfo) -> int:
     return 0
 
 
+def _view_of(pod: PodInfo) -> tuple[int, int, int, int, int]:
+    """The compiled kernel's view of ``pod``: its mode (SHARE for one shared card, else
+    WHOLE_CARDS), cpu, memory, milli-GPU per card and cards (0 and 0 without a GPU).
+    :meth:`GpuFragmentation.key`, ``_request`` and ``pod_mode`` all read it here."""
+    pod_cpu = pod_mem = 0
+    for row, amount in pod.request:
+        if row == CPU:
+            pod_cpu = amount
+        elif row == MEMORY:
+            pod_mem = amount
+    gpu = pod.gpu
+    if gpu is None:
+        return WHOLE_CARDS, pod_cpu, pod_mem, 0, 0
+    mode = SHARE if not gpu.whole and gpu.cards == 1 else WHOLE_CARDS
+    return mode, pod_cpu, pod_mem, gpu.need.milli, gpu.cards
+
+
 class GpuFragmentation(CachedScore):
     name = "GpuFragmentation"
     counts_memory = False
@@ -178,22 +195,11 @@ class GpuFragmentation(CachedScore):
     def key(self, pod: PodInfo) -> tuple[Any, ...]:
         if pod is self._keyed:  # asked again for the card of the pod just scored
             return self._key
-        # shape_key and pod_memory, and the kernel's view of the request, in one pass
-        pod_cpu = pod_mem = 0
-        for row, amount in pod.request:
-            if row == CPU:
-                pod_cpu = amount
-            elif row == MEMORY:
-                pod_mem = amount
+        # the kernel's view of the request, whose cpu and memory the shape key shares
+        view = self._view = _view_of(pod)
+        _, pod_cpu, pod_mem, _, _ = view
         gpu = pod.gpu
-        key: tuple[Any, ...]
-        if gpu is None:
-            key = (pod_cpu,)
-            self._view = (WHOLE_CARDS, pod_cpu, pod_mem, 0, 0)
-        else:
-            key = (pod_cpu, gpu.cards, gpu.need)
-            mode = SHARE if not gpu.whole and gpu.cards == 1 else WHOLE_CARDS
-            self._view = (mode, pod_cpu, pod_mem, gpu.need.milli, gpu.cards)
+        key: tuple[Any, ...] = (pod_cpu,) if gpu is None else (pod_cpu, gpu.cards, gpu.need)
         if self.counts_memory:
             key = (*key, pod_mem)
         self._keyed, self._key = pod, key
@@ -361,18 +367,10 @@ class GpuFragmentation(CachedScore):
     def _request(self, pod: PodInfo | None) -> tuple[int, int, int, int]:
         """The kernel's view of ``pod``'s request: cpu, memory (0 unless memory-aware),
         milli-GPU per card and cards (all 0 for no pod)."""
-        pod_cpu = pod_mem = milli = cards = 0
-        if pod is not None:
-            for row, amount in pod.request:
-                if row == CPU:
-                    pod_cpu = amount
-                elif row == MEMORY and self._memory_aware:
-                    pod_mem = amount
-            gpu = pod.gpu
-            if gpu is not None:
-                cards = gpu.cards
-                milli = gpu.need.milli
-        return pod_cpu, pod_mem, milli, cards
+        if pod is None:
+            return 0, 0, 0, 0
+        _, pod_cpu, pod_mem, milli, cards = _view_of(pod)
+        return pod_cpu, pod_mem if self._memory_aware else 0, milli, cards
 
     def _run(
         self,
@@ -456,8 +454,7 @@ class GpuFragmentation(CachedScore):
 
     def pod_mode(self, pod: PodInfo) -> int:
         """The kernel's mode for ``pod``: SHARE for one shared card, else WHOLE_CARDS."""
-        gpu = pod.gpu
-        return SHARE if gpu is not None and not gpu.whole and gpu.cards == 1 else WHOLE_CARDS
+        return _view_of(pod)[0]
 
     def quantised(self, delta: Ints) -> Ints:
         """The simulator's score of a change ``delta``: ``int(100 * sigmoid(-ΔF / 1000))``
