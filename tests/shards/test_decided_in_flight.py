@@ -32,15 +32,20 @@ ZONE = "topology.kubernetes.io/zone"
 HOST = "kubernetes.io/hostname"
 
 
-def two_zones(cpu: str = "8") -> Control:
-    """Two shards (pool p0 on shard 0, p1 on shard 1), each with a node in zones a
-    and b."""
+def two_zones(cpu: str = "8", per: int = 1) -> Control:
+    """Two shards (pool p0 on shard 0, p1 on shard 1), each with ``per`` nodes in zones
+    a and b."""
     control = Control(pinned(2, p0=0, p1=1))
     control.input(
         *(
-            make_node(f"{zone}{i}").cpu(cpu).label(ZONE, zone).label(POOL_LABEL, f"p{i}").added()
+            make_node(f"{zone}{i}-{j}")
+            .cpu(cpu)
+            .label(ZONE, zone)
+            .label(POOL_LABEL, f"p{i}")
+            .added()
             for zone in "ab"
             for i in range(2)
+            for j in range(per)
         )
     )
     return control
@@ -130,6 +135,20 @@ def test_a_term_over_every_namespace_counts_flying_pods_of_any_namespace() -> No
     own = msgspec.structs.replace(term, all_namespaces=False, namespaces=("default",))
     api = PodSubmitted(pod=msgspec.structs.replace(spec, pod_anti_affinity=(own,)))
     assert decided_early(control, elsewhere, spread=api)
+
+
+def test_the_pods_behind_a_waiting_spread_pod_wait_too() -> None:
+    # 7 cpu under way to each shard's 8-cpu nodes: the spread pod behind them may find
+    # no room, so it waits, and the plain pod behind it waits too (queue order)
+    control = two_zones()
+    big = [
+        make_pod(f"big{i}").cpu("7").labels(app="other").selector(**{POOL_LABEL: f"p{i}"})
+        for i in range(2)
+    ]
+    after = make_pod("after").cpu("1").labels(app="other").submitted()
+    out = control.input(*(b.submitted() for b in big), spread_pod("s", "2"), after)
+    assert sorted(e.pod.name for _, e in sent(out, PodRouted)) == ["big0", "big1"]
+    assert not sent(out, ReservationRequested)
 
 
 # ----------------------------------------------------------------------------- property
