@@ -31,6 +31,7 @@ from engine.snapshot import (
     decode_tree,
     digest,
     encode_tree,
+    encode_trees,
     rederive,
     snapshot_parts,
 )
@@ -91,20 +92,23 @@ def snapshot_coordinator(
     last_own: list[int],
     relay_from: list[int],
 ) -> list[SnapshotTaken]:
-    header = {
-        "component": COMPONENT,
-        "shards": coordinator.n,
-        "config": config_source(coordinator.engine.config),
-        "state_digest": digest(coordinator_state(coordinator)),
-    }
-    pairs = [
-        *_pairs(coordinator),
+    worker = [
         ("worker.position", position),
         ("worker.written", written),
         ("worker.last_own", last_own),
         ("worker.relay_from", relay_from),
     ]
-    raw = encode_tree(header, pairs, ALLOWED)
+
+    def header(state: bytes) -> dict[str, Any]:
+        return {
+            "component": COMPONENT,
+            "shards": coordinator.n,
+            "config": config_source(coordinator.engine.config),
+            "state_digest": digest(state),
+        }
+
+    # the state is encoded once, for its digest and for the snapshot
+    _, raw = encode_trees(header, _pairs(coordinator), worker, ALLOWED)
     return snapshot_parts(raw, position, component=COMPONENT)
 
 

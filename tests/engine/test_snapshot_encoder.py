@@ -12,8 +12,10 @@ from dataclasses import dataclass
 import msgspec
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from engine.snapshot import Allowed, decode_tree, encode_tree
+from engine.snapshot import Allowed, decode_tree, encode_tree, encode_trees
 
 
 @dataclass(slots=True)
@@ -112,3 +114,21 @@ def test_a_constant_is_a_value_each_time_and_a_writable_array_is_shared() -> Non
         "L",
         [value, value, ["N", writable.dtype.str, [2], writable.tobytes()], ["R", 1]],
     ]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(st.tuples(st.text(max_size=3), st.recursive(st.integers(-9, 9), st.lists)), max_size=4),
+    st.lists(st.tuples(st.text(max_size=3), st.lists(st.integers(-9, 9))), max_size=3),
+)
+def test_state_encoded_once_gives_the_bytes_of_two_encodings(
+    state: list[tuple[str, object]], more: list[tuple[str, object]]
+) -> None:
+    # a shared object, met in the state and again after it, is referred to the same way
+    shared = [1, 2]
+    state = [*state, ("shared", shared)]
+    more = [*more, ("again", shared)]
+    allowed = Allowed({})
+    alone, both = encode_trees(lambda raw: {"digest": len(raw)}, state, more, allowed)
+    assert alone == encode_tree({}, state, allowed)
+    assert both == encode_tree({"digest": len(alone)}, [*state, *more], allowed)
