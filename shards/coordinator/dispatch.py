@@ -152,7 +152,7 @@ class Coordinating(Handing, Waving, Protocol):
 
     def flying_match(self, selectors: list[Selecting]) -> bool: ...
 
-    def _pending_rows(self) -> npt.NDArray[np.int64]: ...
+    def under_way(self, shard: int) -> npt.NDArray[np.int64]: ...
 
     def nominate(self, unit: str, victims: list[str]) -> None: ...
 
@@ -243,7 +243,7 @@ class ShardDispatch:
         shard = int(c.routing.slot_shard[slot])
         if shard < 0:
             return False
-        pending = c._pending_rows()[shard][1]  # what those pods ask for, summed
+        pending = c.under_way(shard)
         free = c.engine.state.free
         return all(
             int(free[row, slot]) >= amount + int(pending[row]) for row, amount in pod.request

@@ -163,6 +163,11 @@ class Handed(Ledger):
                 here -= delta * count
         self.inflight[shard] -= pods
 
+    def under_way(self, shard: int) -> npt.NDArray[np.int64]:
+        """What the pods under way to ``shard`` ask for, summed per resource row (the
+        view's rows at least; read, never kept)."""
+        return self._pending_rows()[shard][1]
+
     def _pending_rows(self) -> npt.NDArray[np.int64]:
         """``pending``, grown to the view's resource rows."""
         rows = len(self.engine.state.resources)
