@@ -166,7 +166,8 @@ class Handed(Ledger):
     def under_way(self, shard: int) -> npt.NDArray[np.int64]:
         """What the pods under way to ``shard`` ask for, summed per resource row (the
         view's rows at least; read, never kept)."""
-        return self._pending_rows()[shard][1]
+        rows: npt.NDArray[np.int64] = self._pending_rows()[shard, 1]
+        return rows
 
     def _pending_rows(self) -> npt.NDArray[np.int64]:
         """``pending``, grown to the view's resource rows."""
