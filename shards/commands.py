@@ -91,7 +91,7 @@ def snapshot_option(parser: argparse.ArgumentParser) -> None:
         metavar="RECORDS",
         help="shards and the coordinator write their state into the log every RECORDS "
         f"records (0: never); by default every {SNAPSHOT_EVERY:,}, and no more often "
-        f"than every {SNAPSHOT_PER_POD} records per pod held, so that a large state "
+        f"than every {SNAPSHOT_PER_POD} records per pod and node held, so that a large state "
         "costs a bounded share of the time; a restart restores the newest and replays "
         "only what follows",
     )

@@ -253,7 +253,7 @@ class ControlWorker:
             and not engine.extenders.in_flight
             and snapshot_due(
                 self.position - self.snapshot_at,
-                len(self.coordinator.engine.pods),
+                len(self.coordinator.engine.pods) + len(self.coordinator.engine.state.index),
                 self.snapshot_every,
                 self.snapshot_per_pod,
             )

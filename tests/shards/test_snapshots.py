@@ -324,10 +324,33 @@ def test_a_worker_holding_many_pods_waits_for_records_in_proportion() -> None:
     # A batch is 10 pods in and 10 decisions out; the check follows each pass, counting
     # the records read since the last snapshot (3 setup records and the first batch's
     # pods: 13; then each batch's pods, the previous decisions and snapshot part: 21),
-    # against 10 and the floor per pod held (10, 20, 30 pods).
+    # against 10 and the floor per pod and node held (12, 22, 32: the 2 nodes count).
     assert asyncio.run(snapshots_after(0, 3)) == 3  # 13, 21, 21 >= 10
-    assert asyncio.run(snapshots_after(1, 3)) == 2  # 13 >= 10, 21 >= 20, 21 < 30
-    assert asyncio.run(snapshots_after(4, 3)) == 0  # 13 < 40, 33 < 80, 53 < 120
+    assert asyncio.run(snapshots_after(1, 3)) == 2  # 13 >= 12, 21 < 22, 42 >= 32
+    assert asyncio.run(snapshots_after(4, 3)) == 0  # 13 < 48, 34 < 88, 55 < 128
+
+
+def test_nodes_held_count_toward_the_floor_like_pods() -> None:
+    """A large cluster with few pods is snapshotted in proportion to its nodes too (a
+    node costs about what a pod does to write), not every ``every`` records."""
+
+    async def snapshots(nodes: int) -> int:
+        log = MemoryLog()
+        worker = ShardWorker(Engine(), log, snapshot_every=10, snapshot_per_pod=1)
+        added = [_ingested(make_node(f"n{i}").cpu("64").added()) for i in range(nodes)]
+        await log.append([Envelope(event=SchedulerConfigured()), *added])
+        await worker.poll()
+        for batch in range(3):
+            pods = [make_pod(f"p{batch}-{i}").cpu("100m").submitted() for i in range(10)]
+            await log.append([_ingested(p) for p in pods])
+            await worker.poll()
+        return sum(1 for e in await log.read(0, 0) if isinstance(e.event, SnapshotTaken))
+
+    # 2 nodes: as in the test above, two snapshots in three batches
+    assert asyncio.run(snapshots(2)) == 2
+    # 60 nodes: one after the setup (61 records), then fewer records than nodes and
+    # pods held (counting pods only, each batch of 10 would have written one)
+    assert asyncio.run(snapshots(60)) == 1
 
 
 def _ingested(event: Any) -> Envelope:
