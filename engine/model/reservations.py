@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
 
+from engine.model.groups import TransitionError
+
 
 class ReservationState(StrEnum):
     STAGING = "staging"
@@ -69,8 +71,6 @@ class Reservation:
 
     def advance(self, state: ReservationState) -> None:
         """Move to ``state``, as :data:`TRANSITIONS` allows."""
-        from engine.model.groups import TransitionError
-
         if state != self.state and (self.state, state) not in TRANSITIONS:
             raise TransitionError(f"reservation {self.rid}: {self.state.value} -> {state.value}")
         self.state = state
