@@ -113,6 +113,11 @@ class SchedulingQueue:
                 return True
         return False
 
+    def backing_off(self, key: str, now: int) -> bool:
+        """Whether ``key``, woken at ``now``, would wait out a back-off first."""
+        entry = self._entries.get(key)
+        return entry is not None and entry.backoff_until > now
+
     def reason_plugins(self, key: str) -> tuple[str, ...]:
         entry = self._entries.get(key)
         return () if entry is None else entry.plugins

@@ -767,7 +767,11 @@ class ShardModel:
 
     def _capacity_limit(self, slot: int) -> Callable[[str, int], int]:
         """How many parked pods of a bucket the freed node ``slot`` can hold: only that
-        node changed, so pods beyond its free capacity would fail again."""
+        node changed, so pods beyond its free capacity would fail again. A bucket
+        whose pods wait out a back-off first is woken whole and takes none of the
+        room: it is tried later, and the room is for the pods that are tried now (else
+        a higher-priority pod still backing off kept a lower one parked that one
+        scheduler, waking every pod the event may help, places meanwhile)."""
         budget: dict[int, int] = {}
         free = self.state.free
         hints = self.hints
@@ -775,6 +779,8 @@ class ShardModel:
         def limit(unit: str, waiting: int) -> int:
             plugins = self.queue.reason_plugins(unit)
             if is_group_unit(unit) or QUOTA_PLUGIN in plugins or not plugins:
+                return waiting
+            if self.queue.backing_off(unit, self.now):
                 return waiting
             pod = self.pods[unit]
             if self.could_preempt(pod, slot):

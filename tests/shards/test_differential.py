@@ -359,3 +359,61 @@ def test_reclaim_chooses_its_victims_whatever_node_the_pods_landed_on(profile: s
     for shards, other in zip(SHARDS[1:], others, strict=True):
         assert other == one, (shards, _diff(one, other))
     assert one[1] == {"a/g0-0"}  # the least valuable pod of the borrowing namespace
+
+
+def _woken_behind_a_backing_off_pod() -> Scenario:
+    """A case the property above found (``HYPOTHESIS_PROFILE=big``): room freed by a
+    preemption (``a/p3`` evicts gang ``c/g4``'s two placed members and takes one of
+    their two cards) is enough for one pod. ``c/g4-2`` (priority 652) waits out a
+    back-off; ``a/p6`` (priority 30) has waited since the start. One scheduler wakes
+    both: ``a/p6`` runs at once, and ``c/g4-2`` preempts it when its back-off ends. The
+    wake-up once gave the room to ``c/g4-2`` alone, so ``a/p6`` stayed parked; and one
+    shard woke once per victim, the coordinator once per node, so 2 shards left
+    ``a/p6`` pending where one shard ran it and preempted it."""
+    items: list[tuple[int, Any]] = []
+    for name in ("p0-0", "p0-1"):
+        node = make_node(name).cpu("64").memory("256Gi").gpu(2).label("pool", "p0")
+        items.append((0, node.added()))
+
+    def gang(ns: str, name: str, size: int, minimum: int, priority: int, at: int) -> None:
+        group = GroupSpec(namespace=ns, name=name, min_member=minimum, priority=priority)
+        items.append((at, PodGroupSubmitted(group=group)))
+        for m in range(size):
+            pod = PodSpec(
+                namespace=ns,
+                name=f"{name}-{m}",
+                group=group.key,
+                priority=priority + m,
+                requests={GPU: 1, "cpu": 100},
+                node_selector={"pool": "p0"},
+            )
+            items.append((at, PodSubmitted(pod=pod)))
+
+    def plain(name: str, priority: int, at: int) -> None:
+        pod = PodSpec(
+            namespace="a",
+            name=name,
+            priority=priority,
+            requests={GPU: 1, "cpu": 100},
+            node_selector={"pool": "p0"},
+        )
+        items.append((at, PodSubmitted(pod=pod)))
+
+    gang("a", "g0", 2, 1, 140, 0)
+    plain("p6", 30, 0)
+    plain("p7", 830, 0)
+    plain("p8", 860, 0)
+    gang("c", "g4", 3, 2, 650, 32)
+    plain("p3", 1160, 33)
+    events = [TimedEvent(t * SECOND, i, e) for i, (t, e) in enumerate(items)]
+    return Scenario(events=events)
+
+
+@pytest.mark.parametrize("profile", ["default", "MostAllocated"])
+def test_room_freed_wakes_a_parked_pod_beside_one_backing_off(profile: str) -> None:
+    scenario = _woken_behind_a_backing_off_pod()
+    scenario.config = scheduler_config((profile,))
+    one, *others = (asyncio.run(_run(scenario, shards)) for shards in SHARDS)
+    for shards, other in zip(SHARDS[1:], others, strict=True):
+        assert other == one, (shards, _diff(one, other))
+    assert one[0]["a/p6"] == "Failed" and "a/p6" in one[1]  # ran, then was preempted
