@@ -45,18 +45,7 @@ class Handed(Ledger):
         pods it moves may fill any node of the shard, so its labels count as
         :data:`UNKNOWN`: no inter-pod rule is counted on the view meanwhile)."""
         flying = self.flying_labels()
-        if moves:
-            flight = Flight(
-                unit,
-                shard,
-                self.now,
-                tuple(pod.key for pod in pods),
-                tuple(pod.request for pod in pods),
-                tuple(pod.spec.namespace for pod in pods),
-                rid,
-                (UNKNOWN,) * len(pods),
-            )
-        elif len(pods) == 1:  # (most flights: a plain pod)
+        if len(pods) == 1 and not moves:  # (most flights: a plain pod)
             one = pods[0]
             flight = Flight(
                 unit,
@@ -77,7 +66,9 @@ class Handed(Ledger):
                 tuple(pod.request for pod in pods),
                 tuple(pod.spec.namespace for pod in pods),
                 rid,
-                tuple(label_key(pod.spec.namespace, pod.spec.labels) for pod in pods),
+                (UNKNOWN,) * len(pods)
+                if moves
+                else tuple(label_key(pod.spec.namespace, pod.spec.labels) for pod in pods),
             )
         if unit in self.flights:
             raise _flown_again(self.flights[unit], shard)
