@@ -221,8 +221,9 @@ class Ledger:
         return self._flying
 
     def count_flying(self, counts: dict[LabelKey, int], flight: Flight, sign: int) -> None:
-        """Count ``flight``'s pods in (``sign`` +1) or out of (-1) ``counts``
-        (:meth:`flying_labels`, asked before ``flights`` changed)."""
+        """Count ``flight``'s pods in (``sign`` +1) or out of (-1; -N: N flights with
+        the same labels) ``counts`` (:meth:`flying_labels`, asked before ``flights``
+        changed)."""
         keys = flight.labels if len(flight.labels) == len(flight.pods) else [UNKNOWN]
         for key in keys:
             left = counts.get(key, 0) + sign

@@ -103,6 +103,9 @@ class Reports(Handed):
         dispatched = engine.dispatched
         decisions = self.decisions
         flying = self.flying_labels()
+        # the flights landed, by their labels' identity (a run's flights share one
+        # tuple): counted out of ``flying`` once per run, not once per pod
+        flown: dict[int, list[Any]] = {}
         # request → [request, how many landed], by the request's identity: the pods of
         # one template share one request object (not hashed again per pod)
         landed: dict[int, list[Any]] = {}
@@ -115,7 +118,11 @@ class Reports(Handed):
             slot = index.get(node)
             if slot is not None and key in live and key not in held:
                 del flights[key]
-                self.count_flying(flying, flight, -1)
+                seen = flown.get(id(flight.labels))
+                if seen is None:
+                    flown[id(flight.labels)] = [flight, 1]
+                else:
+                    seen[1] += 1
                 dispatched.pop(key, None)
                 pods += len(flight.pods)
                 for request in flight.requests:
@@ -134,6 +141,8 @@ class Reports(Handed):
                 engine.place(key, slot, decisions.get(key, key))
         if run:
             place_all(engine, run, charged=True)
+        for flight, count in flown.values():
+            self.count_flying(flying, flight, -count)
         if pods:
             counts: dict[Request, int] = {}
             for request, count in landed.values():

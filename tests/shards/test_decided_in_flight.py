@@ -248,3 +248,28 @@ def test_spread_deployments_end_the_same_at_any_shard_count(
                 assert max(present) - min(present) <= skew, (shards, name, per_zone[name])
         placed[shards] = counts
     assert placed[2] == placed[1] and placed[4] == placed[1], placed
+
+
+def test_the_count_of_flying_labels_follows_the_flights() -> None:
+    # kept as flights come and land (in bulk, from a shard's summary), it equals what
+    # is made again from the flights themselves (as after a restore)
+    control = two_zones(cpu="16", per=2)
+    coordinator = control.coordinator
+    out = control.input(
+        *(make_pod(f"w{i}").cpu("1").labels(app="web").submitted() for i in range(3)),
+        *(make_pod(f"o{i}").cpu("1").labels(app="other").submitted() for i in range(2)),
+    )
+    routed = sent(out, PodRouted)
+    assert len(routed) == 5
+
+    def rebuilt() -> dict[object, int]:
+        coordinator._flying_of = None
+        return dict(coordinator.flying_labels())
+
+    kept = dict(coordinator.flying_labels())
+    assert kept == rebuilt() and sum(kept.values()) == 5
+    shard, first = routed[0]
+    node = next(n for n, s in coordinator.routing.node_shard.items() if s == shard)
+    control.placed(shard, {first.pod.key: node}, nodes=4)
+    kept = dict(coordinator.flying_labels())
+    assert kept == rebuilt() and sum(kept.values()) == 4
