@@ -95,6 +95,7 @@ class BestIndex:
         "limit_compiled",
         "olds",
         "scores",
+        "shift",
         "stale",
         "written",
     )
@@ -115,6 +116,8 @@ class BestIndex:
         self.limit_compiled = max(_FULL_REFRESH, scores.shape[0] >> _COMPILED_SHIFT)
         """With the compiled refresh a slot costs some nanoseconds, not a Python loop's
         microsecond: it follows more of them before taking every block again."""
+        self.shift = _SHIFT
+        """Slots per block, as a power of two (as built)."""
         n = (scores.shape[0] + BLOCK - 1) >> _SHIFT
         self.blocks: Ints = np.empty(n, dtype=np.int64)
         self.counts: Ints = np.empty(n, dtype=np.int64)
@@ -138,6 +141,20 @@ class BestIndex:
         at = np.array(slots, dtype=np.int64)
         self.changed.append(at)
         self.olds.append(self.scores[at])
+
+    def follows(self, count: int) -> bool:
+        """Whether a writer of ``count`` slots of the scores may keep the block maxima
+        in step as it writes (the compiled resource refresh,
+        :meth:`engine.plugins.kernels.ResourceKernel.run`): they are up to date (not
+        stale, nothing told since the last selection), the index refreshes compiled,
+        and ``count`` is within what is worth following (beyond, :meth:`told` marks
+        the index stale)."""
+        return (
+            not self.stale
+            and not self.changed
+            and bool(_compiled)
+            and self.written + count <= self.limit_compiled
+        )
 
     def told(self, slots: Ints, olds: Ints) -> None:
         """:meth:`touch` with the slots as an array and the values they hold now,
@@ -262,6 +279,7 @@ def _block_max(scores: Ints) -> tuple[Ints, Ints]:
 
 _PENDING: Final = -(1 << 62)
 """A block maximum no score takes: marks the blocks to take again."""
+PENDING: Final = _PENDING
 
 
 def refresh_select(

@@ -402,26 +402,31 @@ class Framework:
         if entry.pending_slots is not None:
             changed = [*changed, *entry.pending_slots]
             entry.pending_slots = None
+        kernel = self.kernel
+        refresh = (
+            bool(changed)
+            and kernel is not None
+            and entry.local is not None
+            and kernel.worth(len(changed), SCALAR_LIMIT)
+        )
         at = None  # ``changed`` as an array, made once for the index and the kernel
+        follows = None  # the index the kernel keeps in step as it writes
         if changed and (entry.best is not None or entry.derived):
             if entry.best is not None:
                 assert entry.masked is not None  # (the index is over it)
                 at = np.array(changed, dtype=np.int64)
-                entry.best.told(at, entry.masked[at])
+                if refresh and entry.best.follows(at.shape[0]):
+                    follows = entry.best
+                else:
+                    entry.best.told(at, entry.masked[at])
             # (followed up to a share of the nodes: taking them later, when the pod's
             # mask names these scores again, costs less than building them anew)
             limit = max(INCREMENTAL_LIMIT, state.capacity >> DERIVED_SHIFT)
             for derived in entry.derived.values():
                 derived.touch(changed, limit)
-        kernel = self.kernel
-        if (
-            changed
-            and kernel is not None
-            and entry.local is not None
-            and kernel.worth(len(changed), SCALAR_LIMIT)
-        ):
+        if refresh:
+            assert kernel is not None and entry.local is not None and entry.masked is not None
             params = kernel.params(pod.request, state)
-            assert entry.masked is not None
             if params is not None and kernel.run(
                 changed if at is None else at,
                 static,
@@ -430,9 +435,13 @@ class Framework:
                 entry.feasible,
                 entry.local,
                 entry.masked,
+                follows,
             ):
                 entry.position = state.journal_end
                 return entry.feasible, entry
+            if follows is not None:  # not refreshed compiled: told as written later
+                assert at is not None
+                follows.told(at, entry.masked[at])
         if changed and self._scalar and len(changed) <= SCALAR_LIMIT:
             feasible = entry.feasible
             filters = self.dynamic_filters

@@ -76,8 +76,12 @@ def _compile() -> Refresh | None:
         feasible: Bools,
         local: Ints,
         masked: Ints,
+        blocks: Ints,
+        counts: Ints,
+        shift: int,
     ) -> None:  # pragma: no cover - compiled; its twin is engine.plugins.fit
         alloc, used, free, nonzero = columns[0], columns[1], columns[2], columns[3]
+        indexed = blocks.shape[0] > 0  # a best-node index over ``masked``, kept in step
         fit_mode, fit_weight, bal_weight = p[0], p[1], p[2]
         n_req, n_fit, n_bal = p[3], p[4], p[5]
         req = 6  # rows, then amounts
@@ -126,7 +130,43 @@ def _compile() -> Refresh | None:
                     else:
                         total += MAX_NODE_SCORE * bal_weight
             local[s] = total
-            masked[s] = total if ok else -1
+            new = total if ok else -1
+            old = masked[s]
+            masked[s] = new
+            if indexed and new != old:
+                # the block maxima as BestIndex's refresh keeps them, write by write
+                b = s >> shift
+                top = blocks[b]
+                if top == best.PENDING:
+                    continue
+                if new > top:
+                    blocks[b] = new
+                    counts[b] = 1
+                elif new == top:
+                    counts[b] += 1
+                elif old == top:
+                    counts[b] -= 1
+                    if counts[b] == 0:
+                        blocks[b] = best.PENDING  # taken again below
+        if indexed:
+            size = masked.shape[0]
+            width = 1 << shift
+            for i in range(slots.shape[0]):
+                b = slots[i] >> shift
+                if blocks[b] != best.PENDING:
+                    continue
+                lo = b << shift
+                hi = min(lo + width, size)
+                top = masked[lo]
+                count = 1
+                for k in range(lo + 1, hi):
+                    if masked[k] > top:
+                        top = masked[k]
+                        count = 1
+                    elif masked[k] == top:
+                        count += 1
+                blocks[b] = top
+                counts[b] = count
 
     return jit(refresh)
 
@@ -166,7 +206,18 @@ def refresh_kernel() -> Refresh | None:
     if refresh is not None:
         flags = np.zeros(0, dtype=bool)
         params = np.zeros(6, dtype=np.int64)
-        refresh(_EMPTY, flags, np.zeros((4, 1, 0), dtype=np.int64), params, flags, _EMPTY, _EMPTY)
+        refresh(
+            _EMPTY,
+            flags,
+            np.zeros((4, 1, 0), dtype=np.int64),
+            params,
+            flags,
+            _EMPTY,
+            _EMPTY,
+            _EMPTY,
+            _EMPTY,
+            0,
+        )
         add = jit(_add_column)
         delta = np.zeros((4, 1), dtype=np.int64)
         for writeable in (True, False):  # placed pods' deltas are read-only; padded not
@@ -304,9 +355,13 @@ class ResourceKernel:
         feasible: Bools,
         local: Ints,
         masked: Ints,
+        index: best.BestIndex | None = None,
     ) -> bool:
         """Refresh ``feasible``, ``local`` and ``masked`` at ``slots``; False (nothing
-        done) if the kernel cannot be compiled here."""
+        done) if the kernel cannot be compiled here. ``index``: a best-node index over
+        ``masked`` that :meth:`~engine.framework.best.BestIndex.follows` these writes:
+        its block maxima are kept in step as the slots are written (instead of being
+        told the slots and their old values, and refreshed at the next selection)."""
         refresh = refresh_kernel()
         if refresh is None:
             return False
@@ -318,5 +373,8 @@ class ResourceKernel:
             feasible,
             local,
             masked,
+            _EMPTY if index is None else index.blocks,
+            _EMPTY if index is None else index.counts,
+            0 if index is None else index.shift,
         )
         return True
