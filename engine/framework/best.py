@@ -374,11 +374,14 @@ class MaskedScores:
     step with the shape's scores slot by slot while the filter returns the same mask
     (the framework keeps a few per shape), with its own best-node index."""
 
-    __slots__ = ("best", "mask", "masked", "slots")
+    __slots__ = ("best", "feasible", "mask", "masked", "slots")
 
-    def __init__(self, mask: Bools, scores: Ints) -> None:
+    def __init__(self, mask: Bools, scores: Ints, feasible: Bools) -> None:
         self.mask = mask
         self.masked: Ints = np.where(mask, scores, -1)
+        self.feasible: Bools = mask & feasible
+        """The shape's verdict under the mask (``feasible``: the shape's own), kept in
+        step as ``masked`` is: callers must not modify it."""
         self.slots: list[int] | None = []
         """Slots of the shape's scores rewritten since ``masked`` was (None: too many
         to follow; the owner builds a new one)."""
@@ -398,13 +401,16 @@ class MaskedScores:
             return
         self.slots.extend(slots)
 
-    def sync(self, scores: Ints) -> None:
-        """Take the rewritten slots of the shape's ``scores`` (now up to date)."""
+    def sync(self, scores: Ints, feasible: Bools) -> None:
+        """Take the rewritten slots of the shape's ``scores`` and verdict ``feasible``
+        (both now up to date)."""
         if self.slots:
             slots = np.array(self.slots, dtype=np.int64)
             if self.best is not None:
                 self.best.told(slots, self.masked[slots])
-            self.masked[slots] = np.where(self.mask[slots], scores[slots], -1)
+            mask = self.mask[slots]
+            self.masked[slots] = np.where(mask, scores[slots], -1)
+            self.feasible[slots] = mask & feasible[slots]
             self.slots.clear()
 
     def index(self) -> BestIndex:

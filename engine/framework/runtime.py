@@ -99,7 +99,7 @@ DERIVED_TOTAL = 32
 """Memory per node of a profile's caches, at most: ``SHAPE_CACHE_SIZE`` shapes of 17
 bytes (verdict, local and masked scores, and their index: 16 bytes per ``BLOCK``
 nodes), ``STATIC_CACHE_SIZE`` static verdicts of 1 byte, and ``DERIVED_TOTAL`` scores
-under spread masks of 8 bytes: about 2.4 KB per node in all, far less in practice (a
+and verdicts under spread masks of 9 bytes: about 2.4 KB per node in all, far less in practice (a
 shape per pod template and static key in use)."""
 EXTENDER = "extender "
 """How rejections by HTTP extenders are named (``extender URLPREFIX``)."""
@@ -364,15 +364,17 @@ class Framework:
             return self.feasible(cycle, pod, state), None
         feasible, entry = self._local_feasible(cycle, pod, state)
         if self.conditional:
-            applied = 0
-            mask = feasible
-            for f in self.conditional:
-                if f.applies(pod, state):
-                    mask = f.filter(cycle, pod, state)
-                    feasible = feasible & mask
-                    applied += 1
-            if applied == 1 and not mask.flags.writeable:
+            masks = [f.filter(cycle, pod, state) for f in self.conditional if f.applies(pod, state)]
+            if len(masks) == 1 and not masks[0].flags.writeable:
+                # one shared mask: the verdict under it is kept with the shape's scores
+                # under it, slot by slot (not ANDed over every node for each pod)
+                mask = masks[0]
+                under = self._masked_scores(entry, mask)
+                feasible = feasible & mask if under is None else under.feasible
                 cycle.write("", STABLE, (feasible, mask))
+            else:
+                for mask in masks:
+                    feasible = feasible & mask
         return feasible, entry
 
     def _local_feasible(
@@ -840,11 +842,19 @@ class Framework:
         if derived is None or derived.slots is None:
             if derived is None and len(shape.derived) >= DERIVED:
                 shape.derived.clear()
-            derived = shape.derived[id(mask)] = MaskedScores(mask, shape.masked)
+            derived = shape.derived[id(mask)] = MaskedScores(mask, shape.masked, shape.feasible)
             self._derived_count(shape)
         else:
-            derived.sync(shape.masked)
+            derived.sync(shape.masked, shape.feasible)
         return derived.masked
+
+    def _masked_scores(self, shape: _ShapeEntry, mask: Bools) -> MaskedScores | None:
+        """The shape's scores under ``mask`` (and its verdict under it), up to date;
+        None where the shape's scores are not (never taken, or slots left to score)."""
+        if shape.masked is None or shape.pending is not None or shape.pending_slots is not None:
+            return None
+        self._derived(shape, mask)
+        return shape.derived[id(mask)]
 
     @staticmethod
     def _select(
