@@ -64,11 +64,13 @@ def available() -> bool:
     return _settings["jit"] and importlib.util.find_spec("numba") is not None
 
 
-def _compile() -> Refresh | None:
+def _compile() -> tuple[Refresh, Refresh] | None:
+    """The compiled refresh, and the same keeping a best-node index in step (one more
+    entry point, not one more argument: numba's dispatch costs per argument)."""
     if not available():
         return None
 
-    def refresh(
+    def refresh_indexed(
         slots: Ints,
         static: Bools,
         columns: Ints,
@@ -168,7 +170,21 @@ def _compile() -> Refresh | None:
                 blocks[b] = top
                 counts[b] = count
 
-    return jit(refresh)
+    indexed = jit(refresh_indexed)
+
+    def refresh(
+        slots: Ints,
+        static: Bools,
+        columns: Ints,
+        p: Ints,
+        feasible: Bools,
+        local: Ints,
+        masked: Ints,
+    ) -> None:  # pragma: no cover - compiled
+        none = np.zeros(0, dtype=np.int64)
+        indexed(slots, static, columns, p, feasible, local, masked, none, none, 0)
+
+    return jit(refresh), indexed
 
 
 def jit(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -202,22 +218,16 @@ def refresh_kernel() -> Refresh | None:
     """The compiled refresh, or None. Compiled (or loaded from numba's cache on disk)
     on the first call in a process, which then runs it once on empty arrays, so that
     the first attempt does not pay for it."""
-    refresh = _compile()
-    if refresh is not None:
+    compiled = _compile()
+    refresh = None
+    if compiled is not None:
+        refresh, indexed = compiled
         flags = np.zeros(0, dtype=bool)
         params = np.zeros(6, dtype=np.int64)
-        refresh(
-            _EMPTY,
-            flags,
-            np.zeros((4, 1, 0), dtype=np.int64),
-            params,
-            flags,
-            _EMPTY,
-            _EMPTY,
-            _EMPTY,
-            _EMPTY,
-            0,
-        )
+        columns = np.zeros((4, 1, 0), dtype=np.int64)
+        refresh(_EMPTY, flags, columns, params, flags, _EMPTY, _EMPTY)
+        indexed(_EMPTY, flags, columns, params, flags, _EMPTY, _EMPTY, _EMPTY, _EMPTY, 0)
+        _INDEXED.append(indexed)
         add = jit(_add_column)
         delta = np.zeros((4, 1), dtype=np.int64)
         for writeable in (True, False):  # placed pods' deltas are read-only; padded not
@@ -227,6 +237,10 @@ def refresh_kernel() -> Refresh | None:
         best.use_compiled(index_kernel())
     _LOADED[0] = True
     return refresh
+
+
+_INDEXED: list[Refresh] = []
+"""The refresh that keeps a best-node index in step, once :func:`refresh_kernel` loaded it."""
 
 
 @functools.cache
@@ -365,16 +379,20 @@ class ResourceKernel:
         refresh = refresh_kernel()
         if refresh is None:
             return False
-        refresh(
-            np.asarray(slots, dtype=np.int64),
-            static,
-            state._columns,
-            params,
-            feasible,
-            local,
-            masked,
-            _EMPTY if index is None else index.blocks,
-            _EMPTY if index is None else index.counts,
-            0 if index is None else index.shift,
-        )
+        at = np.asarray(slots, dtype=np.int64)
+        if index is None:
+            refresh(at, static, state._columns, params, feasible, local, masked)
+        else:
+            _INDEXED[0](
+                at,
+                static,
+                state._columns,
+                params,
+                feasible,
+                local,
+                masked,
+                index.blocks,
+                index.counts,
+                index.shift,
+            )
         return True
