@@ -29,8 +29,10 @@ installs :func:`refresh_select` through :func:`use_compiled`) the refresh and th
 selection are one compiled call (at 130,000 nodes and twenty templates, on a busy
 2-core machine: about 15 µs per pod for telling and selecting, against 32 µs with a
 Python loop over the changed slots); without, that Python loop and half a dozen numpy
-calls. Memory: two ``int64`` per block per cached shape (``16 / BLOCK``
-bytes per node per shape).
+calls. Where the compiled resource refresh rewrites a shape's scores (the default
+profile's), it keeps the block maxima in step as it writes (:meth:`BestIndex.follows`),
+so nothing is told and the selection has no slot to refresh. Memory: two ``int64`` per
+block per cached shape (``16 / BLOCK`` bytes per node per shape).
 
 Below ``Limits.min_nodes`` slots the full scan is as cheap as the index's calls, so
 the framework keeps it there (tests lower the threshold to compare the two). The

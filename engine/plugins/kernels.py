@@ -10,7 +10,10 @@ the same refresh for ``NodeResourcesFit`` (filter; ``LeastAllocated`` or
 compiled loop (numba), slot by slot, with the same integer and floating-point
 operations in the same order as the numpy code in :mod:`engine.plugins.fit`, so the
 results are bit for bit the same. Property tests compare the two paths decision by
-decision.
+decision. Where the shape's scores carry a best-node index (large shards), a second
+entry point of the same loop keeps the index's block maxima in step as it writes
+(:meth:`engine.framework.best.BestIndex.follows`; the block whose last maximum fell is
+read again once, at the end).
 
 Any other plugin, strategy or resource count keeps the numpy path. So does everything
 when numba is missing or the edge turned it off (:func:`configure`; the command line

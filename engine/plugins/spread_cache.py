@@ -23,9 +23,9 @@ that is a dozen passes over every node for each pod (5 ms at 130,000 nodes). But
   tuple of them, which changes only when some domain crosses the skew.
 
 So a spread pod costs ``O(placed pods + domains)``, on large clusters ``O(matching
-pods placed or gone since + domains)``, when its per-domain verdicts are ones seen before (spread verdicts
-alternate between a few as domains fill in turn), and one pass over the nodes when
-they are new. The mask returned is shared: callers
+pods placed or gone since + domains)``, when its per-domain verdicts are ones seen
+before (spread verdicts alternate between a few as domains fill in turn), and one
+pass over the nodes when they are new. The mask returned is shared: callers
 must not modify it (it is read-only), and the framework keeps the pod shape's scores
 under it from one pod to the next (``Framework._derived``). Property test
 (``tests/engine/test_best_index.py``): equal to the reference on random clusters.
@@ -319,16 +319,16 @@ def _caught_up(
         for slot in set(changed):
             now = 0
             for key in on_slot.get(slot, ()):
-                spec = specs[row_of[key]]
+                placed = specs[row_of[key]]
                 known = seen.get(key)
-                if known is None or known[0] is not spec:
+                if known is None or known[0] is not placed:
                     # (a name may come back with another spec: judged again)
                     hit = (
-                        spec is not None
-                        and spec.namespace == namespace
-                        and selector_matches(selector, spec.labels)
+                        placed is not None
+                        and placed.namespace == namespace
+                        and selector_matches(selector, placed.labels)
                     )
-                    known = seen[key] = (spec, hit)
+                    known = seen[key] = (placed, hit)
                 now += known[1]
             was = per_node.item(slot)  # (``item``: a Python int, not a numpy scalar)
             if now != was:
