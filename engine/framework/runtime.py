@@ -364,7 +364,12 @@ class Framework:
             return self.feasible(cycle, pod, state), None
         feasible, entry = self._local_feasible(cycle, pod, state)
         if self.conditional:
-            masks = [f.filter(cycle, pod, state) for f in self.conditional if f.applies(pod, state)]
+            masks: list[Bools] = []
+            for f in self.conditional:  # (a loop: most pods none applies to)
+                if f.applies(pod, state):
+                    masks.append(f.filter(cycle, pod, state))
+            if not masks:
+                return feasible, entry
             if len(masks) == 1 and not masks[0].flags.writeable:
                 # one shared mask: the verdict under it is kept with the shape's scores
                 # under it, slot by slot (not ANDed over every node for each pod)

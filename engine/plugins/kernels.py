@@ -184,7 +184,7 @@ def _compile() -> tuple[Refresh, Refresh] | None:
         local: Ints,
         masked: Ints,
     ) -> None:  # pragma: no cover - compiled
-        none = np.zeros(0, dtype=np.int64)
+        none = masked[:0]  # (a view: no allocation)
         indexed(slots, static, columns, p, feasible, local, masked, none, none, 0)
 
     return jit(refresh), indexed
