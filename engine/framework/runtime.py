@@ -85,8 +85,10 @@ DERIVED = 8
 """Shared masks kept per shape (spread verdicts alternate between a few); and
 ``DERIVED_TOTAL`` over all shapes."""
 STABLE = "stable-mask"
-"""Cycle key: ``(feasible, mask)`` when one filter that reads other nodes applied and
-gave a shared read-only mask (``feasible`` is the shape's verdict ANDed with it)."""
+"""Cycle key: ``(feasible, mask, under)`` when one filter that reads other nodes
+applied and gave a shared read-only mask (``feasible`` is the shape's verdict ANDed
+with it; ``under``: the shape's scores under it, brought up to date by the filtering,
+or None)."""
 DERIVED_SHIFT = 5
 """Scores under a shared mask follow the shape's rewritten slots up to
 ``max(INCREMENTAL_LIMIT, nodes >> DERIVED_SHIFT)`` of them (beyond, they are built anew)."""
@@ -376,7 +378,7 @@ class Framework:
                 mask = masks[0]
                 under = self._masked_scores(entry, mask)
                 feasible = feasible & mask if under is None else under.feasible
-                cycle.write("", STABLE, (feasible, mask))
+                cycle.write("", STABLE, (feasible, mask, under))
             else:
                 for mask in masks:
                     feasible = feasible & mask
@@ -562,7 +564,8 @@ class Framework:
         if local is not feasible:  # the shape's scores, where the pod's own filters pass
             stable = cycle.read("", STABLE)
             if shape is not None and keep is None and stable is not None and stable[0] is feasible:
-                masked = self._derived(shape, stable[1])
+                under = stable[2]  # (kept up to date by the filtering, this attempt)
+                masked = self._derived(shape, stable[1]) if under is None else under.masked
             else:
                 masked = np.where(feasible, masked, -1)
         if final is not None:
