@@ -378,12 +378,12 @@ class MaskedScores:
 
     __slots__ = ("best", "feasible", "mask", "masked", "slots")
 
-    def __init__(self, mask: Bools, scores: Ints, feasible: Bools) -> None:
+    def __init__(self, mask: Bools, scores: Ints) -> None:
         self.mask = mask
         self.masked: Ints = np.where(mask, scores, -1)
-        self.feasible: Bools = mask & feasible
-        """The shape's verdict under the mask (``feasible``: the shape's own), kept in
-        step as ``masked`` is: callers must not modify it."""
+        self.feasible: Bools | None = None
+        """The shape's verdict under the mask, once asked for (:meth:`verdict`), kept
+        in step as ``masked`` is: callers must not modify it."""
         self.slots: list[int] | None = []
         """Slots of the shape's scores rewritten since ``masked`` was (None: too many
         to follow; the owner builds a new one)."""
@@ -412,8 +412,16 @@ class MaskedScores:
                 self.best.told(slots, self.masked[slots])
             mask = self.mask[slots]
             self.masked[slots] = np.where(mask, scores[slots], -1)
-            self.feasible[slots] = mask & feasible[slots]
+            if self.feasible is not None:
+                self.feasible[slots] = mask & feasible[slots]
             self.slots.clear()
+
+    def verdict(self, feasible: Bools) -> Bools:
+        """``mask & feasible`` (the shape's verdict, up to date: :meth:`sync` first),
+        kept from then on slot by slot."""
+        if self.feasible is None:
+            self.feasible = self.mask & feasible
+        return self.feasible
 
     def index(self) -> BestIndex:
         if self.best is None:

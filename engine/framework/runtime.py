@@ -376,8 +376,10 @@ class Framework:
                 # one shared mask: the verdict under it is kept with the shape's scores
                 # under it, slot by slot (not ANDed over every node for each pod)
                 mask = masks[0]
-                under = self._masked_scores(entry, mask)
-                feasible = feasible & mask if under is None else under.feasible
+                under = None
+                if state.high_water >= Limits.min_nodes:  # (below, one AND costs less)
+                    under = self._masked_scores(entry, mask)
+                feasible = feasible & mask if under is None else under.verdict(feasible)
                 cycle.write("", STABLE, (feasible, mask, under))
             else:
                 for mask in masks:
@@ -850,7 +852,7 @@ class Framework:
         if derived is None or derived.slots is None:
             if derived is None and len(shape.derived) >= DERIVED:
                 shape.derived.clear()
-            derived = shape.derived[id(mask)] = MaskedScores(mask, shape.masked, shape.feasible)
+            derived = shape.derived[id(mask)] = MaskedScores(mask, shape.masked)
             self._derived_count(shape)
         else:
             derived.sync(shape.masked, shape.feasible)
