@@ -29,8 +29,10 @@ installs :func:`refresh_select` through :func:`use_compiled`) the refresh and th
 selection are one compiled call (at 130,000 nodes and twenty templates, on a busy
 2-core machine: about 15 µs per pod for telling and selecting, against 32 µs with a
 Python loop over the changed slots); without, that Python loop and half a dozen numpy
-calls. Memory: two ``int64`` per block per cached shape (``16 / BLOCK``
-bytes per node per shape).
+calls. Where the compiled resource refresh rewrites a shape's scores (the default
+profile's), it keeps the block maxima in step as it writes (:meth:`BestIndex.follows`),
+so nothing is told and the selection has no slot to refresh. Memory: two ``int64`` per
+block per cached shape (``16 / BLOCK`` bytes per node per shape).
 
 Below ``Limits.min_nodes`` slots the full scan is as cheap as the index's calls, so
 the framework keeps it there (tests lower the threshold to compare the two). The
@@ -95,6 +97,7 @@ class BestIndex:
         "limit_compiled",
         "olds",
         "scores",
+        "shift",
         "stale",
         "written",
     )
@@ -115,6 +118,8 @@ class BestIndex:
         self.limit_compiled = max(_FULL_REFRESH, scores.shape[0] >> _COMPILED_SHIFT)
         """With the compiled refresh a slot costs some nanoseconds, not a Python loop's
         microsecond: it follows more of them before taking every block again."""
+        self.shift = _SHIFT
+        """Slots per block, as a power of two (as built)."""
         n = (scores.shape[0] + BLOCK - 1) >> _SHIFT
         self.blocks: Ints = np.empty(n, dtype=np.int64)
         self.counts: Ints = np.empty(n, dtype=np.int64)
@@ -138,6 +143,20 @@ class BestIndex:
         at = np.array(slots, dtype=np.int64)
         self.changed.append(at)
         self.olds.append(self.scores[at])
+
+    def follows(self, count: int) -> bool:
+        """Whether a writer of ``count`` slots of the scores may keep the block maxima
+        in step as it writes (the compiled resource refresh,
+        :meth:`engine.plugins.kernels.ResourceKernel.run`): they are up to date (not
+        stale, nothing told since the last selection), the index refreshes compiled,
+        and ``count`` is within what is worth following (beyond, :meth:`told` marks
+        the index stale)."""
+        return (
+            not self.stale
+            and not self.changed
+            and bool(_compiled)
+            and self.written + count <= self.limit_compiled
+        )
 
     def told(self, slots: Ints, olds: Ints) -> None:
         """:meth:`touch` with the slots as an array and the values they hold now,
@@ -262,6 +281,7 @@ def _block_max(scores: Ints) -> tuple[Ints, Ints]:
 
 _PENDING: Final = -(1 << 62)
 """A block maximum no score takes: marks the blocks to take again."""
+PENDING: Final = _PENDING
 
 
 def refresh_select(
@@ -356,11 +376,14 @@ class MaskedScores:
     step with the shape's scores slot by slot while the filter returns the same mask
     (the framework keeps a few per shape), with its own best-node index."""
 
-    __slots__ = ("best", "mask", "masked", "slots")
+    __slots__ = ("best", "feasible", "mask", "masked", "slots")
 
     def __init__(self, mask: Bools, scores: Ints) -> None:
         self.mask = mask
         self.masked: Ints = np.where(mask, scores, -1)
+        self.feasible: Bools | None = None
+        """The shape's verdict under the mask, once asked for (:meth:`verdict`), kept
+        in step as ``masked`` is: callers must not modify it."""
         self.slots: list[int] | None = []
         """Slots of the shape's scores rewritten since ``masked`` was (None: too many
         to follow; the owner builds a new one)."""
@@ -380,14 +403,25 @@ class MaskedScores:
             return
         self.slots.extend(slots)
 
-    def sync(self, scores: Ints) -> None:
-        """Take the rewritten slots of the shape's ``scores`` (now up to date)."""
+    def sync(self, scores: Ints, feasible: Bools) -> None:
+        """Take the rewritten slots of the shape's ``scores`` and verdict ``feasible``
+        (both now up to date)."""
         if self.slots:
             slots = np.array(self.slots, dtype=np.int64)
             if self.best is not None:
                 self.best.told(slots, self.masked[slots])
-            self.masked[slots] = np.where(self.mask[slots], scores[slots], -1)
+            mask = self.mask[slots]
+            self.masked[slots] = np.where(mask, scores[slots], -1)
+            if self.feasible is not None:
+                self.feasible[slots] = mask & feasible[slots]
             self.slots.clear()
+
+    def verdict(self, feasible: Bools) -> Bools:
+        """``mask & feasible`` (the shape's verdict, up to date: :meth:`sync` first),
+        kept from then on slot by slot."""
+        if self.feasible is None:
+            self.feasible = self.mask & feasible
+        return self.feasible
 
     def index(self) -> BestIndex:
         if self.best is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from engine.framework.best import BestIndex
 from engine.framework.handle import Handle
 from engine.framework.interfaces import Plugin
 from engine.model.state import Bools, ClusterState, Ints, Request
@@ -41,9 +42,12 @@ class Kernel(Protocol):
         feasible: Bools,
         local: Ints,
         masked: Ints,
+        index: BestIndex | None = None,
     ) -> bool:
         """Refresh ``feasible``, ``local`` and ``masked`` at ``slots``; False (nothing
-        done) if the kernel cannot run here."""
+        done) if the kernel cannot run here. ``index``: a best-node index over
+        ``masked`` that follows these writes (:meth:`BestIndex.follows`), kept in step
+        as they are made."""
         ...
 
 

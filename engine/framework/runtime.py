@@ -85,8 +85,10 @@ DERIVED = 8
 """Shared masks kept per shape (spread verdicts alternate between a few); and
 ``DERIVED_TOTAL`` over all shapes."""
 STABLE = "stable-mask"
-"""Cycle key: ``(feasible, mask)`` when one filter that reads other nodes applied and
-gave a shared read-only mask (``feasible`` is the shape's verdict ANDed with it)."""
+"""Cycle key: ``(feasible, mask, under)`` when one filter that reads other nodes
+applied and gave a shared read-only mask (``feasible`` is the shape's verdict ANDed
+with it; ``under``: the shape's scores under it, brought up to date by the filtering,
+or None)."""
 DERIVED_SHIFT = 5
 """Scores under a shared mask follow the shape's rewritten slots up to
 ``max(INCREMENTAL_LIMIT, nodes >> DERIVED_SHIFT)`` of them (beyond, they are built anew)."""
@@ -99,7 +101,7 @@ DERIVED_TOTAL = 32
 """Memory per node of a profile's caches, at most: ``SHAPE_CACHE_SIZE`` shapes of 17
 bytes (verdict, local and masked scores, and their index: 16 bytes per ``BLOCK``
 nodes), ``STATIC_CACHE_SIZE`` static verdicts of 1 byte, and ``DERIVED_TOTAL`` scores
-under spread masks of 8 bytes: about 2.4 KB per node in all, far less in practice (a
+and verdicts under spread masks of 9 bytes: about 2.4 KB per node in all, far less in practice (a
 shape per pod template and static key in use)."""
 EXTENDER = "extender "
 """How rejections by HTTP extenders are named (``extender URLPREFIX``)."""
@@ -364,15 +366,24 @@ class Framework:
             return self.feasible(cycle, pod, state), None
         feasible, entry = self._local_feasible(cycle, pod, state)
         if self.conditional:
-            applied = 0
-            mask = feasible
-            for f in self.conditional:
+            masks: list[Bools] = []
+            for f in self.conditional:  # (a loop: most pods none applies to)
                 if f.applies(pod, state):
-                    mask = f.filter(cycle, pod, state)
+                    masks.append(f.filter(cycle, pod, state))
+            if not masks:
+                return feasible, entry
+            if len(masks) == 1 and not masks[0].flags.writeable:
+                # one shared mask: the verdict under it is kept with the shape's scores
+                # under it, slot by slot (not ANDed over every node for each pod)
+                mask = masks[0]
+                under = None
+                if state.high_water >= Limits.min_nodes:  # (below, one AND costs less)
+                    under = self._masked_scores(entry, mask)
+                feasible = feasible & mask if under is None else under.verdict(feasible)
+                cycle.write("", STABLE, (feasible, mask, under))
+            else:
+                for mask in masks:
                     feasible = feasible & mask
-                    applied += 1
-            if applied == 1 and not mask.flags.writeable:
-                cycle.write("", STABLE, (feasible, mask))
         return feasible, entry
 
     def _local_feasible(
@@ -402,26 +413,31 @@ class Framework:
         if entry.pending_slots is not None:
             changed = [*changed, *entry.pending_slots]
             entry.pending_slots = None
+        kernel = self.kernel
+        refresh = (
+            bool(changed)
+            and kernel is not None
+            and entry.local is not None
+            and kernel.worth(len(changed), SCALAR_LIMIT)
+        )
         at = None  # ``changed`` as an array, made once for the index and the kernel
+        follows = None  # the index the kernel keeps in step as it writes
         if changed and (entry.best is not None or entry.derived):
             if entry.best is not None:
                 assert entry.masked is not None  # (the index is over it)
                 at = np.array(changed, dtype=np.int64)
-                entry.best.told(at, entry.masked[at])
+                if refresh and entry.best.follows(at.shape[0]):
+                    follows = entry.best
+                else:
+                    entry.best.told(at, entry.masked[at])
             # (followed up to a share of the nodes: taking them later, when the pod's
             # mask names these scores again, costs less than building them anew)
             limit = max(INCREMENTAL_LIMIT, state.capacity >> DERIVED_SHIFT)
             for derived in entry.derived.values():
                 derived.touch(changed, limit)
-        kernel = self.kernel
-        if (
-            changed
-            and kernel is not None
-            and entry.local is not None
-            and kernel.worth(len(changed), SCALAR_LIMIT)
-        ):
+        if refresh:
+            assert kernel is not None and entry.local is not None and entry.masked is not None
             params = kernel.params(pod.request, state)
-            assert entry.masked is not None
             if params is not None and kernel.run(
                 changed if at is None else at,
                 static,
@@ -430,9 +446,13 @@ class Framework:
                 entry.feasible,
                 entry.local,
                 entry.masked,
+                follows,
             ):
                 entry.position = state.journal_end
                 return entry.feasible, entry
+            if follows is not None:  # not refreshed compiled: told as written later
+                assert at is not None
+                follows.told(at, entry.masked[at])
         if changed and self._scalar and len(changed) <= SCALAR_LIMIT:
             feasible = entry.feasible
             filters = self.dynamic_filters
@@ -546,7 +566,8 @@ class Framework:
         if local is not feasible:  # the shape's scores, where the pod's own filters pass
             stable = cycle.read("", STABLE)
             if shape is not None and keep is None and stable is not None and stable[0] is feasible:
-                masked = self._derived(shape, stable[1])
+                under = stable[2]  # (kept up to date by the filtering, this attempt)
+                masked = self._derived(shape, stable[1]) if under is None else under.masked
             else:
                 masked = np.where(feasible, masked, -1)
         if final is not None:
@@ -834,8 +855,16 @@ class Framework:
             derived = shape.derived[id(mask)] = MaskedScores(mask, shape.masked)
             self._derived_count(shape)
         else:
-            derived.sync(shape.masked)
+            derived.sync(shape.masked, shape.feasible)
         return derived.masked
+
+    def _masked_scores(self, shape: _ShapeEntry, mask: Bools) -> MaskedScores | None:
+        """The shape's scores under ``mask`` (and its verdict under it), up to date;
+        None where the shape's scores are not (never taken, or slots left to score)."""
+        if shape.masked is None or shape.pending is not None or shape.pending_slots is not None:
+            return None
+        self._derived(shape, mask)
+        return shape.derived[id(mask)]
 
     @staticmethod
     def _select(

@@ -47,6 +47,10 @@ PREFERRED: Final = "preferred"
 """Role of a preferred term: its weight, negative for anti-affinity."""
 _REBUILD: Final = 4096
 """Above this many changed slots since the last sync, rebuild the table whole."""
+_LOG: Final = 4096
+"""Entries a label's log keeps (see :class:`LabelLog`); beyond, the older half goes."""
+_LOGS: Final = 256
+"""Labels logged at most; beyond, every log is dropped (their readers count whole)."""
 _TABLES: weakref.WeakKeyDictionary[ClusterState, PodTable] = weakref.WeakKeyDictionary()
 _LAST: list[tuple[weakref.ref[ClusterState], PodTable] | None] = [None]
 """The table looked up last (most calls are for the same state, in a row)."""
@@ -116,6 +120,44 @@ def _roles(spec: PodSpec) -> list[tuple[str, PodAffinityTerm, int]]:
 _ENCODER: Final = msgspec.msgpack.Encoder()
 
 
+class LabelLog:
+    """The rows added to and removed from a table that carry one label (key and
+    value), in order: ``(slot, +1 or -1, spec)``. A reader that counts the pods some
+    selector requiring that label matches keeps its count by reading only the entries
+    since it last read (:meth:`since`), not every pod on the nodes changed since:
+    those of other labels cannot change its count. Entries are numbered from the
+    log's start; the oldest are dropped beyond ``_LOG`` (a reader that far behind
+    counts whole again)."""
+
+    __slots__ = ("base", "entries")
+
+    def __init__(self) -> None:
+        self.base = 0
+        self.entries: list[tuple[int, int, PodSpec]] = []
+
+    def __repr__(self) -> str:
+        return f"LabelLog(base={self.base}, entries={len(self.entries)})"
+
+    @property
+    def end(self) -> int:
+        """The number of the next entry."""
+        return self.base + len(self.entries)
+
+    def since(self, position: int) -> list[tuple[int, int, PodSpec]] | None:
+        """The entries from number ``position`` on; None if some were dropped."""
+        if position < self.base:
+            return None
+        return self.entries[position - self.base :]
+
+    def append(self, slot: int, sign: int, spec: PodSpec) -> None:
+        entries = self.entries
+        entries.append((slot, sign, spec))
+        if len(entries) > _LOG:
+            half = len(entries) // 2
+            del entries[:half]
+            self.base += half
+
+
 class PodTable:
     """Placed pods as rows (see the module docstring)."""
 
@@ -139,6 +181,9 @@ class PodTable:
         self._unlabelled: dict[int, None] = {}
         self._next = 0
         self._position = -1
+        self._logs: dict[str, dict[str, LabelLog]] = {}
+        """Label key → value → its log, for the labels some reader asked to follow
+        (:meth:`label_log`); no other label is logged."""
         self.rows = False
         """Whether the rows are kept. Until a pod with terms is placed or a query needs
         the rows, only ``with_terms`` (empty) is: each placement is checked for terms
@@ -192,6 +237,7 @@ class PodTable:
         return False
 
     def _rebuild(self, state: ClusterState, pods: Mapping[str, PodInfo]) -> None:
+        self._logs.clear()  # readers count whole again (cheaper than every row twice)
         for key in list(self.row_of):
             self._remove(key)
         for key, placed in state.pods.items():
@@ -260,6 +306,8 @@ class PodTable:
         if on is None:
             on = self.on_slot[slot] = {}
         on[key] = None
+        if self._logs:
+            self._log(slot, 1, spec)
         if has_terms(spec):
             self.with_terms[key] = slot
             self.terms_version += 1
@@ -303,6 +351,8 @@ class PodTable:
             on.pop(key, None)
             if not on:
                 del self.on_slot[slot]
+        if self._logs and spec is not None:
+            self._log(slot, -1, spec)
         if self.with_terms.pop(key, None) is not None:
             self.terms_version += 1
             assert spec is not None
@@ -314,6 +364,32 @@ class PodTable:
                     if not group.members:
                         del self.groups[index]
         self._free.append(row)
+
+    def _log(self, slot: int, sign: int, spec: PodSpec) -> None:
+        labels = spec.labels
+        for label, values in self._logs.items():  # (few: the labels readers follow)
+            value = labels.get(label)
+            if value is not None:
+                log = values.get(value)
+                if log is not None:
+                    log.append(slot, sign, spec)
+
+    def label_log(self, key: str, value: str) -> LabelLog:
+        """The log of the rows carrying label ``key=value``, from now on (see
+        :class:`LabelLog`); the same object while it is kept (a reader holding another
+        one counts whole again)."""
+        values = self._logs.get(key)
+        log = None if values is None else values.get(value)
+        if log is None:
+            if sum(len(v) for v in self._logs.values()) >= _LOGS:
+                self._logs.clear()
+            log = self._logs.setdefault(key, {})[value] = LabelLog()
+        return log
+
+    def followed(self, key: str, value: str) -> LabelLog | None:
+        """The log :meth:`label_log` gave for ``key=value``, if it is still kept."""
+        values = self._logs.get(key)
+        return None if values is None else values.get(value)
 
     # ------------------------------------------------------------------ matching
 

@@ -10,7 +10,10 @@ the same refresh for ``NodeResourcesFit`` (filter; ``LeastAllocated`` or
 compiled loop (numba), slot by slot, with the same integer and floating-point
 operations in the same order as the numpy code in :mod:`engine.plugins.fit`, so the
 results are bit for bit the same. Property tests compare the two paths decision by
-decision.
+decision. Where the shape's scores carry a best-node index (large shards), a second
+entry point of the same loop keeps the index's block maxima in step as it writes
+(:meth:`engine.framework.best.BestIndex.follows`; the block whose last maximum fell is
+read again once, at the end).
 
 Any other plugin, strategy or resource count keeps the numpy path. So does everything
 when numba is missing or the edge turned it off (:func:`configure`; the command line
@@ -64,11 +67,13 @@ def available() -> bool:
     return _settings["jit"] and importlib.util.find_spec("numba") is not None
 
 
-def _compile() -> Refresh | None:
+def _compile() -> tuple[Refresh, Refresh] | None:
+    """The compiled refresh, and the same keeping a best-node index in step (one more
+    entry point, not one more argument: numba's dispatch costs per argument)."""
     if not available():
         return None
 
-    def refresh(
+    def refresh_indexed(
         slots: Ints,
         static: Bools,
         columns: Ints,
@@ -76,8 +81,12 @@ def _compile() -> Refresh | None:
         feasible: Bools,
         local: Ints,
         masked: Ints,
+        blocks: Ints,
+        counts: Ints,
+        shift: int,
     ) -> None:  # pragma: no cover - compiled; its twin is engine.plugins.fit
         alloc, used, free, nonzero = columns[0], columns[1], columns[2], columns[3]
+        indexed = blocks.shape[0] > 0  # a best-node index over ``masked``, kept in step
         fit_mode, fit_weight, bal_weight = p[0], p[1], p[2]
         n_req, n_fit, n_bal = p[3], p[4], p[5]
         req = 6  # rows, then amounts
@@ -126,9 +135,59 @@ def _compile() -> Refresh | None:
                     else:
                         total += MAX_NODE_SCORE * bal_weight
             local[s] = total
-            masked[s] = total if ok else -1
+            new = total if ok else -1
+            old = masked[s]
+            masked[s] = new
+            if indexed and new != old:
+                # the block maxima as BestIndex's refresh keeps them, write by write
+                b = s >> shift
+                top = blocks[b]
+                if top == best.PENDING:
+                    continue
+                if new > top:
+                    blocks[b] = new
+                    counts[b] = 1
+                elif new == top:
+                    counts[b] += 1
+                elif old == top:
+                    counts[b] -= 1
+                    if counts[b] == 0:
+                        blocks[b] = best.PENDING  # taken again below
+        if indexed:
+            size = masked.shape[0]
+            width = 1 << shift
+            for i in range(slots.shape[0]):
+                b = slots[i] >> shift
+                if blocks[b] != best.PENDING:
+                    continue
+                lo = b << shift
+                hi = min(lo + width, size)
+                top = masked[lo]
+                count = 1
+                for k in range(lo + 1, hi):
+                    if masked[k] > top:
+                        top = masked[k]
+                        count = 1
+                    elif masked[k] == top:
+                        count += 1
+                blocks[b] = top
+                counts[b] = count
 
-    return jit(refresh)
+    indexed = jit(refresh_indexed)
+
+    def refresh(
+        slots: Ints,
+        static: Bools,
+        columns: Ints,
+        p: Ints,
+        feasible: Bools,
+        local: Ints,
+        masked: Ints,
+    ) -> None:  # pragma: no cover - compiled
+        none = masked[:0]  # (a view: no allocation)
+        indexed(slots, static, columns, p, feasible, local, masked, none, none, 0)
+
+    return jit(refresh), indexed
 
 
 def jit(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -162,11 +221,16 @@ def refresh_kernel() -> Refresh | None:
     """The compiled refresh, or None. Compiled (or loaded from numba's cache on disk)
     on the first call in a process, which then runs it once on empty arrays, so that
     the first attempt does not pay for it."""
-    refresh = _compile()
-    if refresh is not None:
+    compiled = _compile()
+    refresh = None
+    if compiled is not None:
+        refresh, indexed = compiled
         flags = np.zeros(0, dtype=bool)
         params = np.zeros(6, dtype=np.int64)
-        refresh(_EMPTY, flags, np.zeros((4, 1, 0), dtype=np.int64), params, flags, _EMPTY, _EMPTY)
+        columns = np.zeros((4, 1, 0), dtype=np.int64)
+        refresh(_EMPTY, flags, columns, params, flags, _EMPTY, _EMPTY)
+        indexed(_EMPTY, flags, columns, params, flags, _EMPTY, _EMPTY, _EMPTY, _EMPTY, 0)
+        _INDEXED.append(indexed)
         add = jit(_add_column)
         delta = np.zeros((4, 1), dtype=np.int64)
         for writeable in (True, False):  # placed pods' deltas are read-only; padded not
@@ -176,6 +240,10 @@ def refresh_kernel() -> Refresh | None:
         best.use_compiled(index_kernel())
     _LOADED[0] = True
     return refresh
+
+
+_INDEXED: list[Refresh] = []
+"""The refresh that keeps a best-node index in step, once :func:`refresh_kernel` loaded it."""
 
 
 @functools.cache
@@ -304,19 +372,30 @@ class ResourceKernel:
         feasible: Bools,
         local: Ints,
         masked: Ints,
+        index: best.BestIndex | None = None,
     ) -> bool:
         """Refresh ``feasible``, ``local`` and ``masked`` at ``slots``; False (nothing
-        done) if the kernel cannot be compiled here."""
+        done) if the kernel cannot be compiled here. ``index``: a best-node index over
+        ``masked`` that :meth:`~engine.framework.best.BestIndex.follows` these writes:
+        its block maxima are kept in step as the slots are written (instead of being
+        told the slots and their old values, and refreshed at the next selection)."""
         refresh = refresh_kernel()
         if refresh is None:
             return False
-        refresh(
-            np.asarray(slots, dtype=np.int64),
-            static,
-            state._columns,
-            params,
-            feasible,
-            local,
-            masked,
-        )
+        at = np.asarray(slots, dtype=np.int64)
+        if index is None:
+            refresh(at, static, state._columns, params, feasible, local, masked)
+        else:
+            _INDEXED[0](
+                at,
+                static,
+                state._columns,
+                params,
+                feasible,
+                local,
+                masked,
+                index.blocks,
+                index.counts,
+                index.shift,
+            )
         return True

@@ -12,17 +12,20 @@ that is a dozen passes over every node for each pod (5 ms at 130,000 nodes). But
 * a domain's count is the number of matching placed pods on its eligible nodes,
   counted over the placed pods' table (:mod:`engine.model.podtable`), ``O(placed
   pods)``; on large clusters (:class:`Tallies`) counted once, then kept per
-  constraint and namespace by recounting, from the state's journal, only the nodes
-  changed since (``O(changed nodes * pods on each)``; the whole count again beyond
-  ``_RECOUNT`` changed nodes);
+  constraint and namespace from the pods added and removed since that carry a label
+  the selector requires (the pod table's :class:`~engine.model.podtable.LabelLog`:
+  ``O(such pods)``, one or two between two pods of a template however many other
+  templates' pods were placed meanwhile), or, for a selector that requires no label,
+  by recounting, from the state's journal, the nodes changed since (``O(changed
+  nodes * pods on each)``); the whole count again beyond ``_RECOUNT`` of either;
 * a node's verdict is its domains' (a node lacking a constraint's key fails), so the
   mask over every node is a function of the per-domain verdicts: kept per distinct
   tuple of them, which changes only when some domain crosses the skew.
 
-So a spread pod costs ``O(placed pods + domains)``, on large clusters ``O(changed
-nodes + domains)``, when its per-domain verdicts are ones seen before (spread verdicts
-alternate between a few as domains fill in turn), and one pass over the nodes when
-they are new. The mask returned is shared: callers
+So a spread pod costs ``O(placed pods + domains)``, on large clusters ``O(matching
+pods placed or gone since + domains)``, when its per-domain verdicts are ones seen
+before (spread verdicts alternate between a few as domains fill in turn), and one
+pass over the nodes when they are new. The mask returned is shared: callers
 must not modify it (it is read-only), and the framework keeps the pod shape's scores
 under it from one pod to the next (``Framework._derived``). Property test
 (``tests/engine/test_best_index.py``): equal to the reference on random clusters.
@@ -38,7 +41,7 @@ from typing import Final
 import numpy as np
 
 from engine.model.pods import PodInfo
-from engine.model.podtable import PodTable, node_codes, selector_matches
+from engine.model.podtable import LabelLog, PodTable, node_codes, selector_matches
 from engine.model.state import Bools, ClusterState, Codes, Ints
 from events.types import LabelSelector, PodSpec, TopologySpreadConstraint
 
@@ -88,6 +91,12 @@ class _Tally:
     seen: dict[str, tuple[PodSpec | None, bool]] = field(default_factory=dict)
     """Placed pods judged: their spec, and whether the selector matches it (a pod on
     a changed node is judged once, not at every change of its node)."""
+    label: tuple[str, str] | None = None
+    """A label every matching pod carries (the selector requires it), if any."""
+    log: LabelLog | None = None
+    """The table's log of that label: the tally reads its entries from ``logged`` on
+    (pods of other labels cannot change the count), not the changed nodes' pods."""
+    logged: int = 0
 
 
 @dataclass(slots=True)
@@ -238,9 +247,11 @@ class HardSpread:
 
 def _counts(part: _Part, namespace: str, state: ClusterState, table: PodTable) -> Ints:
     """Matching placed pods per domain of ``part`` (eligible nodes only): counted
-    whole the first time, then kept by recounting the nodes changed since, from the
-    pods on each (``table`` is in step with ``state``). The result is the tally's
-    own array: callers must not modify it."""
+    whole the first time, then kept by reading the pods added and removed since (of
+    the label the selector requires: :class:`engine.model.podtable.LabelLog`), or,
+    for a selector that requires no label, by recounting the nodes changed since,
+    from the pods on each (``table`` is in step with ``state``). The result is the
+    tally's own array: callers must not modify it."""
     selector = part.constraint.selector
     if len(state.index) < Tallies.min_nodes:
         rows = table.matching(selector, (namespace,), False)
@@ -248,37 +259,76 @@ def _counts(part: _Part, namespace: str, state: ClusterState, table: PodTable) -
         slots = slots[part.eligible[slots]]
         return np.bincount(part.codes[slots], minlength=part.values)
     tally = part.tallies.get(namespace)
+    if tally is not None and _caught_up(tally, part, namespace, state, table):
+        return tally.counts
+    label = _required_label(selector)
+    log = None if label is None else table.label_log(*label)
+    rows = table.matching(selector, (namespace,), False)
+    per_node = table.per_node(rows, state.capacity)
+    counts = np.bincount(
+        part.codes[part.eligible], weights=per_node[part.eligible], minlength=part.values
+    ).astype(np.int64)
+    if len(part.tallies) >= _TALLIES:
+        part.tallies.clear()
+    tally = _Tally(state.journal_end, per_node, counts, label=label, log=log)
+    if log is not None:
+        tally.logged = log.end
+    part.tallies[namespace] = tally
+    return counts
+
+
+def _required_label(selector: LabelSelector | None) -> tuple[str, str] | None:
+    """A label (key, value) every pod ``selector`` matches carries; None: none is."""
+    if selector is None or not selector.match_labels:
+        return None
+    return min(selector.match_labels.items())
+
+
+def _caught_up(
+    tally: _Tally, part: _Part, namespace: str, state: ClusterState, table: PodTable
+) -> bool:
+    """Bring ``tally`` up to date with ``table``; False where it must be counted whole
+    (too much changed, or what changed is no longer known)."""
     end = state.journal_end
-    changed = None if tally is None else state.changed_since(tally.position)
-    if tally is None or changed is None or len(changed) > _RECOUNT:
-        rows = table.matching(selector, (namespace,), False)
-        per_node = table.per_node(rows, state.capacity)
-        counts = np.bincount(
-            part.codes[part.eligible], weights=per_node[part.eligible], minlength=part.values
-        ).astype(np.int64)
-        if len(part.tallies) >= _TALLIES:
-            part.tallies.clear()
-        part.tallies[namespace] = _Tally(end, per_node, counts)
-        return counts
+    selector = part.constraint.selector
+    per_node, counts = tally.per_node, tally.counts
+    eligible, codes = part.eligible, part.codes
+    if tally.log is not None:
+        assert tally.label is not None
+        log = tally.log
+        entries = log.since(tally.logged) if table.followed(*tally.label) is log else None
+        if entries is None or len(entries) > _RECOUNT:
+            return False
+        for slot, sign, spec in entries:
+            if spec.namespace == namespace and selector_matches(selector, spec.labels):
+                per_node[slot] = per_node.item(slot) + sign
+                if eligible.item(slot):
+                    domain = codes.item(slot)
+                    counts[domain] = counts.item(domain) + sign
+        tally.logged = log.end
+        tally.position = end
+        return True
+    changed = state.changed_since(tally.position)
+    if changed is None or len(changed) > _RECOUNT:
+        return False
     if changed:
-        per_node, counts, seen = tally.per_node, tally.counts, tally.seen
+        seen = tally.seen
         if len(seen) > 2 * len(table.row_of) + _RECOUNT:
             seen.clear()  # pods gone since: start again
-        eligible, codes = part.eligible, part.codes
         on_slot, specs, row_of = table.on_slot, table.specs, table.row_of
         for slot in set(changed):
             now = 0
             for key in on_slot.get(slot, ()):
-                spec = specs[row_of[key]]
+                placed = specs[row_of[key]]
                 known = seen.get(key)
-                if known is None or known[0] is not spec:
+                if known is None or known[0] is not placed:
                     # (a name may come back with another spec: judged again)
                     hit = (
-                        spec is not None
-                        and spec.namespace == namespace
-                        and selector_matches(selector, spec.labels)
+                        placed is not None
+                        and placed.namespace == namespace
+                        and selector_matches(selector, placed.labels)
                     )
-                    known = seen[key] = (spec, hit)
+                    known = seen[key] = (placed, hit)
                 now += known[1]
             was = per_node.item(slot)  # (``item``: a Python int, not a numpy scalar)
             if now != was:
@@ -287,4 +337,4 @@ def _counts(part: _Part, namespace: str, state: ClusterState, table: PodTable) -
                     domain = codes.item(slot)
                     counts[domain] = counts.item(domain) + now - was
     tally.position = end
-    return tally.counts
+    return True

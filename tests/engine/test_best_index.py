@@ -103,6 +103,59 @@ def _select_rounds(used: int, rounds: list[tuple[list[int], int, int]], fill: in
         assert index.select(used, tiebreak) == select(scores, used, tiebreak)
 
 
+@given(
+    st.lists(st.sampled_from(["2", "3", "4", "8"]), min_size=1, max_size=40),
+    st.lists(
+        st.tuples(st.lists(st.integers(0, 39), max_size=12), st.integers(0, 99)),
+        min_size=1,
+        max_size=12,
+    ),
+)
+@SMALL
+def test_the_resource_kernel_keeps_the_index_in_step(
+    cpus: list[str], rounds: list[tuple[list[int], int]]
+) -> None:
+    """The compiled refresh of a shape's scores, keeping the shape's index in step as
+    it writes (instead of telling it): after each round of pods placed on random
+    nodes (a node may recur), every block maximum and its count are the scores' own,
+    and the index selects as the full scan."""
+    if not kernels.available():
+        pytest.skip("numba is not available here")
+    with tiny_blocks(), index_kind(True):
+        engine = Engine()
+        for i, cpu in enumerate(cpus):
+            engine.apply(env(make_node(f"n{i}").cpu(cpu).memory("16Gi").added(), i))
+        state = engine.state
+        framework = engine.profiles.frameworks["default-scheduler"]
+        kernel = framework.kernel
+        assert kernel is not None
+        pod = pod_info(make_pod("x").cpu("1").memory("1Gi").spec(), state.resources, 0)
+        static = framework.static_feasible(pod, state)
+        params = kernel.params(pod.request, state)
+        assert params is not None
+        size = state.capacity
+        feasible = np.zeros(size, dtype=np.bool_)
+        local = np.zeros(size, dtype=np.int64)
+        masked = np.full(size, -1, dtype=np.int64)
+        kernel.run(list(range(len(cpus))), static, state, params, feasible, local, masked)
+        index = BestIndex(masked)
+        used = state.high_water
+        assert index.select(used, 0) == select(masked, used, 0)
+        placed = 0
+        for slots, tiebreak in rounds:
+            live = [s for s in slots if s < len(cpus)]
+            for slot in live:
+                spec = make_pod(f"q{placed}").cpu("1").memory("1Gi").spec()
+                state.assume(f"default/q{placed}", slot, pod_info(spec, state.resources, 1).request)
+                placed += 1
+            assert index.follows(len(live))
+            kernel.run(live, static, state, params, feasible, local, masked, index)
+            blocks, counts = best._block_max(masked)
+            assert index.blocks.tolist() == blocks.tolist()
+            assert index.counts.tolist() == counts.tolist()
+            assert index.select(used, tiebreak) == select(masked, used, tiebreak)
+
+
 ZONES = ["a", "b", "c"]
 
 

@@ -1,13 +1,15 @@
 """The pod table's cheap question, "has any placed pod inter-pod terms?", asked with
 only the pods placed since the last sync looked at (not every pod of the changed
 nodes), answers as a walk over every placed pod does, whatever was placed, moved or
-released in between."""
+released in between; and a label's log, replayed by a reader, gives the pods that
+carry the label per node."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.model import podtable
 from engine.model.pods import PodInfo, pod_info
 from engine.model.podtable import has_terms, pod_table
 from engine.model.state import ClusterState
@@ -60,3 +62,62 @@ def test_terms_are_found_among_the_pods_placed_since_the_last_sync(
                 assert not placed_with_terms
     table = pod_table(state, pods, rows=True)
     assert table.with_terms == {k: p.slot for k, p in state.pods.items() if has_terms(pods[k].spec)}
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    labelled=st.sets(st.integers(0, PODS - 1)),
+    steps=STEPS,
+    keep=st.sampled_from([4, 4096]),
+)
+def test_a_label_log_replays_to_the_pods_carrying_the_label(
+    labelled: set[int], steps: list[tuple[str, int, int]], keep: int
+) -> None:
+    """A reader that follows a label from some moment, applying the log's entries
+    since, holds per node the placed pods that carry the label; the log says when
+    it dropped entries the reader had not read (it then counts whole again)."""
+    saved = podtable._LOG
+    podtable._LOG = keep  # type: ignore[misc]
+    try:
+        _follow(labelled, steps)
+    finally:
+        podtable._LOG = saved  # type: ignore[misc]
+
+
+def _follow(labelled: set[int], steps: list[tuple[str, int, int]]) -> None:
+    state = ClusterState()
+    slots = [state.add_node(make_node(f"n{i}").cpu("64").spec()) for i in range(NODES)]
+    pods: dict[str, PodInfo] = {}
+    for i in range(PODS):
+        builder = make_pod(f"p{i}").cpu("1").labels(app="x" if i in labelled else "y", n=str(i))
+        info = pod_info(builder.spec(), state.resources, i)
+        pods[info.key] = info
+    keys = sorted(pods)
+
+    def carrying() -> list[int]:
+        counts = [0] * NODES
+        for key, placed in state.pods.items():
+            if pods[key].spec.labels["app"] == "x":
+                counts[slots.index(placed.slot)] += 1
+        return counts
+
+    table = pod_table(state, pods)
+    log = table.label_log("app", "x")
+    per_node, read = carrying(), log.end
+    for what, pod, node in steps:
+        key = keys[pod]
+        if what == "place":
+            state.assume(key, slots[node], pods[key].request)
+        elif what == "release":
+            state.forget(key)
+        table = pod_table(state, pods)
+        entries = log.since(read) if table.followed("app", "x") is log else None
+        if entries is None:  # dropped (or the table rebuilt): count whole, follow again
+            log = table.label_log("app", "x")
+            per_node, read = carrying(), log.end
+            continue
+        for slot, sign, spec in entries:
+            assert spec.labels["app"] == "x"
+            per_node[slots.index(slot)] += sign
+        read = log.end
+        assert per_node == carrying()
