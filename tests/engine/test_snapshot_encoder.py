@@ -118,7 +118,9 @@ def test_a_constant_is_a_value_each_time_and_a_writable_array_is_shared() -> Non
 
 @settings(max_examples=30, deadline=None)
 @given(
-    st.lists(st.tuples(st.text(max_size=3), st.recursive(st.integers(-9, 9), st.lists)), max_size=4),
+    st.lists(
+        st.tuples(st.text(max_size=3), st.recursive(st.integers(-9, 9), st.lists)), max_size=4
+    ),
     st.lists(st.tuples(st.text(max_size=3), st.lists(st.integers(-9, 9))), max_size=3),
 )
 def test_state_encoded_once_gives_the_bytes_of_two_encodings(
