@@ -168,10 +168,6 @@ class ShardDispatch:
         self.c = coordinator
         self.checks = Checks(coordinator)
         self.wave = Wave(coordinator)
-        self._selecting: list[Selecting] | None = None
-        """Set by :meth:`_hand_over` for a plain pod it did not hand over only because
-        an inter-pod rule or spread constraint applies: which pods they count (see
-        :meth:`_early`)."""
         self._trial = False
         """An early attempt is under way (:meth:`_early`): :meth:`commit` checks it."""
 
@@ -186,11 +182,10 @@ class ShardDispatch:
             return wave  # a run of identical preemptors is being decided
         if c.nominations_under_way() or self._still_held(p, unit):
             return Route.WAIT
-        self._selecting = None
         if unit not in c.hard and self._hand_over(p, unit):
             return Route.HANDED
         if c.flights_under_way():
-            if self._early(p, unit):
+            if unit not in c.hard and self._early(p, unit):
                 return Route.HANDED  # decided here, placed under a claim
             return Route.WAIT
         c.hard.pop(unit, None)
@@ -205,16 +200,17 @@ class ShardDispatch:
         it is exact."""
         c = self.c
         e = c.engine
-        pod = e.pods.get(unit)
-        selectors = self._selecting
+        pod = e.pods.get(unit)  # (None for a gang)
         if (
             pod is None
-            or selectors is None
+            or pod.spec.group
+            or pod.spec.depends_on
+            or not self._kept_by_rules(pod)
             or unit == p.explain
             or e.config.extenders
             or e.holds
             or _moves_on_their_own(e.profiles.frameworks.values())
-            or c.flying_match(selectors)
+            or c.flying_match(_selecting(pod))
         ):
             return False
         p.unit = unit
@@ -232,6 +228,19 @@ class ShardDispatch:
         pod.attempts -= 1
         e.count("attempts", -1)
         return False
+
+    def _kept_by_rules(self, pod: PodInfo) -> bool:
+        """Whether ``pod`` would be handed over but for the inter-pod rules or spread
+        constraints that apply to it (:meth:`_hand_over`'s checks of its profile)."""
+        state = self.c.engine.state
+        f = self.c.engine.profiles.framework_for(pod)
+        return (
+            f is not None
+            and f.incremental
+            and self.checks.summarised(f)
+            and bool(f.conditional)
+            and f.cluster_wide(pod, state)
+        )
 
     def _room_whatever_lands(self, placed: Placed) -> bool:
         """Whether an early attempt's node keeps room for its pod whatever the pods
@@ -286,8 +295,6 @@ class ShardDispatch:
             if f.conditional and f.cluster_wide(pod, state):
                 # inter-pod rules apply: decided here, on the whole view (a plain pod
                 # maybe before the flights land: _early)
-                if len(pods) == 1 and not (pod.spec.group or pod.spec.depends_on):
-                    self._selecting = _selecting(pod)
                 return False
             frameworks.append(f)
         if e.config.extenders and any(applicable(p, pod) for pod in pods):

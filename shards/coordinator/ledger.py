@@ -214,8 +214,7 @@ class Ledger:
         if self._flying_of is not self.flights:
             counts: dict[LabelKey, int] = {}
             for flight in self.flights.values():
-                keys = flight.labels if len(flight.labels) == len(flight.pods) else [UNKNOWN]
-                for key in keys:
+                for key in _label_keys(flight):
                     counts[key] = counts.get(key, 0) + 1
             self._flying, self._flying_of = counts, self.flights
         return self._flying
@@ -224,8 +223,7 @@ class Ledger:
         """Count ``flight``'s pods in (``sign`` +1) or out of (-1; -N: N flights with
         the same labels) ``counts`` (:meth:`flying_labels`, asked before ``flights``
         changed)."""
-        keys = flight.labels if len(flight.labels) == len(flight.pods) else [UNKNOWN]
-        for key in keys:
+        for key in _label_keys(flight):
             left = counts.get(key, 0) + sign
             if left:
                 counts[key] = left
@@ -423,3 +421,9 @@ class Ledger:
             self.send(shard, ReservationAborted(rid=claim.rid, reason=reason))
         if not claim.open:
             self._forget_claim(claim)
+
+
+def _label_keys(flight: Flight) -> tuple[LabelKey, ...]:
+    """What ``flight`` counts in the flying labels: its pods' labels, or one
+    :data:`UNKNOWN` for a flight recorded without them."""
+    return flight.labels if len(flight.labels) == len(flight.pods) else (UNKNOWN,)
