@@ -72,6 +72,7 @@ def _compile() -> tuple[Refresh, Refresh] | None:
     entry point, not one more argument: numba's dispatch costs per argument)."""
     if not available():
         return None
+    _register_helpers()
 
     def refresh_indexed(
         slots: Ints,
@@ -138,40 +139,15 @@ def _compile() -> tuple[Refresh, Refresh] | None:
             new = total if ok else -1
             old = masked[s]
             masked[s] = new
-            if indexed and new != old:
+            if indexed:
                 # the block maxima as BestIndex's refresh keeps them, write by write
                 b = s >> shift
-                top = blocks[b]
-                if top == best.PENDING:
-                    continue
-                if new > top:
-                    blocks[b] = new
-                    counts[b] = 1
-                elif new == top:
-                    counts[b] += 1
-                elif old == top:
-                    counts[b] -= 1
-                    if counts[b] == 0:
-                        blocks[b] = best.PENDING  # taken again below
-        if indexed:
-            size = masked.shape[0]
-            width = 1 << shift
+                blocks[b], counts[b] = best.follow(blocks[b], counts[b], old, new)
+        if indexed:  # the blocks whose last maximum fell, taken again
             for i in range(slots.shape[0]):
                 b = slots[i] >> shift
-                if blocks[b] != best.PENDING:
-                    continue
-                lo = b << shift
-                hi = min(lo + width, size)
-                top = masked[lo]
-                count = 1
-                for k in range(lo + 1, hi):
-                    if masked[k] > top:
-                        top = masked[k]
-                        count = 1
-                    elif masked[k] == top:
-                        count += 1
-                blocks[b] = top
-                counts[b] = count
+                if blocks[b] == best.PENDING:
+                    blocks[b], counts[b] = best.block_top(masked, b, shift)
 
     indexed = jit(refresh_indexed)
 
@@ -200,6 +176,22 @@ def jit(function: Callable[..., Any]) -> Callable[..., Any]:
     except RuntimeError:  # no writable cache directory: compile in every process
         compiled = numba.njit(cache=False, nogil=True)(function)
     return compiled
+
+
+@functools.cache
+def _register_helpers() -> None:
+    """Let the compiled refreshes call the best-node index's block helpers
+    (:func:`engine.framework.best.follow` and :func:`~engine.framework.best.block_top`,
+    plain functions there, which the engine imports without numba): numba compiles
+    them into each compiled caller. Once per process, before the first compile.
+
+    numba's cache on disk knows a compiled function by its own file only: after a change
+    to these helpers, touch this file (or remove its cached ``*.nbi``/``*.nbc``) so that
+    the refreshes here are compiled again (an installed release replaces both files)."""
+    from numba.extending import register_jitable
+
+    register_jitable(best.follow)
+    register_jitable(best.block_top)
 
 
 def warm_up() -> None:
@@ -253,6 +245,7 @@ def index_kernel() -> best.RefreshSelect | None:
     :func:`refresh_kernel` is."""
     if not available():
         return None
+    _register_helpers()
     select: best.RefreshSelect = jit(best.refresh_select)
     one = np.zeros(1, dtype=np.int64)
     select(one, one.copy(), one.copy(), _EMPTY, _EMPTY, True, 1, 0, 0)
