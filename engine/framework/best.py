@@ -284,6 +284,42 @@ _PENDING: Final = -(1 << 62)
 PENDING: Final = _PENDING
 
 
+def follow(top: int, count: int, old: int, new: int) -> tuple[int, int]:
+    """A block's maximum ``top`` and how many of its slots hold it (``count``), after
+    one of its slots went from ``old`` to ``new``: a new maximum, one more or one fewer
+    slot at it; :data:`PENDING` when no slot holds it any more (:func:`block_top` takes
+    it again), and left so while pending. Scalars only, for numba
+    (:func:`refresh_select`, and :mod:`engine.plugins.kernels`, which registers it to be
+    compiled into them); its twin is :meth:`BestIndex._refresh`."""
+    if new == old or top == _PENDING:
+        return top, count
+    if new > top:
+        return new, 1
+    if new == top:
+        return top, count + 1
+    if old == top:
+        count -= 1
+        if count == 0:
+            return _PENDING, count
+    return top, count
+
+
+def block_top(scores: Ints, b: int, shift: int) -> tuple[int, int]:
+    """Block ``b``'s maximum in ``scores`` (blocks of ``1 << shift`` slots, the last
+    one maybe shorter) and how many of its slots hold it; for numba, as :func:`follow`."""
+    lo = b << shift
+    hi = min(lo + (1 << shift), scores.shape[0])
+    top = scores[lo]
+    count = 1
+    for s in range(lo + 1, hi):
+        if scores[s] > top:
+            top = scores[s]
+            count = 1
+        elif scores[s] == top:
+            count += 1
+    return top, count
+
+
 def refresh_select(
     scores: Ints,
     blocks: Ints,
@@ -300,7 +336,6 @@ def refresh_select(
     a slot recurs) and new one (every block, if ``stale``), then select as
     :func:`engine.framework.results.select` does, reading only the block maxima, the
     rotation's own block and the first block holding the top."""
-    size = scores.shape[0]
     width = 1 << shift
     if stale:
         for b in range(blocks.shape[0]):
@@ -314,36 +349,11 @@ def refresh_select(
                 continue
             last = s
             b = s >> shift
-            old = olds[order[k]]
-            new = scores[s]
-            top = blocks[b]
-            if new == old or top == _PENDING:
-                continue
-            if new > top:
-                blocks[b] = new
-                counts[b] = 1
-            elif new == top:
-                counts[b] += 1
-            elif old == top:
-                counts[b] -= 1
-                if counts[b] == 0:
-                    blocks[b] = _PENDING  # taken again below
+            blocks[b], counts[b] = follow(blocks[b], counts[b], olds[order[k]], scores[s])
     for i in range(blocks.shape[0] if stale else slots.shape[0]):
         b = i if stale else slots[i] >> shift
-        if blocks[b] != _PENDING:
-            continue
-        lo = b << shift
-        hi = min(lo + width, size)
-        top = scores[lo]
-        count = 1
-        for s in range(lo + 1, hi):
-            if scores[s] > top:
-                top = scores[s]
-                count = 1
-            elif scores[s] == top:
-                count += 1
-        blocks[b] = top
-        counts[b] = count
+        if blocks[b] == _PENDING:  # taken again
+            blocks[b], counts[b] = block_top(scores, b, shift)
     nblocks = ((used - 1) >> shift) + 1
     top = blocks[0]
     for b in range(1, nblocks):

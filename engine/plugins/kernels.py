@@ -10,8 +10,8 @@ the same refresh for ``NodeResourcesFit`` (filter; ``LeastAllocated`` or
 compiled loop (numba), slot by slot, with the same integer and floating-point
 operations in the same order as the numpy code in :mod:`engine.plugins.fit`, so the
 results are bit for bit the same. Property tests compare the two paths decision by
-decision. Where the shape's scores carry a best-node index (large shards), a second
-entry point of the same loop keeps the index's block maxima in step as it writes
+decision. Where the shape's scores carry a best-node index (large shards), the same
+loop, given the index's arrays, keeps the index's block maxima in step as it writes
 (:meth:`engine.framework.best.BestIndex.follows`; the block whose last maximum fell is
 read again once, at the end).
 
@@ -67,13 +67,16 @@ def available() -> bool:
     return _settings["jit"] and importlib.util.find_spec("numba") is not None
 
 
-def _compile() -> tuple[Refresh, Refresh] | None:
-    """The compiled refresh, and the same keeping a best-node index in step (one more
-    entry point, not one more argument: numba's dispatch costs per argument)."""
+def _compile() -> Refresh | None:
+    """The compiled refresh; given a best-node index's ``blocks``, ``counts`` and
+    ``shift`` too, it keeps the index in step. Left out, numba compiles a version
+    without them (defaults: numba's dispatch costs per argument passed, and less
+    than a compiled wrapper's call)."""
     if not available():
         return None
+    _register_helpers()
 
-    def refresh_indexed(
+    def refresh(
         slots: Ints,
         static: Bools,
         columns: Ints,
@@ -81,12 +84,11 @@ def _compile() -> tuple[Refresh, Refresh] | None:
         feasible: Bools,
         local: Ints,
         masked: Ints,
-        blocks: Ints,
-        counts: Ints,
-        shift: int,
+        blocks: Ints | None = None,
+        counts: Ints | None = None,
+        shift: int = 0,
     ) -> None:  # pragma: no cover - compiled; its twin is engine.plugins.fit
         alloc, used, free, nonzero = columns[0], columns[1], columns[2], columns[3]
-        indexed = blocks.shape[0] > 0  # a best-node index over ``masked``, kept in step
         fit_mode, fit_weight, bal_weight = p[0], p[1], p[2]
         n_req, n_fit, n_bal = p[3], p[4], p[5]
         req = 6  # rows, then amounts
@@ -138,56 +140,17 @@ def _compile() -> tuple[Refresh, Refresh] | None:
             new = total if ok else -1
             old = masked[s]
             masked[s] = new
-            if indexed and new != old:
+            if blocks is not None and counts is not None:  # (numba prunes it if left out)
                 # the block maxima as BestIndex's refresh keeps them, write by write
                 b = s >> shift
-                top = blocks[b]
-                if top == best.PENDING:
-                    continue
-                if new > top:
-                    blocks[b] = new
-                    counts[b] = 1
-                elif new == top:
-                    counts[b] += 1
-                elif old == top:
-                    counts[b] -= 1
-                    if counts[b] == 0:
-                        blocks[b] = best.PENDING  # taken again below
-        if indexed:
-            size = masked.shape[0]
-            width = 1 << shift
+                blocks[b], counts[b] = best.follow(blocks[b], counts[b], old, new)
+        if blocks is not None and counts is not None:  # those whose maximum fell, again
             for i in range(slots.shape[0]):
                 b = slots[i] >> shift
-                if blocks[b] != best.PENDING:
-                    continue
-                lo = b << shift
-                hi = min(lo + width, size)
-                top = masked[lo]
-                count = 1
-                for k in range(lo + 1, hi):
-                    if masked[k] > top:
-                        top = masked[k]
-                        count = 1
-                    elif masked[k] == top:
-                        count += 1
-                blocks[b] = top
-                counts[b] = count
+                if blocks[b] == best.PENDING:
+                    blocks[b], counts[b] = best.block_top(masked, b, shift)
 
-    indexed = jit(refresh_indexed)
-
-    def refresh(
-        slots: Ints,
-        static: Bools,
-        columns: Ints,
-        p: Ints,
-        feasible: Bools,
-        local: Ints,
-        masked: Ints,
-    ) -> None:  # pragma: no cover - compiled
-        none = masked[:0]  # (a view: no allocation)
-        indexed(slots, static, columns, p, feasible, local, masked, none, none, 0)
-
-    return jit(refresh), indexed
+    return jit(refresh)
 
 
 def jit(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -200,6 +163,22 @@ def jit(function: Callable[..., Any]) -> Callable[..., Any]:
     except RuntimeError:  # no writable cache directory: compile in every process
         compiled = numba.njit(cache=False, nogil=True)(function)
     return compiled
+
+
+@functools.cache
+def _register_helpers() -> None:
+    """Let the compiled refreshes call the best-node index's block helpers
+    (:func:`engine.framework.best.follow` and :func:`~engine.framework.best.block_top`,
+    plain functions there, which the engine imports without numba): numba compiles
+    them into each compiled caller. Once per process, before the first compile.
+
+    numba's cache on disk knows a compiled function by its own file only: after a change
+    to these helpers, touch this file (or remove its cached ``*.nbi``/``*.nbc``) so that
+    the refreshes here are compiled again (an installed release replaces both files)."""
+    from numba.extending import register_jitable
+
+    register_jitable(best.follow)
+    register_jitable(best.block_top)
 
 
 def warm_up() -> None:
@@ -221,16 +200,13 @@ def refresh_kernel() -> Refresh | None:
     """The compiled refresh, or None. Compiled (or loaded from numba's cache on disk)
     on the first call in a process, which then runs it once on empty arrays, so that
     the first attempt does not pay for it."""
-    compiled = _compile()
-    refresh = None
-    if compiled is not None:
-        refresh, indexed = compiled
+    refresh = _compile()
+    if refresh is not None:
         flags = np.zeros(0, dtype=bool)
         params = np.zeros(6, dtype=np.int64)
         columns = np.zeros((4, 1, 0), dtype=np.int64)
         refresh(_EMPTY, flags, columns, params, flags, _EMPTY, _EMPTY)
-        indexed(_EMPTY, flags, columns, params, flags, _EMPTY, _EMPTY, _EMPTY, _EMPTY, 0)
-        _INDEXED.append(indexed)
+        refresh(_EMPTY, flags, columns, params, flags, _EMPTY, _EMPTY, _EMPTY, _EMPTY, 0)
         add = jit(_add_column)
         delta = np.zeros((4, 1), dtype=np.int64)
         for writeable in (True, False):  # placed pods' deltas are read-only; padded not
@@ -242,10 +218,6 @@ def refresh_kernel() -> Refresh | None:
     return refresh
 
 
-_INDEXED: list[Refresh] = []
-"""The refresh that keeps a best-node index in step, once :func:`refresh_kernel` loaded it."""
-
-
 @functools.cache
 def index_kernel() -> best.RefreshSelect | None:
     """The best-node index's compiled refresh and selection
@@ -253,6 +225,7 @@ def index_kernel() -> best.RefreshSelect | None:
     :func:`refresh_kernel` is."""
     if not available():
         return None
+    _register_helpers()
     select: best.RefreshSelect = jit(best.refresh_select)
     one = np.zeros(1, dtype=np.int64)
     select(one, one.copy(), one.copy(), _EMPTY, _EMPTY, True, 1, 0, 0)
@@ -386,7 +359,7 @@ class ResourceKernel:
         if index is None:
             refresh(at, static, state._columns, params, feasible, local, masked)
         else:
-            _INDEXED[0](
+            refresh(
                 at,
                 static,
                 state._columns,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,26 @@ from events.errors import InputError, LogCorruptedError, LogError, RecordTooLarg
 from events.fence import FencedError, FencedLog
 from events.kafka import KafkaLog, KafkaSettings, create_topic
 from events.types import Envelope, PodDeleted, PodSucceeded
+
+
+def _settings(bootstrap: str, name: str, **options: Any) -> KafkaSettings:
+    """Settings for a topic of the test's own (``name`` and a random suffix)."""
+    return KafkaSettings(bootstrap=bootstrap, topic=f"{name}-{uuid.uuid4().hex[:8]}", **options)
+
+
+@contextlib.asynccontextmanager
+async def _logs(settings: KafkaSettings, count: int = 1) -> AsyncIterator[tuple[KafkaLog, ...]]:
+    """``settings``' topic created and ``count`` logs on it started, for a block that
+    gets them as a tuple; closed after it, the last first."""
+    await create_topic(settings)
+    async with contextlib.AsyncExitStack() as stack:
+        logs: list[KafkaLog] = []
+        for _ in range(count):
+            log = KafkaLog(settings)
+            await log.start()
+            stack.push_async_callback(log.close)
+            logs.append(log)
+        yield tuple(logs)
 
 
 def test_settings_from_url_and_environment() -> None:
@@ -109,13 +131,13 @@ async def test_unreachable_broker_is_a_log_error() -> None:
 
 
 async def test_missing_topic_is_named(kafka_bootstrap: str) -> None:
-    log = KafkaLog(KafkaSettings(bootstrap=kafka_bootstrap, topic=f"absent-{uuid.uuid4().hex[:8]}"))
+    log = KafkaLog(_settings(kafka_bootstrap, "absent"))
     with pytest.raises(LogError, match="shoal kafka init"):
         await log.start()
 
 
 async def test_garbage_record_is_corruption_naming_its_offset(kafka_bootstrap: str) -> None:
-    settings = KafkaSettings(bootstrap=kafka_bootstrap, topic=f"garbage-{uuid.uuid4().hex[:8]}")
+    settings = _settings(kafka_bootstrap, "garbage")
     assert await create_topic(settings)
     assert not await create_topic(settings), "a second init finds the topic"
     log = KafkaLog(settings)
@@ -135,20 +157,13 @@ async def test_garbage_record_is_corruption_naming_its_offset(kafka_bootstrap: s
 
 
 async def test_large_appends_split_into_batches(kafka_bootstrap: str) -> None:
-    settings = KafkaSettings(
-        bootstrap=kafka_bootstrap, topic=f"big-{uuid.uuid4().hex[:8]}", max_batch_bytes=20_000
-    )
-    await create_topic(settings)
-    log = KafkaLog(settings)
-    await log.start()
-    try:
+    settings = _settings(kafka_bootstrap, "big", max_batch_bytes=20_000)
+    async with _logs(settings) as (log,):
         sent = [Envelope(event=PodDeleted(pod=f"ns/{'x' * 200}-{i}")) for i in range(500)]
         assert await log.append(sent) == list(range(500))
         got = await log.read(0, 0)
         assert [g.event for g in got] == [s.event for s in sent]
         assert await log.end_offset(0) == 500
-    finally:
-        await log.close()
 
 
 async def test_a_record_over_the_batch_limit_is_refused_before_anything_is_sent(
@@ -157,21 +172,14 @@ async def test_a_record_over_the_batch_limit_is_refused_before_anything_is_sent(
     """A record no batch can hold would be refused by the broker for ever: the call is
     refused whole, before any batch is sent, naming the setting that raises the limit
     (never a ``LogError``, which roles retry)."""
-    settings = KafkaSettings(
-        bootstrap=kafka_bootstrap, topic=f"huge-{uuid.uuid4().hex[:8]}", max_batch_bytes=20_000
-    )
-    await create_topic(settings)
-    log = KafkaLog(settings)
-    await log.start()
-    try:
+    settings = _settings(kafka_bootstrap, "huge", max_batch_bytes=20_000)
+    async with _logs(settings) as (log,):
         small = [Envelope(event=PodDeleted(pod=f"ns/{'x' * 200}-{i}")) for i in range(200)]
         huge = Envelope(event=PodDeleted(pod="ns/" + "x" * 30_000))
         with pytest.raises(RecordTooLargeError, match="max_batch_bytes") as info:
             await log.append([*small, huge])
         assert not isinstance(info.value, LogError)
         assert await log.end_offset(0) == 0
-    finally:
-        await log.close()
 
 
 async def test_read_kinds_skips_other_kinds_by_key(kafka_bootstrap: str) -> None:
@@ -179,11 +187,8 @@ async def test_read_kinds_skips_other_kinds_by_key(kafka_bootstrap: str) -> None
     the rest undecoded (a garbage value under another kind's key is never looked at),
     still decodes records keyed the older way (by partition number) to filter them, and
     says where its scan stopped."""
-    settings = KafkaSettings(bootstrap=kafka_bootstrap, topic=f"kinds-{uuid.uuid4().hex[:8]}")
-    await create_topic(settings)
-    log = KafkaLog(settings)
-    await log.start()
-    try:
+    settings = _settings(kafka_bootstrap, "kinds")
+    async with _logs(settings) as (log,):
         await log.append(
             [
                 Envelope(event=PodDeleted(pod="a/1")),
@@ -209,8 +214,6 @@ async def test_read_kinds_skips_other_kinds_by_key(kafka_bootstrap: str) -> None
         assert await log.read_kinds(0, 5, ["pod-"]) == (5, [])
         with pytest.raises(LogCorruptedError, match="offset 2"):
             await log.read_kinds(0, 0, ["pod.ok"])
-    finally:
-        await log.close()
 
 
 async def test_reads_pass_over_commit_markers_and_aborted_transactions(
@@ -220,12 +223,8 @@ async def test_reads_pass_over_commit_markers_and_aborted_transactions(
     and a transaction its writer left open (frozen mid-append) is aborted when the next
     term's producer starts. Reads from anywhere, with or without a limit, pass over
     both, never show an aborted record, and end."""
-    settings = KafkaSettings(bootstrap=kafka_bootstrap, topic=f"gaps-{uuid.uuid4().hex[:8]}")
-    await create_topic(settings)
-    log, other = KafkaLog(settings), KafkaLog(settings)
-    await log.start()
-    await other.start()
-    try:
+    settings = _settings(kafka_bootstrap, "gaps")
+    async with _logs(settings, 2) as (log, other):
         term = FencedLog(log, fence="c", epoch=1)
         at = [*await term.append([Envelope(event=PodDeleted(pod="a/0"), time=0)])]
         at += await term.append([Envelope(event=PodDeleted(pod=f"a/{i}"), time=i) for i in (1, 2)])
@@ -254,9 +253,6 @@ async def test_reads_pass_over_commit_markers_and_aborted_transactions(
         assert (stop, [e.time for e in kept]) == (end, [0, 1, 2, 3])
         with pytest.raises(FencedError):
             await term.append([Envelope(event=PodDeleted(pod="a/5"), time=5)])
-    finally:
-        await other.close()
-        await log.close()
 
 
 async def test_a_read_while_others_append_ends_and_keeps_what_it_fetched(
@@ -265,25 +261,16 @@ async def test_a_read_while_others_append_ends_and_keeps_what_it_fetched(
     """A read with no limit used to chase the tail while a writer kept appending, until
     its time-out, and then fail ("stalled") throwing its progress away. It ends at the
     high-water mark it learnt, with every record appended before it began."""
-    settings = KafkaSettings(
-        bootstrap=kafka_bootstrap,
-        topic=f"tail-{uuid.uuid4().hex[:8]}",
-        request_timeout_ms=3000,
-        fetch_max_wait_ms=10,
-    )
-    await create_topic(settings)
-    writer, reader = KafkaLog(settings), KafkaLog(settings)
-    await writer.start()
-    await reader.start()
-    stop = asyncio.Event()
+    settings = _settings(kafka_bootstrap, "tail", request_timeout_ms=3000, fetch_max_wait_ms=10)
+    async with _logs(settings, 2) as (writer, reader):
+        stop = asyncio.Event()
 
-    async def append_on() -> None:
-        i = 0
-        while not stop.is_set():
-            await writer.append([Envelope(event=PodDeleted(pod=f"ns/p-{i}"))])
-            i += 1
+        async def append_on() -> None:
+            i = 0
+            while not stop.is_set():
+                await writer.append([Envelope(event=PodDeleted(pod=f"ns/p-{i}"))])
+                i += 1
 
-    try:
         await writer.append([Envelope(event=PodDeleted(pod=f"ns/before-{i}")) for i in range(50)])
         appending = asyncio.create_task(append_on())
         try:
@@ -294,9 +281,6 @@ async def test_a_read_while_others_append_ends_and_keeps_what_it_fetched(
         finally:
             stop.set()
             await appending
-    finally:
-        await writer.close()
-        await reader.close()
 
 
 async def test_a_log_of_many_small_batches_is_read_whole_from_anywhere(
@@ -307,17 +291,13 @@ async def test_a_log_of_many_small_batches_is_read_whole_from_anywhere(
     few milliseconds brought one record, or none from late offsets, and shards stalled
     (the stall of a real cluster's pod creation over Kafka). Learning the end without a
     fetch and gathering with a long wait reads everything, from any offset."""
-    settings = KafkaSettings(
-        bootstrap=kafka_bootstrap,
-        topic=f"small-{uuid.uuid4().hex[:8]}",
+    settings = _settings(
+        kafka_bootstrap,
+        "small",
         request_timeout_ms=20000,
         fetch_max_wait_ms=1,  # far too short to list a few thousand batches
     )
-    await create_topic(settings)
-    writer, reader = KafkaLog(settings), KafkaLog(settings)
-    await writer.start()
-    await reader.start()
-    try:
+    async with _logs(settings, 2) as (writer, reader):
         total = 3000
         for i in range(total):
             await writer.append([Envelope(event=PodDeleted(pod=f"ns/p-{i}"))])
@@ -328,9 +308,6 @@ async def test_a_log_of_many_small_batches_is_read_whole_from_anywhere(
         assert await reader.end_offset(0) == total
         offset, kept = await reader.read_kinds(0, total - 3, ["pod-"])
         assert (offset, len(kept)) == (total, 3)
-    finally:
-        await writer.close()
-        await reader.close()
 
 
 async def test_a_wait_returns_when_one_of_its_partitions_grows_past_a_commit_marker(
@@ -339,14 +316,8 @@ async def test_a_wait_returns_when_one_of_its_partitions_grows_past_a_commit_mar
     """An idle reader long-polls: the broker holds its fetch until a record comes to
     any partition it waits on (a commit marker, which no reader sees, does not count),
     instead of the reader asking every few milliseconds."""
-    settings = KafkaSettings(
-        bootstrap=kafka_bootstrap, topic=f"wait-{uuid.uuid4().hex[:8]}", partitions=2
-    )
-    await create_topic(settings)
-    log, writer = KafkaLog(settings), KafkaLog(settings)
-    await log.start()
-    await writer.start()
-    try:
+    settings = _settings(kafka_bootstrap, "wait", partitions=2)
+    async with _logs(settings, 2) as (log, writer):
         term = FencedLog(writer, fence="c", epoch=1)
         first = await term.append([Envelope(event=PodDeleted(pod="a/0"), time=0)], 1)
         after = first[-1] + 1  # the transaction's commit marker is there
@@ -359,9 +330,6 @@ async def test_a_wait_returns_when_one_of_its_partitions_grows_past_a_commit_mar
         await writer.append([Envelope(event=PodDeleted(pod="a/2"), time=2)], 0)
         await asyncio.wait_for(again, 30.0)
         await log.wait_for(0, 5, 0.05)  # nothing there: back after its time
-    finally:
-        await writer.close()
-        await log.close()
 
 
 def _count_scans(log: KafkaLog) -> list[int]:
@@ -384,13 +352,9 @@ async def test_a_read_past_its_own_plain_records_does_not_scan_them_and_still_ju
     """A shard reads around what it appended (``shards.worker``): its log knows those
     records carry no term and judges from after them without fetching them, while a
     deposed leader's record after them is still dropped."""
-    settings = KafkaSettings(bootstrap=kafka_bootstrap, topic=f"plain-{uuid.uuid4().hex[:8]}")
-    await create_topic(settings)
-    log, other = KafkaLog(settings), KafkaLog(settings)
-    await log.start()
-    await other.start()
-    scans = _count_scans(log)
-    try:
+    settings = _settings(kafka_bootstrap, "plain")
+    async with _logs(settings, 2) as (log, other):
+        scans = _count_scans(log)
         await FencedLog(other, fence="c", epoch=2).begin([0], holder="b", now=0)
         begun = await log.read(0, 0)
         own = await log.append([Envelope(event=PodDeleted(pod=f"a/{i}"), time=i) for i in range(3)])
@@ -400,9 +364,6 @@ async def test_a_read_past_its_own_plain_records_does_not_scan_them_and_still_ju
         assert scans == []
         assert [type(e.event).__name__ for e in after] == ["RecordFenced"]
         assert len(begun) == 1
-    finally:
-        await other.close()
-        await log.close()
 
 
 async def test_a_read_that_stopped_inside_its_own_plain_records_does_not_scan_them(
@@ -412,13 +373,9 @@ async def test_a_read_that_stopped_inside_its_own_plain_records_does_not_scan_th
     marker before them takes one of those offsets, so the read stops one record into
     them. The next read, from after them, still judges from there without fetching
     them again (the records are the log's own, with no term)."""
-    settings = KafkaSettings(bootstrap=kafka_bootstrap, topic=f"inside-{uuid.uuid4().hex[:8]}")
-    await create_topic(settings)
-    log, other = KafkaLog(settings), KafkaLog(settings)
-    await log.start()
-    await other.start()
-    scans = _count_scans(log)
-    try:
+    settings = _settings(kafka_bootstrap, "inside")
+    async with _logs(settings, 2) as (log, other):
+        scans = _count_scans(log)
         term = FencedLog(other, fence="c", epoch=1)
         routed = await term.append(
             [Envelope(event=PodDeleted(pod=f"r/{i}"), time=i) for i in range(2)]
@@ -436,9 +393,6 @@ async def test_a_read_that_stopped_inside_its_own_plain_records_does_not_scan_th
         after = await log.read(0, own[-1] + 1)
         assert scans == []
         assert [e.event.pod for e in after] == ["b/0", "a/x"]  # type: ignore[union-attr]
-    finally:
-        await other.close()
-        await log.close()
 
 
 def _count_handed(log: KafkaLog) -> list[int]:
@@ -461,18 +415,13 @@ async def test_a_read_with_a_limit_takes_no_more_records_from_the_client(
 ) -> None:
     """Each record the client hands over costs a Python object; a read that wants few
     of a long partition takes only those (the rest of the fetch is left unpacked)."""
-    settings = KafkaSettings(bootstrap=kafka_bootstrap, topic=f"few-{uuid.uuid4().hex[:8]}")
-    await create_topic(settings)
-    log = KafkaLog(settings)
-    await log.start()
-    handed = _count_handed(log)
-    try:
+    settings = _settings(kafka_bootstrap, "few")
+    async with _logs(settings) as (log,):
+        handed = _count_handed(log)
         await log.append([Envelope(event=PodDeleted(pod=f"a/{i}"), time=i) for i in range(200)])
         got = await log.read(0, 10, limit=3)
         assert [e.offset for e in got] == [10, 11, 12]
         assert sum(handed) == 3
-    finally:
-        await log.close()
 
 
 async def test_read_kinds_passes_over_its_own_records_of_other_kinds_unfetched(
@@ -483,15 +432,9 @@ async def test_read_kinds_passes_over_its_own_records_of_other_kinds_unfetched(
     them from the client, and still judges their term (a deposed leader's record after
     them is dropped). A run of its own of a term older than the partition holds is read
     (its records are dropped, as any reader drops them)."""
-    settings = KafkaSettings(
-        bootstrap=kafka_bootstrap, topic=f"own-{uuid.uuid4().hex[:8]}", transactions=False
-    )
-    await create_topic(settings)
-    log, shard = KafkaLog(settings), KafkaLog(settings)
-    await log.start()
-    await shard.start()
-    handed = _count_handed(log)
-    try:
+    settings = _settings(kafka_bootstrap, "own", transactions=False)
+    async with _logs(settings, 2) as (log, shard):
+        handed = _count_handed(log)
         router = FencedLog(log, fence="c", epoch=2)
         await router.append([Envelope(event=PodDeleted(pod=f"r/{i}"), time=i) for i in range(50)])
         done = [Envelope(event=PodSucceeded(pod=f"r/{i}"), time=i) for i in range(2)]
@@ -515,9 +458,6 @@ async def test_read_kinds_passes_over_its_own_records_of_other_kinds_unfetched(
             "PodSucceeded",
             "PodSucceeded",
         ]
-    finally:
-        await shard.close()
-        await log.close()
 
 
 async def test_a_read_at_the_end_of_the_log_fetches_nothing(kafka_bootstrap: str) -> None:
@@ -525,12 +465,9 @@ async def test_a_read_at_the_end_of_the_log_fetches_nothing(kafka_bootstrap: str
     learn where the partition ends and stop there, with no fetch (one the broker held
     at the end of the log, after which the client sent another at once, cost two waits
     and about 2 ms of CPU)."""
-    settings = KafkaSettings(bootstrap=kafka_bootstrap, topic=f"end-{uuid.uuid4().hex[:8]}")
-    await create_topic(settings)
-    log = KafkaLog(settings)
-    await log.start()
-    fetched: list[int] = []
-    try:
+    settings = _settings(kafka_bootstrap, "end")
+    async with _logs(settings) as (log,):
+        fetched: list[int] = []
         await log.append([Envelope(event=PodDeleted(pod=f"a/{i}"), time=i) for i in range(3)])
         assert len(await log.read(0, 0)) == 3
         for client in (log._probe_consumer, log._consumer, log._ends):
@@ -546,8 +483,6 @@ async def test_a_read_at_the_end_of_the_log_fetches_nothing(kafka_bootstrap: str
             assert await log.read_kinds(0, 3, ["pod-"]) == (3, [])
         assert fetched == []
         assert await log.end_offset(0) == 3
-    finally:
-        await log.close()
 
 
 async def test_a_read_after_a_wait_that_saw_records_fetches_without_asking_first(
@@ -556,13 +491,9 @@ async def test_a_read_after_a_wait_that_saw_records_fetches_without_asking_first
     """A shard woken by records reads them: the wait's answer told it that records are
     there, so the read fetches at once and learns where it ends from the fetch's
     answer, without a ``ListOffsets`` round trip first."""
-    settings = KafkaSettings(bootstrap=kafka_bootstrap, topic=f"woken-{uuid.uuid4().hex[:8]}")
-    await create_topic(settings)
-    log, writer = KafkaLog(settings), KafkaLog(settings)
-    await log.start()
-    await writer.start()
-    asked: list[int] = []
-    try:
+    settings = _settings(kafka_bootstrap, "woken")
+    async with _logs(settings, 2) as (log, writer):
+        asked: list[int] = []
         assert await log.read(0, 0) == []
         end_offsets = log._ends.end_offsets  # type: ignore[union-attr]
 
@@ -577,6 +508,3 @@ async def test_a_read_after_a_wait_that_saw_records_fetches_without_asking_first
         assert [e.offset for e in await log.read(0, 0)] == [0, 1, 2]
         assert asked == []
         assert await log.read(0, 3) == [] and asked == [1], "at the end: asked, not fetched"
-    finally:
-        await writer.close()
-        await log.close()
