@@ -47,11 +47,7 @@ def test_terms_are_found_among_the_pods_placed_since_the_last_sync(
     keys = sorted(pods)
     for what, pod, node in steps:
         key = keys[pod]
-        if what == "place":
-            state.assume(key, slots[node], pods[key].request)
-        elif what == "release":
-            state.forget(key)
-        else:
+        if not _apply(state, what, key, slots[node], pods[key]):
             table = pod_table(state, pods, rows=False)
             placed_with_terms = {
                 k: p.slot for k, p in state.pods.items() if has_terms(pods[k].spec)
@@ -106,10 +102,7 @@ def _follow(labelled: set[int], steps: list[tuple[str, int, int]]) -> None:
     per_node, read = carrying(), log.end
     for what, pod, node in steps:
         key = keys[pod]
-        if what == "place":
-            state.assume(key, slots[node], pods[key].request)
-        elif what == "release":
-            state.forget(key)
+        _apply(state, what, key, slots[node], pods[key])
         table = pod_table(state, pods)
         entries = log.since(read) if table.followed("app", "x") is log else None
         if entries is None:  # dropped (or the table rebuilt): count whole, follow again
@@ -121,3 +114,14 @@ def _follow(labelled: set[int], steps: list[tuple[str, int, int]]) -> None:
             per_node[slots.index(slot)] += sign
         read = log.end
         assert per_node == carrying()
+
+
+def _apply(state: ClusterState, what: str, key: str, slot: int, pod: PodInfo) -> bool:
+    """Carry out a drawn step: place or release ``key``; False for any other step."""
+    if what == "place":
+        state.assume(key, slot, pod.request)
+    elif what == "release":
+        state.forget(key)
+    else:
+        return False
+    return True
