@@ -10,8 +10,10 @@ over or decided here: the docstring of :mod:`shards.coordinator.dispatch`.
 **Handing over in batches, and why.** The plain pods at the head of the queue are handed
 over in one step (:func:`hand_batch`): in queue order, each while a shard certainly
 holds it, the batch ending at the first pod that does not (it waits at the head, as one
-by one it would) or that cannot be handed over at all (a gang, a pod an inter-pod rule
-applies to, one handed back...: the exact path of :mod:`shards.coordinator.dispatch`).
+by one it would) or that cannot be handed over at all (a gang, one handed back...: the
+exact path of :mod:`shards.coordinator.dispatch`). A pod that only an inter-pod rule or
+a spread constraint keeps on the coordinator is decided in its place in the batch when
+that is exact, and the batch goes on (:func:`hand_batch`, "Pods decided in place").
 The checks (profile, inter-pod rules, extenders, pre-filters, feasible nodes per shard)
 are made once per kind of pod in the batch (:func:`kind_key`: same request, filters,
 labels and constraints), not per pod; the choice of shard for the pods of one kind is
@@ -43,6 +45,7 @@ from engine.framework.runtime import Framework
 from engine.model.pods import PodInfo
 from events.types import Event, PodRouted
 from shards.coordinator.choice import run_scores
+from shards.coordinator.flights import LabelKey, label_key
 from shards.coordinator.handover import Checks, Viewing
 
 
@@ -73,14 +76,23 @@ class Kind:
     """A kind of pod in a batch handed over (:func:`take`): the checks made
     once for it, and its pods' choices of shard."""
 
-    __slots__ = ("candidates", "counts", "framework", "lead", "pods", "table", "taken")
+    __slots__ = ("candidates", "counts", "framework", "lead", "most", "pods", "table", "taken")
 
-    def __init__(self, framework: Framework, lead: PodInfo, counts: list[int]) -> None:
+    def __init__(
+        self, framework: Framework, lead: PodInfo, counts: list[int], inflight: list[int]
+    ) -> None:
         self.framework = framework
         self.lead = lead
         self.counts = counts
         """Per shard, its nodes that pass every filter for this kind (the view's)."""
         self.candidates = [s for s, count in enumerate(counts) if count > 0]
+        self.most = sum(
+            max(count - flying, 0) for count, flying in zip(counts, inflight, strict=True)
+        )
+        """Pods of this kind the batch can hand over at most (``inflight``: per shard, the
+        pods under way there): a pod goes to a shard only while more of its nodes pass
+        the kind's filters than pods are under way there. The one after them would end
+        the batch, so :func:`take` ends it there."""
         self.pods = 1
         self.table: list[list[int]] | None = None
         """Per shard, its score after ``j`` more pods of the kind
@@ -118,16 +130,22 @@ def kind_key(pod: PodInfo) -> tuple[object, ...]:
 
 
 def take(
-    c: Handing, lead: PodInfo, kind: Kind, kind_of: Callable[[PodInfo], Kind | None]
-) -> list[tuple[PodInfo, Kind]]:
+    c: Handing,
+    lead: PodInfo,
+    kind: Kind,
+    kind_of: Callable[[PodInfo], Kind | None],
+    in_place: Callable[[PodInfo], bool] | None = None,
+) -> list[tuple[PodInfo, Kind | None]]:
     """``lead`` and the plain pods that follow it at the head of the queue, in queue
     order, as long as each passes the checks of a hand-over (made once per kind of
     pod: :func:`kind_key`), taken out of the queue. Only where no quota orders the
     queue (dominant shares change with each charge, and admission with them) and no
     extender is asked; a pod handed back (decided here), held under a claim, or in
-    a gang ends the batch, and so does a pod whose kind cannot be handed over."""
+    a gang ends the batch, and so does a pod whose kind cannot be handed over, unless
+    ``in_place`` says it may be decided here within the batch: it is taken with no
+    kind (None), in its place in the order (:func:`hand_batch`)."""
     e = c.engine
-    batch = [(lead, kind)]
+    batch: list[tuple[PodInfo, Kind | None]] = [(lead, kind)]
     if e.quotas or e.config.extenders:
         return batch
     # every pod handed over takes one node at least: no more than there are nodes
@@ -154,15 +172,25 @@ def take(
         spec = pod.spec
         if spec.group or spec.depends_on:
             break
+        known: tuple[object, ...] | None
         try:
-            found = kinds.get(kind_key(pod))
-        except TypeError:
-            break
+            known = kind_key(pod)
+            found = kinds.get(known)
+        except TypeError:  # (a label selector in its constraints, say)
+            known = found = None
         if found is None:
-            found = kind_of(pod)  # (counts its first pod)
-            if found is None:
+            if in_place is not None and in_place(pod):
+                queue.take_active(key)
+                batch.append((pod, None))
+                continue
+            if known is None:
                 break
-            kinds[kind_key(pod)] = found
+            found = kind_of(pod)  # (counts its first pod)
+            if found is None or found.most == 0:
+                break
+            kinds[known] = found
+        elif found.pods == found.most:
+            break  # (this one would not be handed over: the batch ends here)
         else:
             found.pods += 1
         queue.take_active(key)  # (the head peek gave: active)
@@ -183,12 +211,34 @@ def kind_of(c: Handing, checks: Checks, pod: PodInfo) -> Kind | None:
     counts = checks.counts(("counts", pod.shape_key, pod.spec.scheduler_name), [pod], [framework])
     if not checks.admitted([pod], [framework]):
         return None
-    kind = Kind(framework, pod, counts)
+    kind = Kind(framework, pod, counts, c.inflight)
     return kind if kind.candidates else None
 
 
+class InPlace(Protocol):
+    """Decides, within a batch, a pod that only inter-pod rules or spread constraints
+    keep on the coordinator (:meth:`shards.coordinator.dispatch.ShardDispatch._early`)."""
+
+    def candidate(self, pod: PodInfo) -> bool:
+        """Whether ``pod`` is one to try (cheap: its profile and rules, not the view)."""
+        ...
+
+    def decide(self, pod: PodInfo, ahead: list[LabelKey], spare: list[int]) -> int | None:
+        """Place ``pod`` on the view now, its records ahead of the batch's in the log, if
+        it is exact so: no pod of the batch before it (namespaces and labels
+        ``ahead``) nor any flying pod is one its rules count, and its node's shard can
+        spare a node (``spare``: per shard, how many more nodes the pods handed to it
+        in the batch can do without). The shard of its node, or None (not placed)."""
+        ...
+
+
 def hand_batch(
-    c: Handing, checks: Checks, framework: Framework, lead: PodInfo, counts: list[int]
+    c: Handing,
+    checks: Checks,
+    framework: Framework,
+    lead: PodInfo,
+    counts: list[int],
+    in_place: InPlace | None = None,
 ) -> bool:
     """Hand ``lead`` and the plain pods behind it over in one step
     (:func:`take`), in queue order, each while a shard
@@ -200,17 +250,39 @@ def hand_batch(
     in the same batch are not counted, so several kinds spread each on its own).
     Pods after the first that does not fit where it would go are queued again as
     they were (same priority and arrival: the same place in the queue); the pass
-    then finds that one at the head, as if pods were handed one by one."""
+    then finds that one at the head, as if pods were handed one by one.
+
+    **Pods decided in place** (``in_place``): a pod that only inter-pod rules or spread
+    constraints keep here does not end the batch when it can be decided at once
+    (:meth:`InPlace.decide`); its claim's records go ahead of the batch's hand-overs
+    in the log, so its shard takes it on before them. Each pod handed to that shard
+    before it in the batch must still be certainly held with one node fewer (its
+    kind's feasible nodes there, less everything ahead of it in the log), so every
+    shard's spare count is the least, over its hand-overs in the batch, of feasible
+    nodes less pods ahead, and each pod decided in place takes one; the pods after
+    it count it among those handed to its shard (it takes at most one node). The
+    kinds' scores are not taken again after it, as pods of other kinds in the batch
+    are not counted in them: the choice of shard is the best by the view when the
+    batch began (where the pod lands on that shard is its engine's choice anyway).
+    The outcome does not depend on it: every pod handed over is certainly held."""
     e = c.engine
     first = checks.choose(framework, lead, counts)
     if first is None or counts[first] < c.inflight[first] + 1:
         return False  # (the queue untouched: nothing moved)
-    head = Kind(framework, lead, counts)
-    batch = take(c, lead, head, lambda pod: kind_of(c, checks, pod))
+    head = Kind(framework, lead, counts, c.inflight)
+    batch = take(
+        c,
+        lead,
+        head,
+        lambda pod: kind_of(c, checks, pod),
+        None if in_place is None else in_place.candidate,
+    )
     pending = c.pending
     kinds: dict[int, Kind] = {}
     for _, kind in batch:
-        kinds[id(kind)] = kind
+        if kind is not None:
+            kinds[id(kind)] = kind
+
     for kind in kinds.values():
         # the lead alone needs no table (it goes to ``first``); any other kind does,
         # even with one pod, to go to its best shard
@@ -218,8 +290,22 @@ def hand_batch(
             view = checks.shard_view(kind.framework, kind.lead)
             kind.table = run_scores(kind.framework, kind.lead, view, pending, kind.pods)
     inflight = list(c.inflight)
+    spare = [len(e.state.index)] * c.n
+    ahead: dict[int, LabelKey] = {}
+    handed_pods: list[tuple[PodInfo, Kind]] = []
     shards: list[int] = []
-    for index, (pod, kind) in enumerate(batch):
+    end = len(batch)
+    for index, (pod, item) in enumerate(batch):
+        if item is None:
+            assert in_place is not None
+            placed = in_place.decide(pod, list(ahead.values()), spare)
+            if placed is None:
+                end = index
+                break
+            inflight[placed] += 1
+            spare[placed] -= 1
+            continue
+        kind = item
         candidates = kind.candidates
         taken = kind.taken
         table = kind.table
@@ -235,17 +321,22 @@ def hand_batch(
             order = candidates[start:] + candidates[:start]
             shard = max(order, key=lambda s: table[s][taken[s]])
         if kind.counts[shard] < inflight[shard] + 1:
+            end = index
             break
         inflight[shard] += 1
         taken[shard] += 1
+        spare[shard] = min(spare[shard], kind.counts[shard] - inflight[shard])
+        if in_place is not None and id(kind) not in ahead:
+            ahead[id(kind)] = label_key(kind.lead.spec.namespace, kind.lead.spec.labels)
+        handed_pods.append((pod, kind))
         shards.append(shard)
     handed = len(shards)
-    for pod, _ in batch[handed:]:
+    for pod, _ in batch[end:]:
         e.queue.add(pod.key, pod.priority, pod.seq, e.queue_of(pod.spec.namespace))
     seq = c.next_seqs(handed)
     routed: list[tuple[int, Event]] = []
     if len(kinds) == 1:  # (one kind: no grouping)
-        pods = [pod for pod, _ in batch[:handed]]
+        pods = [pod for pod, _ in handed_pods]
         decisions = [f"{pod.key}#{seq + i}" for i, pod in enumerate(pods)]
         routed = [
             (shard, PodRouted(pod=pod.spec, decision_id=decision))
@@ -255,7 +346,7 @@ def hand_batch(
         c.fly_run(pods, shards, decisions)
     else:
         by_kind: dict[int, tuple[list[PodInfo], list[int], list[str]]] = {}
-        for (pod, kind), shard in zip(batch, shards, strict=False):
+        for (pod, kind), shard in zip(handed_pods, shards, strict=True):
             decision = f"{pod.key}#{seq}"
             seq += 1
             routed.append((shard, PodRouted(pod=pod.spec, decision_id=decision)))

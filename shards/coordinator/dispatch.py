@@ -60,6 +60,15 @@ pods on their own) undoes the attempt and the pod waits as before. With
 no longer ends a pass: the coordinator made about one pass per spread pod, and now a
 few per batch of submissions.
 
+Within a batch of hand-overs (:func:`shards.coordinator.batches.hand_batch`), such a
+pod does not end the batch either (:class:`_InBatch`): the pods of the batch before it
+count as under way for its rules (their namespaces and labels), but not for its room,
+because its part goes ahead of the batch's hand-overs in its shard's partition and a
+shard takes on what arrives in that order; instead each pod handed to that shard
+before it must still fit with one node fewer, which the batch counts (its spare
+nodes per shard). So a batch runs past the spread pods in it, and its per-kind checks
+are made once for the whole run instead of once per ten pods.
+
 **Preempting in runs.** A run of identical preemptors (consecutive in queue order) is
 decided in one pass, evicted with one ``PreemptionRequested`` per shard and placed in
 one pass once every victim is gone, each where one at a time would place it:
@@ -114,7 +123,7 @@ from events.types import (
     ReservationRequested,
 )
 from shards.coordinator.batches import Handing, hand_batch
-from shards.coordinator.flights import ABORTING, MAX_MOVES_REFUSED, MOVES, Claim
+from shards.coordinator.flights import ABORTING, MAX_MOVES_REFUSED, MOVES, Claim, LabelKey
 from shards.coordinator.handover import Checks
 from shards.coordinator.ledger import Selecting
 from shards.coordinator.wave import Wave, Waving
@@ -150,7 +159,7 @@ class Coordinating(Handing, Waving, Protocol):
         self, unit: str, shard: int, pods: list[PodInfo], rid: str = "", *, moves: bool = False
     ) -> None: ...
 
-    def flying_match(self, selectors: list[Selecting]) -> bool: ...
+    def flying_match(self, selectors: list[Selecting], also: Iterable[LabelKey] = ()) -> bool: ...
 
     def under_way(self, shard: int) -> npt.NDArray[np.int64]: ...
 
@@ -170,6 +179,9 @@ class ShardDispatch:
         self.wave = Wave(coordinator)
         self._trial = False
         """An early attempt is under way (:meth:`_early`): :meth:`commit` checks it."""
+        self._spare: list[int] | None = None
+        """Within a batch, per shard, how many nodes its hand-overs can spare
+        (:func:`shards.coordinator.batches.hand_batch`)."""
 
     def __repr__(self) -> str:
         return "ShardDispatch()"
@@ -199,35 +211,52 @@ class ShardDispatch:
         See "Inter-pod rules while pods fly" in the module's docstring for when and why
         it is exact."""
         c = self.c
-        e = c.engine
-        pod = e.pods.get(unit)  # (None for a gang)
-        if (
-            pod is None
-            or pod.spec.group
+        pod = c.engine.pods.get(unit)  # (None for a gang)
+        if pod is None or not self._may_decide_early(p, pod) or c.flying_match(_selecting(pod)):
+            return False
+        p.unit = unit
+        return self._try_early(p, pod) is not None
+
+    def _may_decide_early(self, p: PassContext, pod: PodInfo) -> bool:
+        """Whether ``pod`` is one :meth:`_early` may try: a plain pod only its rules keep
+        here, with nothing that needs the exact view (an extender, a hold, shards that
+        move pods on their own) and not the pod being explained."""
+        e = self.c.engine
+        return not (
+            pod.spec.group
             or pod.spec.depends_on
             or not self._kept_by_rules(pod)
-            or unit == p.explain
+            or pod.key == p.explain
             or e.config.extenders
             or e.holds
             or _moves_on_their_own(e.profiles.frameworks.values())
-            or c.flying_match(_selecting(pod))
-        ):
-            return False
-        p.unit = unit
+        )
+
+    def _try_early(
+        self, p: PassContext, pod: PodInfo, spare: list[int] | None = None
+    ) -> int | None:
+        """Attempt ``pod`` on the view now (``p.unit`` is it): the shard of the node it
+        was placed on, under a claim, or None (the attempt undone). ``spare``: within a
+        batch (:class:`_InBatch`), what each shard's hand-overs can spare."""
+        c = self.c
+        e = c.engine
         self._trial = True
+        self._spare = spare
         try:
             attempt_pod(p, pod, trial=True)
         finally:
             self._trial = False
-        if unit in e.state.pods:
+            self._spare = None
+        placed = e.state.pods.get(pod.key)
+        if placed is not None:
             c.counters["decided"] += 1
             c.counters["early"] += 1
-            return True
+            return int(c.routing.slot_shard[placed.slot])
         # not placed, or only by evicting or moving pods: decided once the view is
         # exact, as before (this attempt undone)
         pod.attempts -= 1
         e.count("attempts", -1)
-        return False
+        return None
 
     def _kept_by_rules(self, pod: PodInfo) -> bool:
         """Whether ``pod`` would be handed over but for the inter-pod rules or spread
@@ -250,7 +279,7 @@ class ShardDispatch:
             return False
         pod, slot, _ = placed[0]
         shard = int(c.routing.slot_shard[slot])
-        if shard < 0:
+        if shard < 0 or (self._spare is not None and self._spare[shard] < 1):
             return False
         pending = c.under_way(shard)
         free = c.engine.state.free
@@ -314,7 +343,7 @@ class ShardDispatch:
         if not (lead.spec.group or lead.spec.depends_on or is_group_unit(unit)):
             # a plain pod: it and the identical pods behind it, in one step
             return self.checks.admitted(pods, frameworks) and hand_batch(
-                c, self.checks, framework, lead, counts
+                c, self.checks, framework, lead, counts, _InBatch(self, p)
             )
         shard = self.checks.choose(framework, lead, counts)
         if shard is None or counts[shard] < c.inflight[shard] + len(pods):
@@ -578,6 +607,32 @@ class ShardDispatch:
         )
         keys = tuple(key for key, _, _ in moving)
         c.claim(Claim(rid, unit, {shard: keys}, c.now, directed=True, open={shard: None}))
+
+
+class _InBatch:
+    """:class:`shards.coordinator.batches.InPlace` for the batches of a pass: a pod only
+    its rules keep here is decided as :meth:`ShardDispatch._early` decides it, with
+    the pods of the batch before it counted as flying (their namespaces and labels)
+    and its node's shard able to spare a node."""
+
+    __slots__ = ("d", "p")
+
+    def __init__(self, dispatch: ShardDispatch, p: PassContext) -> None:
+        self.d = dispatch
+        self.p = p
+
+    def candidate(self, pod: PodInfo) -> bool:
+        return self.d._may_decide_early(self.p, pod)
+
+    def decide(self, pod: PodInfo, ahead: list[LabelKey], spare: list[int]) -> int | None:
+        d, p = self.d, self.p
+        if d.c.flying_match(_selecting(pod), ahead):
+            return None
+        unit, p.unit = p.unit, pod.key
+        try:
+            return d._try_early(p, pod, spare)
+        finally:
+            p.unit = unit
 
 
 def _selecting(pod: PodInfo) -> list[Selecting]:

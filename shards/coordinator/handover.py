@@ -330,16 +330,12 @@ class Counted:
     of changed nodes.
 
     **Why** (issue 25, the coordinator with mixed templates): a pod that a spread
-    constraint or an inter-pod rule applies to is decided on the coordinator once
-    every flight is answered, so it ends a batch; with twenty templates, two of them
-    spread over zones, batches are about ten pods, and each batch counted every kind's
-    feasible nodes again over every node (a copy of the mask and a count over all
-    slots, per kind and batch). Deciding runs of such pods without waiting would not
-    be one scheduler's answer (the plain pods ahead of one take resources on the nodes
-    it may choose), and handing one over with the counts per domain would let a shard
-    choose among its own nodes only; so the wait stays, and what each batch costs per
-    kind shrinks instead: the count is kept, and only the nodes changed since it was
-    taken are counted again (their verdict before, kept here, against now).
+    constraint or an inter-pod rule applies to is decided on the coordinator; where
+    that cannot be done in its place in a batch (:func:`shards.coordinator.batches.hand_batch`)
+    it ends the batch, and each batch counted every kind's feasible nodes again over
+    every node (a copy of the mask and a count over all slots, per kind and batch).
+    The count is kept instead, and only the nodes changed since it was taken are
+    counted again (their verdict before, kept here, against now).
 
     **Exactness**: a kind's verdict on a node changes only when the node is journaled
     as changed or the static facts change (the premise of the framework's own shape

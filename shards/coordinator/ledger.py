@@ -17,7 +17,8 @@ top of its module, and the whole in :mod:`shards.coordinator.coordinator`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterable
 from typing import Any, Final, TypeVar
 
 import numpy as np
@@ -230,11 +231,12 @@ class Ledger:
             else:
                 del counts[key]
 
-    def flying_match(self, selectors: list[Selecting]) -> bool:
-        """Whether a flying pod (handed to a shard; where it lands is not known yet) may
-        match one of ``selectors`` (namespaces, None for every one; label selector):
-        then a constraint with one of them cannot be counted on the view."""
-        for (ns, labels), _ in self.flying_labels().items():
+    def flying_match(self, selectors: list[Selecting], also: Iterable[LabelKey] = ()) -> bool:
+        """Whether a flying pod (handed to a shard; where it lands is not known yet), or
+        one with namespace and labels among ``also``, may match one of ``selectors``
+        (namespaces, None for every one; label selector): then a constraint with one
+        of them cannot be counted on the view."""
+        for ns, labels in itertools.chain(self.flying_labels(), also):
             if (ns, labels) == UNKNOWN:
                 return True
             values: dict[str, str] | None = None

@@ -87,15 +87,62 @@ def test_a_flying_pod_of_another_namespace_does_not_count() -> None:
     assert decided_early(control, elsewhere, spread=spread_pod("s"))
 
 
-def test_a_spread_pod_waits_where_flying_pods_may_take_its_room() -> None:
-    # every node has 8 cpu; 7 cpu are under way to each shard: they may all land on
-    # the node the spread pod would get, so it waits
-    control = two_zones()
-    big = [
-        make_pod(f"big{i}").cpu("7").labels(app="other").selector(**{POOL_LABEL: f"p{i}"})
+def big_pods(cpu: str = "7") -> list[PodSubmitted]:
+    """One pod per shard, held to its pool (p0 on shard 0, p1 on shard 1)."""
+    return [
+        make_pod(f"big{i}")
+        .cpu(cpu)
+        .labels(app="other")
+        .selector(**{POOL_LABEL: f"p{i}"})
+        .submitted()
         for i in range(2)
     ]
-    assert not decided_early(control, *(b.submitted() for b in big), spread=spread_pod("s", "2"))
+
+
+def test_a_spread_pod_waits_where_flying_pods_may_take_its_room() -> None:
+    # every node has 8 cpu; 7 cpu were handed to each shard in an earlier pass: they
+    # may all land on the node the spread pod would get, so it waits
+    control = two_zones()
+    assert len(sent(control.input(*big_pods()), PodRouted)) == 2
+    out = control.input(spread_pod("s", "2"))
+    assert not sent(out, ReservationRequested)
+    assert control.coordinator.counters["early"] == 0
+
+
+def test_a_spread_pod_goes_ahead_of_the_pods_before_it_in_its_batch() -> None:
+    # the same pods in one pass: the spread pod is decided in place, and its part is
+    # sent ahead of the hand-overs to its shard, which takes it on first; each shard
+    # has another node for its big pod, so every pod still certainly fits
+    control = two_zones()
+    out = control.input(*big_pods(), spread_pod("s", "2"))
+    ((shard, part),) = sent(out, ReservationRequested)
+    records = [event for partition, event in out if partition == shard]
+    first_routed = next(i for i, e in enumerate(records) if isinstance(e, PodRouted))
+    assert records.index(part) < first_routed
+    assert control.coordinator.counters["early"] == 1
+
+
+def test_a_spread_pod_waits_where_its_shard_has_no_node_to_spare() -> None:
+    # two 7-cpu pods for pool p0's two nodes, then a spread pod held to p0: it would
+    # take one of the nodes they certainly fit on, so it is not decided in place, and
+    # the pod behind it waits too (queue order)
+    control = two_zones()
+    big = [
+        make_pod(f"big{i}").cpu("7").labels(app="other").selector(**{POOL_LABEL: "p0"})
+        for i in range(2)
+    ]
+    spread = (
+        make_pod("s")
+        .cpu("2")
+        .labels(app="web")
+        .spread(ZONE, 1, app="web")
+        .selector(**{POOL_LABEL: "p0"})
+        .submitted()
+    )
+    after = make_pod("after").cpu("1").labels(app="other").submitted()
+    out = control.input(*(b.submitted() for b in big), spread, after)
+    assert sorted(e.pod.name for _, e in sent(out, PodRouted)) == ["big0", "big1"]
+    assert not sent(out, ReservationRequested)
 
 
 def test_room_left_whatever_lands_allows_the_early_decision() -> None:
@@ -138,16 +185,14 @@ def test_a_term_over_every_namespace_counts_flying_pods_of_any_namespace() -> No
 
 
 def test_the_pods_behind_a_waiting_spread_pod_wait_too() -> None:
-    # 7 cpu under way to each shard's 8-cpu nodes: the spread pod behind them may find
-    # no room, so it waits, and the plain pod behind it waits too (queue order)
+    # 7 cpu under way to each shard's 8-cpu nodes (an earlier pass): the spread pod
+    # behind them may find no room, so it waits, and the plain pod behind it waits too
+    # (queue order)
     control = two_zones()
-    big = [
-        make_pod(f"big{i}").cpu("7").labels(app="other").selector(**{POOL_LABEL: f"p{i}"})
-        for i in range(2)
-    ]
+    control.input(*big_pods())
     after = make_pod("after").cpu("1").labels(app="other").submitted()
-    out = control.input(*(b.submitted() for b in big), spread_pod("s", "2"), after)
-    assert sorted(e.pod.name for _, e in sent(out, PodRouted)) == ["big0", "big1"]
+    out = control.input(spread_pod("s", "2"), after)
+    assert not sent(out, PodRouted)
     assert not sent(out, ReservationRequested)
 
 
