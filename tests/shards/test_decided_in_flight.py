@@ -17,16 +17,21 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.model.pools import POOL_LABEL
+from engine.model.pools import POOL_LABEL, Sharding
 from events.types import (
+    Event,
     LabelSelector,
+    NodeAdded,
     PodAffinityTerm,
+    PodHandedBack,
     PodRouted,
     PodSubmitted,
+    ReservationDenied,
     ReservationRequested,
 )
+from shards.inputs.scenario import TimedEvent
 from tests.builders import make_node, make_pod
-from tests.shards.coordinator_kit import Control, pinned, sent, shoal
+from tests.shards.coordinator_kit import Control, at, pinned, records, sent, shoal, simulated
 
 ZONE = "topology.kubernetes.io/zone"
 HOST = "kubernetes.io/hostname"
@@ -318,3 +323,65 @@ def test_the_count_of_flying_labels_follows_the_flights() -> None:
     control.placed(shard, {first.pod.key: node}, nodes=4)
     kept = dict(coordinator.flying_labels())
     assert kept == rebuilt() and sum(kept.values()) == 4
+
+
+# ------------------------------------------------- property: decided in place, never refused
+
+
+@st.composite
+def shared_nodes(draw: st.DrawFn) -> tuple[list[TimedEvent], int, dict[str, int]]:
+    """Small nodes in zones and pools shared by plain pods (some held to a pool) and
+    spread pods (per deployment its skew), all submitted at once, so that they meet in
+    one batch, on nodes they compete for."""
+    shards = draw(st.sampled_from([2, 4]))
+    zones = draw(st.integers(2, 3))
+    nodes: list[Event] = []
+    for i in range(draw(st.integers(2, 8))):
+        nodes.append(
+            make_node(f"n{i}")
+            .cpu(str(draw(st.integers(2, 8))))
+            .label(ZONE, "abc"[i % zones])
+            .label(POOL_LABEL, f"p{i % 4}")
+            .added()
+        )
+    skews = {f"s{d}": draw(st.integers(1, 2)) for d in range(draw(st.integers(1, 2)))}
+    pods: list[Event] = []
+    for i in range(draw(st.integers(2, 16))):
+        cpu = str(draw(st.integers(1, 4)))
+        kind = draw(st.sampled_from(["plain", "pooled", *skews]))
+        if kind in skews:
+            builder = make_pod(f"{kind}-{i}").cpu(cpu).labels(app=kind)
+            pods.append(builder.spread(ZONE, skews[kind], app=kind).submitted())
+        elif kind == "pooled":
+            pool = f"p{draw(st.integers(0, 3))}"
+            pods.append(make_pod(f"q-{i}").cpu(cpu).selector(**{POOL_LABEL: pool}).submitted())
+        else:
+            pods.append(make_pod(f"plain-{i}").cpu(cpu).labels(app="plain").submitted())
+    return at(0, nodes) + at(1, pods, order=100), shards, skews
+
+
+@settings(max_examples=25, deadline=None)
+@given(shared_nodes())
+def test_a_pod_decided_in_a_batch_is_never_refused_nor_any_pod_handed_back(
+    scenario: tuple[list[TimedEvent], int, dict[str, int]],
+) -> None:
+    # a spread pod decided in its place keeps its room (its part goes ahead of the
+    # batch's hand-overs), and every pod handed over still certainly fits (the batch
+    # spares a node for it): no shard denies a part or hands a pod back, the spread
+    # constraints hold, and the log replays (``simulated`` verifies it)
+    events, shards, skews = scenario
+    pools = tuple((f"p{i}", i % shards) for i in range(4))
+    data, parts = simulated(events, Sharding(shards=shards, pools=pools))
+    assert not records(parts, ReservationDenied)
+    assert not records(parts, PodHandedBack)
+    zone_of = {
+        e.node.name: e.node.labels[ZONE]
+        for e in (t.event for t in events)
+        if isinstance(e, NodeAdded)
+    }
+    for app, skew in skews.items():
+        per_zone = dict.fromkeys(sorted(set(zone_of.values())), 0)
+        for key, view in data["pods"].items():
+            if key.split("/", 1)[1].startswith(f"{app}-") and view["node"]:
+                per_zone[zone_of[view["node"]]] += 1
+        assert max(per_zone.values()) - min(per_zone.values()) <= skew, (app, per_zone)
