@@ -195,15 +195,18 @@ class Wave:
         """Take a successful attempt into the run (False: not placed yet, the unit waits
         for its victims); None where the run does not take it (the dispatch commits it
         as before)."""
+        if statement is None and not self.members:
+            return None  # a placement, no run under way (most commits: each placement)
         c = self.c
         e = c.engine
         unit = p.unit
-        slots = [op.slot for op in statement.ops] if statement is not None else []
-        slots += [slot for _, slot, _ in placed]
-        owned = all(c.routing.slot_shard[slot] >= 0 for slot in slots)
-        preempts = (
-            statement is not None and bool(statement.evicted()) and not statement.moves() and owned
-        )
+        preempts = statement is not None and bool(statement.evicted()) and not statement.moves()
+        if preempts:
+            assert statement is not None
+            owner = c.routing.slot_shard
+            preempts = all(owner[op.slot] >= 0 for op in statement.ops) and all(
+                owner[slot] >= 0 for _, slot, _ in placed
+            )
         if self.members:  # a member's attempt (:meth:`route`)
             if not preempts:
                 if statement is not None:
