@@ -355,6 +355,36 @@ class Framework:
         # no filter ANDed in: that is the cached static mask (or ``state.valid``) itself
         return mask.copy() if mask is static else mask
 
+    def feasible_on(
+        self,
+        cycle: CycleState,
+        pod: PodInfo,
+        state: ClusterState,
+        slot: int,
+        *,
+        local_only: bool = False,
+    ) -> bool:
+        """``feasible(cycle, pod, state, local_only=local_only)[slot]``, the filters
+        run on that one node where every dynamic filter is local (a placement the
+        coordinator directed to a node: one node looked at, not every node of the
+        shard); the filters that read other nodes, where they apply, still whole."""
+        if not self.incremental:
+            return bool(self.feasible(cycle, pod, state, local_only=local_only)[slot])
+        if not self._static_mask(cycle, pod, state)[slot]:
+            return False
+        filters = self.dynamic_filters
+        if self._scalar:
+            fits = all(f.filter_one(pod, state, slot) for f in filters)  # type: ignore[attr-defined]
+        else:
+            view = state.view(np.array([slot], dtype=np.int64))
+            fits = all(bool(f.filter(cycle, pod, view)[0]) for f in filters)
+        if not fits or local_only:
+            return fits
+        for f in self.conditional:
+            if f.applies(pod, state) and not f.filter(cycle, pod, state)[slot]:
+                return False
+        return True
+
     def _shape_feasible(
         self, cycle: CycleState, pod: PodInfo, state: ClusterState
     ) -> tuple[Bools, _ShapeEntry | None]:

@@ -286,7 +286,7 @@ def _directed(
         return (status.message(), (status.plugin,) if status.plugin else (), {})
     # the rules that read pods on other nodes were checked by the coordinator on its
     # whole view; this shard sees only its own pods
-    if not framework.feasible(cycle, pod, e.state, local_only=local_only)[slot]:
+    if not framework.feasible_on(cycle, pod, e.state, slot, local_only=local_only):
         return (f"{pod.key} no longer fits node {node}", ("NodeResourcesFit",), {})
     statement.assume_pod(pod, slot)
     return None

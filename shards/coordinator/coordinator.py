@@ -169,9 +169,15 @@ class Coordinator(Inputs):
     def _timeouts(self) -> None:
         """Claims not granted within the reservation time-out are aborted; a preemption
         whose victims were not all reported gone lets its unit try again."""
-        for claim in self.preparing():
-            if claim.stage == PREPARING and not self.fresh(claim.since):
-                self._abort(claim, "not every part answered within the reservation time-out")
+        due = self.due()  # (every entry read only once the earliest timed out)
+        first = due.first_claim()
+        if first is not None and not self.fresh(first):
+            for claim in self.preparing():
+                if claim.stage == PREPARING and not self.fresh(claim.since):
+                    self._abort(claim, "not every part answered within the reservation time-out")
+        first = due.first_nomination()
+        if first is None or self.fresh(first):
+            return
         for unit, (since, victims) in list(self.nominated.items()):
             if not self.fresh(since):
                 del self.nominated[unit]
@@ -186,7 +192,13 @@ class Coordinator(Inputs):
         """When a pass would act without new records: the view's next back-off or
         group time-out, or a time-out of what the shards were asked."""
         timeout = self.reservation_timeout
-        times = [c.since + timeout for c in self.preparing()]
+        due = self.due()  # (the earliest of each, unless it timed out already)
+        times: list[int] = []
+        first = due.first_claim()
+        if first is not None and first + timeout > self.now:
+            times.append(first + timeout)
+        elif first is not None:
+            times.extend(c.since + timeout for c in self.preparing())
         for flight in self.flights.values():
             # flights are kept in the order they were made, so by ``since``: the first
             # not timed out yet is the next to time out (not a pass over every flight
@@ -194,7 +206,11 @@ class Coordinator(Inputs):
             if flight.since + timeout > self.now:
                 times.append(flight.since + timeout)
                 break
-        times.extend(since + timeout for since, _ in self.nominated.values())
+        first = due.first_nomination()
+        if first is not None and first + timeout > self.now:
+            times.append(first + timeout)
+        elif first is not None:
+            times.extend(since + timeout for since, _ in self.nominated.values())
         wakeups = [t for t in times if t > self.now]
         view = self.engine.next_wakeup()
         if view is not None:

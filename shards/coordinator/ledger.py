@@ -39,6 +39,7 @@ from events.types import (
     ShardingConfigured,
 )
 from shards import plugins
+from shards.coordinator.due import Due
 from shards.coordinator.flights import (
     ABORTING,
     COMMITTED,
@@ -153,6 +154,9 @@ class Ledger:
         thousands, read at every pass. Not state: made again from ``claims``."""
         self._preparing_of: dict[str, Claim] | None = None
         """The ``claims`` that ``_preparing`` was made from (another after a restore)."""
+        self._due: Due | None = None
+        """The earliest time-outs of the preparing claims and of the nominations
+        (:meth:`due`). Not state: made again from ``claims`` and ``nominated``."""
         self._flying: dict[LabelKey, int] = {}
         """How many flying pods have each namespace and labels (:meth:`flying_match`).
         Not state: made again from ``flights``."""
@@ -293,6 +297,14 @@ class Ledger:
             del self._preparing[rid]
         return list(self._preparing.values())
 
+    def due(self) -> Due:
+        """The earliest time-outs of what is under way (made again from ``claims``
+        and ``nominated`` where those are others: after a restore)."""
+        due = self._due
+        if due is None or due.claims is not self.claims or due.nominated is not self.nominated:
+            due = self._due = Due(self.claims, self.nominated)
+        return due
+
     def claim(self, claim: Claim) -> None:
         if self._preparing_of is not self.claims:
             self.preparing()  # (made from ``claims`` first; not pruned per claim: a
@@ -300,11 +312,13 @@ class Ledger:
         self.claims[claim.rid] = claim
         if claim.stage == PREPARING:
             self._preparing[claim.rid] = claim
+            self.due().claimed(claim)
         for pod in claim.pods:
             self.held_by.setdefault(pod, {})[claim.rid] = None
 
     def nominate(self, unit: str, victims: list[str]) -> None:
-        self.nominated[unit] = (self.now, dict.fromkeys(victims))
+        entry = self.nominated[unit] = (self.now, dict.fromkeys(victims))
+        self.due().nominating(unit, entry)
         for victim in victims:
             self.evicting[victim] = unit
         self.engine.dispatched[unit] = "evicting"

@@ -54,6 +54,7 @@ TRANSIENT: Final = frozenset(
         "folded_in_bulk",
         "_preparing",
         "_preparing_of",
+        "_due",
         "_flying",
         "_flying_of",
     }

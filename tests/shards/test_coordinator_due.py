@@ -1,0 +1,71 @@
+"""When the coordinator must act next, and what times out, read through the heaps of
+what is under way (:mod:`shards.coordinator.due`), are what a pass over every
+preparing claim and every nomination gives, whatever claims and nominations were made,
+advanced, ended, forgotten or restored, and however time moved."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shards.coordinator.coordinator import Coordinator
+from shards.coordinator.flights import ABORTING, COMMITTED, PREPARING, Claim
+from tests.shards.coordinator_kit import pinned
+
+STEPS = st.lists(st.tuples(st.integers(0, 8), st.integers(0, 40)), max_size=60)
+"""(what: claim, commit, abort, forget, restore, nominate, a victim gone, time passes,
+time-outs; which one, or how long)."""
+
+
+def naive_wakeup(c: Coordinator) -> int | None:
+    """:meth:`Coordinator.next_wakeup` as a pass over everything (no flights here)."""
+    timeout = c.reservation_timeout
+    times = [x.since + timeout for x in c.claims.values() if x.stage == PREPARING]
+    times += [since + timeout for since, _ in c.nominated.values()]
+    wakeups = [t for t in times if t > c.now]
+    view = c.engine.next_wakeup()
+    if view is not None:
+        wakeups.append(view)
+    return min(wakeups) if wakeups else None
+
+
+@settings(max_examples=80, deadline=None)
+@given(STEPS)
+def test_wakeups_and_timeouts_through_the_heaps_are_the_pass_over_everything(
+    steps: list[tuple[int, int]],
+) -> None:
+    c = Coordinator(pinned(2))
+    tick = c.reservation_timeout // 8
+    made = 0
+    for what, which in steps:
+        claims = list(c.claims.values())
+        claim = claims[which % len(claims)] if claims else None
+        units = list(c.nominated)
+        unit = units[which % len(units)] if units else None
+        if what == 0 or (what in (1, 2, 3) and claim is None):
+            c.claim(Claim(f"r{made}", f"u{made}", {0: (f"p{made}",)}, c.now, directed=True))
+            made += 1
+        elif what == 1 and claim is not None and claim.stage == PREPARING:
+            claim.advance(COMMITTED)
+        elif what == 2 and claim is not None:
+            claim.advance(ABORTING)
+        elif what == 3 and claim is not None:
+            c._forget_claim(claim)
+        elif what == 4:
+            c.claims = dict(c.claims)  # (as a restore makes them)
+            c.nominated = dict(c.nominated)
+        elif what == 5 or (what == 6 and unit is None):
+            c.nominate(f"n{made}", [f"v{made}"])
+            made += 1
+        elif what == 6 and unit is not None:
+            for victim in list(c.nominated[unit][1]):
+                c._victim_gone(victim)
+        elif what == 7:
+            c.now += tick * (which % 10)
+        elif what == 8:
+            c._timeouts()
+            timeout = c.reservation_timeout
+            stale = [x for x in c.claims.values() if x.stage == PREPARING]
+            assert all(x.since + timeout > c.now for x in stale)
+            assert all(since + timeout > c.now for since, _ in c.nominated.values())
+        assert c.next_wakeup() == naive_wakeup(c)
