@@ -49,10 +49,14 @@ WHOLE_CARDS: Final = 1
 SHARE: Final = 2
 """``mode``: a pod sharing one card; every card that holds it is tried."""
 
-P_STRANDED, P_GPU_SUM, P_CPU_SUM, P_MIB_SUM, P_TOTAL, P_MILLI = range(6)
+P_STRANDED, P_GPU_SUM, P_CPU_SUM, P_MIB_SUM, P_TOTAL, P_MILLI, P_REMAINDER = range(7)
 """Indices of ``params``: ShoalGpu's terms on (1) or off (0), the GPU shapes' weighted
-sums of milli-GPU, cpu and MiB, the workload's total weight, the pod's milli-GPU."""
-PARAMS: Final = 6
+sums of milli-GPU, cpu and MiB, the workload's total weight, the pod's milli-GPU, and
+the remainder term on (1) or off (0)."""
+P_WASTE: Final = 7
+"""``params[P_WASTE + r]``: the remainder cost of a card left with ``r`` free milli
+(0..WHOLE), in the score's units (:func:`engine.plugins.gpu.shoal.remainder_cost`)."""
+PARAMS: Final = P_WASTE + WHOLE + 1
 _MIB_SHIFT: Final = 20
 _PERMILLE: Final = 1000
 _INT64_MAX: Final = np.iinfo(np.int64).max
@@ -206,6 +210,7 @@ def _run(
         best = _INT64_MAX
         card = -1
         delta = 0
+        left = 0
         for w in range(variants):
             held = row[w] if md == SHARE else 0
             if md == SHARE:
@@ -249,6 +254,8 @@ def _run(
                     f += s_weight[m] * idle_a
             if md == SHARE:
                 d = f - frag[s]
+                if params[P_REMAINDER] != 0:
+                    d += params[P_WASTE + left] - params[P_WASTE + held]
                 order = (d * (WHOLE + 1) + held) * 64 + w
                 if order < best:
                     best = order

@@ -54,6 +54,8 @@ from engine.plugins.gpu.compiled import (
     P_MILLI,
     P_STRANDED,
     P_TOTAL,
+    P_REMAINDER,
+    P_WASTE,
     PARAMS,
 )
 from engine.plugins.gpu.fgd import GpuFragmentation, pod_memory
@@ -62,6 +64,11 @@ from engine.plugins.gpu.workload import pod_shape
 
 PERMILLE: Final = 1000
 _MIB_SHIFT: Final = 20
+FREQUENT_PERMILLE: Final = 10
+"""A one-card size counts for :func:`remainder_cost` at 1% of the one-card shapes' weight."""
+REMAINDER_WEIGHT: Final = 16
+"""Milli-GPU of FGD's units (at the workload's probabilities) per milli of a card's
+remainder that frequent sizes cannot fill."""
 """Memory is compared in MiB, so products with milli-GPU sums stay within int64."""
 
 
@@ -116,6 +123,39 @@ def model_pressure(shapes: Resolved, models: Ints, cards: Ints) -> Ints:
     return out
 
 
+def remainder_cost(shapes: Resolved) -> Ints:
+    """Per free milli ``r`` = 0..WHOLE a card is left with, what ShoalGpu charges for it:
+    ``REMAINDER_WEIGHT * W * (r - fill(r))``, ``fill(r)`` the largest sum of frequent
+    one-card sizes (repeats allowed) that is at most ``r``. A size is frequent when the
+    one-card GPU shapes of that milli weigh at least ``FREQUENT_PERMILLE`` of all the
+    one-card GPU shapes (whole cards included, so an idle card costs nothing where
+    whole-card pods are frequent)."""
+    out = np.zeros(WHOLE + 1, dtype=np.int64)
+    one = shapes.gpu & (shapes.cards == 1)
+    by_size: dict[int, int] = {}
+    for m in np.flatnonzero(one).tolist():
+        size = int(shapes.milli[m])
+        by_size[size] = by_size.get(size, 0) + int(shapes.weight[m])
+    mass = sum(by_size.values())
+    frequent = sorted(
+        size
+        for size, weight in by_size.items()
+        if 0 < size <= WHOLE and weight * PERMILLE >= mass * FREQUENT_PERMILLE
+    )
+    total = int(shapes.weight.sum())
+    if not total:
+        return out
+    reach = [True] + [False] * WHOLE
+    fill = 0
+    for r in range(WHOLE + 1):
+        if r and any(reach[r - size] for size in frequent if size <= r):
+            reach[r] = True
+        if reach[r]:
+            fill = r
+        out[r] = REMAINDER_WEIGHT * total * (r - fill)
+    return out
+
+
 class ShoalGpu(GpuFragmentation):
     name = "ShoalGpu"
     counts_memory = True
@@ -125,6 +165,8 @@ class ShoalGpu(GpuFragmentation):
         self._pressure = np.zeros(0, dtype=np.int64)
         self._params = np.zeros(PARAMS, dtype=np.int64)
         """The compiled kernel's ShoalGpu terms (:mod:`engine.plugins.gpu.compiled`)."""
+        self._remainder = np.zeros(WHOLE + 1, dtype=np.int64)
+        """:func:`remainder_cost` of the workload: per free milli a card is left with."""
 
     def reset(self, state: ClusterState) -> None:
         super().reset(state)
@@ -136,6 +178,9 @@ class ShoalGpu(GpuFragmentation):
         params[P_STRANDED] = 1
         params[P_GPU_SUM], params[P_CPU_SUM], params[P_MIB_SUM] = strand_sums(shapes)
         params[P_TOTAL] = int(shapes.weight.sum())
+        self._remainder = remainder_cost(shapes)
+        params[P_REMAINDER] = int(self._remainder.any())
+        params[P_WASTE:] = self._remainder
         self._params = params
 
     def stats(self) -> dict[str, int]:
@@ -154,7 +199,8 @@ class ShoalGpu(GpuFragmentation):
         used = state.cards.count[slots] * WHOLE - idle
         strand = stranded(shapes, idle, state.free[CPU, slots], state.free[MEMORY, slots])
         pressure = self._pressure[self._models[slots] + 1]
-        out: Ints = frag + total * strand + total * used * pressure // PERMILLE
+        remainder = self._remainder[free].sum(axis=1)
+        out: Ints = frag + total * strand + total * used * pressure // PERMILLE + remainder
         return out
 
     def terms(self, pod: PodInfo) -> tuple[Ints | None, Ints | None]:
@@ -162,9 +208,10 @@ class ShoalGpu(GpuFragmentation):
         return self._params, self._pressure
 
     def offset(self) -> int:
-        # |ΔF| <= bound, and each added term is at most W * the node's milli-GPU
+        # |ΔF| <= bound, the stranded and pressure terms are each at most W * the
+        # node's milli-GPU, and the remainder term at most the dearest remainder
         assert self._shapes is not None
-        return 3 * self._shapes.bound
+        return 3 * self._shapes.bound + int(self._remainder.max())
 
     def evaluate(self, pod: PodInfo, state: ClusterState, slots: Ints) -> tuple[Ints, Ints]:
         shapes = self._shapes
@@ -184,6 +231,15 @@ class ShoalGpu(GpuFragmentation):
         if self.exact:
             return self.offset() - delta, card
         return self.quantised(delta), card
+
+    def remainder_change(self, free: Ints, milli: int) -> Ints | None:
+        """The remainder term of a share of ``milli`` on each card: the change of
+        :func:`remainder_cost` (entries for cards without room are meaningless)."""
+        if not self._params[P_REMAINDER]:
+            return None
+        cost = self._remainder
+        change: Ints = cost[np.maximum(free - milli, 0)] - cost[free]
+        return change
 
     def _numpy_deltas(
         self, pod: PodInfo, state: ClusterState, slots: Ints, milli: int
