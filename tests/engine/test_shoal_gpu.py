@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.framework.cycle import CycleState
 from engine.model.devices import GPU, MODEL_LABEL
@@ -16,11 +18,11 @@ from engine.model.state import ClusterState
 from engine.plugins.gpu.cache import CachedScore
 from engine.plugins.gpu.fgd import GpuFragmentation
 from engine.plugins.gpu.fragment import model_codes, resolve
-from engine.plugins.gpu.shoal import ShoalGpu, model_pressure, stranded
+from engine.plugins.gpu.shoal import ShoalGpu, model_pressure, remainder_cost, stranded
 from engine.plugins.gpu.workload import parse_workload
 from events.types import NodeSpec, PodSpec
 from shards.cli import main
-from tests.engine.test_gpu_policies import info, pod
+from tests.engine.test_gpu_policies import info, place, pod
 
 GIB = 1 << 30
 
@@ -190,3 +192,72 @@ def test_shoal_gpu_runs_replay_exactly(
         assert {f"default/p{i}" for i in range(13, 16)} <= t4_pods
         assert not {f"default/p{i}" for i in range(6)} & t4_pods
     assert main(["replay", str(log), "--verify"]) == 0
+
+
+REMAINDER_WORKLOAD = [
+    {"cpu": 1000, "gpuMilli": 1000, "gpus": 1, "weight": 10},
+    {"cpu": 1000, "gpuMilli": 650, "gpus": 1, "weight": 2},
+    {"cpu": 1000, "gpuMilli": 470, "gpus": 1, "weight": 2},
+    {"cpu": 1000, "gpuMilli": 320, "gpus": 1, "weight": 2},
+    {"cpu": 1000, "gpuMilli": 230, "gpus": 1, "weight": 2},
+]
+
+
+def test_a_share_goes_where_its_remainder_fits_the_frequent_sizes() -> None:
+    # one card each: "a" holds a 650 share (350 free), "b" a 470 share (530 free). A
+    # share of 230 leaves 120 on "a", which no size of the workload fills, or 300 on
+    # "b", which a 230 fills to 70. FGD's gradient (and ShoalGpu's before the
+    # remainder term) sees 120 idle for nearly every shape against 300 and takes "a":
+    # 650 + 230 on one card and 470 alone on the other. The remainder term, 16 * W per
+    # milli the frequent sizes leave unfilled (W = 18): on "a" 350 -> 120 costs
+    # (120 - 0) - (350 - 320) = +90 milli, on "b" 530 -> 300 costs (300 - 230) - (530 -
+    # 470) = +10 milli. ShoalGpu takes "b", keeping "a"'s 350 for a 320.
+    state = ClusterState()
+    state.add_node(gpu_node("a", 64_000, 1))
+    state.add_node(gpu_node("b", 64_000, 1))
+    place(state, pod("held-a", 1000, 1, 650), 0, (0,))
+    place(state, pod("held-b", 1000, 1, 470), 1, (0,))
+    fgd, shoal = both(REMAINDER_WORKLOAD)
+    spec = pod("p", 1000, 1, 230)
+    assert chosen(fgd, state, spec) == "a"
+    assert chosen(shoal, state, spec) == "b"
+    shapes = resolve(parse_workload(REMAINDER_WORKLOAD, "here"), state)
+    cost = remainder_cost(shapes)
+    assert [int(cost[r]) // (16 * 18) for r in (120, 350, 300, 530, 0, 1000)] == [
+        120, 30, 70, 60, 0, 0,
+    ]  # fmt: skip
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 1000), min_size=1, max_size=5),
+    weights=st.lists(st.integers(1, 50), min_size=5, max_size=5),
+)
+def test_the_remainder_cost_is_the_gap_below_the_nearest_sum_of_frequent_sizes(
+    sizes: list[int], weights: list[int]
+) -> None:
+    workload = [
+        {"cpu": 1000, "gpuMilli": size, "gpus": 1, "weight": weight}
+        for size, weight in zip(sizes, weights, strict=False)
+    ]
+    state = ClusterState()
+    state.add_node(gpu_node("a", 64_000, 1))
+    shapes = resolve(parse_workload(workload, "here"), state)
+    cost = remainder_cost(shapes).tolist()
+    unit = 16 * int(shapes.weight.sum())
+    by_size: dict[int, int] = {}
+    for size, weight in zip(sizes, weights, strict=False):
+        by_size[size] = by_size.get(size, 0) + weight
+    mass = sum(by_size.values())
+    frequent = [s for s, w in by_size.items() if w * 100 >= mass]
+    # every sum of frequent sizes (repeats allowed) within a card costs nothing...
+    sums = {0}
+    for _ in range(1000):
+        more = {t + s for t in sums for s in frequent if t + s <= 1000} - sums
+        if not more:
+            break
+        sums |= more
+    assert all(cost[t] == 0 for t in sums)
+    # ...and any other remainder costs its distance below the largest such sum
+    for r in range(1001):
+        assert cost[r] == unit * (r - max(t for t in sums if t <= r))

@@ -9,9 +9,11 @@ compiled loop (numba): the node's fragmentation ``F`` (the refresh after a place
 or the pod's ``ΔF`` on it, the card a sharing pod takes there (the same order key as
 :meth:`GpuFragmentation.deltas`: least ΔF, then least free milli, then lowest index),
 the node's idle GPU after it and, for ShoalGpu, its stranded-GPU and model-pressure
-terms. Everything is int64 with the same operations as the numpy twin (floor division,
-arithmetic shifts), so the results are the same integers; property tests compare the
-two paths, score by score and placement by placement.
+terms and the change of its card-remainder cost (a table by free milli in ``params``,
+added to a share's ΔF on each card before the card is chosen). Everything is int64
+with the same operations as the numpy twin (floor division, arithmetic shifts), so the
+results are the same integers; property tests compare the two paths, score by score
+and placement by placement.
 
 Cost per scored pod: one call, no numpy operation around it (the policy's score, its
 tie-break by node name and the card are written straight into the shape's cached rows
