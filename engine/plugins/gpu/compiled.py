@@ -54,11 +54,11 @@ SHARE: Final = 2
 P_STRANDED, P_GPU_SUM, P_CPU_SUM, P_MIB_SUM, P_TOTAL, P_MILLI, P_REMAINDER = range(7)
 """Indices of ``params``: ShoalGpu's terms on (1) or off (0), the GPU shapes' weighted
 sums of milli-GPU, cpu and MiB, the workload's total weight, the pod's milli-GPU, and
-the remainder term on (1) or off (0)."""
-P_WASTE: Final = 7
-"""``params[P_WASTE + r]``: the remainder cost of a card left with ``r`` free milli
-(0..WHOLE), in the score's units (:func:`engine.plugins.gpu.shoal.remainder_cost`)."""
-PARAMS: Final = P_WASTE + WHOLE + 1
+the card-remainder term on (1) or off (0)."""
+PARAMS: Final = 7
+"""``params``' fixed part. With the remainder term on, ``params[PARAMS + r]`` follows
+it, ``r`` = 0..WHOLE: the cost of a card left with ``r`` free milli
+(:func:`engine.plugins.gpu.shoal.remainder_cost`)."""
 _MIB_SHIFT: Final = 20
 _PERMILLE: Final = 1000
 _INT64_MAX: Final = np.iinfo(np.int64).max
@@ -257,7 +257,7 @@ def _run(
             if md == SHARE:
                 d = f - frag[s]
                 if params[P_REMAINDER] != 0:
-                    d += params[P_WASTE + left] - params[P_WASTE + held]
+                    d += params[PARAMS + left] - params[PARAMS + held]
                 order = (d * (WHOLE + 1) + held) * 64 + w
                 if order < best:
                     best = order

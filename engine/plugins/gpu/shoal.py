@@ -22,17 +22,18 @@ anywhere took their models' cards. ShoalGpu scores a pod on a node by the change
   need when the cluster's capacity has arrived, each restricted shape's GPU demand spread
   over its allowed models in proportion to their cards, capped at 1 (1000 permille).
   A pod that may run anywhere then keeps off the models restricted pods depend on.
-* ``R_n``, **card remainders**: per card, ``16 * W`` per milli of its free GPU that the
-  frequent one-card sizes of the workload (each at least 1% of the one-card shapes'
-  weight; whole cards count as a size) cannot fill, i.e. below the largest sum of them
-  (repeats allowed) that fits (:func:`remainder_cost`). FGD's gradient sees a card left
-  with 300 free as a fragment for every shape above 300 and one left with 120 barely
-  worse, so on ``default`` it put a 230 share beside a 650 (120 left, which nothing
-  frequent fills) rather than beside a 470 (300 left, which a 230 fills to 70), and a
-  320 then beside a 470 (210 left) rather than beside the 650 (30 left). Charged to the
-  share's card choice and to the node's score alike (whole cards take idle cards, which
-  cost nothing where whole-card pods are frequent). On ``default`` it takes the
-  unallocated GPU at 100% arrival from 4.18% to about 3.9% (seeds 42-45) without moves.
+* ``R_n``, **card remainders**: per card, ``16 * W`` per milli of its free GPU that
+  the workload's one-card pods are expected to leave idle when they fill it in
+  proportion to their weights (:func:`remainder_cost`). FGD's gradient sees a card
+  left with 300 free as a fragment for every shape above 300 and one left with 120
+  barely worse, so on ``default`` it put a 230 share beside a 650 (120 left, which
+  hardly anything fills) rather than beside a 470 (300 left, which a 230 fills to
+  70), and a 320 then beside a 470 (210 left) rather than beside the 650 (30 left).
+  Charged to the share's card choice and to the node's score alike; a pod of whole
+  cards changes no card's cost (it takes idle cards and leaves none free). The sizes
+  are those of the target workload (given, or learnt from the pods seen), never of
+  pods still to come. On ``default`` (no moves) it takes the unallocated GPU at 100%
+  arrival from 4.18% to about 3.9%.
 
 The added terms depend on one node's state and on the node set (the pressure is
 computed when the nodes or the workload change), so the per-shape cached scores of
@@ -66,7 +67,6 @@ from engine.plugins.gpu.compiled import (
     P_REMAINDER,
     P_STRANDED,
     P_TOTAL,
-    P_WASTE,
     PARAMS,
 )
 from engine.plugins.gpu.fgd import GpuFragmentation, pod_memory
@@ -75,14 +75,15 @@ from engine.plugins.gpu.workload import pod_shape
 
 PERMILLE: Final = 1000
 _MIB_SHIFT: Final = 20
-FREQUENT_PERMILLE: Final = 10
-"""A one-card size counts for :func:`remainder_cost` at 1% of the one-card shapes' weight
-(on ``default``, seeds 42-43 at weight 8: 0.8% let in the 550 and 590 shares, 4.10-4.13%;
-1.5% left out the 230 and 460 ones, 3.91-3.93%; 1%: 3.90-3.93%)."""
+FILL_PERMILLE: Final = 30
+""":func:`remainder_cost`: a card whose room fits one-card sizes of at least 3% of the
+one-card shapes' weight is taken to be filled; with less, in proportion (at weight 16,
+2% gave 3.93 / 3.91 on ``default`` and 12.72 on gpushare100, 4% 3.94 / 3.97 and 11.84)."""
 REMAINDER_WEIGHT: Final = 16
-"""Milli-GPU of FGD's units (at the workload's probabilities) per milli of a card's
-remainder that frequent sizes cannot fill. On ``default`` (seeds 42-43, no moves):
-weight 1 gave 4.05%, 4 gave 3.95-3.98, 8 3.90-3.93, 16 3.90, 32 3.91-3.92."""
+"""Milli-GPU of FGD's units (at the workload's probabilities) per milli a card is
+expected to leave idle. ``default``, seeds 42 and 43, no moves (gpushare100 and
+gpuspec33, seed 42, beside): 8 gave 3.88 / 3.93 (12.16, 5.85), 16 3.89 / 3.92 (12.10,
+5.86), 24 3.89 / 3.89 (12.17, 6.03); without the term 4.18 / 4.20 (13.00, 5.68)."""
 """Memory is compared in MiB, so products with milli-GPU sums stay within int64."""
 
 
@@ -138,35 +139,49 @@ def model_pressure(shapes: Resolved, models: Ints, cards: Ints) -> Ints:
 
 
 def remainder_cost(shapes: Resolved) -> Ints:
-    """Per free milli ``r`` = 0..WHOLE a card is left with, what ShoalGpu charges for it:
-    ``REMAINDER_WEIGHT * W * (r - fill(r))``, ``fill(r)`` the largest sum of frequent
-    one-card sizes (repeats allowed) that is at most ``r``. A size is frequent when the
-    one-card GPU shapes of that milli weigh at least ``FREQUENT_PERMILLE`` of all the
-    one-card GPU shapes (whole cards included, so an idle card costs nothing where
-    whole-card pods are frequent)."""
-    out = np.zeros(WHOLE + 1, dtype=np.int64)
+    """Per free milli ``r`` = 0..WHOLE a card is left with, what ShoalGpu charges for
+    it: ``REMAINDER_WEIGHT * W * L(r)`` (floored), ``L(r)`` the milli expected to stay
+    idle on the card when the workload's one-card pods (shares and whole cards, any
+    model) fill it in proportion to their weights, each fill leaving ``L(r - s)``;
+    where only a little of their weight is small enough to fit (``mass(r)`` below
+    ``FILL_PERMILLE`` of it all) the card may stay as it is, with that chance::
+
+        L(0) = 0;  L(r) = (1 - f) * r + f * sum_{s <= r} w_s * L(r - s) / mass(r)
+        f = min(1, mass(r) / (FILL_PERMILLE / 1000 * sum_s w_s))
+
+    In fixed point (micro-GPU, floor divisions), so every machine and replay agrees."""
+    total = int(shapes.weight.sum())
+    if not total:
+        return np.zeros(WHOLE + 1, dtype=np.int64)
     one = shapes.gpu & (shapes.cards == 1)
     by_size: dict[int, int] = {}
     for m in np.flatnonzero(one).tolist():
         size = int(shapes.milli[m])
         by_size[size] = by_size.get(size, 0) + int(shapes.weight[m])
-    mass = sum(by_size.values())
-    frequent = sorted(
-        size
-        for size, weight in by_size.items()
-        if 0 < size <= WHOLE and weight * PERMILLE >= mass * FREQUENT_PERMILLE
-    )
-    total = int(shapes.weight.sum())
-    if not total:
+    return _expected_idle(tuple(sorted(by_size.items())), total)
+
+
+def _expected_idle(sizes: tuple[tuple[int, int], ...], total: int) -> Ints:
+    """:func:`remainder_cost`'s row for one-card ``sizes`` ((milli, weight), ascending)."""
+    out = np.zeros(WHOLE + 1, dtype=np.int64)
+    mass_all = sum(weight for _, weight in sizes)
+    if not mass_all:
+        out[:] = REMAINDER_WEIGHT * total * np.arange(WHOLE + 1)
         return out
-    reach = [True] + [False] * WHOLE
-    fill = 0
+    scale = 1000  # micro-GPU per milli
+    full = mass_all * FILL_PERMILLE  # f = min(1, mass * 1000 / full)
+    idle = [0] * (WHOLE + 1)
+    for r in range(1, WHOLE + 1):
+        mass = spread = 0
+        for size, weight in sizes:
+            if size > r:
+                break
+            mass += weight
+            spread += weight * idle[r - size]
+        fill = min(mass * PERMILLE, full)
+        idle[r] = ((full - fill) * r * scale + fill * (spread // mass if mass else 0)) // full
     for r in range(WHOLE + 1):
-        if r and any(reach[r - size] for size in frequent if size <= r):
-            reach[r] = True
-        if reach[r]:
-            fill = r
-        out[r] = REMAINDER_WEIGHT * total * (r - fill)
+        out[r] = REMAINDER_WEIGHT * total * idle[r] // scale
     return out
 
 
@@ -194,8 +209,7 @@ class ShoalGpu(GpuFragmentation):
         params[P_TOTAL] = int(shapes.weight.sum())
         self._remainder = remainder_cost(shapes)
         params[P_REMAINDER] = int(self._remainder.any())
-        params[P_WASTE:] = self._remainder
-        self._params = params
+        self._params = np.concatenate([params, self._remainder])
 
     def stats(self) -> dict[str, int]:
         return {**super().stats(), "pressured_models": int((self._pressure > 0).sum())}
@@ -246,9 +260,10 @@ class ShoalGpu(GpuFragmentation):
             return self.offset() - delta, card
         return self.quantised(delta), card
 
-    def remainder_change(self, free: Ints, milli: int) -> Ints | None:
-        """The remainder term of a share of ``milli`` on each card: the change of
-        :func:`remainder_cost` (entries for cards without room are meaningless)."""
+    def remainder_change(self, free: Ints, milli: int, models: Ints) -> Ints | None:
+        """The remainder term of a share of ``milli`` on each card of ``free`` (K, W):
+        the change of :func:`remainder_cost` (entries for cards without room are
+        meaningless; the cost is the same on every model)."""
         if not self._params[P_REMAINDER]:
             return None
         cost = self._remainder
