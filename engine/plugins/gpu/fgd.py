@@ -291,7 +291,7 @@ class GpuFragmentation(CachedScore):
             after = fragmentation_after_share(shapes, cpu, free, models, pod_cpu, milli, memory)
             possible = free >= milli
             delta = after - before[:, None]
-            remainder = self.remainder_change(free, milli, models)
+            remainder = self.remainder_change(free, milli)
             if remainder is not None:
                 delta = delta + remainder
             # least ΔF, then the card with least free milli, then the lowest index
@@ -307,10 +307,9 @@ class GpuFragmentation(CachedScore):
         after = fragmentation(shapes, cpu_a, free_a, models, memory)
         return after - before, np.full(slots.shape[0], -1, dtype=np.int64), free_a.sum(axis=1)
 
-    def remainder_change(self, free: Ints, milli: int, models: Ints) -> Ints | None:
+    def remainder_change(self, free: Ints, milli: int) -> Ints | None:
         """A term added to the ΔF of a share of ``milli`` per card of ``free`` (K, W)
-        on nodes of model codes ``models``, before its card is chosen (ShoalGpu's
-        card remainders; FGD: none)."""
+        before its card is chosen (ShoalGpu's card remainders; FGD: none)."""
         return None
 
     def update(

@@ -30,7 +30,8 @@ anywhere took their models' cards. ShoalGpu scores a pod on a node by the change
   hardly anything fills) rather than beside a 470 (300 left, which a 230 fills to
   70), and a 320 then beside a 470 (210 left) rather than beside the 650 (30 left).
   Charged to the share's card choice and to the node's score alike; a pod of whole
-  cards changes no card's cost (it takes idle cards and leaves none free). The sizes
+  cards gives up the same cost on every node (that of each idle card it takes), so its
+  score leaves the term out. The sizes
   are those of the target workload (given, or learnt from the pods seen), never of
   pods still to come. On ``default`` (no moves) it takes the unallocated GPU at 100%
   arrival from 4.18% to about 3.9%.
@@ -75,6 +76,7 @@ from engine.plugins.gpu.workload import pod_shape
 
 PERMILLE: Final = 1000
 _MIB_SHIFT: Final = 20
+"""Memory is compared in MiB, so products with milli-GPU sums stay within int64."""
 FILL_PERMILLE: Final = 30
 """:func:`remainder_cost`: a card whose room fits one-card sizes of at least 3% of the
 one-card shapes' weight is taken to be filled; with less, in proportion (at weight 16,
@@ -84,7 +86,6 @@ REMAINDER_WEIGHT: Final = 16
 expected to leave idle. ``default``, seeds 42 and 43, no moves (gpushare100 and
 gpuspec33, seed 42, beside): 8 gave 3.88 / 3.93 (12.16, 5.85), 16 3.89 / 3.92 (12.10,
 5.86), 24 3.89 / 3.89 (12.17, 6.03); without the term 4.18 / 4.20 (13.00, 5.68)."""
-"""Memory is compared in MiB, so products with milli-GPU sums stay within int64."""
 
 
 def strand_sums(shapes: Resolved) -> tuple[int, int, int]:
@@ -260,10 +261,10 @@ class ShoalGpu(GpuFragmentation):
             return self.offset() - delta, card
         return self.quantised(delta), card
 
-    def remainder_change(self, free: Ints, milli: int, models: Ints) -> Ints | None:
+    def remainder_change(self, free: Ints, milli: int) -> Ints | None:
         """The remainder term of a share of ``milli`` on each card of ``free`` (K, W):
         the change of :func:`remainder_cost` (entries for cards without room are
-        meaningless; the cost is the same on every model)."""
+        meaningless)."""
         if not self._params[P_REMAINDER]:
             return None
         cost = self._remainder
