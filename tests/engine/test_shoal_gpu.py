@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.framework.cycle import CycleState
 from engine.model.devices import GPU, MODEL_LABEL
@@ -16,11 +18,11 @@ from engine.model.state import ClusterState
 from engine.plugins.gpu.cache import CachedScore
 from engine.plugins.gpu.fgd import GpuFragmentation
 from engine.plugins.gpu.fragment import model_codes, resolve
-from engine.plugins.gpu.shoal import ShoalGpu, model_pressure, stranded
+from engine.plugins.gpu.shoal import ShoalGpu, model_pressure, remainder_cost, stranded
 from engine.plugins.gpu.workload import parse_workload
 from events.types import NodeSpec, PodSpec
 from shards.cli import main
-from tests.engine.test_gpu_policies import info, pod
+from tests.engine.test_gpu_policies import info, place, pod
 
 GIB = 1 << 30
 
@@ -63,7 +65,9 @@ def test_a_cpu_only_pod_goes_where_it_strands_no_gpu() -> None:
     # every change counts at the exact resolution, and scores stay non-negative
     exact = ShoalGpu({"targetWorkload": workload, "resolution": "exact", "tieBreak": "none"}, "")
     scores = exact.score(CycleState(), info(state, spec), state, state.valid.copy())
-    bound = 3 * 1 * 8 * 1000  # 3 * W * cards per node * 1000
+    # 3 * W * cards per node * 1000, plus the dearest remainder: a card left with 999
+    # milli, which no frequent size (only whole cards here) fills, 16 * W * 999
+    bound = 3 * 1 * 8 * 1000 + 16 * 1 * 999
     assert scores[:2].tolist() == [bound - 2000, bound]
 
 
@@ -188,3 +192,75 @@ def test_shoal_gpu_runs_replay_exactly(
         assert {f"default/p{i}" for i in range(13, 16)} <= t4_pods
         assert not {f"default/p{i}" for i in range(6)} & t4_pods
     assert main(["replay", str(log), "--verify"]) == 0
+
+
+REMAINDER_WORKLOAD = [
+    {"cpu": 1000, "gpuMilli": 1000, "gpus": 1, "weight": 10},
+    {"cpu": 1000, "gpuMilli": 650, "gpus": 1, "weight": 2},
+    {"cpu": 1000, "gpuMilli": 470, "gpus": 1, "weight": 2},
+    {"cpu": 1000, "gpuMilli": 320, "gpus": 1, "weight": 2},
+    {"cpu": 1000, "gpuMilli": 230, "gpus": 1, "weight": 2},
+]
+
+
+def test_a_share_goes_where_the_workload_is_likely_to_fill_its_card() -> None:
+    # one card each: "a" holds a 650 share (350 free), "b" a 470 share (530 free). A
+    # share of 230 leaves 120 on "a" or 300 on "b". FGD's gradient (and ShoalGpu's
+    # before the remainder term) sees 120 idle for nearly every shape against 300 idle
+    # for most, and takes "a": 650 + 230 on one card, 470 alone on the other. The
+    # remainder term: L(r), the milli expected to stay idle when the one-card sizes
+    # (1000 weight 10; 650, 470, 320, 230 weight 2 each) fill the card in proportion
+    # to their weights (any size that fits is enough weight to fill, f = 1):
+    # L(120) = 120 (nothing fits), L(300) = L(70) = 70 (only 230 fits),
+    # L(350) = (L(120) + L(30)) / 2 = 75, L(530) = (L(300) + L(210) + L(60)) / 3 = 113.
+    # On "a" 350 -> 120 costs 120 - 75 = +45 milli, on "b" 530 -> 300 costs 70 - 113 =
+    # -43, each times 16 * W (W = 18): ShoalGpu takes "b", keeping 350 for a 320.
+    state = ClusterState()
+    state.add_node(gpu_node("a", 64_000, 1))
+    state.add_node(gpu_node("b", 64_000, 1))
+    place(state, pod("held-a", 1000, 1, 650), 0, (0,))
+    place(state, pod("held-b", 1000, 1, 470), 1, (0,))
+    fgd, shoal = both(REMAINDER_WORKLOAD)
+    spec = pod("p", 1000, 1, 230)
+    assert chosen(fgd, state, spec) == "a"
+    assert chosen(shoal, state, spec) == "b"
+    shapes = resolve(parse_workload(REMAINDER_WORKLOAD, "here"), state)
+    cost = remainder_cost(shapes)
+    assert [int(cost[r]) // (16 * 18) for r in (120, 300, 350, 530, 0)] == [120, 70, 75, 113, 0]
+    # the score's change is the change of what moves are judged by (the potential)
+    exact = ShoalGpu(
+        {"targetWorkload": REMAINDER_WORKLOAD, "resolution": "exact", "tieBreak": "none"}, ""
+    )
+    slots = np.array([0, 1])
+    before = exact.potential(state, slots)
+    scores, cards = exact.evaluate(info(state, spec), state, slots)
+    place(state, spec, 1, (int(cards[1]),))
+    after = exact.potential(state, slots)
+    assert int((after - before).sum()) == exact.offset() - int(scores[1])
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 1000), min_size=1, max_size=4),
+    weights=st.lists(st.integers(1, 50), min_size=5, max_size=5),
+)
+def test_a_remainder_costs_at_most_itself_and_all_of_itself_where_nothing_fits(
+    sizes: list[int], weights: list[int]
+) -> None:
+    # one-card shapes of ``sizes`` and a cpu-only shape (in W, not in the fill)
+    workload: list[dict[str, Any]] = [
+        {"cpu": 1000, "gpuMilli": size, "gpus": 1, "weight": weight}
+        for size, weight in zip(sizes, weights, strict=False)
+    ]
+    workload.append({"cpu": 1000, "weight": weights[-1]})
+    state = ClusterState()
+    state.add_node(gpu_node("a", 64_000, 1))
+    shapes = resolve(parse_workload(workload, "here"), state)
+    cost = remainder_cost(shapes).tolist()
+    unit = 16 * int(shapes.weight.sum())
+    assert cost[0] == 0
+    assert all(0 <= cost[r] <= unit * r for r in range(1001))
+    assert all(cost[r] == unit * r for r in range(min(sizes)))
+    if len(set(sizes)) == 1:
+        # one size fills the card with as many as fit: the rest stays idle
+        assert all(cost[r] == unit * (r % sizes[0]) for r in range(1001))

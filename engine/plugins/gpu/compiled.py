@@ -9,9 +9,11 @@ compiled loop (numba): the node's fragmentation ``F`` (the refresh after a place
 or the pod's ``ΔF`` on it, the card a sharing pod takes there (the same order key as
 :meth:`GpuFragmentation.deltas`: least ΔF, then least free milli, then lowest index),
 the node's idle GPU after it and, for ShoalGpu, its stranded-GPU and model-pressure
-terms. Everything is int64 with the same operations as the numpy twin (floor division,
-arithmetic shifts), so the results are the same integers; property tests compare the
-two paths, score by score and placement by placement.
+terms and the change of its card-remainder cost (a table by free milli in ``params``,
+added to a share's ΔF on each card before the card is chosen). Everything is int64
+with the same operations as the numpy twin (floor division, arithmetic shifts), so the
+results are the same integers; property tests compare the two paths, score by score
+and placement by placement.
 
 Cost per scored pod: one call, no numpy operation around it (the policy's score, its
 tie-break by node name and the card are written straight into the shape's cached rows
@@ -49,10 +51,14 @@ WHOLE_CARDS: Final = 1
 SHARE: Final = 2
 """``mode``: a pod sharing one card; every card that holds it is tried."""
 
-P_STRANDED, P_GPU_SUM, P_CPU_SUM, P_MIB_SUM, P_TOTAL, P_MILLI = range(6)
+P_STRANDED, P_GPU_SUM, P_CPU_SUM, P_MIB_SUM, P_TOTAL, P_MILLI, P_REMAINDER = range(7)
 """Indices of ``params``: ShoalGpu's terms on (1) or off (0), the GPU shapes' weighted
-sums of milli-GPU, cpu and MiB, the workload's total weight, the pod's milli-GPU."""
-PARAMS: Final = 6
+sums of milli-GPU, cpu and MiB, the workload's total weight, the pod's milli-GPU, and
+the card-remainder term on (1) or off (0)."""
+PARAMS: Final = 7
+"""``params``' fixed part. With the remainder term on, ``params[PARAMS + r]`` follows
+it, ``r`` = 0..WHOLE: the cost of a card left with ``r`` free milli
+(:func:`engine.plugins.gpu.shoal.remainder_cost`)."""
 _MIB_SHIFT: Final = 20
 _PERMILLE: Final = 1000
 _INT64_MAX: Final = np.iinfo(np.int64).max
@@ -206,6 +212,7 @@ def _run(
         best = _INT64_MAX
         card = -1
         delta = 0
+        left = 0
         for w in range(variants):
             held = row[w] if md == SHARE else 0
             if md == SHARE:
@@ -249,6 +256,8 @@ def _run(
                     f += s_weight[m] * idle_a
             if md == SHARE:
                 d = f - frag[s]
+                if params[P_REMAINDER] != 0:
+                    d += params[PARAMS + left] - params[PARAMS + held]
                 order = (d * (WHOLE + 1) + held) * 64 + w
                 if order < best:
                     best = order

@@ -291,6 +291,9 @@ class GpuFragmentation(CachedScore):
             after = fragmentation_after_share(shapes, cpu, free, models, pod_cpu, milli, memory)
             possible = free >= milli
             delta = after - before[:, None]
+            remainder = self.remainder_change(free, milli)
+            if remainder is not None:
+                delta = delta + remainder
             # least ΔF, then the card with least free milli, then the lowest index
             order = (delta * (WHOLE + 1) + free) * 64 + np.arange(width)[None, :]
             order = np.where(possible.reshape(-1, width), order, np.iinfo(np.int64).max)
@@ -303,6 +306,11 @@ class GpuFragmentation(CachedScore):
         cpu_a, free_a = after_whole(cpu, free, pod_cpu, gpu)
         after = fragmentation(shapes, cpu_a, free_a, models, memory)
         return after - before, np.full(slots.shape[0], -1, dtype=np.int64), free_a.sum(axis=1)
+
+    def remainder_change(self, free: Ints, milli: int) -> Ints | None:
+        """A term added to the ΔF of a share of ``milli`` per card of ``free`` (K, W)
+        before its card is chosen (ShoalGpu's card remainders; FGD: none)."""
+        return None
 
     def update(
         self, pod: PodInfo, state: ClusterState, entry: Entry, changed: list[int] | None
