@@ -42,11 +42,9 @@ STEP = st.tuples(
 )
 
 
-def _run(
-    nodes: list[tuple[int, str, bool, bool]],
-    running: list[tuple[int, int, int]],
-    steps: list[tuple[str, int, int, int, int, str, bool, str]],
-) -> list[Event]:
+def engine_with_nodes(nodes: list[tuple[int, str, bool, bool]]) -> Engine:
+    """An engine with nodes ``n0``, ``n1``...: per node its cpu, zone label, whether it
+    is tainted (``dedicated``) and whether it is cordoned."""
     engine = Engine()
     engine.apply(env(SchedulerConfigured()))
     for i, (cpu, zone, tainted, cordoned) in enumerate(nodes):
@@ -56,6 +54,15 @@ def _run(
         if cordoned:
             node = node.cordoned()
         engine.apply(env(node.added()))
+    return engine
+
+
+def _run(
+    nodes: list[tuple[int, str, bool, bool]],
+    running: list[tuple[int, int, int]],
+    steps: list[tuple[str, int, int, int, int, str, bool, str]],
+) -> list[Event]:
+    engine = engine_with_nodes(nodes)
     for j, (at, cpu, prio) in enumerate(running):
         spec = make_pod(f"r{j}").cpu(str(cpu)).priority(prio).on(f"n{at % len(nodes)}")
         spec = spec.tolerate()  # (runs on tainted and cordoned nodes too)

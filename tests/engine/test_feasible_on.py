@@ -8,10 +8,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.engine import Engine
 from engine.framework.cycle import CycleState
-from events.types import SchedulerConfigured
-from tests.builders import env, make_node, make_pod
+from tests.builders import env, make_pod
+from tests.engine.test_brief_failure import engine_with_nodes
 
 NODE = st.tuples(
     st.sampled_from([2, 4, 8]),  # cpu
@@ -40,15 +39,7 @@ def test_the_filters_on_one_node_say_what_the_filters_over_every_node_say(
     running: list[tuple[int, int, bool]],
     pod: tuple[int, str, bool, str],
 ) -> None:
-    engine = Engine()
-    engine.apply(env(SchedulerConfigured()))
-    for i, (cpu, zone, tainted, cordoned) in enumerate(nodes):
-        node = make_node(f"n{i}").cpu(cpu).label("zone", zone)
-        if tainted:
-            node = node.taint("dedicated", "x")
-        if cordoned:
-            node = node.cordoned()
-        engine.apply(env(node.added()))
+    engine = engine_with_nodes(nodes)
     for j, (at, cpu, labelled) in enumerate(running):
         spec = make_pod(f"r{j}").cpu(str(cpu)).on(f"n{at % len(nodes)}").tolerate()
         if labelled:
