@@ -58,6 +58,9 @@ ABSENT: Final = -1
 _INITIAL_CAPACITY: Final = 64
 _JOURNAL_LIMIT: Final = 1 << 16
 _INTEGER: Final = re.compile(r"[+-]?[0-9]+")
+_SPARSE: Final = 16
+"""Placements fewer than this share of the slots are counted per node by sorting them
+(:meth:`ClusterState.assume_all`), more by counting over every slot."""
 
 Request = tuple[tuple[int, int], ...]
 """A pod's requests as sorted ``(row, amount)`` pairs; always includes ``pods: 1``."""
@@ -500,9 +503,15 @@ class ClusterState:
             delta = request_delta(request, rows)
             if delta[1].any():
                 self._level_pods[priority] = self._level_pods.get(priority, 0) + len(slots)
-            counts = np.bincount(np.asarray(slots, dtype=np.int64))
-            landed = np.flatnonzero(counts)
-            times = counts[landed]
+            at = np.asarray(slots, dtype=np.int64)
+            if len(slots) * _SPARSE < self.high_water:
+                # a few nodes of many: sorted, not counted over every slot up to the
+                # highest (at 130,000 nodes that was most of this fold)
+                landed, times = np.unique(at, return_counts=True)
+            else:
+                counts = np.bincount(at)
+                landed = np.flatnonzero(counts)
+                times = counts[landed]
             self._columns[:, :, landed] += delta[:, :, None] * times
             self.used_by_priority[priority][:, landed] += delta[1][:, None] * times
 
