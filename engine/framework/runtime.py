@@ -370,14 +370,8 @@ class Framework:
         shard); the filters that read other nodes, where they apply, still whole."""
         if not self.incremental:
             return bool(self.feasible(cycle, pod, state, local_only=local_only)[slot])
-        if not self._static_mask(cycle, pod, state)[slot]:
-            return False
-        filters = self.dynamic_filters
-        if self._scalar:
-            fits = all(f.filter_one(pod, state, slot) for f in filters)  # type: ignore[attr-defined]
-        else:
-            view = state.view(np.array([slot], dtype=np.int64))
-            fits = all(bool(f.filter(cycle, pod, view)[0]) for f in filters)
+        static = self._static_mask(cycle, pod, state)
+        fits = self._fits_locally(cycle, pod, state, static, slot)
         if not fits or local_only:
             return fits
         for f in self.conditional:
@@ -837,21 +831,26 @@ class Framework:
         if not self.run_pre_filters(cycle, pod, state).ok:
             return None
         static = self._static_mask(cycle, pod, state)
-        filters = self.dynamic_filters
         found = -1
         for slot in sorted(set(changed)):
-            if not static[slot]:
-                continue
-            if self._scalar:
-                fits = all(f.filter_one(pod, state, slot) for f in filters)  # type: ignore[attr-defined]
-            else:
-                view = state.view(np.array([slot], dtype=np.int64))
-                fits = all(bool(f.filter(cycle, pod, view)[0]) for f in filters)
-            if fits:
+            if self._fits_locally(cycle, pod, state, static, slot):
                 if found >= 0:
                     return None
                 found = slot
         return found
+
+    def _fits_locally(
+        self, cycle: CycleState, pod: PodInfo, state: ClusterState, static: Bools, slot: int
+    ) -> bool:
+        """Whether ``slot`` passes the static verdict ``static`` and every dynamic
+        filter (all local), looking at that node alone."""
+        if not static[slot]:
+            return False
+        filters = self.dynamic_filters
+        if self._scalar:
+            return all(f.filter_one(pod, state, slot) for f in filters)  # type: ignore[attr-defined]
+        view = state.view(np.array([slot], dtype=np.int64))
+        return all(bool(f.filter(cycle, pod, view)[0]) for f in filters)
 
     def complete(self, pod: PodInfo, state: ClusterState) -> Attempt:
         """The full failed attempt of ``pod`` (as :meth:`schedule` without ``brief``
