@@ -315,21 +315,21 @@ class Wave:
         for unit in ready:
             e.queue.remove(unit)
         planned = e.planned
-        if not planned:
-            return ready
-        run = [unit for unit in planned if not is_group_unit(unit)]
-        if not run:
-            return ready
-        members = dict.fromkeys(run)
-        others = [unit for unit in ready if unit not in members]
-        arrived = [unit for unit in ready if unit in members]
+        if all(is_group_unit(unit) for unit in planned):
+            return ready  # (no run: ``planned`` is empty or holds gangs only)
+        # a member is a plain unit in ``planned``: looked up there, not listed, while
+        # members wait for victims (a pass per report of evictions would list the
+        # whole run again: thousands of members, a hundred passes)
+        arrived = [unit for unit in ready if unit in planned and not is_group_unit(unit)]
+        others = [unit for unit in ready if unit not in planned or is_group_unit(unit)]
         nominated = c.nominated
-        if any(unit in nominated for unit in run):
+        if any(unit in planned and not is_group_unit(unit) for unit in nominated):
             for unit in arrived:
                 e.dispatched[unit] = EVICTING  # (held: no one else places it meanwhile)
             c.ready = arrived
             return others
         # every member's victims are gone (or its nomination timed out: it is queued)
+        run = [unit for unit in planned if not is_group_unit(unit)]
         came = dict.fromkeys(arrived)
         freed: list[int] = []
         self.placing = True
