@@ -143,6 +143,7 @@ class Coordinator(Inputs):
     def schedule(self) -> list[Output]:
         """Run a pass of the view; return what to append (forwarded inputs first, in the
         order they were folded, then the pass's requests and decisions)."""
+        self.issued = [0] * self.n
         self._timeouts()
         moves = self.engine.queue.generation
         for decision in self.engine.schedule():

@@ -143,7 +143,9 @@ class Coordinating(Handing, Waving, Protocol):
     ready: list[str]
     now: int
 
-    def expiry(self) -> int: ...
+    def issue(self, shards: Iterable[int]) -> int: ...
+
+    def expiry(self, since: int) -> int: ...
 
     def fresh(self, since: int) -> bool: ...
 
@@ -163,7 +165,7 @@ class Coordinating(Handing, Waving, Protocol):
 
     def under_way(self, shard: int) -> npt.NDArray[np.int64]: ...
 
-    def nominate(self, unit: str, victims: list[str]) -> None: ...
+    def nominate(self, unit: str, victims: list[str], shards: Iterable[int]) -> None: ...
 
     def wait_for_owner(self, unit: str) -> None: ...
 
@@ -390,20 +392,21 @@ class ShardDispatch:
         part = _part_spec(group.spec, rid, len(pods))
         specs = tuple(_member_spec(pod.spec, part) for pod in pods)
         keys = tuple(pod.key for pod in pods)
+        since = c.issue((shard,))
         c.send(
             shard,
             ReservationRequested(
                 rid=rid,
                 group=part,
                 pods=specs,
-                expires_at=c.expiry(),
+                expires_at=c.expiry(since),
                 at_once=True,
                 disruptions=c.engine.disruptions_allowed(pods[0].key)
                 if moves and c.engine.budgets
                 else None,
             ),
         )
-        c.claim(Claim(rid, unit, {shard: keys}, c.now, directed=False, open={shard: None}))
+        c.claim(Claim(rid, unit, {shard: keys}, since, directed=False, open={shard: None}))
         c.fly(unit, shard, pods, rid, moves=moves)
         c.counters["handed"] += 1
 
@@ -468,7 +471,7 @@ class ShardDispatch:
             statement.discard()  # the view keeps the victims until their shards evict them
             for shard in sorted(victims):
                 c.send(shard, PreemptionRequested(victims=victims[shard]))
-            c.nominate(unit, [v for part in victims.values() for v in part])
+            c.nominate(unit, [v for part in victims.values() for v in part], victims)
             if is_group_unit(unit):
                 e.planned[unit] = {pod.key: e.state.names[slot] or "" for pod, slot, _ in placed}
             return False
@@ -490,6 +493,7 @@ class ShardDispatch:
             else GroupSpec(namespace=lead.spec.namespace, name=lead.spec.name, min_member=1)
         )
         at_once = len(parts) == 1
+        since = c.issue(parts)
         for shard, members in sorted(parts.items()):
             part = _part_spec(base, rid, len(members))
             c.send(
@@ -498,7 +502,7 @@ class ShardDispatch:
                     rid=rid,
                     group=part,
                     pods=tuple(_member_spec(pod.spec, part) for pod, _ in members),
-                    expires_at=c.expiry(),
+                    expires_at=c.expiry(since),
                     placements={pod.key: node for pod, node in members},
                     at_once=at_once,
                 ),
@@ -508,7 +512,7 @@ class ShardDispatch:
                 rid,
                 unit,
                 {shard: tuple(pod.key for pod, _ in members) for shard, members in parts.items()},
-                c.now,
+                since,
                 directed=True,
                 open=dict.fromkeys(sorted(parts)),
             )
@@ -571,7 +575,7 @@ class ShardDispatch:
             by_shard.setdefault((int(shard_of[slot]), within), []).append((key, origin, slot))
         for (shard, _), moving in sorted(by_shard.items()):
             self._move_in(lead, p.unit, shard, moving)
-        c.nominate(p.unit, [key for key, _, _, _ in moves])
+        c.nominate(p.unit, [key for key, _, _, _ in moves], {s for s, _ in by_shard})
         c.counters["migrations_across"] += 1
         return False
 
@@ -587,6 +591,7 @@ class ShardDispatch:
         base = GroupSpec(namespace=lead.spec.namespace, name=lead.spec.name, min_member=1)
         part = _part_spec(base, rid, len(moving))
         pods = [e.pods[key] for key, _, _ in moving]
+        since = c.issue((shard,))
         c.send(
             shard,
             ReservationRequested(
@@ -598,7 +603,7 @@ class ShardDispatch:
                     _member_spec(msgspec.structs.replace(pod.spec, node_name=""), part)
                     for pod in pods
                 ),
-                expires_at=c.expiry(),
+                expires_at=c.expiry(since),
                 placements={key: names[slot] or "" for key, _, slot in moving},
                 at_once=True,
                 moves={key: names[origin] or "" for key, origin, _ in moving},
@@ -606,7 +611,7 @@ class ShardDispatch:
             ),
         )
         keys = tuple(key for key, _, _ in moving)
-        c.claim(Claim(rid, unit, {shard: keys}, c.now, directed=True, open={shard: None}))
+        c.claim(Claim(rid, unit, {shard: keys}, since, directed=True, open={shard: None}))
 
 
 class _InBatch:

@@ -8,8 +8,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from events.types import SECOND
 from shards.coordinator.coordinator import Coordinator
 from shards.coordinator.flights import ABORTING, COMMITTED, PREPARING, Claim
+from shards.coordinator.ledger import ISSUE_ALLOWANCE
 from tests.shards.coordinator_kit import pinned
 
 STEPS = st.lists(st.tuples(st.integers(0, 8), st.integers(0, 40)), max_size=60)
@@ -55,7 +57,7 @@ def test_wakeups_and_timeouts_through_the_heaps_are_the_pass_over_everything(
             c.claims = dict(c.claims)  # (as a restore makes them)
             c.nominated = dict(c.nominated)
         elif what == 5 or (what == 6 and unit is None):
-            c.nominate(f"n{made}", [f"v{made}"])
+            c.nominate(f"n{made}", [f"v{made}"], (made % 2,))
             made += 1
         elif what == 6 and unit is not None:
             for victim in list(c.nominated[unit][1]):
@@ -69,3 +71,31 @@ def test_wakeups_and_timeouts_through_the_heaps_are_the_pass_over_everything(
             assert all(x.since + timeout > c.now for x in stale)
             assert all(since + timeout > c.now for since, _ in c.nominated.values())
         assert c.next_wakeup() == naive_wakeup(c)
+
+
+def test_requests_issued_late_in_a_pass_are_timed_from_when_they_were_issued() -> None:
+    """The view's time stands still while a pass runs, and a pass that issues thousands
+    of requests (a wave's placements, made in one pass) sends the last of them long
+    after it, to shards that take them on one after another: each request a pass
+    issues to a shard is timed out ``ISSUE_ALLOWANCE`` later than the one before it to
+    that shard (a request to several: the latest), and the next pass counts from its
+    own time again. Without it, every claim but the first few would time out here,
+    answered or not."""
+    c = Coordinator(pinned(2))
+    c.now = 10 * SECOND
+    c.schedule()  # (a pass: nothing to do, nothing issued yet)
+    start = c.now
+    sinces = [c.issue((k % 2,)) for k in range(1000)]
+    assert sinces == [start + (k // 2) * ISSUE_ALLOWANCE for k in range(1000)]
+    assert c.issue((0, 1)) == start + 500 * ISSUE_ALLOWANCE  # (each shard had 500)
+    assert c.issue((1,)) == start + 501 * ISSUE_ALLOWANCE
+    for k, since in enumerate(sinces):
+        c.claim(Claim(f"r{k}", f"u{k}", {k % 2: (f"p{k}",)}, since, directed=True))
+    c.now = start + c.reservation_timeout + 249 * ISSUE_ALLOWANCE
+    c._timeouts()
+    timed_out = [x.rid for x in c.claims.values() if x.stage != PREPARING]
+    assert timed_out == [f"r{k}" for k in range(500)]
+    c.schedule()  # the next pass issues from its own time
+    assert c.issue((1,)) == c.now
+    c.nominate("n", ["v"], (0, 1))
+    assert c.nominated["n"][0] == c.now + ISSUE_ALLOWANCE
