@@ -134,7 +134,7 @@ class Ledger:
         self.now = 0
         self.issued = [0] * self.n
         """Per shard, the requests (parts of claims, evictions) this pass has issued to
-        it so far (:meth:`issue`)."""
+        it so far (:meth:`issue`). Not state: set to zeros as each pass begins."""
         self.seq = 0
         self.counters = {
             "handed": 0,

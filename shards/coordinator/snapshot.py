@@ -55,6 +55,7 @@ TRANSIENT: Final = frozenset(
         "_preparing",
         "_preparing_of",
         "_due",
+        "issued",
         "_flying",
         "_flying_of",
     }
