@@ -325,13 +325,16 @@ class Wave:
         planned = e.planned
         if all(is_group_unit(unit) for unit in planned):
             return ready  # (no run: ``planned`` is empty or holds gangs only)
-        # a member is a plain unit in ``planned``: looked up there, not listed, while
-        # members wait for victims (a pass per report of evictions would list the
-        # whole run again: thousands of members, a hundred passes)
-        arrived = [unit for unit in ready if unit in planned and not is_group_unit(unit)]
-        others = [unit for unit in ready if unit not in planned or is_group_unit(unit)]
-        nominated = c.nominated
-        if any(unit in planned and not is_group_unit(unit) for unit in nominated):
+
+        def member(unit: str) -> bool:
+            # a plain unit in ``planned``: looked up there, not listed, while members
+            # wait for victims (a pass per report of evictions would list the whole
+            # run again: thousands of members, a hundred passes)
+            return unit in planned and not is_group_unit(unit)
+
+        arrived = [unit for unit in ready if member(unit)]
+        others = [unit for unit in ready if not member(unit)]
+        if any(member(unit) for unit in c.nominated):
             for unit in arrived:
                 e.dispatched[unit] = EVICTING  # (held: no one else places it meanwhile)
             c.ready = arrived

@@ -22,7 +22,7 @@ from engine.framework.runtime import Framework
 from engine.model.pods import PodInfo
 from engine.model.state import ClusterState
 from events.types import Event, NodeRemoved, PodSucceeded, SchedulerConfigured
-from tests.builders import env, make_node, make_pod
+from tests.builders import PodBuilder, env, make_node, make_pod
 
 NODE = st.tuples(
     st.sampled_from([2, 4, 8]),  # cpu
@@ -57,6 +57,21 @@ def engine_with_nodes(nodes: list[tuple[int, str, bool, bool]]) -> Engine:
     return engine
 
 
+def with_rules(pod: PodBuilder, zone: str, tolerate: bool, rule: str) -> PodBuilder:
+    """``pod`` held to ``zone`` (if any), tolerating the ``dedicated`` taint (if
+    ``tolerate``), and with ``rule``: "anti" (zone anti-affinity to ``app=w``),
+    "spread" (spread over zones, skew 1) or none."""
+    if zone:
+        pod = pod.selector(zone=zone)
+    if tolerate:
+        pod = pod.tolerate("dedicated", "Equal", "x", "NoSchedule")
+    if rule == "anti":
+        pod = pod.labels(app="w").anti("zone", app="w")
+    elif rule == "spread":
+        pod = pod.labels(app="w").spread("zone", 1, app="w")
+    return pod
+
+
 def _run(
     nodes: list[tuple[int, str, bool, bool]],
     running: list[tuple[int, int, int]],
@@ -73,14 +88,7 @@ def _run(
         if kind == "wave":
             for k in range(size):
                 pod = make_pod(f"w{t}-{k}").cpu(str(cpu)).priority(prio)
-                if zone:
-                    pod = pod.selector(zone=zone)
-                if tolerate:
-                    pod = pod.tolerate("dedicated", "Equal", "x", "NoSchedule")
-                if rule == "anti":
-                    pod = pod.labels(app="w").anti("zone", app="w")
-                elif rule == "spread":
-                    pod = pod.labels(app="w").spread("zone", 1, app="w")
+                pod = with_rules(pod, zone, tolerate, rule)
                 engine.apply(env(pod.submitted(), time=t))
         elif kind == "finish":
             placed = sorted(engine.state.pods)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from engine.framework.cycle import CycleState
 from tests.builders import env, make_pod
-from tests.engine.test_brief_failure import engine_with_nodes
+from tests.engine.test_brief_failure import engine_with_nodes, with_rules
 
 NODE = st.tuples(
     st.sampled_from([2, 4, 8]),  # cpu
@@ -47,15 +47,7 @@ def test_the_filters_on_one_node_say_what_the_filters_over_every_node_say(
         engine.apply(env(spec.submitted()))
     engine.schedule()
     cpu, zone, tolerate, rule = pod
-    spec = make_pod("p").cpu(str(cpu))
-    if zone:
-        spec = spec.selector(zone=zone)
-    if tolerate:
-        spec = spec.tolerate("dedicated", "Equal", "x", "NoSchedule")
-    if rule == "anti":
-        spec = spec.labels(app="w").anti("zone", app="w")
-    elif rule == "spread":
-        spec = spec.labels(app="w").spread("zone", 1, app="w")
+    spec = with_rules(make_pod("p").cpu(str(cpu)), zone, tolerate, rule)
     engine.apply(env(spec.submitted(), time=1))
     info = engine.pods["default/p"]
     framework = engine.profiles.framework_for(info)
