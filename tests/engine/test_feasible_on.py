@@ -10,14 +10,8 @@ from hypothesis import strategies as st
 
 from engine.framework.cycle import CycleState
 from tests.builders import env, make_pod
-from tests.engine.test_brief_failure import engine_with_nodes, with_rules
+from tests.engine.test_brief_failure import NODE, engine_with_nodes, with_rules
 
-NODE = st.tuples(
-    st.sampled_from([2, 4, 8]),  # cpu
-    st.sampled_from(["a", "b"]),  # zone label
-    st.sampled_from([False, False, True]),  # tainted
-    st.sampled_from([False, False, False, True]),  # cordoned
-)
 POD = st.tuples(
     st.sampled_from([1, 2, 3, 6]),  # cpu
     st.sampled_from(["", "a", "b"]),  # zone it selects ("" any)
