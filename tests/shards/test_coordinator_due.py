@@ -99,3 +99,36 @@ def test_requests_issued_late_in_a_pass_are_timed_from_when_they_were_issued() -
     assert c.issue((1,)) == c.now
     c.nominate("n", ["v"], (0, 1))
     assert c.nominated["n"][0] == c.now + ISSUE_ALLOWANCE
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from([1, 2, 4]),
+    st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=3), min_size=1, max_size=300),
+    st.integers(0, 400),
+)
+def test_each_request_is_timed_after_those_sent_its_shards_before_it(
+    shards: int, requests: list[list[int]], waited: int
+) -> None:
+    """At 1, 2 and 4 shards, whatever the parts of the requests a pass sends: a request
+    is timed from the pass's time plus the allowance for the most requests the pass
+    sent before it to any of its shards, and a claim times out exactly when that time
+    plus the reservation time-out has passed."""
+    c = Coordinator(pinned(shards))
+    c.now = 5 * SECOND
+    c.schedule()
+    start = c.now
+    sent = [0] * shards
+    for k, drawn in enumerate(requests):
+        parts = sorted({p % shards for p in drawn})
+        expected = start + max(sent[s] for s in parts) * ISSUE_ALLOWANCE
+        for s in parts:
+            sent[s] += 1
+        since = c.issue(parts)
+        assert since == expected
+        c.claim(Claim(f"r{k}", f"u{k}", {s: (f"p{k}-{s}",) for s in parts}, since, directed=True))
+    c.now = start + c.reservation_timeout + waited * ISSUE_ALLOWANCE
+    c._timeouts()
+    timeout = c.reservation_timeout
+    for claim in c.claims.values():
+        assert (claim.stage == PREPARING) == (claim.since + timeout > c.now)
