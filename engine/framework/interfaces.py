@@ -155,6 +155,12 @@ class PotentialPlugin(ScorePlugin, Protocol):
         deterministic and read nothing but ``state``."""
         ...
 
+    def hosts_largest(self, state: ClusterState, slots: Ints) -> Bools:
+        """Per slot of ``slots``, could the largest pod this plugin expects start on it
+        now? Consolidation never makes a move that lowers how many of its two nodes could
+        (:mod:`engine.passes.consolidate`); deterministic, reads nothing but ``state``."""
+        ...
+
 
 @runtime_checkable
 class ReservePlugin(Plugin, Protocol):

@@ -17,7 +17,7 @@ from engine.model.devices import GPU, MODEL_LABEL
 from engine.model.state import ClusterState
 from engine.plugins.gpu.cache import CachedScore
 from engine.plugins.gpu.fgd import GpuFragmentation
-from engine.plugins.gpu.fragment import model_codes, resolve
+from engine.plugins.gpu.fragment import hosts_largest, model_codes, resolve
 from engine.plugins.gpu.shoal import ShoalGpu, model_pressure, remainder_cost, stranded
 from engine.plugins.gpu.workload import parse_workload
 from events.types import NodeSpec, PodSpec
@@ -264,3 +264,45 @@ def test_a_remainder_costs_at_most_itself_and_all_of_itself_where_nothing_fits(
     if len(set(sizes)) == 1:
         # one size fills the card with as many as fit: the rest stays idle
         assert all(cost[r] == unit * (r % sizes[0]) for r in range(1001))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shapes=st.lists(
+        st.tuples(st.sampled_from([0, 250, 500, 1000]), st.integers(1, 4), st.integers(1, 8)),
+        min_size=1,
+        max_size=4,
+    ),
+    nodes=st.lists(
+        st.tuples(st.integers(0, 16), st.lists(st.sampled_from([0, 250, 600, 1000]), max_size=4)),
+        min_size=1,
+        max_size=6,
+    ),
+)
+def test_the_largest_shape_is_hosted_where_it_could_start(
+    shapes: list[tuple[int, int, int]], nodes: list[tuple[int, list[int]]]
+) -> None:
+    # shapes (milli per card, cards, cpu); nodes (free cpu, free milli per card); several
+    # cards are whole cards
+    shapes = [(milli, cards if milli == 1000 else 1, cpu) for milli, cards, cpu in shapes]
+    workload: list[dict[str, Any]] = [
+        {"cpu": cpu * 1000, "gpuMilli": milli, "gpus": cards if milli else 0, "weight": 1}
+        for milli, cards, cpu in shapes
+    ]
+    state = ClusterState()
+    state.add_node(gpu_node("a", 64_000, 1))
+    resolved = resolve(parse_workload(workload, "here"), state)
+    width = 4
+    cpu = np.array([c * 1000 for c, _ in nodes], dtype=np.int64)
+    free = np.array([cards + [0] * (width - len(cards)) for _, cards in nodes], dtype=np.int64)
+    got = hosts_largest(resolved, cpu, free, np.zeros(len(nodes), dtype=np.int64)).tolist()
+    gpu = [(milli * cards, cpu * 1000, -i) for i, (milli, cards, cpu) in enumerate(shapes) if milli]
+    if not gpu:
+        assert got == [False] * len(nodes)
+        return
+    milli, cards, need = shapes[-max(gpu)[2]]
+    expected = [
+        c * 1000 >= need * 1000 and sum(f >= milli for f in free_cards) >= cards
+        for c, free_cards in nodes
+    ]
+    assert got == expected

@@ -44,14 +44,16 @@ pods_st = st.lists(
 )
 
 
-def _engine(pods: list[TracePod], percent: int, protected: bool) -> Engine:
+def _engine(
+    pods: list[TracePod], percent: int, protected: bool, nodes: list[TraceNode] = NODES
+) -> Engine:
     engine = Engine(parse_config(profile_config("shoal", 1, pods, percent, consolidate=True)))
     if protected:  # every pod of the namespace stays: no disruption allowed
         spec = BudgetSpec(
             namespace="default", name="all", selector=LabelSelector(), min_available="100%"
         )
         engine.apply(Envelope(event=DisruptionBudgetSet(budget=spec), producer="ingest"))
-    for node in NODES:
+    for node in nodes:
         engine.apply(Envelope(event=NodeAdded(node=node.spec()), producer="ingest"))
     engine.schedule()
     return engine
@@ -74,9 +76,36 @@ def _fragmentation(engine: Engine, slots: list[int]) -> int:
 def test_moves_are_counted_in_budget_deterministic_and_as_accounted(
     pods: list[TracePod], percent: int, protected: bool
 ) -> None:
-    engine = _engine(pods, percent, protected)
-    twin = _engine(pods, percent, protected)  # the same input: the same decisions
-    replica = _engine(pods, percent, protected)  # folds the decisions one by one
+    _check_moves(pods, percent, protected, NODES)
+
+
+def test_consolidation_keeps_room_for_the_largest_shape() -> None:
+    """Found by search and shrunk: here, without the rule, consolidation moves a 1,000
+    milli pod from node-0 onto node-1's last whole card (fragmentation down by 1,032),
+    and node-1 can no longer start the workload's largest shape (1 card, 4 cpu). With
+    the rule, that move is refused and the others are made."""
+    nodes = [
+        TraceNode(f"node-{i}", 16_000, 256 << 10, gpus, "T4") for i, gpus in enumerate([4, 4, 2, 4])
+    ]
+    pods = [
+        TracePod("p", cpu * 1000, 1024, 1, milli, ())
+        for cpu, milli in [
+            (1, 800), (4, 150), (4, 400), (1, 1000), (1, 700), (4, 700), (1, 700), (4, 1000),
+            (4, 300), (4, 1000), (4, 400), (4, 800), (4, 500), (4, 500), (1, 1000), (2, 600),
+        ]
+    ]  # fmt: skip
+    assert _check_moves(pods, 50, False, nodes) >= 3
+
+
+def _check_moves(
+    pods: list[TracePod], percent: int, protected: bool, nodes: list[TraceNode]
+) -> int:
+    """Submit ``pods`` one pass each and check every move the passes make; the number of
+    consolidation moves."""
+    engine = _engine(pods, percent, protected, nodes)
+    twin = _engine(pods, percent, protected, nodes)  # the same input: the same decisions
+    replica = _engine(pods, percent, protected, nodes)  # folds the decisions one by one
+    consolidated = 0
     potential = replica.profiles.frameworks["default-scheduler"].potential
     assert potential is not None
     counted = Moves()
@@ -97,10 +126,16 @@ def test_moves_are_counted_in_budget_deterministic_and_as_accounted(
                     # consolidation: exactly the change it was chosen for, a decrease
                     state = replica.state
                     source, target = state.index[decision.from_node], state.index[decision.to_node]
-                    said = staged_change(replica, potential, decision.pod, source, target)
+                    said, hosts = staged_change(replica, potential, decision.pod, source, target)
+                    pair = np.array(sorted([source, target]))
                     before = _fragmentation(replica, [source, target])
+                    room = int(potential.hosts_largest(replica.state, pair).sum())
                     replica.apply(Envelope(event=decision, producer="shard"))
                     assert _fragmentation(replica, [source, target]) - before == said < 0
+                    # never at the cost of room for the largest shape
+                    now = int(potential.hosts_largest(replica.state, pair).sum())
+                    assert now - room == hosts >= 0
+                    consolidated += 1
                     continue
                 assert decision.by in bound  # moved only for a pod placed in the same pass
             replica.apply(Envelope(event=decision, producer="shard"))
@@ -116,3 +151,4 @@ def test_moves_are_counted_in_budget_deterministic_and_as_accounted(
             gone: Event = PodDeleted(pod=spec.key)
             for e in (engine, twin, replica):
                 e.apply(Envelope(event=gone, producer="ingest"))
+    return consolidated

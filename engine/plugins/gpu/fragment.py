@@ -136,6 +136,26 @@ def fragmentation(
     return out
 
 
+def hosts_largest(
+    shapes: Resolved, cpu: Ints, free: Ints, model: Ints, memory: Ints | None = None
+) -> Bools:
+    """Per node state (arguments as :func:`fragmentation`'s), could the workload's largest
+    GPU shape (most milli-GPU in all, then most cpu; the first of equals) start on it?
+    All False for a workload without GPU shapes."""
+    if free.shape[1] == 0 or not shapes.gpu.any():
+        return np.zeros(cpu.shape[0], dtype=np.bool_)
+    size = np.where(shapes.gpu, shapes.milli * shapes.cards, -1)
+    m = int(np.lexsort((-np.arange(size.shape[0]), shapes.cpu, size))[-1])
+    fits: Bools = (
+        ((free >= shapes.milli[m]).sum(axis=1) >= shapes.cards[m])
+        & (cpu >= shapes.cpu[m])
+        & shapes.allowed[m, model + 1]
+    )
+    if memory is not None and shapes.memory_aware:
+        fits &= memory >= shapes.memory[m]
+    return fits
+
+
 def after_whole(cpu: Ints, free: Ints, pod_cpu: int, gpu: GpuRequest | None) -> tuple[Ints, Ints]:
     """States after a pod of ``pod_cpu`` and whole cards (or none) lands on each row:
     the lowest-index idle cards are taken (as :meth:`Cards.choose` takes them)."""
