@@ -155,10 +155,11 @@ class PotentialPlugin(ScorePlugin, Protocol):
         deterministic and read nothing but ``state``."""
         ...
 
-    def hosts_largest(self, state: ClusterState, slots: Ints) -> Bools:
-        """Per slot of ``slots``, could the largest pod this plugin expects start on it
-        now? Consolidation never makes a move that lowers how many of its two nodes could
-        (:mod:`engine.passes.consolidate`); deterministic, reads nothing but ``state``."""
+    def largest_room(self, state: ClusterState, slots: Ints) -> Ints:
+        """Per slot of ``slots``, how many of the largest pods this plugin expects could
+        start on it now, together. Consolidation never makes a move that lowers their sum
+        over its two nodes (:mod:`engine.passes.consolidate`); deterministic, reads
+        nothing but ``state``."""
         ...
 
 

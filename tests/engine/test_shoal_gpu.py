@@ -17,7 +17,7 @@ from engine.model.devices import GPU, MODEL_LABEL
 from engine.model.state import ClusterState
 from engine.plugins.gpu.cache import CachedScore
 from engine.plugins.gpu.fgd import GpuFragmentation
-from engine.plugins.gpu.fragment import hosts_largest, model_codes, resolve
+from engine.plugins.gpu.fragment import largest_room, model_codes, resolve
 from engine.plugins.gpu.shoal import ShoalGpu, model_pressure, remainder_cost, stranded
 from engine.plugins.gpu.workload import parse_workload
 from events.types import NodeSpec, PodSpec
@@ -279,7 +279,7 @@ def test_a_remainder_costs_at_most_itself_and_all_of_itself_where_nothing_fits(
         max_size=6,
     ),
 )
-def test_the_largest_shape_is_hosted_where_it_could_start(
+def test_the_room_for_the_largest_shape_is_counted_in_pods(
     shapes: list[tuple[int, int, int]], nodes: list[tuple[int, list[int]]]
 ) -> None:
     # shapes (milli per card, cards, cpu); nodes (free cpu, free milli per card); several
@@ -295,14 +295,20 @@ def test_the_largest_shape_is_hosted_where_it_could_start(
     width = 4
     cpu = np.array([c * 1000 for c, _ in nodes], dtype=np.int64)
     free = np.array([cards + [0] * (width - len(cards)) for _, cards in nodes], dtype=np.int64)
-    got = hosts_largest(resolved, cpu, free, np.zeros(len(nodes), dtype=np.int64)).tolist()
+    got = largest_room(resolved, cpu, free, np.zeros(len(nodes), dtype=np.int64)).tolist()
     gpu = [(milli * cards, cpu * 1000, -i) for i, (milli, cards, cpu) in enumerate(shapes) if milli]
     if not gpu:
-        assert got == [False] * len(nodes)
+        assert got == [0] * len(nodes)
         return
     milli, cards, need = shapes[-max(gpu)[2]]
+    # several shares on one card; whole cards, a pod per ``cards`` of them; cpu too
     expected = [
-        c * 1000 >= need * 1000 and sum(f >= milli for f in free_cards) >= cards
+        min(
+            sum(f // milli for f in free_cards)
+            if cards == 1
+            else sum(f >= milli for f in free_cards) // cards,
+            c // need,
+        )
         for c, free_cards in nodes
     ]
     assert got == expected

@@ -53,7 +53,7 @@ from engine.plugins.gpu.fragment import (
     after_whole,
     fragmentation,
     fragmentation_after_share,
-    hosts_largest,
+    largest_room,
     model_codes,
     node_memory,
     node_states,
@@ -271,14 +271,14 @@ class GpuFragmentation(CachedScore):
         frag: Ints = self.node_fragmentation(state)[slots]
         return frag
 
-    def hosts_largest(self, state: ClusterState, slots: Ints) -> Bools:
-        """Per slot of ``slots``, could the target workload's largest GPU shape start on
-        it now (:func:`~engine.plugins.gpu.fragment.hosts_largest`)? What consolidation
-        keeps (:mod:`engine.passes.consolidate`)."""
+    def largest_room(self, state: ClusterState, slots: Ints) -> Ints:
+        """Per slot of ``slots``, how many pods of the target workload's largest GPU
+        shape could start on it now (:func:`~engine.plugins.gpu.fragment.largest_room`):
+        what consolidation keeps (:mod:`engine.passes.consolidate`)."""
         self.node_fragmentation(state)  # the workload and its shapes brought up to date
         assert self._shapes is not None
         cpu, free = node_states(state, slots)
-        return hosts_largest(
+        return largest_room(
             self._shapes, cpu, free, self._models[slots], self._memory(state, slots)
         )
 

@@ -136,24 +136,31 @@ def fragmentation(
     return out
 
 
-def hosts_largest(
+def largest_room(
     shapes: Resolved, cpu: Ints, free: Ints, model: Ints, memory: Ints | None = None
-) -> Bools:
-    """Per node state (arguments as :func:`fragmentation`'s), could the workload's largest
-    GPU shape (most milli-GPU in all, then most cpu; the first of equals) start on it?
-    All False for a workload without GPU shapes."""
+) -> Ints:
+    """Per node state (arguments as :func:`fragmentation`'s), how many pods of the
+    workload's largest GPU shape (most milli-GPU in all, then most cpu; the first of
+    equals) it could start now, together: a share of ``m`` milli fits ``g // m`` times
+    on a card with ``g`` free, a pod of ``k`` whole cards once per ``k`` free cards; cpu
+    (and memory, where the shapes give it) bound the count as well. All 0 for a
+    workload without GPU shapes."""
     if free.shape[1] == 0 or not shapes.gpu.any():
-        return np.zeros(cpu.shape[0], dtype=np.bool_)
+        return np.zeros(cpu.shape[0], dtype=np.int64)
     size = np.where(shapes.gpu, shapes.milli * shapes.cards, -1)
     m = int(np.lexsort((-np.arange(size.shape[0]), shapes.cpu, size))[-1])
-    fits: Bools = (
-        ((free >= shapes.milli[m]).sum(axis=1) >= shapes.cards[m])
-        & (cpu >= shapes.cpu[m])
-        & shapes.allowed[m, model + 1]
-    )
-    if memory is not None and shapes.memory_aware:
-        fits &= memory >= shapes.memory[m]
-    return fits
+    milli, cards = int(shapes.milli[m]), int(shapes.cards[m])
+    if cards == 1:
+        room = (free // milli).sum(axis=1)
+    else:
+        room = (free >= milli).sum(axis=1) // cards
+    need_cpu = int(shapes.cpu[m])
+    if need_cpu > 0:
+        room = np.minimum(room, np.maximum(cpu, 0) // need_cpu)
+    if memory is not None and shapes.memory_aware and shapes.memory[m] > 0:
+        room = np.minimum(room, np.maximum(memory, 0) // int(shapes.memory[m]))
+    out: Ints = np.where(shapes.allowed[m, model + 1], room, 0).astype(np.int64)
+    return out
 
 
 def after_whole(cpu: Ints, free: Ints, pod_cpu: int, gpu: GpuRequest | None) -> tuple[Ints, Ints]:
