@@ -297,6 +297,7 @@ def take_on(m: ShardModel, event: ReservationRequested) -> str:
         at_once=event.at_once,
         moves=dict(event.moves),
         moved_for=event.moved_for,
+        plain=event.plain,
     )
     group = m.groups[event.group.key] = GroupInfo(
         event.group.key, seq=m.submissions, reservation=event.rid

@@ -524,6 +524,11 @@ class ReservationRequested(_Fact, frozen=True, kw_only=True, tag="rsv?"):
     disruptions: dict[str, int] | None = None
     """For a gang handed whole to be placed with moves within this shard: the
     disruptions each budget allows, counted over every shard (as ``PodRouted``'s)."""
+    plain: bool = False
+    """Every pod of the part is a pod of its own, in no gang (the part's group exists
+    only to hold it): once committed, the shard moves it as any pod of its own
+    (consolidation, defragmentation). False: as a gang's member (and for logs written
+    before the field)."""
 
 
 class PreemptionRequested(_Fact, frozen=True, kw_only=True, tag="preempt?"):

@@ -65,6 +65,8 @@ class Reservation:
     """The pod the moves make room for."""
     at_once: bool = False
     """Commit as soon as it is staged (a part that is the whole reservation)."""
+    plain: bool = False
+    """Its pods are pods of their own, in no gang (``ReservationRequested.plain``)."""
 
     def __repr__(self) -> str:
         return f"Reservation({self.rid!r}, {self.state.value}, pods={len(self.pods)})"

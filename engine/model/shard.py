@@ -44,7 +44,7 @@ from engine.model.pods import PodInfo, pod_info
 from engine.model.pools import Pools
 from engine.model.queue import SchedulingQueue
 from engine.model.quota import QuotaTable
-from engine.model.reservations import Reservation
+from engine.model.reservations import COMMITTED, Reservation
 from engine.model.retention import (
     RETENTION_SECONDS,
     Deadlines,
@@ -382,6 +382,17 @@ class ShardModel:
             return False
         self.unfinish(spec.key)
         return True
+
+    def gang_member(self, spec: PodSpec) -> bool:
+        """Whether ``spec``'s pod is a gang's member here. Not a pod in no group, nor one
+        the coordinator placed here under a part of its own (``ReservationRequested.plain``)
+        once that part is committed: it moves as one shard would move it, as a pod of
+        its own (consolidation, defragmentation)."""
+        if not spec.group:
+            return False
+        group = self.groups.get(spec.group)
+        res = self.reservations.get(group.reservation) if group is not None else None
+        return res is None or not res.plain or res.state != COMMITTED
 
     def another_pod(self, spec: PodSpec) -> bool:
         """Whether ``spec`` is another pod than the one that finished under its name

@@ -25,7 +25,9 @@ arrive late and fail first, need (on the trace, without this rule, moves at a bu
 2% left more GPU idle than none on ``gpushare100`` and ``cpu250``: the pods they cost
 were the runs' largest). With nothing to gain the
 engine makes no move, and looks again only after ``RETRY_PLACED`` more placements or a
-pod leaving its node. Up to ``PER_PASS`` moves per pass, each found by a search of its
+pod leaving its node (a search that found nothing counts only in a pass that decided
+something: a pass that decides nothing is not replayed, so it must leave nothing that
+changes a later pass). Up to ``PER_PASS`` moves per pass, each found by a search of its
 own on the state the last one left; every one pays for itself in fragmentation, the
 largest gain first.
 
@@ -55,6 +57,7 @@ from engine.passes.context import PassContext
 from engine.passes.dispatch import migrate
 from engine.plugins.migration import MIGRATABLE, placement_rules, unpinned
 from engine.plugins.rescheduler import Rescheduler
+from events.types import is_decision
 
 BY: Final = "shoal.io/consolidation"
 SOURCES: Final = 16
@@ -104,7 +107,7 @@ def _move_one(p: PassContext, rescheduler: Rescheduler) -> bool:
             break
         for key in keys:
             info = e.pods.get(key)
-            if info is None or key not in e.bindings or info.spec.group:
+            if info is None or key not in e.bindings or e.gang_member(info.spec):
                 continue
             spec = info.spec
             if spec.annotations.get(MIGRATABLE, "").lower() == "false" or placement_rules(spec):
@@ -127,7 +130,10 @@ def _move_one(p: PassContext, rescheduler: Rescheduler) -> bool:
             if delta < 0 and room >= 0 and (best is None or (delta, rank, key) < best[:3]):
                 best = (delta, rank, key, target)
     if best is None:
-        e.consolidation_epoch = epoch
+        if any(is_decision(event) for event in p.out):
+            # (only in a pass that decides something: one that decides nothing is not
+            # replayed, so what its search found must not change what a later one does)
+            e.consolidation_epoch = epoch
         return False
     _, _, key, target = best
     info = e.pods[key]

@@ -109,7 +109,7 @@ def _movable(p: PassContext, key: str) -> bool:
     return (
         pod is not None
         and key in e.bindings
-        and not pod.spec.group
+        and not e.gang_member(pod.spec)
         and pod.spec.annotations.get(MIGRATABLE, "").lower() != "false"
     )
 

@@ -505,6 +505,7 @@ class ShardDispatch:
                     expires_at=c.expiry(since),
                     placements={pod.key: node for pod, node in members},
                     at_once=at_once,
+                    plain=group is None and not lead.spec.group,
                 ),
             )
         c.claim(
@@ -608,6 +609,7 @@ class ShardDispatch:
                 at_once=True,
                 moves={key: names[origin] or "" for key, origin, _ in moving},
                 moved_for=lead.key,
+                plain=not any(pod.spec.group for pod in pods),
             ),
         )
         keys = tuple(key for key, _, _ in moving)
