@@ -157,9 +157,9 @@ class PotentialPlugin(ScorePlugin, Protocol):
 
     def largest_room(self, state: ClusterState, slots: Ints) -> Ints:
         """Per slot of ``slots``, how many of the largest pods this plugin expects could
-        start on it now, together. Consolidation never makes a move that lowers their sum
-        over its two nodes (:mod:`engine.passes.consolidate`); deterministic, reads
-        nothing but ``state``."""
+        start on it now, together. Consolidation never makes a move that leaves fewer of
+        its two nodes able to start one (:mod:`engine.passes.consolidate`);
+        deterministic, reads nothing but ``state``."""
         ...
 
 

@@ -17,13 +17,15 @@ fragmented nodes (the profile's score's own measure,
 slot) are each tried on the node their profile would place them on now (the node
 itself excluded), staged and undone; the move whose change of fragmentation, summed over
 its two nodes, is the most negative is carried out (ties: the earlier node, then the
-pod's name). A move that does not lower it is never made, nor one after which its two
-nodes could start fewer of the largest pods the score expects
+pod's name). A move that does not lower it is never made, nor one that leaves fewer of
+its two nodes able to start one of the largest pods the score expects
 (:meth:`~engine.framework.interfaces.PotentialPlugin.largest_room`): a move buys a
 little fragmentation now, and must not buy it with the room the largest pods, which
-arrive late and fail first, need (on the trace, without this rule, moves at a budget of
-2% left more GPU idle than none on ``gpushare100`` and ``cpu250``: the pods they cost
-were the runs' largest). With nothing to gain the
+arrive late and fail first, need. On the trace, without this rule, moves at a budget
+of 2% left more GPU idle than none on ``gpushare100`` and ``cpu250`` (the pods they
+cost were the runs' largest); counting that room in pods rather than in nodes (a move
+that gathers it on one node allowed) did worse on ``default`` and ``gpushare100``
+(docs/benchmarks.md). With nothing to gain the
 engine makes no move, and looks again only after ``RETRY_PLACED`` more placements or a
 pod leaving its node (a search that found nothing counts only in a pass that decided
 something: a pass that decides nothing is not replayed, so it must leave nothing that
@@ -126,8 +128,8 @@ def _move_one(p: PassContext, rescheduler: Rescheduler) -> bool:
             statement.discard()
             if target < 0:
                 continue
-            delta, room = staged_change(e, judge, key, source, target)
-            if delta < 0 and room >= 0 and (best is None or (delta, rank, key) < best[:3]):
+            delta, hosts = staged_change(e, judge, key, source, target)
+            if delta < 0 and hosts >= 0 and (best is None or (delta, rank, key) < best[:3]):
                 best = (delta, rank, key, target)
     if best is None:
         if any(is_decision(event) for event in p.out):
@@ -153,8 +155,9 @@ def staged_change(
 ) -> tuple[int, int]:
     """The change of ``judge``'s potential, summed over the two nodes, of moving running
     pod ``key`` from ``source`` to ``target`` (staged, then undone): the move's own
-    accounting, what the move is chosen by; and the change of how many of the largest
-    pods ``judge`` expects the two could start (a move that lowers it is never made)."""
+    accounting, what the move is chosen by; and the change of how many of the two could
+    start one of the largest pods ``judge`` expects (a move that lowers it is never
+    made)."""
     state = e.state
     info = e.pods[key]
     pod = unpinned(info)
@@ -164,10 +167,11 @@ def staged_change(
     statement.lift(key, spec.namespace, BY)
     statement.land(key, spec.namespace, target, pod.request, pod.priority, spec.host_ports, BY)
     after = int(judge.potential(state, pair).sum())
-    room_after = int(judge.largest_room(state, pair).sum())
+    hosts_after = int((judge.largest_room(state, pair) > 0).sum())
     statement.discard()
     before = int(judge.potential(state, pair).sum())
-    return after - before, room_after - int(judge.largest_room(state, pair).sum())
+    hosts_before = int((judge.largest_room(state, pair) > 0).sum())
+    return after - before, hosts_after - hosts_before
 
 
 def _judge(p: PassContext, rescheduler: Rescheduler) -> PotentialPlugin | None:
