@@ -27,7 +27,8 @@ def _as_format_2(parts: list[SnapshotTaken]) -> list[SnapshotTaken]:
     format 3 added (format 4 added the host ports bound on each node, in the cluster
     state's columns; format 5 the nodes' annotations; format 7 the pod disruption
     budgets; format 8 GPU cards counted in quotas in milli-cards; format 9 the counts a move
-    budget reads and the rescheduler's memo of shapes with no plan)."""
+    budget reads and the rescheduler's memo of shapes with no plan; format 10 whether a
+    reservation part's pods are in no gang)."""
     tree = msgspec.msgpack.decode(assemble(parts))
     tree["format"] = 2
     tree["state"] = [pair for pair in tree["state"] if pair[0] not in NEW_IN_3]
@@ -36,7 +37,7 @@ def _as_format_2(parts: list[SnapshotTaken]) -> list[SnapshotTaken]:
 
 
 def test_a_format_2_snapshot_is_refused_and_the_partition_replayed() -> None:
-    assert FORMAT == 9
+    assert FORMAT == 10
     scenario = load_scenario([ROOT / "examples" / "batch.yaml"])
 
     async def go() -> tuple[ShardWorker, list[Envelope], list[Envelope]]:
