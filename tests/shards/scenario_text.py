@@ -159,13 +159,19 @@ spec: {{minMember: {min_member}}}
 ---"""
 
 
-def rescheduler_config(args: str) -> str:
-    """A profile whose Rescheduler has ``args`` (a YAML flow mapping)."""
+def rescheduler_config(args: str, score: str = "") -> str:
+    """A profile whose Rescheduler has ``args`` (a YAML flow mapping); ``score``: the
+    only score plugin (else the default ones)."""
+    plugins = (
+        f'\n  plugins: {{score: {{disabled: [{{name: "*"}}], enabled: [{{name: {score}}}]}}}}'
+        if score
+        else ""
+    )
     return f"""
 apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
 profiles:
-- schedulerName: default-scheduler
+- schedulerName: default-scheduler{plugins}
   pluginConfig:
   - name: Rescheduler
     args: {args}

@@ -17,29 +17,13 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.shards.coordinator_kit import shoal
-from tests.shards.scenario_text import gpu_node, gpu_pod
+from tests.shards.scenario_text import gpu_node, gpu_pod, rescheduler_config
 
 SHARDS = (1, 2, 4)
 POOLS = 4
 NODES = 8
 CONSOLIDATION = "shoal.io/consolidation"
 DEFRAGMENTATION = "shoal.io/defragmentation"
-
-
-def config(rescheduler: str) -> str:
-    """ShoalGpu alone scores; the Rescheduler's args are ``rescheduler``."""
-    return f"""
-apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-profiles:
-- schedulerName: default-scheduler
-  plugins:
-    score: {{disabled: [{{name: "*"}}], enabled: [{{name: ShoalGpu}}]}}
-    postFilter: {{disabled: [{{name: "*"}}], enabled: [{{name: Rescheduler}}]}}
-  pluginConfig:
-  - name: Rescheduler
-    args: {rescheduler}
----"""
 
 
 def pooled_node(i: int, cards: int) -> str:
@@ -63,7 +47,9 @@ def scenario(
     rescheduler: str, pods: list[Pod], cards: int = 4, nodes: tuple[int, ...] = tuple(range(NODES))
 ) -> str:
     """``nodes`` of ``cards`` cards each, ``pods`` arriving one a second."""
-    text = config(rescheduler) + "".join(pooled_node(i, cards) for i in nodes)
+    text = rescheduler_config(rescheduler, score="ShoalGpu") + "".join(
+        pooled_node(i, cards) for i in nodes
+    )
     for j, (whole, milli, runtime) in enumerate(pods):
         text += gpu_pod(f"pod{j}", cards=whole, milli=milli, at=j, runtime=runtime)
     return text
