@@ -282,11 +282,11 @@ def test_a_remainder_costs_at_most_itself_and_all_of_itself_where_nothing_fits(
 def test_the_room_for_the_largest_shape_is_counted_in_pods(
     shapes: list[tuple[int, int, int]], nodes: list[tuple[int, list[int]]]
 ) -> None:
-    # shapes (milli per card, cards, cpu); nodes (free cpu, free milli per card); several
-    # cards are whole cards
+    # shapes (milli per card, cards, cpu; weight 1 + cpu % 3); nodes (free cpu, free
+    # milli per card); several cards are whole cards
     shapes = [(milli, cards if milli == 1000 else 1, cpu) for milli, cards, cpu in shapes]
     workload: list[dict[str, Any]] = [
-        {"cpu": cpu * 1000, "gpuMilli": milli, "gpus": cards if milli else 0, "weight": 1}
+        {"cpu": cpu * 1000, "gpuMilli": milli, "gpus": cards if milli else 0, "weight": 1 + cpu % 3}
         for milli, cards, cpu in shapes
     ]
     state = ClusterState()
@@ -296,7 +296,10 @@ def test_the_room_for_the_largest_shape_is_counted_in_pods(
     cpu = np.array([c * 1000 for c, _ in nodes], dtype=np.int64)
     free = np.array([cards + [0] * (width - len(cards)) for _, cards in nodes], dtype=np.int64)
     got = largest_room(resolved, cpu, free, np.zeros(len(nodes), dtype=np.int64)).tolist()
-    gpu = [(milli * cards, cpu * 1000, -i) for i, (milli, cards, cpu) in enumerate(shapes) if milli]
+    # the most GPU in all; of those, the most weight; the first of equals
+    gpu = [
+        (milli * cards, 1 + cpu % 3, -i) for i, (milli, cards, cpu) in enumerate(shapes) if milli
+    ]
     if not gpu:
         assert got == [0] * len(nodes)
         return

@@ -140,15 +140,15 @@ def largest_room(
     shapes: Resolved, cpu: Ints, free: Ints, model: Ints, memory: Ints | None = None
 ) -> Ints:
     """Per node state (arguments as :func:`fragmentation`'s), how many pods of the
-    workload's largest GPU shape (most milli-GPU in all, then most cpu; the first of
-    equals) it could start now, together: a share of ``m`` milli fits ``g // m`` times
-    on a card with ``g`` free, a pod of ``k`` whole cards once per ``k`` free cards; cpu
-    (and memory, where the shapes give it) bound the count as well. All 0 for a
-    workload without GPU shapes."""
+    workload's largest GPU shape (most milli-GPU in all; of those, the one of most
+    weight, the most frequent; the first of equals) it could start now, together: a
+    share of ``m`` milli fits ``g // m`` times on a card with ``g`` free, a pod of ``k``
+    whole cards once per ``k`` free cards; cpu (and memory, where the shapes give it)
+    bound the count as well. All 0 for a workload without GPU shapes."""
     if free.shape[1] == 0 or not shapes.gpu.any():
         return np.zeros(cpu.shape[0], dtype=np.int64)
     size = np.where(shapes.gpu, shapes.milli * shapes.cards, -1)
-    m = int(np.lexsort((-np.arange(size.shape[0]), shapes.cpu, size))[-1])
+    m = int(np.lexsort((-np.arange(size.shape[0]), shapes.weight, size))[-1])
     milli, cards = int(shapes.milli[m]), int(shapes.cards[m])
     if cards == 1:
         room = (free // milli).sum(axis=1)
