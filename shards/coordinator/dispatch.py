@@ -505,7 +505,7 @@ class ShardDispatch:
                     expires_at=c.expiry(since),
                     placements={pod.key: node for pod, node in members},
                     at_once=at_once,
-                    plain=group is None and not lead.spec.group,
+                    plain=not is_group_unit(unit) and not lead.spec.group,
                 ),
             )
         c.claim(

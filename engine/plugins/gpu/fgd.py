@@ -275,7 +275,7 @@ class GpuFragmentation(CachedScore):
         """Per slot of ``slots``, how many pods of the target workload's largest GPU
         shape could start on it now (:func:`~engine.plugins.gpu.fragment.largest_room`):
         what consolidation keeps (:mod:`engine.passes.consolidate`)."""
-        self.node_fragmentation(state)  # the workload and its shapes brought up to date
+        self._sync(state)  # the shapes resolved against this state and workload
         assert self._shapes is not None
         cpu, free = node_states(state, slots)
         return largest_room(

@@ -53,6 +53,9 @@ class Resolved:
     """The distinct per-card milli of the shapes (what card counts depend on)."""
     level: Ints = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     """Each shape's index in ``levels``."""
+    largest: int = -1
+    """The largest GPU shape (most milli-GPU in all; of those, the one of most weight,
+    the most frequent; the first of equals); -1: no shape asks for GPU."""
 
     def __post_init__(self) -> None:
         if self.level.shape[0] != self.milli.shape[0]:
@@ -61,6 +64,10 @@ class Resolved:
             object.__setattr__(self, "level", level.reshape(-1).astype(np.int64))
         if self.memory.shape[0] != self.milli.shape[0]:
             object.__setattr__(self, "memory", np.zeros_like(self.milli))
+        if self.gpu.any():
+            size = np.where(self.gpu, self.milli * self.cards, -1)
+            order = np.lexsort((-np.arange(size.shape[0]), self.weight, size))
+            object.__setattr__(self, "largest", int(order[-1]))
 
     @property
     def memory_aware(self) -> bool:
@@ -140,15 +147,13 @@ def largest_room(
     shapes: Resolved, cpu: Ints, free: Ints, model: Ints, memory: Ints | None = None
 ) -> Ints:
     """Per node state (arguments as :func:`fragmentation`'s), how many pods of the
-    workload's largest GPU shape (most milli-GPU in all; of those, the one of most
-    weight, the most frequent; the first of equals) it could start now, together: a
-    share of ``m`` milli fits ``g // m`` times on a card with ``g`` free, a pod of ``k``
-    whole cards once per ``k`` free cards; cpu (and memory, where the shapes give it)
-    bound the count as well. All 0 for a workload without GPU shapes."""
-    if free.shape[1] == 0 or not shapes.gpu.any():
+    workload's largest GPU shape (:attr:`Resolved.largest`) it could start now,
+    together: a share of ``m`` milli fits ``g // m`` times on a card with ``g`` free, a
+    pod of ``k`` whole cards once per ``k`` free cards; cpu (and memory, where the
+    shapes give it) bound the count as well. All 0 for a workload without GPU shapes."""
+    m = shapes.largest
+    if free.shape[1] == 0 or m < 0:
         return np.zeros(cpu.shape[0], dtype=np.int64)
-    size = np.where(shapes.gpu, shapes.milli * shapes.cards, -1)
-    m = int(np.lexsort((-np.arange(size.shape[0]), shapes.weight, size))[-1])
     milli, cards = int(shapes.milli[m]), int(shapes.cards[m])
     if cards == 1:
         room = (free // milli).sum(axis=1)
