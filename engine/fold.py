@@ -298,6 +298,7 @@ def take_on(m: ShardModel, event: ReservationRequested) -> str:
         moves=dict(event.moves),
         moved_for=event.moved_for,
         plain=event.plain,
+        devices=dict(event.devices),
     )
     group = m.groups[event.group.key] = GroupInfo(
         event.group.key, seq=m.submissions, reservation=event.rid

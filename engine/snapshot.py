@@ -59,14 +59,15 @@ from engine.model.state import ClusterState, PlacedPod
 from events.errors import InputError
 from events.types import SnapshotTaken
 
-FORMAT: Final = 10
+FORMAT: Final = 11
 """Bumped whenever the state classes change shape: a snapshot of another format is
 refused (and its component folds its partition from the start instead). 5: nodes keep
 their annotations (``ClusterState.node_annotations``). 6: GPU cards (``Cards``, the
 devices of ``PlacedPod``, ``ResourceIndex.card_needs``). 7: pod disruption budgets
 (``DisruptionBudgets``, ``routed_disruptions``). 8: quotas count GPU cards in
 milli-cards, shares included (``QuotaTable``); ``CardNeed.vgpu``; ``planned`` keeps
-each member's node. 10: ``Reservation.plain`` (a part of pods in no gang)."""
+each member's node. 10: ``Reservation.plain`` (a part of pods in no gang). 11:
+``Reservation.devices`` (the GPU cards the coordinator chose)."""
 CHUNK_BYTES: Final = 256 * 1024
 MAX_STATE_BYTES: Final = 1 << 31
 STATE_CLASSES: Final[dict[str, type]] = {

@@ -529,6 +529,11 @@ class ReservationRequested(_Fact, frozen=True, kw_only=True, tag="rsv?"):
     only to hold it): once committed, the shard moves it as any pod of its own
     (consolidation, defragmentation). False: as a gang's member (and for logs written
     before the field)."""
+    devices: dict[str, tuple[int, ...]] = {}
+    """The GPU cards the coordinator's profile chose for a pod of ``placements`` (a GPU
+    policy's choice of card, which reads the whole workload's shapes): taken there if
+    still free, as one scheduler takes them. Empty (logs written before the field, or
+    no policy chose): the shard chooses, best fit."""
 
 
 class PreemptionRequested(_Fact, frozen=True, kw_only=True, tag="preempt?"):

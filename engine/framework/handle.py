@@ -17,6 +17,7 @@ from engine.model.groups import GroupInfo
 from engine.model.pods import PodInfo
 from engine.model.quota import QuotaTable
 from engine.model.state import ClusterState
+from events.types import PodSpec
 
 STATEMENT: Final = "statement"
 """Cycle key (under the empty plugin name) of the attempt's statement."""
@@ -42,6 +43,12 @@ class Handle(Protocol):
 
     @property
     def groups(self) -> Mapping[str, GroupInfo]: ...
+
+    def gang_member(self, spec: PodSpec) -> bool:
+        """Whether the pod of ``spec`` is a gang's
+        member here, to move only with its gang: not a pod in no group, nor one another
+        engine placed here as a pod of its own (under a reservation part of its own)."""
+        ...
 
     @property
     def started(self) -> Mapping[str, int]:

@@ -161,6 +161,13 @@ class Cards:
             ok[:] = False
         return [int(c) for c in np.flatnonzero(ok)]
 
+    def free_for(self, slot: int, gpu: GpuRequest, devices: tuple[int, ...]) -> bool:
+        """Whether ``devices`` are ``gpu.cards`` distinct cards of ``slot`` each with room
+        for ``gpu`` now (cards another engine chose, taken only if so)."""
+        return len(set(devices)) == gpu.cards == len(devices) and set(devices) <= set(
+            self._candidates(slot, gpu)
+        )
+
     def choose(self, slot: int, gpu: GpuRequest) -> tuple[int, ...]:
         """The cards ``gpu`` takes on ``slot``: whole cards lowest index first, shares
         best fit (least free compute, then memory, then index). When not enough cards

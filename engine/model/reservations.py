@@ -67,6 +67,8 @@ class Reservation:
     """Commit as soon as it is staged (a part that is the whole reservation)."""
     plain: bool = False
     """Its pods are pods of their own, in no gang (``ReservationRequested.plain``)."""
+    devices: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """Pod → the GPU cards the coordinator chose for it (``ReservationRequested.devices``)."""
 
     def __repr__(self) -> str:
         return f"Reservation({self.rid!r}, {self.state.value}, pods={len(self.pods)})"

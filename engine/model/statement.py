@@ -44,10 +44,13 @@ class Statement:
     def __repr__(self) -> str:
         return f"Statement(ops={len(self.ops)}, open={self.open})"
 
-    def assume_pod(self, pod: PodInfo, slot: int) -> None:
-        """:meth:`assume` ``pod`` (a pending pod of the engine's) on ``slot``."""
+    def assume_pod(self, pod: PodInfo, slot: int, devices: tuple[int, ...] | None = None) -> None:
+        """:meth:`assume` ``pod`` (a pending pod of the engine's) on ``slot`` (on GPU cards
+        ``devices``, else those the state chooses)."""
         spec = pod.spec
-        self.assume(pod.key, spec.namespace, slot, pod.request, pod.priority, spec.host_ports)
+        self.assume(
+            pod.key, spec.namespace, slot, pod.request, pod.priority, spec.host_ports, devices
+        )
 
     def assume(
         self,
@@ -57,8 +60,9 @@ class Statement:
         request: Request,
         priority: int = 0,
         ports: tuple[HostPort, ...] = (),
+        devices: tuple[int, ...] | None = None,
     ) -> None:
-        self.state.assume(key, slot, request, priority, ports)
+        self.state.assume(key, slot, request, priority, ports, devices)
         self.quotas.add(namespace, request)
         self.ops.append(
             _Op("assume", key, slot, request, namespace, priority=priority, ports=ports)

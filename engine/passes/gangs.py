@@ -21,6 +21,8 @@ gang whole for a plan of moves within this shard). It is granted or denied at on
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from engine.fold import granted, part_closed
@@ -75,6 +77,7 @@ def attempt_group(p: PassContext, key: str) -> None:
     # planned for it goes first where the plan put each member (its nominated nodes,
     # as kube-scheduler tries a preemptor's nominated node first), else anywhere
     directed = e.reservations[group.reservation].placements if group.reservation else planned or {}
+    cards = e.reservations[group.reservation].devices if group.reservation else {}
     for pod in pending:
         pod.attempts += 1
         e.count("attempts")
@@ -88,7 +91,7 @@ def attempt_group(p: PassContext, key: str) -> None:
         # the domain first, then the nodes inside it: each candidate in turn, staged
         for candidate in topology.candidates:
             placed, failures = _members(
-                p, statement, pending, directed, candidate.mask, not group.reservation
+                p, statement, pending, directed, candidate.mask, not group.reservation, cards
             )
             if len(placed) >= need:
                 break
@@ -104,10 +107,12 @@ def attempt_group(p: PassContext, key: str) -> None:
                         topology.candidates, key=lambda c: (int(c.mask.sum()), c.domains)
                     ).mask
             placed, failures = _members(
-                p, statement, pending, directed, within, not group.reservation
+                p, statement, pending, directed, within, not group.reservation, cards
             )
     else:
-        placed, failures = _members(p, statement, pending, directed, None, not group.reservation)
+        placed, failures = _members(
+            p, statement, pending, directed, None, not group.reservation, cards
+        )
     if len(placed) < need and not group.reservation and not isinstance(topology, str):
         preempt_for(p, statement, pending, placed, failures, need, key)
     if len(placed) < need and topology is None and _moves_allowed(p, group.reservation):
@@ -214,10 +219,12 @@ def _members(
     directed: dict[str, str],
     within: Bools | None,
     judged: bool = True,
+    cards: Mapping[str, tuple[int, ...]] | None = None,
 ) -> tuple[Placed, dict[str, Failure]]:
     """Stage each pending member where its profile puts it (``within``: only there), or
-    where the coordinator directed it; what found no node, and why. ``judged``: the
-    extenders' answers apply (not to a part held for the coordinator)."""
+    where the coordinator directed it (on the GPU ``cards`` it chose, where still
+    free); what found no node, and why. ``judged``: the extenders' answers apply (not
+    to a part held for the coordinator)."""
     e = p.e
     placed: Placed = []
     failures: dict[str, Failure] = {}
@@ -227,7 +234,15 @@ def _members(
             failures[pod.key] = (no_profile(pod), (), {})
             continue
         if pod.key in directed:
-            failure = _directed(p, statement, pod, framework, directed[pod.key], not judged)
+            failure = _directed(
+                p,
+                statement,
+                pod,
+                framework,
+                directed[pod.key],
+                not judged,
+                cards.get(pod.key) if cards else None,
+            )
             if failure is None:
                 placed.append((pod, e.state.pods[pod.key].slot, 0))
                 continue
@@ -242,7 +257,7 @@ def _members(
         )
         p.record(pod, attempt)
         if attempt.slot >= 0:
-            statement.assume_pod(pod, attempt.slot)
+            statement.assume_pod(pod, attempt.slot, attempt.devices)  # (a policy's cards)
             placed.append((pod, attempt.slot, 0))
         else:
             d = attempt.diagnosis
@@ -272,10 +287,12 @@ def _directed(
     framework: Framework,
     node: str,
     local_only: bool = True,
+    cards: tuple[int, ...] | None = None,
 ) -> Failure | None:
     """Stage ``pod`` on ``node`` (the coordinator's choice, or a nomination) if this
     engine's state agrees it fits there: the profile's pre-filters, and its filters on
-    that node (``local_only``: those that read no other node's pods)."""
+    that node (``local_only``: those that read no other node's pods). GPU ``cards``:
+    the coordinator's choice, taken where each still has room (else the state's)."""
     e = p.e
     slot = e.state.index.get(node)
     if slot is None:
@@ -288,7 +305,10 @@ def _directed(
     # whole view; this shard sees only its own pods
     if not framework.feasible_on(cycle, pod, e.state, slot, local_only=local_only):
         return (f"{pod.key} no longer fits node {node}", ("NodeResourcesFit",), {})
-    statement.assume_pod(pod, slot)
+    gpu = e.state.gpu_of(pod.request) if cards else None
+    if cards is None or gpu is None or not e.state.cards.free_for(slot, gpu, cards):
+        cards = None  # (none chosen, or no longer free: the state chooses)
+    statement.assume_pod(pod, slot, cards)
     return None
 
 

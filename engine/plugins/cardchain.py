@@ -81,9 +81,7 @@ class _Index:
         self._rows: dict[int, Ints] = {}
 
     @classmethod
-    def of(
-        cls, state: ClusterState, units: Mapping[int, list[Unit]], pods: Mapping[str, PodInfo]
-    ) -> _Index:
+    def of(cls, handle: Handle, state: ClusterState, units: Mapping[int, list[Unit]]) -> _Index:
         keys: list[str] = []
         slots: list[int] = []
         cards: list[int] = []
@@ -93,7 +91,7 @@ class _Index:
                 placed = state.pods.get(unit[0])
                 if len(unit) != 1 or placed is None or placed.gpu is None:
                     continue
-                if pods[unit[0]].spec.group:
+                if handle.gang_member(handle.pods[unit[0]].spec):
                     continue  # (a gang of one bound member: the first search's)
                 if len(placed.devices) != 1:
                     continue
@@ -141,7 +139,7 @@ def free_card(
     if gpu is None or gpu.cards != 1 or limit <= 0:
         return None
     potential = framework.potential if framework is not None else None
-    index = _Index.of(state, units, handle.pods)
+    index = _Index.of(handle, state, units)
     sets = _card_sets(handle, pod, state, feasible, index, limit)
     best: Chain | None = None
     compared = 0

@@ -479,12 +479,18 @@ class ShardDispatch:
             statement.commit()
         rid = f"{unit.lstrip('@')}#{c.next_seq()}"
         parts: dict[int, list[tuple[PodInfo, str]]] = {}
+        cards: dict[str, tuple[int, ...]] = {}
         for pod, slot, _ in placed:
             shard = int(c.routing.slot_shard[slot])
             node = e.state.names[slot] or ""
             parts.setdefault(shard, []).append((pod, node))
-            e.place(pod.key, slot, f"{pod.key}@{rid}")
+            e.place(pod.key, slot, f"{pod.key}@{rid}", devices=p.devices.pop(pod.key, None))
             c.claim_of[pod.key] = rid
+            devices = e.state.pods[pod.key].devices
+            if devices:
+                # the view's cards (a GPU policy's choice): the shard takes the same, as
+                # one scheduler would, rather than its own best fit
+                cards[pod.key] = devices
         lead = placed[0][0]
         group = e.groups.get(lead.spec.group) if is_group_unit(unit) else None
         base = (
@@ -506,6 +512,7 @@ class ShardDispatch:
                     placements={pod.key: node for pod, node in members},
                     at_once=at_once,
                     plain=not is_group_unit(unit) and not lead.spec.group,
+                    devices={pod.key: cards[pod.key] for pod, _ in members if pod.key in cards},
                 ),
             )
         c.claim(
@@ -555,7 +562,7 @@ class ShardDispatch:
         if c.moves_refused.get(p.unit, 0) >= MAX_MOVES_REFUSED:
             refusal = (
                 f"no node fits; moving {described} would make room, but the shards "
-                f"refused to take moved pods in {MAX_MOVES_REFUSED} times"
+                f"refused its plans of moves {MAX_MOVES_REFUSED} times"
             )
             if gang:
                 # not placed: the gang waits whole (its members are told why)

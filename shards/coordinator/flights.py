@@ -70,6 +70,9 @@ class Flight:
     """Each pod's namespace and labels (:func:`label_key`): whether a flying pod may
     count for a spread constraint the coordinator decides by (see
     :meth:`shards.coordinator.ledger.Ledger.flying_match`)."""
+    moves: bool = False
+    """Handed for a plan of moves there: a hand-back counts as a refusal of moves (see
+    :data:`MAX_MOVES_REFUSED`)."""
 
 
 @dataclass(slots=True)
@@ -113,4 +116,7 @@ MOVES: Final = "/moves#"
 """In the rid of a part that takes in pods moved for a unit (the rescheduler across
 shards): ``<unit>/moves#<seq>``."""
 MAX_MOVES_REFUSED: Final = 2
-"""Refusals of such parts after which a unit's plans across shards are not tried again."""
+"""Refusals after which a unit's plans of moves are not tried again: a part of such moves
+denied, or the unit handed back by the shard it was handed to for a plan of moves there
+(that shard's engine found no plan: it sees its own pods only, and tries the same
+search, so this is rare, but it must not go on for ever)."""

@@ -69,6 +69,7 @@ class Handed(Ledger):
                 (UNKNOWN,) * len(pods)
                 if moves
                 else tuple(label_key(pod.spec.namespace, pod.spec.labels) for pod in pods),
+                moves,
             )
         if unit in self.flights:
             raise _flown_again(self.flights[unit], shard)

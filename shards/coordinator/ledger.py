@@ -150,8 +150,9 @@ class Ledger:
             "migrations_across": 0,
         }
         self.moves_refused: dict[str, int] = {}
-        """Unit → how many times a shard refused to take in pods moved for it (after
-        ``MAX_MOVES_REFUSED``, its plans across shards are not tried again)."""
+        """Unit → how many times a shard refused a plan of moves for it: to take in pods
+        moved for it, or to place it by moves (after ``MAX_MOVES_REFUSED``, its plans of
+        moves are not tried again)."""
         self._out: list[Output] = []
         self._cache: dict[tuple[object, ...], Any] = {}
         self._cache_at = (-1, -1)

@@ -156,6 +156,8 @@ class Reports(Handed):
             self._left_part(key, decision.split("@", 1)[1])
         flight = self.flights.get(key)
         if flight is not None and flight.shard == shard:
+            if flight.moves:  # its shard found no plan of moves: bounded as a gang's are
+                self.moves_refused[key] = self.moves_refused.get(key, 0) + 1
             self.land(key)
             if key in engine.pods:
                 self._requeue(key, hard=True)

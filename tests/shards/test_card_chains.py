@@ -1,15 +1,21 @@
 """The rescheduler's card search (``engine/plugins/cardchain.py``): a pod that asks for one
 card is placed by moving the pods that share a card off it, each landing directly or
 after a pod of another card steps aside for it (a chain); at 1, 2 and 4 shards, replayed
-with ``--verify``."""
+with ``--verify``, the pods it moves bound by name or placed by a GPU policy (at several
+shards, on the coordinator)."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
+from engine.passes.dispatch import Local
+from engine.plugins import cardchain
 from tests.shards.coordinator_kit import shoal
 from tests.shards.scenario_text import gpu_node, gpu_pod, pod_group, rescheduler_config
 
@@ -40,6 +46,63 @@ def test_a_chain_of_two_moves_frees_a_card(
 
 
 CHAIN = [("default/b", "node2", "node3"), ("default/a", "node1", "node2")]
+
+
+def placed_chain_case() -> str:
+    """The chain case with a and b placed by the ShoalGpu policy, each held to its two
+    nodes by GPU model (a: node1's A or node2's B; b: node2's or node3's C), all three
+    nodes in one pool: at several shards a and b are decided on the coordinator and
+    held on their shard each under a reservation part of its own, and the plan is
+    within that shard, which carries it out. node9, in a pool of its own (another
+    shard's at 2 and 4), has no room for podC."""
+    text = rescheduler_config("{}", score="ShoalGpu")
+    for name, pool, model in (("node1", "p1", "A"), ("node2", "p1", "B"), ("node3", "p1", "C")):
+        text += gpu_node(name, 1, model=model).replace("labels: {", f"labels: {{{POOL}: {pool}, ")
+    text += gpu_node("node9", 1).replace("labels: {", f"labels: {{{POOL}: p2")
+    text += gpu_pod("e", milli=100, on="node2", migratable=False)
+    text += gpu_pod("d", milli=500, on="node3", migratable=False)
+    text += gpu_pod("z", milli=500, on="node9", migratable=False)
+    text += gpu_pod("b", milli=400, models=("B", "C"), at=1)
+    text += gpu_pod("a", milli=600, models=("A", "B"), at=2)
+    return text + gpu_pod("podC", cards=1, at=10)
+
+
+POOL = "shoal.io/pool"
+
+
+@pytest.mark.parametrize("shards", SHARDS)
+def test_a_chain_moves_the_pods_a_gpu_policy_placed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
+) -> None:
+    # before, a shard took a pod held under a part of its own for a gang's member and
+    # left it to the first search: the coordinator's plan was never found there, and the
+    # pod went back and forth between them for ever
+    data, _ = shoal(tmp_path, capsys, placed_chain_case(), shards)
+    assert _moves(data) == CHAIN
+    assert data["pods"]["default/podC"]["node"] == "node1"
+
+
+@pytest.mark.parametrize("shards", (2, 4))
+def test_a_plan_its_shard_does_not_find_is_given_up_after_two_hand_backs(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    shards: int,
+) -> None:
+    """Should a shard's engine not find the plan of moves the coordinator found within
+    that shard (here made so: the shards' card search sees no pod it may move), the pod
+    handed back twice waits, saying why, instead of going back and forth for ever."""
+    found = cardchain._Index.of
+
+    def blind(handle: Any, state: Any, units: Any) -> Any:
+        return found(handle, state, {} if isinstance(handle.dispatch, Local) else units)
+
+    monkeypatch.setattr(cardchain._Index, "of", blind)
+    data, _ = shoal(tmp_path, capsys, placed_chain_case(), shards)
+    assert _moves(data) == []
+    view = data["pods"]["default/podC"]
+    assert view["node"] is None
+    assert "refused its plans of moves 2 times" in view["reason"], view
 
 
 def _moves(data: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -89,3 +152,65 @@ def test_gang_members_and_disruption_budgets_stop_a_chain(
         data, _ = shoal(where, capsys, case, 1)
         assert _moves(data) == (CHAIN if made else [])
         assert data["pods"]["default/podC"]["node"] == ("node1" if made else None)
+
+
+RUNTIMES = st.sampled_from([None, None, 5.0, 30.0])
+Share = tuple[int, int, bool, float | None]
+"""(whole cards or 0, milli-GPU of one card or 0, movable, runtime in seconds or None)."""
+
+SHARE = st.tuples(
+    st.just(0), st.sampled_from([100, 200, 300, 400, 500, 600, 700]), st.booleans(), RUNTIMES
+)
+WHOLE = st.tuples(st.just(1), st.just(0), st.just(True), RUNTIMES)
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    nodes=st.lists(
+        st.tuples(st.sampled_from([1, 2]), st.sampled_from([4, 64])), min_size=2, max_size=4
+    ),
+    pools=st.sampled_from([1, 2]),
+    args=st.sampled_from(["{}", "{maxMoves: 3}", "{budget: {percentOfPlaced: 20}}"]),
+    pods=st.lists(st.one_of(SHARE, SHARE, SHARE, WHOLE), min_size=4, max_size=14),
+)
+# found at 2 and 4 shards: the shard took another card for pod2 than the policy chose,
+# and the whole card pod3 asks for was gone
+@example(
+    nodes=[(1, 4), (2, 4)],
+    pools=1,
+    args="{}",
+    pods=[(0, 400, False, None), (0, 400, False, None), (0, 300, False, None), (1, 0, True, None)],
+)
+def test_moves_and_cards_are_one_schedulers_at_every_shard_count(
+    capsys: pytest.CaptureFixture[str],
+    nodes: list[tuple[int, int]],
+    pools: int,
+    args: str,
+    pods: list[Share],
+) -> None:
+    """GPU pods a GPU policy places, arriving one a second, some finishing, whole cards
+    among the shares (the rescheduler moves shares for them): at 1, 2 and 4 shards the
+    same moves, each pod on the same node and cards, and every log replays."""
+    text = rescheduler_config(args, score="ShoalGpu")
+    for i, (cards, cpu) in enumerate(nodes):
+        node_text = gpu_node(f"node{i}", cards, cpu=cpu)
+        text += node_text.replace("labels: {", f"labels: {{{POOL}: p{i % pools}")
+    for j, (whole, milli, movable, runtime) in enumerate(pods):
+        text += gpu_pod(
+            f"pod{j}", cards=whole, milli=milli, at=j + 1, migratable=movable, runtime=runtime
+        )
+    seen = []
+    with tempfile.TemporaryDirectory() as where:
+        for shards in SHARDS:
+            data, _ = shoal(Path(where), capsys, text, shards)
+            seen.append(
+                (
+                    _moves(data),
+                    {k: (v["node"], v.get("devices")) for k, v in data["pods"].items()},
+                )
+            )
+    assert seen[1] == seen[0] and seen[2] == seen[0]

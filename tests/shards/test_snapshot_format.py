@@ -28,7 +28,8 @@ def _as_format_2(parts: list[SnapshotTaken]) -> list[SnapshotTaken]:
     state's columns; format 5 the nodes' annotations; format 7 the pod disruption
     budgets; format 8 GPU cards counted in quotas in milli-cards; format 9 the counts a move
     budget reads and the rescheduler's memo of shapes with no plan; format 10 whether a
-    reservation part's pods are in no gang)."""
+    reservation part's pods are in no gang; format 11 the GPU cards the coordinator chose
+    for a part's pods)."""
     tree = msgspec.msgpack.decode(assemble(parts))
     tree["format"] = 2
     tree["state"] = [pair for pair in tree["state"] if pair[0] not in NEW_IN_3]
@@ -37,7 +38,7 @@ def _as_format_2(parts: list[SnapshotTaken]) -> list[SnapshotTaken]:
 
 
 def test_a_format_2_snapshot_is_refused_and_the_partition_replayed() -> None:
-    assert FORMAT == 10
+    assert FORMAT == 11
     scenario = load_scenario([ROOT / "examples" / "batch.yaml"])
 
     async def go() -> tuple[ShardWorker, list[Envelope], list[Envelope]]:
