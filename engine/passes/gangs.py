@@ -257,7 +257,7 @@ def _members(
         )
         p.record(pod, attempt)
         if attempt.slot >= 0:
-            statement.assume_pod(pod, attempt.slot, attempt.devices)  # (a policy's cards)
+            statement.assume_pod(pod, attempt.slot)
             placed.append((pod, attempt.slot, 0))
         else:
             d = attempt.diagnosis
