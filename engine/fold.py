@@ -26,7 +26,7 @@ from engine.model.groups import (
     is_group_unit,
 )
 from engine.model.reservations import COMMITTING, HELD, STAGING, Reservation, decision_id
-from engine.model.shard import ShardModel
+from engine.model.shard import AWAITED, ShardModel
 from events.types import (
     BindFailed,
     DisruptionBudgetDeleted,
@@ -62,6 +62,7 @@ from events.types import (
     ReservationGranted,
     ReservationReleased,
     ReservationRequested,
+    WorkloadShapes,
 )
 
 
@@ -281,11 +282,18 @@ def take_on(m: ShardModel, event: ReservationRequested) -> str:
         m.reservations.pop(old.reservation, None)
         m.drop_group(old.key)
     keys = tuple(spec.key for spec in event.pods)
+    # the unit the claim places (``<pod or gang>#<seq>``): its evictions' room is taken
+    m.awaited.pop(event.rid.rsplit("#", 1)[0], None)
     if event.rid in m.refused:
         return m.refused.pop(event.rid)
     held = [k for k in keys if k in m.pods]
     if held:
         return f"{held[0]} is still held here"
+    for key in event.moves:
+        if key in m.outcomes:
+            # moved away from this shard's node before (forgotten here as gone), now
+            # moved back: the same pod, running (the coordinator's view says where)
+            m.unfinish(key)
     if not all(m.another_pod(spec) for spec in event.pods if spec.key in m.outcomes):
         return "a pod of the part has already finished here"
     m.reservations[event.rid] = Reservation(
@@ -318,6 +326,18 @@ def take_on(m: ShardModel, event: ReservationRequested) -> str:
 
 def preemption_requested(m: ShardModel, event: PreemptionRequested) -> None:
     m.evicting.update(event.victims)
+    now = m.now
+    for unit, since in list(m.awaited.items()):
+        if now - since >= AWAITED:
+            del m.awaited[unit]
+    for unit in event.victims.values():
+        m.awaited[unit] = now
+
+
+def shapes_told(m: ShardModel, event: WorkloadShapes) -> None:
+    m.shapes.adopt(
+        {(cpu, milli, cards, models): n for cpu, milli, cards, models, n in event.learned}
+    )
 
 
 def granted(m: ShardModel, event: ReservationGranted) -> None:
@@ -439,6 +459,7 @@ HANDLERS: Final[dict[type, Callable[[ShardModel, Any], None]]] = {
     PodUnbound: unbound,
     ReservationRequested: reservation_requested,
     PreemptionRequested: preemption_requested,
+    WorkloadShapes: shapes_told,
     ReservationGranted: granted,
     ReservationDenied: part_closed,
     ReservationCommitted: committed,

@@ -67,7 +67,9 @@ devices of ``PlacedPod``, ``ResourceIndex.card_needs``). 7: pod disruption budge
 (``DisruptionBudgets``, ``routed_disruptions``). 8: quotas count GPU cards in
 milli-cards, shares included (``QuotaTable``); ``CardNeed.vgpu``; ``planned`` keeps
 each member's node. 10: ``Reservation.plain`` (a part of pods in no gang). 11:
-``Reservation.devices`` (the GPU cards the coordinator chose)."""
+``Reservation.devices`` (the GPU cards the coordinator chose), ``ShapeCounts.told`` (a
+shard's learnt shapes are the coordinator's), ``ShardModel.awaited`` (preemptors whose
+evictions' room a shard holds)."""
 CHUNK_BYTES: Final = 256 * 1024
 MAX_STATE_BYTES: Final = 1 << 31
 STATE_CLASSES: Final[dict[str, type]] = {

@@ -536,6 +536,17 @@ class ReservationRequested(_Fact, frozen=True, kw_only=True, tag="rsv?"):
     no policy chose): the shard chooses, best fit."""
 
 
+class WorkloadShapes(_Fact, frozen=True, kw_only=True, tag="shapes"):
+    """To every shard, from the coordinator: the pod shapes it has learnt (each
+    ``(cpu milli, milli-GPU per card, cards, GPU models, count)``, as
+    :class:`engine.model.shapes.ShapeCounts` takes them), sent when they change (at
+    totals that are powers of two or multiples of 1,024 pods: a few records in all). A
+    shard sees only the pods it holds, so a policy that reads the workload's shapes (a
+    GPU policy, consolidation) learns from these instead, as one scheduler would."""
+
+    learned: tuple[tuple[int, int, int, tuple[str, ...], int], ...]
+
+
 class PreemptionRequested(_Fact, frozen=True, kw_only=True, tag="preempt?"):
     """The coordinator's preemption plan for the pods on this shard: evict ``victims``
     (pod → the pod or gang they make room for). The preemptor is placed once the
@@ -820,6 +831,7 @@ Event = (
     | PodAdopted
     | PoolHandedOver
     | ReservationRequested
+    | WorkloadShapes
     | PreemptionRequested
     | ReservationCommitted
     | ReservationAborted

@@ -60,6 +60,15 @@ class ShapeCounts:
         self.total = 0
         self.learned: dict[ShapeKey, int] = {}
         self.version = 0
+        self.told = False
+        """Whether ``learned`` is what another engine learnt (a shard's, from the
+        coordinator: :meth:`adopt`), which this one's own counting no longer changes."""
+
+    def adopt(self, learned: dict[ShapeKey, int]) -> None:
+        """Take ``learned`` as the shapes learnt (the coordinator's, over every pod)."""
+        self.told = True
+        self.learned = learned
+        self.version += 1
 
     def __repr__(self) -> str:
         return f"ShapeCounts(shapes={len(self.counts)}, total={self.total})"
@@ -81,7 +90,7 @@ class ShapeCounts:
             counts[shape] = counts.get(shape, 0) + step
             self.total = total = total + step
             count -= step
-            if total & (total - 1) == 0 or total % EVERY == 0:
+            if (total & (total - 1) == 0 or total % EVERY == 0) and not self.told:
                 self.learned = dict(counts)
                 self.version += 1
 
@@ -90,6 +99,6 @@ class ShapeCounts:
         self.counts[shape] = self.counts.get(shape, 0) + 1
         self.total += 1
         total = self.total
-        if total & (total - 1) == 0 or total % EVERY == 0:
+        if (total & (total - 1) == 0 or total % EVERY == 0) and not self.told:
             self.learned = dict(self.counts)
             self.version += 1

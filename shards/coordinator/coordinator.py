@@ -116,6 +116,7 @@ from events.types import (
     ClockTicked,
     PodUnbound,
     ShardSummary,
+    WorkloadShapes,
 )
 from shards.coordinator.dispatch import ShardDispatch
 from shards.coordinator.flights import (
@@ -139,11 +140,14 @@ class Coordinator(Inputs):
         installed, for the configurations the log records may name any)."""
         super().__init__(sharding, config, registry)
         self.engine.dispatch = ShardDispatch(self)
+        self.shapes_told = 0
+        """The version of the view's learnt shapes last sent to the shards."""
 
     def schedule(self) -> list[Output]:
         """Run a pass of the view; return what to append (forwarded inputs first, in the
         order they were folded, then the pass's requests and decisions)."""
         self.issued = [0] * self.n
+        self._tell_shapes()
         self._timeouts()
         moves = self.engine.queue.generation
         for decision in self.engine.schedule():
@@ -155,6 +159,24 @@ class Coordinator(Inputs):
             self.send(self.control, ClockTicked())
         out, self._out = self._out, []
         return out
+
+    def _tell_shapes(self) -> None:
+        """The shapes the view learnt changed: where a profile learns its workload from
+        them (a GPU policy), every shard is told, ahead of this pass's requests
+        (``WorkloadShapes``; a few records in all: they change at totals that are
+        powers of two or multiples of 1,024 pods)."""
+        shapes = self.engine.shapes
+        if shapes.version == self.shapes_told:
+            return
+        self.shapes_told = shapes.version
+        frameworks = self.engine.profiles.frameworks.values()
+        if not any(
+            getattr(p, "learns_shapes", False) for f in frameworks for p in f.plugins.values()
+        ):
+            return  # no profile learns from them (no records for them)
+        learned = tuple((*shape, n) for shape, n in sorted(shapes.learned.items()))
+        for shard in range(self.n):
+            self.send(shard, WorkloadShapes(learned=learned))
 
     def take_back(self, event: PodUnbound) -> None:
         """The view took back ``event.pod`` (its gang rolled back): abort the claim it

@@ -123,7 +123,14 @@ from events.types import (
     ReservationRequested,
 )
 from shards.coordinator.batches import Handing, hand_batch
-from shards.coordinator.flights import ABORTING, MAX_MOVES_REFUSED, MOVES, Claim, LabelKey
+from shards.coordinator.flights import (
+    ABORTING,
+    COMMITTED,
+    MAX_MOVES_REFUSED,
+    MOVES,
+    Claim,
+    LabelKey,
+)
 from shards.coordinator.handover import Checks
 from shards.coordinator.ledger import Selecting
 from shards.coordinator.wave import Wave, Waving
@@ -168,6 +175,8 @@ class Coordinating(Handing, Waving, Protocol):
     def nominate(self, unit: str, victims: list[str], shards: Iterable[int]) -> None: ...
 
     def wait_for_owner(self, unit: str) -> None: ...
+
+    def wait_for_answers(self, unit: str) -> None: ...
 
     def take_back(self, event: PodUnbound) -> None: ...
 
@@ -570,6 +579,12 @@ class ShardDispatch:
                 return False
             p.unschedulable(lead, refusal, ("Rescheduler",))
             return True
+        if any(self._unanswered(key) for key, _, _, _ in moves):
+            # a pod the plan moves was placed under a claim its shard has not granted
+            # yet (one scheduler would have bound it): moved now, its shard could bind
+            # it where it no longer runs; the plan waits for the answer
+            c.wait_for_answers(p.unit)
+            return False
         if len(involved) == 1:
             if gang:
                 self._hand_gang(p.unit, p.unit_pods(p.unit), involved.pop(), moves=True)
@@ -586,6 +601,12 @@ class ShardDispatch:
         c.nominate(p.unit, [key for key, _, _, _ in moves], {s for s, _ in by_shard})
         c.counters["migrations_across"] += 1
         return False
+
+    def _unanswered(self, key: str) -> bool:
+        """Whether placed pod ``key`` is held under a claim not granted yet."""
+        c = self.c
+        claim = c.claims.get(c.claim_of.get(key, ""))
+        return claim is not None and claim.stage != COMMITTED
 
     def _move_in(
         self, lead: PodInfo, unit: str, shard: int, moving: list[tuple[str, int, int]]

@@ -361,6 +361,12 @@ class Ledger:
         another shard): it tries again after its back-off."""
         self._requeue(unit, backoff=True)
 
+    def wait_for_answers(self, unit: str) -> None:
+        """``unit``'s plan moves a pod whose claim is not answered yet: it is tried
+        first at the next pass (the answer starts one), as one scheduler would try it
+        at once, with that pod bound."""
+        self.ready.append(unit)
+
     def _victim_gone(self, victim: str) -> None:
         unit = self.evicting.pop(victim, None)
         if unit is None or unit not in self.nominated:

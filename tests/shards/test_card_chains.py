@@ -155,54 +155,162 @@ def test_gang_members_and_disruption_budgets_stop_a_chain(
 
 
 RUNTIMES = st.sampled_from([None, None, 5.0, 30.0])
-Share = tuple[int, int, bool, float | None]
-"""(whole cards or 0, milli-GPU of one card or 0, movable, runtime in seconds or None)."""
+Share = tuple[int, int, bool, float | None, int, int]
+"""(whole cards or 0, milli-GPU of one card or 0, movable, runtime in seconds or None,
+priority, seconds after the pod before)."""
 
 SHARE = st.tuples(
-    st.just(0), st.sampled_from([100, 200, 300, 400, 500, 600, 700]), st.booleans(), RUNTIMES
+    st.just(0),
+    st.sampled_from([100, 200, 300, 400, 500, 600, 700]),
+    st.booleans(),
+    RUNTIMES,
+    st.sampled_from([0, 0, 0, 10]),
+    st.sampled_from([0, 1, 1, 2]),
 )
-WHOLE = st.tuples(st.just(1), st.just(0), st.just(True), RUNTIMES)
+WHOLE = st.tuples(
+    st.sampled_from([1, 1, 2]),
+    st.just(0),
+    st.just(True),
+    RUNTIMES,
+    st.sampled_from([0, 0, 0, 10]),
+    st.sampled_from([0, 1, 1, 2]),
+)
+Gang = tuple[int, int, int]
+"""(members, milli-GPU of one card each or 0 for a whole card, seconds it arrives at)."""
+CONSOLIDATE = "{budget: {percentOfPlaced: 30}, consolidate: true}"
 
 
 @settings(
-    max_examples=12,
+    max_examples=15,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
     nodes=st.lists(
-        st.tuples(st.sampled_from([1, 2]), st.sampled_from([4, 64])), min_size=2, max_size=4
+        st.tuples(st.sampled_from([1, 2, 4]), st.sampled_from([4, 64])), min_size=2, max_size=4
     ),
     pools=st.sampled_from([1, 2]),
-    args=st.sampled_from(["{}", "{maxMoves: 3}", "{budget: {percentOfPlaced: 20}}"]),
+    policy=st.sampled_from(["ShoalGpu", "ShoalGpu", "GpuFragmentation", "GpuBestFit"]),
+    args=st.sampled_from(["{}", "{maxMoves: 3}", "{budget: {percentOfPlaced: 20}}", CONSOLIDATE]),
     pods=st.lists(st.one_of(SHARE, SHARE, SHARE, WHOLE), min_size=4, max_size=14),
+    gangs=st.lists(
+        st.tuples(st.integers(2, 3), st.sampled_from([0, 300, 500]), st.integers(0, 12)),
+        max_size=2,
+    ),
 )
 # found at 2 and 4 shards: the shard took another card for pod2 than the policy chose,
 # and the whole card pod3 asks for was gone
 @example(
     nodes=[(1, 4), (2, 4)],
     pools=1,
+    policy="ShoalGpu",
     args="{}",
-    pods=[(0, 400, False, None), (0, 400, False, None), (0, 300, False, None), (1, 0, True, None)],
+    pods=[(0, 400, False, None, 0, 1)] * 2
+    + [(0, 300, False, None, 0, 1), (1, 0, True, None, 0, 1)],
+    gangs=[],
+)
+# found at 2 shards: pod5's plan moved pod2 to the other shard before pod2's own shard
+# had granted its claim; that shard then bound pod2 where it no longer ran
+@example(
+    nodes=[(1, 4), (1, 4)],
+    pools=2,
+    policy="ShoalGpu",
+    args="{}",
+    pods=[
+        (0, 300, True, 5.0, 0, 0),
+        (0, 200, True, None, 0, 0),
+        (0, 200, True, None, 0, 1),
+        (0, 400, False, 30.0, 0, 0),
+        (0, 100, False, None, 0, 0),
+        (0, 600, True, 30.0, 0, 0),
+        (1, 0, True, None, 0, 2),
+        (0, 200, False, 5.0, 0, 2),
+        (2, 0, True, None, 0, 0),
+    ],
+    gangs=[(2, 500, 9), (2, 300, 3)],
+)
+@example(
+    nodes=[(1, 4), (1, 4)],
+    pools=2,
+    policy="ShoalGpu",
+    args="{}",
+    pods=[
+        (0, 200, True, None, 0, 0),
+        (0, 300, False, 5.0, 0, 0),
+        (1, 0, True, None, 0, 1),
+        (0, 600, False, None, 0, 0),
+        (1, 0, True, None, 0, 0),
+        (1, 0, True, None, 0, 1),
+        (0, 100, True, None, 0, 1),
+        (0, 500, False, None, 0, 1),
+        (0, 600, False, None, 10, 0),
+        (0, 400, False, None, 0, 1),
+    ],
+    gangs=[],
+)
+# found at 2 shards: pod3 was evicted for pod12, and before pod12 came its shard
+# consolidated pod10 into that room
+@example(
+    nodes=[(1, 4), (1, 4), (4, 4)],
+    pools=1,
+    policy="ShoalGpu",
+    args=CONSOLIDATE,
+    pods=[
+        (0, 100, True, None, 0, 2),
+        (1, 0, True, None, 0, 0),
+        (0, 100, False, None, 0, 0),
+        (1, 0, True, None, 0, 0),
+        (0, 100, True, None, 0, 1),
+        (0, 100, False, None, 10, 0),
+        (0, 100, False, None, 0, 0),
+        (1, 0, True, None, 0, 0),
+        (1, 0, True, None, 0, 0),
+        (2, 0, True, None, 10, 0),
+        (1, 0, True, None, 10, 0),
+        (1, 0, True, None, 0, 0),
+        (1, 0, True, None, 10, 0),
+    ],
+    gangs=[],
 )
 def test_moves_and_cards_are_one_schedulers_at_every_shard_count(
     capsys: pytest.CaptureFixture[str],
     nodes: list[tuple[int, int]],
     pools: int,
+    policy: str,
     args: str,
     pods: list[Share],
+    gangs: list[Gang],
 ) -> None:
-    """GPU pods a GPU policy places, arriving one a second, some finishing, whole cards
-    among the shares (the rescheduler moves shares for them): at 1, 2 and 4 shards the
-    same moves, each pod on the same node and cards, and every log replays."""
-    text = rescheduler_config(args, score="ShoalGpu")
+    """GPU pods a GPU policy places (decided on the coordinator at several shards), some
+    finishing, some of higher priority, whole cards among the shares (the rescheduler
+    moves shares for them), gangs: at 1, 2 and 4 shards the same moves, each pod on
+    the same node and cards, and every log replays. Consolidation only with one node
+    pool: at several shards each shard consolidates its own nodes
+    ([Moving pods](docs/rescheduler.md))."""
+    if args == CONSOLIDATE:
+        pools = 1
+    text = rescheduler_config(args, score=policy)
     for i, (cards, cpu) in enumerate(nodes):
         node_text = gpu_node(f"node{i}", cards, cpu=cpu)
         text += node_text.replace("labels: {", f"labels: {{{POOL}: p{i % pools}")
-    for j, (whole, milli, movable, runtime) in enumerate(pods):
+    at = 0
+    for j, (whole, milli, movable, runtime, priority, gap) in enumerate(pods):
+        at += gap
         text += gpu_pod(
-            f"pod{j}", cards=whole, milli=milli, at=j + 1, migratable=movable, runtime=runtime
+            f"pod{j}",
+            cards=whole,
+            milli=milli,
+            at=at,
+            migratable=movable,
+            runtime=runtime,
+            priority=priority or None,
         )
+    for j, (size, milli, when) in enumerate(gangs):
+        text += pod_group(f"g{j}", size, at=when)
+        for m in range(size):
+            text += gpu_pod(
+                f"g{j}-{m}", cards=0 if milli else 1, milli=milli, at=when, group=f"g{j}"
+            )
     seen = []
     with tempfile.TemporaryDirectory() as where:
         for shards in SHARDS:

@@ -29,7 +29,8 @@ def _as_format_2(parts: list[SnapshotTaken]) -> list[SnapshotTaken]:
     budgets; format 8 GPU cards counted in quotas in milli-cards; format 9 the counts a move
     budget reads and the rescheduler's memo of shapes with no plan; format 10 whether a
     reservation part's pods are in no gang; format 11 the GPU cards the coordinator chose
-    for a part's pods)."""
+    for a part's pods, and whether a shard's learnt shapes are the coordinator's, and the preemptors a
+    shard holds room for)."""
     tree = msgspec.msgpack.decode(assemble(parts))
     tree["format"] = 2
     tree["state"] = [pair for pair in tree["state"] if pair[0] not in NEW_IN_3]

@@ -160,6 +160,11 @@ class GpuFragmentation(CachedScore):
 
     # ------------------------------------------------------------------ the workload
 
+    @property
+    def learns_shapes(self) -> bool:
+        """Whether its workload is learnt from the engine's shapes (none was given)."""
+        return self.given is None
+
     def weights(self, workload: TargetWorkload) -> TargetWorkload:
         """The weights the gradient uses (FGD: the workload's own)."""
         return workload
