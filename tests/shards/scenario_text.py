@@ -80,9 +80,13 @@ spec:
 ---"""
 
 
-def gpu_node(name: str, cards: int, *, model: str = "", cpu: int = 64) -> str:
-    """A node with ``cards`` GPU cards (of ``model``, as GPU feature discovery labels it)."""
-    labels = f"nvidia.com/gpu.product: {model}" if model else ""
+def gpu_node(name: str, cards: int, *, model: str = "", cpu: int = 64, pool: str = "") -> str:
+    """A node with ``cards`` GPU cards (of ``model``, as GPU feature discovery labels it),
+    in node pool ``pool`` (``shoal.io/pool``; none: the default pool)."""
+    pairs = ([f"nvidia.com/gpu.product: {model}"] if model else []) + (
+        [f"shoal.io/pool: {pool}"] if pool else []
+    )
+    labels = ", ".join(pairs)
     return f"""
 apiVersion: v1
 kind: Node

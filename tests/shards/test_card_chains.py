@@ -37,10 +37,15 @@ def chain_case(args: str = "{}", *, protected: str = "") -> str:
 
 
 @pytest.mark.parametrize("shards", SHARDS)
+@pytest.mark.parametrize("placed", ["by name", "by a GPU policy"])
 def test_a_chain_of_two_moves_frees_a_card(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int, placed: str
 ) -> None:
-    data, _ = shoal(tmp_path, capsys, chain_case(), shards)
+    # placed by a GPU policy, before: a shard took a pod held under a part of its own
+    # for a gang's member and left it to the first search, so the coordinator's plan
+    # was never found there, and the pod went back and forth between them for ever
+    case = chain_case() if placed == "by name" else placed_chain_case()
+    data, _ = shoal(tmp_path, capsys, case, shards)
     assert _moves(data) == CHAIN
     assert data["pods"]["default/podC"]["node"] == "node1"
 
@@ -56,30 +61,15 @@ def placed_chain_case() -> str:
     within that shard, which carries it out. node9, in a pool of its own (another
     shard's at 2 and 4), has no room for podC."""
     text = rescheduler_config("{}", score="ShoalGpu")
-    for name, pool, model in (("node1", "p1", "A"), ("node2", "p1", "B"), ("node3", "p1", "C")):
-        text += gpu_node(name, 1, model=model).replace("labels: {", f"labels: {{{POOL}: {pool}, ")
-    text += gpu_node("node9", 1).replace("labels: {", f"labels: {{{POOL}: p2")
+    for name, model in (("node1", "A"), ("node2", "B"), ("node3", "C")):
+        text += gpu_node(name, 1, model=model, pool="p1")
+    text += gpu_node("node9", 1, pool="p2")
     text += gpu_pod("e", milli=100, on="node2", migratable=False)
     text += gpu_pod("d", milli=500, on="node3", migratable=False)
     text += gpu_pod("z", milli=500, on="node9", migratable=False)
     text += gpu_pod("b", milli=400, models=("B", "C"), at=1)
     text += gpu_pod("a", milli=600, models=("A", "B"), at=2)
     return text + gpu_pod("podC", cards=1, at=10)
-
-
-POOL = "shoal.io/pool"
-
-
-@pytest.mark.parametrize("shards", SHARDS)
-def test_a_chain_moves_the_pods_a_gpu_policy_placed(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
-) -> None:
-    # before, a shard took a pod held under a part of its own for a gang's member and
-    # left it to the first search: the coordinator's plan was never found there, and the
-    # pod went back and forth between them for ever
-    data, _ = shoal(tmp_path, capsys, placed_chain_case(), shards)
-    assert _moves(data) == CHAIN
-    assert data["pods"]["default/podC"]["node"] == "node1"
 
 
 @pytest.mark.parametrize("shards", (2, 4))
@@ -291,8 +281,7 @@ def test_moves_and_cards_are_one_schedulers_at_every_shard_count(
         pools = 1
     text = rescheduler_config(args, score=policy)
     for i, (cards, cpu) in enumerate(nodes):
-        node_text = gpu_node(f"node{i}", cards, cpu=cpu)
-        text += node_text.replace("labels: {", f"labels: {{{POOL}: p{i % pools}")
+        text += gpu_node(f"node{i}", cards, cpu=cpu, pool=f"p{i % pools}")
     at = 0
     for j, (whole, milli, movable, runtime, priority, gap) in enumerate(pods):
         at += gap

@@ -29,8 +29,7 @@ DEFRAGMENTATION = "shoal.io/defragmentation"
 def pooled_node(i: int, cards: int) -> str:
     """``node{i}`` of pool ``p{i % POOLS}``: pools go to shards in turn as they first
     appear, so at N shards node i belongs to shard ``i % POOLS % N``."""
-    text = gpu_node(f"node{i}", cards)
-    return text.replace("labels: {}", f"labels: {{shoal.io/pool: p{i % POOLS}}}")
+    return gpu_node(f"node{i}", cards, pool=f"p{i % POOLS}")
 
 
 def shard_of(node: str, shards: int) -> int:

@@ -19,7 +19,6 @@ from tests.builders import make_pod
 from tests.shards.coordinator_kit import records, shoal
 from tests.shards.scenario_text import gpu_node, gpu_pod, rescheduler_config
 
-POOL = "shoal.io/pool"
 GIVEN = """
   - name: ShoalGpu
     args: {targetWorkload: [{cpu: 1, gpuMilli: 500, weight: 1}]}"""
@@ -32,7 +31,7 @@ def scenario(millis: list[int], *, given_workload: bool = False, score: str = "S
     if given_workload:
         text = text.replace("  pluginConfig:", "  pluginConfig:" + GIVEN)
     for i in range(4):
-        text += gpu_node(f"node{i}", 1).replace("labels: {", f"labels: {{{POOL}: p{i % 2}")
+        text += gpu_node(f"node{i}", 1, pool=f"p{i % 2}")
     for j, milli in enumerate(millis):
         text += gpu_pod(f"pod{j}", milli=milli, at=j)
     return text
