@@ -34,6 +34,15 @@ class Profiles:
     def framework_for(self, pod: PodInfo) -> Framework | None:
         return self.frameworks.get(pod.spec.scheduler_name or DEFAULT_SCHEDULER)
 
+    def learn_shapes(self) -> bool:
+        """Whether a plugin of some profile learns its workload from the engine's pod
+        shapes (a GPU policy given no target workload)."""
+        return any(
+            getattr(plugin, "learns_shapes", False)
+            for framework in self.frameworks.values()
+            for plugin in framework.plugins.values()
+        )
+
     def events_for(self, pod: PodInfo, plugins: tuple[str, ...]) -> frozenset[ClusterEvent]:
         """Events that may help ``pod``, which ``plugins`` rejected (none without a
         profile: nothing will)."""

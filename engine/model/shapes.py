@@ -90,15 +90,17 @@ class ShapeCounts:
             counts[shape] = counts.get(shape, 0) + step
             self.total = total = total + step
             count -= step
-            if (total & (total - 1) == 0 or total % EVERY == 0) and not self.told:
-                self.learned = dict(counts)
-                self.version += 1
+            self._learn_at(total)
 
     def add_shape(self, shape: ShapeKey) -> None:
         """Count a pod of ``shape`` (derived once for pods of one template)."""
         self.counts[shape] = self.counts.get(shape, 0) + 1
         self.total += 1
-        total = self.total
+        self._learn_at(self.total)
+
+    def _learn_at(self, total: int) -> None:
+        """Take the counts as learnt at a power of two or a multiple of ``EVERY`` (not
+        once told another engine's)."""
         if (total & (total - 1) == 0 or total % EVERY == 0) and not self.told:
             self.learned = dict(self.counts)
             self.version += 1

@@ -86,7 +86,7 @@ def _move_one(p: PassContext, rescheduler: Rescheduler) -> bool:
     epoch = (e.released_total, e.placed_total // RETRY_PLACED)
     if e.consolidation_epoch == epoch:
         return False  # the last search found nothing, and nothing that could change it did
-    if e.awaited and e.awaits_preemptors():
+    if e.awaits_preemptors():
         return False  # room evicted for a pod the coordinator places here: not ours
     framework = rescheduler.handle.framework_for
     state = e.state

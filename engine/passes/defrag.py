@@ -63,7 +63,7 @@ def defragment(p: PassContext, budget: Budget, cap: int | None = None) -> None:
         left = min(left, cap)
     if left <= 0 or (not cards.rows and not cards.count.any()):
         return
-    if e.awaited and e.awaits_preemptors():
+    if e.awaits_preemptors():
         return  # room evicted for a pod the coordinator places here: not ours to fill
     count = cards.count
     busy_cards = (cards.free != WHOLE).sum(axis=1) - (cards.free == ABSENT).sum(axis=1)

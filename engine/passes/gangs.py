@@ -305,9 +305,10 @@ def _directed(
     # whole view; this shard sees only its own pods
     if not framework.feasible_on(cycle, pod, e.state, slot, local_only=local_only):
         return (f"{pod.key} no longer fits node {node}", ("NodeResourcesFit",), {})
-    gpu = e.state.gpu_of(pod.request) if cards else None
-    if cards is None or gpu is None or not e.state.cards.free_for(slot, gpu, cards):
-        cards = None  # (none chosen, or no longer free: the state chooses)
+    if cards is not None:
+        gpu = e.state.gpu_of(pod.request)
+        if gpu is None or not e.state.cards.free_for(slot, gpu, cards):
+            cards = None  # no longer free: the state chooses
     statement.assume_pod(pod, slot, cards)
     return None
 

@@ -169,10 +169,7 @@ class Coordinator(Inputs):
         if shapes.version == self.shapes_told:
             return
         self.shapes_told = shapes.version
-        frameworks = self.engine.profiles.frameworks.values()
-        if not any(
-            getattr(p, "learns_shapes", False) for f in frameworks for p in f.plugins.values()
-        ):
+        if not self.engine.profiles.learn_shapes():
             return  # no profile learns from them (no records for them)
         learned = tuple((*shape, n) for shape, n in sorted(shapes.learned.items()))
         for shard in range(self.n):

@@ -488,18 +488,13 @@ class ShardDispatch:
             statement.commit()
         rid = f"{unit.lstrip('@')}#{c.next_seq()}"
         parts: dict[int, list[tuple[PodInfo, str]]] = {}
-        cards: dict[str, tuple[int, ...]] = {}
         for pod, slot, _ in placed:
             shard = int(c.routing.slot_shard[slot])
             node = e.state.names[slot] or ""
             parts.setdefault(shard, []).append((pod, node))
             e.place(pod.key, slot, f"{pod.key}@{rid}", devices=p.devices.pop(pod.key, None))
             c.claim_of[pod.key] = rid
-            devices = e.state.pods[pod.key].devices
-            if devices:
-                # the view's cards (a GPU policy's choice): the shard takes the same, as
-                # one scheduler would, rather than its own best fit
-                cards[pod.key] = devices
+        view = e.state.pods
         lead = placed[0][0]
         group = e.groups.get(lead.spec.group) if is_group_unit(unit) else None
         base = (
@@ -521,7 +516,13 @@ class ShardDispatch:
                     placements={pod.key: node for pod, node in members},
                     at_once=at_once,
                     plain=not is_group_unit(unit) and not lead.spec.group,
-                    devices={pod.key: cards[pod.key] for pod, _ in members if pod.key in cards},
+                    # the view's cards (a GPU policy's choice): the shard takes the
+                    # same, as one scheduler would, rather than its own best fit
+                    devices={
+                        pod.key: view[pod.key].devices
+                        for pod, _ in members
+                        if view[pod.key].devices
+                    },
                 ),
             )
         c.claim(
