@@ -13,7 +13,8 @@ time that has come (a back-off, a reservation or prepare time-out) appends a
 sees the same time.
 
 ``SHOAL_PROFILE_SHARD=PATH`` makes each shard process write a cProfile of its run to
-``PATH.<shard>`` when it stops (profile before optimising).
+``PATH.<shard>`` when it stops, and ``SHOAL_PROFILE_COORDINATOR=PATH`` the coordinator
+process to ``PATH`` (profile before optimising).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 from engine.config import SchedulerConfig
 from engine.model.pools import Sharding
@@ -115,17 +116,25 @@ async def run_shard(
     then schedule until ``stop``, writing a snapshot every ``snapshot_every`` records
     (and at least ``snapshot_per_pod`` records per pod held)."""
     profile_to = os.environ.get("SHOAL_PROFILE_SHARD")
-    profiler = cProfile.Profile() if profile_to else None
-    if profiler is not None:
-        profiler.enable()
-    try:
+    with _profiled(f"{profile_to}.{shard}" if profile_to else None):
         return await _run_shard(
             bus, shard, config, stop, clock, idle_wait, snapshot_every, snapshot_per_pod
         )
+
+
+@contextlib.contextmanager
+def _profiled(path: str | None) -> Iterator[None]:
+    """A cProfile of the block, written to ``path`` (nothing without one)."""
+    if not path:
+        yield
+        return
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        yield
     finally:
-        if profiler is not None and profile_to:
-            profiler.disable()
-            profiler.dump_stats(f"{profile_to}.{shard}")
+        profiler.disable()
+        profiler.dump_stats(path)
 
 
 async def _run_shard(
@@ -180,6 +189,21 @@ async def run_coordinator(
 ) -> ControlWorker:
     """The router and coordinator: fold the control partition, relay shards' reports,
     forward, until ``stop``. Restarted, it appends only what its predecessor had not."""
+    with _profiled(os.environ.get("SHOAL_PROFILE_COORDINATOR")):
+        return await _run_coordinator(
+            bus, stop, clock, idle_wait, on_poll, snapshot_every, snapshot_per_pod
+        )
+
+
+async def _run_coordinator(
+    bus: EventLog,
+    stop: asyncio.Event,
+    clock: Clock,
+    idle_wait: float,
+    on_poll: Callable[[ControlWorker], None] | None,
+    snapshot_every: int,
+    snapshot_per_pod: int,
+) -> ControlWorker:
     sharding = await sharding_from_log(bus)
     worker = ControlWorker(
         Coordinator(sharding),
