@@ -181,6 +181,7 @@ class Retaining(Protocol):
     dirty: dict[str, None]
     held: dict[str, list[int]]
     planned: dict[str, dict[str, str]]
+    planned_cards: dict[str, dict[str, tuple[int, ...]]]
     broken: dict[str, str]
     dependents: dict[str, dict[str, None]]
     depending: dict[str, None]
@@ -210,7 +211,7 @@ def forget_finished(m: Retaining) -> None:
                 continue
             del m.groups[key]
             m.queue.remove(name)
-            for held in (m.waiting, m.dirty, m.held, m.planned):
+            for held in (m.waiting, m.dirty, m.held, m.planned, m.planned_cards):
                 held.pop(name, None)
             m.broken.pop(key, None)
             m.dependents.pop(key, None)

@@ -225,6 +225,10 @@ class ShardModel:
         evictions make room for, each with the node planned for it: the attempt after
         them places those, there first, and the others go back to the queue as ordinary
         pods, as one scheduler's evicting attempt does."""
+        self.planned_cards: dict[str, dict[str, tuple[int, ...]]] = {}
+        """For a gang of ``planned``: the GPU cards planned for its members that take
+        any (those its victims free, as one scheduler's evicting attempt takes them):
+        the attempt after the evictions takes them where still free."""
         self.held: dict[str, list[int]] = {}
         """Units → nodes their victims left (the coordinator's view, which sees the
         evictions one by one): parked pods hear of that room only once the unit was

@@ -58,6 +58,7 @@ def attempt_group(p: PassContext, key: str) -> None:
     group.attempts += 1
     need = group.min_member - (len(members) - len(pending))
     planned = e.planned.pop(group_unit(key), None)
+    planned_cards = e.planned_cards.pop(group_unit(key), {})
     later: list[PodInfo] = []
     if planned is not None:
         # after the evictions planned for it: the members they made room for, the
@@ -74,10 +75,11 @@ def attempt_group(p: PassContext, key: str) -> None:
             e.queue.add(pod.key, pod.priority, pod.seq, e.queue_of(pod.spec.namespace))
         return
     # a part held for the coordinator goes where it chose; a gang after the evictions
-    # planned for it goes first where the plan put each member (its nominated nodes,
-    # as kube-scheduler tries a preemptor's nominated node first), else anywhere
+    # planned for it goes first where the plan put each member (its nominated nodes and
+    # the cards its victims free, as kube-scheduler tries a preemptor's nominated node
+    # first and one scheduler's evicting attempt takes them), else anywhere
     directed = e.reservations[group.reservation].placements if group.reservation else planned or {}
-    cards = e.reservations[group.reservation].devices if group.reservation else {}
+    cards = e.reservations[group.reservation].devices if group.reservation else planned_cards
     for pod in pending:
         pod.attempts += 1
         e.count("attempts")

@@ -227,36 +227,9 @@ def stage(
     plan: Plan,
 ) -> bool:
     """Lift the plan's pods, place ``pod`` on its node and each lifted pod elsewhere (by
-    its own profile); undo this trial and say False if any step fails."""
-    for where in _destinations(handle, state, plan.slot):
-        if _stage_within(handle, statement, framework, pod, state, plan, where):
-            return True
-    return False
-
-
-def _destinations(handle: Handle, state: ClusterState, slot: int) -> list[Bools | None]:
-    """Where moved pods may go, in the order tried: anywhere (an engine that owns its
-    nodes); for the coordinator's view, nodes of the shard that owns ``slot`` (a plan
-    that shard carries out alone), then nodes of other shards (moves across shards,
-    carried out in two steps), then anywhere."""
-    owners = handle.slot_owners()
-    if owners is None or slot >= len(owners):
-        return [None]
-    column = np.full(state.capacity, -1, dtype=np.int64)
-    column[: min(len(owners), state.capacity)] = owners[: state.capacity]
-    same = column == owners[slot]
-    return [same, ~same & (column >= 0), None]
-
-
-def _stage_within(
-    handle: Handle,
-    statement: Statement,
-    framework: Any,
-    pod: PodInfo,
-    state: ClusterState,
-    plan: Plan,
-    where: Bools | None,
-) -> bool:
+    its own profile, on any node, as one engine that owns every node would: at the
+    coordinator too, a move may land on another shard, and is then carried out in two
+    steps); undo this trial and say False if any step fails."""
     mark = len(statement.ops)
     pods = handle.pods
     origins = {key: statement.lift(key, pods[key].spec.namespace, pod.key) for key in plan.moved}
@@ -270,8 +243,6 @@ def _stage_within(
                 fits = False
                 break
             feasible = own.feasible(CycleState(), moved, state)
-            if where is not None:
-                feasible = feasible & where
             feasible[plan.slot] = False  # a move back is no move
             feasible[origins[key]] = False
             if not np.any(feasible):

@@ -202,6 +202,7 @@ class Coordinator(Inputs):
             if not self.fresh(since):
                 del self.nominated[unit]
                 self.engine.planned.pop(unit, None)
+                self.engine.planned_cards.pop(unit, None)
                 for slot in self.engine.held.pop(unit, []):
                     self.engine.fire(ClusterEvent.POD_FREED, slot)
                 for victim in victims:

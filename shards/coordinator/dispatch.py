@@ -106,7 +106,7 @@ import numpy.typing as npt
 from engine.framework.runtime import Framework
 from engine.model.groups import GroupInfo, is_group_unit
 from engine.model.pods import PodInfo
-from engine.model.state import Ints
+from engine.model.state import Ints, held_devices
 from engine.model.statement import Statement
 from engine.passes.context import PassContext
 from engine.passes.dispatch import Placed, Route
@@ -477,12 +477,13 @@ class ShardDispatch:
                 if op.kind == "evict":
                     shard = int(c.routing.slot_shard[op.slot])
                     victims.setdefault(shard, {})[op.key] = op.by or unit.lstrip("@")
+            cards = held_devices(e.state, [pod.key for pod, _, _ in placed])
             statement.discard()  # the view keeps the victims until their shards evict them
             for shard in sorted(victims):
                 c.send(shard, PreemptionRequested(victims=victims[shard]))
             c.nominate(unit, [v for part in victims.values() for v in part], victims)
             if is_group_unit(unit):
-                e.planned[unit] = {pod.key: e.state.names[slot] or "" for pod, slot, _ in placed}
+                self._plan(unit, placed, cards)
             return False
         if statement is not None:
             statement.commit()
@@ -566,6 +567,7 @@ class ShardDispatch:
         described = ", ".join(
             f"{key} from {names[origin]} to {names[slot]}" for key, origin, slot, _ in moves
         )
+        cards = held_devices(c.engine.state, [pod.key for pod, _, _ in placed])
         statement.discard()
         lead = placed[0][0]
         gang = is_group_unit(p.unit)
@@ -600,8 +602,19 @@ class ShardDispatch:
         for (shard, _), moving in sorted(by_shard.items()):
             self._move_in(lead, p.unit, shard, moving)
         c.nominate(p.unit, [key for key, _, _, _ in moves], {s for s, _ in by_shard})
+        if gang:
+            self._plan(p.unit, placed, cards)
         c.counters["migrations_across"] += 1
         return False
+
+    def _plan(self, unit: str, placed: Placed, cards: dict[str, tuple[int, ...]]) -> None:
+        """Remember where gang ``unit``'s attempt put its members (nodes and GPU cards),
+        for its attempt once the evictions or moves it waits for are done: one
+        scheduler places them there in the same step."""
+        e = self.c.engine
+        e.planned[unit] = {pod.key: e.state.names[slot] or "" for pod, slot, _ in placed}
+        if cards:
+            e.planned_cards[unit] = cards
 
     def _unanswered(self, key: str) -> bool:
         """Whether placed pod ``key`` is held under a claim not granted yet."""

@@ -1,0 +1,90 @@
+"""A gang placed by the coordinator after the evictions or moves it planned: its members
+take the nodes and GPU cards that plan gave each of them, as one scheduler places them
+in the same step as its evictions or moves; and moved pods land where one scheduler
+would land them, on any shard's node. At 1, 2 and 4 shards, replayed with ``--verify``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.shards.coordinator_kit import shoal
+from tests.shards.scenario_text import gpu_node, gpu_pod, pod_group, rescheduler_config
+
+SHARDS = (1, 2, 4)
+
+
+def _cards(data: dict[str, Any], *names: str) -> list[tuple[str, list[int]]]:
+    return [
+        (data["pods"][f"default/{n}"]["node"], data["pods"][f"default/{n}"].get("devices"))
+        for n in names
+    ]
+
+
+@pytest.mark.parametrize("shards", SHARDS)
+def test_a_gang_that_preempts_takes_the_cards_its_victims_free(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
+) -> None:
+    """node0's card 0 runs a (300m) and b (500m), its card 1 runs c (600m); node1, in
+    another pool, runs a whole-card pod of priority 1000. Gang g (two whole-card members
+    of priority 100) preempts on node0: kube-scheduler's victim order keeps the pods that
+    started first, so g-0 evicts c and takes card 1, and g-1 evicts a and b and takes
+    card 0. Before, at several shards the gang was placed after the evictions on the
+    best-fitting cards: g-0 on card 0, g-1 on card 1."""
+    text = gpu_node("node0", 2, pool="p0") + gpu_node("node1", 1, pool="p1")
+    text += gpu_pod("keep", cards=1, on="node1", priority=1000)
+    text += gpu_pod("a", milli=300, on="node0", at=1)
+    text += gpu_pod("b", milli=500, on="node0", at=2)
+    text += gpu_pod("c", milli=600, on="node0", at=3)
+    text += pod_group("g", 2, at=10)
+    text += "".join(gpu_pod(f"g-{i}", cards=1, group="g", priority=100, at=10) for i in (0, 1))
+    data, _ = shoal(tmp_path, capsys, text, shards)
+    assert [data["pods"][f"default/{n}"]["phase"] for n in "abc"] == ["Failed"] * 3
+    assert _cards(data, "g-0", "g-1") == [("node0", [1]), ("node0", [0])]
+
+
+@pytest.mark.parametrize("shards", SHARDS)
+def test_a_gang_placed_by_a_move_across_pools_keeps_each_member_where_planned(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
+) -> None:
+    """Gang g (two whole-card members) finds one free card, nodeA's: g-0 takes it, and
+    g-1 has room once x (100m) moves off nodeB onto nodeC, in another pool (another
+    shard's at 2 and 4 shards: a move in two steps). Before, after that move the gang was
+    placed again from scratch, g-0 first, on nodeB; and moved pods went first to nodes of
+    the shard the plan's node is on."""
+    text = rescheduler_config("{}", score="GpuBestFit")
+    text += gpu_node("nodeB", 1, pool="p1", cpu=8) + gpu_node("nodeA", 1, pool="p0")
+    text += gpu_node("nodeC", 1, pool="p0") + gpu_node("nodeD", 2, pool="p1")
+    text += gpu_pod("x", milli=100, on="nodeB")
+    text += gpu_pod("y", milli=500, on="nodeC", migratable=False)
+    text += gpu_pod("z", milli=950, on="nodeD", migratable=False)
+    text += gpu_pod("w", cards=1, on="nodeD", migratable=False)
+    text += pod_group("g", 2, at=10)
+    text += "".join(gpu_pod(f"g-{i}", cards=1, group="g", at=10) for i in (0, 1))
+    data, _ = shoal(tmp_path, capsys, text, shards)
+    moves = [(m["pod"], m["from"], m["to"]) for m in data["migrations"]]
+    assert moves == [("default/x", "nodeB", "nodeC")]
+    assert _cards(data, "g-0", "g-1") == [("nodeA", [0]), ("nodeB", [0])]
+
+
+@pytest.mark.parametrize("shards", SHARDS)
+def test_a_moved_pod_lands_on_the_best_node_of_any_shard(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
+) -> None:
+    """podW (a whole card) fits only once x (100m) leaves nodeP's card. By GpuBestFit, x
+    lands best on nodeR (150m free), in another pool (another shard's at 2 and 4
+    shards), not on nodeQ (900m free), in nodeP's pool. Before, at several shards the
+    coordinator landed moved pods first on nodes of the shard the plan's node is on."""
+    text = rescheduler_config("{}", score="GpuBestFit")
+    text += gpu_node("nodeP", 1, pool="p1") + gpu_node("nodeQ", 1, pool="p1")
+    text += gpu_node("nodeR", 1, pool="p0")
+    text += gpu_pod("x", milli=100, on="nodeP")
+    text += gpu_pod("q", milli=100, on="nodeQ", migratable=False)
+    text += gpu_pod("r", milli=850, on="nodeR", migratable=False)
+    text += gpu_pod("podW", cards=1, at=10)
+    data, _ = shoal(tmp_path, capsys, text, shards)
+    moves = [(m["pod"], m["from"], m["to"]) for m in data["migrations"]]
+    assert moves == [("default/x", "nodeP", "nodeR")]
+    assert _cards(data, "podW") == [("nodeP", [0])]
