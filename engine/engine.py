@@ -34,12 +34,13 @@ from engine.passes.dispatch import Dispatch, Local
 from engine.passes.explain import Explanation
 from engine.passes.run import SchedulingPass
 from engine.plugins.registry import builtin_registry
-from engine.refusals import CHECKED, MAX_TIME, refused
+from engine.refusals import CHECKED, MAX_TIME, refusal, refused
 from events.errors import InputError
 from events.types import (
     SECOND,
     Envelope,
     Event,
+    PodRouted,
     PodSpec,
     PodSubmitted,
     SchedulerConfigured,
@@ -158,6 +159,51 @@ class Engine(ShardModel):
             fenced = self.pools.fenced if self.pools.exclusive else None
         if specs:
             self.counters["events"] += len(specs)
+            submit_all(self, specs)
+
+    def apply_handed(self, envelopes: Sequence[Envelope]) -> None:
+        """:meth:`apply` for each of ``envelopes`` (a shard's new records), in order, the
+        pods the coordinator hands over in a row (``PodRouted``, new here, no later than
+        ``now``) folded in bulk: each is noted as handed over with its decision, and
+        they are submitted together (:func:`engine.model.bulk.submit_all`), the state
+        the one-by-one fold leaves. What a shard process saves per pod handed over is
+        the derivation of its facts (once per template, not per pod).
+
+        Exact because nothing the one-by-one fold does for a hand-over reads what the
+        others change: its checks (the pod's quantities, its time, whether it is new
+        here) are made per record, as :meth:`apply` makes them; a pod told twice, or
+        one named like a pod that finished, goes through :meth:`apply` in its place."""
+        specs: list[PodSpec] = []
+        taking: set[str] = set()
+        pods = self.pods
+        outcomes = self.outcomes
+        for envelope in envelopes:
+            event = envelope.event
+            if (
+                type(event) is PodRouted
+                and 0 <= envelope.time <= self.now
+                and not self.next_runs
+                and (key := event.pod.key) not in pods
+                and key not in outcomes
+                and key not in taking
+                and refusal(event) is None
+            ):
+                self.counters["events"] += 1
+                if envelope.causation > self.seen and envelope.producer == "router":
+                    self.seen = envelope.causation
+                self.delegated[key] = event.decision_id
+                if event.disruptions is not None:
+                    self.routed_disruptions[key] = dict(event.disruptions)
+                self.arrived[key] = None
+                specs.append(event.pod)
+                taking.add(key)
+                continue
+            if specs:
+                submit_all(self, specs)
+                specs = []
+                taking.clear()
+            self.apply(envelope)
+        if specs:
             submit_all(self, specs)
 
     def apply_decision(self, event: Event) -> None:

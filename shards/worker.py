@@ -269,14 +269,16 @@ class ShardWorker:
         last_input = owed
         name = self.name
         own_until = self._own_until
+        folding: list[Envelope] = []
         for env in records:
             if env.offset < own_until and env.producer == name:
                 continue
             if isinstance(env.event, SnapshotTaken) and env.producer == name:
                 continue  # a predecessor's: folding it changes nothing
-            engine.apply(env)
+            folding.append(env)
             if not is_output_of(env, name):
                 last_input = env.offset  # the router forwards decisions too: inputs here
+        engine.apply_handed(folding)
         if engine.unfolded:
             await self._quarantine(engine.unfolded)
         if last_input < 0:
