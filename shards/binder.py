@@ -67,8 +67,11 @@ class Binder:
             return 0
         decided: list[Envelope] = []
         voice: list[Envelope] = []
+        moves: list[Envelope] = []
         for env in records:
             event = env.event
+            if moves and not isinstance(event, PodMigrated):
+                decided += self._move(moves, now)
             if isinstance(event, PodBound):
                 if event.decision_id in self.failed:
                     continue
@@ -77,15 +80,21 @@ class Binder:
             elif isinstance(event, PodUnbound):
                 self.cluster.unbind(event)
             elif isinstance(event, PodMigrated):
-                if env.producer == "router":
-                    continue  # the relayed copy of a move seen in its shard's partition
-                for e in self.cluster.migrate(event, now):
-                    decided.append(self._envelope(e, now, env, "binder"))
+                if env.producer == "router" or env.stream == "relay" or (
+                    event.decision_id in self.failed
+                ):
+                    # a copy of a move seen in its shard's partition: the router's
+                    # forward, or the coordinator's relay of it (applied again, a move
+                    # the cluster refused would be made after all, unknown to the shards)
+                    continue
+                moves.append(env)
             elif self.shards == 1 or (
                 env.stream != "relay" if partition == self.inputs else not _forwarded(env)
             ):
                 for e in self.cluster.observe(env):
                     voice.append(self._envelope(e, now, env, "cluster"))
+        if moves:
+            decided += self._move(moves, now)
         if self.shards == 1:
             out = decided + voice
             if out:
@@ -97,6 +106,15 @@ class Binder:
         if voice:
             await self.log.append(voice, self.inputs)
         return len(decided) + len(voice)
+
+    def _move(self, moves: list[Envelope], now: int) -> list[Envelope]:
+        """Carry out moves that follow one another in a partition (a plan's) as one
+        step (:meth:`SimulatedCluster.migrate_all`); empties ``moves``."""
+        decisions = [env.event for env in moves if isinstance(env.event, PodMigrated)]
+        failed = self.cluster.migrate_all(decisions, now)
+        out = [self._envelope(event, now, moves[i], "binder") for i, event in failed]
+        moves.clear()
+        return out
 
     @staticmethod
     def _envelope(event: Event, now: int, cause: Envelope, producer: str) -> Envelope:

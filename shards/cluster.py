@@ -189,22 +189,56 @@ class SimulatedCluster:
         """A running pod moves: it stops where it runs and starts again on its new node
         under the new decision (its runtime starts again). A move the new node cannot
         hold fails like a binding (``BindFailed`` for the new decision)."""
-        current = self.running.get(decision.pod)
-        if current is not None and current[1] == decision.decision_id:
-            return []  # the same move seen twice (a relayed copy)
-        spec = self.specs.get(decision.pod)
-        if current is not None:
-            self._stop(decision.pod)
-        if spec is not None:
-            self.specs[decision.pod] = spec
-        bound = PodBound(
-            pod=decision.pod,
-            node=decision.to_node,
-            decision_id=decision.decision_id,
-            attempt=0,
-            devices=decision.devices,
-        )
-        return self.bind(bound, now)
+        return [event for _, event in self.migrate_all([decision], now)]
+
+    def migrate_all(self, decisions: list[PodMigrated], now: int) -> list[tuple[int, Event]]:
+        """Moves made together (a plan's, one after another in a partition): every
+        moving pod stops first, then each starts on its new node, in order, so a plan
+        that swaps pods between nodes fits as its scheduler found it did (one by one,
+        a pod could meet the pod it replaces still running). A pod moved again starts
+        a new step at that move. What failed: the index of the decision and its
+        ``BindFailed``."""
+        failed: list[tuple[int, Event]] = []
+        step: list[int] = []
+        pods: set[str] = set()
+        for i, decision in enumerate(decisions):
+            if decision.pod in pods:
+                failed += self._move_together(decisions, step, now)
+                step, pods = [], set()
+            step.append(i)
+            pods.add(decision.pod)
+        return failed + self._move_together(decisions, step, now)
+
+    def _move_together(
+        self, decisions: list[PodMigrated], step: list[int], now: int
+    ) -> list[tuple[int, Event]]:
+        """Stop the pods of ``step`` (indices into ``decisions``, each pod once), then
+        start each on its new node."""
+        moving = [
+            i
+            for i in step
+            if (current := self.running.get(decisions[i].pod)) is None
+            or current[1] != decisions[i].decision_id
+        ]  # (not the same move seen twice)
+        for i in moving:
+            decision = decisions[i]
+            spec = self.specs.get(decision.pod)
+            if decision.pod in self.running:
+                self._stop(decision.pod)
+            if spec is not None:
+                self.specs[decision.pod] = spec
+        failed: list[tuple[int, Event]] = []
+        for i in moving:
+            decision = decisions[i]
+            bound = PodBound(
+                pod=decision.pod,
+                node=decision.to_node,
+                decision_id=decision.decision_id,
+                attempt=0,
+                devices=decision.devices,
+            )
+            failed += [(i, event) for event in self.bind(bound, now)]
+        return failed
 
     def _fail(self, decision: PodBound, reason: str) -> BindFailed:
         self.bind_failures += 1

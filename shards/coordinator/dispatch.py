@@ -590,7 +590,9 @@ class ShardDispatch:
             return False
         if len(involved) == 1:
             if gang:
-                self._hand_gang(p.unit, p.unit_pods(p.unit), involved.pop(), moves=True)
+                # the members the plan places (minMember at least); the others are
+                # ordinary pods from now on, as one scheduler's attempt leaves them
+                self._hand_gang(p.unit, [pod for pod, _, _ in placed], involved.pop(), moves=True)
             else:
                 self._hand_pod(lead, involved.pop(), moves=True)
             c.counters["migrations_handed"] += 1

@@ -10,8 +10,16 @@ from typing import Any
 
 import pytest
 
+from engine.model.pools import POOL_LABEL
 from tests.shards.coordinator_kit import shoal
-from tests.shards.scenario_text import gpu_node, gpu_pod, pod_group, rescheduler_config
+from tests.shards.scenario_text import (
+    gpu_node,
+    gpu_pod,
+    node,
+    pod,
+    pod_group,
+    rescheduler_config,
+)
 
 SHARDS = (1, 2, 4)
 
@@ -88,3 +96,40 @@ def test_a_moved_pod_lands_on_the_best_node_of_any_shard(
     moves = [(m["pod"], m["from"], m["to"]) for m in data["migrations"]]
     assert moves == [("default/x", "nodeP", "nodeR")]
     assert _cards(data, "podW") == [("nodeP", [0])]
+
+
+MOST_ALLOCATED = """
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+profiles:
+- schedulerName: default-scheduler
+  pluginConfig:
+  - name: NodeResourcesFit
+    args: {scoringStrategy: {type: MostAllocated, resources: [{name: cpu, weight: 1}]}}
+---"""
+
+
+@pytest.mark.parametrize("shards", SHARDS)
+def test_a_gang_placed_by_moves_within_one_shard_needs_only_its_min_member(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
+) -> None:
+    """Gang g: four members of 2 CPUs, minMember 3, packed (MostAllocated). g-0 fills
+    nodeA, g-1 takes nodeB, and g-2 fits on nodeB once y (1 CPU) moves onto nodeD; g-3
+    fits nowhere and waits as an ordinary pod. All three nodes are in pool p0 (one
+    shard's); nodeC, in pool p1, is full. Before, at several shards the gang was handed
+    to that shard with all four members to place, which it refused, again and again."""
+    text = MOST_ALLOCATED
+    text += node("nodeA", cpu=4, labels={POOL_LABEL: "p0"})
+    text += node("nodeB", cpu=4, labels={POOL_LABEL: "p0"})
+    text += node("nodeD", cpu=1, labels={POOL_LABEL: "p0"})
+    text += node("nodeC", cpu=2, labels={POOL_LABEL: "p1"})
+    text += pod("x", cpu="2", node_name="nodeA") + pod("y", cpu="1", node_name="nodeB")
+    text += pod("c", cpu="2", node_name="nodeC")
+    text += pod_group("g", 3, at=10)
+    text += "".join(pod(f"g-{i}", cpu="2", group="g", at=10) for i in range(4))
+    data, _ = shoal(tmp_path, capsys, text, shards)
+    moves = [(m["pod"], m["from"], m["to"]) for m in data["migrations"]]
+    assert moves == [("default/y", "nodeB", "nodeD")]
+    where = {f"g-{i}": data["pods"][f"default/g-{i}"]["node"] for i in range(4)}
+    assert where == {"g-0": "nodeA", "g-1": "nodeB", "g-2": "nodeB", "g-3": None}
+    assert data["groups"]["default/g"]["phase"] == "Scheduled"

@@ -16,6 +16,7 @@ from events.types import (
     NodeRemoved,
     PodBound,
     PodFailed,
+    PodMigrated,
     PodSucceeded,
     PodUnschedulable,
     is_decision,
@@ -119,6 +120,89 @@ def test_cluster_rejects_what_does_not_fit() -> None:
     assert cluster.next_time() == 5 * SECOND
     assert cluster.due(5 * SECOND) == [PodSucceeded(pod="default/a", node="n")]
     cluster.check_invariants()
+
+
+def _swap_cluster() -> SimulatedCluster:
+    """Nodes m and n of 2 CPUs, each full: a (2 CPUs) on m, b and c (1 CPU each) on n."""
+    cluster = SimulatedCluster()
+    for node in ("m", "n"):
+        cluster.observe(Envelope(event=make_node(node).cpu("2").added()))
+    for name, cpu, node in (("a", "2", "m"), ("b", "1", "n"), ("c", "1", "n")):
+        cluster.observe(Envelope(event=make_pod(name).cpu(cpu).submitted()))
+        assert (
+            cluster.bind(PodBound(pod=f"default/{name}", node=node, decision_id=name, attempt=1), 0)
+            == []
+        )
+    return cluster
+
+
+SWAP = [
+    PodMigrated(pod="default/a", from_node="m", to_node="n", by="x", decision_id="a2"),
+    PodMigrated(pod="default/b", from_node="n", to_node="m", by="x", decision_id="b2"),
+    PodMigrated(pod="default/c", from_node="n", to_node="m", by="x", decision_id="c2"),
+]
+
+
+def test_a_plan_of_moves_that_swaps_pods_is_carried_out_as_one_step() -> None:
+    """a swaps places with b and c: one by one, a meets b and c still on n and fails;
+    as a plan, every moving pod stops first."""
+    one_by_one = _swap_cluster()
+    (fail,) = one_by_one.migrate(SWAP[0], 0)
+    assert isinstance(fail, BindFailed) and "insufficient cpu" in fail.reason
+    cluster = _swap_cluster()
+    assert cluster.migrate_all(SWAP, 0) == []
+    assert {k: v[0] for k, v in cluster.running.items()} == {
+        "default/a": "n",
+        "default/b": "m",
+        "default/c": "m",
+    }
+    assert cluster.migrate_all(SWAP, 0) == [], "the same moves twice change nothing"
+    cluster.check_invariants()
+
+
+def test_a_pod_moved_twice_in_one_pass_ends_where_its_last_move_puts_it() -> None:
+    """Consolidation may move a pod and move it again in the same pass: its second move
+    is a step of its own, after the first (not refused as already bound)."""
+    cluster = SimulatedCluster()
+    for node in ("m", "n"):
+        cluster.observe(Envelope(event=make_node(node).cpu("2").added()))
+    cluster.observe(Envelope(event=make_pod("x").cpu("1").submitted()))
+    assert cluster.bind(PodBound(pod="default/x", node="m", decision_id="x1", attempt=1), 0) == []
+    moves = [
+        PodMigrated(pod="default/x", from_node="m", to_node="n", by="c", decision_id="x2"),
+        PodMigrated(pod="default/x", from_node="n", to_node="m", by="c", decision_id="x3"),
+    ]
+    assert cluster.migrate_all(moves, 0) == []
+    assert cluster.running["default/x"] == ("m", "x3")
+
+
+async def test_the_binder_carries_out_a_plan_and_skips_the_coordinators_copies() -> None:
+    """At two shards: the moves in shard 0's partition are one plan; their copies the
+    coordinator relays into the control partition are not applied again (a move the
+    cluster refused, applied from its copy once room was made, would run the pod where
+    no shard knows it)."""
+    log = MemoryLog(partitions=3)
+    cluster = _swap_cluster()
+    binder = Binder(cluster, log, shards=2)
+    await log.append([Envelope(event=m, producer="shard-0") for m in SWAP], 0)
+    await binder.poll(0)
+    assert not [e for e in await log.read(0, 0) if isinstance(e.event, BindFailed)]
+    # a refused move (no room on m), then its relayed copy once room was made there
+    late = PodMigrated(pod="default/a", from_node="n", to_node="m", by="y", decision_id="a3")
+    await log.append([Envelope(event=late, producer="shard-0")], 0)
+    await binder.poll(0)
+    assert [
+        e.event.decision_id for e in await log.read(0, 0) if isinstance(e.event, BindFailed)
+    ] == ["a3"]
+    assert "default/a" not in cluster.running  # (stopped by its move, started nowhere)
+    room = [
+        PodMigrated(pod=f"default/{k}", from_node="m", to_node="n", by="z", decision_id=f"{k}3")
+        for k in "bc"
+    ]
+    assert cluster.migrate_all(room, 0) == []  # m is empty now
+    await log.append([Envelope(event=late, producer="relay-0", stream="relay")], 2)
+    await binder.poll(0)
+    assert "default/a" not in cluster.running
 
 
 @st.composite
