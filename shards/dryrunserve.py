@@ -164,12 +164,21 @@ def primed_cluster(parts: Sequence[Sequence[Envelope]]) -> SimulatedCluster:
     cluster = SimulatedCluster()
     routed = len(parts) > 1
     control = len(parts) - 1
+    moves: list[PodMigrated] = []  # a run of moves: one step, as the binder makes it
+    moved_at = 0
     for env in merge([list(p) for p in parts]):
         event = env.event
         if routed and (
             env.stream == "relay" if env.partition == control else env.producer == "router"
         ):
             continue  # a copy: the original is folded where it was written
+        if isinstance(event, PodMigrated):
+            moves.append(event)
+            moved_at = env.time
+            continue
+        if moves:
+            cluster.migrate_all(moves, moved_at)
+            moves = []
         match event:
             case PodBound():
                 cluster.bind(event, env.time)
@@ -177,12 +186,12 @@ def primed_cluster(parts: Sequence[Sequence[Envelope]]) -> SimulatedCluster:
                 cluster.unbind(PodUnbound(pod=pod, node=node, decision_id=decision, reason=""))
             case PodUnbound():
                 cluster.unbind(event)
-            case PodMigrated():
-                cluster.migrate(event, env.time)
             case PodSucceeded(pod=pod) | PodFailed(pod=pod):
                 cluster.observe(Envelope(event=PodDeleted(pod=pod)))  # over: it holds nothing
             case _:
                 cluster.observe(env)
+    if moves:
+        cluster.migrate_all(moves, moved_at)
     return cluster
 
 
