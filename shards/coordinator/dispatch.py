@@ -106,6 +106,7 @@ import numpy.typing as npt
 from engine.framework.runtime import Framework
 from engine.model.groups import GroupInfo, is_group_unit
 from engine.model.pods import PodInfo
+from engine.model.podtable import has_terms, pod_table
 from engine.model.state import Ints, held_devices
 from engine.model.statement import Statement
 from engine.passes.context import PassContext
@@ -588,7 +589,9 @@ class ShardDispatch:
             # it where it no longer runs; the plan waits for the answer
             c.wait_for_answers(p.unit)
             return False
-        if len(involved) == 1:
+        if len(involved) == 1 and self._lands_alike(
+            [key for key, _, _, _ in moves] + [pod.key for pod, _, _ in placed]
+        ):
             if gang:
                 # the members the plan places (minMember at least); the others are
                 # ordinary pods from now on, as one scheduler's attempt leaves them
@@ -617,6 +620,23 @@ class ShardDispatch:
         e.planned[unit] = {pod.key: e.state.names[slot] or "" for pod, slot, _ in placed}
         if cards:
             e.planned_cards[unit] = cards
+
+    def _lands_alike(self, keys: list[str]) -> bool:
+        """Whether a shard that finds a plan within its own nodes lands the pods of
+        ``keys`` (the moved ones, and those they make room for) where the view does:
+        none of them has spread constraints or inter-pod terms, and no placed pod has
+        terms that would count them. Otherwise their scores read pods on other shards'
+        nodes, and the plan is carried out as the view made it (the moves as a part of
+        their own, the pods placed once they are done)."""
+        e = self.c.engine
+        for key in keys:
+            pod = e.pods.get(key)
+            if pod is None:
+                return False
+            spec = pod.spec
+            if spec.spread_constraints or spec.owner_selector is not None or has_terms(spec):
+                return False
+        return not pod_table(e.state, e.pods, rows=False).with_terms
 
     def _unanswered(self, key: str) -> bool:
         """Whether placed pod ``key`` is held under a claim not granted yet."""

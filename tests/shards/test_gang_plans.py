@@ -133,3 +133,51 @@ def test_a_gang_placed_by_moves_within_one_shard_needs_only_its_min_member(
     where = {f"g-{i}": data["pods"][f"default/g-{i}"]["node"] for i in range(4)}
     assert where == {"g-0": "nodeA", "g-1": "nodeB", "g-2": "nodeB", "g-3": None}
     assert data["groups"]["default/g"]["phase"] == "Scheduled"
+
+
+def _spread_pod(name: str, *, on: str = "", cpu: str = "1", at: float = 0) -> str:
+    """A pod of app z whose zone spread is a preference (``ScheduleAnyway``)."""
+    node_name = f"\n  nodeName: {on}" if on else ""
+    return f"""
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  labels: {{app: z}}
+  annotations: {{shoal.io/arrive-at: "{at:g}"}}
+spec:{node_name}
+  topologySpreadConstraints:
+  - {{maxSkew: 1, topologyKey: zone, whenUnsatisfiable: ScheduleAnyway, labelSelector: {{matchLabels: {{app: z}}}}}}
+  containers:
+  - name: c
+    resources: {{requests: {{cpu: "{cpu}", memory: 1Gi}}}}
+---"""
+
+
+@pytest.mark.parametrize("shards", SHARDS)
+def test_a_moved_pod_that_spreads_lands_by_every_shards_pods(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
+) -> None:
+    """w (4 CPUs) fits nowhere until x (2 CPUs) leaves nodeA. x prefers to spread over
+    zones, and three pods of its app run on nodeD, in zone z1 (pool p1, another shard's
+    at 2 and 4 shards): it lands on nodeC, in z0, not on nodeB, in z1, though packing
+    prefers nodeB. nodeA, nodeB and nodeC are pool p0's. Before, at several shards the
+    plan, within one shard, was that shard's to carry out, and it landed x by the pods
+    it holds (none of app z in z1): on nodeB."""
+    text = MOST_ALLOCATED
+    for name, cpu, zone, pool in (
+        ("nodeA", 4, "z0", "p0"),
+        ("nodeB", 8, "z1", "p0"),
+        ("nodeC", 4, "z0", "p0"),
+        ("nodeD", 4, "z1", "p1"),
+    ):
+        text += node(name, cpu=cpu, labels={"zone": zone, POOL_LABEL: pool})
+    text += "".join(_spread_pod(f"d{i}", on="nodeD") for i in range(3))
+    text += "".join(gpu_pod(f"b{i}", on="nodeB", migratable=False) for i in range(5))
+    text += gpu_pod("c0", on="nodeC", migratable=False)
+    text += _spread_pod("x", on="nodeA", cpu="2")
+    text += pod("w", cpu="4", at=10)
+    data, _ = shoal(tmp_path, capsys, text, shards)
+    moves = [(m["pod"], m["from"], m["to"]) for m in data["migrations"]]
+    assert moves == [("default/x", "nodeA", "nodeC")]
+    assert data["pods"]["default/w"]["node"] == "nodeA"
