@@ -1,0 +1,146 @@
+"""Shards are concurrency, not different semantics, down to the node: random clusters of
+nodes of several sizes, zones and node pools, under a packing profile (so the node each
+pod lands on is decided on the coordinator's exact view), with pods of several sizes,
+priorities, gangs (minMember at most their size), elastic quotas, node selectors,
+completions and the moves and preemptions they cause. Each runs at 1, 2 and 4 shards;
+every pod must end on the same node in the same phase, the same pods must be preempted
+by the same pods, and every log must replay with ``--verify``.
+
+:mod:`tests.shards.test_differential` checks the end phases of scenarios whose outcome
+does not depend on the node chosen; this one checks the nodes. The scenario is drawn
+from a seed (Hypothesis draws the seed; it does not shrink the scenario). Cases it
+found are kept as examples. Known to differ, and left out of the generator's reach
+only by chance: a plan of moves in which a pod must leave a shard's node before a pod
+moved from another shard lands there (docs/rescheduler.md).
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from engine.model.pools import POOL_LABEL
+from tests.shards.coordinator_kit import shoal
+from tests.shards.scenario_text import node, pod, pod_group
+
+SHARDS = (1, 2, 4)
+
+PACKING = {
+    "MostAllocated": "{type: MostAllocated, resources: [{name: cpu, weight: 1}, "
+    "{name: memory, weight: 1}]}",
+    "RequestedToCapacityRatio": "{type: RequestedToCapacityRatio, resources: [{name: cpu, "
+    "weight: 1}], requestedToCapacityRatio: {shape: [{utilization: 0, score: 0}, "
+    "{utilization: 100, score: 10}]}}",
+}
+
+
+def _quota(namespace: str, least: int, most: int) -> str:
+    return f"""
+apiVersion: scheduling.x-k8s.io/v1alpha1
+kind: ElasticQuota
+metadata: {{name: q-{namespace}, namespace: {namespace}}}
+spec: {{min: {{cpu: "{least}"}}, max: {{cpu: "{most}"}}}}
+---"""
+
+
+def scenario(seed: int) -> str:
+    """The scenario of ``seed``: 2 to 6 nodes, 4 to 20 units arriving over time."""
+    rng = random.Random(seed)
+    strategy = PACKING[rng.choice(sorted(PACKING))]
+    text = f"""
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+profiles:
+- schedulerName: default-scheduler
+  pluginConfig:
+  - name: NodeResourcesFit
+    args: {{scoringStrategy: {strategy}}}
+---"""
+    count = rng.randint(2, 6)
+    pools = rng.choice([1, 2, 3])
+    for i in range(count):
+        labels = {"zone": f"z{i % 2}"}
+        if rng.random() < 0.8:
+            labels[POOL_LABEL] = f"p{i % pools}"
+        cpu = rng.choice([4, 8, 16])
+        text += node(
+            f"node{i}", cpu=cpu, memory=rng.choice(["16Gi", "32Gi", "64Gi"]), labels=labels
+        )
+    for namespace in ("a", "b"):
+        if rng.random() < 0.5:
+            least = rng.randint(0, 8)
+            text += _quota(namespace, least, least + rng.randint(0, 8))
+    at = 0
+    for j in range(rng.randint(4, 20)):
+        at += rng.choice([0, 1, 1, 2])
+        priority = rng.choice([None, 10, 100, 1000]) if rng.random() < 0.35 else None
+        runtime = rng.choice([None, None, 5, 30])
+        namespace = rng.choice(["default", "a", "b"])
+        cpu = rng.choice(["500m", "1", "2", "3", "4"])
+        memory = rng.choice(["1Gi", "2Gi", "4Gi", "8Gi"])
+        selector = {"zone": rng.choice(["z0", "z1"])} if rng.random() < 0.15 else None
+        shape: dict[str, Any] = {
+            "ns": namespace,
+            "cpu": cpu,
+            "memory": memory,
+            "at": at,
+            "runtime": runtime,
+            "priority": priority,
+            "selector": selector,
+        }
+        if rng.random() < 0.12:
+            size = rng.randint(2, 4)
+            text += pod_group(f"g{j}", rng.randint(1, size), ns=namespace, at=at)
+            text += "".join(pod(f"g{j}-{m}", group=f"g{j}", **shape) for m in range(size))
+        else:
+            text += pod(f"p{j}", **shape)
+    return text
+
+
+def _outcome(data: dict[str, Any]) -> tuple[list[tuple[str, str]], dict[str, Any]]:
+    preempted = sorted((p["pod"], p["by"]) for p in data["preemptions"])
+    return preempted, {k: (v["node"], v["phase"]) for k, v in data["pods"].items()}
+
+
+@settings(
+    max_examples=6,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(st.integers(0, 2**32 - 1))
+# a gang (minMember 3 of 4) placed by one move within one shard: that shard was handed
+# all four members to place, refused, and the gang waited
+@example(123)
+def test_every_pod_lands_on_the_same_node_at_1_2_and_4_shards(
+    capsys: pytest.CaptureFixture[str], seed: int
+) -> None:
+    outcomes = _outcomes(capsys, scenario(seed), SHARDS)
+    assert outcomes[1] == outcomes[0]
+    assert outcomes[2] == outcomes[0]
+
+
+def test_a_plan_that_swaps_pods_between_nodes_ends(capsys: pytest.CaptureFixture[str]) -> None:
+    """Seed 131: a plan of moves swaps pods between two nodes. The simulated cluster
+    carried its moves out one by one and refused the first; at 2 shards the binder then
+    made that move from the coordinator's relayed copy, so the pod ran where no shard
+    knew it, and ``simulate`` never ended. Now 1 and 2 shards end the same. At 4 shards
+    the nodes are on three shards, and the plan is one the docs name as not carried
+    out there (a pod must leave a shard's node before another lands there): it ends,
+    replays, and differs."""
+    one, two, four = _outcomes(capsys, scenario(131), SHARDS)
+    assert two == one
+    assert four != one  # (the known difference: when fixed, this case joins the property)
+
+
+def _outcomes(
+    capsys: pytest.CaptureFixture[str], text: str, counts: tuple[int, ...]
+) -> list[tuple[list[tuple[str, str]], dict[str, Any]]]:
+    """The outcome of ``text`` at each shard count (each log replayed with ``--verify``)."""
+    with tempfile.TemporaryDirectory() as where:
+        return [_outcome(shoal(Path(where), capsys, text, shards)[0]) for shards in counts]
