@@ -307,6 +307,7 @@ def take_on(m: ShardModel, event: ReservationRequested) -> str:
         moved_for=event.moved_for,
         plain=event.plain,
         devices=dict(event.devices),
+        leaving=dict(event.leaving),
     )
     group = m.groups[event.group.key] = GroupInfo(
         event.group.key, seq=m.submissions, reservation=event.rid
@@ -382,6 +383,13 @@ def part_closed(m: ShardModel, event: ReservationDenied | ReservationReleased) -
     if res is None:
         return
     freed = [slot for key in res.pods if (slot := m.release_if_placed(key)) is not None]
+    for key, cards in res.lifted.items():
+        # let go: the pods that were to leave for other shards run here again
+        pod = m.pods.get(key)
+        slot = m.state.index.get(res.leaving.get(key, ""))
+        if pod is not None and slot is not None and key not in m.state.pods:
+            spec = pod.spec
+            m.state.assume(key, slot, pod.request, spec.priority, spec.host_ports, cards or None)
     m.drop_group(res.group)
     for slot in freed:
         m.fire(ClusterEvent.POD_FREED, slot)

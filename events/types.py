@@ -534,6 +534,12 @@ class ReservationRequested(_Fact, frozen=True, kw_only=True, tag="rsv?"):
     policy's choice of card, which reads the whole workload's shapes): taken there if
     still free, as one scheduler takes them. Empty (logs written before the field, or
     no policy chose): the shard chooses, best fit."""
+    leaving: dict[str, str] = {}
+    """Pods of this shard that the same plan of moves takes to other shards (pod → its
+    node here): their room counts as free while the part is held (the pods ``moves``
+    brings in may need it), they are gone from here once it is committed, and they run
+    here again if it is let go. Only in a part that is not ``at_once`` (every part of
+    the plan is committed together)."""
 
 
 class WorkloadShapes(_Fact, frozen=True, kw_only=True, tag="shapes"):

@@ -19,6 +19,7 @@ import logging
 from events.log import EventLog, read_past_unreadable
 from events.types import Envelope, Event, PodBound, PodMigrated, PodUnbound
 from shards.cluster import SimulatedCluster
+from shards.coordinator.flights import MOVES
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,12 @@ class Binder:
         self.inputs = shards if shards > 1 else 0
         """The partition of cluster inputs (the control partition with several shards)."""
         self.positions = [0] * (shards + 1 if shards > 1 else 1)
+        self.deferred: list[tuple[int, int, Envelope]] = []
+        """Moves of a plan carried out by several shards whose new node had no room yet
+        (partition, when, the move): the pods it replaces there move in the other
+        shards' records, which may come later; tried again at each poll, and refused
+        once the clock moved on (as in Kubernetes a moved pod's replacement waits for
+        the room its plan frees)."""
 
     def __repr__(self) -> str:
         return f"Binder(positions={self.positions}, {self.cluster!r})"
@@ -55,7 +62,29 @@ class Binder:
         order = [self.inputs, *range(self.shards)] if self.shards > 1 else [0]
         for partition in order:
             appended += await self._poll(partition, now)
-        return appended
+        return appended + await self._retry(now)
+
+    async def _retry(self, now: int) -> int:
+        """Try the deferred moves again; refuse those still without room once the clock
+        moved on since they came."""
+        if not self.deferred:
+            return 0
+        waiting, self.deferred = self.deferred, []
+        refused: dict[int, list[Envelope]] = {}
+        for partition, since, env in waiting:
+            assert isinstance(env.event, PodMigrated)
+            failed = self.cluster.migrate_all([env.event], now)
+            if not failed:
+                continue
+            if now > since:
+                refused.setdefault(partition, []).extend(
+                    self._envelope(event, now, env, "binder") for _, event in failed
+                )
+            else:
+                self.deferred.append((partition, since, env))
+        for partition, out in sorted(refused.items()):
+            await self.log.append(out, partition)
+        return sum(len(out) for out in refused.values())
 
     async def _poll(self, partition: int, now: int) -> int:
         records, unreadable, self.positions[partition] = await read_past_unreadable(
@@ -71,7 +100,7 @@ class Binder:
         for env in records:
             event = env.event
             if moves and not isinstance(event, PodMigrated):
-                decided += self._move(moves, now)
+                decided += self._move(moves, partition, now)
             if isinstance(event, PodBound):
                 if event.decision_id in self.failed:
                     continue
@@ -94,7 +123,7 @@ class Binder:
                 for e in self.cluster.observe(env):
                     voice.append(self._envelope(e, now, env, "cluster"))
         if moves:
-            decided += self._move(moves, now)
+            decided += self._move(moves, partition, now)
         if self.shards == 1:
             out = decided + voice
             if out:
@@ -107,12 +136,19 @@ class Binder:
             await self.log.append(voice, self.inputs)
         return len(decided) + len(voice)
 
-    def _move(self, moves: list[Envelope], now: int) -> list[Envelope]:
+    def _move(self, moves: list[Envelope], partition: int, now: int) -> list[Envelope]:
         """Carry out moves that follow one another in a partition (a plan's) as one
-        step (:meth:`SimulatedCluster.migrate_all`); empties ``moves``."""
+        step (:meth:`SimulatedCluster.migrate_all`); empties ``moves``. A move of a plan
+        several shards carry out (its part named for moves) that finds no room is
+        deferred (:attr:`deferred`), not refused."""
         decisions = [env.event for env in moves if isinstance(env.event, PodMigrated)]
         failed = self.cluster.migrate_all(decisions, now)
-        out = [self._envelope(event, now, moves[i], "binder") for i, event in failed]
+        out: list[Envelope] = []
+        for i, event in failed:
+            if MOVES in decisions[i].decision_id and self.shards > 1:
+                self.deferred.append((partition, now, moves[i]))
+            else:
+                out.append(self._envelope(event, now, moves[i], "binder"))
         moves.clear()
         return out
 

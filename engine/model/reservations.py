@@ -69,6 +69,12 @@ class Reservation:
     """Its pods are pods of their own, in no gang (``ReservationRequested.plain``)."""
     devices: dict[str, tuple[int, ...]] = field(default_factory=dict)
     """Pod → the GPU cards the coordinator chose for it (``ReservationRequested.devices``)."""
+    leaving: dict[str, str] = field(default_factory=dict)
+    """Pods of this shard the plan moves to other shards → their node here
+    (``ReservationRequested.leaving``)."""
+    lifted: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """Those taken off their nodes while the part is held → the GPU cards they held
+    there (put back if it is let go)."""
 
     def __repr__(self) -> str:
         return f"Reservation({self.rid!r}, {self.state.value}, pods={len(self.pods)})"

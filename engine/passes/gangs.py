@@ -85,6 +85,7 @@ def attempt_group(p: PassContext, key: str) -> None:
         e.count("attempts")
     topology = None if group.reservation else plan(p, group, pending, need)
     statement = Statement(e.state, e.quotas)
+    lifted = _lift_leaving(p, statement, group.reservation)
     placed: Placed = []
     failures: dict[str, Failure] = {}
     if isinstance(topology, str):
@@ -134,6 +135,7 @@ def attempt_group(p: PassContext, key: str) -> None:
         for moved, origin, slot, by in statement.moves():
             migrate(p, moved, origin, slot, by)  # made room for the part (handed whole)
         statement.commit()
+        e.reservations[group.reservation].lifted = lifted
         grant = ReservationGranted(
             rid=group.reservation,
             group=key,
@@ -212,6 +214,25 @@ def park_gang(
         events,
         e.queue_of(group.namespace),
     )
+
+
+def _lift_leaving(p: PassContext, statement: Statement, rid: str) -> dict[str, tuple[int, ...]]:
+    """Take off their nodes, in ``statement``, the pods of part ``rid`` that its plan of
+    moves takes to other shards (``Reservation.leaving``; those still on the node named),
+    so that the pods it brings in may use their room: the GPU cards each held."""
+    e = p.e
+    res = e.reservations.get(rid) if rid else None
+    if res is None or not res.leaving:
+        return {}
+    lifted: dict[str, tuple[int, ...]] = {}
+    for key, node in sorted(res.leaving.items()):
+        placed = e.state.pods.get(key)
+        pod = e.pods.get(key)
+        if placed is None or pod is None or e.state.names[placed.slot] != node:
+            continue  # gone, or elsewhere: it takes no room there
+        lifted[key] = placed.devices
+        statement.lift(key, pod.spec.namespace, res.moved_for)
+    return lifted
 
 
 def _members(

@@ -15,6 +15,7 @@ from typing import Final
 
 from engine.fold import handed_back, part_closed
 from engine.framework.cycle import CycleState
+from engine.model.groups import FAILED
 from engine.model.reservations import COMMITTED, COMMITTING, HELD, STAGING, Reservation, decision_id
 from engine.model.shard import ShardModel
 from engine.model.state import held_devices
@@ -39,7 +40,9 @@ def settle_reservations(p: PassContext) -> None:
     """Commit what was committed, let go of what was aborted, broken or expired."""
     e = p.e
     for rid in sorted(e.reservations):
-        res = e.reservations[rid]
+        res = e.reservations.get(rid)
+        if res is None:
+            continue  # (a pod that left for another shard took its own part with it)
         if res.state == COMMITTING:
             commit(p, res)
         if res.ending:
@@ -50,6 +53,11 @@ def settle_reservations(p: PassContext) -> None:
 
 def commit(p: PassContext, res: Reservation) -> None:
     e = p.e
+    for key in res.lifted:
+        # moved to other shards by the same plan: they run there now, not here
+        if key in e.pods and key not in e.state.pods:
+            e.finish(key, FAILED)
+    res.lifted = {}
     for key in res.pods:
         slot = e.state.pods[key].slot if key in e.state.pods else None
         if key in res.bound or slot is None:

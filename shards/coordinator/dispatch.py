@@ -601,11 +601,19 @@ class ShardDispatch:
             c.counters["migrations_handed"] += 1
             return True
         by_shard: dict[tuple[int, bool], list[tuple[str, int, int]]] = {}
+        leaving: dict[int, dict[str, str]] = {}
         for key, origin, slot, _ in moves:
             within = bool(shard_of[origin] == shard_of[slot])
             by_shard.setdefault((int(shard_of[slot]), within), []).append((key, origin, slot))
-        for (shard, _), moving in sorted(by_shard.items()):
-            self._move_in(lead, p.unit, shard, moving)
+            if not within:
+                leaving.setdefault(int(shard_of[origin]), {})[key] = names[origin] or ""
+        if any(within for _, within in by_shard) or not any(s in leaving for s, _ in by_shard):
+            for (shard, _), moving in sorted(by_shard.items()):
+                self._move_in(lead, p.unit, shard, moving)
+        else:
+            # a pod leaves a shard that takes in another pod of the plan: every part is
+            # held, the pods leaving it counted gone there, and all committed together
+            self._move_together(lead, p.unit, by_shard, leaving)
         c.nominate(p.unit, [key for key, _, _, _ in moves], {s for s, _ in by_shard})
         if gang:
             self._plan(p.unit, placed, cards)
@@ -650,13 +658,53 @@ class ShardDispatch:
         """Ask ``shard`` to hold ``moving`` (pod, from slot, to slot) on their new nodes
         and commit them at once as moves made for ``lead``."""
         c = self.c
+        rid = f"{lead.key}{MOVES}{c.next_seq()}"
+        since = c.issue((shard,))
+        self._move_part(lead, rid, shard, moving, since, at_once=True, leaving={})
+        keys = tuple(key for key, _, _ in moving)
+        c.claim(Claim(rid, unit, {shard: keys}, since, directed=True, open={shard: None}))
+
+    def _move_together(
+        self,
+        lead: PodInfo,
+        unit: str,
+        by_shard: dict[tuple[int, bool], list[tuple[str, int, int]]],
+        leaving: dict[int, dict[str, str]],
+    ) -> None:
+        """Moves across shards, for ``lead``, of which some free room that others need
+        on the same shard (``leaving``: per shard, its pods the plan takes elsewhere):
+        one claim, a part per shard that takes pods in, each held with its leaving pods
+        counted gone, and committed once every part is held (one shard moves them in
+        one step)."""
+        c = self.c
+        rid = f"{lead.key}{MOVES}{c.next_seq()}"
+        shards = sorted(shard for shard, _ in by_shard)
+        since = c.issue(shards)
+        for (shard, _), moving in sorted(by_shard.items()):
+            leaves = leaving.get(shard, {})
+            self._move_part(lead, rid, shard, moving, since, at_once=False, leaving=leaves)
+        parts = {shard: tuple(key for key, _, _ in by_shard[(shard, False)]) for shard in shards}
+        c.claim(Claim(rid, unit, parts, since, directed=True, open=dict.fromkeys(shards)))
+
+    def _move_part(
+        self,
+        lead: PodInfo,
+        rid: str,
+        shard: int,
+        moving: list[tuple[str, int, int]],
+        since: int,
+        *,
+        at_once: bool,
+        leaving: dict[str, str],
+    ) -> None:
+        """Send ``shard`` part ``rid``: hold ``moving`` (pod, from slot, to slot) on their
+        new nodes, as moves made for ``lead``."""
+        c = self.c
         e = c.engine
         names = e.state.names
-        rid = f"{lead.key}{MOVES}{c.next_seq()}"
         base = GroupSpec(namespace=lead.spec.namespace, name=lead.spec.name, min_member=1)
         part = _part_spec(base, rid, len(moving))
         pods = [e.pods[key] for key, _, _ in moving]
-        since = c.issue((shard,))
         c.send(
             shard,
             ReservationRequested(
@@ -670,14 +718,13 @@ class ShardDispatch:
                 ),
                 expires_at=c.expiry(since),
                 placements={key: names[slot] or "" for key, _, slot in moving},
-                at_once=True,
+                at_once=at_once,
                 moves={key: names[origin] or "" for key, origin, _ in moving},
                 moved_for=lead.key,
                 plain=not any(pod.spec.group for pod in pods),
+                leaving=leaving,
             ),
         )
-        keys = tuple(key for key, _, _ in moving)
-        c.claim(Claim(rid, unit, {shard: keys}, since, directed=True, open={shard: None}))
 
 
 class _InBatch:

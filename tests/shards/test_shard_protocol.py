@@ -114,6 +114,60 @@ def test_a_part_is_granted_and_held_on_the_chosen_nodes_until_committed() -> Non
     assert shard(ReservationCommitted(rid="ml/g#5")) == []  # told twice: bound once
 
 
+def _swap(*, leaving: bool) -> tuple[Shard, ReservationRequested]:
+    """A shard whose node n0 (4 CPUs) runs x (4 CPUs); part ``ml/y/moves#7`` moves y (4
+    CPUs) here onto n0 from another shard's node, as x moves to another shard in the same
+    plan (``leaving``: the part says so)."""
+    shard = Shard(make_node("n0").cpu("4").added())
+    shard(PodSubmitted(pod=make_pod("x", "ml").cpu("4").spec()), producer="ingest")
+    assert shard.engine.state.pods["ml/x"]
+    group = GroupSpec(namespace="ml", name="y/moves#7", min_member=1, uid="ml/y/moves#7")
+    y = make_pod("y", "ml").cpu("4").member(group.key).spec()
+    request = ReservationRequested(
+        rid="ml/y/moves#7",
+        group=group,
+        pods=(y,),
+        expires_at=10 * SECOND,
+        placements={"ml/y": "n0"},
+        moves={"ml/y": "m9"},
+        moved_for="ml/w",
+        leaving={"ml/x": "n0"} if leaving else {},
+    )
+    return shard, request
+
+
+def test_a_part_counts_the_pods_its_plan_takes_elsewhere_as_gone_and_commits_them_away() -> None:
+    """Without ``leaving`` the part is refused (x still runs on n0); with it, x is taken
+    off n0 while the part is held, y moves in when it is committed, and x is gone here."""
+    shard, refused = _swap(leaving=False)
+    (denial,) = shard(refused)
+    assert isinstance(denial, ReservationDenied)
+    shard, request = _swap(leaving=True)
+    (grant,) = shard(request)
+    assert isinstance(grant, ReservationGranted)
+    engine = shard.engine
+    assert "ml/x" not in engine.state.pods and engine.reservations[request.rid].lifted == {
+        "ml/x": ()
+    }
+    out = shard(ReservationCommitted(rid=request.rid))
+    assert [type(e).__name__ for e in out] == ["PodMigrated"]
+    assert "ml/x" not in engine.pods and engine.state.pods["ml/y"].slot == 0
+    engine.state.check_invariants()
+
+
+def test_a_part_let_go_puts_back_the_pods_its_plan_was_to_take_elsewhere() -> None:
+    """Aborted while held (another shard refused its part of the plan): y is let go and
+    x runs on n0 again, as before."""
+    shard, request = _swap(leaving=True)
+    shard(request)
+    out = shard(ReservationAborted(rid=request.rid, reason="another part was refused"))
+    assert [type(e).__name__ for e in out] == ["ReservationReleased"]
+    engine = shard.engine
+    assert engine.state.pods["ml/x"].slot == 0 and "ml/y" not in engine.state.pods
+    assert "ml/x" in engine.bindings
+    engine.state.check_invariants()
+
+
 @pytest.mark.parametrize(
     ("request_", "reason"),
     [

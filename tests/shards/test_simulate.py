@@ -205,6 +205,37 @@ async def test_the_binder_carries_out_a_plan_and_skips_the_coordinators_copies()
     assert "default/a" not in cluster.running
 
 
+async def test_a_move_of_a_plan_across_shards_waits_for_the_room_another_shard_frees() -> None:
+    """At two shards a plan swaps a (on m) and b (on n), each node full: shard 0's record
+    moves a onto n, shard 1's moves b onto m. The binder reads shard 0's first: a waits
+    for its room instead of being refused, and moves once b has left n. A move whose
+    room never comes is refused once the clock moves on."""
+    log = MemoryLog(partitions=3)
+    cluster = SimulatedCluster()
+    for name in ("m", "n"):
+        cluster.observe(Envelope(event=make_node(name).cpu("2").added()))
+    for name, node in (("a", "m"), ("b", "n")):
+        cluster.observe(Envelope(event=make_pod(name).cpu("2").submitted()))
+        cluster.bind(PodBound(pod=f"default/{name}", node=node, decision_id=name, attempt=1), 0)
+    binder = Binder(cluster, log, shards=2)
+    rid = "default/w/moves#3"
+    to_n = PodMigrated(pod="default/a", from_node="m", to_node="n", by="w", decision_id=f"a@{rid}")
+    to_m = PodMigrated(pod="default/b", from_node="n", to_node="m", by="w", decision_id=f"b@{rid}")
+    await log.append([Envelope(event=to_n, producer="shard-0")], 0)
+    await log.append([Envelope(event=to_m, producer="shard-1")], 1)
+    await binder.poll(0)
+    assert {k: v[0] for k, v in cluster.running.items()} == {"default/a": "n", "default/b": "m"}
+    assert not [e for p in (0, 1) for e in await log.read(p, 0) if isinstance(e.event, BindFailed)]
+    # a move whose room never comes: waits while the clock stands, refused after
+    back = PodMigrated(pod="default/a", from_node="n", to_node="m", by="v", decision_id=f"a2@{rid}")
+    await log.append([Envelope(event=back, producer="shard-0")], 0)
+    await binder.poll(0)
+    assert not [e for e in await log.read(0, 0) if isinstance(e.event, BindFailed)]
+    await binder.poll(SECOND)
+    (refusal,) = [e.event for e in await log.read(0, 0) if isinstance(e.event, BindFailed)]
+    assert refusal.decision_id == f"a2@{rid}"
+
+
 @st.composite
 def random_scenario(draw: Any) -> Scenario:
     items: list[tuple[float, Any]] = []
