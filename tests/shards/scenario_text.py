@@ -180,3 +180,17 @@ profiles:
   - name: Rescheduler
     args: {args}
 ---"""
+
+
+def fit_config(strategy: str) -> str:
+    """A profile whose ``NodeResourcesFit`` scores by ``strategy`` (its
+    ``scoringStrategy``, a YAML flow mapping): a packing profile, say."""
+    return f"""
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+profiles:
+- schedulerName: default-scheduler
+  pluginConfig:
+  - name: NodeResourcesFit
+    args: {{scoringStrategy: {strategy}}}
+---"""

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from engine.model.pools import POOL_LABEL
 from tests.shards.coordinator_kit import shoal
-from tests.shards.scenario_text import node, pod, pod_group
+from tests.shards.scenario_text import fit_config, node, pod, pod_group
 
 SHARDS = (1, 2, 4)
 
@@ -51,15 +51,7 @@ def scenario(seed: int) -> str:
     """The scenario of ``seed``: 2 to 6 nodes, 4 to 20 units arriving over time."""
     rng = random.Random(seed)
     strategy = PACKING[rng.choice(sorted(PACKING))]
-    text = f"""
-apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-profiles:
-- schedulerName: default-scheduler
-  pluginConfig:
-  - name: NodeResourcesFit
-    args: {{scoringStrategy: {strategy}}}
----"""
+    text = fit_config(strategy)
     count = rng.randint(2, 6)
     pools = rng.choice([1, 2, 3])
     for i in range(count):

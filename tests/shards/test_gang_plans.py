@@ -13,6 +13,7 @@ import pytest
 from engine.model.pools import POOL_LABEL
 from tests.shards.coordinator_kit import shoal
 from tests.shards.scenario_text import (
+    fit_config,
     gpu_node,
     gpu_pod,
     node,
@@ -98,15 +99,7 @@ def test_a_moved_pod_lands_on_the_best_node_of_any_shard(
     assert _cards(data, "podW") == [("nodeP", [0])]
 
 
-MOST_ALLOCATED = """
-apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-profiles:
-- schedulerName: default-scheduler
-  pluginConfig:
-  - name: NodeResourcesFit
-    args: {scoringStrategy: {type: MostAllocated, resources: [{name: cpu, weight: 1}]}}
----"""
+MOST_ALLOCATED = fit_config("{type: MostAllocated, resources: [{name: cpu, weight: 1}]}")
 
 
 @pytest.mark.parametrize("shards", SHARDS)
