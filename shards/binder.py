@@ -109,9 +109,8 @@ class Binder:
             elif isinstance(event, PodUnbound):
                 self.cluster.unbind(event)
             elif isinstance(event, PodMigrated):
-                if env.producer == "router" or env.stream == "relay" or (
-                    event.decision_id in self.failed
-                ):
+                copy = env.producer == "router" or env.stream == "relay"
+                if copy or event.decision_id in self.failed:
                     # a copy of a move seen in its shard's partition: the router's
                     # forward, or the coordinator's relay of it (applied again, a move
                     # the cluster refused would be made after all, unknown to the shards)
