@@ -109,7 +109,6 @@ from __future__ import annotations
 
 from engine.config import SchedulerConfig
 from engine.framework.registry import Registry
-from engine.model.changes import ClusterEvent
 from engine.model.groups import group_unit
 from engine.model.pools import Sharding
 from events.types import (
@@ -198,16 +197,9 @@ class Coordinator(Inputs):
         first = due.first_nomination()
         if first is None or self.fresh(first):
             return
-        for unit, (since, victims) in list(self.nominated.items()):
+        for unit, (since, _) in list(self.nominated.items()):
             if not self.fresh(since):
-                del self.nominated[unit]
-                self.engine.planned.pop(unit, None)
-                self.engine.planned_cards.pop(unit, None)
-                for slot in self.engine.held.pop(unit, []):
-                    self.engine.fire(ClusterEvent.POD_FREED, slot)
-                for victim in victims:
-                    self.evicting.pop(victim, None)
-                self._requeue(unit)
+                self.end_nomination(unit)
 
     def next_wakeup(self) -> int | None:
         """When a pass would act without new records: the view's next back-off or

@@ -27,6 +27,7 @@ import numpy.typing as npt
 from engine.config import SchedulerConfig
 from engine.engine import Engine
 from engine.framework.registry import Registry
+from engine.model.changes import ClusterEvent
 from engine.model.groups import PENDING, is_group_unit
 from engine.model.podtable import selector_matches
 from engine.model.pools import Sharding
@@ -355,6 +356,22 @@ class Ledger:
             self.evicting[victim] = unit
         self.engine.dispatched[unit] = "evicting"
         self.counters["evictions"] += len(victims)
+
+    def end_nomination(self, unit: str) -> None:
+        """``unit`` no longer waits for its victims or moves (they were not all reported
+        gone in time, or a shard refused a move of its plan): it is the queue's again,
+        the room its plan held is freed."""
+        entry = self.nominated.pop(unit, None)
+        if entry is None:
+            return
+        e = self.engine
+        e.planned.pop(unit, None)
+        e.planned_cards.pop(unit, None)
+        for slot in e.held.pop(unit, []):
+            e.fire(ClusterEvent.POD_FREED, slot)
+        for victim in entry[1]:
+            self.evicting.pop(victim, None)
+        self._requeue(unit)
 
     def wait_for_owner(self, unit: str) -> None:
         """``unit`` was decided onto a node no shard owns now (its pool is moving to

@@ -218,6 +218,9 @@ class Reports(Handed):
         claim.granted.pop(shard, None)
         if MOVES in claim.rid and isinstance(event, ReservationDenied):
             self.moves_refused[claim.unit] = self.moves_refused.get(claim.unit, 0) + 1
+            # the plan will not be carried out whole: its unit is tried again now, not
+            # after the nomination's time-out (meanwhile the queue waited behind it)
+            self.end_nomination(claim.unit)
         if claim.stage in (PREPARING, COMMITTED):
             self._abort(claim, f"shard {shard}: {event.reason}")
         if not claim.open:
