@@ -29,7 +29,6 @@ from engine.model.pods import PodInfo
 from engine.model.pools import Pools, Sharding
 from engine.model.reservations import HELD, STAGING
 from engine.model.shard import ShardModel
-from engine.model.state import Ints
 from engine.passes.dispatch import Dispatch, Local
 from engine.passes.explain import Explanation
 from engine.passes.run import SchedulingPass
@@ -99,9 +98,6 @@ class Engine(ShardModel):
 
     def framework_for(self, pod: PodInfo) -> Framework | None:
         return self.profiles.framework_for(pod)
-
-    def slot_owners(self) -> Ints | None:
-        return self.dispatch.slot_owners()
 
     # ------------------------------------------------------------------ fold
 

@@ -203,13 +203,13 @@ class SimulatedCluster:
         pods: set[str] = set()
         for i, decision in enumerate(decisions):
             if decision.pod in pods:
-                failed += self._move_together(decisions, step, now)
+                failed += self._move_step(decisions, step, now)
                 step, pods = [], set()
             step.append(i)
             pods.add(decision.pod)
-        return failed + self._move_together(decisions, step, now)
+        return failed + self._move_step(decisions, step, now)
 
-    def _move_together(
+    def _move_step(
         self, decisions: list[PodMigrated], step: list[int], now: int
     ) -> list[tuple[int, Event]]:
         """Stop the pods of ``step`` (indices into ``decisions``, each pod once), then

@@ -87,11 +87,6 @@ class Handle(Protocol):
         """Whether this engine may move running pods (one that owns its nodes)."""
         ...
 
-    def slot_owners(self) -> Any:
-        """Per slot, the shard owning its node (an int array, possibly shorter than the
-        slots; negative: none), or None where this engine owns every node."""
-        ...
-
     def framework_for(self, pod: PodInfo) -> Any:
         """The :class:`~engine.framework.runtime.Framework` of ``pod``'s profile (None
         when no profile serves it)."""
