@@ -10,20 +10,21 @@ that is a dozen passes over every node for each pod (5 ms at 130,000 nodes). But
   labels and taints and the pod's selector, affinity and tolerations only: they are
   kept per pod ``static_key`` and constraint set until ``state.static_version`` moves;
 * a domain's count is the number of matching placed pods on its eligible nodes,
-  counted over the placed pods' table (:mod:`engine.model.podtable`), ``O(placed
-  pods)``; on large clusters (:class:`Tallies`) counted once, then kept per
-  constraint and namespace from the pods added and removed since that carry a label
-  the selector requires (the pod table's :class:`~engine.model.podtable.LabelLog`:
-  ``O(such pods)``, one or two between two pods of a template however many other
-  templates' pods were placed meanwhile), or, for a selector that requires no label,
-  by recounting, from the state's journal, the nodes changed since (``O(changed
+  counted once over the placed pods' table (:mod:`engine.model.podtable`), ``O(placed
+  pods)``, then kept per constraint and namespace (:class:`Tallies`) from the pods
+  added and removed since that carry a label the selector requires (the pod table's
+  :class:`~engine.model.podtable.LabelLog`: ``O(such pods)``, one or two between two
+  pods of a template however many other templates' pods were placed meanwhile); for
+  a selector that requires no label, counted whole each time, or on large clusters
+  kept by recounting, from the state's journal, the nodes changed since (``O(changed
   nodes * pods on each)``); the whole count again beyond ``_RECOUNT`` of either;
 * a node's verdict is its domains' (a node lacking a constraint's key fails), so the
   mask over every node is a function of the per-domain verdicts: kept per distinct
   tuple of them, which changes only when some domain crosses the skew.
 
-So a spread pod costs ``O(placed pods + domains)``, on large clusters ``O(matching
-pods placed or gone since + domains)``, when its per-domain verdicts are ones seen
+So a spread pod whose selector requires a label costs ``O(matching pods placed or
+gone since + domains)`` (others ``O(placed pods + domains)``, on large clusters
+``O(changed nodes * pods on each + domains)``) when its per-domain verdicts are ones seen
 before (spread verdicts alternate between a few as domains fill in turn), and one
 pass over the nodes when they are new. The mask returned is shared: callers
 must not modify it (it is read-only), and the framework keeps the pod shape's scores
@@ -53,12 +54,20 @@ class Tallies:
     """Where matching pods are tallied per node (module-level so tests may lower it)."""
 
     min_nodes = 16384
-    """Nodes from which a constraint's counts are kept and recounted on the changed
-    nodes. Recounting costs some 1.5 µs per pod on the changed nodes, counting whole
-    some 6 ns per placed pod (numpy over the placed pods' table): with about twenty
-    nodes changed between two pods of a kind, the tally pays from some 5,000 nodes
-    on whatever the pods per node, and by far once placed pods number in the millions
-    (the whole count reads every one for every spread pod)."""
+    """Nodes from which the counts of a constraint whose selector requires no label are
+    kept and recounted on the changed nodes. Recounting costs some 1.5 µs per pod on
+    the changed nodes, counting whole some 6 ns per placed pod (numpy over the placed
+    pods' table): with about twenty nodes changed between two pods of a kind, the
+    tally pays from some 5,000 nodes on whatever the pods per node, and by far once
+    placed pods number in the millions (the whole count reads every one for every
+    spread pod)."""
+
+    by_label = True
+    """Whether a selector that requires a label (``app: web``, as nearly every one does)
+    keeps its counts from that label's log (:class:`~engine.model.podtable.LabelLog`) on
+    every cluster size: ``O(matching pods placed or gone since)`` per spread pod,
+    against the whole count's ``O(placed pods)`` (6 ns each: 120 µs per spread pod
+    with 20,000 placed, most of such a pod's cost on 5,000 nodes)."""
 
 
 _LISTED: Final = 64
@@ -253,7 +262,8 @@ def _counts(part: _Part, namespace: str, state: ClusterState, table: PodTable) -
     from the pods on each (``table`` is in step with ``state``). The result is the
     tally's own array: callers must not modify it."""
     selector = part.constraint.selector
-    if len(state.index) < Tallies.min_nodes:
+    label = _required_label(selector) if Tallies.by_label else None
+    if label is None and len(state.index) < Tallies.min_nodes:
         rows = table.matching(selector, (namespace,), False)
         slots = table.node[rows]
         slots = slots[part.eligible[slots]]
@@ -261,7 +271,6 @@ def _counts(part: _Part, namespace: str, state: ClusterState, table: PodTable) -
     tally = part.tallies.get(namespace)
     if tally is not None and _caught_up(tally, part, namespace, state, table):
         return tally.counts
-    label = _required_label(selector)
     log = None if label is None else table.label_log(*label)
     rows = table.matching(selector, (namespace,), False)
     per_node = table.per_node(rows, state.capacity)

@@ -405,12 +405,15 @@ class Counted:
                         if shard >= 0:
                             counts[shard] += 1 if verdict else -1
         elif changed:
-            slots = np.unique(np.asarray(changed, dtype=np.int64))
+            # the verdicts that flipped, then those slots once each (a batch's journal
+            # holds each slot as often as pods landed there; sorting all of it was
+            # most of this)
+            slots = np.asarray(changed, dtype=np.int64)
             slots = slots[slots < top]
-            now = feasible[slots]
-            flipped = now != kept.mask[slots]
+            flipped = feasible[slots] != kept.mask[slots]
             if flipped.any():
-                slots, now = slots[flipped], now[flipped]
+                slots = np.unique(slots[flipped])
+                now = feasible[slots]
                 kept.mask[slots] = now
                 whose = owner[slots]
                 mine = whose >= 0

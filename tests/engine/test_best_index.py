@@ -236,14 +236,15 @@ def test_indexed_placements_equal_the_full_scan(compiled: bool, sequence: list[E
 
 @contextmanager
 def tallied(on: bool = True) -> Iterator[None]:
-    """Spread counts kept per node and recounted on the changed nodes on every
-    cluster size (or never)."""
-    saved = spread_cache.Tallies.min_nodes
+    """Spread counts kept per node (from a required label's log, or recounted on the
+    changed nodes) on every cluster size, or never: counted whole each time."""
+    saved = spread_cache.Tallies.min_nodes, spread_cache.Tallies.by_label
     spread_cache.Tallies.min_nodes = 0 if on else 1 << 30
+    spread_cache.Tallies.by_label = on
     try:
         yield
     finally:
-        spread_cache.Tallies.min_nodes = saved
+        spread_cache.Tallies.min_nodes, spread_cache.Tallies.by_label = saved
 
 
 @contextmanager

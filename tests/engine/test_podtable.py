@@ -125,3 +125,78 @@ def _apply(state: ClusterState, what: str, key: str, slot: int, pod: PodInfo) ->
     else:
         return False
     return True
+
+
+# (what, pod, node): as STEPS, and pods placed in bulk, a pod's spec replaced (a name
+# that comes back with other labels), a node's labels changed
+ROWS_STEPS = st.lists(
+    st.tuples(
+        st.sampled_from(["place", "place", "bulk", "release", "respec", "relabel", "ask"]),
+        st.integers(0, PODS - 1),
+        st.integers(0, NODES - 1),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(steps=ROWS_STEPS)
+def test_rows_kept_in_step_are_the_rows_built_whole(steps: list[tuple[str, int, int]]) -> None:
+    """Synced from the journal after any run of changes (pods placed one by one or in
+    bulk, several on one node, moved, released, given another spec, nodes changed),
+    the table holds the rows a table built from scratch holds: each placed pod once,
+    on its node, with its current spec, and the label log a reader follows agrees."""
+    state = ClusterState()
+    slots = [state.add_node(make_node(f"n{i}").cpu("64").spec()) for i in range(NODES)]
+    pods: dict[str, PodInfo] = {}
+    for i in range(PODS):
+        info = pod_info(make_pod(f"p{i}").cpu("1").labels(app="x").spec(), state.resources, i)
+        pods[info.key] = info
+    keys = sorted(pods)
+    table = pod_table(state, pods)
+    log = table.label_log("app", "x")
+    per_node, read = [0] * NODES, log.end
+    respecs = 0
+    for what, pod, node in steps:
+        key = keys[pod]
+        if what == "bulk":  # this pod and the next two not placed, on one node
+            batch = [k for k in keys[pod:] + keys[:pod] if k not in state.pods][:3]
+            state.assume_all([(k, slots[node], pods[k].request, 0) for k in batch])
+        elif what == "respec":  # (of a pod not placed: placed, it is released first)
+            state.forget(key)
+            respecs += 1
+            app = "x" if respecs % 2 == 0 else "y"
+            spec = make_pod(f"p{pod}").cpu("1").labels(app=app).spec()
+            pods[key] = pod_info(spec, state.resources, 100 + respecs)
+        elif what == "relabel":
+            state.update_node(make_node(f"n{node}").cpu("64").label("v", str(pod)).spec())
+        elif what != "ask":
+            _apply(state, what, key, slots[node], pods[key])
+            continue
+        table = pod_table(state, pods)
+        whole = podtable.PodTable()
+        whole.sync(state, pods, rows=True)
+        got = {k: (int(table.node[r]), table.specs[r]) for k, r in table.row_of.items()}
+        want = {k: (int(whole.node[r]), whole.specs[r]) for k, r in whole.row_of.items()}
+        assert got == want
+        assert table.on_slot == whole.on_slot
+        entries = log.since(read) if table.followed("app", "x") is log else None
+        if entries is None:
+            log = table.label_log("app", "x")
+            read = log.end
+            per_node = _carrying(state, table, slots)
+            continue
+        for slot, sign, _ in entries:
+            per_node[slots.index(slot)] += sign
+        read = log.end
+        assert per_node == _carrying(state, table, slots)
+
+
+def _carrying(state: ClusterState, table: podtable.PodTable, slots: list[int]) -> list[int]:
+    """Per node, the rows of the table that carry ``app=x`` (as the log counts them)."""
+    counts = [0] * len(slots)
+    for row in table.row_of.values():
+        spec = table.specs[row]
+        if spec is not None and spec.labels.get("app") == "x":
+            counts[slots.index(int(table.node[row]))] += 1
+    return counts
