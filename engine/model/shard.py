@@ -42,7 +42,7 @@ from engine.model.groups import (
 from engine.model.holds import HOLD_PREFIX, Hold, hold_until, owner_of
 from engine.model.pods import PodInfo, pod_info
 from engine.model.pools import Pools
-from engine.model.queue import SchedulingQueue
+from engine.model.queue import Room, SchedulingQueue
 from engine.model.quota import QuotaTable
 from engine.model.reservations import COMMITTED, Reservation
 from engine.model.retention import (
@@ -795,14 +795,13 @@ class ShardModel:
                 verdicts[cache_key] = verdict
             return verdict
 
-        limit = (
-            self._capacity_limit(slot) if event == ClusterEvent.POD_FREED and slot >= 0 else None
-        )
-        self.queue.on_event(event, self.now, helps, limit)
+        room = self._room(slot) if event == ClusterEvent.POD_FREED and slot >= 0 else None
+        self.queue.on_event(event, self.now, helps, room)
 
-    def _capacity_limit(self, slot: int) -> Callable[[str, int], int]:
-        """How many parked pods of a bucket the freed node ``slot`` can hold: only that
-        node changed, so pods beyond its free capacity would fail again. A bucket
+    def _room(self, slot: int) -> Callable[[str], Room | None]:
+        """How the parked pods of a bucket take the room freed on node ``slot``
+        (:class:`engine.model.queue.Room`; None: woken whole, taking none of it): only
+        that node changed, so pods beyond its free capacity would fail again. A bucket
         whose pods wait out a back-off first is woken whole and takes none of the
         room: it is tried later, and the room is for the pods that are tried now (else
         a higher-priority pod still backing off kept a lower one parked that one
@@ -810,30 +809,30 @@ class ShardModel:
         budget: dict[int, int] = {}
         free = self.state.free
         hints = self.hints
+        nothing = Room(budget, ())
 
-        def limit(unit: str, waiting: int) -> int:
+        def room(unit: str) -> Room | None:
             plugins = self.queue.reason_plugins(unit)
             if is_group_unit(unit) or QUOTA_PLUGIN in plugins or not plugins:
-                return waiting
+                return None
             if self.queue.backing_off(unit, self.now):
-                return waiting
+                return None
             pod = self.pods[unit]
             if self.could_preempt(pod, slot):
-                return waiting
+                return None
             decides = True if hints is None else hints.room_decides(pod, plugins, slot, self.state)
             if decides is None:
-                return waiting  # it may fail for other reasons: it takes none of the room
+                return None  # it may fail for other reasons: it takes none of the room
             if not decides:
-                return 0  # the room is on a node it cannot use
-            count = waiting
-            for row, amount in pod.request:
-                left = budget.setdefault(row, int(free[row, slot]))
-                count = min(count, left // amount)
-            for row, amount in pod.request:
-                budget[row] -= count * amount
-            return count
+                return nothing  # the room is on a node it cannot use
+            request = tuple((row, amount) for row, amount in pod.request if amount > 0)
+            if not request:
+                return None
+            for row, _ in request:
+                budget.setdefault(row, int(free[row, slot]))
+            return Room(budget, request)
 
-        return limit
+        return room
 
     def could_preempt(self, pod: PodInfo, slot: int) -> bool:
         """Whether ``pod`` might preempt a pod on node ``slot`` (one of lower priority

@@ -215,11 +215,14 @@ class SchedulingPass:
                 settle(self)
 
     def freed(self, slots: list[int]) -> None:
-        """Room was freed on ``slots``: parked pods it may help go back to the queue."""
+        """Room was freed on ``slots``: parked pods it may help go back to the queue,
+        once per node, for the room left there now, however many pods freed it (a
+        wake-up per victim woke pods by how many victims a node lost, and a
+        coordinator that hears of them together woke fewer)."""
         if slots:
             self.failed.clear()
             self.unmovable.clear()
-            for slot in slots:
+            for slot in dict.fromkeys(slots):
                 self.e.fire(ClusterEvent.POD_FREED, slot)
 
     def _take_on_requests(self) -> None:

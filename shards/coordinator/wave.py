@@ -360,7 +360,7 @@ class Wave:
             self.placing = False
         # parked pods hear of the room left once the whole run is placed, once per
         # node: what one at a time leaves there after the last member that changed it
-        p.freed(list(dict.fromkeys(freed)))
+        p.freed(freed)
         return others
 
     def _nominated(self, p: PassContext, pod: PodInfo, node: str) -> bool:
