@@ -41,35 +41,6 @@ from engine.model.groups import is_group_unit
 from events.types import SECOND
 
 
-class Room:
-    """Room freed on one node, as the parked pods of one bucket take it
-    (:meth:`SchedulingQueue.on_event`): ``budget``, per resource row, is shared by the
-    rooms of every bucket woken by one event; each pod of this bucket takes
-    ``request`` of it, and ``most`` bounds how many it can hold (its pods beyond
-    would fail again: only that node changed)."""
-
-    __slots__ = ("budget", "most", "request")
-
-    def __init__(self, budget: dict[int, int], request: tuple[tuple[int, int], ...]) -> None:
-        self.budget = budget
-        self.request = request
-        self.most = min((budget[row] // amount for row, amount in request if amount > 0), default=0)
-
-    def __repr__(self) -> str:
-        return f"Room(most={self.most}, request={self.request})"
-
-    def take(self) -> bool:
-        """Whether the room still holds one more pod of the bucket (then taken)."""
-        budget = self.budget
-        request = self.request
-        for row, amount in request:
-            if budget[row] < amount:
-                return False
-        for row, amount in request:
-            budget[row] -= amount
-        return True
-
-
 @dataclass(slots=True)
 class _Entry:
     where: str
@@ -286,25 +257,19 @@ class SchedulingQueue:
         event: ClusterEvent,
         now: int,
         helps: Callable[[str, tuple[str, ...]], bool],
-        room: Callable[[str], Room | None] | None = None,
+        limit: Callable[[str, int], int] | None = None,
     ) -> int:
         """Move parked pods that ``event`` may help; return how many moved.
 
         ``helps(key, plugins)`` refines the choice (queueing hints), asked once per
-        bucket with its first pod. ``room(key)`` (a node's room was freed), asked once
-        per bucket that ``helps`` keeps: None wakes the bucket whole; a :class:`Room`
-        wakes its pods while the room holds them. The buckets that share the room take
-        it pod by pod in queue order (priority, then arrival), not bucket by bucket:
-        else a later pod of one bucket took the room before an earlier pod of another
-        (and a pod the room holds stayed parked where one scheduler, waking every pod
-        the event may help, places it).
+        bucket with its first pod. ``limit(key, waiting)`` bounds how many pods of that
+        bucket to wake (default: all).
         """
         buckets = self._parked.get(event)
         if not buckets:
             return 0
         order = sorted(buckets, key=lambda b: self._bucket_rank(buckets[b]))
         moved = 0
-        sharing: list[tuple[tuple[int, int], int, list[_Entry], Room]] = []
         for bucket in order:
             keys = buckets.get(bucket)
             if not keys:
@@ -312,29 +277,10 @@ class SchedulingQueue:
             first = next(iter(keys))
             if not helps(first, self._entries[first].plugins):
                 continue
-            share = None if room is None else room(first)
-            if share is None:
-                for key in list(keys):
-                    self._unpark(self._entries[key], now)
-                    moved += 1
-            elif share.most > 0:
-                entries = [self._entries[key] for key in islice(keys, share.most)]
-                entries.reverse()  # (popped from the end: the first parked first)
-                head = entries[-1]
-                sharing.append(((-head.priority, head.seq), len(sharing), entries, share))
-        heapq.heapify(sharing)
-        while sharing:
-            _, index, entries, share = sharing[0]
-            if not share.take():
-                heapq.heappop(sharing)  # (its pods all ask the same: none fits now)
-                continue
-            self._unpark(entries.pop(), now)
-            moved += 1
-            if entries:
-                head = entries[-1]
-                heapq.heapreplace(sharing, ((-head.priority, head.seq), index, entries, share))
-            else:
-                heapq.heappop(sharing)
+            count = len(keys) if limit is None else min(limit(first, len(keys)), len(keys))
+            for key in list(islice(keys, count)):
+                self._unpark(self._entries[key], now)
+                moved += 1
         return moved
 
     def _bucket_rank(self, keys: dict[str, None]) -> tuple[int, int]:

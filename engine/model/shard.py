@@ -42,7 +42,7 @@ from engine.model.groups import (
 from engine.model.holds import HOLD_PREFIX, Hold, hold_until, owner_of
 from engine.model.pods import PodInfo, pod_info
 from engine.model.pools import Pools
-from engine.model.queue import Room, SchedulingQueue
+from engine.model.queue import SchedulingQueue
 from engine.model.quota import QuotaTable
 from engine.model.reservations import COMMITTED, Reservation
 from engine.model.retention import (
@@ -795,44 +795,47 @@ class ShardModel:
                 verdicts[cache_key] = verdict
             return verdict
 
-        room = self._room(slot) if event == ClusterEvent.POD_FREED and slot >= 0 else None
-        self.queue.on_event(event, self.now, helps, room)
+        limit = (
+            self._capacity_limit(slot) if event == ClusterEvent.POD_FREED and slot >= 0 else None
+        )
+        self.queue.on_event(event, self.now, helps, limit)
 
-    def _room(self, slot: int) -> Callable[[str], Room | None]:
-        """How the parked pods of a bucket take the room freed on node ``slot``
-        (:class:`engine.model.queue.Room`; None: woken whole, taking none of it): only
-        that node changed, so pods beyond its free capacity would fail again. A bucket
-        whose pods wait out a back-off first is woken whole and takes none of the
-        room: it is tried later, and the room is for the pods that are tried now (else
-        a higher-priority pod still backing off kept a lower one parked that one
-        scheduler, waking every pod the event may help, places meanwhile)."""
-        budget: dict[int, int] = {}
+    def _capacity_limit(self, slot: int) -> Callable[[str, int], int]:
+        """How many parked pods of a bucket the freed node ``slot`` can hold: only that
+        node changed, so pods beyond its free capacity would fail again. Each bucket
+        is measured against the whole room, not what buckets woken before it leave:
+        the woken pods are then the same whatever order the rooms of several nodes
+        are heard of in (a coordinator hears of the pods that finish on each shard
+        in another order than one shard), and none that the room may hold stays
+        parked because a bucket ahead of it counted on room its pods then fail to
+        use (a GPU share finding no card with room). A bucket whose pods wait out a
+        back-off first is woken whole: it is tried later (else a higher-priority pod
+        still backing off kept a lower one parked that one scheduler, waking every
+        pod the event may help, places meanwhile)."""
         free = self.state.free
         hints = self.hints
-        nothing = Room(budget, ())
 
-        def room(unit: str) -> Room | None:
+        def limit(unit: str, waiting: int) -> int:
             plugins = self.queue.reason_plugins(unit)
             if is_group_unit(unit) or QUOTA_PLUGIN in plugins or not plugins:
-                return None
+                return waiting
             if self.queue.backing_off(unit, self.now):
-                return None
+                return waiting
             pod = self.pods[unit]
             if self.could_preempt(pod, slot):
-                return None
+                return waiting
             decides = True if hints is None else hints.room_decides(pod, plugins, slot, self.state)
             if decides is None:
-                return None  # it may fail for other reasons: it takes none of the room
+                return waiting  # it may fail for other reasons: woken whole
             if not decides:
-                return nothing  # the room is on a node it cannot use
-            request = tuple((row, amount) for row, amount in pod.request if amount > 0)
-            if not request:
-                return None
-            for row, _ in request:
-                budget.setdefault(row, int(free[row, slot]))
-            return Room(budget, request)
+                return 0  # the room is on a node it cannot use
+            count = waiting
+            for row, amount in pod.request:
+                if amount > 0:
+                    count = min(count, int(free[row, slot]) // amount)
+            return count
 
-        return room
+        return limit
 
     def could_preempt(self, pod: PodInfo, slot: int) -> bool:
         """Whether ``pod`` might preempt a pod on node ``slot`` (one of lower priority

@@ -1,10 +1,7 @@
 from __future__ import annotations
 
-from hypothesis import given
-from hypothesis import strategies as st
-
 from engine.model.changes import ClusterEvent
-from engine.model.queue import Room, SchedulingQueue
+from engine.model.queue import SchedulingQueue
 from events.types import SECOND
 
 FIT = frozenset({ClusterEvent.POD_FREED, ClusterEvent.NODE_ADDED})
@@ -90,42 +87,3 @@ def test_compact_drops_superseded_back_offs_and_keeps_what_comes_next() -> None:
     assert q.pop() is None
     q.flush_backoff(4 * SECOND)
     assert drain(q) == ["a"]
-
-
-@given(
-    pods=st.lists(st.tuples(st.integers(0, 3), st.sampled_from([0, 10])), min_size=1, max_size=12),
-    requests=st.lists(st.tuples(st.integers(1, 3), st.integers(0, 2)), min_size=4, max_size=4),
-    room=st.tuples(st.integers(0, 8), st.integers(0, 4)),
-)
-def test_parked_pods_take_freed_room_in_queue_order_across_buckets(
-    pods: list[tuple[int, int]], requests: list[tuple[int, int]], room: tuple[int, int]
-) -> None:
-    """Pods of several buckets (shape, priority) parked in arrival order; room freed on
-    a node wakes them in queue order (priority, then arrival), each while the room left
-    holds its request, whatever bucket it is in: the pods a scheduler trying every pod
-    in that order would place there (before, each bucket took the room whole, in the
-    order of its first pod, so a later pod of one bucket took it from an earlier pod
-    of another)."""
-    q = SchedulingQueue()
-    shapes = {}
-    for seq, (shape, priority) in enumerate(pods):
-        key = f"p{seq}"
-        shapes[key] = (shape, priority)
-        q.park(key, priority, seq, 1, 0, ("NodeResourcesFit",), FIT, shape=shape)
-    budget = {0: room[0], 1: room[1]}
-
-    def share(key: str) -> Room:
-        cpu, cards = requests[shapes[key][0]]
-        return Room(budget, tuple((row, n) for row, n in ((0, cpu), (1, cards)) if n > 0))
-
-    q.on_event(ClusterEvent.POD_FREED, SECOND, lambda k, p: True, share)
-    woken = {key for key in shapes if q.where(key) != "unschedulable"}
-    left = {0: room[0], 1: room[1]}
-    want = set()
-    for seq in sorted(range(len(pods)), key=lambda i: (-pods[i][1], i)):
-        cpu, cards = requests[pods[seq][0]]
-        if left[0] >= cpu and left[1] >= cards:
-            left[0] -= cpu
-            left[1] -= cards
-            want.add(f"p{seq}")
-    assert woken == want
