@@ -133,7 +133,7 @@ from shards.coordinator.flights import (
     LabelKey,
 )
 from shards.coordinator.handover import Checks
-from shards.coordinator.ledger import Selecting
+from shards.coordinator.ledger import Moving, Selecting
 from shards.coordinator.wave import Wave, Waving
 
 
@@ -148,6 +148,7 @@ class Coordinating(Handing, Waving, Protocol):
     claims: dict[str, Claim]
     claim_of: dict[str, str]
     moves_refused: dict[str, int]
+    moves_after: dict[str, tuple[str, tuple[str, ...], list[Moving]]]
     ready: list[str]
     now: int
 
@@ -174,6 +175,8 @@ class Coordinating(Handing, Waving, Protocol):
     def under_way(self, shard: int) -> npt.NDArray[np.int64]: ...
 
     def nominate(self, unit: str, victims: list[str], shards: Iterable[int]) -> None: ...
+
+    def end_nomination(self, unit: str) -> None: ...
 
     def wait_for_owner(self, unit: str) -> None: ...
 
@@ -425,7 +428,10 @@ class ShardDispatch:
 
     def first(self, p: PassContext) -> list[str]:
         """Preemptors whose victims are gone; a run of them is placed here, whole
-        (:meth:`shards.coordinator.wave.Wave.first`)."""
+        (:meth:`shards.coordinator.wave.Wave.first`). Before them, the second steps of
+        plans of moves whose first step is done (:meth:`_moves_after`)."""
+        if self.c.moves_after:
+            self._moves_after()
         return self.wave.first(p)
 
     def done(self, p: PassContext) -> None:
@@ -607,18 +613,89 @@ class ShardDispatch:
             by_shard.setdefault((int(shard_of[slot]), within), []).append((key, origin, slot))
             if not within:
                 leaving.setdefault(int(shard_of[origin]), {})[key] = names[origin] or ""
-        if any(within for _, within in by_shard) or not any(s in leaving for s, _ in by_shard):
+        after = self._second_step(by_shard, leaving)
+        first: tuple[str, ...] = ()
+        if after:
+            # moves within a shard onto room that pods of the plan leaving it free: the
+            # moves across shards first, then these, once those pods are gone
+            across = {k: v for k, v in by_shard.items() if not k[1]}
+            self._move_across(lead, p.unit, across, leaving)
+            first = tuple(sorted(key for moving in across.values() for key, _, _ in moving))
+        elif any(within for _, within in by_shard):
             for (shard, _), moving in sorted(by_shard.items()):
                 self._move_in(lead, p.unit, shard, moving)
         else:
-            # a pod leaves a shard that takes in another pod of the plan: every part is
-            # held, the pods leaving it counted gone there, and all committed together
-            self._move_together(lead, p.unit, by_shard, leaving)
+            self._move_across(lead, p.unit, by_shard, leaving)
         c.nominate(p.unit, [key for key, _, _, _ in moves], {s for s, _ in by_shard})
+        if after:
+            c.moves_after[p.unit] = (lead.key, first, after)
         if gang:
             self._plan(p.unit, placed, cards)
         c.counters["migrations_across"] += 1
         return False
+
+    def _second_step(
+        self,
+        by_shard: dict[tuple[int, bool], list[tuple[str, int, int]]],
+        leaving: dict[int, dict[str, str]],
+    ) -> list[Moving]:
+        """The moves within a shard to make once the plan's moves across shards are
+        done (per shard, in order), or none (all in one step). A shard carries out its
+        moves within at once (:func:`engine.passes.reservations.move_here`), so it
+        cannot count gone a pod of the same plan that leaves it for another shard and
+        would refuse a move onto that pod's room; one scheduler moves them all in one
+        step. So where a shard with moves within also loses pods to another shard, the
+        moves across go first and these once the pods that leave are reported gone:
+        the same moves, and no unit decided between them (the unit stays nominated,
+        and the queue waits behind it). Not where a move across lands on a node a move
+        within leaves (each would wait for the other): those go in one step, as
+        before."""
+        within = [(shard, moving) for (shard, inside), moving in by_shard.items() if inside]
+        if not within or not any(shard in leaving for shard, _ in within):
+            return []
+        vacated = {origin for _, moving in within for _, origin, _ in moving}
+        landing = {
+            slot for (_, inside), moving in by_shard.items() if not inside for _, _, slot in moving
+        }
+        if vacated & landing:
+            return []
+        return sorted(within)
+
+    def _moves_after(self) -> None:
+        """Send the second step of each plan whose first step's pods are all reported
+        gone (:meth:`_second_step`); forget those whose plan ended (a part refused, the
+        nomination timed out)."""
+        c = self.c
+        for unit in sorted(c.moves_after):
+            lead_key, first, later = c.moves_after[unit]
+            entry = c.nominated.get(unit)
+            lead = c.engine.pods.get(lead_key)
+            if entry is None or lead is None:
+                del c.moves_after[unit]
+                if entry is not None:
+                    c.end_nomination(unit)
+                continue
+            if any(key in entry[1] for key in first):
+                continue  # (not all gone yet)
+            del c.moves_after[unit]
+            for shard, moving in later:
+                self._move_in(lead, unit, shard, moving)
+
+    def _move_across(
+        self,
+        lead: PodInfo,
+        unit: str,
+        by_shard: dict[tuple[int, bool], list[tuple[str, int, int]]],
+        leaving: dict[int, dict[str, str]],
+    ) -> None:
+        """Moves across shards only: each shard's part committed at once, or, where a
+        pod leaves a shard that takes in another pod of the plan, every part held with
+        the pods leaving it counted gone there, and all committed together."""
+        if any(shard in leaving for shard, _ in by_shard):
+            self._move_together(lead, unit, by_shard, leaving)
+            return
+        for (shard, _), moving in sorted(by_shard.items()):
+            self._move_in(lead, unit, shard, moving)
 
     def _plan(self, unit: str, placed: Placed, cards: dict[str, tuple[int, ...]]) -> None:
         """Remember where gang ``unit``'s attempt put its members (nodes and GPU cards),

@@ -69,6 +69,8 @@ COORDINATOR: Final = -1
 """``shard`` of the decisions the coordinator makes itself."""
 
 Output = tuple[int, Event]
+Moving = tuple[int, list[tuple[str, int, int]]]
+"""A shard, and the moves (pod, from slot, to slot) it is asked to make."""
 """(partition, event) for the worker to append after a pass."""
 T = TypeVar("T")
 
@@ -123,6 +125,10 @@ class Ledger:
         """Units whose preemption is under way → (since, victims not yet gone)."""
         self.evicting: dict[str, str] = {}
         """Victim → the unit it makes room for."""
+        self.moves_after: dict[str, tuple[str, tuple[str, ...], list[Moving]]] = {}
+        """Unit → its plan's second step: (the pod it is made for, the pods of the first
+        step, per shard the moves within that shard that wait for them to leave), sent
+        once those pods are reported gone (:meth:`ShardDispatch._moves_after`)."""
         self.hard: dict[str, None] = {}
         """Units a shard handed back: decided here next time, not handed over again."""
         self.ready: list[str] = []
@@ -350,6 +356,7 @@ class Ledger:
     def nominate(self, unit: str, victims: list[str], shards: Iterable[int]) -> None:
         """``unit`` waits for ``victims`` to be gone from ``shards`` (asked of them in
         this pass)."""
+        self.moves_after.pop(unit, None)  # (a plan before this one)
         entry = self.nominated[unit] = (self.issue(shards), dict.fromkeys(victims))
         self.due().nominating(unit, entry)
         for victim in victims:
@@ -361,6 +368,7 @@ class Ledger:
         """``unit`` no longer waits for its victims or moves (they were not all reported
         gone in time, or a shard refused a move of its plan): it is the queue's again,
         the room its plan held is freed."""
+        self.moves_after.pop(unit, None)
         entry = self.nominated.pop(unit, None)
         if entry is None:
             return

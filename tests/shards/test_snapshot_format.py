@@ -31,7 +31,8 @@ def _as_format_2(parts: list[SnapshotTaken]) -> list[SnapshotTaken]:
     reservation part's pods are in no gang; format 11 the GPU cards the coordinator chose
     for a part's pods, and whether a shard's learnt shapes are the coordinator's, and the preemptors a
     shard holds room for; format 12 the GPU cards planned for a gang after its evictions; format 13 the pods a
-    plan of moves takes from the shard that holds its part)."""
+    plan of moves takes from the shard that holds its part; format 14 the coordinator's second
+    steps of plans of moves)."""
     tree = msgspec.msgpack.decode(assemble(parts))
     tree["format"] = 2
     tree["state"] = [pair for pair in tree["state"] if pair[0] not in NEW_IN_3]
@@ -40,7 +41,7 @@ def _as_format_2(parts: list[SnapshotTaken]) -> list[SnapshotTaken]:
 
 
 def test_a_format_2_snapshot_is_refused_and_the_partition_replayed() -> None:
-    assert FORMAT == 13
+    assert FORMAT == 14
     scenario = load_scenario([ROOT / "examples" / "batch.yaml"])
 
     async def go() -> tuple[ShardWorker, list[Envelope], list[Envelope]]:
