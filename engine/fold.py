@@ -305,6 +305,7 @@ def take_on(m: ShardModel, event: ReservationRequested) -> str:
         at_once=event.at_once,
         moves=dict(event.moves),
         moved_for=event.moved_for,
+        moved_by=dict(event.moved_by),
         plain=event.plain,
         devices=dict(event.devices),
         leaving=dict(event.leaving),

@@ -72,7 +72,8 @@ shard's learnt shapes are the coordinator's), ``ShardModel.awaited`` (preemptors
 evictions' room a shard holds). 12: ``ShardModel.planned_cards`` (the GPU cards planned
 for a gang's members after its evictions). 13: ``Reservation.leaving`` and ``lifted`` (the
 pods a plan of moves takes from the shard that holds the part). 14: the coordinator's
-``moves_after`` (a plan's moves within a shard, sent once its moves across are done)."""
+``moves_after`` (a plan's moves within a shard, sent once its moves across are done),
+``Reservation.moved_by`` (the gang member each move of a part makes room for)."""
 CHUNK_BYTES: Final = 256 * 1024
 MAX_STATE_BYTES: Final = 1 << 31
 STATE_CLASSES: Final[dict[str, type]] = {

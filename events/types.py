@@ -521,6 +521,9 @@ class ReservationRequested(_Fact, frozen=True, kw_only=True, tag="rsv?"):
     at_once: bool = False
     moves: dict[str, str] = {}
     moved_for: str = ""
+    moved_by: dict[str, str] = {}
+    """Pods of ``moves`` made room for another pod than ``moved_for`` → that pod (a
+    gang's member whose place needed the move; the pod the ``PodMigrated`` names)."""
     disruptions: dict[str, int] | None = None
     """For a gang handed whole to be placed with moves within this shard: the
     disruptions each budget allows, counted over every shard (as ``PodRouted``'s)."""

@@ -63,6 +63,9 @@ class Reservation:
     """Pods moved here from another shard's node → that node (committed as moves)."""
     moved_for: str = ""
     """The pod the moves make room for."""
+    moved_by: dict[str, str] = field(default_factory=dict)
+    """Moved pods made room for another pod than ``moved_for`` → that pod
+    (``ReservationRequested.moved_by``)."""
     at_once: bool = False
     """Commit as soon as it is staged (a part that is the whole reservation)."""
     plain: bool = False

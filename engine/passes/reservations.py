@@ -71,7 +71,7 @@ def commit(p: PassContext, res: Reservation) -> None:
                     pod=key,
                     from_node=res.moves[key],
                     to_node=node,
-                    by=res.moved_for,
+                    by=res.moved_by.get(key, res.moved_for),
                     decision_id=decision_id(key, res.rid),
                     shard=e.shard,
                     devices=e.state.pods[key].devices,
@@ -184,8 +184,9 @@ def move_here(p: PassContext, request: ReservationRequested) -> None:
     e = p.e
     statement = Statement(e.state, e.quotas)
     keys = sorted(request.moves)
+    moved_by = request.moved_by
     for key in keys:
-        statement.lift(key, e.pods[key].spec.namespace, request.moved_for)
+        statement.lift(key, e.pods[key].spec.namespace, moved_by.get(key, request.moved_for))
     why = ""
     for key in keys:
         node = request.placements.get(key, "")
@@ -201,7 +202,13 @@ def move_here(p: PassContext, request: ReservationRequested) -> None:
             break
         spec = pod.spec
         statement.land(
-            key, spec.namespace, slot, pod.request, pod.priority, spec.host_ports, request.moved_for
+            key,
+            spec.namespace,
+            slot,
+            pod.request,
+            pod.priority,
+            spec.host_ports,
+            moved_by.get(key, request.moved_for),
         )
     if why:
         statement.discard()

@@ -133,7 +133,7 @@ from shards.coordinator.flights import (
     LabelKey,
 )
 from shards.coordinator.handover import Checks
-from shards.coordinator.ledger import Moving, Selecting
+from shards.coordinator.ledger import Move, Moving, Selecting
 from shards.coordinator.wave import Wave, Waving
 
 
@@ -606,11 +606,11 @@ class ShardDispatch:
                 self._hand_pod(lead, involved.pop(), moves=True)
             c.counters["migrations_handed"] += 1
             return True
-        by_shard: dict[tuple[int, bool], list[tuple[str, int, int]]] = {}
+        by_shard: dict[tuple[int, bool], list[Move]] = {}
         leaving: dict[int, dict[str, str]] = {}
-        for key, origin, slot, _ in moves:
+        for key, origin, slot, by in moves:
             within = bool(shard_of[origin] == shard_of[slot])
-            by_shard.setdefault((int(shard_of[slot]), within), []).append((key, origin, slot))
+            by_shard.setdefault((int(shard_of[slot]), within), []).append((key, origin, slot, by))
             if not within:
                 leaving.setdefault(int(shard_of[origin]), {})[key] = names[origin] or ""
         after = self._second_step(by_shard, leaving)
@@ -620,7 +620,7 @@ class ShardDispatch:
             # moves across shards first, then these, once those pods are gone
             across = {k: v for k, v in by_shard.items() if not k[1]}
             self._move_across(lead, p.unit, across, leaving)
-            first = tuple(sorted(key for moving in across.values() for key, _, _ in moving))
+            first = tuple(sorted(key for moving in across.values() for key, _, _, _ in moving))
         elif any(within for _, within in by_shard):
             for (shard, _), moving in sorted(by_shard.items()):
                 self._move_in(lead, p.unit, shard, moving)
@@ -636,7 +636,7 @@ class ShardDispatch:
 
     def _second_step(
         self,
-        by_shard: dict[tuple[int, bool], list[tuple[str, int, int]]],
+        by_shard: dict[tuple[int, bool], list[Move]],
         leaving: dict[int, dict[str, str]],
     ) -> list[Moving]:
         """The moves within a shard to make once the plan's moves across shards are
@@ -653,9 +653,12 @@ class ShardDispatch:
         within = [(shard, moving) for (shard, inside), moving in by_shard.items() if inside]
         if not within or not any(shard in leaving for shard, _ in within):
             return []
-        vacated = {origin for _, moving in within for _, origin, _ in moving}
+        vacated = {origin for _, moving in within for _, origin, _, _ in moving}
         landing = {
-            slot for (_, inside), moving in by_shard.items() if not inside for _, _, slot in moving
+            slot
+            for (_, inside), moving in by_shard.items()
+            if not inside
+            for _, _, slot, _ in moving
         }
         if vacated & landing:
             return []
@@ -685,7 +688,7 @@ class ShardDispatch:
         self,
         lead: PodInfo,
         unit: str,
-        by_shard: dict[tuple[int, bool], list[tuple[str, int, int]]],
+        by_shard: dict[tuple[int, bool], list[Move]],
         leaving: dict[int, dict[str, str]],
     ) -> None:
         """Moves across shards only: each shard's part committed at once, or, where a
@@ -729,23 +732,22 @@ class ShardDispatch:
         claim = c.claims.get(c.claim_of.get(key, ""))
         return claim is not None and claim.stage != COMMITTED
 
-    def _move_in(
-        self, lead: PodInfo, unit: str, shard: int, moving: list[tuple[str, int, int]]
-    ) -> None:
-        """Ask ``shard`` to hold ``moving`` (pod, from slot, to slot) on their new nodes
-        and commit them at once as moves made for ``lead``."""
+    def _move_in(self, lead: PodInfo, unit: str, shard: int, moving: list[Move]) -> None:
+        """Ask ``shard`` to hold ``moving`` (pod, from slot, to slot, the pod it makes
+        room for) on their new nodes and commit them at once as moves made for
+        ``lead``."""
         c = self.c
         rid = f"{lead.key}{MOVES}{c.next_seq()}"
         since = c.issue((shard,))
         self._move_part(lead, rid, shard, moving, since, at_once=True, leaving={})
-        keys = tuple(key for key, _, _ in moving)
+        keys = tuple(key for key, _, _, _ in moving)
         c.claim(Claim(rid, unit, {shard: keys}, since, directed=True, open={shard: None}))
 
     def _move_together(
         self,
         lead: PodInfo,
         unit: str,
-        by_shard: dict[tuple[int, bool], list[tuple[str, int, int]]],
+        by_shard: dict[tuple[int, bool], list[Move]],
         leaving: dict[int, dict[str, str]],
     ) -> None:
         """Moves across shards, for ``lead``, of which some free room that others need
@@ -760,7 +762,7 @@ class ShardDispatch:
         for (shard, _), moving in sorted(by_shard.items()):
             leaves = leaving.get(shard, {})
             self._move_part(lead, rid, shard, moving, since, at_once=False, leaving=leaves)
-        parts = {shard: tuple(key for key, _, _ in by_shard[(shard, False)]) for shard in shards}
+        parts = {shard: tuple(key for key, _, _, _ in by_shard[(shard, False)]) for shard in shards}
         c.claim(Claim(rid, unit, parts, since, directed=True, open=dict.fromkeys(shards)))
 
     def _move_part(
@@ -768,20 +770,21 @@ class ShardDispatch:
         lead: PodInfo,
         rid: str,
         shard: int,
-        moving: list[tuple[str, int, int]],
+        moving: list[Move],
         since: int,
         *,
         at_once: bool,
         leaving: dict[str, str],
     ) -> None:
-        """Send ``shard`` part ``rid``: hold ``moving`` (pod, from slot, to slot) on their
-        new nodes, as moves made for ``lead``."""
+        """Send ``shard`` part ``rid``: hold ``moving`` (pod, from slot, to slot, the pod
+        it makes room for) on their new nodes, as moves made for ``lead`` (or, where a
+        gang's member needed the move, for that member, as one scheduler says)."""
         c = self.c
         e = c.engine
         names = e.state.names
         base = GroupSpec(namespace=lead.spec.namespace, name=lead.spec.name, min_member=1)
         part = _part_spec(base, rid, len(moving))
-        pods = [e.pods[key] for key, _, _ in moving]
+        pods = [e.pods[key] for key, _, _, _ in moving]
         c.send(
             shard,
             ReservationRequested(
@@ -794,10 +797,11 @@ class ShardDispatch:
                     for pod in pods
                 ),
                 expires_at=c.expiry(since),
-                placements={key: names[slot] or "" for key, _, slot in moving},
+                placements={key: names[slot] or "" for key, _, slot, _ in moving},
                 at_once=at_once,
-                moves={key: names[origin] or "" for key, origin, _ in moving},
+                moves={key: names[origin] or "" for key, origin, _, _ in moving},
                 moved_for=lead.key,
+                moved_by={key: by for key, _, _, by in moving if by and by != lead.key},
                 plain=not any(pod.spec.group for pod in pods),
                 leaving=leaving,
             ),

@@ -69,8 +69,10 @@ COORDINATOR: Final = -1
 """``shard`` of the decisions the coordinator makes itself."""
 
 Output = tuple[int, Event]
-Moving = tuple[int, list[tuple[str, int, int]]]
-"""A shard, and the moves (pod, from slot, to slot) it is asked to make."""
+Move = tuple[str, int, int, str]
+"""A pod moved, from slot, to slot, and the pod it makes room for."""
+Moving = tuple[int, list[Move]]
+"""A shard, and the moves it is asked to make."""
 """(partition, event) for the worker to append after a pass."""
 T = TypeVar("T")
 

@@ -112,6 +112,11 @@ def _moves(data: dict[str, Any]) -> list[tuple[str, str, str]]:
     return [(m["pod"], m["from"], m["to"]) for m in data["migrations"]]
 
 
+def _moved_for(data: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """Every move and the pod it made room for, in no particular order."""
+    return sorted((m["pod"], m["from"], m["to"], m["by"]) for m in data["migrations"])
+
+
 @pytest.mark.parametrize(
     ("enough", "short"),
     [
@@ -320,6 +325,7 @@ def test_moves_and_cards_are_one_schedulers_at_every_shard_count(
             seen.append(
                 (
                     _moves(data),
+                    _moved_for(data),
                     {k: (v["node"], v.get("devices")) for k, v in data["pods"].items()},
                 )
             )

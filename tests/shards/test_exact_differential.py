@@ -4,7 +4,8 @@ pod lands on is decided on the coordinator's exact view), with pods of several s
 priorities, gangs (minMember at most their size), elastic quotas, node selectors,
 completions and the moves and preemptions they cause. Each runs at 1, 2, 4 and 8 shards;
 every pod must end on the same node in the same phase, the same pods must be preempted
-by the same pods, and every log must replay with ``--verify``.
+by the same pods and moved to the same nodes for the same pods, and every log must
+replay with ``--verify``.
 
 :mod:`tests.shards.test_differential` checks the end phases of scenarios whose outcome
 does not depend on the node chosen; this one checks the nodes. The scenario is drawn
@@ -95,9 +96,12 @@ def scenario(seed: int) -> str:
     return text
 
 
-def _outcome(data: dict[str, Any]) -> tuple[list[tuple[str, str]], dict[str, Any]]:
+def _outcome(data: dict[str, Any]) -> tuple[list[tuple[str, ...]], dict[str, Any]]:
+    """Who was preempted by whom, which pods moved where for whom, and each pod's node
+    and phase."""
     preempted = sorted((p["pod"], p["by"]) for p in data["preemptions"])
-    return preempted, {k: (v["node"], v["phase"]) for k, v in data["pods"].items()}
+    moved = sorted((m["pod"], m["from"], m["to"], m["by"]) for m in data["migrations"])
+    return preempted + moved, {k: (v["node"], v["phase"]) for k, v in data["pods"].items()}
 
 
 @settings(
@@ -154,7 +158,7 @@ def test_a_plan_of_moves_refused_in_part_frees_the_queue_at_once() -> None:
 
 def _outcomes(
     capsys: pytest.CaptureFixture[str], text: str, counts: tuple[int, ...]
-) -> list[tuple[list[tuple[str, str]], dict[str, Any]]]:
+) -> list[tuple[list[tuple[str, ...]], dict[str, Any]]]:
     """The outcome of ``text`` at each shard count (each log replayed with ``--verify``)."""
     with tempfile.TemporaryDirectory() as where:
         return [_outcome(shoal(Path(where), capsys, text, shards)[0]) for shards in counts]
