@@ -595,8 +595,12 @@ class ShardDispatch:
             # it where it no longer runs; the plan waits for the answer
             c.wait_for_answers(p.unit)
             return False
-        if len(involved) == 1 and self._lands_alike(
-            [key for key, _, _, _ in moves] + [pod.key for pod, _, _ in placed]
+        if (
+            len(involved) == 1
+            and self._lands_alike(
+                [key for key, _, _, _ in moves] + [pod.key for pod, _, _ in placed]
+            )
+            and self._gangs_whole_on(next(iter(involved)))
         ):
             if gang:
                 # the members the plan places (minMember at least); the others are
@@ -725,6 +729,34 @@ class ShardDispatch:
             if spec.spread_constraints or spec.owner_selector is not None or has_terms(spec):
                 return False
         return not pod_table(e.state, e.pods, rows=False).with_terms
+
+    def _gangs_whole_on(self, shard: int) -> bool:
+        """Whether every gang with a member running on ``shard``'s nodes runs there whole,
+        under one claim: that shard then sees each such gang as one scheduler does, a
+        unit moved whole or not at all. A gang placed across shards is held on each as a
+        part of its own, which that shard's plan of moves could move alone (one
+        scheduler never moves part of a gang), and a gang placed by several claims is
+        several parts there: a plan within such a shard is carried out as the view made
+        it, not found again by the shard."""
+        c = self.c
+        e = c.engine
+        owner = c.routing.slot_shard
+        placed = e.state.pods
+        for group in e.groups.values():
+            claims: set[str] = set()
+            here = elsewhere = False
+            for key in group.members:
+                where = placed.get(key)
+                if where is None:
+                    continue
+                if int(owner[where.slot]) == shard:
+                    here = True
+                else:
+                    elsewhere = True
+                claims.add(c.claim_of.get(key, ""))
+            if here and (elsewhere or len(claims) > 1):
+                return False
+        return True
 
     def _unanswered(self, key: str) -> bool:
         """Whether placed pod ``key`` is held under a claim not granted yet."""

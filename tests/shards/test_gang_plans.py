@@ -174,3 +174,31 @@ def test_a_moved_pod_that_spreads_lands_by_every_shards_pods(
     moves = [(m["pod"], m["from"], m["to"]) for m in data["migrations"]]
     assert moves == [("default/x", "nodeA", "nodeC")]
     assert data["pods"]["default/w"]["node"] == "nodeA"
+
+
+@pytest.mark.parametrize("shards", SHARDS)
+def test_a_plan_within_a_shard_never_moves_part_of_a_gang_placed_across_shards(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
+) -> None:
+    """Gang g runs across pools: g-0 and g-1 on node3 (pool p1), g-2 on node2 (pool
+    p0). s16 (700m of a model A card) finds no room; one scheduler moves s0 (400m on
+    node0) to node4's card, not g-2 (one scheduler moves a gang only whole, and g-0 and
+    g-1 have nowhere to go). At several shards the plan is within pool p0's shard, but
+    that shard holds g-2 as a part of its own, which it could move alone to node5 (a
+    model B card), a cheaper plan (g-2 started last): before, it was handed the pod to
+    find the plan itself, and moved g-2."""
+    text = rescheduler_config("{}", score="GpuBestFit")
+    text += gpu_node("node0", 1, model="A", pool="p0") + gpu_node("node2", 1, model="A", pool="p0")
+    text += gpu_node("node4", 1, model="A", pool="p0") + gpu_node("node5", 1, model="B", pool="p0")
+    text += gpu_node("node3", 2, model="C", pool="p1")
+    text += gpu_pod("x", milli=500, on="node4", migratable=False)
+    text += gpu_pod("s0", milli=400, on="node0")
+    text += pod_group("g", 3, at=5)
+    text += gpu_pod("g-0", cards=1, group="g", at=5, models=("C",))
+    text += gpu_pod("g-1", cards=1, group="g", at=5, models=("C",))
+    text += gpu_pod("g-2", cards=1, group="g", at=5, on="node2")
+    text += gpu_pod("s16", milli=700, at=10, models=("A",))
+    data, _ = shoal(tmp_path, capsys, text, shards)
+    moves = sorted((m["pod"], m["from"], m["to"], m["by"]) for m in data["migrations"])
+    assert moves == [("default/s0", "node0", "node4", "default/s16")]
+    assert _cards(data, "s16", "g-2") == [("node0", [0]), ("node2", [0])]
