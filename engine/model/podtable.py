@@ -262,6 +262,13 @@ class PodTable:
         have = self.on_slot.get(slot)
         if len(now) != (len(have) if have else 0) + times:
             return False
+        if times == 1:  # (the common case, one pod placed: no lists)
+            key = next(reversed(now))
+            info = pods.get(key)
+            if key in self.row_of or info is None:
+                return False
+            self._add(key, slot, info.spec)
+            return True
         new = list(islice(reversed(now), times))
         row_of = self.row_of
         infos = []
