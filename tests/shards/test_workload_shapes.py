@@ -5,17 +5,22 @@ record where no profile learns its workload."""
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.engine import Engine
+from engine.model.devices import SHOAL_MILLI
+from engine.model.pods import pod_info
 from engine.model.shapes import ShapeCounts
-from events.types import SECOND, Envelope, WorkloadShapes
-from tests.builders import make_pod
+from events.types import SECOND, Envelope, PodSpec, SchedulerConfigured, WorkloadShapes
+from tests.builders import make_node, make_pod
 from tests.shards.coordinator_kit import records, shoal
 from tests.shards.scenario_text import gpu_node, gpu_pod, rescheduler_config
 
@@ -86,3 +91,37 @@ def test_a_shard_learns_what_it_is_told_and_no_longer_from_its_own_pods() -> Non
         shard.apply(Envelope(event=event, time=SECOND, producer="router", offset=offset))
     assert shard.shapes.learned == {(1000, 500, 1, ()): 3, (2000, 1000, 2, ("H100",)): 1}
     assert shard.shapes.told and shard.shapes.total == 2
+
+
+@pytest.mark.parametrize("score", ["ShoalGpu", "GpuFragmentation"])
+def test_a_shard_judges_its_nodes_for_moves_against_the_workload_it_was_told(
+    score: str,
+) -> None:
+    """A shard told a new workload judges its nodes for consolidation against it (the
+    policy's potential) before it scores any pod: at several shards a pass may place
+    only parts whose nodes the coordinator chose, and consolidate after it, where one
+    scheduler has scored that pass's pods against the new workload (random GPU seed
+    156: the shard judged every node against the workload it knew before, all zero,
+    and made another move than one shard)."""
+    config = json.dumps(yaml.safe_load(scenario([], score=score).split("---")[0]))
+    shard = Engine(shard=0)
+    told = WorkloadShapes(learned=((1000, 500, 1, (), 3), (1000, 700, 1, (), 1)))
+    events = [
+        SchedulerConfigured(config=config),
+        make_node("n0").cpu("8").gpu(1).added(),
+        make_node("n1").cpu("8").gpu(1).added(),
+        told,
+    ]
+    for offset, event in enumerate(events, 1):
+        shard.apply(Envelope(event=event, time=SECOND, producer="router", offset=offset))
+    # a share placed where the coordinator chose (no pod scored here)
+    spec = PodSpec(namespace="default", name="p", requests={"cpu": 1000, SHOAL_MILLI: 400})
+    shard.state.ensure_rows()
+    placed = pod_info(spec, shard.state.resources, 0)
+    slot = shard.state.index["n0"]
+    shard.state.assume(placed.key, slot, placed.request)
+    judge = shard.profiles.frameworks["default-scheduler"].potential
+    assert judge is not None
+    slots = np.array([slot, shard.state.index["n1"]], dtype=np.int64)
+    # n0's card, 600m free, fits one of the 500m pods the workload expects; n1's two
+    assert judge.potential(shard.state, slots).tolist()[0] > 0

@@ -173,14 +173,7 @@ class GpuFragmentation(CachedScore):
         if self.given is not None:
             return
         if self.handle is not None:
-            # the engine's counts (its state: a replay, or a restore from a snapshot,
-            # learns what the run learnt), re-derived when their copy changes
-            counts = self.handle.shapes
-            if counts.version != self._learned_version:
-                self._learned_version = counts.version
-                learned = {Shape(*key): count for key, count in counts.learned.items()}
-                self.workload = TargetWorkload.from_counts(learned, self.coverage)
-                self._state = None  # every cached score is against the old workload
+            self._relearn()
             return
         if pod.key in self._seen:
             return
@@ -190,6 +183,23 @@ class GpuFragmentation(CachedScore):
         seen = len(self._seen)
         if (seen & (seen - 1)) == 0 or seen % _RELEARN_EVERY == 0:
             self.workload = TargetWorkload.from_counts(self._counts, self.coverage)
+            self._state = None  # every cached score is against the old workload
+
+    def _relearn(self) -> None:
+        """The workload from the engine's counts (its state: a replay, or a restore from a
+        snapshot, learns what the run learnt), re-derived when their copy changes. Asked
+        before scoring a pod, and before judging nodes for a move (:meth:`potential`,
+        :meth:`largest_room`): a shard of several may consolidate after a pass that
+        scored no pod (the coordinator's parts name their nodes), and judged its nodes
+        against the workload it knew before the coordinator told it the new one, where
+        one shard, having scored the pass's pods, judges them against the new."""
+        if self.given is not None or self.handle is None:
+            return
+        counts = self.handle.shapes
+        if counts.version != self._learned_version:
+            self._learned_version = counts.version
+            learned = {Shape(*key): count for key, count in counts.learned.items()}
+            self.workload = TargetWorkload.from_counts(learned, self.coverage)
             self._state = None  # every cached score is against the old workload
 
     def score(self, cycle: CycleState, pod: PodInfo, state: ClusterState, feasible: Bools) -> Ints:
@@ -273,6 +283,7 @@ class GpuFragmentation(CachedScore):
     def potential(self, state: ClusterState, slots: Ints) -> Ints:
         """F_n of ``slots`` now: what a move is judged by (the rescheduler's plans;
         :class:`~engine.framework.interfaces.PotentialPlugin`)."""
+        self._relearn()
         frag: Ints = self.node_fragmentation(state)[slots]
         return frag
 
@@ -280,6 +291,7 @@ class GpuFragmentation(CachedScore):
         """Per slot of ``slots``, how many pods of the target workload's largest GPU
         shape could start on it now (:func:`~engine.plugins.gpu.fragment.largest_room`):
         what consolidation keeps (:mod:`engine.passes.consolidate`)."""
+        self._relearn()
         self._sync(state)  # the shapes resolved against this state and workload
         assert self._shapes is not None
         cpu, free = node_states(state, slots)
