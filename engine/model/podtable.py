@@ -210,11 +210,10 @@ class PodTable:
         changed = None if self._position < 0 else state.changed_since(self._position)
         if changed is None or len(changed) > _REBUILD:
             self._rebuild(state, pods)
-        elif len(changed) == 1:
-            if not self._added(state, pods, changed[0], 1):
-                self._sync_slot(state, pods, changed[0])
         else:
-            for slot, times in sorted(Counter(changed).items()):
+            # per changed slot, its journal entries (one, the common case, not counted)
+            runs = [(changed[0], 1)] if len(changed) == 1 else sorted(Counter(changed).items())
+            for slot, times in runs:
                 if not self._added(state, pods, slot, times):
                     self._sync_slot(state, pods, slot)
         self._position = end

@@ -831,8 +831,7 @@ class ShardModel:
                 return 0  # the room is on a node it cannot use
             count = waiting
             for row, amount in pod.request:
-                if amount > 0:
-                    count = min(count, int(free[row, slot]) // amount)
+                count = min(count, int(free[row, slot]) // amount)
             return count
 
         return limit

@@ -148,7 +148,7 @@ class Coordinating(Handing, Waving, Protocol):
     claims: dict[str, Claim]
     claim_of: dict[str, str]
     moves_refused: dict[str, int]
-    moves_after: dict[str, tuple[str, tuple[str, ...], list[Moving]]]
+    moves_after: dict[str, tuple[str, list[Moving]]]
     ready: list[str]
     now: int
 
@@ -617,22 +617,20 @@ class ShardDispatch:
             by_shard.setdefault((int(shard_of[slot]), within), []).append((key, origin, slot, by))
             if not within:
                 leaving.setdefault(int(shard_of[origin]), {})[key] = names[origin] or ""
+        # moves within a shard onto room that pods of the plan leaving it free: the
+        # moves across shards first, then these, once those pods are gone
         after = self._second_step(by_shard, leaving)
-        first: tuple[str, ...] = ()
-        if after:
-            # moves within a shard onto room that pods of the plan leaving it free: the
-            # moves across shards first, then these, once those pods are gone
-            across = {k: v for k, v in by_shard.items() if not k[1]}
-            self._move_across(lead, p.unit, across, leaving)
-            first = tuple(sorted(key for moving in across.values() for key, _, _, _ in moving))
-        elif any(within for _, within in by_shard):
-            for (shard, _), moving in sorted(by_shard.items()):
+        now = {k: v for k, v in by_shard.items() if not (after and k[1])}
+        if any(within for _, within in now) or not any(s in leaving for s, _ in now):
+            for (shard, _), moving in sorted(now.items()):
                 self._move_in(lead, p.unit, shard, moving)
         else:
-            self._move_across(lead, p.unit, by_shard, leaving)
+            # a pod leaves a shard that takes in another pod of the plan: every part is
+            # held, the pods leaving it counted gone there, and all committed together
+            self._move_together(lead, p.unit, now, leaving)
         c.nominate(p.unit, [key for key, _, _, _ in moves], {s for s, _ in by_shard})
         if after:
-            c.moves_after[p.unit] = (lead.key, first, after)
+            c.moves_after[p.unit] = (lead.key, after)
         if gang:
             self._plan(p.unit, placed, cards)
         c.counters["migrations_across"] += 1
@@ -674,7 +672,7 @@ class ShardDispatch:
         nomination timed out)."""
         c = self.c
         for unit in sorted(c.moves_after):
-            lead_key, first, later = c.moves_after[unit]
+            lead_key, later = c.moves_after[unit]
             entry = c.nominated.get(unit)
             lead = c.engine.pods.get(lead_key)
             if entry is None or lead is None:
@@ -682,27 +680,12 @@ class ShardDispatch:
                 if entry is not None:
                     c.end_nomination(unit)
                 continue
-            if any(key in entry[1] for key in first):
-                continue  # (not all gone yet)
+            second = {key for _, moving in later for key, _, _, _ in moving}
+            if any(key not in second for key in entry[1]):
+                continue  # (a pod of the first step not reported gone yet)
             del c.moves_after[unit]
             for shard, moving in later:
                 self._move_in(lead, unit, shard, moving)
-
-    def _move_across(
-        self,
-        lead: PodInfo,
-        unit: str,
-        by_shard: dict[tuple[int, bool], list[Move]],
-        leaving: dict[int, dict[str, str]],
-    ) -> None:
-        """Moves across shards only: each shard's part committed at once, or, where a
-        pod leaves a shard that takes in another pod of the plan, every part held with
-        the pods leaving it counted gone there, and all committed together."""
-        if any(shard in leaving for shard, _ in by_shard):
-            self._move_together(lead, unit, by_shard, leaving)
-            return
-        for (shard, _), moving in sorted(by_shard.items()):
-            self._move_in(lead, unit, shard, moving)
 
     def _plan(self, unit: str, placed: Placed, cards: dict[str, tuple[int, ...]]) -> None:
         """Remember where gang ``unit``'s attempt put its members (nodes and GPU cards),

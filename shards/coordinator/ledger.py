@@ -69,11 +69,11 @@ COORDINATOR: Final = -1
 """``shard`` of the decisions the coordinator makes itself."""
 
 Output = tuple[int, Event]
+"""(partition, event) for the worker to append after a pass."""
 Move = tuple[str, int, int, str]
 """A pod moved, from slot, to slot, and the pod it makes room for."""
 Moving = tuple[int, list[Move]]
 """A shard, and the moves it is asked to make."""
-"""(partition, event) for the worker to append after a pass."""
 T = TypeVar("T")
 
 
@@ -127,10 +127,10 @@ class Ledger:
         """Units whose preemption is under way → (since, victims not yet gone)."""
         self.evicting: dict[str, str] = {}
         """Victim → the unit it makes room for."""
-        self.moves_after: dict[str, tuple[str, tuple[str, ...], list[Moving]]] = {}
-        """Unit → its plan's second step: (the pod it is made for, the pods of the first
-        step, per shard the moves within that shard that wait for them to leave), sent
-        once those pods are reported gone (:meth:`ShardDispatch._moves_after`)."""
+        self.moves_after: dict[str, tuple[str, list[Moving]]] = {}
+        """Unit → its plan's second step: (the pod it is made for, per shard the moves
+        within that shard that wait for the plan's other moved pods to leave), sent once
+        those are reported gone (:meth:`ShardDispatch._moves_after`)."""
         self.hard: dict[str, None] = {}
         """Units a shard handed back: decided here next time, not handed over again."""
         self.ready: list[str] = []
