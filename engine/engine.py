@@ -190,6 +190,8 @@ class Engine(ShardModel):
                 self.delegated[key] = event.decision_id
                 if event.disruptions is not None:
                     self.routed_disruptions[key] = dict(event.disruptions)
+                if event.counted is not None:
+                    self.routed_counts[key] = event.counted
                 self.arrived[key] = None
                 specs.append(event.pod)
                 taking.add(key)

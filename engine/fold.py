@@ -79,6 +79,8 @@ def routed(m: ShardModel, event: PodRouted) -> None:
     m.delegated[key] = event.decision_id
     if event.disruptions is not None:
         m.routed_disruptions[key] = dict(event.disruptions)
+    if event.counted is not None:
+        m.routed_counts[key] = event.counted
     m.arrived[key] = None
     m.submit(spec)
 
@@ -322,6 +324,8 @@ def take_on(m: ShardModel, event: ReservationRequested) -> str:
         m.submit(spec)
         if event.disruptions is not None:
             m.routed_disruptions[spec.key] = dict(event.disruptions)
+        if event.counted is not None:
+            m.routed_counts[spec.key] = event.counted
     m.dirty[group_unit(event.group.key)] = None
     return ""
 

@@ -59,7 +59,7 @@ from engine.model.state import ClusterState, PlacedPod
 from events.errors import InputError
 from events.types import SnapshotTaken
 
-FORMAT: Final = 14
+FORMAT: Final = 15
 """Bumped whenever the state classes change shape: a snapshot of another format is
 refused (and its component folds its partition from the start instead). 5: nodes keep
 their annotations (``ClusterState.node_annotations``). 6: GPU cards (``Cards``, the
@@ -73,7 +73,9 @@ evictions' room a shard holds). 12: ``ShardModel.planned_cards`` (the GPU cards 
 for a gang's members after its evictions). 13: ``Reservation.leaving`` and ``lifted`` (the
 pods a plan of moves takes from the shard that holds the part). 14: the coordinator's
 ``moves_after`` (a plan's moves within a shard, sent once its moves across are done),
-``Reservation.moved_by`` (the gang member each move of a part makes room for)."""
+``Reservation.moved_by`` (the gang member each move of a part makes room for). 15:
+``ShardModel.routed_counts`` (the placed and moved pods a move budget measures, counted
+over every shard)."""
 CHUNK_BYTES: Final = 256 * 1024
 MAX_STATE_BYTES: Final = 1 << 31
 STATE_CLASSES: Final[dict[str, type]] = {

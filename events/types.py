@@ -462,6 +462,11 @@ class PodRouted(_Fact, frozen=True, kw_only=True, tag="route"):
     coordinator counted them over every shard when it handed the pod over for a plan
     of moves within this shard; None: not counted (a pod a budget covers is then not
     moved here)."""
+    counted: tuple[int, int] | None = None
+    """For a plan of moves within this shard: the pods placed and the running pods moved
+    so far over every shard, as the coordinator counted them; a move budget in percent
+    of placed pods (the rescheduler's ``budget``) is measured against these for this
+    pod, as one scheduler measures it. None: against this shard's own counts."""
 
 
 class PodRecalled(_Fact, frozen=True, kw_only=True, tag="recall"):
@@ -527,6 +532,9 @@ class ReservationRequested(_Fact, frozen=True, kw_only=True, tag="rsv?"):
     disruptions: dict[str, int] | None = None
     """For a gang handed whole to be placed with moves within this shard: the
     disruptions each budget allows, counted over every shard (as ``PodRouted``'s)."""
+    counted: tuple[int, int] | None = None
+    """For a gang handed whole to be placed with moves within this shard: the pods
+    placed and moved over every shard (as ``PodRouted``'s)."""
     plain: bool = False
     """Every pod of the part is a pod of its own, in no gang (the part's group exists
     only to hold it): once committed, the shard moves it as any pod of its own

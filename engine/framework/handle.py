@@ -82,6 +82,12 @@ class Handle(Protocol):
         """Moves of running pods this engine made in all (each ``PodMigrated`` once)."""
         ...
 
+    def move_counts(self, for_pod: str) -> tuple[int, int]:
+        """(pods placed, running pods moved) that a move budget in percent of placed
+        pods measures when making room for ``for_pod`` (``""``: this engine's own):
+        over every shard for a pod the coordinator handed with a plan of moves."""
+        ...
+
     @property
     def migrates(self) -> bool:
         """Whether this engine may move running pods (one that owns its nodes)."""

@@ -175,6 +175,10 @@ class ShardModel:
         self.routed_disruptions: dict[str, dict[str, int]] = {}
         """Delegated pods → the disruptions each budget allows, as the coordinator
         counted them over every shard (``PodRouted.disruptions``)."""
+        self.routed_counts: dict[str, tuple[int, int]] = {}
+        """Delegated pods → the pods placed and moved over every shard, as the
+        coordinator counted them (``PodRouted.counted``): what a move budget in percent
+        of placed pods measures for them."""
         self.placed_here: dict[str, str] = {}
         """Delegated pods placed since the last summary → node (what the summary says)."""
         self.migrates = True
@@ -311,6 +315,13 @@ class ShardModel:
         if self.seen >= 0:
             return None
         return self.budgets.allowances(self.pods, self.state.pods)
+
+    def move_counts(self, for_pod: str) -> tuple[int, int]:
+        """(pods placed, running pods moved) that a move budget in percent of placed
+        pods measures for ``for_pod``: as the coordinator counted them over every
+        shard for a pod it handed this shard with a plan of moves, else this engine's
+        own (``placed_total``, ``moved_total``)."""
+        return self.routed_counts.get(for_pod) or (self.placed_total, self.moved_total)
 
     def preemptible_below(self, priority: int) -> bool:
         """Is any placed pod of lower priority than ``priority``?"""
@@ -607,6 +618,7 @@ class ShardModel:
         self.dispatched.pop(key, None)
         self.delegated.pop(key, None)
         self.routed_disruptions.pop(key, None)
+        self.routed_counts.pop(key, None)
         self.returning.pop(key, None)
         self.finished_as(key, outcome)
         if pod.spec.uid:
@@ -654,6 +666,7 @@ class ShardModel:
         self.said.pop(key, None)
         self.delegated.pop(key, None)
         self.routed_disruptions.pop(key, None)
+        self.routed_counts.pop(key, None)
         self.dispatched.pop(key, None)
         self.reserved.pop(key, None)
         group = self.groups.get(pod.spec.group) if pod.spec.group else None

@@ -156,12 +156,15 @@ def parse_share(raw: Any, where: str) -> int | None:
     return value
 
 
-def moves_left(handle: Handle, percent: int | None) -> int | None:
+def moves_left(handle: Handle, percent: int | None, for_pod: str = "") -> int | None:
     """Moves the budget of ``percent`` of placed pods still allows (None: unbounded):
-    ``percent`` of the pods placed so far, less the moves made so far."""
+    ``percent`` of the pods placed so far, less the moves made so far; for ``for_pod``,
+    as counted over every shard where the coordinator handed it with a plan of moves
+    (:meth:`~engine.framework.handle.Handle.move_counts`)."""
     if percent is None:
         return None
-    return max(0, handle.placed_total * percent // 100 - handle.moved_total)
+    placed, moved = handle.move_counts(for_pod)
+    return max(0, placed * percent // 100 - moved)
 
 
 class Rescheduler:
@@ -190,9 +193,10 @@ class Rescheduler:
     def __repr__(self) -> str:
         return f"Rescheduler(max_moves={self.max_moves}, share={self.share})"
 
-    def moves_left(self) -> int | None:
-        """What the budget in percent of placed pods still allows (None: unbounded)."""
-        return moves_left(self.handle, self.share)
+    def moves_left(self, for_pod: str = "") -> int | None:
+        """What the budget in percent of placed pods still allows (None: unbounded),
+        to make room for ``for_pod`` (``""``: this engine's own moves)."""
+        return moves_left(self.handle, self.share, for_pod)
 
     @classmethod
     def create(cls, args: Mapping[str, Any], where: str, handle: Handle) -> Rescheduler:
@@ -234,7 +238,7 @@ class Rescheduler:
         handle = self.handle
         gang = cycle.read(NAME, GANG, "")
         limit = min(self.max_moves, int(cycle.read(NAME, MOVES_LEFT, self.max_moves)))
-        budget_left = self.moves_left()
+        budget_left = self.moves_left(pod.key)
         if budget_left is not None and isinstance(statement, Statement):
             # the moves this attempt staged already (a gang's earlier members) count too
             limit = min(limit, budget_left - len(statement.moves()))

@@ -384,10 +384,25 @@ class ShardDispatch:
         if spec.group or spec.depends_on:  # the shard places it as a pod of its own
             spec = msgspec.structs.replace(spec, group="", depends_on=())
         disruptions = c.engine.disruptions_allowed(pod.key) if moves and c.engine.budgets else None
-        c.send(shard, PodRouted(pod=spec, decision_id=decision, disruptions=disruptions))
+        c.send(
+            shard,
+            PodRouted(
+                pod=spec,
+                decision_id=decision,
+                disruptions=disruptions,
+                counted=self._counted(moves),
+            ),
+        )
         c.fly(pod.key, shard, [pod], moves=moves)
         c.decisions[pod.key] = decision
         c.counters["handed"] += 1
+
+    def _counted(self, moves: bool) -> tuple[int, int] | None:
+        """For a hand-off with a plan of moves: the pods placed and moved over every
+        shard (what the view's move budget in percent of placed pods measured; the
+        shard counts only its own)."""
+        e = self.c.engine
+        return (e.placed_total, e.moved_total) if moves else None
 
     def _hand_gang(
         self, unit: str, pods: list[PodInfo], shard: int, *, moves: bool = False
@@ -417,6 +432,7 @@ class ShardDispatch:
                 disruptions=c.engine.disruptions_allowed(pods[0].key)
                 if moves and c.engine.budgets
                 else None,
+                counted=self._counted(moves),
             ),
         )
         c.claim(Claim(rid, unit, {shard: keys}, since, directed=False, open={shard: None}))

@@ -41,7 +41,7 @@ def _as_format_2(parts: list[SnapshotTaken]) -> list[SnapshotTaken]:
 
 
 def test_a_format_2_snapshot_is_refused_and_the_partition_replayed() -> None:
-    assert FORMAT == 14
+    assert FORMAT == 15
     scenario = load_scenario([ROOT / "examples" / "batch.yaml"])
 
     async def go() -> tuple[ShardWorker, list[Envelope], list[Envelope]]:
