@@ -49,6 +49,35 @@ def test_a_move_waits_for_its_budget(
     assert pending["phase"] == "Pending" and pending["node"] is None
 
 
+def pools_case(percent: int, elsewhere: int) -> str:
+    """Pool p0 runs ``elsewhere`` one-card pods; in pool p1, node1 and node2 run one
+    share each, and a whole-card pod fits only once node1's share moves to node2."""
+    text = rescheduler_config(f"{{budget: {{percentOfPlaced: {percent}}}}}")
+    text += gpu_node("node0", elsewhere, pool="p0")
+    text += gpu_node("node1", 1, pool="p1") + gpu_node("node2", 1, pool="p1")
+    text += "".join(gpu_pod(f"busy{i}", cards=1, on="node0") for i in range(elsewhere))
+    text += gpu_pod("share1", milli=300, on="node1") + gpu_pod("share2", milli=200, on="node2")
+    return text + gpu_pod("whole", cards=1, at=10)
+
+
+@pytest.mark.parametrize("shards", SHARDS)
+@pytest.mark.parametrize(("percent", "elsewhere"), [(20, 3), (20, 8), (10, 8), (50, 1)])
+def test_the_budget_counts_pods_placed_on_every_shard(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    shards: int,
+    percent: int,
+    elsewhere: int,
+) -> None:
+    # the pods placed in pool p0 (another shard's, at 2 and 4 shards) count toward the
+    # budget of a move in pool p1, as one scheduler counts them
+    data, _ = shoal(tmp_path, capsys, pools_case(percent, elsewhere), shards)
+    allowed = (elsewhere + 2) * percent // 100 >= 1
+    moves = [(m["pod"], m["from"], m["to"]) for m in data["migrations"]]
+    assert moves == ([("default/share1", "node1", "node2")] if allowed else [])
+    assert data["pods"]["default/whole"]["node"] == ("node1" if allowed else None)
+
+
 CONFIG = """
 apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
