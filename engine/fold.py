@@ -130,7 +130,7 @@ def migrated(m: ShardModel, event: PodMigrated) -> None:
     slot = m.state.index.get(event.to_node)
     if event.pod not in m.pods or slot is None or m.bindings.get(event.pod) == event.decision_id:
         return
-    m.release(event.pod)
+    m.release(event.pod, moving=True)
     m.place(event.pod, slot, event.decision_id, devices=event.devices, moved=True)
 
 

@@ -201,7 +201,9 @@ class ShardModel:
         again) and running pods moved here (``PodMigrated``): what a move budget in
         percent of placed pods counts (:mod:`engine.plugins.rescheduler`)."""
         self.released_total = 0
-        """Placed pods that left their node (deleted, finished, evicted, moved away)."""
+        """Placed pods that left their node (deleted, finished, evicted); a pod moved to
+        another node is counted in ``moved_total`` only, whether this engine moved it
+        or folds the move (the coordinator's view), so that both count alike."""
         self.no_plan: dict[str, str] = {}
         """Pod shapes (profile and shape, as text) for which the rescheduler found no
         plan → the note its reason carried, valid while ``no_plan_epoch`` holds."""
@@ -565,11 +567,12 @@ class ShardModel:
             self.group_changes[pod.spec.group] = None
             self.wake(pod.spec.group)
 
-    def release(self, key: str) -> int | None:
-        """Forget ``key``'s placement in state and quota; return the slot freed."""
+    def release(self, key: str, *, moving: bool = False) -> int | None:
+        """Forget ``key``'s placement in state and quota; return the slot freed
+        (``moving``: it is placed again elsewhere at once, a move, not a release)."""
         pod = self.pods[key]
         if self.bindings.pop(pod.key, None) is not None:
-            self.released_total += 1
+            self.released_total += not moving
             left = self.placed_priorities[pod.priority] - 1
             if left:
                 self.placed_priorities[pod.priority] = left

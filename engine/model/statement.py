@@ -106,9 +106,11 @@ class Statement:
         priority: int,
         ports: tuple[HostPort, ...],
         by: str,
+        devices: tuple[int, ...] | None = None,
     ) -> None:
-        """Place a lifted pod on ``slot``."""
-        self.state.assume(key, slot, request, priority, ports)
+        """Place a lifted pod on ``slot`` (on GPU cards ``devices``, else those the state
+        chooses)."""
+        self.state.assume(key, slot, request, priority, ports, devices)
         self.ops.append(_Op("land", key, slot, request, namespace, by, priority, ports))
 
     def rollback(self, mark: int) -> None:

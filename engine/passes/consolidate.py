@@ -33,6 +33,11 @@ changes a later pass). Up to ``PER_PASS`` moves per pass, each found by a search
 own on the state the last one left; every one pays for itself in fragmentation, the
 largest gain first.
 
+Several shards: the coordinator consolidates, on its view of every node, as one engine
+does (:func:`staged_moves`: the same search, each move staged on the state the one before
+left), and the shards that own the nodes carry the moves out
+(``shards.coordinator.dispatch``); a shard under a coordinator does not consolidate.
+
 Never moved: what the rescheduler never moves (``shoal.io/migratable: "false"``, pods
 not yet bound, pods with inter-pod rules), gang members (a gang moves only whole, and
 consolidation moves single pods), and a pod whose PodDisruptionBudget allows no more
@@ -53,6 +58,7 @@ import numpy as np
 from engine.framework.cycle import CycleState
 from engine.framework.interfaces import PotentialPlugin
 from engine.model.disruption import broken_by
+from engine.model.pods import PodInfo
 from engine.model.shard import ShardModel
 from engine.model.statement import Statement
 from engine.passes.context import PassContext
@@ -73,30 +79,76 @@ RETRY_PLACED: Final = 16
 def consolidate(p: PassContext, rescheduler: Rescheduler) -> None:
     """Make up to ``PER_PASS`` moves, each the one that lowers fragmentation most, while
     the budget allows and one lowers it (see the module docstring)."""
+    e = p.e
     for _ in range(PER_PASS):
-        if not _move_one(p, rescheduler):
+        decided = any(is_decision(event) for event in p.out)
+        found = _best_move(p, rescheduler, staged=0, decided=decided)
+        if found is None:
             return
+        key, target = found
+        info = e.pods[key]
+        statement = Statement(e.state, e.quotas)
+        origin = _stage(statement, info, target)
+        statement.commit()
+        migrate(p, key, origin, target, BY)
 
 
-def _move_one(p: PassContext, rescheduler: Rescheduler) -> bool:
+def staged_moves(
+    p: PassContext, rescheduler: Rescheduler, statement: Statement, *, decided: bool
+) -> list[tuple[str, int, int, tuple[int, ...]]]:
+    """The moves :func:`consolidate` would make now, each staged in ``statement`` on the
+    state the one before left (pod, from slot, to slot, its GPU cards there), for an
+    engine that has others carry them out (the coordinator's view: the shards that own
+    the nodes). Made only from the whole view, as one engine makes them; ``decided``:
+    this instant decided something (a fruitless search then waits for a change, as in a
+    pass that did)."""
+    e = p.e
+    moves: list[tuple[str, int, int, tuple[int, ...]]] = []
+    for _ in range(PER_PASS):
+        found = _best_move(p, rescheduler, staged=len(moves), decided=decided or bool(moves))
+        if found is None:
+            break
+        key, target = found
+        origin = _stage(statement, e.pods[key], target)
+        moves.append((key, origin, target, e.state.pods[key].devices))
+    return moves
+
+
+def _stage(statement: Statement, info: PodInfo, target: int) -> int:
+    """Move running pod ``info`` onto ``target`` in ``statement``; its old slot."""
+    origin = statement.lift(info.key, info.spec.namespace, BY)
+    pod = unpinned(info)
+    statement.land(
+        info.key, info.spec.namespace, target, pod.request, pod.priority, info.spec.host_ports, BY
+    )
+    return origin
+
+
+def _best_move(
+    p: PassContext, rescheduler: Rescheduler, *, staged: int, decided: bool
+) -> tuple[str, int] | None:
+    """The move that lowers fragmentation most now (pod, destination), or None: the
+    budget has no move left (``staged``: moves made but not counted yet), nothing
+    changed since the last fruitless search, or no move lowers it (then, where
+    ``decided``, nothing is searched again until something changes)."""
     e = p.e
     left = rescheduler.moves_left()
-    if left is None or left <= 0:
-        return False
+    if left is None or left - staged <= 0:
+        return None
     epoch = (e.released_total, e.placed_total // RETRY_PLACED)
     if e.consolidation_epoch == epoch:
-        return False  # the last search found nothing, and nothing that could change it did
+        return None  # the last search found nothing, and nothing that could change it did
     if e.awaits_preemptors():
-        return False  # room evicted for a pod the coordinator places here: not ours
+        return None  # room evicted for a pod the coordinator places here: not ours
     framework = rescheduler.handle.framework_for
     state = e.state
     slots = np.flatnonzero(state.valid)
     if slots.size == 0:
-        return False
+        return None
     # the profile whose Rescheduler this is judges every node
     judge = _judge(p, rescheduler)
     if judge is None:
-        return False
+        return None
     frag = judge.potential(state, slots)
     order = np.lexsort((slots, -frag))
     counted = e.disruptions_allowed(BY)
@@ -134,22 +186,13 @@ def _move_one(p: PassContext, rescheduler: Rescheduler) -> bool:
             if delta < 0 and hosts >= 0 and (best is None or (delta, rank, key) < best[:3]):
                 best = (delta, rank, key, target)
     if best is None:
-        if any(is_decision(event) for event in p.out):
+        if decided:
             # (only in a pass that decides something: one that decides nothing is not
             # replayed, so what its search found must not change what a later one does)
             e.consolidation_epoch = epoch
-        return False
+        return None
     _, _, key, target = best
-    info = e.pods[key]
-    statement = Statement(state, e.quotas)
-    origin = statement.lift(key, info.spec.namespace, BY)
-    pod = unpinned(info)
-    statement.land(
-        key, info.spec.namespace, target, pod.request, pod.priority, info.spec.host_ports, BY
-    )
-    statement.commit()
-    migrate(p, key, origin, target, BY)
-    return True
+    return key, target
 
 
 def staged_change(

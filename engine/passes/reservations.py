@@ -176,9 +176,10 @@ def moves_within(m: ShardModel, request: ReservationRequested) -> bool:
 
 
 def move_here(p: PassContext, request: ReservationRequested) -> None:
-    """Move the pods of ``request`` to the nodes it names, all or none: each must pass
-    its profile's filters there (this shard's own pods; the coordinator checked the
-    rest), then each is a ``PodMigrated`` made for ``moved_for`` and the part is
+    """Move the pods of ``request`` to the nodes it names (on the GPU cards it names
+    where they have room), all or none: each must pass its profile's filters there
+    (this shard's own pods; the coordinator checked the rest), then each is a
+    ``PodMigrated`` made for ``moved_for`` and the part is
     granted (so the coordinator's claim completes as for moves across shards), or it
     is denied, nothing moved."""
     e = p.e
@@ -201,6 +202,11 @@ def move_here(p: PassContext, request: ReservationRequested) -> None:
             why = f"{key} no longer fits node {node or '?'}"
             break
         spec = pod.spec
+        cards = request.devices.get(key)
+        if cards is not None:
+            gpu = e.state.gpu_of(pod.request)
+            if gpu is None or not e.state.cards.free_for(slot, gpu, cards):
+                cards = None  # no longer free: the state chooses
         statement.land(
             key,
             spec.namespace,
@@ -209,6 +215,7 @@ def move_here(p: PassContext, request: ReservationRequested) -> None:
             pod.priority,
             spec.host_ports,
             moved_by.get(key, request.moved_for),
+            cards,
         )
     if why:
         statement.discard()

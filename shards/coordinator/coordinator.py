@@ -146,6 +146,7 @@ class Coordinator(Inputs):
         """Run a pass of the view; return what to append (forwarded inputs first, in the
         order they were folded, then the pass's requests and decisions)."""
         self.issued = [0] * self.n
+        self.pass_from = len(self._out)
         self._tell_shapes()
         self._timeouts()
         moves = self.engine.queue.generation

@@ -97,7 +97,7 @@ and a directed part per pod, instead of the choice and the hand-over).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Final, Protocol
 
 import msgspec
 import numpy as np
@@ -109,6 +109,8 @@ from engine.model.pods import PodInfo
 from engine.model.podtable import has_terms, pod_table
 from engine.model.state import Ints, held_devices
 from engine.model.statement import Statement
+from engine.passes.consolidate import BY as CONSOLIDATION
+from engine.passes.consolidate import staged_moves
 from engine.passes.context import PassContext
 from engine.passes.dispatch import Placed, Route
 from engine.passes.extenders import applicable
@@ -116,12 +118,14 @@ from engine.passes.gangs import park_gang
 from engine.passes.pods import attempt_pod
 from engine.plugins.rescheduler import Rescheduler
 from events.types import (
+    ClockTicked,
     GroupSpec,
     PodRouted,
     PodSpec,
     PodUnbound,
     PreemptionRequested,
     ReservationRequested,
+    is_decision,
 )
 from shards.coordinator.batches import Handing, hand_batch
 from shards.coordinator.flights import (
@@ -130,10 +134,11 @@ from shards.coordinator.flights import (
     MAX_MOVES_REFUSED,
     MOVES,
     Claim,
+    Flight,
     LabelKey,
 )
 from shards.coordinator.handover import Checks
-from shards.coordinator.ledger import Move, Moving, Selecting
+from shards.coordinator.ledger import Move, Moving, Output, Selecting
 from shards.coordinator.wave import Wave, Waving
 
 
@@ -148,9 +153,15 @@ class Coordinating(Handing, Waving, Protocol):
     claims: dict[str, Claim]
     claim_of: dict[str, str]
     moves_refused: dict[str, int]
-    moves_after: dict[str, tuple[str, list[Moving]]]
+    moves_after: dict[str, tuple[str, list[Moving], dict[str, tuple[int, ...]]]]
     ready: list[str]
     now: int
+    flights: dict[str, Flight]
+    consolidation_due: bool
+    decided_since: bool
+    control: int
+
+    def out_since(self, start: int | None = None) -> list[Output]: ...
 
     def issue(self, shards: Iterable[int]) -> int: ...
 
@@ -452,8 +463,61 @@ class ShardDispatch:
 
     def done(self, p: PassContext) -> None:
         """A run of preemptors decided this pass is carried out
-        (:meth:`shards.coordinator.wave.Wave.flush`)."""
+        (:meth:`shards.coordinator.wave.Wave.flush`); then consolidation, where due
+        (:meth:`_consolidate`)."""
         self.wave.flush(p)
+        c = self.c
+        rescheduler = _consolidating(p.profiles.frameworks.values())
+        if rescheduler is None:
+            return
+        if not c.decided_since and any(
+            is_decision(event) or isinstance(event, REQUESTS) for _, event in c.out_since()
+        ):
+            c.decided_since = True
+        if c.consolidation_due:
+            self._consolidate(p, rescheduler)
+
+    def _consolidate(self, p: PassContext, rescheduler: Rescheduler) -> None:
+        """Consolidate over every shard's nodes, as one engine does after its pass
+        (:mod:`engine.passes.consolidate`; shards under a coordinator do not): once
+        per instant given inputs, when what was decided then is all answered (nothing
+        handed, claimed, evicted or moved is under way: the view is then the state one
+        engine's pass leaves), the moves one engine would make now are found on the
+        view, each on the state the one before left, and carried out by the shards that
+        own their nodes as a plan of moves is (:meth:`_carry_out`); the queue waits
+        behind them until each moved pod is reported on its new node, as one engine
+        makes them before its next pass. A search changes the view's state (the
+        consolidation's epoch, this flag), so a pass that searched and sends nothing
+        records that it ran (``ClockTicked`` in the control partition): replay runs
+        the passes that sent something, and must run this one too."""
+        c = self.c
+        if not self._settled():
+            return
+        e = c.engine
+        statement = Statement(e.state, e.quotas)
+        moves = staged_moves(p, rescheduler, statement, decided=c.decided_since)
+        statement.discard()
+        c.consolidation_due = c.decided_since = False
+        if moves:
+            made = [(key, origin, slot, CONSOLIDATION) for key, origin, slot, _ in moves]
+            cards = {key: devices for key, _, _, devices in moves if devices}
+            self._carry_out(CONSOLIDATION, CONSOLIDATION, made, cards)
+            c.counters["consolidated"] = c.counters.get("consolidated", 0) + len(made)
+        elif not c.out_since(0):
+            c.send(c.control, ClockTicked())
+
+    def _settled(self) -> bool:
+        """Nothing the coordinator decided or asked for is under way: no hand-over,
+        claim, eviction, plan of moves or run of preemptors."""
+        c = self.c
+        return not (
+            c.flights
+            or c.nominated
+            or c.moves_after
+            or c.ready
+            or c.engine.planned
+            or any(claim.stage != COMMITTED for claim in c.claims.values())
+        )
 
     def unbound(self, p: PassContext, event: PodUnbound) -> None:
         """The view rolled back a gang (a member's bind failed): the shards holding its
@@ -591,6 +655,7 @@ class ShardDispatch:
             f"{key} from {names[origin]} to {names[slot]}" for key, origin, slot, _ in moves
         )
         cards = held_devices(c.engine.state, [pod.key for pod, _, _ in placed])
+        moved_cards = held_devices(c.engine.state, [key for key, _, _, _ in moves])
         statement.discard()
         lead = placed[0][0]
         gang = is_group_unit(p.unit)
@@ -626,6 +691,24 @@ class ShardDispatch:
                 self._hand_pod(lead, involved.pop(), moves=True)
             c.counters["migrations_handed"] += 1
             return True
+        self._carry_out(lead.key, p.unit, moves, moved_cards)
+        if gang:
+            self._plan(p.unit, placed, cards)
+        c.counters["migrations_across"] += 1
+        return False
+
+    def _carry_out(
+        self, lead: str, unit: str, moves: list[Move], cards: dict[str, tuple[int, ...]]
+    ) -> None:
+        """Have the shards make ``moves`` (pod, from slot, to slot, for whom; on the GPU
+        ``cards`` the view chose for them, where they have room), made for ``lead`` (a
+        pod, or what moves pods on its own: consolidation), while ``unit``
+        waits, nominated, until each moved pod is reported on its new node: moves
+        within a shard as a part that shard carries out at once, moves across shards as
+        parts of their own (see :meth:`_migrations`)."""
+        c = self.c
+        shard_of = c.routing.slot_shard
+        names = c.engine.state.names
         by_shard: dict[tuple[int, bool], list[Move]] = {}
         leaving: dict[int, dict[str, str]] = {}
         for key, origin, slot, by in moves:
@@ -639,18 +722,14 @@ class ShardDispatch:
         now = {k: v for k, v in by_shard.items() if not (after and k[1])}
         if any(within for _, within in now) or not any(s in leaving for s, _ in now):
             for (shard, _), moving in sorted(now.items()):
-                self._move_in(lead, p.unit, shard, moving)
+                self._move_in(lead, unit, shard, moving, cards)
         else:
             # a pod leaves a shard that takes in another pod of the plan: every part is
             # held, the pods leaving it counted gone there, and all committed together
-            self._move_together(lead, p.unit, now, leaving)
-        c.nominate(p.unit, [key for key, _, _, _ in moves], {s for s, _ in by_shard})
+            self._move_together(lead, unit, now, leaving, cards)
+        c.nominate(unit, [key for key, _, _, _ in moves], {s for s, _ in by_shard})
         if after:
-            c.moves_after[p.unit] = (lead.key, after)
-        if gang:
-            self._plan(p.unit, placed, cards)
-        c.counters["migrations_across"] += 1
-        return False
+            c.moves_after[unit] = (lead, after, cards)
 
     def _second_step(
         self,
@@ -688,10 +767,9 @@ class ShardDispatch:
         nomination timed out)."""
         c = self.c
         for unit in sorted(c.moves_after):
-            lead_key, later = c.moves_after[unit]
+            lead, later, cards = c.moves_after[unit]
             entry = c.nominated.get(unit)
-            lead = c.engine.pods.get(lead_key)
-            if entry is None or lead is None:
+            if entry is None or (lead != CONSOLIDATION and lead not in c.engine.pods):
                 del c.moves_after[unit]
                 if entry is not None:
                     c.end_nomination(unit)
@@ -701,7 +779,7 @@ class ShardDispatch:
                 continue  # (a pod of the first step not reported gone yet)
             del c.moves_after[unit]
             for shard, moving in later:
-                self._move_in(lead, unit, shard, moving)
+                self._move_in(lead, unit, shard, moving, cards)
 
     def _plan(self, unit: str, placed: Placed, cards: dict[str, tuple[int, ...]]) -> None:
         """Remember where gang ``unit``'s attempt put its members (nodes and GPU cards),
@@ -763,23 +841,31 @@ class ShardDispatch:
         claim = c.claims.get(c.claim_of.get(key, ""))
         return claim is not None and claim.stage != COMMITTED
 
-    def _move_in(self, lead: PodInfo, unit: str, shard: int, moving: list[Move]) -> None:
+    def _move_in(
+        self,
+        lead: str,
+        unit: str,
+        shard: int,
+        moving: list[Move],
+        cards: dict[str, tuple[int, ...]],
+    ) -> None:
         """Ask ``shard`` to hold ``moving`` (pod, from slot, to slot, the pod it makes
-        room for) on their new nodes and commit them at once as moves made for
-        ``lead``."""
+        room for) on their new nodes (on ``cards``) and commit them at once as moves
+        made for ``lead``."""
         c = self.c
-        rid = f"{lead.key}{MOVES}{c.next_seq()}"
+        rid = f"{lead}{MOVES}{c.next_seq()}"
         since = c.issue((shard,))
-        self._move_part(lead, rid, shard, moving, since, at_once=True, leaving={})
+        self._move_part(lead, rid, shard, moving, since, at_once=True, leaving={}, cards=cards)
         keys = tuple(key for key, _, _, _ in moving)
         c.claim(Claim(rid, unit, {shard: keys}, since, directed=True, open={shard: None}))
 
     def _move_together(
         self,
-        lead: PodInfo,
+        lead: str,
         unit: str,
         by_shard: dict[tuple[int, bool], list[Move]],
         leaving: dict[int, dict[str, str]],
+        cards: dict[str, tuple[int, ...]],
     ) -> None:
         """Moves across shards, for ``lead``, of which some free room that others need
         on the same shard (``leaving``: per shard, its pods the plan takes elsewhere):
@@ -787,18 +873,20 @@ class ShardDispatch:
         counted gone, and committed once every part is held (one shard moves them in
         one step)."""
         c = self.c
-        rid = f"{lead.key}{MOVES}{c.next_seq()}"
+        rid = f"{lead}{MOVES}{c.next_seq()}"
         shards = sorted(shard for shard, _ in by_shard)
         since = c.issue(shards)
         for (shard, _), moving in sorted(by_shard.items()):
             leaves = leaving.get(shard, {})
-            self._move_part(lead, rid, shard, moving, since, at_once=False, leaving=leaves)
+            self._move_part(
+                lead, rid, shard, moving, since, at_once=False, leaving=leaves, cards=cards
+            )
         parts = {shard: tuple(key for key, _, _, _ in by_shard[(shard, False)]) for shard in shards}
         c.claim(Claim(rid, unit, parts, since, directed=True, open=dict.fromkeys(shards)))
 
     def _move_part(
         self,
-        lead: PodInfo,
+        lead: str,
         rid: str,
         shard: int,
         moving: list[Move],
@@ -806,6 +894,7 @@ class ShardDispatch:
         *,
         at_once: bool,
         leaving: dict[str, str],
+        cards: dict[str, tuple[int, ...]],
     ) -> None:
         """Send ``shard`` part ``rid``: hold ``moving`` (pod, from slot, to slot, the pod
         it makes room for) on their new nodes, as moves made for ``lead`` (or, where a
@@ -813,9 +902,10 @@ class ShardDispatch:
         c = self.c
         e = c.engine
         names = e.state.names
-        base = GroupSpec(namespace=lead.spec.namespace, name=lead.spec.name, min_member=1)
-        part = _part_spec(base, rid, len(moving))
         pods = [e.pods[key] for key, _, _, _ in moving]
+        made_for = e.pods.get(lead)
+        namespace = (made_for or pods[0]).spec.namespace
+        part = _part_spec(GroupSpec(namespace=namespace, name=rid, min_member=1), rid, len(moving))
         c.send(
             shard,
             ReservationRequested(
@@ -831,10 +921,11 @@ class ShardDispatch:
                 placements={key: names[slot] or "" for key, _, slot, _ in moving},
                 at_once=at_once,
                 moves={key: names[origin] or "" for key, origin, _, _ in moving},
-                moved_for=lead.key,
-                moved_by={key: by for key, _, _, by in moving if by and by != lead.key},
+                moved_for=lead,
+                moved_by={key: by for key, _, _, by in moving if by and by != lead},
                 plain=not any(pod.spec.group for pod in pods),
                 leaving=leaving,
+                devices={key: cards[key] for key, _, _, _ in moving if key in cards},
             ),
         )
 
@@ -888,15 +979,29 @@ def _selecting(pod: PodInfo) -> list[Selecting]:
     return selecting
 
 
+REQUESTS: Final = (PodRouted, ReservationRequested, PreemptionRequested)
+"""What the coordinator asks of shards when it decides a unit (a shard's decisions)."""
+
+
 def _moves_on_their_own(frameworks: Iterable[Framework]) -> bool:
-    """Whether a profile has shards move pods on their own (defragmentation or
-    consolidation after their passes): the view then cannot bound what a shard's
-    nodes hold."""
+    """Whether a profile has shards move pods on their own (defragmentation after their
+    passes): the view then cannot bound what a shard's nodes hold."""
+    for framework in frameworks:
+        plugin = framework.plugins.get("Rescheduler")
+        if isinstance(plugin, Rescheduler) and plugin.defrag is not None:
+            return True
+    return False
+
+
+def _consolidating(frameworks: Iterable[Framework]) -> Rescheduler | None:
+    """The ``Rescheduler`` that consolidates, as one engine picks it after a pass (the
+    first profile's whose ``Rescheduler`` defragments or consolidates; None where that
+    one does not consolidate)."""
     for framework in frameworks:
         plugin = framework.plugins.get("Rescheduler")
         if isinstance(plugin, Rescheduler) and (plugin.defrag is not None or plugin.consolidate):
-            return True
-    return False
+            return plugin if plugin.consolidate else None
+    return None
 
 
 def _topology_bound(group: GroupInfo | None) -> bool:

@@ -71,6 +71,7 @@ class Inputs(Reports):
             self.relayed[source] = env.causation
             self._report(event, source)
         else:
+            self.consolidation_due = True
             self._input(env)
 
     def apply_all(self, envelopes: Sequence[Envelope]) -> None:
@@ -114,6 +115,7 @@ class Inputs(Reports):
             self._submit(run)
 
     def _submit(self, run: list[Envelope]) -> None:
+        self.consolidation_due = True
         self.now = max(self.now, *(env.time for env in run))
         self.engine.apply_submitted(run)
         self.folded_in_bulk += len(run)

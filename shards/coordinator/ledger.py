@@ -127,10 +127,22 @@ class Ledger:
         """Units whose preemption is under way → (since, victims not yet gone)."""
         self.evicting: dict[str, str] = {}
         """Victim → the unit it makes room for."""
-        self.moves_after: dict[str, tuple[str, list[Moving]]] = {}
+        self.moves_after: dict[str, tuple[str, list[Moving], dict[str, tuple[int, ...]]]] = {}
         """Unit → its plan's second step: (the pod it is made for, per shard the moves
-        within that shard that wait for the plan's other moved pods to leave), sent once
+        within that shard that wait for the plan's other moved pods to leave, the GPU
+        cards the view chose for the moved pods), sent once
         those are reported gone (:meth:`ShardDispatch._moves_after`)."""
+        self.consolidation_due = False
+        """An input was folded since the view last looked for moves to consolidate: one
+        engine consolidates after each pass, and runs a pass for each instant it is
+        given inputs (:meth:`ShardDispatch._consolidate`)."""
+        self.decided_since = False
+        """A pass decided something (handed, claimed, evicted, failed a unit) since the
+        view last looked for moves to consolidate: as one engine's pass that decided
+        something, a search that finds nothing then waits for a change."""
+        self.pass_from = 0
+        """Where the running pass's own records begin in ``_out`` (what was folded
+        before it forwarded the rest). Not state: set as each pass begins."""
         self.hard: dict[str, None] = {}
         """Units a shard handed back: decided here next time, not handed over again."""
         self.ready: list[str] = []
@@ -196,6 +208,10 @@ class Ledger:
 
     def send(self, partition: int, event: Event) -> None:
         self._out.append((partition, event))
+
+    def out_since(self, start: int | None = None) -> list[Output]:
+        """What was sent since ``start`` (default: since the running pass began)."""
+        return self._out[self.pass_from if start is None else start :]
 
     def send_all(self, outputs: list[Output]) -> None:
         """:meth:`send` each of ``outputs`` (partition, event), in order."""

@@ -56,6 +56,7 @@ TRANSIENT: Final = frozenset(
         "_preparing_of",
         "_due",
         "issued",
+        "pass_from",
         "_flying",
         "_flying_of",
     }

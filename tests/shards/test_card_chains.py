@@ -280,6 +280,51 @@ CONSOLIDATE = "{budget: {percentOfPlaced: 30}, consolidate: true}"
     ],
     gangs=[],
 )
+# found at 2 and 4 shards: each shard consolidated its own pool, by its own count of
+# the budget, and moved fewer pods than one shard (now the coordinator consolidates)
+@example(
+    nodes=[(4, 8), (1, 8), (1, 8)],
+    pools=2,
+    policy="ShoalGpu",
+    args=CONSOLIDATE,
+    pods=[
+        (0, 700, True, None, 0, 2),
+        (0, 500, True, None, 0, 1),
+        (0, 300, True, None, 0, 0),
+        (0, 100, True, None, 0, 0),
+        (0, 700, True, None, 0, 0),
+        (0, 700, True, 30.0, 0, 2),
+        (0, 400, False, 30.0, 100, 1),
+        (0, 700, False, 5.0, 0, 1),
+        (1, 0, True, None, 0, 0),
+        (0, 400, True, 5.0, 100, 1),
+        (0, 500, True, 30.0, 0, 2),
+        (0, 700, False, 5.0, 0, 0),
+    ],
+    gangs=[(3, 500, 4)],
+)
+@example(
+    nodes=[(1, 64), (1, 64), (4, 64)],
+    pools=2,
+    policy="ShoalGpu",
+    args=CONSOLIDATE,
+    pods=[
+        (0, 100, True, None, 0, 2),
+        (1, 0, True, 5.0, 0, 1),
+        (0, 500, True, 30.0, 100, 1),
+        (0, 400, True, 5.0, 0, 1),
+        (1, 0, True, 30.0, 0, 0),
+        (1, 0, True, None, 0, 1),
+        (0, 100, False, 5.0, 0, 2),
+        (0, 500, False, 5.0, 0, 1),
+        (2, 0, True, None, 0, 2),
+        (0, 300, True, None, 0, 1),
+        (0, 600, True, 30.0, 0, 1),
+        (0, 200, True, None, 0, 2),
+        (0, 500, False, 30.0, 0, 1),
+    ],
+    gangs=[(3, 300, 5), (3, 500, 15), (3, 500, 16), (2, 0, 16), (2, 0, 17)],
+)
 def test_moves_and_cards_are_one_schedulers_at_every_shard_count(
     capsys: pytest.CaptureFixture[str],
     nodes: list[tuple[int, int]],
@@ -291,12 +336,8 @@ def test_moves_and_cards_are_one_schedulers_at_every_shard_count(
 ) -> None:
     """GPU pods a GPU policy places (decided on the coordinator at several shards), some
     finishing, some of higher priority, whole cards among the shares (the rescheduler
-    moves shares for them), gangs: at 1, 2, 4 and 8 shards the same moves, each pod on
-    the same node and cards, and every log replays. Consolidation only with one node
-    pool: at several shards each shard consolidates its own nodes
-    ([Moving pods](docs/rescheduler.md))."""
-    if args == CONSOLIDATE:
-        pools = 1
+    moves shares for them), gangs, consolidation: at 1, 2, 4 and 8 shards the same
+    moves, each pod on the same node and cards, and every log replays."""
     text = rescheduler_config(args, score=policy)
     for i, (cards, cpu) in enumerate(nodes):
         text += gpu_node(f"node{i}", cards, cpu=cpu, pool=f"p{i % pools}")
@@ -324,7 +365,9 @@ def test_moves_and_cards_are_one_schedulers_at_every_shard_count(
             data, _ = shoal(Path(where), capsys, text, shards)
             seen.append(
                 (
-                    _moves(data),
+                    # each pod's moves in order (the moves of one instant on several
+                    # shards' partitions are merged in no particular order)
+                    sorted(_moves(data), key=lambda move: move[0]),
                     _moved_for(data),
                     {k: (v["node"], v.get("devices")) for k, v in data["pods"].items()},
                 )
