@@ -80,12 +80,14 @@ def consolidate(p: PassContext, rescheduler: Rescheduler) -> None:
     """Make up to ``PER_PASS`` moves, each the one that lowers fragmentation most, while
     the budget allows and one lowers it (see the module docstring)."""
     e = p.e
+    moved: set[str] = set()
     for _ in range(PER_PASS):
         decided = any(is_decision(event) for event in p.out)
-        found = _best_move(p, rescheduler, staged=0, decided=decided)
+        found = _best_move(p, rescheduler, staged=0, decided=decided, moved=moved)
         if found is None:
             return
         key, target = found
+        moved.add(key)
         info = e.pods[key]
         statement = Statement(e.state, e.quotas)
         origin = _stage(statement, info, target)
@@ -94,18 +96,30 @@ def consolidate(p: PassContext, rescheduler: Rescheduler) -> None:
 
 
 def staged_moves(
-    p: PassContext, rescheduler: Rescheduler, statement: Statement, *, decided: bool
+    p: PassContext,
+    rescheduler: Rescheduler,
+    statement: Statement,
+    *,
+    decided: bool,
+    before: int = 0,
 ) -> list[tuple[str, int, int, tuple[int, ...]]]:
     """The moves :func:`consolidate` would make now, each staged in ``statement`` on the
     state the one before left (pod, from slot, to slot, its GPU cards there), for an
     engine that has others carry them out (the coordinator's view: the shards that own
     the nodes). Made only from the whole view, as one engine makes them; ``decided``:
     this instant decided something (a fruitless search then waits for a change, as in a
-    pass that did)."""
+    pass that did); ``before``: moves staged already (defragmentation's), counted in the
+    budget."""
     e = p.e
     moves: list[tuple[str, int, int, tuple[int, ...]]] = []
     for _ in range(PER_PASS):
-        found = _best_move(p, rescheduler, staged=len(moves), decided=decided or bool(moves))
+        found = _best_move(
+            p,
+            rescheduler,
+            staged=before + len(moves),
+            decided=decided or bool(moves),
+            moved={key for key, _, _, _ in moves},
+        )
         if found is None:
             break
         key, target = found
@@ -125,12 +139,14 @@ def _stage(statement: Statement, info: PodInfo, target: int) -> int:
 
 
 def _best_move(
-    p: PassContext, rescheduler: Rescheduler, *, staged: int, decided: bool
+    p: PassContext, rescheduler: Rescheduler, *, staged: int, decided: bool, moved: set[str]
 ) -> tuple[str, int] | None:
     """The move that lowers fragmentation most now (pod, destination), or None: the
     budget has no move left (``staged``: moves made but not counted yet), nothing
     changed since the last fruitless search, or no move lowers it (then, where
-    ``decided``, nothing is searched again until something changes)."""
+    ``decided``, nothing is searched again until something changes). A pod of
+    ``moved`` (moved by this pass already) is not moved again: it would restart twice,
+    and the second move undo or redo the first."""
     e = p.e
     left = rescheduler.moves_left()
     if left is None or left - staged <= 0:
@@ -163,7 +179,7 @@ def _best_move(
             break
         for key in keys:
             info = e.pods.get(key)
-            if info is None or key not in e.bindings or e.gang_member(info.spec):
+            if info is None or key not in e.bindings or key in moved or e.gang_member(info.spec):
                 continue
             spec = info.spec
             if spec.annotations.get(MIGRATABLE, "").lower() == "false" or placement_rules(spec):

@@ -19,8 +19,10 @@ rescheduler may never move (``shoal.io/migratable: "false"``, gang members, pods
 yet bound) keep a machine from being emptied, and so does a PodDisruptionBudget the
 machine's moves would break (the moves of one pass counted together). Each move is a
 ``PodMigrated`` made for ``shoal.io/defragmentation``, replayed like any decision. At
-several shards each shard defragments its own machines; not seeing the other shards'
-pods, it cannot count a budget, and moves no pod a budget picks.
+several shards the coordinator defragments, on its view of every node and within one
+budget, as one engine does (:func:`staged_defragmentation`), and the shards that own
+the nodes carry the moves out (``shards.coordinator.dispatch``); a shard under a
+coordinator does not defragment on its own.
 """
 
 from __future__ import annotations
@@ -53,6 +55,25 @@ def defragment(p: PassContext, budget: Budget, cap: int | None = None) -> None:
     """Empty nearly-empty GPU machines within ``budget`` and at most ``cap`` moves (what
     the ``Rescheduler``'s budget in percent of placed pods leaves; None: no cap); see
     the module docstring."""
+    _defragment(p, budget, cap, None)
+
+
+def staged_defragmentation(
+    p: PassContext, budget: Budget, cap: int | None, statement: Statement
+) -> list[tuple[str, int, int, tuple[int, ...]]]:
+    """The moves :func:`defragment` would make now, staged in ``statement`` (pod, from
+    slot, to slot, its GPU cards there), for an engine that has the shards that own
+    the nodes carry them out (the coordinator's view); counted in the budget's window
+    as made now."""
+    return _defragment(p, budget, cap, statement)
+
+
+def _defragment(
+    p: PassContext, budget: Budget, cap: int | None, staging: Statement | None
+) -> list[tuple[str, int, int, tuple[int, ...]]]:
+    """:func:`defragment` (``staging`` None: each machine's moves made at once), or its
+    moves staged in ``staging`` and returned."""
+    staged: list[tuple[str, int, int, tuple[int, ...]]] = []
     e = p.e
     state = e.state
     cards = state.cards
@@ -62,9 +83,9 @@ def defragment(p: PassContext, budget: Budget, cap: int | None = None) -> None:
     if cap is not None:
         left = min(left, cap)
     if left <= 0 or (not cards.rows and not cards.count.any()):
-        return
+        return staged
     if e.awaits_preemptors():
-        return  # room evicted for a pod the coordinator places here: not ours to fill
+        return staged  # room evicted for a pod the coordinator places here: not ours
     count = cards.count
     busy_cards = (cards.free != WHOLE).sum(axis=1) - (cards.free == ABSENT).sum(axis=1)
     busy_milli = np.where(cards.free >= 0, WHOLE - cards.free, 0).sum(axis=1)
@@ -72,7 +93,7 @@ def defragment(p: PassContext, budget: Budget, cap: int | None = None) -> None:
     nearly = gpu & (busy_cards > 0) & (busy_cards * NEARLY_EMPTY <= count)
     targets = gpu & ~nearly & (busy_cards > 0)
     if not nearly.any() or not targets.any():
-        return
+        return staged
     sources = np.flatnonzero(nearly)
     order = np.lexsort((sources, busy_milli[sources]))
     per_node: dict[int, int] = {}
@@ -87,11 +108,17 @@ def defragment(p: PassContext, budget: Budget, cap: int | None = None) -> None:
             continue
         if broken_by(e.budgets, allowances, (e.pods[k].spec for k in keys)):
             continue
-        landed = _empty(p, source, keys, targets, busy_milli)
+        statement = Statement(state, e.quotas) if staging is None else staging
+        landed = _empty(p, statement, source, keys, targets, busy_milli)
         if landed is None:
             continue
+        if staging is None:
+            statement.commit()
         for key, slot in landed:
-            migrate(p, key, source, slot, BY)
+            if staging is None:
+                migrate(p, key, source, slot, BY)
+            else:
+                staged.append((key, source, slot, state.pods[key].devices))
             moves.append((e.now, source))
         if allowances:
             # the pass's moves count together (in Kubernetes each is an eviction first)
@@ -102,7 +129,8 @@ def defragment(p: PassContext, budget: Budget, cap: int | None = None) -> None:
         per_node[source] = per_node.get(source, 0) + len(landed)
         targets[source] = False
         if left <= 0:
-            return
+            return staged
+    return staged
 
 
 def _movable(p: PassContext, key: str) -> bool:
@@ -117,13 +145,13 @@ def _movable(p: PassContext, key: str) -> bool:
 
 
 def _empty(
-    p: PassContext, source: int, keys: list[str], targets: Any, busy: Any
+    p: PassContext, statement: Statement, source: int, keys: list[str], targets: Any, busy: Any
 ) -> list[tuple[str, int]] | None:
-    """Stage every pod of ``source`` onto the busiest allowed target; the moves, or None
-    (nothing staged) if any pod finds no place."""
+    """Stage every pod of ``source`` onto the busiest allowed target in ``statement``; the
+    moves, or None (nothing more staged) if any pod finds no place."""
     e = p.e
     state = e.state
-    statement = Statement(state, e.quotas)
+    mark = len(statement.ops)
     for key in keys:
         statement.lift(key, e.pods[key].spec.namespace, BY)
     landed: list[tuple[str, int]] = []
@@ -131,17 +159,16 @@ def _empty(
         pod = _unpinned(e.pods[key])
         framework = p.profiles.framework_for(pod)
         if framework is None:
-            statement.discard()
+            statement.rollback(mark)
             return None
         feasible = framework.feasible(CycleState(), pod, state) & targets
         feasible[source] = False
         slots = np.flatnonzero(feasible)
         if slots.size == 0:
-            statement.discard()
+            statement.rollback(mark)
             return None
         slot = int(slots[np.lexsort((slots, -busy[slots]))[0]])
         spec = pod.spec
         statement.land(key, spec.namespace, slot, pod.request, pod.priority, spec.host_ports, BY)
         landed.append((key, slot))
-    statement.commit()
     return landed

@@ -187,14 +187,16 @@ class SchedulingPass:
     def _defragment(self) -> None:
         """Empty nearly-empty GPU machines, and consolidate, if a profile asks for it
         (the first whose ``Rescheduler`` has a ``defragmentation`` budget or
-        ``consolidate``). A shard under a coordinator does not consolidate: the
-        coordinator does, over every shard's nodes, as one engine does
+        ``consolidate``). A shard under a coordinator does neither: the coordinator
+        does, over every shard's nodes, as one engine does
         (``shards.coordinator.dispatch``), and has the shards carry the moves out."""
+        if self.e.seen >= 0:
+            return
         for framework in self.profiles.frameworks.values():
             plugin = framework.plugins.get("Rescheduler")
             if isinstance(plugin, Rescheduler) and plugin.defrag is not None:
                 defragment(self, plugin.defrag, plugin.moves_left())
-            if isinstance(plugin, Rescheduler) and plugin.consolidate and self.e.seen < 0:
+            if isinstance(plugin, Rescheduler) and plugin.consolidate:
                 consolidate(self, plugin)
             if isinstance(plugin, Rescheduler) and (plugin.defrag or plugin.consolidate):
                 return

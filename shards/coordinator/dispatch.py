@@ -112,6 +112,8 @@ from engine.model.statement import Statement
 from engine.passes.consolidate import BY as CONSOLIDATION
 from engine.passes.consolidate import staged_moves
 from engine.passes.context import PassContext
+from engine.passes.defrag import BY as DEFRAGMENTATION
+from engine.passes.defrag import staged_defragmentation
 from engine.passes.dispatch import Placed, Route
 from engine.passes.extenders import applicable
 from engine.passes.gangs import park_gang
@@ -205,6 +207,11 @@ class ShardDispatch:
         self.wave = Wave(coordinator)
         self._trial = False
         """An early attempt is under way (:meth:`_early`): :meth:`commit` checks it."""
+        self._awaiting = False
+        """A unit of this pass waits for answers to claims its plan of moves needs
+        (:meth:`_migrations`): the queue behind it waits too, for the next pass, as
+        one scheduler decides nothing behind a unit before it. Not state: reset as
+        each pass begins (:meth:`first`)."""
         self._spare: list[int] | None = None
         """Within a batch, per shard, how many nodes its hand-overs can spare
         (:func:`shards.coordinator.batches.hand_batch`)."""
@@ -218,7 +225,7 @@ class ShardDispatch:
         c = self.c
         if (wave := self.wave.route(p, unit)) is not None:
             return wave  # a run of identical preemptors is being decided
-        if c.nominations_under_way() or self._still_held(p, unit):
+        if self._awaiting or c.nominations_under_way() or self._still_held(p, unit):
             return Route.WAIT
         if unit not in c.hard and self._hand_over(p, unit):
             return Route.HANDED
@@ -246,7 +253,7 @@ class ShardDispatch:
     def _may_decide_early(self, p: PassContext, pod: PodInfo) -> bool:
         """Whether ``pod`` is one :meth:`_early` may try: a plain pod only its rules keep
         here, with nothing that needs the exact view (an extender, a hold, shards that
-        move pods on their own) and not the pod being explained."""
+        needs no other) and not the pod being explained."""
         e = self.c.engine
         return not (
             pod.spec.group
@@ -255,7 +262,6 @@ class ShardDispatch:
             or pod.key == p.explain
             or e.config.extenders
             or e.holds
-            or _moves_on_their_own(e.profiles.frameworks.values())
         )
 
     def _try_early(
@@ -457,17 +463,18 @@ class ShardDispatch:
         """Preemptors whose victims are gone; a run of them is placed here, whole
         (:meth:`shards.coordinator.wave.Wave.first`). Before them, the second steps of
         plans of moves whose first step is done (:meth:`_moves_after`)."""
+        self._awaiting = False
         if self.c.moves_after:
             self._moves_after()
         return self.wave.first(p)
 
     def done(self, p: PassContext) -> None:
         """A run of preemptors decided this pass is carried out
-        (:meth:`shards.coordinator.wave.Wave.flush`); then consolidation, where due
-        (:meth:`_consolidate`)."""
+        (:meth:`shards.coordinator.wave.Wave.flush`); then defragmentation and
+        consolidation, where due (:meth:`_move_on_its_own`)."""
         self.wave.flush(p)
         c = self.c
-        rescheduler = _consolidating(p.profiles.frameworks.values())
+        rescheduler = _moving_on_its_own(p.profiles.frameworks.values())
         if rescheduler is None:
             return
         if not c.decided_since and any(
@@ -475,34 +482,51 @@ class ShardDispatch:
         ):
             c.decided_since = True
         if c.consolidation_due:
-            self._consolidate(p, rescheduler)
+            self._move_on_its_own(p, rescheduler)
 
-    def _consolidate(self, p: PassContext, rescheduler: Rescheduler) -> None:
-        """Consolidate over every shard's nodes, as one engine does after its pass
-        (:mod:`engine.passes.consolidate`; shards under a coordinator do not): once
-        per instant given inputs, when what was decided then is all answered (nothing
-        handed, claimed, evicted or moved is under way: the view is then the state one
-        engine's pass leaves), the moves one engine would make now are found on the
-        view, each on the state the one before left, and carried out by the shards that
-        own their nodes as a plan of moves is (:meth:`_carry_out`); the queue waits
-        behind them until each moved pod is reported on its new node, as one engine
-        makes them before its next pass. A search changes the view's state (the
-        consolidation's epoch, this flag), so a pass that searched and sends nothing
+    def _move_on_its_own(self, p: PassContext, rescheduler: Rescheduler) -> None:
+        """Defragment and consolidate over every shard's nodes, as one engine does after
+        its pass (:mod:`engine.passes.defrag`, :mod:`engine.passes.consolidate`; shards
+        under a coordinator do neither): once per instant given inputs, when what was
+        decided then is all answered (nothing handed, claimed, evicted or moved is
+        under way: the view is then the state one engine's pass leaves), the moves one
+        engine would make now are found on the view, each on the state the one before
+        left, and carried out by the shards that own their nodes as a plan of moves is
+        (:meth:`_carry_out`); the queue waits behind them until each moved pod is
+        reported on its new node, as one engine makes them before its next pass.
+
+        Why once settled, not in the pass that decided: a pod handed over is not in the
+        view until its shard says where it went. A search changes the view's state
+        (consolidation's epoch, these flags), so a pass that searched and sends nothing
         records that it ran (``ClockTicked`` in the control partition): replay runs
-        the passes that sent something, and must run this one too."""
+        the passes that sent something, and must run this one too.
+
+        Cost: nothing per pod; per instant with inputs, one look at what is under way
+        (the claims not committed: O(claims)) and, once settled, one search as one
+        engine makes it. Only where a profile defragments or consolidates."""
         c = self.c
         if not self._settled():
             return
         e = c.engine
         statement = Statement(e.state, e.quotas)
-        moves = staged_moves(p, rescheduler, statement, decided=c.decided_since)
+        made: list[Move] = []
+        cards: dict[str, tuple[int, ...]] = {}
+        if rescheduler.defrag is not None:
+            emptied = staged_defragmentation(
+                p, rescheduler.defrag, rescheduler.moves_left(), statement
+            )
+            made += [(key, origin, slot, DEFRAGMENTATION) for key, origin, slot, _ in emptied]
+            cards.update((key, devices) for key, _, _, devices in emptied if devices)
+        if rescheduler.consolidate:
+            decided = c.decided_since or bool(made)
+            moved = staged_moves(p, rescheduler, statement, decided=decided, before=len(made))
+            made += [(key, origin, slot, CONSOLIDATION) for key, origin, slot, _ in moved]
+            cards.update((key, devices) for key, _, _, devices in moved if devices)
         statement.discard()
         c.consolidation_due = c.decided_since = False
-        if moves:
-            made = [(key, origin, slot, CONSOLIDATION) for key, origin, slot, _ in moves]
-            cards = {key: devices for key, _, _, devices in moves if devices}
-            self._carry_out(CONSOLIDATION, CONSOLIDATION, made, cards)
-            c.counters["consolidated"] = c.counters.get("consolidated", 0) + len(made)
+        if made:
+            self._carry_out(ON_ITS_OWN, ON_ITS_OWN, made, cards)
+            c.counters["moved_on_its_own"] = c.counters.get("moved_on_its_own", 0) + len(made)
         elif not c.out_since(0):
             c.send(c.control, ClockTicked())
 
@@ -675,6 +699,7 @@ class ShardDispatch:
             # yet (one scheduler would have bound it): moved now, its shard could bind
             # it where it no longer runs; the plan waits for the answer
             c.wait_for_answers(p.unit)
+            self._awaiting = True
             return False
         if (
             len(involved) == 1
@@ -769,7 +794,7 @@ class ShardDispatch:
         for unit in sorted(c.moves_after):
             lead, later, cards = c.moves_after[unit]
             entry = c.nominated.get(unit)
-            if entry is None or (lead != CONSOLIDATION and lead not in c.engine.pods):
+            if entry is None or (lead != ON_ITS_OWN and lead not in c.engine.pods):
                 del c.moves_after[unit]
                 if entry is not None:
                     c.end_nomination(unit)
@@ -979,28 +1004,21 @@ def _selecting(pod: PodInfo) -> list[Selecting]:
     return selecting
 
 
+ON_ITS_OWN: Final = "shoal.io/moves"
+"""What the moves made with no pod waiting (defragmentation's, consolidation's) are
+made for, as a plan's are for its pod: the unit the queue waits behind while the
+shards carry them out (each ``PodMigrated`` names its own kind's ``by``)."""
 REQUESTS: Final = (PodRouted, ReservationRequested, PreemptionRequested)
 """What the coordinator asks of shards when it decides a unit (a shard's decisions)."""
 
 
-def _moves_on_their_own(frameworks: Iterable[Framework]) -> bool:
-    """Whether a profile has shards move pods on their own (defragmentation after their
-    passes): the view then cannot bound what a shard's nodes hold."""
-    for framework in frameworks:
-        plugin = framework.plugins.get("Rescheduler")
-        if isinstance(plugin, Rescheduler) and plugin.defrag is not None:
-            return True
-    return False
-
-
-def _consolidating(frameworks: Iterable[Framework]) -> Rescheduler | None:
-    """The ``Rescheduler`` that consolidates, as one engine picks it after a pass (the
-    first profile's whose ``Rescheduler`` defragments or consolidates; None where that
-    one does not consolidate)."""
+def _moving_on_its_own(frameworks: Iterable[Framework]) -> Rescheduler | None:
+    """The ``Rescheduler`` that defragments or consolidates after a pass, as one engine
+    picks it (the first profile's that does either), or None."""
     for framework in frameworks:
         plugin = framework.plugins.get("Rescheduler")
         if isinstance(plugin, Rescheduler) and (plugin.defrag is not None or plugin.consolidate):
-            return plugin if plugin.consolidate else None
+            return plugin
     return None
 
 

@@ -186,6 +186,7 @@ WHOLE = st.tuples(
 Gang = tuple[int, int, int]
 """(members, milli-GPU of one card each or 0 for a whole card, seconds it arrives at)."""
 CONSOLIDATE = "{budget: {percentOfPlaced: 30}, consolidate: true}"
+DEFRAGMENT = "{defragmentation: {movesPerMinute: 10, movesPerNodePerMinute: 2}}"
 
 
 @settings(
@@ -199,7 +200,9 @@ CONSOLIDATE = "{budget: {percentOfPlaced: 30}, consolidate: true}"
     ),
     pools=st.sampled_from([1, 2]),
     policy=st.sampled_from(["ShoalGpu", "ShoalGpu", "GpuFragmentation", "GpuBestFit"]),
-    args=st.sampled_from(["{}", "{maxMoves: 3}", "{budget: {percentOfPlaced: 20}}", CONSOLIDATE]),
+    args=st.sampled_from(
+        ["{}", "{maxMoves: 3}", "{budget: {percentOfPlaced: 20}}", CONSOLIDATE, DEFRAGMENT]
+    ),
     pods=st.lists(st.one_of(SHARE, SHARE, SHARE, WHOLE), min_size=4, max_size=14),
     gangs=st.lists(
         st.tuples(st.integers(2, 3), st.sampled_from([0, 300, 500]), st.integers(0, 12)),
@@ -336,8 +339,9 @@ def test_moves_and_cards_are_one_schedulers_at_every_shard_count(
 ) -> None:
     """GPU pods a GPU policy places (decided on the coordinator at several shards), some
     finishing, some of higher priority, whole cards among the shares (the rescheduler
-    moves shares for them), gangs, consolidation: at 1, 2, 4 and 8 shards the same
-    moves, each pod on the same node and cards, and every log replays."""
+    moves shares for them), gangs, consolidation, defragmentation: at 1, 2, 4 and 8
+    shards the same moves, each pod on the same node and cards, and every log
+    replays."""
     text = rescheduler_config(args, score=policy)
     for i, (cards, cpu) in enumerate(nodes):
         text += gpu_node(f"node{i}", cards, cpu=cpu, pool=f"p{i % pools}")
