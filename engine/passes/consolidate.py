@@ -65,7 +65,7 @@ from engine.passes.context import PassContext
 from engine.passes.dispatch import migrate
 from engine.plugins.migration import MIGRATABLE, placement_rules, unpinned
 from engine.plugins.rescheduler import Rescheduler
-from events.types import is_decision
+from events.types import PodMigrated, is_decision
 
 BY: Final = "shoal.io/consolidation"
 SOURCES: Final = 16
@@ -80,7 +80,8 @@ def consolidate(p: PassContext, rescheduler: Rescheduler) -> None:
     """Make up to ``PER_PASS`` moves, each the one that lowers fragmentation most, while
     the budget allows and one lowers it (see the module docstring)."""
     e = p.e
-    moved: set[str] = set()
+    # no pod moved twice by a pass (by a plan, defragmentation, or here)
+    moved = {event.pod for event in p.out if isinstance(event, PodMigrated)}
     for _ in range(PER_PASS):
         decided = any(is_decision(event) for event in p.out)
         found = _best_move(p, rescheduler, staged=0, decided=decided, moved=moved)
@@ -102,6 +103,7 @@ def staged_moves(
     *,
     decided: bool,
     before: int = 0,
+    moved: set[str] | None = None,
 ) -> list[tuple[str, int, int, tuple[int, ...]]]:
     """The moves :func:`consolidate` would make now, each staged in ``statement`` on the
     state the one before left (pod, from slot, to slot, its GPU cards there), for an
@@ -109,7 +111,7 @@ def staged_moves(
     the nodes). Made only from the whole view, as one engine makes them; ``decided``:
     this instant decided something (a fruitless search then waits for a change, as in a
     pass that did); ``before``: moves staged already (defragmentation's), counted in the
-    budget."""
+    budget; ``moved``: pods not to move again (moved by this instant already)."""
     e = p.e
     moves: list[tuple[str, int, int, tuple[int, ...]]] = []
     for _ in range(PER_PASS):
@@ -118,7 +120,7 @@ def staged_moves(
             rescheduler,
             staged=before + len(moves),
             decided=decided or bool(moves),
-            moved={key for key, _, _, _ in moves},
+            moved=(moved or set()) | {key for key, _, _, _ in moves},
         )
         if found is None:
             break

@@ -161,6 +161,7 @@ class Coordinating(Handing, Waving, Protocol):
     flights: dict[str, Flight]
     consolidation_due: bool
     decided_since: bool
+    moved_since: dict[str, None]
     control: int
 
     def out_since(self, start: int | None = None) -> list[Output]: ...
@@ -252,8 +253,8 @@ class ShardDispatch:
 
     def _may_decide_early(self, p: PassContext, pod: PodInfo) -> bool:
         """Whether ``pod`` is one :meth:`_early` may try: a plain pod only its rules keep
-        here, with nothing that needs the exact view (an extender, a hold, shards that
-        needs no other) and not the pod being explained."""
+        here, with nothing that needs the exact view (an extender, a hold) and not the
+        pod being explained."""
         e = self.c.engine
         return not (
             pod.spec.group
@@ -519,11 +520,16 @@ class ShardDispatch:
             cards.update((key, devices) for key, _, _, devices in emptied if devices)
         if rescheduler.consolidate:
             decided = c.decided_since or bool(made)
-            moved = staged_moves(p, rescheduler, statement, decided=decided, before=len(made))
+            # (as one engine's pass: no pod moved twice, by a plan or defragmentation)
+            before = set(c.moved_since) | {key for key, _, _, _ in made}
+            moved = staged_moves(
+                p, rescheduler, statement, decided=decided, before=len(made), moved=before
+            )
             made += [(key, origin, slot, CONSOLIDATION) for key, origin, slot, _ in moved]
             cards.update((key, devices) for key, _, _, devices in moved if devices)
         statement.discard()
         c.consolidation_due = c.decided_since = False
+        c.moved_since.clear()
         if made:
             self._carry_out(ON_ITS_OWN, ON_ITS_OWN, made, cards)
             c.counters["moved_on_its_own"] = c.counters.get("moved_on_its_own", 0) + len(made)

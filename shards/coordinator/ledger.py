@@ -140,6 +140,10 @@ class Ledger:
         """A pass decided something (handed, claimed, evicted, failed a unit) since the
         view last looked for moves to consolidate: as one engine's pass that decided
         something, a search that finds nothing then waits for a change."""
+        self.moved_since: dict[str, None] = {}
+        """Pods reported moved for a pod (a plan of moves) since the view last looked for
+        moves to consolidate: not moved again by that search, as one engine's pass
+        moves no pod twice."""
         self.pass_from = 0
         """Where the running pass's own records begin in ``_out`` (what was folded
         before it forwarded the rest). Not state: set as each pass begins."""

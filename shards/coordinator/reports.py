@@ -15,7 +15,7 @@ per request, priority and node, what the shard has pending once per request and 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from engine.engine import Engine
 from engine.model.bulk import place_all
@@ -23,6 +23,8 @@ from engine.model.changes import ClusterEvent
 from engine.model.groups import FAILED, PENDING, SCHEDULED, advance, is_group_unit
 from engine.model.reservations import decision_id
 from engine.model.state import Request
+from engine.passes.consolidate import BY as CONSOLIDATION
+from engine.passes.defrag import BY as DEFRAGMENTATION
 from events.types import (
     BindFailed,
     Event,
@@ -53,6 +55,9 @@ from shards.coordinator.flights import (
 )
 from shards.coordinator.handed import Handed
 
+ON_ITS_OWN: Final = frozenset({CONSOLIDATION, DEFRAGMENTATION})
+"""Who the moves made with no pod waiting are made by."""
+
 
 class Reports(Handed):
     """The fold of the shards' reports (see the module's docstring)."""
@@ -74,6 +79,8 @@ class Reports(Handed):
                 # from another shard's node, that shard forgets it (it runs elsewhere)
                 if key in self.engine.pods and key in self.engine.state.pods:
                     self.engine.apply_decision(event)
+                    if event.by not in ON_ITS_OWN:
+                        self.moved_since[key] = None
                 source = self.routing.node_shard.get(event.from_node)
                 if source is not None and source != shard:
                     self.send(source, PodDeleted(pod=key))
