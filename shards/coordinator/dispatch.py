@@ -103,6 +103,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from engine.framework.cycle import CycleState
 from engine.framework.runtime import Framework
 from engine.model.groups import GroupInfo, is_group_unit
 from engine.model.pods import PodInfo
@@ -118,6 +119,7 @@ from engine.passes.dispatch import Placed, Route
 from engine.passes.extenders import applicable
 from engine.passes.gangs import park_gang
 from engine.passes.pods import attempt_pod
+from engine.plugins.migration import unpinned
 from engine.plugins.rescheduler import Rescheduler
 from events.types import (
     ClockTicked,
@@ -749,7 +751,7 @@ class ShardDispatch:
                 leaving.setdefault(int(shard_of[origin]), {})[key] = names[origin] or ""
         # moves within a shard onto room that pods of the plan leaving it free: the
         # moves across shards first, then these, once those pods are gone
-        after = self._second_step(by_shard, leaving)
+        after = self._second_step(by_shard, leaving, cards)
         now = {k: v for k, v in by_shard.items() if not (after and k[1])}
         if any(within for _, within in now) or not any(s in leaving for s, _ in now):
             for (shard, _), moving in sorted(now.items()):
@@ -766,18 +768,22 @@ class ShardDispatch:
         self,
         by_shard: dict[tuple[int, bool], list[Move]],
         leaving: dict[int, dict[str, str]],
+        cards: dict[str, tuple[int, ...]],
     ) -> list[Moving]:
         """The moves within a shard to make once the plan's moves across shards are
         done (per shard, in order), or none (all in one step). A shard carries out its
         moves within at once (:func:`engine.passes.reservations.move_here`), so it
         cannot count gone a pod of the same plan that leaves it for another shard and
-        would refuse a move onto that pod's room; one scheduler moves them all in one
-        step. So where a shard with moves within also loses pods to another shard, the
-        moves across go first and these once the pods that leave are reported gone:
-        the same moves, and no unit decided between them (the unit stays nominated,
-        and the queue waits behind it). Not where a move across lands on a node a move
-        within leaves (each would wait for the other): those go in one step, as
-        before."""
+        would refuse a move onto that pod's room (or, finding room elsewhere on the
+        node, take other GPU cards than the view chose); one scheduler moves them all
+        in one step. So where a shard with moves within also loses pods to another
+        shard, the moves across go first and these once the pods that leave are
+        reported gone: the same moves, and no unit decided between them (the unit
+        stays nominated, and the queue waits behind it). Where a move across lands on
+        a node a move within leaves, only if the moves across fit (on the ``cards``
+        the view chose) with the pods moving within still in place
+        (:meth:`_across_first`); else each would wait for the other, and all go in one
+        step, as before."""
         within = [(shard, moving) for (shard, inside), moving in by_shard.items() if inside]
         if not within or not any(shard in leaving for shard, _ in within):
             return []
@@ -788,9 +794,51 @@ class ShardDispatch:
             if not inside
             for _, _, slot, _ in moving
         }
-        if vacated & landing:
+        if vacated & landing and not self._across_first(by_shard, cards):
             return []
         return sorted(within)
+
+    def _across_first(
+        self, by_shard: dict[tuple[int, bool], list[Move]], cards: dict[str, tuple[int, ...]]
+    ) -> bool:
+        """Whether every move across shards of a plan fits where the view put it (its
+        profile's filters on that node, its GPU ``cards`` free there) with only the
+        pods moving across lifted: the pods moving within a shard still in place."""
+        e = self.c.engine
+        state = e.state
+        across = [move for (_, inside), moving in by_shard.items() if not inside for move in moving]
+        statement = Statement(state, e.quotas)
+        try:
+            for key, _, _, by in across:
+                statement.lift(key, e.pods[key].spec.namespace, by)
+            for key, _, slot, by in across:
+                pod = unpinned(e.pods[key])
+                framework = self.c.engine.profiles.framework_for(pod)
+                cycle = CycleState()
+                if (
+                    framework is None
+                    or not framework.run_pre_filters(cycle, pod, state).ok
+                    or not framework.feasible_on(cycle, pod, state, slot)
+                ):
+                    return False
+                chosen = cards.get(key)
+                gpu = state.gpu_of(pod.request)
+                if chosen and (gpu is None or not state.cards.free_for(slot, gpu, chosen)):
+                    return False
+                spec = pod.spec
+                statement.land(
+                    key,
+                    spec.namespace,
+                    slot,
+                    pod.request,
+                    pod.priority,
+                    spec.host_ports,
+                    by,
+                    chosen,
+                )
+            return True
+        finally:
+            statement.discard()
 
     def _moves_after(self) -> None:
         """Send the second step of each plan whose first step's pods are all reported

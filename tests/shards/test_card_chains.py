@@ -328,6 +328,37 @@ DEFRAGMENT = "{defragmentation: {movesPerMinute: 10, movesPerNodePerMinute: 2}}"
     ],
     gangs=[(3, 300, 5), (3, 500, 15), (3, 500, 16), (2, 0, 16), (2, 0, 17)],
 )
+# found at 2 and 4 shards: consolidation moved pod4 within shard 1 onto cards that
+# pods leaving for shard 0 held, while a pod from shard 0 landed on pod4's node; sent
+# in one step, pod4 took other cards on its new node (now the moves across go first,
+# as they fit with pod4 still in place)
+@example(
+    nodes=[(2, 8), (1, 64), (1, 8), (4, 8), (2, 8)],
+    pools=2,
+    policy="ShoalGpu",
+    args=CONSOLIDATE,
+    pods=[
+        (1, 0, True, 5.0, 0, 2),
+        (0, 500, True, None, 0, 1),
+        (0, 200, False, 30.0, 0, 2),
+        (0, 500, True, None, 10, 0),
+        (0, 600, True, None, 0, 0),
+        (0, 200, False, 30.0, 0, 1),
+        (0, 200, True, 5.0, 0, 0),
+        (0, 400, True, 30.0, 10, 0),
+        (0, 100, True, None, 100, 1),
+        (0, 500, False, 5.0, 0, 1),
+        (2, 0, True, 5.0, 0, 2),
+        (0, 100, True, None, 10, 1),
+        (0, 100, True, 5.0, 10, 0),
+        (0, 200, False, None, 10, 2),
+        (0, 400, True, None, 0, 1),
+        (0, 300, True, 30.0, 0, 2),
+        (0, 600, True, 5.0, 0, 1),
+        (0, 500, True, None, 0, 1),
+    ],
+    gangs=[],
+)
 def test_moves_and_cards_are_one_schedulers_at_every_shard_count(
     capsys: pytest.CaptureFixture[str],
     nodes: list[tuple[int, int]],
