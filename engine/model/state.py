@@ -515,6 +515,16 @@ class ClusterState:
             self._columns[:, :, landed] += delta[:, :, None] * times
             self.used_by_priority[priority][:, landed] += delta[1][:, None] * times
 
+    def cards_if_free(
+        self, slot: int, request: Request, devices: tuple[int, ...] | None
+    ) -> tuple[int, ...] | None:
+        """``devices`` (GPU cards another engine chose for ``request`` on ``slot``) if
+        each still has room for it there, else None (the state chooses)."""
+        if not devices:
+            return None
+        gpu = self.gpu_of(request)
+        return devices if gpu is not None and self.cards.free_for(slot, gpu, devices) else None
+
     def gpu_of(self, request: Request) -> GpuRequest | None:
         """The GPU cards ``request`` asks for (from its card-need row), or None."""
         rows = self.cards.rows

@@ -113,6 +113,16 @@ class Statement:
         self.state.assume(key, slot, request, priority, ports, devices)
         self.ops.append(_Op("land", key, slot, request, namespace, by, priority, ports))
 
+    def land_pod(
+        self, pod: PodInfo, slot: int, by: str, devices: tuple[int, ...] | None = None
+    ) -> None:
+        """:meth:`land` lifted pod ``pod`` on ``slot`` (on GPU cards ``devices``, else
+        those the state chooses)."""
+        spec = pod.spec
+        self.land(
+            pod.key, spec.namespace, slot, pod.request, pod.priority, spec.host_ports, by, devices
+        )
+
     def rollback(self, mark: int) -> None:
         """Undo the operations staged after the first ``mark`` ones, newest first."""
         tail = self.ops[mark:]

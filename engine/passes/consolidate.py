@@ -133,10 +133,7 @@ def staged_moves(
 def _stage(statement: Statement, info: PodInfo, target: int) -> int:
     """Move running pod ``info`` onto ``target`` in ``statement``; its old slot."""
     origin = statement.lift(info.key, info.spec.namespace, BY)
-    pod = unpinned(info)
-    statement.land(
-        info.key, info.spec.namespace, target, pod.request, pod.priority, info.spec.host_ports, BY
-    )
+    statement.land_pod(unpinned(info), target, BY)
     return origin
 
 

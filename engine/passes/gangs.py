@@ -328,11 +328,8 @@ def _directed(
     # whole view; this shard sees only its own pods
     if not framework.feasible_on(cycle, pod, e.state, slot, local_only=local_only):
         return (f"{pod.key} no longer fits node {node}", ("NodeResourcesFit",), {})
-    if cards is not None:
-        gpu = e.state.gpu_of(pod.request)
-        if gpu is None or not e.state.cards.free_for(slot, gpu, cards):
-            cards = None  # no longer free: the state chooses
-    statement.assume_pod(pod, slot, cards)
+    # (cards no longer free: the state chooses)
+    statement.assume_pod(pod, slot, e.state.cards_if_free(slot, pod.request, cards))
     return None
 
 

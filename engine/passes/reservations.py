@@ -201,22 +201,8 @@ def move_here(p: PassContext, request: ReservationRequested) -> None:
         ):
             why = f"{key} no longer fits node {node or '?'}"
             break
-        spec = pod.spec
-        cards = request.devices.get(key)
-        if cards is not None:
-            gpu = e.state.gpu_of(pod.request)
-            if gpu is None or not e.state.cards.free_for(slot, gpu, cards):
-                cards = None  # no longer free: the state chooses
-        statement.land(
-            key,
-            spec.namespace,
-            slot,
-            pod.request,
-            pod.priority,
-            spec.host_ports,
-            moved_by.get(key, request.moved_for),
-            cards,
-        )
+        cards = e.state.cards_if_free(slot, pod.request, request.devices.get(key))
+        statement.land_pod(pod, slot, moved_by.get(key, request.moved_for), cards)
     if why:
         statement.discard()
         p.out.append(

@@ -822,20 +822,9 @@ class ShardDispatch:
                 ):
                     return False
                 chosen = cards.get(key)
-                gpu = state.gpu_of(pod.request)
-                if chosen and (gpu is None or not state.cards.free_for(slot, gpu, chosen)):
+                if chosen and state.cards_if_free(slot, pod.request, chosen) is None:
                     return False
-                spec = pod.spec
-                statement.land(
-                    key,
-                    spec.namespace,
-                    slot,
-                    pod.request,
-                    pod.priority,
-                    spec.host_ports,
-                    by,
-                    chosen,
-                )
+                statement.land_pod(pod, slot, by, chosen)
             return True
         finally:
             statement.discard()
