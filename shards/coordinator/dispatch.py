@@ -530,8 +530,12 @@ class ShardDispatch:
             made += [(key, origin, slot, CONSOLIDATION) for key, origin, slot, _ in moved]
             cards.update((key, devices) for key, _, _, devices in moved if devices)
         statement.discard()
-        c.consolidation_due = c.decided_since = False
-        c.moved_since.clear()
+        owner = c.routing.slot_shard
+        if any(owner[origin] < 0 or owner[slot] < 0 for _, origin, slot, _ in made):
+            made = []  # a node between two owners (its pool is moving): at a later pass
+        else:
+            c.consolidation_due = c.decided_since = False
+            c.moved_since.clear()
         if made:
             self._carry_out(ON_ITS_OWN, ON_ITS_OWN, made, cards)
             c.counters["moved_on_its_own"] = c.counters.get("moved_on_its_own", 0) + len(made)

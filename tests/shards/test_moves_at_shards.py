@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tests.shards.coordinator_kit import shoal
+from tests.shards.coordinator_kit import pool_move, shoal
 from tests.shards.scenario_text import gpu_node, gpu_pod, rescheduler_config
 
 SHARDS = (1, 2, 4)
@@ -100,6 +100,23 @@ def test_consolidation_moves_pods_a_gpu_policy_placed(
     assert any(shard_of(m, 2) != shard_of(t, 2) for _, m, t, _ in outcomes[0][0]), (
         "no move across shards: the case tests less than it says"
     )
+
+
+@pytest.mark.parametrize("shards", (2, 4))
+def test_moves_wait_for_a_pool_that_changes_shards(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int
+) -> None:
+    # pools handed to other shards while consolidation and defragmentation move pods:
+    # no move goes to a node between two owners, every run ends and replays
+    args = (
+        "{budget: {percentOfPlaced: 50}, consolidate: true, "
+        "defragmentation: {movesPerMinute: 20, movesPerNodePerMinute: 4}}"
+    )
+    text = scenario(args, drawn(2, 50))
+    text += pool_move("p1", 0, 12) + pool_move("p2", shards - 1, 20) + pool_move("p1", 1, 31)
+    data, _ = shoal(tmp_path, capsys, text, shards)
+    assert within_budget(data, 50)
+    assert all(view["node"] is not None for view in data["pods"].values())
 
 
 @settings(
