@@ -403,26 +403,26 @@ class ShardDispatch:
         spec = pod.spec
         if spec.group or spec.depends_on:  # the shard places it as a pod of its own
             spec = msgspec.structs.replace(spec, group="", depends_on=())
-        disruptions = c.engine.disruptions_allowed(pod.key) if moves and c.engine.budgets else None
+        disruptions, counted = self._counted(pod.key, moves)
         c.send(
             shard,
-            PodRouted(
-                pod=spec,
-                decision_id=decision,
-                disruptions=disruptions,
-                counted=self._counted(moves),
-            ),
+            PodRouted(pod=spec, decision_id=decision, disruptions=disruptions, counted=counted),
         )
         c.fly(pod.key, shard, [pod], moves=moves)
         c.decisions[pod.key] = decision
         c.counters["handed"] += 1
 
-    def _counted(self, moves: bool) -> tuple[int, int] | None:
-        """For a hand-off with a plan of moves: the pods placed and moved over every
-        shard (what the view's move budget in percent of placed pods measured; the
-        shard counts only its own)."""
+    def _counted(
+        self, key: str, moves: bool
+    ) -> tuple[dict[str, int] | None, tuple[int, int] | None]:
+        """For a hand-off with a plan of moves (else nothing), what the shard counts
+        over its own pods only, counted over every shard: the disruptions each budget
+        allows for pod ``key``, and the pods placed and moved (what the view's move
+        budget in percent of placed pods measured)."""
         e = self.c.engine
-        return (e.placed_total, e.moved_total) if moves else None
+        if not moves:
+            return None, None
+        return e.disruptions_allowed(key) if e.budgets else None, (e.placed_total, e.moved_total)
 
     def _hand_gang(
         self, unit: str, pods: list[PodInfo], shard: int, *, moves: bool = False
@@ -441,6 +441,7 @@ class ShardDispatch:
         specs = tuple(_member_spec(pod.spec, part) for pod in pods)
         keys = tuple(pod.key for pod in pods)
         since = c.issue((shard,))
+        disruptions, counted = self._counted(pods[0].key, moves)
         c.send(
             shard,
             ReservationRequested(
@@ -449,10 +450,8 @@ class ShardDispatch:
                 pods=specs,
                 expires_at=c.expiry(since),
                 at_once=True,
-                disruptions=c.engine.disruptions_allowed(pods[0].key)
-                if moves and c.engine.budgets
-                else None,
-                counted=self._counted(moves),
+                disruptions=disruptions,
+                counted=counted,
             ),
         )
         c.claim(Claim(rid, unit, {shard: keys}, since, directed=False, open={shard: None}))
