@@ -165,9 +165,10 @@ def test_preemption_still_evicts_when_every_candidate_breaks_a_budget(
 
 @pytest.mark.parametrize(
     ("shards", "max_unavailable", "moved"),
-    # at several shards a shard defragments its own machines and cannot count a budget
-    # over every shard: it leaves the pods a budget picks where they are
-    [(1, 1, 0), (1, 2, 2), (2, 1, 0), (2, 2, 0), (4, 2, 0)],
+    # at several shards the coordinator defragments, counting the budget over every
+    # shard, as one shard does (before, each shard defragmented its own machines and,
+    # unable to count a budget, left the pods it picks where they were)
+    [(1, 1, 0), (1, 2, 2), (2, 1, 0), (2, 2, 2), (4, 1, 0), (4, 2, 2)],
 )
 def test_defragmentation_keeps_within_disruption_budgets(
     tmp_path: Path,
