@@ -168,6 +168,8 @@ class Coordinating(Handing, Waving, Protocol):
 
     def out_since(self, start: int | None = None) -> list[Output]: ...
 
+    def preparing(self) -> list[Claim]: ...
+
     def issue(self, shards: Iterable[int]) -> int: ...
 
     def expiry(self, since: int) -> int: ...
@@ -504,8 +506,8 @@ class ShardDispatch:
         the passes that sent something, and must run this one too.
 
         Cost: nothing per pod; per instant with inputs, one look at what is under way
-        (the claims not committed: O(claims)) and, once settled, one search as one
-        engine makes it. Only where a profile defragments or consolidates."""
+        (the claims still being prepared) and, once settled, one search as one engine
+        makes it. Only where a profile defragments or consolidates."""
         c = self.c
         if not self._settled():
             return
@@ -543,7 +545,9 @@ class ShardDispatch:
 
     def _settled(self) -> bool:
         """Nothing the coordinator decided or asked for is under way: no hand-over,
-        claim, eviction, plan of moves or run of preemptors."""
+        claim being prepared, eviction, plan of moves or run of preemptors. (A claim
+        being aborted is not: the view let its pods go already, and what is sent now
+        reaches their shard after the abort.)"""
         c = self.c
         return not (
             c.flights
@@ -551,7 +555,7 @@ class ShardDispatch:
             or c.moves_after
             or c.ready
             or c.engine.planned
-            or any(claim.stage != COMMITTED for claim in c.claims.values())
+            or c.preparing()
         )
 
     def unbound(self, p: PassContext, event: PodUnbound) -> None:
