@@ -192,6 +192,8 @@ class Engine(ShardModel):
                     self.routed_disruptions[key] = dict(event.disruptions)
                 if event.counted is not None:
                     self.routed_counts[key] = event.counted
+                if event.node:
+                    self.routed_nodes[key] = (event.node, event.devices)
                 self.arrived[key] = None
                 specs.append(event.pod)
                 taking.add(key)

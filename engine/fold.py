@@ -81,6 +81,8 @@ def routed(m: ShardModel, event: PodRouted) -> None:
         m.routed_disruptions[key] = dict(event.disruptions)
     if event.counted is not None:
         m.routed_counts[key] = event.counted
+    if event.node:
+        m.routed_nodes[key] = (event.node, event.devices)
     m.arrived[key] = None
     m.submit(spec)
 

@@ -76,7 +76,9 @@ pods a plan of moves takes from the shard that holds the part). 14: the coordina
 ``Reservation.moved_by`` (the gang member each move of a part makes room for). 15:
 ``ShardModel.routed_counts`` (the placed and moved pods a move budget measures, counted
 over every shard); the coordinator's ``consolidation_due`` and ``decided_since`` (it
-consolidates for the shards), and the GPU cards of ``moves_after``."""
+consolidates for the shards), and the GPU cards of ``moves_after``; pods handed to the
+node the coordinator chose (``ShardModel.routed_nodes``, the coordinator's
+``directed``)."""
 CHUNK_BYTES: Final = 256 * 1024
 MAX_STATE_BYTES: Final = 1 << 31
 STATE_CLASSES: Final[dict[str, type]] = {

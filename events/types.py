@@ -467,6 +467,12 @@ class PodRouted(_Fact, frozen=True, kw_only=True, tag="route"):
     so far over every shard, as the coordinator counted them; a move budget in percent
     of placed pods (the rescheduler's ``budget``) is measured against these for this
     pod, as one scheduler measures it. None: against this shard's own counts."""
+    node: str = ""
+    """The node the coordinator chose on its view of every shard (as one scheduler
+    would): the shard places the pod there, on GPU cards ``devices`` where each still
+    has room (else its own choice of cards there), or hands it back; empty: the shard
+    chooses among its nodes."""
+    devices: tuple[int, ...] = ()
 
 
 class PodRecalled(_Fact, frozen=True, kw_only=True, tag="recall"):

@@ -175,6 +175,9 @@ class ShardModel:
         self.routed_disruptions: dict[str, dict[str, int]] = {}
         """Delegated pods → the disruptions each budget allows, as the coordinator
         counted them over every shard (``PodRouted.disruptions``)."""
+        self.routed_nodes: dict[str, tuple[str, tuple[int, ...]]] = {}
+        """Delegated pods → the node (and GPU cards) the coordinator chose for them
+        (``PodRouted.node``): placed there or handed back."""
         self.routed_counts: dict[str, tuple[int, int]] = {}
         """Delegated pods → the pods placed and moved over every shard, as the
         coordinator counted them (``PodRouted.counted``): what a move budget in percent
@@ -622,6 +625,7 @@ class ShardModel:
         self.delegated.pop(key, None)
         self.routed_disruptions.pop(key, None)
         self.routed_counts.pop(key, None)
+        self.routed_nodes.pop(key, None)
         self.returning.pop(key, None)
         self.finished_as(key, outcome)
         if pod.spec.uid:
@@ -670,6 +674,7 @@ class ShardModel:
         self.delegated.pop(key, None)
         self.routed_disruptions.pop(key, None)
         self.routed_counts.pop(key, None)
+        self.routed_nodes.pop(key, None)
         self.dispatched.pop(key, None)
         self.reserved.pop(key, None)
         group = self.groups.get(pod.spec.group) if pod.spec.group else None

@@ -37,6 +37,33 @@ def no_profile(pod: PodInfo) -> str:
     return NO_PROFILE.format(pod.spec.scheduler_name or DEFAULT_SCHEDULER)
 
 
+def place_where_told(
+    p: PassContext, pod: PodInfo, framework: Framework, node: str, devices: tuple[int, ...]
+) -> None:
+    """Place delegated ``pod`` on ``node``, the node the coordinator chose on its view of
+    every shard (``PodRouted.node``), on GPU ``devices`` where each still has room: if
+    its pre-filters pass, and its filters on that node (those that read this shard's
+    nodes only: the coordinator checked the rules that read pods on other shards'
+    nodes); else it goes back to the coordinator. One node looked at, no scores."""
+    e = p.e
+    slot = e.state.index.get(node)
+    cycle = CycleState()
+    if slot is None:
+        p.unschedulable(pod, f"node {node} is not on this shard", ())
+        return
+    status = framework.run_pre_filters(cycle, pod, e.state)
+    if not status.ok:
+        p.unschedulable(pod, status.message(), (status.plugin,) if status.plugin else ())
+        return
+    if not framework.feasible_on(cycle, pod, e.state, slot, local_only=True):
+        p.unschedulable(pod, f"{pod.key} no longer fits node {node}", ("NodeResourcesFit",))
+        return
+    cards = e.state.cards_if_free(slot, pod.request, devices)
+    if cards is not None:
+        p.devices[pod.key] = cards
+    p.dispatch.commit(p, None, [(pod, slot, 0)])
+
+
 def attempt_pod(p: PassContext, pod: PodInfo, *, trial: bool = False) -> None:
     """Attempt ``pod``: the dispatch commits what fits (or what preemption or moves make
     fit); else the pod says why it waits (:meth:`PassContext.unschedulable`).
@@ -49,6 +76,10 @@ def attempt_pod(p: PassContext, pod: PodInfo, *, trial: bool = False) -> None:
     if framework is None:
         if not trial:
             p.unschedulable(pod, no_profile(pod), ())
+        return
+    directed = e.routed_nodes.get(pod.key) if e.routed_nodes else None
+    if directed is not None and not trial:
+        place_where_told(p, pod, framework, *directed)
         return
     explain = pod.key == p.explain
     if e.holds and place_in_hold(p, pod, framework):

@@ -116,15 +116,16 @@ def release(p: PassContext, res: Reservation, reason: str) -> None:
 def evict(p: PassContext, victims: dict[str, str]) -> dict[str, str]:
     """Evict what the coordinator chose to evict (``victims``: pod → the pod it makes
     room for), those still placed here. Returns the victims on their way here: pods of
-    a part the coordinator asked this shard to hold before it asked for the evictions,
-    not placed yet (the pass evicts them once it has placed that part)."""
+    a part the coordinator asked this shard to hold, or handed to a node here, before
+    it asked for the evictions, not placed yet (the pass evicts them once it has placed
+    them)."""
     e = p.e
     coming = {k for request in e.requests.values() for k in request.placements}
     later: dict[str, str] = {}
     for key, by in sorted(victims.items()):
         placed = e.state.pods.get(key)
         if placed is None or key not in e.pods:
-            if key in coming or (key in e.pods and key in e.reserved):
+            if key in coming or (key in e.pods and (key in e.reserved or key in e.routed_nodes)):
                 later[key] = by
             continue
         node = e.state.names[placed.slot] or ""

@@ -22,9 +22,12 @@ profiles, plugins and queue as one shard; what differs is what becomes of a unit
   reclaim, or a shard handed it back), exactly as one shard would decide it, on an
   exact view: the pass waits until every handed unit is answered, so the view holds
   every placement, then attempts the unit. What it decides becomes requests to the
-  shards that own the nodes: a reservation part per shard, on the nodes chosen
-  (prepared and committed whole), or, for a preemption, the evictions first; the unit
-  is attempted again once the victims are gone, as kube-scheduler does;
+  shards that own the nodes: a pod of its own is handed to the node chosen
+  (``PodRouted`` with the node, placed in the view at once: the shard places it there
+  or hands it back, and it is decided again after a back-off), a gang a reservation
+  part per shard, on the nodes chosen (prepared and committed whole), or, for a
+  preemption, the evictions first; the unit is attempted again once the victims are
+  gone, as kube-scheduler does;
 - **waits** at the head of the queue while evictions it asked for are under way, while
   a pod of it is still held on a shard under a claim being aborted (a gang rolled back:
   placed elsewhere first, it would run twice), or (for a unit to decide here) while
@@ -91,7 +94,7 @@ once; what is left per pod is its record in the view). Units that need the whole
 cluster (preemption, reclaim, spanning gangs, inter-pod rules, user scores,
 extenders) are decided here on the exact view, as before; so are all units of a packing profile
 (:mod:`shards.coordinator.choice` says why, and their cost: one scheduling attempt here
-and a directed part per pod, instead of the choice and the hand-over).
+and a hand-over to the node chosen, instead of the choice of a shard and the hand-over).
 """
 
 from __future__ import annotations
@@ -154,6 +157,7 @@ class Coordinating(Handing, Waving, Protocol):
     :class:`shards.coordinator.handover.Viewing`."""
 
     decisions: dict[str, str]
+    directed: dict[str, int]
     claims: dict[str, Claim]
     claim_of: dict[str, str]
     moves_refused: dict[str, int]
@@ -414,6 +418,38 @@ class ShardDispatch:
         c.decisions[pod.key] = decision
         c.counters["handed"] += 1
 
+    @staticmethod
+    def _directs(unit: str, pod: PodInfo) -> bool:
+        """Whether a unit decided here is handed to its node (:meth:`_hand_to_node`)
+        rather than held under a claim: a pod of its own (no gang), placed with nothing
+        evicted or moved. A gang's members are held whole under a claim."""
+        return unit == pod.key and not pod.spec.group
+
+    def _hand_to_node(self, pod: PodInfo, slot: int, devices: tuple[int, ...] | None) -> None:
+        """Place ``pod`` on ``slot`` in the view and hand it to the shard that owns the
+        node, to be placed there (on the view's GPU cards), or handed back: one record
+        each way, where a claim costs a part, its grant and its commit."""
+        c = self.c
+        e = c.engine
+        shard = int(c.routing.slot_shard[slot])
+        decision = f"{pod.key}#{c.next_seq()}"
+        e.place(pod.key, slot, decision, devices=devices)
+        spec = pod.spec
+        if spec.depends_on:  # the shard places it as a pod of its own
+            spec = msgspec.structs.replace(spec, depends_on=())
+        c.send(
+            shard,
+            PodRouted(
+                pod=spec,
+                decision_id=decision,
+                node=e.state.names[slot] or "",
+                devices=e.state.pods[pod.key].devices,
+            ),
+        )
+        c.directed[pod.key] = shard
+        c.decisions[pod.key] = decision
+        c.counters["directed"] = c.counters.get("directed", 0) + 1
+
     def _counted(
         self, key: str, moves: bool
     ) -> tuple[dict[str, int] | None, tuple[int, int] | None]:
@@ -544,13 +580,14 @@ class ShardDispatch:
             c.send(c.control, ClockTicked())
 
     def _settled(self) -> bool:
-        """Nothing the coordinator decided or asked for is under way: no hand-over,
-        claim being prepared, eviction, plan of moves or run of preemptors. (A claim
+        """Nothing the coordinator decided or asked for is under way: no hand-over (to a
+        node or not), claim being prepared, eviction, plan of moves or run of preemptors. (A claim
         being aborted is not: the view let its pods go already, and what is sent now
         reaches their shard after the abort.)"""
         c = self.c
         return not (
             c.flights
+            or c.directed
             or c.nominated
             or c.moves_after
             or c.ready
@@ -611,6 +648,10 @@ class ShardDispatch:
             if is_group_unit(unit):
                 self._plan(unit, placed, cards)
             return False
+        if statement is None and len(placed) == 1 and self._directs(unit, placed[0][0]):
+            pod, slot, _ = placed[0]
+            self._hand_to_node(pod, slot, p.devices.pop(pod.key, None))
+            return True
         if statement is not None:
             statement.commit()
         rid = f"{unit.lstrip('@')}#{c.next_seq()}"
@@ -911,8 +952,11 @@ class ShardDispatch:
         return True
 
     def _unanswered(self, key: str) -> bool:
-        """Whether placed pod ``key`` is held under a claim not granted yet."""
+        """Whether placed pod ``key`` is held under a claim not granted yet, or handed to
+        its node and not reported placed yet."""
         c = self.c
+        if key in c.directed:
+            return True
         claim = c.claims.get(c.claim_of.get(key, ""))
         return claim is not None and claim.stage != COMMITTED
 

@@ -176,6 +176,7 @@ class Handed(Ledger):
         (Its claim is forgotten with the last of its pods.)"""
         if key in self.flights:
             self.land(key)
+        self.directed.pop(key, None)
         self.decisions.pop(key, None)
         self.hard.pop(key, None)
         self.moves_refused.pop(key, None)

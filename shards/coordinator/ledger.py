@@ -117,6 +117,10 @@ class Ledger:
         change by them (alloc, used, free and non-zero used; rows by shards)."""
         self.decisions: dict[str, str] = {}
         """Pods handed over → the decision id the shard places them under."""
+        self.directed: dict[str, int] = {}
+        """Pods handed to a shard with the node the view chose for them
+        (``PodRouted.node``) → that shard, until it reports them placed or hands them
+        back: placed in the view from the moment they were decided."""
         self.claims: dict[str, Claim] = {}
         self.claim_of: dict[str, str] = {}
         """Pod → the claim (reservation) it was placed under."""

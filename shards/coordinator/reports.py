@@ -118,7 +118,11 @@ class Reports(Handed):
         landed: dict[int, list[Any]] = {}
         pods = 0
         run: list[tuple[str, int, str]] = []
+        directed = self.directed
         for key, node in placed.items():
+            if directed and directed.get(key) == shard:
+                del directed[key]  # placed in the view when it was decided
+                continue
             flight = flights.get(key)
             if flight is None or flight.shard != shard:
                 continue  # not handed there (any more)
@@ -161,6 +165,11 @@ class Reports(Handed):
         self.counters["handbacks"] += 1
         if "@" in decision:  # a part held it there, and its bind failed
             self._left_part(key, decision.split("@", 1)[1])
+        if self.directed.get(key) == shard:
+            # it no longer fit the node the view chose: the view lets it go as a failed
+            # bind (below), and decides it again here after its back-off
+            del self.directed[key]
+            self.hard[key] = None
         flight = self.flights.get(key)
         if flight is not None and flight.shard == shard:
             if flight.moves:  # its shard found no plan of moves: bounded as a gang's are

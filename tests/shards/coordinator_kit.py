@@ -207,6 +207,16 @@ def sent(out: Sequence[Output], kind: type[E]) -> list[tuple[int, E]]:
     return [(partition, event) for partition, event in out if isinstance(event, kind)]
 
 
+def handed(out: Sequence[Output]) -> list[tuple[int, PodRouted]]:
+    """The pods handed to a shard to place on a node of its choice."""
+    return [(p, e) for p, e in sent(out, PodRouted) if not e.node]
+
+
+def directed(out: Sequence[Output]) -> list[tuple[int, PodRouted]]:
+    """The pods decided on the coordinator and handed to the node it chose."""
+    return [(p, e) for p, e in sent(out, PodRouted) if e.node]
+
+
 def only(out: Sequence[Output], kind: type[E]) -> tuple[int, E]:
     """The one record of ``kind`` a pass made (there must be exactly one)."""
     (one,) = sent(out, kind)

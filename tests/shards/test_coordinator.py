@@ -60,7 +60,9 @@ from tests.shards.coordinator_kit import (
     Control,
     Shard,
     bound,
+    directed,
     found,
+    handed,
     handed_to_shard,
     in_pool,
     only,
@@ -186,28 +188,25 @@ def test_a_unit_is_handed_over_only_while_its_shard_certainly_has_a_node_for_it(
 @pytest.mark.parametrize("shards", SHARDS)
 def test_a_pod_a_shard_hands_back_is_decided_by_the_coordinator_next(shards: int) -> None:
     """The shard could not place what it was handed: the coordinator does not hand it
-    over again, it decides it on its view and asks the node's owner for that node."""
+    over again, it decides it on its view and hands it to the node it chose."""
     control, last = handed_to_shard(shards)
     control.input(make_node("a2").cpu("6").label(POOL_LABEL, "pa").added())
     refusal = PodHandedBack(pod="default/p", reason="no node fits", shard=last, resolvable=True)
     out = control.report(last, refusal)
-    assert not sent(out, PodRouted)
-    partition, request = only(out, ReservationRequested)
-    assert partition == last and request.at_once
-    assert [spec.key for spec in request.pods] == ["default/p"]
-    chosen = request.placements["default/p"]
+    assert not handed(out) and not sent(out, ReservationRequested)
+    ((partition, request),) = directed(out)
+    assert partition == last and request.pod.key == "default/p"
+    chosen = request.node
     assert chosen in {"a", "a2"}
     coordinator = control.coordinator
     assert coordinator.counters["handbacks"] == 1 and coordinator.counters["decided"] == 1
-    grant = ReservationGranted(
-        rid=request.rid, group=request.group.key, placements=request.placements, shard=last
-    )
-    assert control.report(last, grant) == []
     view = coordinator.engine.state
-    assert view.names[view.pods["default/p"].slot] == chosen
+    assert view.names[view.pods["default/p"].slot] == chosen  # held there at once
+    assert control.placed(last, {"default/p": chosen}, nodes=2) == []
+    assert coordinator.directed == {}
     # the view holds p there: of two more such pods, one is handed (for the other node)
     out = control.input(in_pool("q0", "pa", "5"), in_pool("q1", "pa", "5"))
-    assert [(p, e.pod.key) for p, e in sent(out, PodRouted)] == [(last, "default/q0")]
+    assert [(p, e.pod.key) for p, e in handed(out)] == [(last, "default/q0")]
 
 
 @pytest.mark.parametrize("shards", SHARDS)
@@ -401,7 +400,7 @@ def test_an_abort_reaches_every_open_part(shards: int, cause: str) -> None:
 
 @pytest.mark.parametrize("shards", SHARDS)
 def test_a_denied_claim_backs_its_unit_off(shards: int) -> None:
-    """The shard that owns the only nodes keeps denying what the coordinator decides
+    """The shard that owns the only nodes keeps handing back what the coordinator decides
     there (its view of them differs): the pod is decided again only after a back-off
     that doubles (1 s, 2 s, 4 s, 8 s) up to the profile's 10 s, never handed over, and
     never asked for in between: no retry storm."""
@@ -411,15 +410,19 @@ def test_a_denied_claim_backs_its_unit_off(shards: int) -> None:
     asked: list[float] = []
     now = 0.0
     while now <= 40:
-        assert not sent(out, PodRouted)
-        requests = sent(out, ReservationRequested)
+        assert not handed(out) and not sent(out, ReservationRequested)
+        requests = directed(out)
         if requests:
             ((partition, request),) = requests
-            assert partition == last
+            assert partition == last and request.node == "a"
             asked.append(now)
             assert len(asked) <= 7, f"asked again and again: {asked}"
-            denial = ReservationDenied(
-                rid=request.rid, group=request.group.key, reason="full", shard=last
+            denial = PodHandedBack(
+                pod="default/p",
+                reason="full",
+                shard=last,
+                resolvable=True,
+                decision_id=request.decision_id,
             )
             out = control.report(last, denial, time=now)
             continue
@@ -427,8 +430,8 @@ def test_a_denied_claim_backs_its_unit_off(shards: int) -> None:
         out = control.input(ClockTicked(), time=now)
     assert asked == [0, 1, 3, 7, 15, 25, 35]
     coordinator = control.coordinator
-    assert coordinator.counters["handed"] == 1 and coordinator.counters["aborted"] == len(asked)
-    assert coordinator.claims == {} and coordinator.next_wakeup() == 45 * SECOND
+    assert coordinator.counters["handed"] == 1 and coordinator.counters["directed"] == len(asked)
+    assert coordinator.directed == {} and coordinator.next_wakeup() == 45 * SECOND
 
 
 @pytest.mark.parametrize("shards", SHARDS)

@@ -2,8 +2,9 @@
 coordinator while pods handed to shards are still under way (``ShardDispatch._early``),
 where that is exact: no pod under way may count for its rules, and its node keeps room
 whatever those pods take on its shard. Otherwise it waits for them, as before. The
-records a pass makes show which: a ``ReservationRequested`` for the pod in the same
-pass as the hand-over, or none until the shard has answered.
+records a pass makes show which: the pod handed to the node the coordinator chose
+(``PodRouted`` with a node) in the same pass as the hand-over, or nothing until the
+shard has answered.
 
 And, as a property, spread deployments beside plain ones end the same at 1, 2 and 4
 shards (every log replayed with ``--verify``), never above their skew."""
@@ -31,7 +32,17 @@ from events.types import (
 )
 from shards.inputs.scenario import TimedEvent
 from tests.builders import make_node, make_pod
-from tests.shards.coordinator_kit import Control, at, pinned, records, sent, shoal, simulated
+from tests.shards.coordinator_kit import (
+    Control,
+    at,
+    directed,
+    handed,
+    pinned,
+    records,
+    sent,
+    shoal,
+    simulated,
+)
 
 ZONE = "topology.kubernetes.io/zone"
 HOST = "kubernetes.io/hostname"
@@ -64,9 +75,9 @@ def decided_early(control: Control, *flying: PodSubmitted, spread: PodSubmitted)
     """Hand ``flying`` over, then submit ``spread`` in the same pass: whether the spread
     pod's reservation was asked for before any of them landed."""
     out = control.input(*flying, spread)
-    routed = {e.pod.name for _, e in sent(out, PodRouted)}
+    routed = {e.pod.name for _, e in handed(out)}
     assert routed == {f.pod.name for f in flying}, routed
-    reserved = [e for _, e in sent(out, ReservationRequested)]
+    reserved = [e for _, e in directed(out)]
     early = control.coordinator.counters["early"]
     assert early == len(reserved)
     return bool(reserved)
@@ -110,7 +121,7 @@ def test_a_spread_pod_waits_where_flying_pods_may_take_its_room() -> None:
     control = two_zones()
     assert len(sent(control.input(*big_pods()), PodRouted)) == 2
     out = control.input(spread_pod("s", "2"))
-    assert not sent(out, ReservationRequested)
+    assert not sent(out, ReservationRequested) and not directed(out)
     assert control.coordinator.counters["early"] == 0
 
 
@@ -120,9 +131,9 @@ def test_a_spread_pod_goes_ahead_of_the_pods_before_it_in_its_batch() -> None:
     # has another node for its big pod, so every pod still certainly fits
     control = two_zones()
     out = control.input(*big_pods(), spread_pod("s", "2"))
-    ((shard, part),) = sent(out, ReservationRequested)
+    ((shard, part),) = directed(out)
     records = [event for partition, event in out if partition == shard]
-    first_routed = next(i for i, e in enumerate(records) if isinstance(e, PodRouted))
+    first_routed = next(i for i, e in enumerate(records) if isinstance(e, PodRouted) and not e.node)
     assert records.index(part) < first_routed
     assert control.coordinator.counters["early"] == 1
 
@@ -146,8 +157,8 @@ def test_a_spread_pod_waits_where_its_shard_has_no_node_to_spare() -> None:
     )
     after = make_pod("after").cpu("1").labels(app="other").submitted()
     out = control.input(*(b.submitted() for b in big), spread, after)
-    assert sorted(e.pod.name for _, e in sent(out, PodRouted)) == ["big0", "big1"]
-    assert not sent(out, ReservationRequested)
+    assert sorted(e.pod.name for _, e in handed(out)) == ["big0", "big1"]
+    assert not sent(out, ReservationRequested) and not directed(out)
 
 
 def test_room_left_whatever_lands_allows_the_early_decision() -> None:

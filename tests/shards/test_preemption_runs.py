@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import shards.coordinator.wave as wave_module
 from engine.model.pools import POOL_LABEL
-from events.types import Envelope, PreemptionRequested, ReservationRequested
+from events.types import Envelope, PodRouted, PreemptionRequested
 from tests.shards.coordinator_kit import Parts, shoal
 from tests.shards.scenario_text import node, pod_group
 
@@ -202,12 +202,12 @@ def test_a_run_is_evicted_with_one_request_per_shard_and_placed_in_one_pass(
         sum(len(env.event.victims) for env in asked if isinstance(env.event, PreemptionRequested))
         == 12
     )
+    # each member handed to its nominated node, all in one pass
     placed = [
         env
         for part in parts[:shards]
         for env in part
-        if isinstance(env.event, ReservationRequested)
-        and any("/urgent-" in p.key for p in env.event.pods)
+        if isinstance(env.event, PodRouted) and env.event.node and "/urgent-" in env.event.pod.key
     ]
     assert len(placed) == 12
     assert len({env.causation for env in placed}) == 1

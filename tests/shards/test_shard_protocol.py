@@ -350,18 +350,20 @@ def test_a_failed_bind_rolls_a_gang_back_whole_only_below_min_member(
 
 
 def test_a_part_whose_only_pod_failed_to_bind_is_forgotten_once_the_pod_ran() -> None:
-    """The coordinator places ``p`` itself (its shard handed it back once) under a
-    one-pod claim; the bind fails, ``p`` is placed again (handed over, this time) and
-    runs to the end: nothing of the first claim may be left on either side."""
+    """The coordinator places ``p`` itself (its shard handed it back once) and hands it
+    to the node it chose; the bind fails, ``p`` is placed again (handed over, this
+    time) and runs to the end: nothing of the first decision may be left on either
+    side."""
     control, last = handed_to_shard(2)
     out = control.report(last, PodHandedBack(pod="default/p", reason="no node", shard=last))
-    _, request = only(out, ReservationRequested)
+    _, request = only(out, PodRouted)
+    assert request.node == "a"
     shard = Shard(make_node("a").cpu("6").label(POOL_LABEL, "pa").added())
-    answer = shard(request)
-    assert [type(e) for e in answer] == [ReservationGranted, PodBound]
-    grant, first = answer
-    assert isinstance(grant, ReservationGranted) and isinstance(first, PodBound)
-    control.report(last, grant)
+    (first,) = shard(request)
+    assert isinstance(first, PodBound) and first.node == "a"
+    assert first.decision_id == request.decision_id
+    control.placed(last, {"default/p": "a"}, 1)
+    assert control.coordinator.directed == {}
     failed = BindFailed(pod="default/p", node="a", decision_id=first.decision_id, reason="409")
     (handback,) = shard(failed, producer="binder")
     out = control.report(last, handback, time=0)
@@ -430,3 +432,28 @@ def test_a_rollback_lets_go_of_a_member_still_on_its_way_to_its_shard(timed_out:
         assert requests == [] and shard0.engine.state.pods == {}
     else:  # both have let go: the gang is placed again, whole
         assert {p.key for _, r in requests for p in r.pods} == {"ml/m0", "ml/m1", "ml/m2"}
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_a_pod_handed_to_a_node_goes_there_or_back(first: bool) -> None:
+    """The coordinator chose node ``b`` on its view of every shard: the shard places the
+    pod there though ``a`` scores higher here (emptier), on the cards named where they
+    are free; where ``b`` no longer has room, the pod goes back, and nowhere else."""
+    shard = Shard(
+        make_node("a").cpu("8").gpu(2).added(),
+        make_node("b").cpu("8").gpu(2).added(),
+    )
+    if not first:
+        hog = make_pod("hog").cpu("7").spec()
+        (placed,) = shard(PodRouted(pod=hog, decision_id="default/hog#1", node="b"))
+        assert isinstance(placed, PodBound) and placed.node == "b"
+    pod = make_pod("p").cpu("2").gpu(1).spec()
+    answer = shard(PodRouted(pod=pod, decision_id="default/p#7", node="b", devices=(1,)))
+    if first:
+        (bound,) = answer
+        assert isinstance(bound, PodBound)
+        assert (bound.node, bound.devices, bound.decision_id) == ("b", (1,), "default/p#7")
+    else:
+        (back,) = answer
+        assert isinstance(back, PodHandedBack) and back.pod == "default/p"
+        assert "default/p" not in shard.engine.state.pods
