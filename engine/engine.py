@@ -187,14 +187,7 @@ class Engine(ShardModel):
                 self.counters["events"] += 1
                 if envelope.causation > self.seen and envelope.producer == "router":
                     self.seen = envelope.causation
-                self.delegated[key] = event.decision_id
-                if event.disruptions is not None:
-                    self.routed_disruptions[key] = dict(event.disruptions)
-                if event.counted is not None:
-                    self.routed_counts[key] = event.counted
-                if event.node:
-                    self.routed_nodes[key] = (event.node, event.devices)
-                self.arrived[key] = None
+                self.delegate(event)
                 specs.append(event.pod)
                 taking.add(key)
                 continue

@@ -76,14 +76,7 @@ def routed(m: ShardModel, event: PodRouted) -> None:
     key = spec.key
     if key in m.pods or (key in m.outcomes and not m.another_pod(spec)):
         return
-    m.delegated[key] = event.decision_id
-    if event.disruptions is not None:
-        m.routed_disruptions[key] = dict(event.disruptions)
-    if event.counted is not None:
-        m.routed_counts[key] = event.counted
-    if event.node:
-        m.routed_nodes[key] = (event.node, event.devices)
-    m.arrived[key] = None
+    m.delegate(event)
     m.submit(spec)
 
 
@@ -324,10 +317,7 @@ def take_on(m: ShardModel, event: ReservationRequested) -> str:
     for spec in event.pods:
         m.reserved[spec.key] = event.rid
         m.submit(spec)
-        if event.disruptions is not None:
-            m.routed_disruptions[spec.key] = dict(event.disruptions)
-        if event.counted is not None:
-            m.routed_counts[spec.key] = event.counted
+        m.counted_over_shards(spec.key, event.disruptions, event.counted)
     m.dirty[group_unit(event.group.key)] = None
     return ""
 

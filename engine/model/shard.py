@@ -58,6 +58,7 @@ from engine.model.state import ClusterState, Request
 from events.types import (
     SECOND,
     PodGroupSubmitted,
+    PodRouted,
     PodSpec,
     PoolReleased,
     ReservationRequested,
@@ -320,6 +321,36 @@ class ShardModel:
         if self.seen >= 0:
             return None
         return self.budgets.allowances(self.pods, self.state.pods)
+
+    def delegate(self, event: PodRouted) -> None:
+        """The coordinator handed this shard ``event.pod`` to place at once (or hand
+        back), with what it counted over every shard and the node it chose, if any."""
+        key = event.pod.key
+        self.delegated[key] = event.decision_id
+        if event.disruptions is not None or event.counted is not None:  # (moves only)
+            self.counted_over_shards(key, event.disruptions, event.counted)
+        if event.node:
+            self.routed_nodes[key] = (event.node, event.devices)
+        self.arrived[key] = None
+
+    def counted_over_shards(
+        self, key: str, disruptions: dict[str, int] | None, counted: tuple[int, int] | None
+    ) -> None:
+        """For pod ``key``, handed for a plan of moves: the disruptions each budget
+        allows and the pods placed and moved, as the coordinator counted them over
+        every shard (None: not sent)."""
+        if disruptions is not None:
+            self.routed_disruptions[key] = dict(disruptions)
+        if counted is not None:
+            self.routed_counts[key] = counted
+
+    def forget_routed(self, key: str) -> None:
+        """``key`` is no longer a pod the coordinator handed here (placed, finished,
+        or gone to another shard)."""
+        self.delegated.pop(key, None)
+        self.routed_disruptions.pop(key, None)
+        self.routed_counts.pop(key, None)
+        self.routed_nodes.pop(key, None)
 
     def move_counts(self, for_pod: str) -> tuple[int, int]:
         """(pods placed, running pods moved) that a move budget in percent of placed
@@ -622,10 +653,7 @@ class ShardModel:
             self.hold_for(pod, held.slot, held.request, held.priority)
         rid = self.reserved.pop(key, None)  # a finished pod holds no part of a reservation
         self.dispatched.pop(key, None)
-        self.delegated.pop(key, None)
-        self.routed_disruptions.pop(key, None)
-        self.routed_counts.pop(key, None)
-        self.routed_nodes.pop(key, None)
+        self.forget_routed(key)
         self.returning.pop(key, None)
         self.finished_as(key, outcome)
         if pod.spec.uid:
@@ -671,10 +699,7 @@ class ShardModel:
         self.queue.remove(key)
         self.waiting.pop(key, None)
         self.said.pop(key, None)
-        self.delegated.pop(key, None)
-        self.routed_disruptions.pop(key, None)
-        self.routed_counts.pop(key, None)
-        self.routed_nodes.pop(key, None)
+        self.forget_routed(key)
         self.dispatched.pop(key, None)
         self.reserved.pop(key, None)
         group = self.groups.get(pod.spec.group) if pod.spec.group else None

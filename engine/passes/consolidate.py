@@ -78,21 +78,16 @@ RETRY_PLACED: Final = 16
 
 def consolidate(p: PassContext, rescheduler: Rescheduler) -> None:
     """Make up to ``PER_PASS`` moves, each the one that lowers fragmentation most, while
-    the budget allows and one lowers it (see the module docstring)."""
+    the budget allows and one lowers it (see the module docstring): those
+    :func:`staged_moves` finds, each on the state the one before left, carried out."""
     e = p.e
+    statement = Statement(e.state, e.quotas)
     # no pod moved twice by a pass (by a plan, defragmentation, or here)
     moved = {event.pod for event in p.out if isinstance(event, PodMigrated)}
-    for _ in range(PER_PASS):
-        decided = any(is_decision(event) for event in p.out)
-        found = _best_move(p, rescheduler, staged=0, decided=decided, moved=moved)
-        if found is None:
-            return
-        key, target = found
-        moved.add(key)
-        info = e.pods[key]
-        statement = Statement(e.state, e.quotas)
-        origin = _stage(statement, info, target)
-        statement.commit()
+    decided = any(is_decision(event) for event in p.out)
+    moves = staged_moves(p, rescheduler, statement, decided=decided, moved=moved)
+    statement.commit()
+    for key, origin, target, _ in moves:
         migrate(p, key, origin, target, BY)
 
 
@@ -105,10 +100,10 @@ def staged_moves(
     before: int = 0,
     moved: set[str] | None = None,
 ) -> list[tuple[str, int, int, tuple[int, ...]]]:
-    """The moves :func:`consolidate` would make now, each staged in ``statement`` on the
-    state the one before left (pod, from slot, to slot, its GPU cards there), for an
-    engine that has others carry them out (the coordinator's view: the shards that own
-    the nodes). Made only from the whole view, as one engine makes them; ``decided``:
+    """The moves consolidation makes now, each staged in ``statement`` on the state the
+    one before left (pod, from slot, to slot, its GPU cards there): carried out here
+    (:func:`consolidate`), or by the shards that own the nodes (the coordinator's view,
+    which makes them from the whole view, as one engine makes them). ``decided``:
     this instant decided something (a fruitless search then waits for a change, as in a
     pass that did); ``before``: moves staged already (defragmentation's), counted in the
     budget; ``moved``: pods not to move again (moved by this instant already)."""
@@ -225,7 +220,7 @@ def staged_change(
     pair = np.array([source, target], dtype=np.int64)
     statement = Statement(state, e.quotas)
     statement.lift(key, spec.namespace, BY)
-    statement.land(key, spec.namespace, target, pod.request, pod.priority, spec.host_ports, BY)
+    statement.land_pod(pod, target, BY)
     after = int(judge.potential(state, pair).sum())
     hosts_after = int((judge.largest_room(state, pair) > 0).sum())
     statement.discard()

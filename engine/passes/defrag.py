@@ -54,25 +54,22 @@ MAX_SOURCES: Final = 16
 def defragment(p: PassContext, budget: Budget, cap: int | None = None) -> None:
     """Empty nearly-empty GPU machines within ``budget`` and at most ``cap`` moves (what
     the ``Rescheduler``'s budget in percent of placed pods leaves; None: no cap); see
-    the module docstring."""
-    _defragment(p, budget, cap, None)
+    the module docstring: the moves :func:`staged_defragmentation` finds, carried out."""
+    e = p.e
+    statement = Statement(e.state, e.quotas)
+    moves = staged_defragmentation(p, budget, cap, statement)
+    statement.commit()
+    for key, origin, slot, _ in moves:
+        migrate(p, key, origin, slot, BY)
 
 
 def staged_defragmentation(
     p: PassContext, budget: Budget, cap: int | None, statement: Statement
 ) -> list[tuple[str, int, int, tuple[int, ...]]]:
-    """The moves :func:`defragment` would make now, staged in ``statement`` (pod, from
-    slot, to slot, its GPU cards there), for an engine that has the shards that own
-    the nodes carry them out (the coordinator's view); counted in the budget's window
-    as made now."""
-    return _defragment(p, budget, cap, statement)
-
-
-def _defragment(
-    p: PassContext, budget: Budget, cap: int | None, staging: Statement | None
-) -> list[tuple[str, int, int, tuple[int, ...]]]:
-    """:func:`defragment` (``staging`` None: each machine's moves made at once), or its
-    moves staged in ``staging`` and returned."""
+    """The moves defragmentation makes now, staged in ``statement`` (pod, from slot, to
+    slot, its GPU cards there) and counted in the budget's window as made now: carried
+    out here (:func:`defragment`), or by the shards that own the nodes (the
+    coordinator's view)."""
     staged: list[tuple[str, int, int, tuple[int, ...]]] = []
     e = p.e
     state = e.state
@@ -108,17 +105,11 @@ def _defragment(
             continue
         if broken_by(e.budgets, allowances, (e.pods[k].spec for k in keys)):
             continue
-        statement = Statement(state, e.quotas) if staging is None else staging
         landed = _empty(p, statement, source, keys, targets, busy_milli)
         if landed is None:
             continue
-        if staging is None:
-            statement.commit()
         for key, slot in landed:
-            if staging is None:
-                migrate(p, key, source, slot, BY)
-            else:
-                staged.append((key, source, slot, state.pods[key].devices))
+            staged.append((key, source, slot, state.pods[key].devices))
             moves.append((e.now, source))
         if allowances:
             # the pass's moves count together (in Kubernetes each is an eviction first)
@@ -168,7 +159,6 @@ def _empty(
             statement.rollback(mark)
             return None
         slot = int(slots[np.lexsort((slots, -busy[slots]))[0]])
-        spec = pod.spec
-        statement.land(key, spec.namespace, slot, pod.request, pod.priority, spec.host_ports, BY)
+        statement.land_pod(pod, slot, BY)
         landed.append((key, slot))
     return landed

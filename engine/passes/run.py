@@ -48,7 +48,7 @@ from engine.passes.reservations import (
     settle_reservations,
 )
 from engine.passes.settle import settle, timeouts
-from engine.plugins.rescheduler import Rescheduler
+from engine.plugins.rescheduler import moving_on_its_own
 from events.types import (
     Answer,
     Event,
@@ -192,14 +192,13 @@ class SchedulingPass:
         (``shards.coordinator.dispatch``), and has the shards carry the moves out."""
         if self.e.seen >= 0:
             return
-        for framework in self.profiles.frameworks.values():
-            plugin = framework.plugins.get("Rescheduler")
-            if isinstance(plugin, Rescheduler) and plugin.defrag is not None:
-                defragment(self, plugin.defrag, plugin.moves_left())
-            if isinstance(plugin, Rescheduler) and plugin.consolidate:
-                consolidate(self, plugin)
-            if isinstance(plugin, Rescheduler) and (plugin.defrag or plugin.consolidate):
-                return
+        plugin = moving_on_its_own(f.plugins for f in self.profiles.frameworks.values())
+        if plugin is None:
+            return
+        if plugin.defrag is not None:
+            defragment(self, plugin.defrag, plugin.moves_left())
+        if plugin.consolidate:
+            consolidate(self, plugin)
 
     def _attempt_arrived(self) -> None:
         """What the coordinator handed over or asked to hold since the last pass, in the

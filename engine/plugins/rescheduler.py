@@ -59,7 +59,7 @@ on its new node (its ``shoal.io/runtime`` starts again).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -154,6 +154,16 @@ def parse_share(raw: Any, where: str) -> int | None:
             f"must be an integer 0..100, got {value!r}", location=f"{where}.percentOfPlaced"
         )
     return value
+
+
+def moving_on_its_own(plugins: Iterable[Mapping[str, object]]) -> Rescheduler | None:
+    """The ``Rescheduler`` that defragments or consolidates after a pass (the first
+    profile's, of the profiles' ``plugins``, that does either), or None."""
+    for named in plugins:
+        plugin = named.get(NAME)
+        if isinstance(plugin, Rescheduler) and (plugin.defrag is not None or plugin.consolidate):
+            return plugin
+    return None
 
 
 def moves_left(handle: Handle, percent: int | None, for_pod: str = "") -> int | None:

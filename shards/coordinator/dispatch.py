@@ -123,7 +123,7 @@ from engine.passes.extenders import applicable
 from engine.passes.gangs import park_gang
 from engine.passes.pods import attempt_pod
 from engine.plugins.migration import unpinned
-from engine.plugins.rescheduler import Rescheduler
+from engine.plugins.rescheduler import Rescheduler, moving_on_its_own
 from events.types import (
     ClockTicked,
     GroupSpec,
@@ -406,13 +406,12 @@ class ShardDispatch:
         own pods only)."""
         c = self.c
         decision = f"{pod.key}#{c.next_seq()}"
-        spec = pod.spec
-        if spec.group or spec.depends_on:  # the shard places it as a pod of its own
-            spec = msgspec.structs.replace(spec, group="", depends_on=())
         disruptions, counted = self._counted(pod.key, moves)
         c.send(
             shard,
-            PodRouted(pod=spec, decision_id=decision, disruptions=disruptions, counted=counted),
+            PodRouted(
+                pod=_own(pod.spec), decision_id=decision, disruptions=disruptions, counted=counted
+            ),
         )
         c.fly(pod.key, shard, [pod], moves=moves)
         c.decisions[pod.key] = decision
@@ -434,13 +433,10 @@ class ShardDispatch:
         shard = int(c.routing.slot_shard[slot])
         decision = f"{pod.key}#{c.next_seq()}"
         e.place(pod.key, slot, decision, devices=devices)
-        spec = pod.spec
-        if spec.depends_on:  # the shard places it as a pod of its own
-            spec = msgspec.structs.replace(spec, depends_on=())
         c.send(
             shard,
             PodRouted(
-                pod=spec,
+                pod=_own(pod.spec),
                 decision_id=decision,
                 node=e.state.names[slot] or "",
                 devices=e.state.pods[pod.key].devices,
@@ -448,7 +444,7 @@ class ShardDispatch:
         )
         c.directed[pod.key] = shard
         c.decisions[pod.key] = decision
-        c.counters["directed"] = c.counters.get("directed", 0) + 1
+        c.counters["directed"] += 1
 
     def _counted(
         self, key: str, moves: bool
@@ -514,7 +510,7 @@ class ShardDispatch:
         consolidation, where due (:meth:`_move_on_its_own`)."""
         self.wave.flush(p)
         c = self.c
-        rescheduler = _moving_on_its_own(p.profiles.frameworks.values())
+        rescheduler = moving_on_its_own(f.plugins for f in p.profiles.frameworks.values())
         if rescheduler is None:
             return
         if not c.decided_since and any(
@@ -575,7 +571,7 @@ class ShardDispatch:
             c.moved_since.clear()
         if made:
             self._carry_out(ON_ITS_OWN, ON_ITS_OWN, made, cards)
-            c.counters["moved_on_its_own"] = c.counters.get("moved_on_its_own", 0) + len(made)
+            c.counters["moved_on_its_own"] += len(made)
         elif not c.out_since(0):
             c.send(c.control, ClockTicked())
 
@@ -861,7 +857,7 @@ class ShardDispatch:
                 statement.lift(key, e.pods[key].spec.namespace, by)
             for key, _, slot, by in across:
                 pod = unpinned(e.pods[key])
-                framework = self.c.engine.profiles.framework_for(pod)
+                framework = e.profiles.framework_for(pod)
                 cycle = CycleState()
                 if (
                     framework is None
@@ -1106,16 +1102,6 @@ REQUESTS: Final = (PodRouted, ReservationRequested, PreemptionRequested)
 """What the coordinator asks of shards when it decides a unit (a shard's decisions)."""
 
 
-def _moving_on_its_own(frameworks: Iterable[Framework]) -> Rescheduler | None:
-    """The ``Rescheduler`` that defragments or consolidates after a pass, as one engine
-    picks it (the first profile's that does either), or None."""
-    for framework in frameworks:
-        plugin = framework.plugins.get("Rescheduler")
-        if isinstance(plugin, Rescheduler) and (plugin.defrag is not None or plugin.consolidate):
-            return plugin
-    return None
-
-
 def _topology_bound(group: GroupInfo | None) -> bool:
     """Whether a gang has a topology constraint: the coordinator chooses its domain on
     its view of every shard (:mod:`engine.passes.topology`), so the parts go to the
@@ -1123,6 +1109,14 @@ def _topology_bound(group: GroupInfo | None) -> bool:
     chosen among that shard's nodes only."""
     spec = group.spec if group is not None else None
     return spec is not None and bool(spec.topology_required or spec.topology_preferred)
+
+
+def _own(spec: PodSpec) -> PodSpec:
+    """``spec`` as its shard places it: a pod of its own (its gang and dependencies are
+    the coordinator's to count)."""
+    if spec.group or spec.depends_on:
+        return msgspec.structs.replace(spec, group="", depends_on=())
+    return spec
 
 
 def _part_spec(spec: GroupSpec, rid: str, members: int) -> GroupSpec:

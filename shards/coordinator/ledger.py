@@ -134,12 +134,12 @@ class Ledger:
         self.moves_after: dict[str, tuple[str, list[Moving], dict[str, tuple[int, ...]]]] = {}
         """Unit → its plan's second step: (the pod it is made for, per shard the moves
         within that shard that wait for the plan's other moved pods to leave, the GPU
-        cards the view chose for the moved pods), sent once
-        those are reported gone (:meth:`ShardDispatch._moves_after`)."""
+        cards the view chose for the moved pods), sent once those are reported gone
+        (:meth:`ShardDispatch._moves_after`)."""
         self.consolidation_due = False
         """An input was folded since the view last looked for moves to consolidate: one
         engine consolidates after each pass, and runs a pass for each instant it is
-        given inputs (:meth:`ShardDispatch._consolidate`)."""
+        given inputs (:meth:`ShardDispatch._move_on_its_own`)."""
         self.decided_since = False
         """A pass decided something (handed, claimed, evicted, failed a unit) since the
         view last looked for moves to consolidate: as one engine's pass that decided
@@ -177,6 +177,8 @@ class Ledger:
             "evictions": 0,
             "migrations_handed": 0,
             "migrations_across": 0,
+            "directed": 0,
+            "moved_on_its_own": 0,
         }
         self.moves_refused: dict[str, int] = {}
         """Unit → how many times a shard refused a plan of moves for it: to take in pods

@@ -55,8 +55,8 @@ from shards.coordinator.flights import (
 )
 from shards.coordinator.handed import Handed
 
-ON_ITS_OWN: Final = frozenset({CONSOLIDATION, DEFRAGMENTATION})
-"""Who the moves made with no pod waiting are made by."""
+MADE_ON_ITS_OWN: Final = frozenset({CONSOLIDATION, DEFRAGMENTATION})
+"""What the moves made with no pod waiting name as made by (``PodMigrated.by``)."""
 
 
 class Reports(Handed):
@@ -79,7 +79,7 @@ class Reports(Handed):
                 # from another shard's node, that shard forgets it (it runs elsewhere)
                 if key in self.engine.pods and key in self.engine.state.pods:
                     self.engine.apply_decision(event)
-                    if event.by not in ON_ITS_OWN:
+                    if event.by not in MADE_ON_ITS_OWN:
                         self.moved_since[key] = None
                 source = self.routing.node_shard.get(event.from_node)
                 if source is not None and source != shard:
