@@ -471,13 +471,17 @@ def added_commands() -> dict[str, Command]:
     return dict(sorted(found.items()))
 
 
-GC_THRESHOLDS = (50_000, 10, 10)
+GC_THRESHOLDS = (500_000, 10, 10)
 """The cyclic collector's thresholds in ``shoal`` processes. The engine allocates and
 frees a few objects per pod, almost none in cycles (reference counting frees them);
 with the default first threshold (700) the collector runs every few dozen pods and
-rescans the survivors, about a tenth of a shard's time under load. The older
-generations keep their default ratios, so a long-running service still collects them
-(after some five million objects more allocated than freed)."""
+rescans the survivors, about a tenth of a shard's time under load. What a young
+collection costs is the objects still alive in the young generations (and what they
+point to), not those freed meanwhile, so collecting rarely costs little memory: the
+coordinator of ``shoal loadtest scale --nodes 130000 --shards 8 --preemption-wave
+39000`` spent 0.9 s of its 16 s of CPU collecting at 50,000, 0.3 s at 500,000. The older generations keep their default
+ratios, so a long-running service still collects them (after some fifty million
+objects more allocated than freed)."""
 
 
 def _tune_gc() -> None:

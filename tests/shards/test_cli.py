@@ -501,7 +501,7 @@ def test_the_program_collects_cycles_less_often() -> None:
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
     )
-    assert out.stdout.split() == ["(50000,", "10,", "10)", "True"]
+    assert out.stdout.split() == ["(500000,", "10,", "10)", "True"]
 
 
 # --------------------------------------------------------------------------- added commands
