@@ -267,9 +267,10 @@ def _rank_kept(
         bound = before.pop(slot)
         if bound is not None:
             del ranked[bisect.bisect_left(ranked, (bound, slot))]
-    for slot in listed:
-        if slot in before:
-            continue
+    fresh = now.difference(before)
+    # (the candidates not ranked yet, in their order: a wave's next preemptor has one
+    # or two, of its 64)
+    for slot in [slot for slot in listed if slot in fresh] if fresh else ():
         if slot in known:
             reading = known[slot]
         else:
