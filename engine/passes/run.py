@@ -131,7 +131,7 @@ class SchedulingPass:
                 attempt_pod(self, e.pods[ready])
             self.freed(e.held.pop(ready, []))
         if e.arrived:
-            self._attempt_arrived()
+            self._attempt_arrived(later)
         if later:
             evict(self, later)  # the parts asked for before the evictions are placed now
         waits = dispatch.waits
@@ -200,12 +200,17 @@ class SchedulingPass:
         if plugin.consolidate:
             consolidate(self, plugin)
 
-    def _attempt_arrived(self) -> None:
+    def _attempt_arrived(self, later: dict[str, str]) -> None:
         """What the coordinator handed over or asked to hold since the last pass, in the
-        order it decided it (not the queue's: it counted on that order)."""
+        order it decided it (not the queue's: it counted on that order). ``later``:
+        victims not placed here yet when their eviction was asked for, each evicted
+        as soon as it is placed (taken out of ``later``): the coordinator decided
+        what comes after it with it gone."""
         e = self.e
         arrived, e.arrived = e.arrived, {}
         for unit in arrived:
+            if later:
+                self._evict_placed(later)
             if e.queue.where(unit) != "active":
                 continue  # refused, waiting, or placed meanwhile
             e.queue.remove(unit)
@@ -216,6 +221,15 @@ class SchedulingPass:
                 attempt_pod(self, e.pods[unit])
             if e.dirty:
                 settle(self)
+
+    def _evict_placed(self, later: dict[str, str]) -> None:
+        """Evict the victims of ``later`` placed here by now (taken out of it)."""
+        placed = self.e.state.pods
+        now = {key: by for key, by in later.items() if key in placed}
+        if now:
+            for key in now:
+                del later[key]
+            evict(self, now)
 
     def freed(self, slots: list[int]) -> None:
         """Room was freed on ``slots``: parked pods it may help go back to the queue,

@@ -213,7 +213,7 @@ class ShardDispatch:
     def __init__(self, coordinator: Coordinating) -> None:
         self.c = coordinator
         self.checks = Checks(coordinator)
-        self.wave = Wave(coordinator)
+        self.wave = Wave(coordinator, self._hand_to_node)
         self._trial = False
         """An early attempt is under way (:meth:`_early`): :meth:`commit` checks it."""
         self._awaiting = False

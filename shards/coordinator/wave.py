@@ -1,13 +1,13 @@
 """Runs of identical preemptors, decided on the coordinator in one step.
 
-A preemption the coordinator decides is carried out by the shards that own the nodes:
-the victims are evicted there first, and the preemptor is placed once they are gone
-(:mod:`shards.coordinator.dispatch`). Decided one at a time, each preemption of a wave
-(a high-priority workload arriving on a full cluster: thousands of identical pods, each
-of which must evict) costs a round trip through the log for its evictions and another
-for its placement, during which the whole queue waits; the coordinator's planning was
-under half of its time. Here a run of identical preemptors is decided in one pass and
-carried out together:
+A preemption the coordinator decides one at a time (a gang's, a reclaim under quotas) is
+carried out by the shards that own the nodes: the victims are evicted there first, and
+the preemptor is placed once they are reported gone (:mod:`shards.coordinator.dispatch`).
+Decided that way, each preemption of a wave (a high-priority workload arriving on a full
+cluster: thousands of identical pods, each of which must evict) costs a round trip
+through the log for its evictions and another for its placement, during which the whole
+queue waits; the coordinator's planning was under half of its time. Here a run of
+identical preemptors is decided in one pass and carried out together:
 
 1. **Decided in one pass.** The first preemptor of the run (the *lead*) is attempted as
    any unit is; its evictions and its placement stay staged in the view
@@ -20,19 +20,18 @@ carried out together:
    at a time, and the fast path of priority preemption (candidates kept between
    identical preemptors, victims over integers: :mod:`engine.plugins.preemption_priority`)
    serves the run as it serves one shard.
-2. **Carried out together.** When the run ends (a pod of another kind at the head of the
-   queue, the queue empty: :meth:`Wave.flush`, from the pass's ``done``), everything
-   staged is undone (the view keeps the victims until their shards evict them, as
-   before), each shard is sent one ``PreemptionRequested`` with every victim of the
-   run on its nodes (each naming the pod it makes room for), and each preemptor is
-   nominated: its victims, and the node planned for it (``engine.planned``).
-3. **Handed over together.** A member whose victims are gone waits for the rest of its
-   run (:meth:`Wave.first`); once no member waits for a victim, every member is placed,
-   in queue order, in one pass: on its nominated node if that still passes its
-   pre-filters and filters (kube-scheduler tries a preemptor's nominated node first),
-   else by a full attempt. Each placement goes to its shard as a part of its own
-   (``ReservationRequested`` on the node chosen), all in the same pass: one round trip
-   for every eviction of the run, and one for every placement.
+2. **Carried out as one scheduler carries it out.** When the run ends (a pod of another
+   kind at the head of the queue, the queue empty: :meth:`Wave.flush`, from the pass's
+   ``done``), what it staged stays in the view, as one scheduler commits each
+   preemption: the victims are over, each member is placed where it was planned. Each
+   shard is sent one ``PreemptionRequested`` with every victim of the run on its
+   nodes (each naming the pod it makes room for), then each member is handed to its
+   node (one ``PodRouted`` naming the node and its GPU cards), in queue order. A
+   shard's partition is read in order and a shard's pass evicts before it places
+   what was handed to it, so the shard evicts, then places: one round trip for the
+   whole run, and the queue goes on at the next pass, as one scheduler goes on after
+   evicting and placing in one step. (A shard that cannot place a member hands it
+   back, as any pod handed to a node: it is decided again.)
 
 **Why the answers are one at a time's.** A member is attempted on the view one at a time
 would have: the run's earlier members placed and their victims gone. That holds while
@@ -59,48 +58,32 @@ is decided one at a time as before (a run of one). ``MAX_WAVE`` bounds a run.
 **Cost per preemptor** (the coordinator's; what a shard does per eviction and per
 placement is unchanged): its attempt (one brief failure over the nodes changed since
 the last member, its victims planned by the kept candidates, its placement found among
-the changed nodes: :meth:`engine.framework.runtime.Framework.sole_fit`), staging and
-undoing its victims and placement (O(victims)), its share of one ``PreemptionRequested``
-per shard, the fold of its victims' evictions (O(victims)), the check of its nominated
-node (one node) and its placement record (``ReservationRequested``, its claim), and the
-fold of its shard's answer. Per run: one pass to decide it, one to place it, and the
-passes between, each reading the run's members once (:meth:`Wave.first`).
+the changed nodes: :meth:`engine.framework.runtime.Framework.sole_fit`), staging its
+victims and placement (O(victims)), its share of one ``PreemptionRequested`` per
+shard, its hand-over (one ``PodRouted``), and the folds of its shard's reports (the
+evictions, already over in the view, and the placement). Per run: one pass.
 
 Measured (``shoal loadtest scale --shards 8 --templates 1 --pods 2000``, a loaded
 2-core machine, November 2026): at 20,000 nodes, a wave of 2,000, the wave's engine
-CPU (coordinator and shards) 9.2 s before, 1.2 s now (the coordinator 2.6 ms per
-preemption before, 0.42 ms now), 29 s of wall time before, 5 s now; at 130,000 nodes, a
-wave of 5,000, 4.3 s (0.87 ms per preemption, 0.62 ms of it the coordinator's), about
-34 s projected for 39,000. A profile of the coordinator puts the rest in the members'
-attempts (planning, about half), the placements' parts and claims, and the folds.
-Then the time-outs of the run's nominations and claims were read off heaps
-(:mod:`shards.coordinator.due`, not a pass over every one at each poll) and a shard
-checks a directed placement on its node alone (``Framework.feasible_on``, not the
-filters over all its nodes): at 130,000 nodes, alternated with the commit before on a
-loaded 2-core machine, the whole 39,000-eviction wave at 8 shards took 17.6 to 18.9 s of
-engine CPU (19.9 to 21.3 s before; coordinator 13.6 to 13.9 s, shards 4.0 to 5.0 s), and
-a wave of 5,000 at 1 shard 2.1 to 2.5 s (3.7 to 4.4 s before; the shard 0.5 to 0.7 s,
-1.6 to 1.9 before).
-
-**Time-outs.** The run's placements are all sent at the end of one pass, thousands per
-shard, while the view's time (that of the records folded) stood still; a claim's
-time-out runs from that time plus an allowance per request the pass sent its shard
-before it (``Ledger.issue``). Without it, on a loaded machine (or profiled, slower
-still) most claims of a 39,000-eviction wave timed out before their answers were
-folded, were aborted and decided again: about twice the work.
+CPU (coordinator and shards) 9.2 s when each preemption was decided alone, 1.2 s once
+runs were decided in one pass (the coordinator 2.6 ms per preemption before, 0.42 ms
+after). Then each member's placement went out as a part, after its victims were
+reported gone (the view kept them until then, undid the run's staging and placed
+each member again): at 130,000 nodes, the whole 39,000-eviction wave took 11.6 to
+12.2 s of engine CPU. Carried out at once, as above, alternated with that version:
+9.3 and 10.0 s against 11.4 and 11.8 (the coordinator 7.4 and 7.7 s against 9.8 and
+10.1; ``--preemption-wave 39000 --nodes 130000``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Protocol
 
 from engine.engine import Engine
-from engine.framework.cycle import CycleState
-from engine.framework.runtime import Framework
 from engine.model.changes import ClusterEvent
-from engine.model.groups import is_group_unit
+from engine.model.groups import FAILED, is_group_unit
 from engine.model.pods import PodInfo
 from engine.model.statement import Statement
 from engine.passes.context import PassContext, Placed, Route
@@ -111,8 +94,6 @@ from shards.coordinator.routing import Routing
 
 MAX_WAVE: Final = 50_000
 """Preemptors decided in one run at most."""
-EVICTING: Final = "evicting"
-"""What ``engine.dispatched`` says of a preemptor waiting for its victims."""
 
 
 class Waving(Protocol):
@@ -128,8 +109,6 @@ class Waving(Protocol):
 
     def send(self, partition: int, event: Event) -> None: ...
 
-    def nominate(self, unit: str, victims: list[str], shards: Iterable[int]) -> None: ...
-
 
 @dataclass
 class Member:
@@ -140,23 +119,23 @@ class Member:
     slot: int
 
 
-class Wave:
-    """The run of identical preemptors a pass is deciding (staged until
-    :meth:`flush`), and the placement of a run whose victims are gone
-    (:meth:`first`). What outlives a pass is in the coordinator's state: the
-    nominations (``nominated``, ``evicting``), each member's node (``engine.planned``)
-    and the members whose victims are gone (``ready``)."""
+Hand = Callable[[PodInfo, int, "tuple[int, ...] | None"], None]
+"""Place a pod on a slot in the view and hand it to that node's shard (with its GPU
+cards, if the pass chose them): the dispatch's directed hand-over."""
 
-    def __init__(self, coordinator: Waving) -> None:
+
+class Wave:
+    """The run of identical preemptors a pass is deciding, staged until
+    :meth:`flush` carries it out. Nothing of it outlives the pass."""
+
+    def __init__(self, coordinator: Waving, hand: Hand) -> None:
         self.c = coordinator
+        self.hand = hand
         self.members: list[Member] = []
         self.kind: tuple[object, ...] = ()
         self.closed = False
         """No more members: a victim changed more than the staged view shows, or a
         pod was put back."""
-        self.placing = False
-        """Placing a run whose victims are gone: a preemption found meanwhile is
-        carried out at once (a run of one)."""
 
     def __repr__(self) -> str:
         return f"Wave(members={len(self.members)}, closed={self.closed})"
@@ -237,8 +216,6 @@ class Wave:
         self.members.append(Member(unit, statement, placed[0][1]))
         if not self._simple(statement):
             self.closed = True
-        if self.placing:
-            self.flush(p)
         return False
 
     def _leads(self, unit: str) -> bool:
@@ -280,8 +257,11 @@ class Wave:
         return True
 
     def flush(self, p: PassContext) -> None:
-        """Carry out the run: undo what it staged, ask each shard to evict the run's
-        victims on its nodes (one request per shard), nominate each member."""
+        """Carry out the run as one scheduler carries out each preemption: what it
+        staged stays (its victims are over, its members placed where planned); each
+        shard is asked to evict the run's victims on its nodes (one request per
+        shard), then each member is handed to its node there (after the request, in
+        the shard's partition: the shard evicts, then places)."""
         members, self.members = self.members, []
         self.closed = False
         if not members:
@@ -290,106 +270,45 @@ class Wave:
         e = c.engine
         owner = c.routing.slot_shard
         victims: dict[int, dict[str, str]] = {}
-        own: list[tuple[list[str], list[int]]] = []
+        freed: list[int] = []
         for member in members:
-            mine: dict[int, list[str]] = {}
             for op in member.statement.ops:
                 if op.kind == "evict":
                     shard = int(owner[op.slot])
-                    victims.setdefault(shard, {})[op.key] = op.by or member.unit
-                    mine.setdefault(shard, []).append(op.key)
-            own.append(([v for part in mine.values() for v in part], list(mine)))
-        names = e.state.names
-        for member in reversed(members):
-            member.statement.discard()  # the view keeps the victims until they are gone
+                    asked = victims.get(shard)
+                    if asked is None:
+                        asked = victims[shard] = {}
+                    asked[op.key] = op.by or member.unit
+                    freed.append(op.slot)
         for shard in sorted(victims):
             c.send(shard, PreemptionRequested(victims=victims[shard]))
-        for member, (keys, shards) in zip(members, own, strict=True):
-            c.nominate(member.unit, keys, shards)
-            e.planned[member.unit] = {member.unit: names[member.slot] or ""}
+        pods = e.pods
+        for member in members:
+            statement = member.statement
+            for op in statement.ops:
+                if op.kind == "evict" and op.key in pods:
+                    # (off its node in the view already: the statement took it off)
+                    e.finish(op.key, FAILED)
+            statement.commit()
+            self.hand(pods[member.unit], member.slot, p.devices.pop(member.unit, None))
+        c.counters["evictions"] += len(freed)
         if len(members) > 1:
             c.counters["waves"] = c.counters.get("waves", 0) + 1
+        # parked pods hear of the room left once the whole run is placed, once per
+        # node: what one at a time leaves there after the last member that changed it
+        p.freed(freed)
 
     # ------------------------------------------------------------------ placing
 
     def first(self, p: PassContext) -> list[str]:
-        """The units to attempt before the queue (preemptors whose victims are gone),
-        in order. A member of a run waits until no member of its run waits for a
-        victim; then the whole run is placed here, in queue order (see the module's
-        docstring), and what is left is returned."""
+        """The units to attempt before the queue (preemptors whose victims are gone,
+        and plans waiting for answers), in order."""
         c = self.c
-        e = c.engine
         ready, c.ready = c.ready, []
+        queue = c.engine.queue
         for unit in ready:
-            e.queue.remove(unit)
-        planned = e.planned
-        if all(is_group_unit(unit) for unit in planned):
-            return ready  # (no run: ``planned`` is empty or holds gangs only)
-
-        def member(unit: str) -> bool:
-            # a plain unit in ``planned``: looked up there, not listed, while members
-            # wait for victims (a pass per report of evictions would list the whole
-            # run again: thousands of members, a hundred passes)
-            return unit in planned and not is_group_unit(unit)
-
-        arrived = [unit for unit in ready if member(unit)]
-        others = [unit for unit in ready if not member(unit)]
-        if any(member(unit) for unit in c.nominated):
-            for unit in arrived:
-                e.dispatched[unit] = EVICTING  # (held: no one else places it meanwhile)
-            c.ready = arrived
-            return others
-        # every member's victims are gone (or its nomination timed out: it is queued)
-        run = [unit for unit in planned if not is_group_unit(unit)]
-        came = dict.fromkeys(arrived)
-        freed: list[int] = []
-        self.placing = True
-        try:
-            for unit in run:
-                nodes = planned.pop(unit, {})
-                if unit not in came:
-                    continue
-                e.dispatched.pop(unit, None)
-                pod = e.pods.get(unit)
-                if pod is not None and unit not in e.state.pods:
-                    p.unit = unit
-                    if not self._nominated(p, pod, nodes.get(unit, "")):
-                        attempt_pod(p, pod)
-                freed += e.held.pop(unit, [])
-        finally:
-            self.placing = False
-        # parked pods hear of the room left once the whole run is placed, once per
-        # node: what one at a time leaves there after the last member that changed it
-        p.freed(freed)
-        return others
-
-    def _nominated(self, p: PassContext, pod: PodInfo, node: str) -> bool:
-        """Place ``pod`` on its nominated ``node`` if it passes the pod's pre-filters and
-        filters there (kube-scheduler's nominated node first); False: not placed."""
-        e = self.c.engine
-        slot = e.state.index.get(node)
-        framework = p.profiles.framework_for(pod)
-        if slot is None or framework is None or self.c.routing.slot_shard[slot] < 0:
-            return False
-        if not _fits(framework, pod, e, slot):
-            return False
-        pod.attempts += 1
-        e.count("attempts")
-        p.dispatch.commit(p, None, [(pod, slot, 0)])
-        return True
-
-
-def _fits(framework: Framework, pod: PodInfo, e: Engine, slot: int) -> bool:
-    """Whether ``pod`` passes its pre-filters, and its filters on ``slot``: one node
-    looked at where every filter that applies is local, else all of them."""
-    state = e.state
-    one = framework.sole_fit(pod, state, [slot])
-    if one is not None:
-        return one == slot
-    cycle = CycleState()
-    if not framework.run_pre_filters(cycle, pod, state).ok:
-        return False
-    return bool(framework.feasible(cycle, pod, state)[slot])
+            queue.remove(unit)
+        return ready
 
 
 def _plain(pod: PodInfo) -> bool:

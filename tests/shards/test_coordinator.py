@@ -485,8 +485,10 @@ def test_a_preemption_evicts_first_and_nothing_is_handed_over_meanwhile(
 ) -> None:
     """Low-priority pods take 6 of each node's 8 cpu; ``urgent`` (8 cpu) arrives with as
     many 1-cpu pods as the other nodes have room for. The coordinator asks the victim's
-    shard to evict it, and hands nothing to any shard until the eviction is reported;
-    then ``urgent`` is placed first, and the small pods beside the low ones."""
+    shard to evict it and, in the same pass, hands ``urgent`` to that node, after the
+    request in the shard's partition (the shard evicts, then places: one scheduler
+    evicts and places in one step); it hands nothing else over in that pass. Then
+    the small pods are placed beside the low ones."""
     smalls = [f"default/small-{i}" for i in range(2 * (shards - 1))]
     text = "".join(pool_node(f"n{i}", f"p{i}", cpu=8) for i in range(shards))
     text += "".join(pod(f"low-{i}", cpu="6", priority=1, at=i) for i in range(shards))
@@ -497,23 +499,25 @@ def test_a_preemption_evicts_first_and_nothing_is_handed_over_meanwhile(
     (victim,) = [p["pod"] for p in data["preemptions"]]
     assert victim.startswith("default/low-")
     assert bound(data, smalls) == smalls
-    asked = [(env, e) for p in range(shards) for env, e in found(parts, PreemptionRequested, p)]
-    ((request_env, request),) = asked
+    asked = [(p, env, e) for p in range(shards) for env, e in found(parts, PreemptionRequested, p)]
+    ((shard, request_env, request),) = asked
     assert request.victims == {victim: "default/urgent"}
     gone = [env for env, e in found(parts, PodPreempted, shards) if e.pod == victim]
     assert len(gone) == 1 and gone[0].stream == RELAY
     placements = [
-        (env.causation, keys)
+        (env.causation, env.offset, p, keys)
         for p in range(shards)
         for env, e in found(parts, PodRouted, p) + found(parts, ReservationRequested, p)
         for keys in [[e.pod.key] if isinstance(e, PodRouted) else [s.key for s in e.pods]]
         if env.time == 20 * SECOND
     ]
-    assert sorted(k for _, keys in placements for k in keys) == sorted([*smalls, "default/urgent"])
-    assert request_env.causation < gone[0].offset
-    assert all(cause >= gone[0].offset for cause, _ in placements), (request_env, placements)
-    urgent = next(cause for cause, keys in placements if keys == ["default/urgent"])
-    assert all(urgent <= cause for cause, _ in placements)
+    assert sorted(k for *_, keys in placements for k in keys) == sorted([*smalls, "default/urgent"])
+    ((cause, offset, where),) = [
+        (c, o, p) for c, o, p, keys in placements if keys == ["default/urgent"]
+    ]
+    assert (cause, where) == (request_env.causation, shard)
+    assert offset > request_env.offset  # after the request, in the shard's partition
+    assert all(c > cause for c, _, _, keys in placements if keys != ["default/urgent"])
 
 
 def test_the_preemptor_waits_for_every_victim_and_the_queue_waits_with_it() -> None:

@@ -28,6 +28,7 @@ from events.types import (
     PodSubmitted,
     PodSucceeded,
     PodUnbound,
+    PreemptionRequested,
     ReservationAborted,
     ReservationCommitted,
     ReservationDenied,
@@ -457,3 +458,26 @@ def test_a_pod_handed_to_a_node_goes_there_or_back(first: bool) -> None:
         (back,) = answer
         assert isinstance(back, PodHandedBack) and back.pod == "default/p"
         assert "default/p" not in shard.engine.state.pods
+
+
+@pytest.mark.parametrize("together", [True, False])
+def test_a_victim_handed_to_a_node_is_evicted_before_what_comes_after_it(together: bool) -> None:
+    """The coordinator handed ``old`` to node ``a``, then (before the shard placed it)
+    decided ``urgent`` there, evicting ``old``: one scheduler places ``old``, evicts it
+    and places ``urgent``. The shard, reading the three records in one pass or the
+    first in a pass of its own, does the same: ``urgent`` is not handed back for want
+    of the room ``old`` was to leave."""
+    shard = Shard(make_node("a").cpu("4").added())
+    old = PodRouted(pod=make_pod("old").cpu("3").spec(), decision_id="default/old#1", node="a")
+    urgent_spec = make_pod("urgent").cpu("3").priority(100).spec()
+    urgent = PodRouted(pod=urgent_spec, decision_id="default/urgent#2", node="a")
+    evict = PreemptionRequested(victims={"default/old": "default/urgent"})
+    if together:
+        answer = shard(old, evict, urgent)
+    else:
+        answer = shard(old) + shard(evict, urgent)
+    kinds = [(type(e).__name__, getattr(e, "pod", "")) for e in answer]
+    assert ("PodPreempted", "default/old") in kinds
+    assert ("PodBound", "default/urgent") in kinds
+    assert not any(isinstance(e, PodHandedBack) for e in answer)
+    assert set(shard.engine.state.pods) == {"default/urgent"}
