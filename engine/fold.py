@@ -26,7 +26,7 @@ from engine.model.groups import (
     is_group_unit,
 )
 from engine.model.reservations import COMMITTING, HELD, STAGING, Reservation, decision_id
-from engine.model.shard import AWAITED, ShardModel
+from engine.model.shard import ShardModel
 from events.types import (
     BindFailed,
     DisruptionBudgetDeleted,
@@ -279,8 +279,6 @@ def take_on(m: ShardModel, event: ReservationRequested) -> str:
         m.reservations.pop(old.reservation, None)
         m.drop_group(old.key)
     keys = tuple(spec.key for spec in event.pods)
-    # the unit the claim places (``<pod or gang>#<seq>``): its evictions' room is taken
-    m.awaited.pop(event.rid.rsplit("#", 1)[0], None)
     if event.rid in m.refused:
         return m.refused.pop(event.rid)
     held = [k for k in keys if k in m.pods]
@@ -324,12 +322,6 @@ def take_on(m: ShardModel, event: ReservationRequested) -> str:
 
 def preemption_requested(m: ShardModel, event: PreemptionRequested) -> None:
     m.evicting.update(event.victims)
-    now = m.now
-    for unit, since in list(m.awaited.items()):
-        if now - since >= AWAITED:
-            del m.awaited[unit]
-    for unit in event.victims.values():
-        m.awaited[unit] = now
 
 
 def shapes_told(m: ShardModel, event: WorkloadShapes) -> None:

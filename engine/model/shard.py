@@ -56,7 +56,6 @@ from engine.model.retention import (
 from engine.model.shapes import ShapeCounts
 from engine.model.state import ClusterState, Request
 from events.types import (
-    SECOND,
     PodGroupSubmitted,
     PodRouted,
     PodSpec,
@@ -99,12 +98,6 @@ class Hints(Protocol):
         resource fit or static filters rejected it, False when the node fails its static
         filters (room there cannot help), None when another plugin may reject it."""
         ...
-
-
-AWAITED: Final = 30 * SECOND
-"""How long a shard holds the room of an eviction for the pod it was made for (the
-coordinator's reservation time-out, by default): a preemptor placed elsewhere stops
-holding it then."""
 
 
 class ShardModel:
@@ -246,11 +239,6 @@ class ShardModel:
         self.evicting: dict[str, str] = {}
         """Pods the coordinator chose to evict here → the pod they make room for: the
         next pass evicts them."""
-        self.awaited: dict[str, int] = {}
-        """The pods (or gangs) the coordinator evicted pods here for and has not placed
-        here yet → when it asked: the room is theirs, so this shard makes no move of
-        its own meanwhile (:data:`AWAITED`; one scheduler evicts and places in one
-        step)."""
         self.requests: dict[str, ReservationRequested] = {}
         """Parts the coordinator asked this shard to hold, taken on (or refused) by the
         next pass once it has let go of what it was told to release."""
@@ -445,14 +433,6 @@ class ShardModel:
             return False
         self.unfinish(spec.key)
         return True
-
-    def awaits_preemptors(self) -> bool:
-        """Whether the room of an eviction asked here within :data:`AWAITED` is still
-        held for the pod it was made for (most often none was asked: one test)."""
-        if not self.awaited:
-            return False
-        now = self.now
-        return any(now - since < AWAITED for since in self.awaited.values())
 
     def gang_member(self, spec: PodSpec) -> bool:
         """Whether ``spec``'s pod is a gang's member here. Not a pod in no group, nor one

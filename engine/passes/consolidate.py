@@ -148,8 +148,6 @@ def _best_move(
     epoch = (e.released_total, e.placed_total // RETRY_PLACED)
     if e.consolidation_epoch == epoch:
         return None  # the last search found nothing, and nothing that could change it did
-    if e.awaits_preemptors():
-        return None  # room evicted for a pod the coordinator places here: not ours
     framework = rescheduler.handle.framework_for
     state = e.state
     slots = np.flatnonzero(state.valid)

@@ -81,8 +81,6 @@ def staged_defragmentation(
         left = min(left, cap)
     if left <= 0 or (not cards.rows and not cards.count.any()):
         return staged
-    if e.awaits_preemptors():
-        return staged  # room evicted for a pod the coordinator places here: not ours
     count = cards.count
     busy_cards = (cards.free != WHOLE).sum(axis=1) - (cards.free == ABSENT).sum(axis=1)
     busy_milli = np.where(cards.free >= 0, WHOLE - cards.free, 0).sum(axis=1)
