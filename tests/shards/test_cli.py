@@ -501,7 +501,21 @@ def test_the_program_collects_cycles_less_often() -> None:
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
     )
-    assert out.stdout.split() == ["(500000,", "10,", "10)", "True"]
+    assert out.stdout.split() == ["(50000,", "10,", "10)", "True"]
+
+
+def test_a_coordinator_worker_collects_cycles_less_often_still() -> None:
+    """The coordinator keeps more of what it allocates: its collector's first threshold
+    is ten times a shard's."""
+    probe = (
+        "import gc, shards.cli as cli\n"
+        "cli._tune_gc('shard'); print(gc.get_threshold())\n"
+        "cli._tune_gc('coordinator'); print(gc.get_threshold())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert out.stdout.splitlines() == ["(50000, 10, 10)", "(500000, 10, 10)"]
 
 
 # --------------------------------------------------------------------------- added commands
