@@ -66,9 +66,12 @@ Request = tuple[tuple[int, int], ...]
 """A pod's requests as sorted ``(row, amount)`` pairs; always includes ``pods: 1``."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PlacedPod:
-    """A pod bound or assumed on a node."""
+    """A pod bound or assumed on a node. Never changed once made (a pod that moves gets
+    another); not frozen, because a frozen dataclass is built field by field through
+    ``object.__setattr__``: 1.0 µs instead of 0.2, once per placement in every
+    process (about 4% of the coordinator's CPU per plain pod)."""
 
     slot: int
     request: Request
