@@ -490,32 +490,34 @@ def test_loadtest_recovery_options_are_checked(
     assert code == 2 and message in err
 
 
+def _python(code: str) -> str:
+    """What ``code`` prints, run by a fresh interpreter in the checkout."""
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    return out.stdout
+
+
 def test_the_program_collects_cycles_less_often() -> None:
     """``shoal`` as a program (not ``main`` called in-process, as these tests do) leaves
     its start-up objects out of collections and raises the collector's thresholds."""
-    probe = (
+    printed = _python(
         "import gc, shards.cli as cli\n"
         "cli.main = lambda: print(gc.get_threshold(), gc.get_freeze_count() > 0) or 0\n"
         "raise SystemExit(cli.entry())\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
-    )
-    assert out.stdout.split() == ["(50000,", "10,", "10)", "True"]
+    assert printed.split() == ["(50000,", "10,", "10)", "True"]
 
 
 def test_a_coordinator_worker_collects_cycles_less_often_still() -> None:
     """The coordinator keeps more of what it allocates: its collector's first threshold
     is ten times a shard's."""
-    probe = (
+    printed = _python(
         "import gc, shards.cli as cli\n"
         "cli._tune_gc('shard'); print(gc.get_threshold())\n"
         "cli._tune_gc('coordinator'); print(gc.get_threshold())\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
-    )
-    assert out.stdout.splitlines() == ["(50000, 10, 10)", "(500000, 10, 10)"]
+    assert printed.splitlines() == ["(50000, 10, 10)", "(500000, 10, 10)"]
 
 
 # --------------------------------------------------------------------------- added commands
