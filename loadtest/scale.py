@@ -17,8 +17,9 @@ latency from submission to decision; then the wave: every high-priority pod subm
 once, timed until each is bound, with the evictions counted.
 
 The projection for a machine with N + 1 free cores (N shards, the coordinator on its
-own core) is min(1 / coordinator's CPU per pod, N / busiest shard's CPU per pod): what
-the slowest stage allows once nothing shares a core. It leaves out the log and the
+own core) is min(1 / coordinator's CPU per pod, 1 / busiest shard's CPU per pod), each
+per pod of the whole run (:func:`projection`): what the slowest stage allows once
+nothing shares a core. It leaves out the log and the
 binder, which a deployment runs elsewhere (Kafka, the API server).
 """
 
@@ -124,14 +125,19 @@ def workload(shape: ScaleShape) -> Workload:
 
 
 def projection(shards: int, coordinator_us: float, busiest_us: float) -> dict[str, Any]:
-    """pods/s ≈ min(1 / coordinator's CPU per pod, N / busiest shard's), on N + 1 cores;
-    with no coordinator (one shard in this process), N / shard's."""
-    bounds = [shards * 1e6 / busiest_us] if busiest_us > 0 else []
+    """pods/s ≈ min(1 / coordinator's CPU per pod, 1 / busiest shard's), on N + 1 cores
+    (``shards`` N); with no coordinator (one shard in this process), 1 / its CPU per
+    pod. Every figure is per pod of the whole run (what the report gives), so a shard
+    that places a share of them on a core of its own allows 1 / its figure (N / its CPU
+    per pod of its own share, where the shards are balanced). Until 2026-11-29 the
+    shards' bound was N / their figure, N times too high where a shard was the slowest
+    stage."""
+    bounds = [1e6 / busiest_us] if busiest_us > 0 else []
     if coordinator_us > 0:
         bounds.append(1e6 / coordinator_us)
     return {
         "cores": shards + (1 if coordinator_us > 0 else 0),
-        "formula": "min(1 / coordinator, N / busiest shard)" if coordinator_us > 0 else "N / shard",
+        "formula": "min(1 / coordinator, 1 / busiest shard)" if coordinator_us > 0 else "1 / shard",
         "coordinator_us_per_pod": round(coordinator_us, 1),
         "busiest_shard_us_per_pod": round(busiest_us, 1),
         "pods_per_second": round(min(bounds), 1) if bounds else 0.0,

@@ -207,7 +207,8 @@ def table(results: list[dict[str, Any]]) -> str:
     lines.append("")
     lines.append(
         "projected: pods/s on N + 1 free cores ≈ min(1 / coordinator CPU per pod, "
-        "N / busiest shard's CPU per pod); in-process: 1 / its CPU per pod"
+        "1 / busiest shard's CPU per pod), each per pod of the run; in-process: "
+        "1 / its CPU per pod"
     )
     if any(r["unschedulable"] for r in results):
         lines.append(
