@@ -158,6 +158,7 @@ class Coordinating(Handing, Waving, Protocol):
 
     decisions: dict[str, str]
     directed: dict[str, int]
+    nominated: dict[str, tuple[int, dict[str, None]]]
     claims: dict[str, Claim]
     claim_of: dict[str, str]
     moves_refused: dict[str, int]

@@ -101,7 +101,6 @@ class Waving(Protocol):
 
     engine: Engine
     routing: Routing
-    nominated: dict[str, tuple[int, dict[str, None]]]
     ready: list[str]
     hard: dict[str, None]
     held_by: dict[str, dict[str, None]]
