@@ -497,13 +497,18 @@ class ShardDispatch:
         return self.c.routing.slot_shard
 
     def first(self, p: PassContext) -> list[str]:
-        """Preemptors whose victims are gone; a run of them is placed here, whole
-        (:meth:`shards.coordinator.wave.Wave.first`). Before them, the second steps of
-        plans of moves whose first step is done (:meth:`_moves_after`)."""
+        """The units to attempt before the queue, in order: preemptors whose victims
+        are gone, plans that waited for answers (``ready``). Before them, the second
+        steps of plans of moves whose first step is done (:meth:`_moves_after`)."""
         self._awaiting = False
-        if self.c.moves_after:
+        c = self.c
+        if c.moves_after:
             self._moves_after()
-        return self.wave.first(p)
+        ready, c.ready = c.ready, []
+        queue = c.engine.queue
+        for unit in ready:
+            queue.remove(unit)
+        return ready
 
     def done(self, p: PassContext) -> None:
         """A run of preemptors decided this pass is carried out

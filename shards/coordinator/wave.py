@@ -101,7 +101,6 @@ class Waving(Protocol):
 
     engine: Engine
     routing: Routing
-    ready: list[str]
     hard: dict[str, None]
     held_by: dict[str, dict[str, None]]
     counters: dict[str, int]
@@ -268,27 +267,25 @@ class Wave:
         c = self.c
         e = c.engine
         owner = c.routing.slot_shard
+        pods = e.pods
         victims: dict[int, dict[str, str]] = {}
         freed: list[int] = []
         for member in members:
             for op in member.statement.ops:
-                if op.kind == "evict":
-                    shard = int(owner[op.slot])
-                    asked = victims.get(shard)
-                    if asked is None:
-                        asked = victims[shard] = {}
-                    asked[op.key] = op.by or member.unit
-                    freed.append(op.slot)
+                if op.kind != "evict":
+                    continue
+                shard = int(owner[op.slot])
+                asked = victims.get(shard)
+                if asked is None:
+                    asked = victims[shard] = {}
+                asked[op.key] = op.by or member.unit
+                freed.append(op.slot)
+                if op.key in pods:  # (off its node in the view already: the statement)
+                    e.finish(op.key, FAILED)
+            member.statement.commit()
         for shard in sorted(victims):
             c.send(shard, PreemptionRequested(victims=victims[shard]))
-        pods = e.pods
         for member in members:
-            statement = member.statement
-            for op in statement.ops:
-                if op.kind == "evict" and op.key in pods:
-                    # (off its node in the view already: the statement took it off)
-                    e.finish(op.key, FAILED)
-            statement.commit()
             self.hand(pods[member.unit], member.slot, p.devices.pop(member.unit, None))
         c.counters["evictions"] += len(freed)
         if len(members) > 1:
@@ -296,18 +293,6 @@ class Wave:
         # parked pods hear of the room left once the whole run is placed, once per
         # node: what one at a time leaves there after the last member that changed it
         p.freed(freed)
-
-    # ------------------------------------------------------------------ placing
-
-    def first(self, p: PassContext) -> list[str]:
-        """The units to attempt before the queue (preemptors whose victims are gone,
-        and plans waiting for answers), in order."""
-        c = self.c
-        ready, c.ready = c.ready, []
-        queue = c.engine.queue
-        for unit in ready:
-            queue.remove(unit)
-        return ready
 
 
 def _plain(pod: PodInfo) -> bool:

@@ -130,7 +130,7 @@ def decisions(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, list[tupl
     answer its last try composed: one at a time, the room each eviction leaves for a
     while may wake a parked pod of lower priority (it is tried again after the run, and
     fails again); a run wakes pods on the room the whole run leaves
-    (:meth:`shards.coordinator.wave.Wave.first`)."""
+    (:meth:`shards.coordinator.wave.Wave.flush`)."""
     victims: dict[str, list[tuple[str, str]]] = {}
     for p in data["preemptions"]:
         victims.setdefault(p["by"], []).append((p["pod"], p["node"]))
