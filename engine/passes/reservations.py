@@ -122,7 +122,7 @@ def evict(p: PassContext, victims: dict[str, str]) -> dict[str, str]:
     e = p.e
     coming = {k for request in e.requests.values() for k in request.placements}
     later: dict[str, str] = {}
-    for key, by in sorted(victims.items()):
+    for key, by in victims.items():  # (in the order chosen: one scheduler evicts so)
         placed = e.state.pods.get(key)
         if placed is None or key not in e.pods:
             if key in coming or (key in e.pods and (key in e.reserved or key in e.routed_nodes)):

@@ -124,6 +124,20 @@ def scenarios(draw: st.DrawFn) -> str:
     return text
 
 
+MOST_ALLOCATED = """
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+profiles:
+- schedulerName: default-scheduler
+  pluginConfig:
+  - name: NodeResourcesFit
+    args:
+      scoringStrategy:
+        type: MostAllocated
+        resources: [{name: cpu, weight: 1}, {name: memory, weight: 1}]
+---"""
+
+
 def decisions(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, list[tuple[str, str]]]]:
     """Each pod's outcome (node, phase, reason), and each preemptor's victims in the
     order they were evicted. Not how many times a pod left waiting was tried, nor the
@@ -211,3 +225,39 @@ def test_a_run_is_evicted_with_one_request_per_shard_and_placed_in_one_pass(
     ]
     assert len(placed) == 12
     assert len({env.causation for env in placed}) == 1
+
+
+@settings(
+    max_examples=6,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(text=scenarios())
+def test_a_run_decides_at_every_shard_count_what_one_shard_decides(
+    tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str], text: str
+) -> None:
+    """The run is carried out in one step at several shards (evictions, then each
+    preemptor handed to its node, in one pass): every pod ends where and as it ends at
+    one shard, each preemptor with the same victims, evicted in the same order on each
+    node, and each log replays exactly. Under MostAllocated, so that where the low-priority pods go
+    first is one scheduler's answer at every shard count (under the default profile a
+    pod handed to a shard may take another node among the fitting ones: "which node",
+    in Sharding's known differences)."""
+    text = MOST_ALLOCATED + text
+    base = tmp_path_factory.mktemp("counts")
+    one, _ = run(base / "one", capsys, text, 1, runs=True)
+    for shards in SHARDS[1:]:
+        many, _ = run(base / f"n{shards}", capsys, text, shards, runs=True)
+        assert per_node(many) == per_node(one), shards
+
+
+def per_node(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, list[str]]]]:
+    """:func:`decisions`, each preemptor's victims kept in order per node: one shard
+    evicts a node's victims in the order chosen; victims on nodes of different shards
+    are evicted by each concurrently, so their reports may come in either order."""
+    pods, victims = decisions(data)
+    nodes: dict[str, dict[str, list[str]]] = {}
+    for by, evicted in victims.items():
+        for pod, on in evicted:
+            nodes.setdefault(by, {}).setdefault(on, []).append(pod)
+    return pods, nodes
