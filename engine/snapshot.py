@@ -59,7 +59,7 @@ from engine.model.state import ClusterState, PlacedPod
 from events.errors import InputError
 from events.types import SnapshotTaken
 
-FORMAT: Final = 16
+FORMAT: Final = 17
 """Bumped whenever the state classes change shape: a snapshot of another format is
 refused (and its component folds its partition from the start instead). 5: nodes keep
 their annotations (``ClusterState.node_annotations``). 6: GPU cards (``Cards``, the
@@ -79,7 +79,8 @@ over every shard); the coordinator's ``consolidation_due`` and ``decided_since``
 consolidates for the shards), and the GPU cards of ``moves_after``; pods handed to the
 node the coordinator chose (``ShardModel.routed_nodes``, the coordinator's
 ``directed``). 16: no ``ShardModel.awaited`` (a shard under a coordinator no longer
-moves pods on its own, so it no longer holds an eviction's room for its pod)."""
+moves pods on its own, so it no longer holds an eviction's room for its pod). 17:
+``PodInfo`` has no ``extra`` (a dict per pod that nothing read)."""
 CHUNK_BYTES: Final = 256 * 1024
 MAX_STATE_BYTES: Final = 1 << 31
 STATE_CLASSES: Final[dict[str, type]] = {

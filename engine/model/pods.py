@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from engine.model.devices import (
@@ -37,7 +37,6 @@ class PodInfo:
     shape_key: tuple[Any, ...]
     tiebreak: int
     attempts: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
     gpu: GpuRequest | None = None
     """Its GPU cards (whole or shares), when it asks for any."""
 

@@ -158,6 +158,22 @@ class SchedulingQueue:
         next look at the head, as after :meth:`remove`)."""
         del self._entries[key]
 
+    def head(self) -> str | None:
+        """:meth:`peek` by priority, then arrival: the same key, with the one-queue case
+        (a run of pods taken from the head one after another) in one call."""
+        active = self._active
+        if len(active) != 1:
+            return self.peek(None)
+        heap = next(iter(active.values()))
+        entries = self._entries
+        while heap:
+            head = heap[0]
+            entry = entries.get(head[2])
+            if entry is not None and entry.generation == head[3] and entry.where == "active":
+                return head[2]
+            heapq.heappop(heap)
+        return None
+
     def _push_active(self, entry: _Entry) -> None:
         entry.where = "active"
         heap = self._active.get(entry.queue)

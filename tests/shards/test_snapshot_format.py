@@ -33,7 +33,8 @@ def _as_format_2(parts: list[SnapshotTaken]) -> list[SnapshotTaken]:
     shard holds room for; format 12 the GPU cards planned for a gang after its evictions; format 13 the pods a
     plan of moves takes from the shard that holds its part; format 14 the coordinator's second
     steps of plans of moves; format 15 the move budget counted over every shard and the pods
-    handed to a node; format 16 drops the preemptors a shard held room for)."""
+    handed to a node; format 16 drops the preemptors a shard held room for; format 17 a
+    pod's record without its unused ``extra``)."""
     tree = msgspec.msgpack.decode(assemble(parts))
     tree["format"] = 2
     tree["state"] = [pair for pair in tree["state"] if pair[0] not in NEW_IN_3]
@@ -42,7 +43,7 @@ def _as_format_2(parts: list[SnapshotTaken]) -> list[SnapshotTaken]:
 
 
 def test_a_format_2_snapshot_is_refused_and_the_partition_replayed() -> None:
-    assert FORMAT == 16
+    assert FORMAT == 17
     scenario = load_scenario([ROOT / "examples" / "batch.yaml"])
 
     async def go() -> tuple[ShardWorker, list[Envelope], list[Envelope]]:
