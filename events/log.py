@@ -100,10 +100,11 @@ async def long_poll_or_sleep(
     log: EventLog, offsets: Mapping[int, int], seconds: float, sleep: float
 ) -> None:
     """Wait until a partition of ``offsets`` (partition → offset) holds a record at or
-    after its offset, for at most ``seconds``, where the log can long-poll (Kafka's
-    ``wait_any``: the broker holds a fetch on each partition until one grows, so an idle
-    reader costs a fetch per wait, not a read every few milliseconds); on any other log,
-    sleep ``sleep`` seconds (the caller then reads to see)."""
+    after its offset, for at most ``seconds``, where the log can long-poll (``wait_any``:
+    on Kafka the broker holds a fetch on each partition until one grows, on the log
+    server its ``wait`` request; so an idle reader costs one request per wait, not a read
+    every few milliseconds); on any other log (memory, files), sleep ``sleep`` seconds
+    (the caller then reads to see)."""
     own = getattr(log, "wait_any", None)
     if own is not None:
         await own(offsets, seconds)

@@ -106,7 +106,11 @@ _SHAPES: Final[dict[str, Any]] = {
     "count": tuple[str, int, int, list[str]],
     "fappend": tuple[str, int, list[tuple[str, bytes]], list[tuple[str, int]]],
     "epoch": tuple[str, str],
+    "wait": tuple[str, list[tuple[int, int]], int],
 }
+UNKNOWN_OP: Final = "unknown op"
+"""How an op the server does not know is answered (``unknown op 'OP'``): a client newer
+than the server tells by it that it must do without that op."""
 FENCED: Final = "fenced:"
 """How a refused append of an older leader term is answered: ``fenced: FENCE EPOCH
 HIGHEST`` (``events.fence``)."""
@@ -166,6 +170,8 @@ class LogServer:
         (its length and :data:`RECORD_OVERHEAD`, summed): a read is cut to fit a frame
         by one bisection."""
         self._grew: list[asyncio.Event] = [asyncio.Event() for _ in range(partitions)]
+        self._any_grew = asyncio.Event()
+        """Set (and replaced) by every append to any partition: what ``wait`` waits on."""
         self._server: asyncio.Server | None = None
         self._clients: set[asyncio.StreamWriter] = set()
         self._pending: dict[asyncio.StreamWriter, None] = {}
@@ -398,7 +404,7 @@ class LogServer:
         op = request[0]
         shape = _SHAPES.get(op)
         if shape is None:
-            raise BadRequest(f"unknown op {op!r:.40}")
+            raise BadRequest(f"{UNKNOWN_OP} {op!r:.40}")
         try:
             args = msgspec.convert(request, shape, builtin_types=(bytes,))
         except msgspec.ValidationError as exc:
@@ -407,6 +413,8 @@ class LogServer:
             return self.partitions
         if op == "epoch":
             return max((e for (_, f), e in self._epochs.items() if f == args[1]), default=0)
+        if op == "wait":
+            return await self._wait(args[1], args[2])
         partition = self._partition(args[1])
         if op == "end":
             return len(self._records[partition])
@@ -433,6 +441,31 @@ class LogServer:
             partition, offset, limit, None if wanted is None else self._wanted(wanted)
         )
 
+    async def _wait(self, pairs: list[tuple[int, int]], wait_ms: int) -> list[int]:
+        """The partitions of ``pairs`` ([partition, offset], at most one per partition)
+        that hold a record at ``offset`` or after, as soon as one does, waiting at most
+        ``wait_ms`` (and ``max_wait_seconds``) for an append: [] when none did."""
+        if len(pairs) > self.partitions:
+            raise BadRequest(f"wait: {len(pairs)} partitions of {self.partitions}")
+        for partition, offset in pairs:
+            self._partition(partition)
+            if offset < 0:
+                raise BadRequest("offset must not be negative")
+        records = self._records
+        grown = sorted({p for p, offset in pairs if len(records[p]) > offset})
+        if grown or wait_ms <= 0 or not pairs:
+            return grown
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(wait_ms / 1000, self.limits.max_wait_seconds)
+        while not grown:
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._any_grew.wait(), left)
+            grown = sorted({p for p, offset in pairs if len(records[p]) > offset})
+        return grown
+
     def _append(self, partition: int, items: list[tuple[str, bytes]]) -> int:
         added = [self._code(kind) for kind, _ in items]  # all checked before any lands
         records = self._records[partition]
@@ -447,6 +480,8 @@ class LogServer:
         if items:
             self._grew[partition].set()
             self._grew[partition] = asyncio.Event()
+            self._any_grew.set()
+            self._any_grew = asyncio.Event()
         return start
 
     def _fenced_append(

@@ -49,7 +49,14 @@ Requests, once accepted:
   a higher epoch for a fence (the client raises
   :class:`~events.fence.FencedError`);
 - ``["epoch", fence]`` → the highest epoch stored for ``fence`` in any partition (0
-  for none).
+  for none);
+- ``["wait", [[partition, offset], ...], wait_ms]`` → the partitions among those (at
+  most one pair each) that hold a record at ``offset`` or after, answered as soon as
+  one does, or ``[]`` after ``wait_ms`` (60 s at most by default): one long poll over
+  several partitions, so an idle coordinator, or a harness waiting for decisions,
+  costs one request per wait instead of a read of each partition every few
+  milliseconds (:meth:`RemoteLog.wait_any`; a server older than this op answers
+  ``unknown op``, and the client then sleeps briefly instead).
 
 A request of a wrong shape is answered ``[false, "bad request: ..."]`` and the
 connection stays open; a frame that breaks the framing (not msgpack, over the frame
@@ -69,7 +76,7 @@ default made shareable, not a durable log (use ``file:`` or Kafka for that).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -85,7 +92,7 @@ from events.errors import (
 from events.fence import FencedError, term_of
 from events.limits import ServerLimits
 from events.log import check_partition
-from events.logserver import FENCED, LogServer
+from events.logserver import FENCED, UNKNOWN_OP, LogServer
 from events.types import Envelope
 from events.wire import (
     FRAME_SLACK,
@@ -97,6 +104,8 @@ from events.wire import (
     read_frame,
 )
 
+IDLE_SLEEP: Final = 0.005
+"""Seconds :meth:`RemoteLog.wait_any` sleeps where the server cannot hold a wait."""
 ITEM_OVERHEAD: Final = 16
 """Bytes a record costs in an append request beyond itself and its kind (msgpack
 headers), at most."""
@@ -126,6 +135,8 @@ class RemoteLog:
         self._lock = asyncio.Lock()
         self._partitions = 0
         self._max_frame = MAX_FRAME
+        self._waits = True
+        """Whether the server answers ``wait`` (False: one older than that op)."""
 
     def __repr__(self) -> str:  # never the token
         return f"RemoteLog(tcp://{self.host}:{self.port})"
@@ -249,6 +260,29 @@ class RemoteLog:
             size += cost
         chunks.append(items[start:])
         return chunks
+
+    async def wait_any(self, offsets: Mapping[int, int], seconds: float) -> None:
+        """Return once a partition of ``offsets`` (partition → offset) holds a record at
+        its offset or after, or after ``seconds``: one request the server holds (the
+        ``wait`` op), which :func:`events.log.long_poll_or_sleep` uses. A server without
+        that op is not asked again: this sleeps ``IDLE_SLEEP`` instead (at most
+        ``seconds``), as a reader of such a server did. The connection carries nothing
+        else meanwhile (its requests are one at a time), so a process that shares one
+        client between tasks should not wait on it."""
+        for partition in offsets:
+            check_partition(partition, self._partitions)
+        if seconds <= 0 or not offsets:
+            return
+        if self._waits:
+            request = ["wait", [[p, max(o, 0)] for p, o in offsets.items()], int(seconds * 1000)]
+            try:
+                await self._call(request)
+                return
+            except LogError as exc:
+                if f"{UNKNOWN_OP} 'wait'" not in str(exc):
+                    raise
+                self._waits = False
+        await asyncio.sleep(min(seconds, IDLE_SLEEP))
 
     async def highest_epoch(self, fence: str) -> int:
         """The highest epoch the server stored for ``fence`` (``events.fence``)."""

@@ -466,9 +466,10 @@ class _Collector:
 
     async def _idle(self, seconds: float) -> None:
         """Wait before looking again: ``seconds``, or, where the log long-polls
-        (Kafka), until a shard's partition grows (at most ``LONG_POLL`` seconds): there
-        each look is a request the broker answers, whose cost falls on the parent, and
-        so on the CPU the shards share, several hundred times a second."""
+        (Kafka, the log server), until a shard's partition grows (at most ``LONG_POLL``
+        seconds): there each look is a request the broker or server answers, whose cost
+        falls on the parent (which serves the log), and so on the CPU the shards share,
+        several hundred times a second."""
         offsets = {s.shard: s.counted_to for s in self.shards}
         await long_poll_or_sleep(self.log, offsets, LONG_POLL, seconds)
 

@@ -47,7 +47,8 @@ Clock = Callable[[], int]
 
 LONG_WAIT = 0.2
 """Seconds an idle coordinator waits on a log that long-polls several partitions at once
-(Kafka) before it looks again (its own wake-ups and ``stop`` come sooner)."""
+(Kafka, the log server) before it looks again (its own wake-ups and ``stop`` come
+sooner)."""
 
 
 def wall_clock() -> int:
@@ -224,7 +225,8 @@ async def _run_coordinator(
         if not moved and not warm_up_when_idle():
             # Kafka: the broker holds a fetch on every partition until one grows (a
             # read of each every few milliseconds was most of an idle coordinator's
-            # time, and each one waited at the broker anyway)
+            # time, and each one waited at the broker anyway); the log server holds a
+            # ``wait`` request likewise
             wake, now = worker.control.next_wakeup(), clock()
             seconds = LONG_WAIT if wake is None else min(LONG_WAIT, max(wake - now, 0) / 1e9)
             await long_poll_or_sleep(bus, worker.reading_from(), seconds, idle_wait)

@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from events.errors import InputError, LogError
+from events.log import long_poll_or_sleep
 from events.remote import LogServer, RemoteLog, parse_tcp_url
 from events.types import Envelope, PodDeleted
 
@@ -74,6 +75,12 @@ def _nested(depth: int) -> bytes:
         _frame(["parts", 1]),
         _frame(["append", 0, [["pod-", b"\x80"]], "extra"]),
         _frame(["hello", 1, None]),  # a second hello is not a request
+        _frame(["wait", [[0, -1]], 10]),  # a negative offset
+        _frame(["wait", [[9, 0]], 10]),  # no such partition
+        _frame(["wait", [[0, 0], [0, 1]], 10]),  # more pairs than partitions
+        _frame(["wait", [[0, 0]]]),
+        _frame(["wait", [[0, 0]], 1.5]),
+        _frame(["wait", [0, 0], 10]),  # not pairs
     ],
 )
 async def test_bad_requests_are_refused_and_nothing_is_lost(payload: bytes) -> None:
@@ -113,6 +120,62 @@ async def test_long_poll_returns_when_a_record_arrives() -> None:
         assert filtered == (1, [])
         await reader.close()
         await writer.close()
+
+
+async def test_a_wait_over_several_partitions_returns_when_one_of_them_grows() -> None:
+    """``wait_any`` (the ``wait`` op) holds until a partition it names holds a record at
+    its offset or after; an append elsewhere does not end it; one already there ends it
+    at once; with nothing it returns after its seconds."""
+    async with LogServer(3) as server:
+        reader = await RemoteLog.connect(server.url)
+        writer = await RemoteLog.connect(server.url)
+        await writer.append([Envelope(event=PodDeleted(pod="ns/a"))], 0)
+        waiting = asyncio.create_task(reader.wait_any({0: 1, 2: 0}, 30.0))
+        await writer.append([Envelope(event=PodDeleted(pod="ns/b"))], 1)  # not named
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        await writer.append([Envelope(event=PodDeleted(pod="ns/c"))], 2)
+        await asyncio.wait_for(waiting, 10)
+        await asyncio.wait_for(reader.wait_any({0: 0, 1: 5}, 30.0), 10)  # there already
+        await asyncio.wait_for(reader.wait_any({1: 1}, 0.01), 10)  # nothing: its seconds
+        with pytest.raises(ValueError, match="partition 3"):
+            await reader.wait_any({3: 0}, 1.0)
+        await reader.close()
+        await writer.close()
+
+
+async def test_an_idle_reader_of_the_log_server_long_polls_rather_than_sleeps() -> None:
+    """``long_poll_or_sleep`` (the coordinator's and the harness's idle wait) is ended by
+    the append it waits for, not by its sleep: on this server it waits there."""
+    async with LogServer(2) as server:
+        reader = await RemoteLog.connect(server.url)
+        writer = await RemoteLog.connect(server.url)
+        waiting = asyncio.create_task(long_poll_or_sleep(reader, {0: 0, 1: 0}, 60.0, 60.0))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        await writer.append([Envelope(event=PodDeleted(pod="ns/a"))], 1)
+        await asyncio.wait_for(waiting, 10)
+        await reader.close()
+        await writer.close()
+
+
+async def test_a_client_of_a_server_without_the_wait_op_sleeps_instead(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server older than ``wait`` answers ``unknown op``: the client returns (after a
+    short sleep) rather than fail its caller's loop, and does not ask again."""
+    import events.logserver
+
+    older = {op: shape for op, shape in events.logserver._SHAPES.items() if op != "wait"}
+    monkeypatch.setattr(events.logserver, "_SHAPES", older)
+    async with LogServer(1) as server:
+        log = await RemoteLog.connect(server.url)
+        for _ in range(3):
+            await asyncio.wait_for(log.wait_any({0: 0}, 30.0), 10)
+        assert log._waits is False
+        await log.append([Envelope(event=PodDeleted(pod="ns/a"))])
+        assert len(await log.read(0, 0)) == 1  # the connection serves on
+        await log.close()
 
 
 @pytest.mark.parametrize("url", ["tcp://", "tcp://host", "tcp://:80", "tcp://h:0", "tcp://h:x"])

@@ -137,7 +137,7 @@ _values = st.recursive(
 )
 _requests = st.builds(
     lambda op, args: [op, *args],
-    st.sampled_from(["parts", "end", "append", "read", "count", "hello", "nope", ""]),
+    st.sampled_from(["parts", "end", "append", "read", "count", "wait", "hello", "nope", ""]),
     st.lists(_values, max_size=7),
 )
 
