@@ -10,9 +10,7 @@ back (back-pressure) instead of the server buffering more.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import deque
-from collections.abc import AsyncIterator
 
 
 class ByteBudget:
@@ -66,14 +64,10 @@ class ByteBudget:
         self.held -= size
         self._grant()
 
-    @contextlib.asynccontextmanager
-    async def holding(self, size: int) -> AsyncIterator[None]:
-        """Hold ``size`` bytes for the body of a ``with``."""
-        await self.reserve(size)
-        try:
-            yield
-        finally:
-            self.release(size)
+    def holding(self, size: int) -> _Holding:
+        """Hold ``size`` bytes for the body of an ``async with`` (a plain object, not a
+        generator: the log server enters two per request)."""
+        return _Holding(self, size)
 
     def _take(self, size: int) -> None:
         self.held += size
@@ -85,3 +79,19 @@ class ByteBudget:
             if not granted.done():  # not cancelled on its way out
                 self._take(size)
                 granted.set_result(None)
+
+
+class _Holding:
+    """``async with budget.holding(size)``: reserved on entry, released on exit."""
+
+    __slots__ = ("budget", "size")
+
+    def __init__(self, budget: ByteBudget, size: int) -> None:
+        self.budget = budget
+        self.size = size
+
+    async def __aenter__(self) -> None:
+        await self.budget.reserve(self.size)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.budget.release(self.size)

@@ -351,18 +351,18 @@ class LogServer:
                 self._drop(peer, f"a frame of {size} bytes stalled before its body")
                 return
             async with self._budget.holding(size):  # waits here: back-pressure
-                try:
-                    async with asyncio.timeout(self.limits.stall_seconds):
-                        rest = (
-                            await reader.readexactly(size - len(first))
-                            if size > len(first)
-                            else b""
-                        )
-                except TimeoutError:
-                    self._drop(peer, f"a frame of {size} bytes stalled")
-                    return
-                body = first + rest if rest else first
-                del first, rest
+                if size > len(first):  # (most requests came whole in the first read)
+                    try:
+                        async with asyncio.timeout(self.limits.stall_seconds):
+                            rest = await reader.readexactly(size - len(first))
+                    except TimeoutError:
+                        self._drop(peer, f"a frame of {size} bytes stalled")
+                        return
+                    body = first + rest
+                    del rest
+                else:
+                    body = first
+                del first
                 try:
                     request = decode_body(body)
                 except ValueError as exc:
@@ -388,6 +388,8 @@ class LogServer:
         async with self._budget.holding(min(len(frame), self._budget.limit)):
             writer.write(frame)
             del frame
+            if not writer.transport.get_write_buffer_size():
+                return True  # the socket took it all (most answers): nothing to wait for
             try:
                 async with asyncio.timeout(self.limits.stall_seconds):
                     await writer.drain()
