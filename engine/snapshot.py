@@ -80,7 +80,9 @@ consolidates for the shards), and the GPU cards of ``moves_after``; pods handed 
 node the coordinator chose (``ShardModel.routed_nodes``, the coordinator's
 ``directed``). 16: no ``ShardModel.awaited`` (a shard under a coordinator no longer
 moves pods on its own, so it no longer holds an eviction's room for its pod). 17:
-``PodInfo`` has no ``extra`` (a dict per pod that nothing read)."""
+``PodInfo`` has no ``extra`` (a dict per pod that nothing read); ``PodInfo`` and
+``PlacedPod`` are msgspec structs the cyclic collector does not track (their
+attributes are written in the order of their slots, by name)."""
 CHUNK_BYTES: Final = 256 * 1024
 MAX_STATE_BYTES: Final = 1 << 31
 STATE_CLASSES: Final[dict[str, type]] = {
@@ -274,7 +276,7 @@ class _Encoder:
         class that no other branch of :meth:`encode` takes); remembered per type."""
         layout = None
         allowed = self.allowed.classes.get(kind.__qualname__) is kind
-        if allowed and not issubclass(kind, _NOT_OBJECTS):
+        if allowed and (issubclass(kind, msgspec.Struct) or not issubclass(kind, _NOT_OBJECTS)):
             derived = self.allowed.derived.get(kind) or frozenset()
             slots = tuple(
                 name
@@ -338,6 +340,17 @@ def _is_constant(array: np.ndarray[Any, Any]) -> bool:
         and array.flags.c_contiguous
         and array.dtype.str in DTYPES
     )
+
+
+def _blank(cls: type) -> object:
+    """An object of state class ``cls`` with no state yet (its attributes are set next):
+    a struct (``PodInfo``, ``PlacedPod``: msgspec structs the collector does not track)
+    is built with None for every field, as ``object.__new__`` cannot make one."""
+    if issubclass(cls, msgspec.Struct):
+        fields = cls.__struct_fields__
+        return cls(*[None] * (len(fields) - len(cls.__struct_defaults__)))
+    obj: object = object.__new__(cls)
+    return obj
 
 
 def _own_slots(cls: type) -> tuple[str, ...]:
@@ -679,7 +692,8 @@ class _Decoder:
         cls = self.allowed.classes.get(node[1]) if isinstance(node[1], str) else None
         if cls is None:
             raise SnapshotError(f"not a snapshot class: {node[1]!r}")
-        obj: object = object.__new__(cls)
+        obj = _blank(cls)
+        put = setattr if isinstance(obj, msgspec.Struct) else object.__setattr__
         if cls not in VALUES:  # values are written by value, never referred to
             self._register(obj)
         self.created.append(obj)
@@ -689,7 +703,7 @@ class _Decoder:
             if pair[0].startswith("__"):
                 raise SnapshotError(f"attribute {pair[0]!r} is not state")
             try:
-                object.__setattr__(obj, pair[0], self.decode(pair[1], depth))
+                put(obj, pair[0], self.decode(pair[1], depth))
             except AttributeError as exc:
                 raise SnapshotError(f"{node[1]} has no attribute {pair[0]!r}") from exc
         return obj

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from engine.model.devices import (
     SHARE_RESOURCES,
@@ -19,14 +20,18 @@ from engine.model.state import Request
 from events.types import PodSpec
 
 
-@dataclass(slots=True, eq=False)
-class PodInfo:
+class PodInfo(msgspec.Struct, gc=False, eq=False):
     """Engine-side view of a pod.
 
     ``static_key`` identifies everything that decides which nodes a pod may use apart
     from free resources (node name, selector, affinity, tolerations, host ports); ``shape_key`` adds
     the request. Pods with equal keys are an equivalence class: what is computed for one
     holds for all of them.
+
+    A msgspec struct, compared by identity, that Python's cyclic collector does not
+    track (``gc=False``: it holds its spec and derived tuples, never a cycle): every
+    process keeps one per pod, and the collector walked them all at each collection
+    (with ``PlacedPod``, about 8% of the coordinator's CPU per plain pod in process).
     """
 
     spec: PodSpec

@@ -12,7 +12,6 @@ undone on failure.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -274,6 +273,6 @@ def unpinned(pod: PodInfo) -> PodInfo:
         return pod
     spec = msgspec.structs.replace(pod.spec, node_name="")
     static_key = ("", *pod.static_key[1:])
-    return dataclasses.replace(
+    return msgspec.structs.replace(
         pod, spec=spec, static_key=static_key, shape_key=(pod.request, static_key)
     )
