@@ -80,9 +80,10 @@ consolidates for the shards), and the GPU cards of ``moves_after``; pods handed 
 node the coordinator chose (``ShardModel.routed_nodes``, the coordinator's
 ``directed``). 16: no ``ShardModel.awaited`` (a shard under a coordinator no longer
 moves pods on its own, so it no longer holds an eviction's room for its pod). 17:
-``PodInfo`` has no ``extra`` (a dict per pod that nothing read); ``PodInfo`` and
-``PlacedPod`` are msgspec structs the cyclic collector does not track (their
-attributes are written in the order of their slots, by name)."""
+``PodInfo`` has no ``extra`` (a dict per pod that nothing read); ``PodInfo``,
+``PlacedPod``, the queue's entries and the coordinator's flights are msgspec structs
+the cyclic collector does not track (their attributes are written in the order of
+their slots, by name)."""
 CHUNK_BYTES: Final = 256 * 1024
 MAX_STATE_BYTES: Final = 1 << 31
 STATE_CLASSES: Final[dict[str, type]] = {
