@@ -57,3 +57,15 @@ def test_a_unit_landed_may_fly_again() -> None:
         "default/p1": 0,
         "default/p2": 1,
     }
+
+
+def test_flights_are_not_tracked_by_the_cyclic_collector() -> None:
+    """One flight per pod handed over: a msgspec struct declared ``gc=False``, as the
+    records of ``tests/engine/test_untracked.py``."""
+    import gc
+
+    c = _coordinator()
+    pods = [c.engine.pods[f"default/p{i}"] for i in range(3)]
+    c.fly_run(pods[:2], [0, 1], ["d0", "d1"])
+    c.fly(pods[2].key, 0, [pods[2]])
+    assert not any(gc.is_tracked(flight) for flight in c.flights.values())
