@@ -8,16 +8,9 @@
 #   CHECKOUT: a directory holding the code to count (default: this checkout), e.g.
 #   `git worktree add /tmp/old COMMIT`; NODES 2000, PODS 6000 by default.
 #   PYTHON: the interpreter with shoal's dependencies (default: .venv/bin/python here).
-set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
-code=$(cd "${1:-$root}" && pwd)
+source "$(dirname "$0")/setup.sh"
 nodes=${2:-2000}
 pods=${3:-6000}
-python=${PYTHON:-$root/.venv/bin/python}
-command -v valgrind >/dev/null || { echo "coordinator.sh: valgrind is not installed" >&2; exit 2; }
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
 count() {
   (cd "$out" && PYTHONHASHSEED=0 PYTHONPATH="$code" valgrind --tool=callgrind \
     --callgrind-out-file="$out/cg.$1" "$python" "$here/coordinator.py" "$nodes" "$1" \

@@ -11,17 +11,10 @@
 #   CALLGRIND_OUT: a file to keep the timed section's callgrind profile in (for
 #   callgrind_annotate), if set.
 #   PYTHON: the interpreter with shoal's dependencies (default: .venv/bin/python here).
-set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
-code=$(cd "${1:-$root}" && pwd)
+source "$(dirname "$0")/setup.sh"
 nodes=${2:-5000}
 pods=${3:-6000}
 templates=${4:-}
-python=${PYTHON:-$root/.venv/bin/python}
-command -v valgrind >/dev/null || { echo "count.sh: valgrind is not installed" >&2; exit 2; }
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
 if ! (cd "$out" && PYTHONHASHSEED=0 PYTHONPATH="$code" valgrind --tool=callgrind \
     --dump-before=time_process_time_ns --callgrind-out-file="$out/cg.%p" \
     "$python" "$here/count.py" "$nodes" "$pods" $templates >"$out/log" 2>&1); then
