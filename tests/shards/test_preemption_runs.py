@@ -20,7 +20,7 @@ import shards.coordinator.wave as wave_module
 from engine.model.pools import POOL_LABEL
 from events.types import Envelope, PodRouted, PreemptionRequested
 from tests.shards.coordinator_kit import Parts, shoal
-from tests.shards.scenario_text import node, pod_group
+from tests.shards.scenario_text import fit_config, node, pod_group
 
 SHARDS = (1, 2, 4)
 
@@ -124,18 +124,9 @@ def scenarios(draw: st.DrawFn) -> str:
     return text
 
 
-MOST_ALLOCATED = """
-apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-profiles:
-- schedulerName: default-scheduler
-  pluginConfig:
-  - name: NodeResourcesFit
-    args:
-      scoringStrategy:
-        type: MostAllocated
-        resources: [{name: cpu, weight: 1}, {name: memory, weight: 1}]
----"""
+MOST_ALLOCATED = fit_config(
+    "{type: MostAllocated, resources: [{name: cpu, weight: 1}, {name: memory, weight: 1}]}"
+)
 
 
 def decisions(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, list[tuple[str, str]]]]:
