@@ -345,8 +345,8 @@ def _is_constant(array: np.ndarray[Any, Any]) -> bool:
 
 def _blank(cls: type) -> object:
     """An object of state class ``cls`` with no state yet (its attributes are set next):
-    a struct (``PodInfo``, ``PlacedPod``: msgspec structs the collector does not track)
-    is built with None for every field, as ``object.__new__`` cannot make one."""
+    a msgspec struct is built with None for every field it requires, as
+    ``object.__new__`` cannot make one."""
     if issubclass(cls, msgspec.Struct):
         fields = cls.__struct_fields__
         return cls(*[None] * (len(fields) - len(cls.__struct_defaults__)))

@@ -454,19 +454,18 @@ class LogServer:
             if offset < 0:
                 raise BadRequest("offset must not be negative")
         records = self._records
-        grown = sorted({p for p, offset in pairs if len(records[p]) > offset})
-        if grown or wait_ms <= 0 or not pairs:
-            return grown
+
+        def grown() -> list[int]:
+            return sorted({p for p, offset in pairs if len(records[p]) > offset})
+
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + min(wait_ms / 1000, self.limits.max_wait_seconds)
-        while not grown:
-            left = deadline - loop.time()
-            if left <= 0:
-                break
+        deadline = loop.time() + min(max(wait_ms, 0) / 1000, self.limits.max_wait_seconds)
+        found = grown()
+        while not found and pairs and (left := deadline - loop.time()) > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._any_grew.wait(), left)
-            grown = sorted({p for p, offset in pairs if len(records[p]) > offset})
-        return grown
+            found = grown()
+        return found
 
     def _append(self, partition: int, items: list[tuple[str, bytes]]) -> int:
         added = [self._code(kind) for kind, _ in items]  # all checked before any lands

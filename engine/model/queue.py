@@ -161,22 +161,6 @@ class SchedulingQueue:
         next look at the head, as after :meth:`remove`)."""
         del self._entries[key]
 
-    def head(self) -> str | None:
-        """:meth:`peek` by priority, then arrival: the same key, with the one-queue case
-        (a run of pods taken from the head one after another) in one call."""
-        active = self._active
-        if len(active) != 1:
-            return self.peek(None)
-        heap = next(iter(active.values()))
-        entries = self._entries
-        while heap:
-            head = heap[0]
-            entry = entries.get(head[2])
-            if entry is not None and entry.generation == head[3] and entry.where == "active":
-                return head[2]
-            heapq.heappop(heap)
-        return None
-
     def _push_active(self, entry: _Entry) -> None:
         entry.where = "active"
         heap = self._active.get(entry.queue)
@@ -218,7 +202,13 @@ class SchedulingQueue:
         return name
 
     def peek(self, rank: Rank | None = None) -> str | None:
-        """The unit :meth:`pop` would return, left in the queue."""
+        """The unit :meth:`pop` would return, left in the queue. One queue (the usual
+        case, and every run the coordinator hands over, taken from the head one pod
+        after another) is looked at directly."""
+        active = self._active
+        if len(active) == 1:
+            head = self._head(next(iter(active.values())))
+            return None if head is None else head[2]
         best_heap = self._best(rank)
         return None if best_heap is None else best_heap[0][2]
 

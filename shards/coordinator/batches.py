@@ -163,7 +163,7 @@ def take(
     held = c.held_by
     queue.remove(lead.key)  # handed: the pass removes it too (a no-op then)
     while len(batch) < bound:
-        key = queue.head()
+        key = queue.peek(None)
         if key is None:
             break
         pod = pods.get(key)
